@@ -1,0 +1,40 @@
+# tailwatch: `make run` serves the built-in model on SQLite; `make test` runs every test.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/var/compile-cache
+
+.PHONY: install run test test-deps lint demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The pinned CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/tailwatch db upgrade
+	$(BIN)/tailwatch serve
+
+# System packages some tests drive for real: Prometheus (promtool) and headless Chromium.
+test-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v chromium >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium >/dev/null; }
+
+test: install test-deps
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+demo: install
+	$(BIN)/tailwatch demo
+
+clean:
+	rm -rf $(VENV) var/*.db

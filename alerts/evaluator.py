@@ -1,0 +1,100 @@
+"""The scheduled evaluation: every rule, every scope, one call with an injected clock.
+
+    with sessions.begin() as session:
+        report = evaluate(session, rules, now, targets=targets, policy=policy)
+
+Reads baselines and per-cycle series, moves alerts (`alerts.lifecycle`), queues
+notifications in the same transaction, then lets the auto-fallback policy act on the
+alerts now firing. One rule failing (bad data) is reported and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session
+
+from alerts.baselines import BaselineConfig, baselines_for_rule, current_epoch
+from alerts.lifecycle import Lifecycle, Transition, fingerprint, open_alerts
+from alerts.rules import Rule, RuleResult, evaluate_rule
+from alerts.series import RowCache, series
+from alerts.webhooks import WebhookTarget
+
+if TYPE_CHECKING:
+    from alerts.policy import Policy, PolicyAction
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """What one evaluation saw and did."""
+
+    at: datetime
+    results: tuple[RuleResult, ...] = ()
+    transitions: tuple[Transition, ...] = ()
+    notifications: int = 0
+    errors: tuple[str, ...] = ()
+    actions: tuple[PolicyAction, ...] = field(default_factory=tuple)
+
+    @property
+    def firing(self) -> list[RuleResult]:
+        """Return the results that confirmed a change."""
+        return [r for r in self.results if r.fired]
+
+
+def evaluate(
+    session: Session,
+    rules: Sequence[Rule],
+    now: datetime,
+    *,
+    targets: Sequence[WebhookTarget] = (),
+    policy: Policy | None = None,
+    baseline_config: BaselineConfig | None = None,
+    external_url: str = "",
+    resend_s: float = 120.0,
+    actor: str = "policy",
+) -> EvaluationReport:
+    """Evaluate `rules` at `now`, move alerts, queue notifications, apply the policy."""
+    if now.tzinfo is None:
+        raise ValueError("now: must be timezone-aware")
+    config = baseline_config or BaselineConfig()
+    cache = RowCache(session)
+    epoch = current_epoch(session, now)
+    alerts = open_alerts(session)
+    life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s)
+    results: list[RuleResult] = []
+    transitions: list[Transition] = []
+    errors: list[str] = []
+    for rule in rules:
+        try:
+            with session.begin_nested():
+                base = baselines_for_rule(session, rule, list(rules), now, cache, epoch, config)
+                start = now - timedelta(seconds=rule.window_s * rule.lookback_cycles)
+                per_scope = series(rule, cache, start, now)
+                scopes = set(per_scope)
+                scopes |= {tuple((k, a.labels.get(k, "")) for k in rule.per)
+                           for a in alerts.values() if a.rule == rule.name}
+                for labels in sorted(scopes):
+                    r = evaluate_rule(rule, dict(labels), base.get(labels),
+                                      per_scope.get(labels, []))
+                    results.append(r)
+                    fp = fingerprint(rule.name, dict(labels))
+                    transitions += life.apply(rule, r, alerts.get(fp))
+        except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
+            log.exception("rule %s failed", rule.name)
+            errors.append(f"{rule.name}: {type(e).__name__}: {e}")
+    names = {r.name for r in rules}
+    for a in alerts.values():
+        if a.rule not in names and a.state != "resolved":
+            transitions.append(life.retire(a, f"rule {a.rule!r} is no longer configured"))
+    actions: list[PolicyAction] = []
+    if policy is not None:
+        actions = policy.apply(session, now, actor=actor)
+    return EvaluationReport(at=now, results=tuple(results), transitions=tuple(transitions),
+                            notifications=life.notifications, errors=tuple(errors),
+                            actions=tuple(actions))

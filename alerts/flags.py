@@ -1,0 +1,273 @@
+"""The durable flag store the engine reads and the API writes.
+
+Flags (name: scope -> value):
+    speculative            "global" or a bucket label ("64", "overflow") -> bool
+    compiled               "global" -> bool (False = eager fallback)
+    bucketing              "global" -> bool
+    speculative_probation  "global" -> share in [0, 1] of a disabled bucket's requests
+                           that still speculate, so acceptance recovery can be measured
+
+Each (name, scope) may hold a manual and an automatic row; the manual one always wins,
+expired rows are ignored (and removed with an audit row by `expire`). Every change
+writes a `FlagAudit` row: actor, source, old and new value, reason, time.
+
+Example:
+    store = FlagStore()
+    with sessions.begin() as s:
+        store.set(s, "speculative", "64", False, reason="draft drifts on logs", actor="ana")
+    provider = SqlFlagProvider(sessions)      # engine.load_engine(cfg, flags=provider)
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.errors import FlagError
+from engine.protocol import RuntimeFlags
+from storage.models import FLAG_SCOPE_GLOBAL, FLAG_SOURCES, Flag, FlagAudit
+
+FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation")
+_BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    """Return the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class FlagView:
+    """One stored flag row."""
+
+    name: str
+    scope: str
+    value: Any
+    source: str
+    reason: str | None
+    actor: str
+    expires_at: datetime | None
+    alert_id: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class AuditView:
+    """One audit row."""
+
+    at: datetime
+    name: str
+    scope: str
+    actor: str
+    source: str
+    action: str
+    old_value: Any
+    new_value: Any
+    reason: str | None
+
+
+def validate(name: str, scope: str, value: Any = None, *, check_value: bool = True) -> Any:
+    """Return the normalized value of a flag change; raise FlagError naming the field."""
+    if name not in FLAG_NAMES:
+        raise FlagError("name", f"unknown flag {name!r} (known: {', '.join(FLAG_NAMES)})",
+                        value=name)
+    if not isinstance(scope, str) or not scope:
+        raise FlagError("scope", "must be 'global' or a bucket label", value=scope)
+    if name == "speculative":
+        if scope != FLAG_SCOPE_GLOBAL and not _BUCKET_RE.match(scope):
+            raise FlagError("scope", f"speculative takes 'global' or a bucket label such as "
+                                     f"'64', got {scope!r}", value=scope)
+    elif scope != FLAG_SCOPE_GLOBAL:
+        raise FlagError("scope", f"{name} only has scope 'global', got {scope!r}", value=scope)
+    if not check_value:
+        return None
+    if name == "speculative_probation":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise FlagError("value", f"speculative_probation is a share in [0, 1], got {value!r}",
+                            value=value)
+        return float(value)
+    if not isinstance(value, bool):
+        raise FlagError("value", f"{name} takes true or false, got {value!r}", value=value)
+    return value
+
+
+def _view(f: Flag) -> FlagView:
+    return FlagView(f.name, f.scope, f.value, f.source, f.reason, f.actor, f.expires_at,
+                    f.alert_id, f.created_at, f.updated_at)
+
+
+class FlagStore:
+    """Read and change flags inside the caller's transaction."""
+
+    def __init__(self, clock: Clock = utcnow) -> None:
+        self.clock = clock
+
+    def _row(self, session: Session, name: str, scope: str, source: str) -> Flag | None:
+        return session.scalars(select(Flag).where(Flag.name == name, Flag.scope == scope,
+                                                  Flag.source == source)).first()
+
+    def _audit(self, session: Session, at: datetime, name: str, scope: str, actor: str,
+               source: str, action: str, old: Any, new: Any, reason: str | None) -> None:
+        session.add(FlagAudit(at=at, name=name, scope=scope, actor=actor, source=source,
+                              action=action, old_value=old, new_value=new, reason=reason))
+
+    def set(self, session: Session, name: str, scope: str, value: Any, *, reason: str,
+            actor: str, source: str = "manual", expires_at: datetime | None = None,
+            alert_id: int | None = None) -> FlagView:
+        """Set a flag (manual or auto) and audit the change."""
+        value = validate(name, scope, value)
+        _check_source(source)
+        _check_text("reason", reason)
+        _check_text("actor", actor)
+        now = self.clock()
+        if expires_at is not None:
+            if expires_at.tzinfo is None:
+                raise FlagError("expires_at", "must be timezone-aware", value=expires_at)
+            if expires_at <= now:
+                raise FlagError("expires_at", "must lie in the future", value=expires_at)
+        row = self._row(session, name, scope, source)
+        old = row.value if row is not None else None
+        if row is None:
+            row = Flag(name=name, scope=scope, source=source, created_at=now)
+            session.add(row)
+        row.value = value
+        row.reason = reason
+        row.actor = actor
+        row.expires_at = expires_at
+        row.alert_id = alert_id
+        row.updated_at = now
+        self._audit(session, now, name, scope, actor, source, "set", old, value, reason)
+        session.flush()
+        return _view(row)
+
+    def clear(self, session: Session, name: str, scope: str, *, reason: str, actor: str,
+              source: str = "manual", action: str = "clear") -> bool:
+        """Remove a flag row (the default or the other source's value applies again)."""
+        validate(name, scope, check_value=False)
+        _check_source(source)
+        _check_text("reason", reason)
+        _check_text("actor", actor)
+        row = self._row(session, name, scope, source)
+        if row is None:
+            return False
+        self._audit(session, self.clock(), name, scope, actor, source, action, row.value,
+                    None, reason)
+        session.delete(row)
+        session.flush()
+        return True
+
+    def list(self, session: Session, *, include_expired: bool = False) -> list[FlagView]:
+        """Return stored flag rows of both sources."""
+        now = self.clock()
+        rows = session.scalars(select(Flag).order_by(Flag.name, Flag.scope, Flag.source))
+        return [_view(f) for f in rows
+                if include_expired or f.expires_at is None or f.expires_at > now]
+
+    def effective(self, session: Session) -> dict[tuple[str, str], FlagView]:
+        """Return (name, scope) -> the row in force: manual over auto, expired ignored."""
+        out: dict[tuple[str, str], FlagView] = {}
+        for f in self.list(session):
+            key = (f.name, f.scope)
+            if key not in out or f.source == "manual":
+                out[key] = f
+        return out
+
+    def runtime_flags(self, session: Session) -> RuntimeFlags:
+        """Return the RuntimeFlags the engine should use now."""
+        eff = self.effective(session)
+        spec = {s: bool(f.value) for (n, s), f in eff.items()
+                if n == "speculative" and s != FLAG_SCOPE_GLOBAL}
+
+        def value(name: str, default: Any) -> Any:
+            f = eff.get((name, FLAG_SCOPE_GLOBAL))
+            return default if f is None else f.value
+
+        return RuntimeFlags(
+            speculative_default=bool(value("speculative", True)),
+            speculative=spec,
+            speculative_probation=float(value("speculative_probation", 0.0)),
+            compiled=bool(value("compiled", True)),
+            bucketing=bool(value("bucketing", True)),
+        )
+
+    def expire(self, session: Session) -> int:
+        """Delete expired rows, auditing each; return how many."""
+        now = self.clock()
+        rows = session.scalars(select(Flag).where(Flag.expires_at.is_not(None),
+                                                  Flag.expires_at <= now)).all()
+        for f in rows:
+            tag = f" [alert {f.alert_id}]" if f.alert_id is not None else ""
+            self._audit(session, now, f.name, f.scope, "expiry", f.source, "expire", f.value,
+                        None, f"expired at {f.expires_at.isoformat() if f.expires_at else ''}{tag}")
+            session.delete(f)
+        session.flush()
+        return len(rows)
+
+    def audit(self, session: Session, name: str | None = None, scope: str | None = None, *,
+              since: datetime | None = None, limit: int = 100) -> list[AuditView]:
+        """Return audit rows, newest first."""
+        if name is not None:
+            validate(name, scope or FLAG_SCOPE_GLOBAL, check_value=False)
+        q = select(FlagAudit).order_by(FlagAudit.at.desc(), FlagAudit.id.desc()).limit(limit)
+        if name is not None:
+            q = q.where(FlagAudit.name == name)
+        if scope is not None:
+            q = q.where(FlagAudit.scope == scope)
+        if since is not None:
+            q = q.where(FlagAudit.at >= since)
+        return [AuditView(a.at, a.name, a.scope, a.actor, a.source, a.action, a.old_value,
+                          a.new_value, a.reason) for a in session.scalars(q)]
+
+
+def _check_source(source: str) -> None:
+    if source not in FLAG_SOURCES:
+        raise FlagError("source", f"must be one of {', '.join(FLAG_SOURCES)}", value=source)
+
+
+def _check_text(field: str, value: object) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise FlagError(field, "must not be empty", value=value)
+
+
+class SqlFlagProvider:
+    """engine.protocol.FlagProvider over the flag tables, cached for `ttl_s`.
+
+    Raises on database errors; the engine then keeps the last flags it had.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], ttl_s: float = 1.0, *,
+                 store: FlagStore | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.sessions = sessions
+        self.ttl_s = ttl_s
+        self.store = store or FlagStore()
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._flags: RuntimeFlags | None = None
+        self._loaded_at = float("-inf")
+
+    def flags(self) -> RuntimeFlags:
+        """Return the effective flags, read from SQL at most once per ttl."""
+        with self._lock:
+            if self._flags is not None and self.monotonic() - self._loaded_at < self.ttl_s:
+                return self._flags
+            with self.sessions() as session:
+                flags = self.store.runtime_flags(session)
+            self._flags = flags
+            self._loaded_at = self.monotonic()
+            return flags
+
+    def invalidate(self) -> None:
+        """Forget the cached flags (the API calls this after a change in-process)."""
+        with self._lock:
+            self._loaded_at = float("-inf")

@@ -1,0 +1,174 @@
+"""Alert lifecycle: pending -> firing -> resolved, one open alert per fingerprint.
+
+A rule result for a scope moves that scope's alert:
+    (none)  --breaching-->  pending  --fired-->  firing  --recovered-->  resolved
+    pending --back inside threshold before confirmation--> resolved (never notified)
+Every move is an `AlertTransition` row with the value, baseline and relative change;
+firing and resolved moves add outbox rows in the same transaction. Empty windows move
+nothing (no data is not recovery).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from alerts.outbox import enqueue, notification_key
+from alerts.rules import Rule, RuleResult
+from alerts.webhooks import AlertInfo, Notification, WebhookTarget
+from storage.models import Alert, AlertTransition, scope_key
+
+
+def fingerprint(rule: str, labels: Mapping[str, str]) -> str:
+    """Return the dedup key of an alert: a hash of the rule name and its labels."""
+    return hashlib.sha256(f"{rule}\x1f{scope_key(labels)}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One state change made by an evaluation."""
+
+    alert_id: int
+    rule: str
+    labels: Mapping[str, str]
+    from_state: str | None
+    to_state: str
+    reason: str
+
+
+def open_alerts(session: Session) -> dict[str, Alert]:
+    """Return fingerprint -> the alert that is pending or firing."""
+    return {a.fingerprint: a for a in session.scalars(select(Alert).where(Alert.state != "resolved"))}
+
+
+def alert_info(alert: Alert) -> AlertInfo:
+    """Return what formatters need to know about `alert`."""
+    return AlertInfo(
+        alert_id=alert.id, rule=alert.rule, fingerprint=alert.fingerprint,
+        labels=dict(alert.labels or {}), annotations=dict(alert.annotations or {}),
+        severity=alert.severity, status="resolved" if alert.state == "resolved" else "firing",
+        starts_at=alert.fired_at or alert.started_at, ends_at=alert.resolved_at,
+        value=alert.value, baseline=alert.baseline, relative_change=alert.relative_change,
+        threshold=alert.threshold)
+
+
+class Lifecycle:
+    """Apply rule results to stored alerts and queue their notifications."""
+
+    def __init__(self, session: Session, now: datetime, targets: Sequence[WebhookTarget] = (),
+                 *, external_url: str = "", resend_s: float = 120.0) -> None:
+        self.session = session
+        self.now = now
+        self.targets = list(targets)
+        self.external_url = external_url
+        self.resend_s = resend_s
+        self.notifications = 0
+
+    def apply(self, rule: Rule, result: RuleResult, alert: Alert | None) -> list[Transition]:
+        """Move `alert` (None: no open alert for this scope) according to `result`."""
+        out: list[Transition] = []
+        if result.no_data:
+            return out
+        if alert is None:
+            if not (result.fired or result.breaching):
+                return out
+            alert = Alert(
+                fingerprint=fingerprint(rule.name, result.labels), rule=rule.name,
+                labels=dict(result.labels), severity=rule.severity, state="pending",
+                started_at=self.now, updated_at=self.now, consecutive_breaches=0,
+                consecutive_ok=0)
+            self.session.add(alert)
+            self.session.flush()
+            out.append(self._move(alert, None, "pending", result))
+        self._update(rule, alert, result)
+        if alert.state == "pending":
+            if result.fired:
+                alert.fired_at = self.now
+                out.append(self._move(alert, "pending", "firing", result))
+                self._notify(alert, out[-1])
+            elif not result.breaching:
+                alert.resolved_at = self.now
+                out.append(self._move(alert, "pending", "resolved", result,
+                                      "not confirmed: back within threshold"))
+        elif alert.state == "firing":
+            if result.recovered:
+                alert.resolved_at = self.now
+                out.append(self._move(alert, "firing", "resolved", result,
+                                      f"recovered for {rule.resolve_for} cycles: {result.reason}"))
+                self._notify(alert, out[-1])
+            else:
+                self._resend(alert)
+        return out
+
+    def retire(self, alert: Alert, reason: str) -> Transition:
+        """Resolve an open alert whose rule no longer exists (notified if it was firing)."""
+        was = alert.state
+        alert.resolved_at = self.now
+        alert.updated_at = self.now
+        alert.state = "resolved"
+        self.session.add(AlertTransition(alert_id=alert.id, at=self.now, from_state=was,
+                                         to_state="resolved", value=alert.value,
+                                         baseline=alert.baseline,
+                                         relative_change=alert.relative_change, reason=reason))
+        self.session.flush()
+        t = Transition(alert.id, alert.rule, dict(alert.labels), was, "resolved", reason)
+        if was == "firing":
+            self._notify(alert, t)
+        return t
+
+    def _update(self, rule: Rule, alert: Alert, r: RuleResult) -> None:
+        alert.value = r.current
+        alert.baseline = r.baseline
+        alert.relative_change = r.relative_change
+        alert.threshold = r.threshold
+        alert.updated_at = self.now
+        alert.consecutive_breaches = alert.consecutive_breaches + 1 if r.breaching else 0
+        alert.consecutive_ok = 0 if r.breaching else alert.consecutive_ok + 1
+        where = ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())) or "all"
+        change = f" {r.relative_change:+.1%} vs baseline" if r.relative_change is not None else ""
+        alert.annotations = {
+            "summary": f"{rule.metric} ({rule.source}, {where}){change}",
+            "description": (rule.description + " " if rule.description else "") + r.reason,
+            "metric": rule.metric, "source": rule.source,
+            "value": "" if r.current is None else f"{r.current:.6g}",
+            "baseline": "" if r.baseline is None else f"{r.baseline:.6g}",
+        }
+
+    def _move(self, alert: Alert, old: str | None, new: str, r: RuleResult,
+              reason: str | None = None) -> Transition:
+        alert.state = new
+        why = reason or r.reason
+        self.session.add(AlertTransition(
+            alert_id=alert.id, at=self.now, from_state=old, to_state=new, value=r.current,
+            baseline=r.baseline, relative_change=r.relative_change, reason=why))
+        self.session.flush()
+        return Transition(alert.id, alert.rule, dict(alert.labels), old, new, why)
+
+    def _notify(self, alert: Alert, t: Transition, targets: Sequence[WebhookTarget] | None = None,
+                key: str | None = None) -> None:
+        info = alert_info(alert)
+        where = ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "all"
+        title = f"{alert.rule} ({where}) {info.status}"
+        n = Notification(key=key or notification_key("alert", alert.fingerprint, alert.id,
+                                                     t.to_state),
+                         title=title, text=info.annotations.get("description", t.reason),
+                         at=self.now, alert=info)
+        rows = enqueue(self.session, n, self.targets if targets is None else targets,
+                       external_url=self.external_url, alert_id=alert.id)
+        self.notifications += len(rows)
+        alert.last_notified_at = self.now
+
+    def _resend(self, alert: Alert) -> None:
+        # Alertmanager resolves a pushed alert after resolve_timeout unless it is re-sent.
+        api = [t for t in self.targets if t.format == "alertmanager_api"]
+        last = alert.last_notified_at
+        if not api or (last is not None and self.now - last < timedelta(seconds=self.resend_s)):
+            return
+        t = Transition(alert.id, alert.rule, dict(alert.labels), "firing", "firing", "re-sent")
+        self._notify(alert, t, api, notification_key("resend", alert.fingerprint, alert.id,
+                                                      self.now.isoformat()))

@@ -1,0 +1,401 @@
+"""Auto-fallback: firing alerts flip flags, measured recovery flips them back.
+
+Each evaluation (`Policy.apply`, called by `alerts.evaluator.evaluate`):
+1. expire flags past their expires_at (audited);
+2. for every firing alert named in a policy's `alerts`, set the policy's flag automatically in
+   the scope the alert's label names, with the alert id and reason, unless a manual flag
+   holds that flag and scope, or this scope was restored/reverted within `cooldown`;
+3. revert an automatic change when a `revert.alerts` alert started firing within
+   `revert.within` after it (the change made p99 worse);
+4. restore an automatic flag once it has been held for `hold` and its recovery measure
+   says so: `probation_acceptance` reads the bucket's probation requests (real traffic
+   that keeps speculating while the flag is off), `canary_variant` reads the canaries' A/B
+   arm that still runs the disabled path;
+5. keep `speculative_probation` at the largest probation share while any bucket is off.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from alerts.durations import parse_duration
+from alerts.errors import PolicyError
+from alerts.flags import FLAG_NAMES, FlagStore, FlagView
+from alerts.rules import parse_change
+from storage.models import FLAG_SCOPE_GLOBAL, Alert, Baseline, ProbeResult, scope_key
+from storage.queries import acceptance
+
+DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
+MEASURES = ("probation_acceptance", "canary_variant", "expiry")
+_ALERT_TAG = re.compile(r"\[alert (\d+)\]")
+_POLICY_FIELDS = {"name", "description", "alerts", "flag", "scope_from", "scope", "value",
+                  "probation", "expires", "hold", "cooldown", "recovery"}
+_RECOVERY_FIELDS = {"measure", "window", "min_samples", "within", "floor", "variant"}
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How recovery is measured before an automatic flag is restored."""
+
+    measure: str = "expiry"
+    window_s: float = 600.0
+    min_samples: int = 1
+    within: float = 0.0  # allowed relative shortfall (acceptance) or excess (latency)
+    floor: float | None = None
+    variant: str = "compiled"
+
+
+@dataclass(frozen=True)
+class FallbackPolicy:
+    """One mapping from alerts to a flag change."""
+
+    name: str
+    on: tuple[str, ...]
+    flag: str
+    value: Any
+    scope_from: str | None = None
+    scope: str = FLAG_SCOPE_GLOBAL
+    probation: float = 0.0
+    expires_s: float | None = None
+    hold_s: float = 600.0
+    cooldown_s: float = 1800.0
+    recovery: Recovery = field(default_factory=Recovery)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PolicyAction:
+    """One thing the policy did (or chose not to do) this evaluation."""
+
+    kind: str  # set | restore | revert | skip | probation | expire
+    flag: str
+    scope: str
+    value: Any = None
+    reason: str = ""
+    alert_id: int | None = None
+
+
+def _tag(alert_id: int | None) -> str:
+    return f" [alert {alert_id}]" if alert_id is not None else ""
+
+
+class Policy:
+    """The auto-fallback policy over a FlagStore."""
+
+    def __init__(self, policies: Sequence[FallbackPolicy], *, revert_on: Sequence[str] = (),
+                 revert_within_s: float = 1800.0) -> None:
+        self.policies = list(policies)
+        self.revert_on = tuple(revert_on)
+        self.revert_within_s = revert_within_s
+
+    def _scope(self, p: FallbackPolicy, alert: Alert) -> str | None:
+        if p.scope_from is None:
+            return p.scope
+        return (alert.labels or {}).get(p.scope_from) or None
+
+    def apply(self, session: Session, now: datetime, *, actor: str = "policy") -> list[PolicyAction]:
+        """Run one policy pass at `now`; return what it did."""
+        store = FlagStore(clock=lambda: now)
+        actions = [PolicyAction("expire", "*", "*", reason=f"{n} expired")
+                   for n in [store.expire(session)] if n]
+        firing = list(session.scalars(select(Alert).where(Alert.state == "firing")
+                                      .order_by(Alert.fired_at, Alert.id)))
+        flags = {(f.name, f.scope, f.source): f for f in store.list(session)}
+        for p in self.policies:
+            for alert in firing:
+                if alert.rule not in p.on:
+                    continue
+                scope = self._scope(p, alert)
+                if scope is None:
+                    continue
+                if (p.flag, scope, "manual") in flags:
+                    actions.append(PolicyAction("skip", p.flag, scope, reason=(
+                        f"manual flag holds {p.flag}/{scope}"), alert_id=alert.id))
+                    continue
+                if (p.flag, scope, "auto") in flags:
+                    continue
+                recent = self._recent_undo(store, session, p, scope, now, alert.id)
+                if recent:
+                    actions.append(PolicyAction("skip", p.flag, scope, reason=recent,
+                                                alert_id=alert.id))
+                    continue
+                summary = (alert.annotations or {}).get("summary", "")
+                reason = f"{p.name}: {alert.rule} firing ({summary}){_tag(alert.id)}"
+                expires = now + timedelta(seconds=p.expires_s) if p.expires_s else None
+                view = store.set(session, p.flag, scope, p.value, source="auto", reason=reason,
+                                 actor=actor, expires_at=expires, alert_id=alert.id)
+                flags[(p.flag, scope, "auto")] = view
+                actions.append(PolicyAction("set", p.flag, scope, p.value, reason, alert.id))
+        actions += self._reverts(session, store, flags, now, actor)
+        actions += self._recoveries(session, store, flags, now, actor)
+        actions += self._probation(session, store, flags, actor)
+        return actions
+
+    def _policy_for(self, f: FlagView) -> FallbackPolicy | None:
+        for p in self.policies:
+            if p.flag == f.name and p.value == f.value:
+                return p
+        return None
+
+    def _recent_undo(self, store: FlagStore, session: Session, p: FallbackPolicy, scope: str,
+                     now: datetime, alert_id: int) -> str | None:
+        for a in store.audit(session, p.flag, scope, limit=20):
+            if a.source != "auto" or a.action not in ("restore", "revert", "expire"):
+                continue
+            m = _ALERT_TAG.search(a.reason or "")
+            if m and int(m.group(1)) == alert_id:
+                return f"{a.action} done for alert {alert_id}; waits for a new alert"
+            if now - a.at < timedelta(seconds=p.cooldown_s):
+                return f"{a.action} at {a.at.isoformat()}, cooldown {p.cooldown_s:g}s"
+        return None
+
+    def _reverts(self, session: Session, store: FlagStore, flags: dict, now: datetime,
+                 actor: str) -> list[PolicyAction]:
+        if not self.revert_on:
+            return []
+        out = []
+        window = timedelta(seconds=self.revert_within_s)
+        regressions = list(session.scalars(select(Alert).where(
+            Alert.state == "firing", Alert.rule.in_(self.revert_on))))
+        for key, f in list(flags.items()):
+            if f.source != "auto" or f.name == "speculative_probation":
+                continue
+            if now - f.updated_at > window:
+                continue
+            for r in regressions:
+                if r.fired_at is None or r.fired_at < f.updated_at or r.fired_at - f.updated_at > window:
+                    continue
+                bucket = (r.labels or {}).get("bucket")
+                if f.scope != FLAG_SCOPE_GLOBAL and bucket not in (None, f.scope):
+                    continue
+                reason = (f"reverted: {r.rule} started firing {r.fired_at - f.updated_at} after "
+                          f"the automatic change ({f.reason}){_tag(f.alert_id)}")
+                store.clear(session, f.name, f.scope, source="auto", reason=reason, actor=actor,
+                            action="revert")
+                del flags[key]
+                out.append(PolicyAction("revert", f.name, f.scope, None, reason, f.alert_id))
+                break
+        return out
+
+    def _recoveries(self, session: Session, store: FlagStore, flags: dict, now: datetime,
+                    actor: str) -> list[PolicyAction]:
+        out = []
+        for key, f in list(flags.items()):
+            if f.source != "auto" or f.name == "speculative_probation":
+                continue
+            p = self._policy_for(f)
+            if p is None or now - f.updated_at < timedelta(seconds=p.hold_s):
+                continue
+            verdict = measure_recovery(session, p, f.scope, now)
+            if verdict is None:
+                continue
+            reason = f"restored: {verdict}{_tag(f.alert_id)}"
+            store.clear(session, f.name, f.scope, source="auto", reason=reason, actor=actor,
+                        action="restore")
+            del flags[key]
+            out.append(PolicyAction("restore", f.name, f.scope, None, reason, f.alert_id))
+        return out
+
+    def _probation(self, session: Session, store: FlagStore, flags: dict,
+                   actor: str) -> list[PolicyAction]:
+        key = ("speculative_probation", FLAG_SCOPE_GLOBAL, "auto")
+        want = 0.0
+        for f in flags.values():
+            if f.source == "auto" and f.name == "speculative" and f.value is False:
+                p = self._policy_for(f)
+                want = max(want, p.probation if p is not None else 0.0)
+        have = flags.get(key)
+        if want > 0 and (have is None or have.value != want):
+            reason = f"probation {want:g} while speculation is automatically off somewhere"
+            flags[key] = store.set(session, *key[:2], want, source="auto", reason=reason,
+                                   actor=actor)
+            return [PolicyAction("probation", key[0], key[1], want, reason)]
+        if want == 0 and have is not None:
+            reason = "no bucket is automatically off any more"
+            store.clear(session, *key[:2], source="auto", reason=reason, actor=actor)
+            del flags[key]
+            return [PolicyAction("probation", key[0], key[1], 0.0, reason)]
+        return []
+
+
+def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datetime) -> str | None:
+    """Return why the disabled path has recovered, or None while it has not (or is unmeasured)."""
+    r = p.recovery
+    start = now - timedelta(seconds=r.window_s)
+    if r.measure == "probation_acceptance":
+        rows = [a for a in acceptance(session, start, now, source="probation")
+                if scope in (FLAG_SCOPE_GLOBAL, a.bucket)]
+        proposed = sum(a.draft_tokens for a in rows)
+        if proposed < r.min_samples or proposed == 0:
+            return None
+        rate = sum(a.accepted_tokens for a in rows) / proposed
+        base = _baseline(session, "acceptance_rate", {"source": "traffic", "bucket": scope})
+        if base is not None and base > 0:
+            need = base * (1 - r.within)
+            what = f"baseline {base:.3f} -{r.within:.0%}"
+        elif r.floor is not None:
+            need, what = r.floor, "floor"
+        else:
+            return None
+        if rate >= need:
+            return (f"probation acceptance {rate:.3f} >= {need:.3f} ({what}) over "
+                    f"{proposed} draft tokens in {r.window_s:g}s")
+        return None
+    if r.measure == "canary_variant":
+        q = select(ProbeResult.variant, ProbeResult.p99_s, ProbeResult.count).where(
+            ProbeResult.at >= start, ProbeResult.at < now, ProbeResult.p99_s.is_not(None))
+        if scope != FLAG_SCOPE_GLOBAL:
+            q = q.where(ProbeResult.bucket == scope)
+        arm = [(v, n) for var, v, n in session.execute(q) if var == r.variant]
+        ref = [v for var, v, _ in session.execute(q) if var == "optimized"]
+        if sum(n for _, n in arm) < r.min_samples or not ref:
+            return None
+        arm_p99 = max(v for v, _ in arm)
+        ref_p99 = max(ref)
+        if arm_p99 <= ref_p99 * (1 + r.within):
+            return (f"canary {r.variant} arm p99 {arm_p99:.4g}s <= {ref_p99:.4g}s of the "
+                    f"fallback path (+{r.within:.0%}) over {r.window_s:g}s")
+        return None
+    return None  # "expiry": only expires_at restores it
+
+
+def _baseline(session: Session, metric: str, scope: Mapping[str, str]) -> float | None:
+    rows = session.scalars(select(Baseline).where(
+        Baseline.metric == metric, Baseline.scope_key == scope_key(scope),
+        Baseline.active.is_(True))).all()
+    pinned = [b for b in rows if b.kind == "pinned"]
+    pick = pinned or sorted(rows, key=lambda b: b.created_at)[-1:]
+    return pick[0].value if pick else None
+
+
+def parse_policy(data: object, source: str = "<policy>") -> tuple[list[FallbackPolicy], dict]:
+    """Validate a policy document; return (policies, revert settings)."""
+    if data is None:
+        return [], {}
+    if not isinstance(data, dict) or set(data) - {"policies", "revert"}:
+        raise PolicyError(source, "", "policies", "the document must map 'policies' and 'revert'")
+    items = data.get("policies")
+    items = [] if items is None else items
+    if not isinstance(items, list):
+        raise PolicyError(source, "", "policies", "must be a list")
+    out = [_parse_one(item, source, i) for i, item in enumerate(items)]
+    revert = data.get("revert") or {}
+    if not isinstance(revert, dict) or set(revert) - {"alerts", "within"}:
+        raise PolicyError(source, "revert", "revert", "must map 'alerts' and 'within'")
+    parsed: dict[str, Any] = {}
+    if "alerts" in revert:
+        on = revert["alerts"]
+        if not isinstance(on, list) or not all(isinstance(x, str) for x in on):
+            raise PolicyError(source, "revert", "alerts", "must be a list of rule names")
+        parsed["on"] = tuple(on)
+    if "within" in revert:
+        try:
+            parsed["within_s"] = parse_duration(revert["within"])
+        except ValueError as e:
+            raise PolicyError(source, "revert", "within", str(e)) from None
+    return out, parsed
+
+
+def _parse_one(raw: object, source: str, index: int) -> FallbackPolicy:
+    entry = f"policy #{index + 1}"
+    if not isinstance(raw, dict):
+        raise PolicyError(source, entry, "policy", "must be a mapping")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise PolicyError(source, entry, "name", f"must be a non-empty string, got {name!r}")
+    entry = f"policy {name!r}"
+
+    def err(fld: str, msg: str) -> PolicyError:
+        return PolicyError(source, entry, fld, msg)
+
+    unknown = set(raw) - _POLICY_FIELDS
+    if unknown:
+        raise err(sorted(unknown)[0], f"unknown field (allowed: {', '.join(sorted(_POLICY_FIELDS))})")
+    on = raw.get("alerts")
+    if isinstance(on, str):
+        on = [on]
+    if not isinstance(on, list) or not on or not all(isinstance(x, str) for x in on):
+        raise err("alerts", "must be a non-empty list of rule names")
+    flag = raw.get("flag")
+    if flag not in FLAG_NAMES or flag == "speculative_probation":
+        raise err("flag", f"must be speculative, compiled or bucketing, got {flag!r}")
+    value = raw.get("value", False)
+    if not isinstance(value, bool):
+        raise err("value", f"must be true or false, got {value!r}")
+    scope_from = raw.get("scope_from")
+    if scope_from is not None and (flag != "speculative" or scope_from != "bucket"):
+        raise err("scope_from", "only speculative takes its scope from the alert's bucket label")
+    scope = raw.get("scope", FLAG_SCOPE_GLOBAL)
+    if scope != FLAG_SCOPE_GLOBAL and flag != "speculative":
+        raise err("scope", f"{flag} only has scope 'global'")
+    probation = raw.get("probation", 0.0)
+    if isinstance(probation, bool) or not isinstance(probation, int | float) or not 0 <= probation <= 1:
+        raise err("probation", f"must be a share in [0, 1], got {probation!r}")
+    durations: dict[str, float | None] = {}
+    for fld, default in (("expires", None), ("hold", 600.0), ("cooldown", 1800.0)):
+        v = raw.get(fld, default)
+        try:
+            durations[fld] = None if v is None else parse_duration(v)
+        except ValueError as e:
+            raise err(fld, str(e)) from None
+    rec = raw.get("recovery", {}) or {}
+    if not isinstance(rec, dict) or set(rec) - _RECOVERY_FIELDS:
+        raise err("recovery", f"must map {', '.join(sorted(_RECOVERY_FIELDS))}")
+    measure = rec.get("measure", "expiry")
+    if measure not in MEASURES:
+        raise err("recovery.measure", f"must be one of {', '.join(MEASURES)}, got {measure!r}")
+    if measure == "probation_acceptance" and flag != "speculative":
+        raise err("recovery.measure", "probation_acceptance only measures speculative flags")
+    try:
+        window = parse_duration(rec.get("window", "10m"))
+    except ValueError as e:
+        raise err("recovery.window", str(e)) from None
+    within = 0.0
+    if "within" in rec:
+        try:
+            within = parse_change(rec["within"])[1] if rec["within"] not in ("+0%", "-0%") else 0.0
+        except ValueError as e:
+            raise err("recovery.within", str(e)) from None
+    min_samples = rec.get("min_samples", 1)
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+        raise err("recovery.min_samples", f"must be an integer >= 1, got {min_samples!r}")
+    floor = rec.get("floor")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float)):
+        raise err("recovery.floor", f"must be a number, got {floor!r}")
+    return FallbackPolicy(
+        name=name, on=tuple(on), flag=flag, value=value, scope_from=scope_from, scope=scope,
+        probation=float(probation), expires_s=durations["expires"],
+        hold_s=durations["hold"] or 0.0, cooldown_s=durations["cooldown"] or 0.0,
+        recovery=Recovery(measure=measure, window_s=window, min_samples=min_samples,
+                          within=within, floor=None if floor is None else float(floor),
+                          variant=str(rec.get("variant", "compiled"))),
+        description=str(raw.get("description", "")))
+
+
+def load_policy(policy_file: str | None = None, *, defaults: bool = True) -> Policy:
+    """Return the shipped policy merged with the user's (entries replaced by name)."""
+    merged: dict[str, FallbackPolicy] = {}
+    revert: dict[str, Any] = {}
+    files = ([DEFAULT_POLICY_FILE] if defaults else []) + ([Path(policy_file)] if policy_file else [])
+    for path in files:
+        if not path.is_file():
+            raise PolicyError(str(path), "", "policy_file", "does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise PolicyError(str(path), "", "policies", f"is not valid YAML: {e}") from None
+        items, rv = parse_policy(data, str(path))
+        for p in items:
+            merged[p.name] = p
+        revert.update(rv)
+    return Policy(list(merged.values()), revert_on=revert.get("on", ()),
+                  revert_within_s=revert.get("within_s", 1800.0))

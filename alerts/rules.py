@@ -1,0 +1,370 @@
+"""Alert rules: YAML definitions, validation, and the pure per-series check.
+
+A rule compares the per-cycle series of one metric in one scope with that scope's
+baseline and returns a `RuleResult`. Example (alerts/rules.yaml holds the defaults):
+
+    rules:
+      - name: p99_regression
+        metric: p99_latency
+        source: canary          # canary | traffic
+        per: [bucket]           # labels that split the scope: bucket, path, instance
+        change: "+15%"          # relative threshold and direction vs the baseline
+        resolve_change: "+5%"   # hysteresis: resolve once back under this
+        for: 3                  # the change must hold (median) over at least this many cycles
+        resolve_for: 5          # cycles back inside the band before resolving
+        min_samples: 3          # a cycle with fewer samples counts as empty
+        ceiling: 2.0            # optional absolute limit (floor: for downward metrics)
+        severity: page
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alerts.detection import BaselineStats, Cusum, cusum_path, llr, relative_change
+from alerts.durations import parse_duration
+from alerts.errors import RuleError
+
+DEFAULT_RULES_FILE = Path(__file__).with_name("rules.yaml")
+
+# metric -> (description, sources it can be measured from)
+METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "p50_latency": ("p50 of request total_s per cycle (seconds)", ("canary", "traffic")),
+    "p95_latency": ("p95 of request total_s per cycle (seconds)", ("canary", "traffic")),
+    "p99_latency": ("p99 of request total_s per cycle (seconds)", ("canary", "traffic")),
+    "ttft": ("p95 of time to first token per cycle (seconds)", ("canary", "traffic")),
+    "per_token": ("p50 of mean time per output token per cycle (seconds)", ("canary", "traffic")),
+    "acceptance_rate": ("accepted / draft tokens per cycle", ("canary", "traffic")),
+    "memory_growth": ("RSS (or CUDA allocated) growth per hour (bytes)", ("canary",)),
+    "recompiles_per_hour": ("torch.compile recompiles per hour", ("canary",)),
+    "compile_failures": ("recompile-limit hits + compile failures in the trailing hour",
+                         ("canary",)),
+    "overflow_share": ("share of requests on the overflow path", ("canary", "traffic")),
+    "padding_waste": ("mean share of padded input that is padding", ("canary", "traffic")),
+    "probe_failures": ("share of canary probes that failed or timed out", ("canary",)),
+    "burst_p99": ("p99 latency of the latest burst probe (seconds)", ("burst",)),
+    "rejections": ("share of requests rejected (overloaded or timed out)", ("traffic", "burst")),
+}
+SCOPE_LABELS = ("bucket", "path", "instance")
+SOURCES = ("canary", "traffic", "burst")
+SEVERITIES = ("page", "warning", "info")
+_CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_FIELDS = {
+    "name", "metric", "source", "per", "match", "change", "resolve_change", "for",
+    "resolve_for", "min_samples", "ceiling", "floor", "severity", "window", "lookback",
+    "baseline_window", "min_baseline_cycles", "description", "cusum",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validated alert rule (see the module docstring for the YAML form)."""
+
+    name: str
+    metric: str
+    direction: int  # +1: alert when the metric rises, -1: when it falls
+    threshold: float  # relative, positive: 0.15 = 15%
+    resolve_threshold: float
+    source: str = "canary"
+    per: tuple[str, ...] = ("bucket",)
+    match: Mapping[str, str] = field(default_factory=dict)
+    for_cycles: int = 3
+    resolve_for: int = 5
+    min_samples: int = 1
+    ceiling: float | None = None
+    floor: float | None = None
+    severity: str = "warning"
+    window_s: float = 60.0  # length of one cycle of the series
+    lookback_cycles: int = 30  # cycles the detector reads on each evaluation
+    baseline_window_s: float = 7 * 86400.0
+    min_baseline_cycles: int = 30
+    description: str = ""
+    cusum: Cusum = field(default_factory=Cusum)
+
+    @property
+    def signed_threshold(self) -> float:
+        """Return the threshold with its direction: +0.15 or -0.20."""
+        return self.direction * self.threshold
+
+
+@dataclass(frozen=True)
+class Point:
+    """One cycle of a series: its start, its value (None when empty) and sample count."""
+
+    at: datetime
+    value: float | None
+    samples: int
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """What a rule decided for one scope, with the numbers it used.
+
+    fired: a change is confirmed (the CUSUM reaches h and the median change over its
+        current run of at least for_cycles cycles reaches the threshold), or an absolute
+        limit is crossed on each of the last for_cycles cycles.
+    breaching: the latest cycle breaches (an alert is pending until fired).
+    recovered: the last resolve_for cycles sit inside the hysteresis band.
+    no_data: the latest cycle is empty or there is no usable baseline; nothing changes.
+    """
+
+    rule: str
+    labels: Mapping[str, str]
+    baseline: float | None
+    current: float | None
+    relative_change: float | None
+    threshold: float
+    fired: bool
+    reason: str
+    breaching: bool = False
+    recovered: bool = False
+    no_data: bool = False
+    statistic: float = 0.0
+    samples: int = 0
+    severity: str = "warning"
+
+
+def evaluate_rule(
+    rule: Rule,
+    labels: Mapping[str, str],
+    baseline: BaselineStats | None,
+    points: Sequence[Point],
+) -> RuleResult:
+    """Check one scope's per-cycle series (oldest first) against its baseline."""
+    labels = dict(labels)
+    base = baseline.center if baseline is not None else None
+
+    def result(**kw: Any) -> RuleResult:
+        kw.setdefault("baseline", base)
+        return RuleResult(rule=rule.name, labels=labels, threshold=rule.signed_threshold,
+                          severity=rule.severity, **kw)
+
+    valid = [p for p in points if p.value is not None and p.samples >= rule.min_samples]
+    if not points or points[-1].value is None or points[-1].samples < rule.min_samples:
+        n = points[-1].samples if points else 0
+        return result(current=None, relative_change=None, fired=False, no_data=True,
+                      samples=n, reason=f"empty window: {n} samples < min_samples {rule.min_samples}")
+    values = [float(p.value) for p in valid]  # type: ignore[arg-type]
+    current = values[-1]
+    samples = valid[-1].samples
+    has_limit = rule.ceiling is not None or rule.floor is not None
+
+    def over_limit(v: float) -> bool:
+        return (rule.ceiling is not None and v > rule.ceiling) or (
+            rule.floor is not None and v < rule.floor)
+
+    usable = baseline is not None and baseline.cycles >= rule.min_baseline_cycles
+    if not usable and not has_limit:
+        have = baseline.cycles if baseline is not None else 0
+        return result(current=current, relative_change=None, fired=False, no_data=True,
+                      samples=samples,
+                      reason=f"baseline warming in: {have} cycles < {rule.min_baseline_cycles}")
+    rels: list[float | None] = [
+        relative_change(v, baseline.center) if usable else None  # type: ignore[union-attr]
+        for v in values
+    ]
+    rel = rels[-1]
+
+    def rel_breach(r: float | None) -> bool:
+        return r is not None and rule.direction * r >= rule.threshold
+
+    def rel_inside(r: float | None) -> bool:
+        return r is None or rule.direction * r < rule.resolve_threshold
+
+    n = rule.for_cycles
+    stat = 0.0
+    run_rels: list[float] = []
+    if usable and baseline is not None and baseline.center != 0:
+        sigma = baseline.relative_noise(rule.cusum)
+        known = [r for r in rels if r is not None]
+        path = cusum_path([llr(rule.direction * r, rule.threshold, sigma) for r in known],
+                          rule.cusum)
+        stat = path[-1]
+        # The current run: cycles since the CUSUM last stood at zero.
+        start = max((i + 1 for i, s in enumerate(path) if s == 0.0), default=0)
+        run_rels = known[start:]
+    last_n = list(zip(values[-n:], rels[-n:], strict=True))
+    enough = len(last_n) >= n
+    limit_fire = has_limit and enough and all(over_limit(v) for v, _ in last_n)
+    # The median change over the CUSUM's current run (at least `for` cycles) must reach the
+    # threshold: the CUSUM alone also confirms changes between threshold/2 and threshold,
+    # which the rule does not ask for, and a median cannot be carried over it by one spike.
+    window_rel = statistics.median(run_rels) if len(run_rels) >= n else None
+    rel_fire = rel_breach(window_rel) and stat >= rule.cusum.h
+    breaching = rel_breach(rel) or over_limit(current)
+    m = rule.resolve_for
+    tail = list(zip(values[-m:], rels[-m:], strict=True))
+    recovered = len(tail) >= m and all(rel_inside(r) and not over_limit(v) for v, r in tail)
+    fired = limit_fire or rel_fire
+    pct = f"{rel:+.1%}" if rel is not None else "n/a"
+    if limit_fire:
+        lim = f"ceiling {rule.ceiling:g}" if rule.ceiling is not None and current > rule.ceiling \
+            else f"floor {rule.floor:g}"
+        reason = f"{rule.metric} {current:.4g} beyond absolute {lim} for {n} cycles"
+    elif rel_fire:
+        wpct = f"{window_rel:+.1%}" if window_rel is not None else "n/a"
+        reason = (f"{rule.metric} {current:.4g} vs baseline {base:.4g} ({pct}; median {wpct} "
+                  f"over {len(run_rels)} cycles, threshold {rule.signed_threshold:+.0%}), "
+                  f"CUSUM {stat:.1f} >= {rule.cusum.h:g}")
+    elif breaching:
+        reason = (f"{rule.metric} {current:.4g} breaches ({pct}) but is not confirmed yet "
+                  f"(CUSUM {stat:.1f} of {rule.cusum.h:g}, {n} cycles needed)")
+    elif usable and baseline is not None and baseline.center == 0:
+        reason = f"{rule.metric} {current:.4g}: zero baseline, only absolute limits apply"
+    else:
+        reason = f"{rule.metric} {current:.4g} within threshold ({pct})"
+    return result(current=current, relative_change=rel, fired=fired, reason=reason,
+                  breaching=breaching, recovered=recovered, statistic=stat, samples=samples)
+
+
+def parse_change(value: object) -> tuple[int, float]:
+    """Return (direction, relative threshold) for "+15%" / "-20%"; raise ValueError."""
+    if isinstance(value, str):
+        m = _CHANGE_RE.match(value)
+        if m:
+            pct = float(m.group(2)) / 100.0
+            if pct <= 0:
+                raise ValueError(f"must be non-zero, got {value!r}")
+            return (1 if m.group(1) == "+" else -1), pct
+    raise ValueError(f'expected a signed percentage such as "+15%" or "-20%", got {value!r}')
+
+
+def parse_rule(raw: object, source: str = "<rules>", index: int = 0) -> Rule:
+    """Validate one YAML rule mapping; raise RuleError naming the rule and field."""
+    entry = f"rule #{index + 1}"
+    if not isinstance(raw, dict):
+        raise RuleError(source, entry, "rule", "must be a mapping")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise RuleError(source, entry, "name", f"must be an identifier, got {name!r}")
+    entry = f"rule {name!r}"
+
+    def err(fld: str, msg: str) -> RuleError:
+        return RuleError(source, entry, fld, msg)
+
+    unknown = set(raw) - _FIELDS
+    if unknown:
+        raise err(sorted(unknown)[0], f"unknown field (allowed: {', '.join(sorted(_FIELDS))})")
+    metric = raw.get("metric")
+    if metric not in METRICS:
+        raise err("metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
+    src = raw.get("source", "canary")
+    if src not in METRICS[metric][1]:
+        raise err("source", f"{metric} is measured from {'/'.join(METRICS[metric][1])}, got {src!r}")
+    per = raw.get("per", ["bucket"])
+    if per in ("all", None):
+        per = []
+    if isinstance(per, str):
+        per = [per]
+    if not isinstance(per, list) or any(p not in SCOPE_LABELS for p in per):
+        raise err("per", f"must be 'all' or a list of {', '.join(SCOPE_LABELS)}, got {per!r}")
+    match = raw.get("match", {}) or {}
+    if not isinstance(match, dict) or any(k not in SCOPE_LABELS for k in match):
+        raise err("match", f"must map {', '.join(SCOPE_LABELS)} to values, got {match!r}")
+    if "change" not in raw:
+        raise err("change", 'is required (a signed percentage such as "+15%")')
+    try:
+        direction, threshold = parse_change(raw["change"])
+    except ValueError as e:
+        raise err("change", str(e)) from None
+    resolve = raw.get("resolve_change")
+    if resolve is None:
+        resolve_threshold = threshold / 3.0
+    else:
+        try:
+            rdir, resolve_threshold = parse_change(resolve)
+        except ValueError as e:
+            raise err("resolve_change", str(e)) from None
+        if rdir != direction or resolve_threshold >= threshold:
+            raise err("resolve_change", f"must point the same way as change and be smaller "
+                                        f"({resolve!r} vs {raw['change']!r})")
+    ints: dict[str, int] = {}
+    for fld, default, lo in (("for", 3, 2), ("resolve_for", 5, 1), ("min_samples", 1, 1),
+                             ("lookback", 30, 2), ("min_baseline_cycles", 30, 1)):
+        v = raw.get(fld, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            why = " (a single cycle never fires)" if fld == "for" else ""
+            raise err(fld, f"must be an integer >= {lo}{why}, got {v!r}")
+        ints[fld] = v
+    if ints["lookback"] < max(ints["for"], ints["resolve_for"]):
+        raise err("lookback", "must be >= for and resolve_for")
+    limits: dict[str, float | None] = {}
+    for fld in ("ceiling", "floor"):
+        v = raw.get(fld)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise err(fld, f"must be a number, got {v!r}")
+        limits[fld] = float(v) if v is not None else None
+    severity = raw.get("severity", "warning")
+    if severity not in SEVERITIES:
+        raise err("severity", f"must be one of {', '.join(SEVERITIES)}, got {severity!r}")
+    durations: dict[str, float] = {}
+    for fld, default in (("window", 60.0), ("baseline_window", 7 * 86400.0)):
+        try:
+            durations[fld] = parse_duration(raw.get(fld, default))
+        except ValueError as e:
+            raise err(fld, str(e)) from None
+        if durations[fld] <= 0:
+            raise err(fld, "must be positive")
+    cusum_raw = raw.get("cusum", {}) or {}
+    if not isinstance(cusum_raw, dict) or set(cusum_raw) - {"h", "min_cycles", "min_spread_rel"}:
+        raise err("cusum", f"must map h, min_cycles, min_spread_rel to numbers, got {cusum_raw!r}")
+    try:
+        cusum = Cusum(**{k: (int(v) if k == "min_cycles" else float(v))
+                         for k, v in cusum_raw.items()})
+    except (TypeError, ValueError) as e:
+        raise err("cusum", str(e)) from None
+    return Rule(
+        name=name, metric=metric, direction=direction, threshold=threshold,
+        resolve_threshold=resolve_threshold, source=src, per=tuple(per),
+        match={str(k): str(v) for k, v in match.items()}, for_cycles=ints["for"],
+        resolve_for=ints["resolve_for"], min_samples=ints["min_samples"],
+        ceiling=limits["ceiling"], floor=limits["floor"], severity=severity,
+        window_s=durations["window"], lookback_cycles=ints["lookback"],
+        baseline_window_s=durations["baseline_window"],
+        min_baseline_cycles=ints["min_baseline_cycles"],
+        description=str(raw.get("description", "")), cusum=cusum,
+    )
+
+
+def parse_rules(data: object, source: str = "<rules>") -> list[Rule]:
+    """Validate a `{rules: [...]}` document; raise RuleError on the first bad rule."""
+    if data is None:
+        return []
+    if not isinstance(data, dict) or set(data) - {"rules"}:
+        raise RuleError(source, "", "rules", "the document must be a mapping with one key 'rules'")
+    items = data.get("rules")
+    items = [] if items is None else items
+    if not isinstance(items, list):
+        raise RuleError(source, "", "rules", "must be a list")
+    rules = [parse_rule(r, source, i) for i, r in enumerate(items)]
+    seen: set[str] = set()
+    for r in rules:
+        if r.name in seen:
+            raise RuleError(source, f"rule {r.name!r}", "name", "is defined twice")
+        seen.add(r.name)
+    return rules
+
+
+def load_rules(rules_file: str | None = None, *, defaults: bool = True) -> list[Rule]:
+    """Return the shipped rules plus the user's; a user rule replaces a shipped one by name."""
+    rules: dict[str, Rule] = {}
+    files = ([DEFAULT_RULES_FILE] if defaults else []) + ([Path(rules_file)] if rules_file else [])
+    for path in files:
+        if not path.is_file():
+            raise RuleError(str(path), "", "rules_file", "does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise RuleError(str(path), "", "rules", f"is not valid YAML: {e}") from None
+        for r in parse_rules(data, str(path)):
+            rules[r.name] = r
+    return list(rules.values())

@@ -1,0 +1,302 @@
+"""Per-cycle series of a rule's metric, per scope, read from storage rows.
+
+A cycle is `rule.window_s` long and aligned to the epoch; only finished cycles are
+returned. Canary series read `ProbeResult` rows of kind "cycle" runs in the optimized
+variant (A/B arms stay out), traffic series read `TrafficRollup` minutes, burst series
+read "burst" runs. `recompiles_per_hour`, `compile_failures` and `memory_growth` are
+sliding: each cycle reports the trailing hour, so one event stays visible for an hour.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from alerts.rules import Point, Rule
+from storage import histograms
+from storage.models import (
+    VARIANT_OPTIMIZED,
+    CompileEvent,
+    MemorySample,
+    ProbeResult,
+    ProbeRun,
+    TrafficRollup,
+)
+
+Labels = tuple[tuple[str, str], ...]
+_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement row, flattened: when, its labels and its numbers."""
+
+    at: datetime
+    labels: Mapping[str, str]
+    values: Mapping[str, Any]
+
+
+def cycle_start(t: datetime, window_s: float) -> datetime:
+    """Return the start of the epoch-aligned cycle holding `t`."""
+    ts = t.timestamp()
+    return datetime.fromtimestamp(ts - ts % window_s, UTC)
+
+
+def cycle_starts(start: datetime, end: datetime, window_s: float) -> list[datetime]:
+    """Return starts of the finished cycles within [start, end)."""
+    out: list[datetime] = []
+    t = cycle_start(start, window_s)
+    if t < start:
+        t += timedelta(seconds=window_s)
+    step = timedelta(seconds=window_s)
+    while t + step <= end:
+        out.append(t)
+        t += step
+    return out
+
+
+class RowCache:
+    """Rows loaded once per (source, window) during one evaluation."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._cache: dict[tuple[str, datetime, datetime], list[Row]] = {}
+
+    def rows(self, kind: str, start: datetime, end: datetime) -> list[Row]:
+        """Return rows of `kind` ("canary", "traffic", "burst", "compile", "memory") in range."""
+        key = (kind, start, end)
+        if key not in self._cache:
+            self._cache[key] = _LOADERS[kind](self.session, start, end)
+        return self._cache[key]
+
+
+def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    q = (
+        select(ProbeResult, ProbeRun.instance_id, ProbeRun.status)
+        .join(ProbeRun, ProbeResult.run_id == ProbeRun.id)
+        .where(ProbeResult.at >= start, ProbeResult.at < end, ProbeRun.kind == "cycle",
+               ProbeResult.variant == VARIANT_OPTIMIZED)
+    )
+    out = [
+        Row(r.at, {"bucket": r.bucket, "path": r.path, "instance": inst},
+            {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
+             "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
+             "padding_waste": r.padding_waste, "draft_tokens": r.draft_tokens,
+             "accepted": r.accepted_tokens, "overflow": r.count if r.path == "overflow" else 0})
+        for r, inst, _status in session.execute(q)
+    ]
+    # Runs that failed as a whole count as one failed probe each.
+    failed = select(ProbeRun.started_at, ProbeRun.instance_id).where(
+        ProbeRun.started_at >= start, ProbeRun.started_at < end, ProbeRun.kind == "cycle",
+        ProbeRun.status != "ok")
+    out += [Row(at, {"bucket": "", "path": "", "instance": inst},
+                {"count": 0, "errors": 0, "failed_runs": 1})
+            for at, inst in session.execute(failed)]
+    return out
+
+
+def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    q = select(TrafficRollup).where(TrafficRollup.minute >= start, TrafficRollup.minute < end)
+    return [
+        Row(r.minute, {"bucket": r.bucket, "path": r.path, "instance": r.instance_id},
+            {"requests": r.requests, "errors": r.errors, "rejections": r.rejections,
+             "overflow": r.overflow, "latency_sum": r.latency_sum_s, "hist": r.latency_hist,
+             "ttft_sum": r.ttft_sum_s, "input_sum": r.input_tokens_sum,
+             "padded_sum": r.padded_tokens_sum, "output_sum": r.output_tokens_sum,
+             "draft_tokens": r.draft_tokens, "accepted": r.accepted_tokens,
+             "spec_requests": r.requests if r.decoding == "speculative" else 0})
+        for r in session.scalars(q)
+    ]
+
+
+def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    q = select(ProbeRun).where(ProbeRun.started_at >= start, ProbeRun.started_at < end,
+                               ProbeRun.kind == "burst")
+    out = []
+    for r in session.scalars(q):
+        d = r.details or {}
+        out.append(Row(r.started_at, {"bucket": "", "path": "", "instance": r.instance_id},
+                       {"p99": d.get("latency_p99_s"), "requests": r.requests or 0,
+                        "rejections": r.rejections or 0, "ok": r.status == "ok"}))
+    return out
+
+
+def _compile_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    q = select(CompileEvent).where(CompileEvent.at >= start, CompileEvent.at < end)
+    return [Row(e.at, {"bucket": "", "path": "", "instance": e.instance_id},
+                {"recompiles": e.recompiles, "failures": e.limit_hits + e.failures})
+            for e in session.scalars(q)]
+
+
+def _memory_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    q = select(MemorySample).where(MemorySample.at >= start, MemorySample.at < end)
+    return [Row(m.at, {"bucket": "", "path": "", "instance": m.instance_id},
+                {"bytes": m.cuda_allocated_bytes if m.cuda_allocated_bytes is not None
+                 else m.rss_bytes})
+            for m in session.scalars(q)]
+
+
+_LOADERS = {"canary": _canary_rows, "traffic": _traffic_rows, "burst": _burst_rows,
+            "compile": _compile_rows, "memory": _memory_rows}
+_SLIDING = {"recompiles_per_hour": "compile", "compile_failures": "compile",
+            "memory_growth": "memory"}
+
+
+def _key(rule: Rule, labels: Mapping[str, str]) -> Labels | None:
+    for k, v in rule.match.items():
+        if labels.get(k) != v:
+            return None
+    if any(not labels.get(k) for k in rule.per):
+        return None  # run-level rows (failed runs) carry no bucket
+    return tuple((k, labels[k]) for k in rule.per)
+
+
+def series(rule: Rule, cache: RowCache, start: datetime, end: datetime) -> dict[Labels, list[Point]]:
+    """Return scope labels -> the per-cycle points of `rule` in [start, end), oldest first."""
+    starts = cycle_starts(start, end, rule.window_s)
+    if not starts:
+        return {}
+    step = timedelta(seconds=rule.window_s)
+    if rule.metric in _SLIDING:
+        return _sliding(rule, cache, starts, step)
+    kind = rule.source
+    rows = cache.rows(kind, starts[0], starts[-1] + step)
+    grouped: dict[Labels, dict[datetime, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        key = _key(rule, row.labels)
+        if key is not None:
+            grouped[key][cycle_start(row.at, rule.window_s)].append(row)
+    out: dict[Labels, list[Point]] = {}
+    for key, by_cycle in grouped.items():
+        pts = []
+        for s in starts:
+            value, n = aggregate(rule.metric, kind, by_cycle.get(s, []))
+            pts.append(Point(at=s, value=value, samples=n))
+        out[key] = pts
+    return out
+
+
+def _sliding(rule: Rule, cache: RowCache, starts: list[datetime],
+             step: timedelta) -> dict[Labels, list[Point]]:
+    kind = _SLIDING[rule.metric]
+    hour = timedelta(seconds=_HOUR)
+    rows = cache.rows(kind, starts[0] + step - hour, starts[-1] + step)
+    grouped: dict[Labels, list[Row]] = defaultdict(list)
+    if kind == "compile":
+        # No compile event is a count of zero for an instance that is alive (probing).
+        for row in cache.rows("canary", starts[0], starts[-1] + step):
+            key = _key(rule, row.labels)
+            if key is not None:
+                grouped.setdefault(key, [])
+    for row in rows:
+        key = _key(rule, row.labels)
+        if key is not None:
+            grouped[key].append(row)
+    out: dict[Labels, list[Point]] = {}
+    for key, items in grouped.items():
+        items.sort(key=lambda r: r.at)
+        times = [r.at for r in items]
+        pts = []
+        for s in starts:
+            end = s + step
+            inside = items[bisect_left(times, end - hour):bisect_left(times, end)]
+            pts.append(Point(s, *_sliding_value(rule.metric, inside)))
+        out[key] = pts
+    return out
+
+
+def _sliding_value(metric: str, rows: list[Row]) -> tuple[float | None, int]:
+    if metric == "recompiles_per_hour":
+        return float(sum(r.values["recompiles"] for r in rows)), max(len(rows), 1)
+    if metric == "compile_failures":
+        return float(sum(r.values["failures"] for r in rows)), max(len(rows), 1)
+    # memory_growth: bytes per hour between the first and last sample of the hour.
+    if len(rows) < 2:
+        return None, len(rows)
+    span_h = (rows[-1].at - rows[0].at).total_seconds() / _HOUR
+    if span_h <= 0:
+        return None, len(rows)
+    return (rows[-1].values["bytes"] - rows[0].values["bytes"]) / span_h, len(rows)
+
+
+def _sum(rows: Iterable[Row], field: str) -> float:
+    return float(sum(r.values.get(field) or 0 for r in rows))
+
+
+def _weighted(rows: list[Row], field: str, weight: str) -> float | None:
+    pairs = [(r.values.get(field), r.values.get(weight) or 0) for r in rows]
+    pairs = [(v, w) for v, w in pairs if v is not None and w > 0]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
+
+
+def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, int]:
+    """Return (value, samples) of one cycle's rows; value None when the cycle is empty."""
+    if kind == "canary":
+        ok = [r for r in rows if r.values.get("count")]
+        n = int(sum(r.values["count"] - r.values["errors"] for r in ok))
+        if metric == "probe_failures":
+            failed = _sum(rows, "errors") + _sum(rows, "failed_runs")
+            total = _sum(rows, "count") + _sum(rows, "failed_runs")
+            return (failed / total if total else None), int(total)
+        if metric in ("p95_latency", "p99_latency", "ttft"):
+            field = {"p95_latency": "p95", "p99_latency": "p99", "ttft": "ttft"}[metric]
+            vals = [r.values[field] for r in ok if r.values.get(field) is not None]
+            # The p99 of a union never exceeds the largest p99 of its parts.
+            return (max(vals) if vals else None), n
+        if metric in ("p50_latency", "per_token", "padding_waste"):
+            field = {"p50_latency": "p50", "per_token": "per_token",
+                     "padding_waste": "padding_waste"}[metric]
+            return _weighted(ok, field, "count"), n
+        if metric == "acceptance_rate":
+            drafted = _sum(rows, "draft_tokens")
+            spec = int(sum(r.values["count"] for r in ok if r.values.get("draft_tokens")))
+            return (_sum(rows, "accepted") / drafted if drafted else None), spec
+        if metric == "overflow_share":
+            total = _sum(ok, "count")
+            return (_sum(ok, "overflow") / total if total else None), int(total)
+        raise ValueError(f"metric: {metric!r} has no canary series")
+    if kind == "traffic":
+        n = int(_sum(rows, "requests"))
+        if metric in ("p50_latency", "p95_latency", "p99_latency"):
+            hist: list[int] = []
+            for r in rows:
+                hist = histograms.add(hist, r.values.get("hist") or [])
+            if len(hist) != len(histograms.LATENCY_EDGES_S) + 1:
+                return None, n
+            q = {"p50_latency": 0.5, "p95_latency": 0.95, "p99_latency": 0.99}[metric]
+            return histograms.quantile(hist, histograms.LATENCY_EDGES_S, q), n
+        if metric == "ttft":
+            return (_sum(rows, "ttft_sum") / n if n else None), n
+        if metric == "per_token":
+            tokens = _sum(rows, "output_sum") - n
+            spent = _sum(rows, "latency_sum") - _sum(rows, "ttft_sum")
+            return (spent / tokens if tokens > 0 else None), n
+        if metric == "acceptance_rate":
+            drafted = _sum(rows, "draft_tokens")
+            return (_sum(rows, "accepted") / drafted if drafted else None), int(
+                _sum(rows, "spec_requests"))
+        if metric == "overflow_share":
+            return (_sum(rows, "overflow") / n if n else None), n
+        if metric == "padding_waste":
+            padded = _sum(rows, "padded_sum")
+            return (1.0 - _sum(rows, "input_sum") / padded if padded else None), n
+        if metric == "rejections":
+            total = n + _sum(rows, "rejections")
+            return (_sum(rows, "rejections") / total if total else None), int(total)
+        raise ValueError(f"metric: {metric!r} has no traffic series")
+    if kind == "burst":
+        ok = [r for r in rows if r.values.get("p99") is not None]
+        if metric == "burst_p99":
+            return (max(r.values["p99"] for r in ok) if ok else None), len(ok)
+        if metric == "rejections":
+            total = _sum(rows, "requests")
+            return (_sum(rows, "rejections") / total if total else None), int(total)
+    raise ValueError(f"metric: {metric!r} has no {kind} series")

@@ -1,0 +1,255 @@
+"""Webhook targets and the payload formats they receive.
+
+Formats:
+    generic           {"idempotency_key", "kind", "status", "title", "text", "alert"}
+    alertmanager      Alertmanager's webhook payload, version "4" (what a receiver of
+                      Alertmanager expects: version, groupKey, truncatedAlerts, status,
+                      receiver, groupLabels, commonLabels, commonAnnotations, externalURL,
+                      alerts[{status, labels, annotations, startsAt, endsAt, generatorURL,
+                      fingerprint}]) plus "idempotencyKey" (receivers ignore unknown fields)
+    slack             an incoming-webhook message {"text", "blocks"}
+    alertmanager_api  the JSON array Alertmanager's POST /api/v2/alerts takes; a firing
+                      alert is re-sent periodically, or Alertmanager resolves it itself
+
+Payloads are built once, when the notification enters the outbox, so every retry sends
+the same bytes under the same idempotency key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from alerts.durations import parse_duration
+from alerts.errors import WebhookConfigError
+
+FORMATS = ("generic", "alertmanager", "slack", "alertmanager_api")
+SIGNATURE_HEADER = "X-Tailwatch-Signature"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# Alertmanager's zero time: an alert with no known end.
+ZERO_TIME = "0001-01-01T00:00:00Z"
+_TARGET_FIELDS = {"name", "url", "format", "secret", "timeout", "messages", "headers"}
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    """One configured receiver; `messages` says whether it gets non-alert messages."""
+
+    name: str
+    url: str
+    format: str = "generic"
+    secret: str | None = field(default=None, repr=False)
+    timeout_s: float = 5.0
+    messages: bool = True
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AlertInfo:
+    """The alert a notification is about (what formatters read)."""
+
+    alert_id: int
+    rule: str
+    fingerprint: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    severity: str
+    status: str  # firing | resolved
+    starts_at: datetime
+    ends_at: datetime | None
+    value: float | None = None
+    baseline: float | None = None
+    relative_change: float | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One thing to tell receivers: an alert transition or a plain message."""
+
+    key: str
+    title: str
+    text: str
+    at: datetime
+    alert: AlertInfo | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """Return "firing", "resolved" or "message"."""
+        return self.alert.status if self.alert is not None else "message"
+
+
+def parse_targets(raw: Sequence[Mapping[str, Any]] | None, source: str = "alerts.webhooks"
+                  ) -> list[WebhookTarget]:
+    """Validate `alerts.webhooks` entries; raise WebhookConfigError naming target and field."""
+    out: list[WebhookTarget] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw or []):
+        entry = f"webhook #{i + 1}"
+        if not isinstance(item, Mapping):
+            raise WebhookConfigError(source, entry, "webhook", "must be a mapping")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name) > 64:
+            raise WebhookConfigError(source, entry, "name", f"must be 1-64 characters, got {name!r}")
+        entry = f"webhook {name!r}"
+
+        def err(fld: str, msg: str, entry: str = entry) -> WebhookConfigError:
+            return WebhookConfigError(source, entry, fld, msg)
+
+        if name in seen:
+            raise err("name", "is used twice")
+        seen.add(name)
+        unknown = set(item) - _TARGET_FIELDS
+        if unknown:
+            raise err(sorted(unknown)[0], f"unknown field (allowed: {', '.join(sorted(_TARGET_FIELDS))})")
+        url = item.get("url")
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            raise err("url", f"must be an http(s) URL, got {url!r}")
+        fmt = item.get("format", "generic")
+        if fmt not in FORMATS:
+            raise err("format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        secret = item.get("secret")
+        if secret is not None and (not isinstance(secret, str) or not secret):
+            raise err("secret", "must be a non-empty string when set")
+        try:
+            timeout = parse_duration(item.get("timeout", 5.0))
+        except ValueError as e:
+            raise err("timeout", str(e)) from None
+        if not 0 < timeout <= 120:
+            raise err("timeout", f"must be within (0, 120] seconds, got {timeout}")
+        messages = item.get("messages", fmt != "alertmanager_api")
+        if not isinstance(messages, bool):
+            raise err("messages", "must be true or false")
+        headers = item.get("headers", {}) or {}
+        if not isinstance(headers, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise err("headers", "must map header names to strings")
+        out.append(WebhookTarget(name=name, url=url, format=fmt, secret=secret,  # type: ignore[arg-type]
+                                 timeout_s=timeout, messages=messages, headers=dict(headers)))
+    return out
+
+
+def rfc3339(t: datetime | None) -> str:
+    """Return `t` as RFC 3339 UTC with a Z, or Alertmanager's zero time for None."""
+    if t is None:
+        return ZERO_TIME
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def body_bytes(payload: Any) -> bytes:
+    """Return the exact bytes sent for a payload (stable across retries)."""
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+
+
+def signature(secret: str, body: bytes) -> str:
+    """Return the X-Tailwatch-Signature value: sha256=<hex HMAC-SHA256 of the body>."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
+    """Return whether `header` is the signature of `body` (constant-time compare)."""
+    return header is not None and hmac.compare_digest(signature(secret, body), header)
+
+
+def _am_labels(n: Notification) -> dict[str, str]:
+    if n.alert is None:
+        return {"alertname": "TailwatchMessage", "severity": "info", **n.labels}
+    return {"alertname": n.alert.rule, "severity": n.alert.severity, **n.alert.labels}
+
+
+def _am_annotations(n: Notification) -> dict[str, str]:
+    base = {"summary": n.title, "description": n.text}
+    if n.alert is not None:
+        base = {**base, **n.alert.annotations}
+    return base
+
+
+def _am_alert(n: Notification, generator_url: str) -> dict[str, Any]:
+    a = n.alert
+    return {
+        "status": "resolved" if a is not None and a.status == "resolved" else "firing",
+        "labels": _am_labels(n),
+        "annotations": _am_annotations(n),
+        "startsAt": rfc3339(a.starts_at if a is not None else n.at),
+        "endsAt": rfc3339(a.ends_at if a is not None else n.at),
+        "generatorURL": generator_url,
+        "fingerprint": a.fingerprint if a is not None else n.key[:16],
+    }
+
+
+def format_payload(target: WebhookTarget, n: Notification, *, external_url: str = "") -> Any:
+    """Return the JSON payload `target` receives for notification `n`."""
+    gen = f"{external_url.rstrip('/')}/alerts/{n.alert.alert_id}" if (
+        n.alert is not None and external_url) else external_url
+    if target.format == "alertmanager":
+        labels = _am_labels(n)
+        group = {"alertname": labels["alertname"]}
+        return {
+            "version": "4",
+            "groupKey": "{}:{alertname=" + json.dumps(labels["alertname"]) + "}",
+            "truncatedAlerts": 0,
+            "status": "resolved" if n.status == "resolved" else "firing",
+            "receiver": target.name,
+            "groupLabels": group,
+            "commonLabels": labels,
+            "commonAnnotations": _am_annotations(n),
+            "externalURL": external_url,
+            "alerts": [_am_alert(n, gen)],
+            "idempotencyKey": n.key,
+        }
+    if target.format == "alertmanager_api":
+        item = _am_alert(n, gen)
+        item.pop("status")
+        item.pop("fingerprint")
+        item["annotations"] = {**item["annotations"], "idempotency_key": n.key}
+        if n.alert is not None and n.alert.status == "firing":
+            item.pop("endsAt")  # Alertmanager applies resolve_timeout until re-sent
+        return [item]
+    if target.format == "slack":
+        return _slack(n, gen)
+    a = n.alert
+    return {
+        "idempotency_key": n.key,
+        "kind": "alert" if a is not None else "message",
+        "status": n.status,
+        "title": n.title,
+        "text": n.text,
+        "at": rfc3339(n.at),
+        "labels": dict(n.labels),
+        "alert": None if a is None else {
+            "id": a.alert_id, "rule": a.rule, "fingerprint": a.fingerprint,
+            "labels": dict(a.labels), "annotations": dict(a.annotations),
+            "severity": a.severity, "status": a.status, "startsAt": rfc3339(a.starts_at),
+            "endsAt": rfc3339(a.ends_at) if a.ends_at else None, "value": a.value,
+            "baseline": a.baseline, "relative_change": a.relative_change,
+            "threshold": a.threshold, "url": gen or None,
+        },
+    }
+
+
+def _slack(n: Notification, url: str) -> dict[str, Any]:
+    a = n.alert
+    icon = {"firing": ":rotating_light:", "resolved": ":white_check_mark:"}.get(n.status, ":memo:")
+    head = f"{icon} [{n.status.upper()}] {n.title}" if a is not None else f"{icon} {n.title}"
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": head[:150], "emoji": True}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": n.text[:2900] or " "}},
+    ]
+    if a is not None:
+        facts = [f"*Rule:* `{a.rule}`", f"*Severity:* {a.severity}"]
+        facts += [f"*{k}:* {v}" for k, v in sorted(a.labels.items())]
+        if a.relative_change is not None:
+            facts.append(f"*Change:* {a.relative_change:+.1%}")
+        blocks.append({"type": "section",
+                       "fields": [{"type": "mrkdwn", "text": f} for f in facts[:10]]})
+    ctx = f"tailwatch · key {n.key}" + (f" · <{url}|details>" if url else "")
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": ctx}]})
+    return {"text": head, "blocks": blocks, "idempotency_key": n.key}

@@ -1,0 +1,57 @@
+"""The model runtime: the only package that imports torch and transformers.
+
+Import the contract from `engine.protocol` and `engine.errors` (no torch); build a
+runtime with `load_engine(config)`, which imports torch on first call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.errors import (
+    EngineError,
+    InputTooLong,
+    InvalidRequest,
+    ModelLoadError,
+    NotReady,
+    Overloaded,
+    RequestTimeout,
+)
+from engine.protocol import (
+    Engine,
+    FlagOverride,
+    FlagProvider,
+    GenerateResult,
+    InMemoryFlagProvider,
+    RuntimeFlags,
+)
+
+if TYPE_CHECKING:
+    from engine.protocol import FlagProvider as _FP
+
+
+def load_engine(config: EngineConfig, flags: _FP | None = None) -> Engine:
+    """Build the torch-backed runtime (imports torch)."""
+    from engine.runtime import Runtime
+
+    return Runtime(config, flags=flags)
+
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "FlagOverride",
+    "FlagProvider",
+    "GenerateResult",
+    "InMemoryFlagProvider",
+    "InputTooLong",
+    "InvalidRequest",
+    "ModelLoadError",
+    "NotReady",
+    "Overloaded",
+    "RequestTimeout",
+    "RuntimeFlags",
+    "load_engine",
+]

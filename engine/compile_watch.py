@@ -1,0 +1,127 @@
+"""Read torch.compile's own counters into a CompileSnapshot.
+
+Sources (torch 2.13; private modules, checked by tests):
+- graphs: `torch._dynamo.utils.counters["stats"]["unique_graphs"]`.
+- graph breaks: `counters["graph_break"]` (reason -> count).
+- recompiles: `torch._dynamo.callback.on_compile_start` gives each compile's id
+  "frame/attempt"; attempt > 0 is a recompile of an already compiled frame.
+- recompile reasons: `torch._dynamo.utils.guard_failures` (code -> guard failure
+  strings), recorded for every recompile even when TORCH_LOGS is off.
+- compile seconds: on_compile_start -> on_compile_end.
+- recompile-limit hits: dynamo only logs them ("torch._dynamo hit config.recompile_limit"),
+  so a handler on the "torch._dynamo.convert_frame" logger counts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import types
+from collections.abc import Callable
+
+from engine.protocol import CompileSnapshot
+
+_COMPILE_ID = re.compile(r"(\d+)/(\d+)")
+_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+
+
+class _LimitHandler(logging.Handler):
+    def __init__(self, watch: CompileWatch) -> None:
+        super().__init__(level=logging.WARNING)
+        self._watch = watch
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "hit config." in str(record.msg):
+            self._watch._limit_hit()
+
+
+class CompileWatch:
+    """Process-wide compile counters (torch keeps them per process, so do we)."""
+
+    def __init__(self) -> None:
+        import torch._dynamo.callback as callback
+
+        self._lock = threading.Lock()
+        self._recompiles = 0
+        self._seconds = 0.0
+        self._limit_hits = 0
+        self._failures = 0
+        self._starts: dict[str, float] = {}
+        callback.on_compile_start(self._on_start)
+        callback.on_compile_end(self._on_end)
+        logging.getLogger(_LIMIT_LOGGER).addHandler(_LimitHandler(self))
+
+    def _on_start(self, args: object) -> None:
+        compile_id = str(getattr(args, "compile_id", ""))
+        with self._lock:
+            self._starts[compile_id] = time.perf_counter()
+            match = _COMPILE_ID.search(compile_id)
+            if match and int(match.group(2)) > 0:
+                self._recompiles += 1
+
+    def _on_end(self, args: object) -> None:
+        compile_id = str(getattr(args, "compile_id", ""))
+        with self._lock:
+            start = self._starts.pop(compile_id, None)
+            if start is not None:
+                self._seconds += time.perf_counter() - start
+
+    def _limit_hit(self) -> None:
+        with self._lock:
+            self._limit_hits += 1
+
+    def record_failure(self) -> None:
+        """Count a compile that raised (the caller fell back to eager)."""
+        with self._lock:
+            self._failures += 1
+
+    def snapshot(self) -> CompileSnapshot:
+        """Return the cumulative counters now."""
+        from torch._dynamo.utils import counters, guard_failures
+
+        reasons: dict[str, int] = {}
+        for failures in list(guard_failures.values()):
+            for reason in list(failures):
+                key = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else "?"
+                reasons[key] = reasons.get(key, 0) + 1
+        breaks = {str(k)[:200]: int(v) for k, v in list(counters["graph_break"].items())}
+        with self._lock:
+            return CompileSnapshot(
+                graphs=int(counters["stats"]["unique_graphs"]),
+                recompiles=self._recompiles,
+                recompile_reasons=reasons,
+                graph_breaks=sum(breaks.values()),
+                graph_break_reasons=breaks,
+                compile_seconds=self._seconds,
+                recompile_limit_hits=self._limit_hits,
+                compile_failures=self._failures,
+            )
+
+
+_shared: CompileWatch | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_watch() -> CompileWatch:
+    """Return the process's CompileWatch, installing torch hooks on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = CompileWatch()
+        return _shared
+
+
+def specialize(fn: Callable, tag: str) -> Callable:
+    """Copy `fn` with its own code object, so dynamo caches (and limits) it separately.
+
+    Dynamo keys compiled graphs on the code object: per-bucket copies make every
+    bucket a first compile rather than a recompile of one shared function, and a
+    bucket's guards are checked against its own entries only.
+    """
+    name = f"{fn.__name__}__{re.sub(r'[^0-9A-Za-z_]', '_', tag)}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out

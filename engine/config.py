@@ -1,0 +1,73 @@
+"""Engine configuration (plain data, no torch)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load and run the model.
+
+    model_dir / draft_dir: HF `save_pretrained` directories; None = built-in models.
+    device: "auto" (CUDA when available), "cpu" or "cuda[:N]".
+    dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16".
+    buckets: input-length bucket edges in tokens, ascending.
+    max_input_tokens: hard cap; longer inputs are rejected (HTTP 413). Inputs between the
+        largest bucket and this cap take the eager overflow path.
+    max_new_tokens / max_new_tokens_cap: default and largest allowed output length.
+    kv_headroom: extra decoder cache slots beyond max_new_tokens (speculative look-ahead).
+    compile_mode: one of COMPILE_MODES; compile_backend: torch.compile backend.
+    num_threads: intra-op threads per decode stream (1 wins on small CPUs).
+    speculative_k: tokens the draft proposes per verification step.
+    max_concurrency: decode streams running at once; max_queue: callers allowed to wait.
+    """
+
+    model_dir: str | None = None
+    draft_dir: str | None = None
+    use_draft: bool = True
+    device: str = "auto"
+    dtype: str = "auto"
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    max_input_tokens: int = 1024
+    max_new_tokens: int = 32
+    max_new_tokens_cap: int = 256
+    kv_headroom: int = 8
+    compile_mode: str = "default"
+    compile_backend: str = "inductor"
+    recompile_limit: int = 64
+    num_threads: int = 1
+    speculative_k: int = 4
+    max_concurrency: int = 1
+    max_queue: int = 16
+    flag_timeout_s: float = 0.05
+    cache_dir: str | None = None  # inductor on-disk cache; None = ./var/compile-cache
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.buckets or list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"buckets: must be ascending and unique, got {self.buckets}")
+        if self.buckets[0] < 1:
+            raise ValueError("buckets: edges must be positive")
+        if self.max_input_tokens < self.buckets[-1]:
+            raise ValueError("max_input_tokens: must be >= the largest bucket")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode: must be one of {COMPILE_MODES}")
+        if not 1 <= self.max_new_tokens <= self.max_new_tokens_cap:
+            raise ValueError("max_new_tokens: must be between 1 and max_new_tokens_cap")
+        if self.speculative_k < 1:
+            raise ValueError("speculative_k: must be >= 1")
+
+    def config_hash(self) -> str:
+        """Return a short hash of everything that changes the optimized artifact."""
+        keys = ("buckets", "compile_mode", "compile_backend", "speculative_k", "dtype",
+                "use_draft", "kv_headroom")
+        blob = json.dumps({k: asdict(self)[k] for k in keys}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -1,0 +1,303 @@
+"""The engine's public contract: plain dataclasses and a protocol, no torch.
+
+Everything outside `engine/` talks to the runtime only through what this module
+defines, so `probes`, `alerts`, `storage` and `monitor` import without torch.
+The torch-backed implementation is built by `engine.load_engine()`, which imports
+torch lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+# Path values: how the input shapes ran.
+PATH_COMPILED = "compiled"  # bucketed static shapes, compiled graphs
+PATH_EXACT = "exact"  # bucketing off: exact input shape, compiled (may recompile)
+PATH_EAGER = "eager"  # compile off (fallback) or bucket not warm yet
+PATH_OVERFLOW = "overflow"  # longer than the largest bucket: always eager, counted
+PATHS = (PATH_COMPILED, PATH_EXACT, PATH_EAGER, PATH_OVERFLOW)
+
+# Decoding values.
+DECODING_DIRECT = "direct"
+DECODING_SPECULATIVE = "speculative"
+DECODINGS = (DECODING_DIRECT, DECODING_SPECULATIVE)
+
+BUCKET_OVERFLOW = "overflow"
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    """Speculative-decoding counters of one request (vLLM conventions).
+
+    drafts: verification steps (one target forward over k proposed tokens).
+    draft_tokens: tokens proposed by the draft model.
+    accepted_tokens: proposed tokens the target agreed with.
+    accepted_per_position: accepted_per_position[i] counts drafts whose
+        (i+1)-th proposed token was accepted.
+    target_forwards: target decoder forward passes (verification and plain steps).
+    """
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    target_forwards: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Return accepted / proposed, or None when nothing was proposed."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What one generate call did and how long each part took.
+
+    Intervals (all seconds, from time.perf_counter):
+    queue_wait_s: from the call entering the engine to a decode slot being granted.
+    encoder_s: tokenized input on device -> encoder output ready (includes padding copy).
+    ttft_s: slot granted -> first output token chosen (encoder + first decoder step).
+    decode_token_s: one entry per output token after the first: the time between
+        consecutive tokens being chosen (a speculative round's time is split evenly
+        over the tokens it emitted).
+    total_s: call entry -> result returned (queue wait + tokenize + generate + detokenize).
+    """
+
+    text: str
+    output_ids: tuple[int, ...]
+    input_tokens: int
+    bucket: str  # str(bucket edge), or "overflow"
+    padded_length: int
+    output_tokens: int
+    path: str  # one of PATHS
+    decoding: str  # one of DECODINGS
+    queue_wait_s: float
+    encoder_s: float
+    ttft_s: float
+    decode_token_s: tuple[float, ...]
+    total_s: float
+    spec: SpecStats = field(default_factory=SpecStats)
+    canary: bool = False  # canary traffic never enters real-traffic statistics
+    probation: bool = False  # speculated although the bucket's flag is off (recovery sampling)
+
+    @property
+    def padding_waste(self) -> float:
+        """Return the share of the padded input that is padding."""
+        if self.padded_length <= 0:
+            return 0.0
+        return (self.padded_length - self.input_tokens) / self.padded_length
+
+    @property
+    def per_token_s(self) -> float | None:
+        """Return the mean time per output token after the first, or None."""
+        if not self.decode_token_s:
+            return None
+        return sum(self.decode_token_s) / len(self.decode_token_s)
+
+
+@dataclass(frozen=True)
+class CompileDelta:
+    """The difference between two compile snapshots."""
+
+    graphs: int
+    recompiles: int
+    recompile_reasons: Mapping[str, int]
+    graph_breaks: int
+    graph_break_reasons: Mapping[str, int]
+    compile_seconds: float
+    recompile_limit_hits: int
+    compile_failures: int
+
+
+@dataclass(frozen=True)
+class CompileSnapshot:
+    """Cumulative compile counters since process start, read from torch itself."""
+
+    graphs: int = 0
+    recompiles: int = 0
+    recompile_reasons: Mapping[str, int] = field(default_factory=dict)
+    graph_breaks: int = 0
+    graph_break_reasons: Mapping[str, int] = field(default_factory=dict)
+    compile_seconds: float = 0.0
+    recompile_limit_hits: int = 0
+    compile_failures: int = 0
+
+    def diff(self, before: CompileSnapshot) -> CompileDelta:
+        """Return what happened between `before` and this snapshot."""
+
+        def sub(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+            return {k: v - b.get(k, 0) for k, v in a.items() if v - b.get(k, 0) > 0}
+
+        return CompileDelta(
+            graphs=self.graphs - before.graphs,
+            recompiles=self.recompiles - before.recompiles,
+            recompile_reasons=sub(self.recompile_reasons, before.recompile_reasons),
+            graph_breaks=self.graph_breaks - before.graph_breaks,
+            graph_break_reasons=sub(self.graph_break_reasons, before.graph_break_reasons),
+            compile_seconds=self.compile_seconds - before.compile_seconds,
+            recompile_limit_hits=self.recompile_limit_hits - before.recompile_limit_hits,
+            compile_failures=self.compile_failures - before.compile_failures,
+        )
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Memory in bytes; CUDA fields are None on CPU."""
+
+    device: str
+    rss_bytes: int
+    kv_cache_bytes: int
+    cuda_allocated_bytes: int | None = None
+    cuda_reserved_bytes: int | None = None
+    cuda_peak_bytes: int | None = None
+    cuda_alloc_retries: int | None = None
+    cuda_ooms: int | None = None
+
+
+@dataclass(frozen=True)
+class WarmupStatus:
+    """Progress of compiling every bucket."""
+
+    total_buckets: int
+    warm_buckets: int
+    seconds: float
+    done: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What identifies the running model and its optimizations (baselines key on it)."""
+
+    model_version: str
+    config_hash: str
+    device: str
+    dtype: str
+    buckets: tuple[int, ...]
+    speculative_available: bool
+    compile_mode: str
+
+
+@dataclass(frozen=True)
+class RuntimeFlags:
+    """Switches the engine reads on every request.
+
+    speculative: per-bucket override keyed by str(bucket edge); a bucket not in the
+        mapping uses speculative_default.
+    speculative_probation: share (0..1) of requests in a bucket whose speculative flag
+        is off that still speculate, so acceptance recovery can be measured.
+    compiled: False forces the eager fallback.
+    bucketing: False runs exact input shapes (for experiments; recompiles).
+    """
+
+    speculative_default: bool = True
+    speculative: Mapping[str, bool] = field(default_factory=dict)
+    speculative_probation: float = 0.0
+    compiled: bool = True
+    bucketing: bool = True
+
+    def speculative_for(self, bucket: str) -> bool:
+        """Return whether speculation is on for `bucket`."""
+        return self.speculative.get(bucket, self.speculative_default)
+
+
+@dataclass(frozen=True)
+class FlagOverride:
+    """Per-call override used by A/B probes: None leaves the flag as provided."""
+
+    compiled: bool | None = None
+    speculative: bool | None = None
+    bucketing: bool | None = None
+
+    def apply(self, flags: RuntimeFlags, bucket: str) -> RuntimeFlags:
+        """Return `flags` with this override applied for `bucket`."""
+        out = flags
+        if self.compiled is not None:
+            out = replace(out, compiled=self.compiled)
+        if self.bucketing is not None:
+            out = replace(out, bucketing=self.bucketing)
+        if self.speculative is not None:
+            out = replace(out, speculative={**out.speculative, bucket: self.speculative},
+                          speculative_probation=0.0)
+        return out
+
+
+@runtime_checkable
+class FlagProvider(Protocol):
+    """Source of runtime flags; may raise or be slow (the engine guards it)."""
+
+    def flags(self) -> RuntimeFlags: ...
+
+
+class InMemoryFlagProvider:
+    """Thread-safe in-memory flags (the default provider)."""
+
+    def __init__(self, flags: RuntimeFlags | None = None) -> None:
+        self._lock = threading.Lock()
+        self._flags = flags or RuntimeFlags()
+
+    def flags(self) -> RuntimeFlags:
+        with self._lock:
+            return self._flags
+
+    def set(self, flags: RuntimeFlags) -> None:
+        """Replace all flags."""
+        with self._lock:
+            self._flags = flags
+
+    def update(self, **changes: object) -> RuntimeFlags:
+        """Change some fields and return the new flags."""
+        with self._lock:
+            self._flags = replace(self._flags, **changes)  # type: ignore[arg-type]
+            return self._flags
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What probes and the service may call. Implementations are thread-safe."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def generate(
+        self,
+        text: str,
+        *,
+        max_new_tokens: int | None = None,
+        canary: bool = False,
+        override: FlagOverride | None = None,
+        timeout_s: float | None = None,
+    ) -> GenerateResult:
+        """Generate greedily; raise InvalidRequest, Overloaded or EngineError."""
+        ...
+
+    def bucket_for(self, input_tokens: int) -> str:
+        """Return the bucket label a request of `input_tokens` tokens would use."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Return the number of input tokens `text` encodes to (EOS included)."""
+        ...
+
+    def warm_up(self, *, background: bool = True) -> None:
+        """Compile every bucket (in a thread when background)."""
+        ...
+
+    def warmup_status(self) -> WarmupStatus: ...
+
+    def compile_snapshot(self) -> CompileSnapshot: ...
+
+    def memory_snapshot(self) -> MemorySnapshot: ...
+
+    def queue_depth(self) -> int:
+        """Return requests waiting for a decode slot."""
+        ...
+
+    def flag_errors(self) -> int:
+        """Return how often the flag provider raised or timed out."""
+        ...
+
+    def close(self) -> None: ...

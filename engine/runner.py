@@ -1,0 +1,95 @@
+"""One model's lean forward, its precomputed tables and its per-bucket compiled functions."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine import t5
+from engine.compile_watch import specialize
+
+KIND_ENCODE = "encode"
+KIND_STEP = "step"
+KIND_VERIFY = "verify"
+
+
+@dataclass(frozen=True)
+class Fns:
+    """The three functions a decode needs, compiled or eager."""
+
+    encode: Callable
+    step: Callable
+    verify: Callable
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How torch.compile is called for every function."""
+
+    mode: str
+    backend: str
+
+
+class ModelRunner:
+    """Hold a LeanT5 with its bias tables and compiled functions per bucket."""
+
+    def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
+                 options: CompileOptions | None, name: str) -> None:
+        self.m = lean
+        self.name = name
+        self.slots = slots
+        self.verify_q = verify_q
+        self._options = options
+        self._lock = threading.Lock()
+        with torch.no_grad():
+            self.dec_bias = lean.decoder_bias(slots)
+            self._enc_bias = {edge: lean.encoder_bias(edge) for edge in edges}
+        self.positions = [torch.tensor([i], device=lean.device_) for i in range(slots)]
+        self.windows = [torch.arange(i, i + verify_q, device=lean.device_)
+                        for i in range(slots - verify_q + 1)]
+        self.eager = Fns(t5.encode, t5.decode_greedy, t5.decode_greedy)
+        self._compiled: dict[object, Fns] = {}
+
+    def encoder_bias(self, length: int) -> torch.Tensor:
+        """Return the encoder bias for `length` (precomputed for bucket edges)."""
+        bias = self._enc_bias.get(length)
+        if bias is None:
+            with torch.no_grad():
+                bias = self.m.encoder_bias(length)
+        return bias
+
+    def compiled(self, key: int | str) -> Fns:
+        """Return the compiled functions for bucket edge `key` (or "exact"), creating them."""
+        with self._lock:
+            fns = self._compiled.get(key)
+            if fns is None:
+                fns = Fns(self._compile(t5.encode, f"{self.name}_{key}_enc"),
+                          self._compile(t5.decode_greedy, f"{self.name}_{key}_step"),
+                          self._compile(t5.decode_greedy, f"{self.name}_{key}_verify"))
+                self._compiled[key] = fns
+            return fns
+
+    def _compile(self, fn: Callable, tag: str) -> Callable:
+        assert self._options is not None
+        kwargs: dict[str, object] = {"dynamic": False, "backend": self._options.backend}
+        if self._options.backend == "inductor" and self._options.mode != "default":
+            kwargs["mode"] = self._options.mode
+        return torch.compile(specialize(fn, tag), **kwargs)
+
+    def warm(self, edge: int, *, verify: bool) -> None:
+        """Compile bucket `edge` by running each function once on dummy inputs."""
+        fns = self.compiled(edge)
+        m = self.m
+        with torch.no_grad():
+            ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
+            mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
+            ck, cv = fns.encode(m, ids, mask, self.encoder_bias(edge))
+            sk, sv = m.new_self_cache(self.slots)
+            tok = torch.full((1, 1), m.decoder_start_id, dtype=torch.long, device=m.device_)
+            fns.step(m, tok, self.positions[0], sk, sv, ck, cv, mask, self.dec_bias)
+            if verify:
+                toks = tok.expand(1, self.verify_q).contiguous()
+                fns.verify(m, toks, self.windows[0], sk, sv, ck, cv, mask, self.dec_bias)

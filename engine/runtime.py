@@ -1,0 +1,388 @@
+"""The torch runtime: load, warm up, admit and run greedy requests.
+
+A request is tokenized, admitted (bounded streams, bounded queue), padded to its
+bucket, encoded, decoded directly or speculatively, and measured into a
+GenerateResult. Flags are read on every request through GuardedFlags, so a flip
+takes effect on the next request and a broken flag source never fails one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from engine import decoding, t5
+from engine.admission import Admission
+from engine.buckets import bucket_edge, bucket_label
+from engine.compile_watch import shared_watch
+from engine.config import BUILTIN_DIR, EngineConfig
+from engine.errors import InputTooLong, InvalidRequest, NotReady, RequestTimeout
+from engine.flags import GuardedFlags
+from engine.loader import LoadedModel, load_model
+from engine.protocol import (
+    DECODING_DIRECT,
+    DECODING_SPECULATIVE,
+    PATH_COMPILED,
+    PATH_EAGER,
+    PATH_EXACT,
+    PATH_OVERFLOW,
+    CompileSnapshot,
+    EngineInfo,
+    FlagOverride,
+    FlagProvider,
+    GenerateResult,
+    InMemoryFlagProvider,
+    MemorySnapshot,
+    RuntimeFlags,
+    WarmupStatus,
+)
+from engine.runner import CompileOptions, Fns, ModelRunner
+
+EXACT = "exact"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: must be auto or one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+class Runtime:
+    """The torch-backed Engine (see engine.protocol.Engine); thread-safe."""
+
+    def __init__(self, config: EngineConfig, flags: FlagProvider | None = None) -> None:
+        if config.kv_headroom < config.speculative_k:
+            raise ValueError("kv_headroom: must be >= speculative_k (verification look-ahead)")
+        self.config = config
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        torch.set_num_threads(config.num_threads)
+        if config.cache_dir is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir).resolve())
+        else:
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
+        import torch._dynamo as dynamo
+
+        # Static shapes cost one cache entry per shape; the default limit (8) would
+        # silently turn the exact-shape path eager after 8 lengths.
+        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit,
+                                                   config.recompile_limit)
+        dynamo.config.accumulated_recompile_limit = max(
+            dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
+        self._watch = shared_watch()
+        self._compile_on = config.compile_mode != "off"
+        options = CompileOptions(config.compile_mode, config.compile_backend) if self._compile_on else None
+
+        target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
+        self._target_loaded = load_model(target_dir)
+        self._draft_loaded: LoadedModel | None = None
+        if config.use_draft:
+            draft_dir = Path(config.draft_dir) if config.draft_dir else BUILTIN_DIR / "draft"
+            if config.draft_dir is not None or draft_dir.is_dir():
+                self._draft_loaded = load_model(draft_dir)
+        self.tokenizer = self._target_loaded.tokenizer
+        self.slots = config.max_new_tokens_cap + config.kv_headroom
+        k = config.speculative_k
+        self.target = self._runner(self._target_loaded, options, "target", k)
+        self.draft = (self._runner(self._draft_loaded, options, "draft", k)
+                      if self._draft_loaded is not None else None)
+        if self.draft is not None and self.draft.m.vocab_size != self.target.m.vocab_size:
+            raise ValueError("draft_dir: draft vocabulary differs from the target's")
+
+        self._admission = Admission(config.max_concurrency, config.max_queue)
+        self._flags = GuardedFlags(flags or InMemoryFlagProvider(), config.flag_timeout_s)
+        with torch.no_grad():
+            self._caches = [self._new_caches() for _ in range(config.max_concurrency)]
+        self._lock = threading.Lock()
+        self._rng = random.Random(0)
+        self._warm: set[int] = set()
+        self._warm_thread: threading.Thread | None = None
+        self._warm_started: float | None = None
+        self._warm_seconds = 0.0
+        self._warm_done = False
+        self._warm_error: str | None = None
+        self._closed = False
+        self._info = self._make_info()
+
+    def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
+                k: int) -> ModelRunner:
+        with torch.no_grad():
+            lean = t5.LeanT5(loaded.model, dtype=self.dtype, device=self.device)
+        return ModelRunner(lean, edges=self.config.buckets, slots=self.slots, verify_q=k + 1,
+                           options=options, name=name)
+
+    def _new_caches(self) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        caches = {"target": self.target.m.new_self_cache(self.slots)}
+        if self.draft is not None:
+            caches["draft"] = self.draft.m.new_self_cache(self.slots)
+        return caches
+
+    def _make_info(self) -> EngineInfo:
+        h = hashlib.sha256(self._target_loaded.weights_hash.encode())
+        if self._draft_loaded is not None:
+            h.update(self._draft_loaded.weights_hash.encode())
+        return EngineInfo(
+            model_version=h.hexdigest()[:12],
+            config_hash=self.config.config_hash(),
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            buckets=tuple(self.config.buckets),
+            speculative_available=self.draft is not None,
+            compile_mode=self.config.compile_mode,
+        )
+
+    # --- Engine protocol ---------------------------------------------------------------
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenize(text))
+
+    def bucket_for(self, input_tokens: int) -> str:
+        return bucket_label(input_tokens, self.config.buckets)
+
+    def queue_depth(self) -> int:
+        return self._admission.waiting
+
+    def flag_errors(self) -> int:
+        return self._flags.errors
+
+    def compile_snapshot(self) -> CompileSnapshot:
+        return self._watch.snapshot()
+
+    def memory_snapshot(self) -> MemorySnapshot:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+        if self.device.type != "cuda":
+            return MemorySnapshot(device=str(self.device), rss_bytes=rss,
+                                  kv_cache_bytes=self.kv_cache_bytes())
+        stats = torch.cuda.memory_stats(self.device)
+        return MemorySnapshot(
+            device=str(self.device), rss_bytes=rss, kv_cache_bytes=self.kv_cache_bytes(),
+            cuda_allocated_bytes=int(torch.cuda.memory_allocated(self.device)),
+            cuda_reserved_bytes=int(torch.cuda.memory_reserved(self.device)),
+            cuda_peak_bytes=int(torch.cuda.max_memory_allocated(self.device)),
+            cuda_alloc_retries=int(stats.get("num_alloc_retries", 0)),
+            cuda_ooms=int(stats.get("num_ooms", 0)),
+        )
+
+    def kv_cache_bytes(self) -> int:
+        """Return the static caches' bytes: self-attention slots plus largest-bucket cross K/V."""
+        per_stream = 0
+        largest = self.config.buckets[-1]
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                per_stream += runner.m.self_cache_bytes(self.slots)
+                per_stream += runner.m.cross_cache_bytes(largest)
+        return per_stream * self.config.max_concurrency
+
+    # --- warm-up -----------------------------------------------------------------------
+
+    def warm_up(self, *, background: bool = True) -> None:
+        """Compile every bucket of the target and the draft (in a thread when background)."""
+        with self._lock:
+            if self._warm_started is not None:
+                thread = self._warm_thread
+                if not background and thread is not None:
+                    thread.join()
+                return
+            self._warm_started = time.perf_counter()
+            if not background:
+                self._warm_thread = None
+        if not self._compile_on:
+            with self._lock:
+                self._warm_done = True
+            return
+        if background:
+            thread = threading.Thread(target=self._warm_all, name="engine-warmup", daemon=True)
+            with self._lock:
+                self._warm_thread = thread
+            thread.start()
+        else:
+            self._warm_all()
+
+    def _warm_all(self) -> None:
+        for edge in self.config.buckets:
+            if self._closed:
+                break
+            try:
+                self.target.warm(edge, verify=self.draft is not None)
+                if self.draft is not None:
+                    self.draft.warm(edge, verify=False)
+            except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
+                self._watch.record_failure()
+                with self._lock:
+                    self._warm_error = f"bucket {edge}: {type(exc).__name__}: {exc}"[:500]
+                continue
+            with self._lock:
+                self._warm.add(edge)
+                self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
+        with self._lock:
+            self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
+            self._warm_done = True
+
+    def warmup_status(self) -> WarmupStatus:
+        with self._lock:
+            seconds = self._warm_seconds
+            if self._warm_started is not None and not self._warm_done:
+                seconds = time.perf_counter() - self._warm_started
+            return WarmupStatus(total_buckets=len(self.config.buckets),
+                                warm_buckets=len(self._warm), seconds=seconds,
+                                done=self._warm_done, error=self._warm_error)
+
+    def is_warm(self, edge: int) -> bool:
+        """Return whether bucket `edge` has compiled graphs ready."""
+        with self._lock:
+            return edge in self._warm
+
+    # --- generate ----------------------------------------------------------------------
+
+    def _tokenize(self, text: object) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidRequest("text", "must be a string", value=type(text).__name__)
+        if not text.strip():
+            raise InvalidRequest("text", "must not be empty", value=text, limit=1)
+        return list(self.tokenizer(text).input_ids)
+
+    def _max_new(self, max_new_tokens: object) -> int:
+        cap = self.config.max_new_tokens_cap
+        if max_new_tokens is None:
+            return self.config.max_new_tokens
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise InvalidRequest("max_new_tokens", "must be an integer", value=max_new_tokens,
+                                 limit=cap)
+        if not 1 <= max_new_tokens <= cap:
+            raise InvalidRequest("max_new_tokens", f"must be between 1 and {cap}",
+                                 value=max_new_tokens, limit=cap)
+        return max_new_tokens
+
+    def _speculate(self, flags: RuntimeFlags, label: str) -> tuple[bool, bool]:
+        if self.draft is None:
+            return False, False
+        if flags.speculative_for(label):
+            return True, False
+        if flags.speculative_probation > 0:
+            with self._lock:
+                draw = self._rng.random()
+            if draw < flags.speculative_probation:
+                return True, True
+        return False, False
+
+    def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
+                 override: FlagOverride | None = None,
+                 timeout_s: float | None = None) -> GenerateResult:
+        """Generate greedily; raise InvalidRequest, Overloaded, RequestTimeout or NotReady."""
+        t_entry = time.perf_counter()
+        if self._closed:
+            raise NotReady("engine is closed")
+        if timeout_s is not None and not timeout_s > 0:
+            raise InvalidRequest("timeout_s", "must be > 0", value=timeout_s, limit=0)
+        max_new = self._max_new(max_new_tokens)
+        ids = self._tokenize(text)
+        n = len(ids)
+        if n > self.config.max_input_tokens:
+            raise InputTooLong("text", f"{n} tokens is over max_input_tokens "
+                               f"{self.config.max_input_tokens}", value=n,
+                               limit=self.config.max_input_tokens)
+        label = bucket_label(n, self.config.buckets)
+        flags = self._flags.read()
+        if override is not None:
+            flags = override.apply(flags, label)
+        speculate, probation = self._speculate(flags, label)
+        deadline = None if timeout_s is None else t_entry + timeout_s
+        with self._admission.slot(deadline) as slot:
+            t_slot = time.perf_counter()
+            path, length, key = self._route(n, flags)
+            try:
+                decoded, t_encoded, t_device = self._run(ids, length, key, slot, speculate,
+                                                         max_new, deadline)
+            except RequestTimeout:
+                raise
+            except Exception:
+                if key is None:
+                    raise
+                # A compile that fails must not fail the request: count it, run eager.
+                self._watch.record_failure()
+                path, key = PATH_EAGER, None
+                decoded, t_encoded, t_device = self._run(ids, length, key, slot, speculate,
+                                                         max_new, deadline)
+        out = decoded.tokens
+        text_out = self.tokenizer.decode(out, skip_special_tokens=True)
+        stamps = decoded.stamps
+        return GenerateResult(
+            text=text_out, output_ids=tuple(out), input_tokens=n, bucket=label,
+            padded_length=length, output_tokens=len(out), path=path,
+            decoding=DECODING_SPECULATIVE if speculate else DECODING_DIRECT,
+            queue_wait_s=t_slot - t_entry, encoder_s=t_encoded - t_device,
+            ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
+            decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
+            total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
+            probation=probation,
+        )
+
+    def _route(self, n: int, flags: RuntimeFlags) -> tuple[str, int, int | str | None]:
+        """Return (path, padded length, compiled-function key or None for eager)."""
+        edge = bucket_edge(n, self.config.buckets)
+        if edge is None:
+            return PATH_OVERFLOW, n, None
+        compiled = flags.compiled and self._compile_on
+        if not flags.bucketing:
+            return (PATH_EXACT, n, EXACT) if compiled else (PATH_EAGER, n, None)
+        if compiled and self.is_warm(edge):
+            return PATH_COMPILED, edge, edge
+        return PATH_EAGER, edge, None
+
+    def _fns(self, runner: ModelRunner, key: int | str | None) -> Fns:
+        return runner.eager if key is None else runner.compiled(key)
+
+    def _run(self, ids: list[int], length: int, key: int | str | None, slot: int,
+             speculate: bool, max_new: int, deadline: float | None
+             ) -> tuple[decoding.Decoded, float, float]:
+        caches = self._caches[slot]
+        with torch.no_grad():
+            t_device = time.perf_counter()
+            padded = torch.full((1, length), self.target.m.pad_id, dtype=torch.long)
+            padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask = torch.zeros((1, length), dtype=torch.long)
+            mask[0, : len(ids)] = 1
+            padded, mask = padded.to(self.device), mask.to(self.device)
+            tfns = self._fns(self.target, key)
+            tenc = decoding.encode(self.target, tfns, padded, mask)
+            if speculate and self.draft is not None:
+                dfns = self._fns(self.draft, key)
+                denc = decoding.encode(self.draft, dfns, padded, mask)
+                t_encoded = time.perf_counter()
+                decoded = decoding.speculative(
+                    self.target, tfns, tenc, caches["target"], self.draft, dfns, denc,
+                    caches["draft"], self.config.speculative_k, max_new, deadline)
+            else:
+                t_encoded = time.perf_counter()
+                decoded = decoding.direct(self.target, tfns, tenc, caches["target"], max_new,
+                                          deadline)
+        return decoded, t_encoded, t_device
+
+    def close(self) -> None:
+        """Refuse new requests and stop background threads."""
+        self._closed = True
+        self._flags.close()
+        thread = self._warm_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=0.1)

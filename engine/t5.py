@@ -1,0 +1,246 @@
+"""A lean T5 forward built from a Hugging Face model's weights.
+
+HF's T5 spends most of a small model's decode step in Python dispatch (cache
+objects, mask builders, kwargs plumbing). These functions take the weights, the
+inputs and a position-indexed static self-attention cache and nothing else, so
+torch.compile sees a small static graph and eager runs stay cheap too.
+
+Shapes: batch size 1; B = padded input length; T = self-attention cache slots;
+q = decoder positions computed in one call (1 for a step, k+1 for verification).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def _activation(name: str):
+    if name == "relu":
+        return F.relu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    if name == "silu":
+        return F.silu
+    raise ValueError(f"dense_act_fn: unsupported activation {name!r}")
+
+
+def relative_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int,
+                    max_distance: int) -> torch.Tensor:
+    """Map relative positions to T5's bias buckets (same math as HF)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative > 0).to(torch.long) * num_buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    large = max_exact + (
+        torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative, large)
+
+
+class LeanT5(nn.Module):
+    """T5 weights rearranged for a tight forward (frozen, inference only)."""
+
+    def __init__(self, hf_model: nn.Module, *, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        cfg = hf_model.config
+        self.d_model = cfg.d_model
+        self.n_heads = cfg.num_heads
+        self.d_kv = cfg.d_kv
+        self.inner = cfg.num_heads * cfg.d_kv
+        self.vocab_size = cfg.vocab_size
+        self.eps = cfg.layer_norm_epsilon
+        self.gated = bool(cfg.is_gated_act)
+        self.act = _activation(cfg.dense_act_fn)
+        self.num_buckets = cfg.relative_attention_num_buckets
+        self.max_distance = cfg.relative_attention_max_distance
+        self.decoder_start_id = int(cfg.decoder_start_token_id or 0)
+        self.eos_id = int(cfg.eos_token_id if cfg.eos_token_id is not None else 1)
+        self.pad_id = int(cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+        scale = getattr(cfg, "scale_decoder_outputs", getattr(cfg, "tie_word_embeddings", True))
+        self.output_scale = cfg.d_model ** -0.5 if scale else 1.0
+        self.dtype = dtype
+        self.device_ = device
+
+        def w(t: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(t.detach().to(device=device, dtype=dtype).contiguous(),
+                                requires_grad=False)
+
+        enc, dec = hf_model.encoder, hf_model.decoder
+        self.embed = w(hf_model.shared.weight)
+        self.lm_head = w(hf_model.lm_head.weight)
+        self.enc_rel = w(enc.block[0].layer[0].SelfAttention.relative_attention_bias.weight)
+        self.dec_rel = w(dec.block[0].layer[0].SelfAttention.relative_attention_bias.weight)
+        self.enc_final = w(enc.final_layer_norm.weight)
+        self.dec_final = w(dec.final_layer_norm.weight)
+        self.enc_layers = nn.ModuleList()
+        for block in enc.block:
+            att, ff = block.layer[0], block.layer[1]
+            layer = nn.Module()
+            layer.ln_att = w(att.layer_norm.weight)
+            a = att.SelfAttention
+            layer.qkv = w(torch.cat([a.q.weight, a.k.weight, a.v.weight], 0))
+            layer.o = w(a.o.weight)
+            self._ff(layer, ff, w)
+            self.enc_layers.append(layer)
+        self.dec_layers = nn.ModuleList()
+        for block in dec.block:
+            att, cross, ff = block.layer[0], block.layer[1], block.layer[2]
+            layer = nn.Module()
+            layer.ln_att = w(att.layer_norm.weight)
+            a = att.SelfAttention
+            layer.qkv = w(torch.cat([a.q.weight, a.k.weight, a.v.weight], 0))
+            layer.o = w(a.o.weight)
+            c = cross.EncDecAttention
+            layer.ln_cross = w(cross.layer_norm.weight)
+            layer.cq = w(c.q.weight)
+            layer.ckv = w(torch.cat([c.k.weight, c.v.weight], 0))
+            layer.co = w(c.o.weight)
+            self._ff(layer, ff, w)
+            self.dec_layers.append(layer)
+
+    def _ff(self, layer: nn.Module, ff: nn.Module, w) -> None:
+        layer.ln_ff = w(ff.layer_norm.weight)
+        d = ff.DenseReluDense
+        if self.gated:
+            layer.wi = w(torch.cat([d.wi_0.weight, d.wi_1.weight], 0))
+        else:
+            layer.wi = w(d.wi.weight)
+        layer.wo = w(d.wo.weight)
+
+    # --- precomputed tables -------------------------------------------------------
+
+    def encoder_bias(self, length: int) -> torch.Tensor:
+        """Return the encoder's relative position bias [1, H, length, length]."""
+        pos = torch.arange(length, device=self.device_)
+        rel = pos[None, :] - pos[:, None]
+        b = relative_bucket(rel, True, self.num_buckets, self.max_distance)
+        return self.enc_rel[b].permute(2, 0, 1).unsqueeze(0).contiguous()
+
+    def decoder_bias(self, slots: int) -> torch.Tensor:
+        """Return the decoder's causal self-attention bias [H, slots(query), slots(key)]."""
+        pos = torch.arange(slots, device=self.device_)
+        rel = pos[None, :] - pos[:, None]
+        b = relative_bucket(rel, False, self.num_buckets, self.max_distance)
+        bias = self.dec_rel[b].permute(2, 0, 1)
+        # Keys after the query are masked: this also hides stale slots left by a rollback.
+        causal = pos[None, :] > pos[:, None]
+        return bias.masked_fill(causal, torch.finfo(self.dtype).min).contiguous()
+
+    def mask_bias(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Turn a [1, B] 0/1 mask into an additive [1, 1, 1, B] bias."""
+        keep = attention_mask.to(torch.bool)[:, None, None, :]
+        zero = torch.zeros((), dtype=self.dtype, device=self.device_)
+        neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device_)
+        return torch.where(keep, zero, neg)
+
+    def new_self_cache(self, slots: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Allocate a static self-attention cache with `slots` positions per layer."""
+        shape = (1, self.n_heads, slots, self.d_kv)
+        ks = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.dec_layers]
+        vs = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.dec_layers]
+        return ks, vs
+
+    def self_cache_bytes(self, slots: int) -> int:
+        """Return the bytes of one self-attention cache with `slots` positions."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.dec_layers) * self.n_heads * slots * self.d_kv * elem
+
+    def cross_cache_bytes(self, length: int) -> int:
+        """Return the bytes of the cross-attention K/V for an input of `length`."""
+        return self.self_cache_bytes(length)
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(var + eps)).to(weight.dtype)
+
+
+def _ff(m: LeanT5, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    h = _norm(x, layer.ln_ff, m.eps)
+    h = F.linear(h, layer.wi)
+    if m.gated:
+        gate, lin = h.chunk(2, dim=-1)
+        h = m.act(gate) * lin
+    else:
+        h = m.act(h)
+    return x + F.linear(h, layer.wo)
+
+
+def _heads(m: LeanT5, x: torch.Tensor) -> torch.Tensor:
+    return x.view(1, x.shape[1], m.n_heads, m.d_kv).transpose(1, 2)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    # T5 does not scale q.k: the bias carries the positions and the mask.
+    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v)
+    return out.transpose(1, 2).reshape(1, q.shape[2], -1)
+
+
+def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torch.Tensor
+           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run the encoder and return each decoder layer's cross-attention K and V."""
+    x = F.embedding(ids, m.embed)
+    bias = enc_bias + mask_bias
+    for layer in m.enc_layers:
+        h = _norm(x, layer.ln_att, m.eps)
+        q, k, v = F.linear(h, layer.qkv).split(m.inner, dim=-1)
+        x = x + F.linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
+        x = _ff(m, layer, x)
+    x = _norm(x, m.enc_final, m.eps)
+    ks, vs = [], []
+    for layer in m.dec_layers:
+        k, v = F.linear(x, layer.ckv).split(m.inner, dim=-1)
+        ks.append(_heads(m, k).contiguous())
+        vs.append(_heads(m, v).contiguous())
+    return ks, vs
+
+
+def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor,
+                  self_k: list[torch.Tensor], self_v: list[torch.Tensor],
+                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
+                  cross_bias: torch.Tensor, dec_bias: torch.Tensor) -> torch.Tensor:
+    """Run the decoder on tokens [1, q] at positions `pos` [q]; write the cache; return logits.
+
+    The self-attention cache is indexed by absolute position, so rolling back a
+    speculative round is just moving the position: slots after a query are masked
+    by `dec_bias`, and they are overwritten before any later query can see them.
+    """
+    x = F.embedding(tokens, m.embed)
+    self_bias = dec_bias.index_select(1, pos).unsqueeze(0)  # [1, H, q, T]
+    for i, layer in enumerate(m.dec_layers):
+        h = _norm(x, layer.ln_att, m.eps)
+        q, k, v = F.linear(h, layer.qkv).split(m.inner, dim=-1)
+        self_k[i].index_copy_(2, pos, _heads(m, k))
+        self_v[i].index_copy_(2, pos, _heads(m, v))
+        att = _attend(_heads(m, q), self_k[i], self_v[i], self_bias)
+        x = x + F.linear(att, layer.o)
+        h = _norm(x, layer.ln_cross, m.eps)
+        att = _attend(_heads(m, F.linear(h, layer.cq)), cross_k[i], cross_v[i], cross_bias)
+        x = x + F.linear(att, layer.co)
+        x = _ff(m, layer, x)
+    x = _norm(x, m.dec_final, m.eps) * m.output_scale
+    return F.linear(x, m.lm_head)
+
+
+def decode_greedy(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor,
+                  self_k: list[torch.Tensor], self_v: list[torch.Tensor],
+                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
+                  cross_bias: torch.Tensor, dec_bias: torch.Tensor) -> torch.Tensor:
+    """Return the greedy next token [q] for each of the given positions."""
+    logits = decode_logits(m, tokens, pos, self_k, self_v, cross_k, cross_v, cross_bias, dec_bias)
+    return logits[0].argmax(-1)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the tailwatch schema (run them with `tailwatch db upgrade`)."""

@@ -1,0 +1,1 @@
+"""Wiring: settings, the FastAPI service, scheduler, Prometheus metrics, reports and the CLI."""

@@ -1,0 +1,85 @@
+"""GET /v1/baselines and POST /v1/baselines (pin or unpin a metric's baseline)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from alerts import baselines
+from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
+
+router = APIRouter(tags=["baselines"])
+
+
+class BaselineOut(BaseModel):
+    """A stored baseline."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    metric: str
+    scope: dict[str, str]
+    kind: str
+    value: float
+    spread: float | None
+    samples: int
+    window_start: datetime | None
+    window_end: datetime | None
+    model_version: str
+    config_hash: str
+    created_at: datetime
+    pinned_by: str | None
+    note: str | None
+    active: bool
+
+
+class BaselineChange(BaseModel):
+    """Pin a baseline (to the current rolling value unless `value` is given) or unpin it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["pin", "unpin"]
+    metric: str = Field(min_length=1)
+    scope: dict[str, Any] | str = Field(
+        default_factory=dict, description='labels, as a mapping or "bucket=64,source=canary"')
+    value: float | None = None
+    note: str | None = None
+
+
+class BaselineChangeOut(BaseModel):
+    """What a pin or unpin did."""
+
+    action: str
+    actor: str
+    baseline: BaselineOut | None = None
+    unpinned: int = 0
+
+
+@router.get("/v1/baselines")
+def list_baselines(
+    sessions: SessionsDep,
+    _actor: ReaderDep,
+    metric: Annotated[str | None, Query()] = None,
+    include_inactive: Annotated[bool, Query()] = False,
+) -> list[BaselineOut]:
+    """Return baselines (active ones unless include_inactive)."""
+    with sessions() as session:
+        views = baselines.list_baselines(session, metric, active_only=not include_inactive)
+    return [BaselineOut.model_validate(v) for v in views]
+
+
+@router.post("/v1/baselines")
+def change_baseline(body: BaselineChange, sessions: SessionsDep,
+                    actor: WriterDep) -> BaselineChangeOut:
+    """Pin or unpin a baseline; the token's name is recorded as pinned_by."""
+    with sessions.begin() as session:
+        if body.action == "pin":
+            view = baselines.pin(session, body.metric, body.scope, actor, value=body.value,
+                                 note=body.note)
+            return BaselineChangeOut(action="pin", actor=actor,
+                                     baseline=BaselineOut.model_validate(view))
+        n = baselines.unpin(session, body.metric, body.scope, actor)
+    return BaselineChangeOut(action="unpin", actor=actor, unpinned=n)

@@ -1,0 +1,145 @@
+"""The flag API: list, set and clear runtime flags; every change audited with its actor."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from alerts.flags import FlagStore
+from monitor.api.deps import FlagProviderDep, ReaderDep, SessionsDep, WriterDep
+from monitor.api.errors import NotFound
+from storage.models import FLAG_SCOPE_GLOBAL
+
+router = APIRouter(tags=["flags"])
+_store = FlagStore()
+
+
+class FlagOut(BaseModel):
+    """One stored flag row; `in_force` marks the row the engine uses (manual wins)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    scope: str
+    value: Any
+    source: str
+    reason: str | None
+    actor: str
+    expires_at: datetime | None
+    alert_id: int | None
+    created_at: datetime
+    updated_at: datetime
+    in_force: bool = True
+
+
+class FlagsOut(BaseModel):
+    """Stored rows and the flags the engine reads now (defaults filled in)."""
+
+    flags: list[FlagOut]
+    effective: dict[str, Any]
+
+
+class FlagChange(BaseModel):
+    """Set a manual flag value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope: str = Field(FLAG_SCOPE_GLOBAL, description='"global" or a bucket label such as "64"')
+    value: Any = Field(description="true/false, or a share in [0, 1] for "
+                                   "speculative_probation")
+    reason: str = Field(min_length=1, description="Why (kept in the audit log)")
+    expires_at: datetime | None = Field(None, description="RFC 3339; the override lapses then")
+
+
+class AuditOut(BaseModel):
+    """One audit row."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime
+    name: str
+    scope: str
+    actor: str
+    source: str
+    action: str
+    old_value: Any
+    new_value: Any
+    reason: str | None
+
+
+class Cleared(BaseModel):
+    """A removed manual override."""
+
+    name: str
+    scope: str
+    cleared: bool
+    actor: str
+
+
+@router.get("/v1/flags")
+def list_flags(sessions: SessionsDep, _actor: ReaderDep) -> FlagsOut:
+    """Return every stored flag row and the effective runtime flags."""
+    with sessions() as session:
+        rows = _store.list(session)
+        in_force = {(f.name, f.scope, f.source) for f in _store.effective(session).values()}
+        effective = _store.runtime_flags(session)
+    out = [FlagOut.model_validate(r).model_copy(
+        update={"in_force": (r.name, r.scope, r.source) in in_force}) for r in rows]
+    eff = asdict(effective)
+    eff["speculative"] = dict(effective.speculative)
+    return FlagsOut(flags=out, effective=eff)
+
+
+@router.get("/v1/flags/audit")
+def flag_audit(
+    sessions: SessionsDep,
+    _actor: ReaderDep,
+    name: Annotated[str | None, Query()] = None,
+    scope: Annotated[str | None, Query()] = None,
+    since: Annotated[datetime | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[AuditOut]:
+    """Return flag changes, newest first."""
+    with sessions() as session:
+        rows = _store.audit(session, name, scope, since=since, limit=limit)
+    return [AuditOut.model_validate(r) for r in rows]
+
+
+@router.put("/v1/flags/{name}")
+def set_flag(name: str, body: FlagChange, sessions: SessionsDep, provider: FlagProviderDep,
+             actor: WriterDep) -> FlagOut:
+    """Set a manual flag (it wins over automatic fallbacks) and audit the change."""
+    with sessions.begin() as session:
+        view = _store.set(session, name, body.scope, body.value, reason=body.reason,
+                          actor=actor, source="manual", expires_at=body.expires_at)
+    _invalidate(provider)
+    return FlagOut.model_validate(view)
+
+
+@router.delete("/v1/flags/{name}")
+def clear_flag(
+    name: str,
+    sessions: SessionsDep,
+    provider: FlagProviderDep,
+    actor: WriterDep,
+    reason: Annotated[str, Query(min_length=1, description="Why (kept in the audit log)")],
+    scope: Annotated[str, Query()] = FLAG_SCOPE_GLOBAL,
+) -> Cleared:
+    """Remove a manual override (an automatic value or the default applies again)."""
+    with sessions.begin() as session:
+        cleared = _store.clear(session, name, scope, reason=reason, actor=actor)
+    if not cleared:
+        raise NotFound("name", f"no manual override of {name} in scope {scope!r}")
+    _invalidate(provider)
+    return Cleared(name=name, scope=scope, cleared=True, actor=actor)
+
+
+def _invalidate(provider: Any) -> None:
+    # The provider caches for a second; a change made here applies to the next request.
+    invalidate = getattr(provider, "invalidate", None)
+    if invalidate is not None:
+        invalidate()

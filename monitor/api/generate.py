@@ -1,0 +1,90 @@
+"""POST /v1/generate: serve real traffic, recorded into rollups and Prometheus."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import (
+    EngineError,
+    InputTooLong,
+    InvalidRequest,
+    NotReady,
+    Overloaded,
+    RequestTimeout,
+)
+from engine.protocol import BUCKET_OVERFLOW
+from monitor.api.deps import EngineDep, ReaderDep, SettingsDep, SinkDep, TrafficDep
+
+router = APIRouter(tags=["serving"])
+
+
+class GenerateRequest(BaseModel):
+    """A generation request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, description="Input text.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Output length cap.")
+
+
+class GenerateResponse(BaseModel):
+    """The generated text and how it was produced."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    bucket: str
+    path: str
+    decoding: str
+    latency_s: float
+    ttft_s: float
+    per_token_s: float | None
+    acceptance_rate: float | None
+
+
+_REASONS: tuple[tuple[type[EngineError], str], ...] = (
+    (Overloaded, "overloaded"), (NotReady, "not_ready"), (InputTooLong, "too_long"),
+    (InvalidRequest, "invalid"), (RequestTimeout, "timeout"), (EngineError, "error"))
+
+
+@router.post("/v1/generate", responses={
+    413: {"description": "Input over the hard cap"},
+    422: {"description": "Invalid field"},
+    429: {"description": "Queue full; see Retry-After"},
+    503: {"description": "Engine not ready; see Retry-After"},
+})
+def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
+             sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep) -> GenerateResponse:
+    """Generate greedily from `text` (a plain def: the model call blocks a worker thread)."""
+    cap = settings.engine.max_new_tokens_cap
+    if body.max_new_tokens is not None and body.max_new_tokens > cap:
+        raise InvalidRequest("max_new_tokens", f"must be <= {cap}",
+                             value=body.max_new_tokens, limit=cap)
+    try:
+        result = engine.generate(body.text, max_new_tokens=body.max_new_tokens)
+    except Exception as exc:
+        # Anything else escaping the engine is a failure too: count it, the edge maps it.
+        reason = next((r for t, r in _REASONS if isinstance(exc, t)), "error")
+        sink.reject(reason)
+        if reason in ("overloaded", "timeout", "error"):
+            bucket = _bucket(engine, body.text)
+            if reason == "overloaded":
+                traffic.record_rejection(bucket)
+            else:
+                traffic.record_error(bucket)
+        raise
+    sink.observe(result)
+    traffic.record(result)
+    return GenerateResponse(
+        text=result.text, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
+        bucket=result.bucket, path=result.path, decoding=result.decoding,
+        latency_s=result.total_s, ttft_s=result.ttft_s, per_token_s=result.per_token_s,
+        acceptance_rate=result.spec.acceptance_rate)
+
+
+def _bucket(engine: EngineDep, text: str) -> str:
+    try:
+        return engine.bucket_for(engine.count_tokens(text))
+    except Exception:  # the bucket is only a label on a rejection count
+        return BUCKET_OVERFLOW

@@ -1,0 +1,50 @@
+"""Liveness, readiness and the Prometheus scrape endpoint."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from monitor.api.deps import EngineHolderDep, MetricsDep, ReaderDep, SessionsDep
+from monitor.service import READY
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Return 200 while the process serves HTTP."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "Warming, failed or DB unreachable"}})
+def readyz(holder: EngineHolderDep, sessions: SessionsDep) -> JSONResponse:
+    """Return 200 when the engine is warm and the database answers, else 503 with a reason."""
+    state, reason = holder.state()
+    try:
+        with sessions() as session:
+            session.execute(text("SELECT 1"))
+        database = "ok"
+    except Exception as exc:
+        log.warning("readyz: database unreachable: %s", type(exc).__name__)
+        database = "unreachable"
+    body = {"status": state, "engine": reason, "database": database}
+    if database != "ok":
+        body.update(status="unavailable", reason="database unreachable")
+        return JSONResponse(body, status_code=503)
+    if state != READY:
+        body["reason"] = reason
+        return JSONResponse(body, status_code=503)
+    return JSONResponse(body)
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request, registry: MetricsDep, _actor: ReaderDep) -> Response:
+    """Expose the app's own registry in the Prometheus text format."""
+    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)

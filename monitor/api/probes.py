@@ -1,0 +1,97 @@
+"""GET /v1/probes/runs and POST /v1/probes/run (run a canary cycle or burst now)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import func, select
+
+from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
+from storage.models import ProbeResult, ProbeRun
+
+router = APIRouter(tags=["probes"])
+
+
+class ProbeRunOut(BaseModel):
+    """One stored probe run."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    kind: str
+    suite: str
+    status: str
+    error: str | None
+    instance_id: str
+    model_version: str
+    config_hash: str
+    started_at: datetime
+    finished_at: datetime | None
+    requests: int | None
+    rejections: int | None
+    result_rows: int = 0  # probe_results rows (bucket x path x decoding x variant)
+
+
+class ProbeRunRequest(BaseModel):
+    """Run a probe now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["cycle", "burst"] = "cycle"
+    suite: str | None = None
+    ab: bool | None = None
+
+
+class ProbeRunDone(BaseModel):
+    """What a requested probe run did."""
+
+    kind: str
+    suite: str
+    status: str
+    error: str | None
+    duration_s: float
+    actor: str
+
+
+@router.get("/v1/probes/runs")
+def list_runs(
+    sessions: SessionsDep,
+    _actor: ReaderDep,
+    kind: Annotated[Literal["cycle", "burst", "ab"] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[ProbeRunOut]:
+    """Return probe runs, newest first, with their result-row counts."""
+    n_results = (select(func.count()).where(ProbeResult.run_id == ProbeRun.id)
+                 .correlate(ProbeRun).scalar_subquery())
+    q = (select(ProbeRun, n_results).order_by(ProbeRun.started_at.desc(), ProbeRun.id.desc())
+         .limit(limit))
+    if kind is not None:
+        q = q.where(ProbeRun.kind == kind)
+    with sessions() as session:
+        return [ProbeRunOut.model_validate(_columns(run) | {"result_rows": n})
+                for run, n in session.execute(q)]
+
+
+def _columns(run: ProbeRun) -> dict[str, object]:
+    # Column values only: touching the `results` relationship would load every row.
+    return {c.key: getattr(run, c.key) for c in ProbeRun.__table__.columns}
+
+
+@router.post("/v1/probes/run")
+def run_probe(body: ProbeRunRequest, request: Request, actor: WriterDep) -> ProbeRunDone:
+    """Run one canary cycle or burst now and store it (blocks until it finishes)."""
+    probes = request.app.state.probes
+    result = probes.run(body.kind, suite=body.suite, ab=body.ab)
+    return ProbeRunDone(kind=body.kind, suite=result.suite, status=result.status,
+                        error=result.error, duration_s=_duration(result), actor=actor)
+
+
+def _duration(result: object) -> float:
+    started = getattr(result, "started_at", None)
+    finished = getattr(result, "finished_at", None)
+    if started is None or finished is None:
+        return 0.0
+    return (finished - started).total_seconds()

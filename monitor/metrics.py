@@ -1,0 +1,375 @@
+"""Prometheus metrics on a registry the app owns (never the global one).
+
+`Metrics` holds the push-style series (latency histograms, speculative-decoding
+counters, rejections, webhook deliveries); `MetricsSink.observe` turns a
+`GenerateResult` into them and serves as a probe observer and for /v1/generate. Values
+owned by something else are read at scrape time by custom collectors: `EngineCollector`
+(compile counters, memory, queue depth, flag-provider errors) and `DatabaseCollector`
+(flags, alerts, latest probe runs, webhook outbox). Every series is listed in
+monitor/METRICS.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from engine.protocol import Engine, FlagProvider, GenerateResult
+from storage.models import DELIVERY_STATES, Alert, Flag, ProbeRun, WebhookDelivery
+
+log = logging.getLogger(__name__)
+
+PREFIX = "tailwatch"
+# End-to-end and time-to-first-token latency: 1 ms .. 60 s.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0)
+# Time per output token: 0.25 ms .. 1 s (measured 0.3-13 ms per token on CPU).
+TOKEN_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02,
+                 0.03, 0.05, 0.1, 0.25, 1.0)
+REJECT_REASONS = ("overloaded", "not_ready", "invalid", "too_long", "timeout", "error")
+SOURCES = ("traffic", "canary")
+DELIVERY_OUTCOMES = ("delivered", "retried", "failed")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("tailwatch")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True)
+class _LatencySet:
+    """The latency histograms of one traffic source."""
+
+    e2e: Histogram
+    ttft: Histogram
+    per_token: Histogram
+    queue_wait: Histogram
+
+
+class Metrics:
+    """Every push-style tailwatch series, registered on `registry`.
+
+    Example:
+        registry = CollectorRegistry()
+        metrics = Metrics(registry)
+        MetricsSink(metrics).observe(result)
+        registry.get_sample_value("tailwatch_request_duration_seconds_count", {...})
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        labels = ("bucket", "path", "decoding")
+        self.latency = {
+            "traffic": self._latency_set("request", labels),
+            "canary": self._latency_set("canary", labels),
+        }
+        self.output_tokens = Counter(
+            f"{PREFIX}_output_tokens", "Output tokens generated.",
+            ("source", "bucket"), registry=registry)
+        self.padding_waste = Histogram(
+            f"{PREFIX}_request_padding_ratio",
+            "Share of the padded input that is padding (real traffic).",
+            ("bucket",), buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=registry)
+        spec = ("source", "bucket")
+        self.spec_drafts = Counter(
+            f"{PREFIX}_spec_decode_num_drafts",
+            "Speculative verification steps (one target forward over the proposals).",
+            spec, registry=registry)
+        self.spec_draft_tokens = Counter(
+            f"{PREFIX}_spec_decode_num_draft_tokens",
+            "Tokens proposed by the draft model.", spec, registry=registry)
+        self.spec_accepted = Counter(
+            f"{PREFIX}_spec_decode_num_accepted_tokens",
+            "Proposed tokens the target model accepted.", spec, registry=registry)
+        self.spec_accepted_per_pos = Counter(
+            f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose proposed token at `position` (0-based) was accepted.",
+            (*spec, "position"), registry=registry)
+        self.rejections = Counter(
+            f"{PREFIX}_requests_rejected",
+            "Requests refused before or during generation, by reason.",
+            ("reason",), registry=registry)
+        for reason in REJECT_REASONS:
+            self.rejections.labels(reason)
+        self.webhook_deliveries = Counter(
+            f"{PREFIX}_webhook_deliveries",
+            "Webhook delivery attempts by outcome (delivered, retried, failed).",
+            ("outcome",), registry=registry)
+        for outcome in DELIVERY_OUTCOMES:
+            self.webhook_deliveries.labels(outcome)
+        self.scrape_errors = Counter(
+            f"{PREFIX}_scrape_errors", "Scrapes whose collector could not read its source.",
+            ("collector",), registry=registry)
+        for name in ("engine", "database"):
+            self.scrape_errors.labels(name)
+        build = Gauge(
+            f"{PREFIX}_build_info", "Always 1; labels name the running tailwatch build.",
+            ("version", "python"), registry=registry)
+        build.labels(_version(), platform.python_version()).set(1)
+
+    def _latency_set(self, kind: str, labels: tuple[str, ...]) -> _LatencySet:
+        what = "real request" if kind == "request" else "canary probe"
+        return _LatencySet(
+            e2e=Histogram(
+                f"{PREFIX}_{kind}_duration_seconds",
+                f"End-to-end latency of a {what}: engine entry to result.",
+                labels, buckets=LATENCY_BUCKETS, registry=self.registry),
+            ttft=Histogram(
+                f"{PREFIX}_{kind}_ttft_seconds",
+                f"Time to first token of a {what}: slot granted to first token chosen.",
+                labels, buckets=LATENCY_BUCKETS, registry=self.registry),
+            per_token=Histogram(
+                f"{PREFIX}_{kind}_time_per_output_token_seconds",
+                f"Time between consecutive output tokens of a {what} (one sample per token).",
+                labels, buckets=TOKEN_BUCKETS, registry=self.registry),
+            queue_wait=Histogram(
+                f"{PREFIX}_{kind}_queue_wait_seconds",
+                f"Time a {what} waited for a decode slot.",
+                labels, buckets=LATENCY_BUCKETS, registry=self.registry),
+        )
+
+
+class MetricsSink:
+    """Turn generate results into Prometheus observations (a probe observer)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, result: GenerateResult) -> None:
+        self.observe(result)
+
+    def observe(self, result: GenerateResult) -> None:
+        """Record one generate result (canary or real traffic)."""
+        m = self.metrics
+        source = "canary" if result.canary else "traffic"
+        hist = m.latency[source]
+        key = (result.bucket, result.path, result.decoding)
+        hist.e2e.labels(*key).observe(result.total_s)
+        hist.ttft.labels(*key).observe(result.ttft_s)
+        hist.queue_wait.labels(*key).observe(result.queue_wait_s)
+        per_token = hist.per_token.labels(*key)
+        for dt in result.decode_token_s:
+            per_token.observe(dt)
+        m.output_tokens.labels(source, result.bucket).inc(result.output_tokens)
+        if not result.canary:
+            m.padding_waste.labels(result.bucket).observe(result.padding_waste)
+        spec = result.spec
+        if spec.drafts or spec.draft_tokens:
+            m.spec_drafts.labels(source, result.bucket).inc(spec.drafts)
+            m.spec_draft_tokens.labels(source, result.bucket).inc(spec.draft_tokens)
+            m.spec_accepted.labels(source, result.bucket).inc(spec.accepted_tokens)
+            for pos, n in enumerate(spec.accepted_per_position):
+                m.spec_accepted_per_pos.labels(source, result.bucket, str(pos)).inc(n)
+
+    def reject(self, reason: str) -> None:
+        """Count a refused request; `reason` is one of REJECT_REASONS."""
+        self.metrics.rejections.labels(reason).inc()
+
+    def deliveries(self, report: object) -> None:
+        """Count one outbox pass (an alerts.outbox.DeliveryReport) by outcome."""
+        for outcome in DELIVERY_OUTCOMES:
+            n = getattr(report, outcome, 0)
+            if n:
+                self.metrics.webhook_deliveries.labels(outcome).inc(n)
+
+
+class _SafeCollector(Collector):
+    """A collector whose failures cost its own series, never the whole scrape."""
+
+    name = "collector"
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._errors = metrics.scrape_errors.labels(self.name)
+        metrics.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            families = list(self._collect())
+        except Exception as exc:  # a scrape must survive a dead DB or engine
+            log.warning("metrics: %s collector failed: %s", self.name, exc)
+            self._errors.inc()
+            return iter(())
+        return iter(families)
+
+    def _collect(self) -> Iterable[Metric]:
+        raise NotImplementedError
+
+
+class EngineCollector(_SafeCollector):
+    """Read compile counters, memory, queue depth and flag errors from the engine."""
+
+    name = "engine"
+
+    def __init__(self, metrics: Metrics, engine: Callable[[], Engine | None]) -> None:
+        self._engine = engine
+        super().__init__(metrics)
+
+    def _collect(self) -> Iterable[Metric]:
+        engine = self._engine()
+        ready = GaugeMetricFamily(
+            f"{PREFIX}_engine_ready", "1 when the engine is loaded and every bucket is warm.")
+        if engine is None:
+            ready.add_metric([], 0)
+            yield ready
+            return
+        warm = engine.warmup_status()
+        ready.add_metric([], 1 if warm.done and warm.error is None else 0)
+        yield ready
+        buckets = GaugeMetricFamily(
+            f"{PREFIX}_engine_buckets", "Input-length buckets by warm-up state (warm, total).",
+            labels=("state",))
+        buckets.add_metric(["warm"], warm.warm_buckets)
+        buckets.add_metric(["total"], warm.total_buckets)
+        yield buckets
+        info = engine.info
+        yield _gauge("engine_info", "Always 1; labels identify the loaded model.",
+                     {"model_version": info.model_version, "config_hash": info.config_hash,
+                      "device": info.device, "dtype": info.dtype,
+                      "compile_mode": info.compile_mode}, 1)
+        snap = engine.compile_snapshot()
+        yield _counter("compile_graphs", "Graphs compiled by torch.compile.", snap.graphs)
+        yield _counter("compile_recompiles", "Recompiles (a guard failed).", snap.recompiles)
+        yield _counter("compile_graph_breaks", "Graph breaks.", snap.graph_breaks)
+        yield _counter("compile_seconds", "Seconds spent compiling.", snap.compile_seconds)
+        yield _counter("compile_recompile_limit_hits",
+                       "Times a function hit the recompile limit and runs eager for good.",
+                       snap.recompile_limit_hits)
+        yield _counter("compile_failures", "Compilations that failed.", snap.compile_failures)
+        mem = engine.memory_snapshot()
+        memory = GaugeMetricFamily(
+            f"{PREFIX}_memory_bytes",
+            "Memory in bytes by kind: rss, kv_cache; on CUDA also allocated, reserved, peak.",
+            labels=("kind", "device"))
+        memory.add_metric(["rss", mem.device], mem.rss_bytes)
+        memory.add_metric(["kv_cache", mem.device], mem.kv_cache_bytes)
+        for kind, value in (("allocated", mem.cuda_allocated_bytes),
+                            ("reserved", mem.cuda_reserved_bytes),
+                            ("peak", mem.cuda_peak_bytes)):
+            if value is not None:
+                memory.add_metric([kind, mem.device], value)
+        yield memory
+        if mem.cuda_ooms is not None:
+            yield _counter("cuda_ooms", "CUDA out-of-memory errors.", mem.cuda_ooms)
+        if mem.cuda_alloc_retries is not None:
+            yield _counter("cuda_alloc_retries", "CUDA allocator retries after a cache flush.",
+                           mem.cuda_alloc_retries)
+        yield _gauge("queue_depth", "Requests waiting for a decode slot.", {},
+                     engine.queue_depth())
+        yield _counter("flag_provider_errors",
+                       "Times the flag provider raised or timed out (last flags kept).",
+                       engine.flag_errors())
+
+
+class DatabaseCollector(_SafeCollector):
+    """Read flags, alerts, probe runs and the webhook outbox from SQL at scrape time."""
+
+    name = "database"
+
+    def __init__(self, metrics: Metrics, sessions: Callable[[], Session],
+                 flags: FlagProvider | None = None, buckets: tuple[int, ...] = ()) -> None:
+        self._sessions = sessions
+        self._flags = flags
+        self._buckets = buckets
+        super().__init__(metrics)
+
+    def _collect(self) -> Iterable[Metric]:
+        with self._sessions() as session:
+            families = [*self._overrides(session), *self._alerts(session),
+                        *self._probes(session), *self._deliveries(session)]
+        if self._flags is not None:
+            families.append(_flag_states(self._flags, self._buckets))
+        return families
+
+    def _overrides(self, session: Session) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_flag_override",
+            "Flag rows in the DB (manual or auto) by flag, scope and source; value 1/0 or the number.",
+            labels=("flag", "scope", "source"))
+        for flag in session.scalars(select(Flag)):
+            value = flag.value
+            if isinstance(value, bool | int | float):
+                family.add_metric([flag.name, flag.scope, flag.source], float(value))
+        yield family
+
+    def _alerts(self, session: Session) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_alerts", "Open alerts by rule, severity and state (pending, firing).",
+            labels=("rule", "severity", "state"))
+        rows = session.execute(
+            select(Alert.rule, Alert.severity, Alert.state, func.count())
+            .where(Alert.state != "resolved")
+            .group_by(Alert.rule, Alert.severity, Alert.state)).all()
+        for rule, severity, state, n in rows:
+            family.add_metric([rule, severity, state], n)
+        yield family
+        firing = sum(n for _, _, state, n in rows if state == "firing")
+        yield GaugeMetricFamily(
+            f"{PREFIX}_alerts_firing", "Alerts firing now (all rules).", value=firing)
+
+    def _probes(self, session: Session) -> Iterator[Metric]:
+        latest = (select(ProbeRun.kind, func.max(ProbeRun.id).label("id"))
+                  .where(ProbeRun.finished_at.is_not(None)).group_by(ProbeRun.kind).subquery())
+        runs = session.scalars(select(ProbeRun).join(latest, ProbeRun.id == latest.c.id)).all()
+        labels = ("kind", "suite")
+        success = GaugeMetricFamily(
+            f"{PREFIX}_probe_success", "1 when the latest probe run of a kind succeeded.",
+            labels=labels)
+        duration = GaugeMetricFamily(
+            f"{PREFIX}_probe_duration_seconds", "Duration of the latest probe run of a kind.",
+            labels=labels)
+        finished = GaugeMetricFamily(
+            f"{PREFIX}_probe_last_run_timestamp_seconds",
+            "Unix time the latest probe run of a kind finished.", labels=labels)
+        for run in runs:
+            key = [run.kind, run.suite]
+            end = run.finished_at or run.started_at
+            success.add_metric(key, 1 if run.status == "ok" else 0)
+            duration.add_metric(key, (end - run.started_at).total_seconds())
+            finished.add_metric(key, end.timestamp())
+        yield from (success, duration, finished)
+
+    def _deliveries(self, session: Session) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_webhook_outbox_messages",
+            "Webhook outbox rows by state (pending, delivered, failed), from the DB.",
+            labels=("state",))
+        counts = dict(session.execute(  # type: ignore[arg-type]
+            select(WebhookDelivery.state, func.count()).group_by(WebhookDelivery.state)).all())
+        for state in DELIVERY_STATES:
+            family.add_metric([state], counts.get(state, 0))
+        yield family
+
+
+def _flag_states(provider: FlagProvider, buckets: tuple[int, ...]) -> Metric:
+    flags = provider.flags()
+    family = GaugeMetricFamily(
+        f"{PREFIX}_flag_enabled",
+        "Effective runtime flag (1 on, 0 off) by flag and scope, as the engine reads it.",
+        labels=("flag", "scope"))
+    family.add_metric(["compiled", "global"], int(flags.compiled))
+    family.add_metric(["bucketing", "global"], int(flags.bucketing))
+    family.add_metric(["speculative", "global"], int(flags.speculative_default))
+    for edge in buckets:
+        family.add_metric(["speculative", str(edge)], int(flags.speculative_for(str(edge))))
+    return family
+
+
+def _counter(name: str, doc: str, value: float) -> Metric:
+    return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> Metric:
+    family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=tuple(labels))
+    family.add_metric(list(labels.values()), value)
+    return family

@@ -1,0 +1,120 @@
+"""Turn a week of measurements and the assumption registry into a WeeklyReport."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from monitor.report.data import WeekData
+from monitor.report.metrics import METRICS, speedup
+from monitor.report.model import (
+    CheckResult,
+    CostlyOptimization,
+    OptimizationReview,
+    Recommendation,
+    SpeedupRow,
+    WeeklyReport,
+)
+from monitor.report.registry import Optimization, Registry
+from monitor.report.shapes import MIN_GAIN, ShapeSummary, summarize
+from monitor.report.verdict import NO_DATA, judge_metric, worst
+
+ACCEPTANCE_METRIC = "acceptance_rate"
+
+
+def build_from_data(data: WeekData, registry: Registry, now: datetime) -> WeeklyReport:
+    """Judge every assumption of `registry` on `data` and return the report."""
+    window = f"{_iso(data.week.start)} .. {_iso(data.week.end)}"
+    reviews = tuple(_review(opt, data, window) for opt in registry.optimizations)
+    shapes = summarize(data.lengths, data.buckets)
+    return WeeklyReport(
+        week=data.week.label,
+        start=data.week.start,
+        end=data.week.end,
+        generated_at=now,
+        has_data=data.has_data,
+        optimizations=reviews,
+        alerts=data.alerts,
+        flag_changes=data.flag_changes,
+        shapes=shapes,
+        recommendations=_recommendations(data, registry, shapes),
+        costly=_costly(reviews),
+        data=data,
+    )
+
+
+def _review(opt: Optimization, data: WeekData, window: str) -> OptimizationReview:
+    checks = []
+    for a in opt.assumptions:
+        spec = METRICS[a.metric]
+        verdict, buckets = judge_metric(a, spec.compute(data, opt), spec.unit)
+        checks.append(CheckResult(a, verdict, buckets, window))
+    measured = None
+    rows: list[SpeedupRow] = []
+    if opt.ab_arm is not None:
+        sp = speedup(data, opt)
+        measured = sp.overall.value
+        rows = [SpeedupRow(opt.name, opt.ab_arm, b, opt.expected_speedup, r.value, r.detail)
+                for b, r in sp.per_bucket.items()]
+    status = worst([c.status for c in checks if c.status != NO_DATA])
+    return OptimizationReview(opt.name, opt.owner, opt.description, status,
+                              opt.expected_speedup, measured, tuple(checks), tuple(rows),
+                              opt.disable_when)
+
+
+def _costly(reviews: tuple[OptimizationReview, ...]) -> tuple[CostlyOptimization, ...]:
+    out = []
+    for r in reviews:
+        slower = tuple((s.bucket, s.measured) for s in r.speedups
+                       if s.measured is not None and s.measured < 1.0)
+        if (r.measured_speedup is not None and r.measured_speedup < 1.0) or slower:
+            out.append(CostlyOptimization(r.name, r.measured_speedup, slower))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _recommendations(data: WeekData, registry: Registry,
+                     shapes: ShapeSummary | None) -> tuple[Recommendation, ...]:
+    out: list[Recommendation] = []
+    if shapes is not None:
+        if (shapes.padding_waste is not None and shapes.proposed_waste is not None
+                and shapes.proposed_edges != shapes.buckets
+                and shapes.padding_waste - shapes.proposed_waste >= MIN_GAIN):
+            out.append(Recommendation(
+                "bucket_edges",
+                f"Move bucket edges from {list(shapes.buckets)} to {list(shapes.proposed_edges)}",
+                f"estimated padding waste {shapes.padding_waste:.1%} -> "
+                f"{shapes.proposed_waste:.1%} over {shapes.requests} real requests "
+                f"(edges at equal-count quantiles of observed lengths, top edge at p99)"))
+        cap = _round8(shapes.p99)
+        out.append(Recommendation(
+            "context_cap",
+            f"Cap the context at {cap} tokens (observed p99 input length {shapes.p99})",
+            f"p50 {shapes.p50}, p90 {shapes.p90}, p99 {shapes.p99}, max {shapes.max_length} "
+            f"tokens; {shapes.fit_largest:.2%} of inputs fit the largest bucket "
+            f"({max(shapes.buckets)})"))
+    threshold = _acceptance_threshold(registry)
+    if threshold is not None:
+        reading = METRICS[ACCEPTANCE_METRIC].compute(data, registry.optimizations[0])
+        for bucket, r in reading.per_bucket.items():
+            if r.value is not None and r.value < threshold:
+                out.append(Recommendation(
+                    "speculation_off",
+                    f"Keep speculation off in bucket {bucket}",
+                    f"acceptance {r.value:.3f} < {threshold:g} ({r.detail})"))
+    return tuple(out)
+
+
+def _acceptance_threshold(registry: Registry) -> float | None:
+    for opt in registry.optimizations:
+        for a in opt.assumptions:
+            if a.metric == ACCEPTANCE_METRIC and a.op in (">=", ">"):
+                return a.threshold
+    return None
+
+
+def _round8(n: int) -> int:
+    return int(math.ceil(n / 8) * 8)
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%MZ")

@@ -1,0 +1,157 @@
+"""What one week of measurements looks like to the report: plain frozen rows, no SQL.
+
+`collect.collect_week` fills a WeekData from the database; tests may build one by hand.
+Day indexes run 0 (Monday) to 6 (Sunday) of the week under review.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from monitor.report.week import Week
+
+
+@dataclass(frozen=True)
+class BucketDay:
+    """Latency of one bucket on one day (optimized path, canary probes)."""
+
+    bucket: str
+    day: int
+    p99_s: float
+    n: int
+
+
+@dataclass(frozen=True)
+class AcceptanceDay:
+    """Speculative-decoding counters of one bucket on one day (real traffic and canaries)."""
+
+    bucket: str
+    day: int
+    accepted: int
+    proposed: int
+
+
+@dataclass(frozen=True)
+class TrafficDay:
+    """Real-traffic request and token counts of one bucket on one day.
+
+    input_tokens: real tokens; padded_tokens: tokens after padding to the bucket edge.
+    overflow: requests longer than the largest bucket (the "overflow" bucket's rows
+    count all their requests as overflow when this is 0).
+    """
+
+    bucket: str
+    day: int
+    requests: int
+    input_tokens: int
+    padded_tokens: int
+    overflow: int = 0
+
+    @property
+    def overflowed(self) -> int:
+        """Return how many of these requests did not fit the largest bucket."""
+        if self.overflow:
+            return self.overflow
+        return self.requests if self.bucket == "overflow" else 0
+
+
+@dataclass(frozen=True)
+class LengthBin:
+    """Real inputs whose token count lies in [lo, hi] (inclusive)."""
+
+    lo: int
+    hi: int
+    count: int
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """One memory sample."""
+
+    at: datetime
+    rss_bytes: int
+    kv_cache_bytes: int
+    kv_budget_bytes: int | None = None
+    instance: str = ""
+
+
+@dataclass(frozen=True)
+class RecompileHour:
+    """Compile events in one hour; after_warmup counts recompiles once warm-up was done."""
+
+    hour: datetime
+    recompiles: int
+    after_warmup: int
+    limit_hits: int = 0
+
+
+@dataclass(frozen=True)
+class ArmLatency:
+    """Median latency of one A/B arm in one bucket; day None = the whole week.
+
+    arm: "optimized" or a fallback arm ("eager", "direct", "exact").
+    """
+
+    arm: str
+    bucket: str
+    median_s: float
+    n: int
+    day: int | None = None
+
+
+@dataclass(frozen=True)
+class AlertEntry:
+    """An alert that fired, changed or resolved during the week."""
+
+    name: str
+    bucket: str | None
+    severity: str
+    fired_at: datetime
+    resolved_at: datetime | None
+    summary: str
+    transitions: tuple[str, ...] = ()  # "2026-11-24T03:00Z firing -> resolved (why)"
+
+
+@dataclass(frozen=True)
+class FlagChange:
+    """One audited flag change: who or what changed it and why."""
+
+    at: datetime
+    flag: str
+    old: str | None
+    new: str
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class WeekData:
+    """Every measurement the report needs for one week."""
+
+    week: Week
+    buckets: tuple[int, ...]
+    p99: tuple[BucketDay, ...] = ()
+    p99_week: Mapping[str, float] = field(default_factory=dict)
+    baseline_p99: Mapping[str, float] = field(default_factory=dict)
+    acceptance: tuple[AcceptanceDay, ...] = ()
+    traffic: tuple[TrafficDay, ...] = ()
+    lengths: tuple[LengthBin, ...] = ()
+    memory: tuple[MemoryPoint, ...] = ()
+    recompiles: tuple[RecompileHour, ...] = ()
+    ab: tuple[ArmLatency, ...] = ()
+    alerts: tuple[AlertEntry, ...] = ()
+    flag_changes: tuple[FlagChange, ...] = ()
+    kv_budget_bytes: int | None = None
+    window_note: str = ""  # how the queries selected rows, shown as evidence
+
+    @property
+    def has_data(self) -> bool:
+        """Return whether any measurement fell into the week."""
+        return bool(self.p99 or self.acceptance or self.traffic or self.lengths
+                    or self.memory or self.recompiles or self.ab)
+
+    def bucket_labels(self) -> tuple[str, ...]:
+        """Return the configured bucket labels, smallest first."""
+        return tuple(str(b) for b in self.buckets)

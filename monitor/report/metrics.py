@@ -1,0 +1,311 @@
+"""Metrics the assumption checks may name, computed from a WeekData.
+
+Each metric returns a MetricReading: the week's value, a value per day (for trends)
+and, for per-bucket metrics, the same per bucket. `None` means no data.
+Adding a metric: write a function below and list it in METRICS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from monitor.report.data import WeekData
+
+if TYPE_CHECKING:
+    from monitor.report.registry import Optimization
+
+BUCKET_OVERFLOW = "overflow"
+ARM_OPTIMIZED = "optimized"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One value with its evidence; daily holds the seven per-day values (None = no data)."""
+
+    value: float | None
+    detail: str
+    n: int = 0
+    daily: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricReading:
+    """A metric over the whole week and, where it applies, per bucket."""
+
+    overall: Reading
+    per_bucket: Mapping[str, Reading] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric the registry may name."""
+
+    name: str
+    description: str
+    unit: str  # "share", "ratio", "count", "seconds"
+    per_bucket: bool
+    compute: Callable[[WeekData, Optimization], MetricReading]
+    needs_ab: bool = False
+    needs_expected: bool = False
+
+
+NO_DATA = Reading(None, "no data", 0, (None,) * 7)
+
+
+def _ratio_reading(num: float, den: float, detail: str, n: int,
+                   daily: tuple[float | None, ...]) -> Reading:
+    return Reading(num / den if den else None, detail, n, daily)
+
+
+def recompiles_after_warmup(data: WeekData, opt: Optimization) -> MetricReading:
+    """Count recompiles recorded after warm-up finished."""
+    if not data.has_data:
+        return MetricReading(NO_DATA)
+    per_day = [0.0] * 7
+    total = limit_hits = 0
+    for h in data.recompiles:
+        per_day[(h.hour - data.week.start).days] += h.after_warmup
+        total += h.after_warmup
+        limit_hits += h.limit_hits
+    detail = f"{total} recompiles after warm-up, {limit_hits} recompile-limit hits"
+    return MetricReading(Reading(float(total), detail, len(data.recompiles), tuple(per_day)))
+
+
+def acceptance_rate(data: WeekData, opt: Optimization) -> MetricReading:
+    """Accepted / proposed draft tokens, per bucket and overall."""
+    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    days: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(7)])
+    for row in data.acceptance:
+        acc[row.bucket][0] += row.accepted
+        acc[row.bucket][1] += row.proposed
+        days[row.bucket][row.day][0] += row.accepted
+        days[row.bucket][row.day][1] += row.proposed
+    per_bucket = {
+        b: _ratio_reading(a, p, f"{a} accepted / {p} proposed", p,
+                          tuple(d[0] / d[1] if d[1] else None for d in days[b]))
+        for b, (a, p) in sorted(acc.items(), key=lambda kv: _bucket_key(kv[0]))
+    }
+    a_all = sum(v[0] for v in acc.values())
+    p_all = sum(v[1] for v in acc.values())
+    daily = []
+    for i in range(7):
+        a = sum(d[i][0] for d in days.values())
+        p = sum(d[i][1] for d in days.values())
+        daily.append(a / p if p else None)
+    overall = _ratio_reading(a_all, p_all, f"{a_all} accepted / {p_all} proposed", p_all,
+                             tuple(daily))
+    return MetricReading(overall, per_bucket)
+
+
+def largest_bucket_fit(data: WeekData, opt: Optimization) -> MetricReading:
+    """Share of real requests that fit the largest bucket (not overflow)."""
+    total = over = 0
+    day_total = [0] * 7
+    day_over = [0] * 7
+    for row in data.traffic:
+        total += row.requests
+        day_total[row.day] += row.requests
+        over += row.overflowed
+        day_over[row.day] += row.overflowed
+    if not total:
+        return MetricReading(NO_DATA)
+    daily = tuple((t - o) / t if t else None for t, o in zip(day_total, day_over, strict=True))
+    largest = max(data.buckets) if data.buckets else 0
+    detail = f"{total - over} of {total} real requests <= {largest} tokens ({over} overflow)"
+    return MetricReading(Reading((total - over) / total, detail, total, daily))
+
+
+def padding_waste(data: WeekData, opt: Optimization) -> MetricReading:
+    """Share of padded input tokens that are padding (real traffic, overflow excluded)."""
+    tok: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    days: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(7)])
+    for row in data.traffic:
+        if row.bucket == BUCKET_OVERFLOW:
+            continue
+        t = tok[row.bucket]
+        t[0] += row.input_tokens
+        t[1] += row.padded_tokens
+        t[2] += row.requests
+        days[row.bucket][row.day][0] += row.input_tokens
+        days[row.bucket][row.day][1] += row.padded_tokens
+
+    def reading(inp: int, pad: int, n: int, daily: list[list[int]]) -> Reading:
+        return _ratio_reading(pad - inp, pad, f"{pad - inp} padding of {pad} padded tokens",
+                              n, tuple((d[1] - d[0]) / d[1] if d[1] else None for d in daily))
+
+    per_bucket = {b: reading(t[0], t[1], t[2], days[b])
+                  for b, t in sorted(tok.items(), key=lambda kv: _bucket_key(kv[0]))}
+    all_days = [[sum(d[i][0] for d in days.values()), sum(d[i][1] for d in days.values())]
+                for i in range(7)]
+    overall = reading(sum(t[0] for t in tok.values()), sum(t[1] for t in tok.values()),
+                      sum(t[2] for t in tok.values()), all_days)
+    return MetricReading(overall if tok else NO_DATA, per_bucket)
+
+
+def kv_cache_budget_share(data: WeekData, opt: Optimization) -> MetricReading:
+    """Peak KV-cache bytes over its memory budget."""
+    if not data.memory:
+        return MetricReading(NO_DATA)
+    daily: list[float | None] = [None] * 7
+    peak_share: float | None = None
+    peak = None
+    for m in data.memory:
+        budget = m.kv_budget_bytes or data.kv_budget_bytes
+        if not budget:
+            continue
+        share = m.kv_cache_bytes / budget
+        day = (m.at - data.week.start).days
+        daily[day] = share if daily[day] is None else max(daily[day], share)  # type: ignore[type-var]
+        if peak_share is None or share > peak_share:
+            peak_share, peak = share, (m.kv_cache_bytes, budget)
+    if peak is None:
+        return MetricReading(Reading(None, "no KV-cache budget recorded or configured"))
+    detail = f"peak {_mib(peak[0])} of a {_mib(peak[1])} budget over {len(data.memory)} samples"
+    return MetricReading(Reading(peak_share, detail, len(data.memory), tuple(daily)))
+
+
+def memory_growth_per_day(data: WeekData, opt: Optimization) -> MetricReading:
+    """RSS growth per day relative to the fitted start, worst instance (least squares)."""
+    by_instance: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for m in data.memory:
+        by_instance[m.instance].append(
+            ((m.at - data.week.start).total_seconds() / 86400.0, float(m.rss_bytes)))
+    best: Reading | None = None
+    for instance, pts in sorted(by_instance.items()):
+        if len(pts) < 2 or pts[-1][0] - pts[0][0] < 1 / 24:
+            continue  # under an hour of samples says nothing about a daily trend
+        slope, intercept = linear_fit(pts)
+        start_value = intercept + slope * pts[0][0]
+        if start_value <= 0:
+            continue
+        growth = slope / start_value
+        who = f"instance {instance}: " if instance else ""
+        detail = (f"{who}RSS slope {_mib(slope)}/day from {_mib(start_value)} "
+                  f"({len(pts)} samples)")
+        if best is None or growth > (best.value or 0.0):
+            best = Reading(growth, detail, len(pts))
+    if best is None:
+        return MetricReading(Reading(None, f"{len(data.memory)} memory samples: "
+                                           "under an hour per instance, no trend"))
+    return MetricReading(best)
+
+
+def speedup(data: WeekData, opt: Optimization) -> MetricReading:
+    """Fallback-arm median latency / optimized median latency per bucket (A/B canaries)."""
+    weekly: dict[tuple[str, str], tuple[float, int]] = {}
+    daily: dict[tuple[str, str, int], float] = {}
+    for row in data.ab:
+        if row.day is None:
+            weekly[(row.arm, row.bucket)] = (row.median_s, row.n)
+        else:
+            daily[(row.arm, row.bucket, row.day)] = row.median_s
+    arm = opt.ab_arm or ""
+    per_bucket: dict[str, Reading] = {}
+    for (a, bucket), (fb, n_fb) in sorted(weekly.items(), key=lambda kv: _bucket_key(kv[0][1])):
+        if a != arm or (ARM_OPTIMIZED, bucket) not in weekly:
+            continue
+        op, n_op = weekly[(ARM_OPTIMIZED, bucket)]
+        if op <= 0:
+            continue
+        days = tuple(
+            daily[(arm, bucket, i)] / daily[(ARM_OPTIMIZED, bucket, i)]
+            if (arm, bucket, i) in daily and daily.get((ARM_OPTIMIZED, bucket, i)) else None
+            for i in range(7))
+        detail = (f"{arm} median {fb * 1000:.1f} ms (n={n_fb}) / optimized median "
+                  f"{op * 1000:.1f} ms (n={n_op})")
+        per_bucket[bucket] = Reading(fb / op, detail, min(n_fb, n_op), days)
+    if not per_bucket:
+        return MetricReading(Reading(None, f"no A/B rows for arm {arm!r}"))
+    values = [r.value for r in per_bucket.values() if r.value]
+    gmean = math.exp(sum(math.log(v) for v in values) / len(values))
+    overall = Reading(gmean, f"geometric mean over {len(values)} buckets",
+                      sum(r.n for r in per_bucket.values()))
+    return MetricReading(overall, per_bucket)
+
+
+def speedup_vs_expected(data: WeekData, opt: Optimization) -> MetricReading:
+    """Measured speedup / expected speedup, per bucket and overall."""
+    raw = speedup(data, opt)
+    expected = opt.expected_speedup or 1.0
+
+    def scale(r: Reading) -> Reading:
+        if r.value is None:
+            return r
+        return Reading(r.value / expected,
+                       f"measured {r.value:.2f}x / expected {expected:g}x; {r.detail}", r.n,
+                       tuple(None if d is None else d / expected for d in r.daily))
+
+    return MetricReading(scale(raw.overall), {b: scale(r) for b, r in raw.per_bucket.items()})
+
+
+def p99_vs_baseline(data: WeekData, opt: Optimization) -> MetricReading:
+    """Week p99 latency / baseline p99, per bucket (optimized canaries)."""
+    daily: dict[str, list[float | None]] = defaultdict(lambda: [None] * 7)
+    counts: dict[str, int] = defaultdict(int)
+    for row in data.p99:
+        base = data.baseline_p99.get(row.bucket)
+        if base:
+            daily[row.bucket][row.day] = row.p99_s / base
+        counts[row.bucket] += row.n
+    per_bucket = {}
+    for bucket, p99 in sorted(data.p99_week.items(), key=lambda kv: _bucket_key(kv[0])):
+        base = data.baseline_p99.get(bucket)
+        if not base:
+            continue
+        per_bucket[bucket] = Reading(p99 / base, f"p99 {p99 * 1000:.1f} ms vs baseline "
+                                     f"{base * 1000:.1f} ms", counts[bucket],
+                                     tuple(daily[bucket]))
+    if not per_bucket:
+        return MetricReading(Reading(None, "no p99 with a baseline"))
+    worst = max(per_bucket.items(), key=lambda kv: kv[1].value or 0.0)
+    return MetricReading(Reading(worst[1].value, f"worst bucket {worst[0]}: {worst[1].detail}",
+                                 worst[1].n), per_bucket)
+
+
+def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Return (slope, intercept) of the least-squares line through `points`."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if sxx == 0:
+        return 0.0, my
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    return slope, my - slope * mx
+
+
+def _bucket_key(label: str) -> tuple[int, int]:
+    return (1, 0) if not label.isdigit() else (0, int(label))
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+METRICS: dict[str, MetricSpec] = {
+    s.name: s
+    for s in (
+        MetricSpec("recompiles_after_warmup", "recompiles once warm-up finished", "count",
+                   False, recompiles_after_warmup),
+        MetricSpec("acceptance_rate", "accepted / proposed draft tokens", "share", True,
+                   acceptance_rate),
+        MetricSpec("largest_bucket_fit", "share of real inputs that fit the largest bucket",
+                   "share", False, largest_bucket_fit),
+        MetricSpec("padding_waste", "padding share of padded input tokens", "share", True,
+                   padding_waste),
+        MetricSpec("kv_cache_budget_share", "peak KV cache / its memory budget", "share",
+                   False, kv_cache_budget_share),
+        MetricSpec("memory_growth_per_day", "RSS growth per day, relative", "share", False,
+                   memory_growth_per_day),
+        MetricSpec("speedup", "fallback / optimized median latency (A/B canaries)", "ratio",
+                   True, speedup, needs_ab=True),
+        MetricSpec("speedup_vs_expected", "measured speedup / expected speedup", "ratio",
+                   True, speedup_vs_expected, needs_ab=True, needs_expected=True),
+        MetricSpec("p99_vs_baseline", "week p99 / baseline p99", "ratio", True,
+                   p99_vs_baseline),
+    )
+}

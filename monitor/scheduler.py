@@ -1,0 +1,202 @@
+"""Background jobs on APScheduler 3.x: probes on every replica, singletons on the leader.
+
+Jobs (names are the keys of the `jobs` mapping given to `build_scheduler`):
+    probe, burst, traffic_flush          every replica (rows carry instance_id)
+    evaluate, delivery, retention, report  only on the replica holding the leader lock
+A job whose callable is not given is not scheduled. Every job runs with
+max_instances=1 and coalesce=True, so a slow run is never overlapped by its next
+trigger and a backlog of missed triggers runs once; misfire_grace_time from settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from monitor.leader import LeaderLock
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from monitor.settings import Settings
+    from probes.prober import Prober
+    from probes.traffic import TrafficRecorder
+
+log = logging.getLogger(__name__)
+
+PROBE = "probe"
+BURST = "burst"
+TRAFFIC_FLUSH = "traffic_flush"
+EVALUATE = "evaluate"
+DELIVERY = "delivery"
+RETENTION = "retention"
+REPORT = "report"
+EVERY_REPLICA = (PROBE, BURST, TRAFFIC_FLUSH)
+SINGLETONS = (EVALUATE, DELIVERY, RETENTION, REPORT)
+
+Job = Callable[[], object]
+
+
+def utcnow() -> datetime:
+    """Return the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """How one job has fared since start-up."""
+
+    name: str
+    singleton: bool
+    runs: int = 0
+    failures: int = 0
+    not_leader: int = 0  # triggers skipped because another replica leads
+    running: bool = False
+    last_started_at: datetime | None = None
+    last_finished_at: datetime | None = None
+    last_error: str | None = None
+
+
+class JobScheduler:
+    """A BackgroundScheduler with the leader lock and per-job stats."""
+
+    def __init__(self, aps: BackgroundScheduler, leader: LeaderLock,
+                 clock: Callable[[], datetime]) -> None:
+        self.aps = aps
+        self.leader = leader
+        self.clock = clock
+        self._stats: dict[str, JobStats] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, fn: Job, trigger: BaseTrigger, *, singleton: bool,
+            misfire_grace_s: int) -> None:
+        """Schedule `fn` under `name` (singletons only run while this replica leads)."""
+        with self._lock:
+            self._stats[name] = JobStats(name, singleton)
+        self.aps.add_job(self._wrap(name, fn, singleton), trigger, id=name, name=name,
+                         max_instances=1, coalesce=True, misfire_grace_time=misfire_grace_s,
+                         replace_existing=True)
+
+    def _update(self, name: str, **changes: Any) -> None:
+        with self._lock:
+            self._stats[name] = replace(self._stats[name], **changes)
+
+    def _wrap(self, name: str, fn: Job, singleton: bool) -> Callable[[], None]:
+        def run() -> None:
+            if singleton and not self.leader.is_leader():
+                with self._lock:
+                    s = self._stats[name]
+                    self._stats[name] = replace(s, not_leader=s.not_leader + 1)
+                return
+            self._update(name, running=True, last_started_at=self.clock())
+            try:
+                fn()
+            except Exception as exc:
+                log.exception("scheduled job %s failed", name)
+                with self._lock:
+                    s = self._stats[name]
+                    self._stats[name] = replace(
+                        s, failures=s.failures + 1, last_error=f"{type(exc).__name__}: {exc}")
+            finally:
+                with self._lock:
+                    s = self._stats[name]
+                    self._stats[name] = replace(s, runs=s.runs + 1, running=False,
+                                                last_finished_at=self.clock())
+
+        run.__name__ = f"job_{name}"
+        return run
+
+    def stats(self) -> dict[str, JobStats]:
+        """Return a snapshot of every job's stats."""
+        with self._lock:
+            return dict(self._stats)
+
+    def jobs(self) -> list[str]:
+        """Return the scheduled job names."""
+        return [j.id for j in self.aps.get_jobs()]
+
+    def start(self) -> None:
+        """Start the background thread."""
+        self.aps.start()
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Stop scheduling, optionally wait for running jobs, then give up leadership."""
+        if self.aps.running:
+            self.aps.shutdown(wait=wait)
+        self.leader.release()
+
+
+def cron(expr: str, field: str) -> CronTrigger:
+    """Return a UTC CronTrigger for a crontab expression; ValueError names the field."""
+    try:
+        return CronTrigger.from_crontab(expr, timezone=UTC)
+    except ValueError as exc:
+        raise ValueError(f"{field}: invalid crontab expression {expr!r} ({exc})") from exc
+
+
+def interval(seconds: float, field: str) -> IntervalTrigger:
+    """Return an IntervalTrigger; ValueError names the field."""
+    if seconds <= 0:
+        raise ValueError(f"{field}: must be > 0 seconds, got {seconds}")
+    return IntervalTrigger(seconds=seconds, timezone=UTC)
+
+
+def triggers(settings: Settings) -> dict[str, BaseTrigger]:
+    """Return each job's trigger from settings (probe jobs left out when disabled)."""
+    s = settings.scheduler
+    out: dict[str, BaseTrigger] = {
+        TRAFFIC_FLUSH: interval(s.traffic_flush_interval_s, "scheduler.traffic_flush_interval_s"),
+        EVALUATE: interval(s.evaluate_interval_s, "scheduler.evaluate_interval_s"),
+        DELIVERY: interval(s.delivery_interval_s, "scheduler.delivery_interval_s"),
+        RETENTION: cron(s.retention_cron, "scheduler.retention_cron"),
+        REPORT: cron(s.report_cron, "scheduler.report_cron"),
+    }
+    if s.probes_enabled:
+        out[PROBE] = interval(s.probe_interval_s, "scheduler.probe_interval_s")
+        if s.burst_interval_s > 0:  # 0 turns burst probes off
+            out[BURST] = interval(s.burst_interval_s, "scheduler.burst_interval_s")
+    return out
+
+
+def build_scheduler(
+    settings: Settings,
+    jobs: Mapping[str, Job],
+    leader: LeaderLock,
+    *,
+    clock: Callable[[], datetime] = utcnow,
+) -> JobScheduler:
+    """Return a JobScheduler (not started) with every given job that settings enable."""
+    unknown = set(jobs) - set(EVERY_REPLICA) - set(SINGLETONS)
+    if unknown:
+        raise ValueError(f"jobs: unknown job {sorted(unknown)[0]!r}")
+    trig = triggers(settings)
+    aps = BackgroundScheduler(timezone=UTC)
+    js = JobScheduler(aps, leader, clock)
+    for name, fn in jobs.items():
+        if name not in trig:
+            log.info("job %s disabled by settings", name)
+            continue
+        js.add(name, fn, trig[name], singleton=name in SINGLETONS,
+               misfire_grace_s=settings.scheduler.misfire_grace_s)
+    return js
+
+
+def probe_jobs(prober: Prober, recorder: TrafficRecorder | None = None,
+               sessions: sessionmaker[Session] | None = None) -> dict[str, Job]:
+    """Return the every-replica jobs: probe cycle, burst, and (given both) traffic flush."""
+    out: dict[str, Job] = {PROBE: prober.run_cycle, BURST: prober.run_burst}
+    if recorder is not None and sessions is not None:
+        from probes.traffic import sql_store
+
+        store = sql_store(sessions)
+        out[TRAFFIC_FLUSH] = lambda: recorder.flush(store)
+    return out

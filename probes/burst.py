@@ -1,0 +1,182 @@
+"""Burst probe: open-loop Poisson arrivals for a bounded time, with a client thread cap.
+
+Latency is measured from each request's scheduled arrival, not from when a client
+thread picked it up, so a saturated engine shows up as latency instead of being hidden
+(coordinated omission). Admission control is the engine's: `Overloaded` counts as a
+rejection. The whole probe is bounded by `duration_s + grace_s`; hung calls are
+abandoned, never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+
+from engine.errors import Overloaded
+from engine.protocol import Engine, GenerateResult
+from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, Observer, utcnow
+from probes.measure import VARIANT_DEFAULT, GroupResult, group
+from probes.stats import Distribution
+
+KIND_BURST = "burst"
+
+
+@dataclass(frozen=True)
+class BurstResult:
+    """What one burst measured.
+
+    offered: arrivals scheduled; completed: answered; rejected: refused with Overloaded;
+    errors: other failures; unfinished: still running when the probe stopped waiting.
+    latency: scheduled arrival -> result (client view); queue_wait: scheduled arrival ->
+    engine slot granted (client wait for a thread plus the engine's queue_wait_s).
+    """
+
+    instance_id: str
+    suite: str
+    started_at: datetime
+    finished_at: datetime
+    status: str
+    rate_per_s: float
+    duration_s: float
+    concurrency: int
+    offered: int
+    completed: int
+    rejected: int
+    errors: int
+    unfinished: int
+    latency: Distribution
+    queue_wait: Distribution
+    groups: tuple[GroupResult, ...] = ()
+    error: str | None = None
+    kind: str = KIND_BURST
+    model_version: str = ""
+    config_hash: str = ""
+
+    @property
+    def rejection_rate(self) -> float:
+        """Return rejected / offered (0 when nothing was offered)."""
+        return self.rejected / self.offered if self.offered else 0.0
+
+
+def arrivals(rng: random.Random, rate_per_s: float, duration_s: float) -> list[float]:
+    """Return Poisson arrival offsets (seconds) in [0, duration_s)."""
+    if rate_per_s <= 0:
+        raise ValueError(f"burst_rate_per_s: must be > 0, got {rate_per_s}")
+    if duration_s <= 0:
+        raise ValueError(f"burst_duration_s: must be > 0, got {duration_s}")
+    out: list[float] = []
+    t = rng.expovariate(rate_per_s)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate_per_s)
+    return out
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.results: list[GenerateResult] = []
+        self.latency: list[float] = []
+        self.queue_wait: list[float] = []
+        self.rejected = 0
+        self.errors = 0
+        self.last_error: str | None = None
+
+
+def run_burst(
+    engine: Engine,
+    prompts: Sequence[str],
+    *,
+    instance_id: str,
+    suite: str = "",
+    rate_per_s: float,
+    duration_s: float,
+    concurrency: int,
+    max_new_tokens: int | None = None,
+    grace_s: float = 30.0,
+    rng: random.Random | None = None,
+    clock: Callable[[], datetime] = utcnow,
+    observers: Sequence[Observer] = (),
+) -> BurstResult:
+    """Run one burst against `engine` and return what it measured."""
+    if concurrency < 1:
+        raise ValueError(f"burst_concurrency: must be >= 1, got {concurrency}")
+    if not prompts:
+        raise ValueError("prompts: must not be empty")
+    rng = rng or random.Random()
+    offsets = arrivals(rng, rate_per_s, duration_s)
+    chosen = [rng.choice(prompts) for _ in offsets]
+    tally = _Tally()
+    started = clock()
+    t0 = time.monotonic()
+
+    def call(prompt: str, scheduled: float) -> None:
+        picked = time.monotonic()
+        try:
+            r = engine.generate(prompt, max_new_tokens=max_new_tokens, canary=True,
+                                timeout_s=grace_s)
+        except Overloaded:
+            with tally.lock:
+                tally.rejected += 1
+            return
+        except Exception as exc:  # counted; a burst reports failures, it does not raise
+            with tally.lock:
+                tally.errors += 1
+                tally.last_error = f"{type(exc).__name__}: {exc}"
+            return
+        done = time.monotonic()
+        with tally.lock:
+            tally.results.append(r)
+            tally.latency.append(done - scheduled)
+            tally.queue_wait.append((picked - scheduled) + r.queue_wait_s)
+        for observe in observers:
+            # An observer bug must not fail the probe.
+            with contextlib.suppress(Exception):
+                observe(r)
+
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="burst")
+    futures = []
+    try:
+        for offset, prompt in zip(offsets, chosen, strict=True):
+            delay = t0 + offset - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            futures.append(pool.submit(call, prompt, t0 + offset))
+        deadline = t0 + duration_s + grace_s
+        for f in futures:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                f.result(timeout=remaining)
+            except TimeoutError:
+                break
+    finally:
+        # Abandon hung calls: their threads finish (or not) without us.
+        pool.shutdown(wait=False, cancel_futures=True)
+    with tally.lock:
+        unfinished = sum(not f.done() or f.cancelled() for f in futures)
+        results = list(tally.results)
+        info = engine.info
+        status = STATUS_OK
+        error = None
+        if unfinished:
+            status = STATUS_TIMEOUT
+            error = f"{unfinished} burst requests did not finish within duration + {grace_s:g} s"
+        elif tally.errors and not results:
+            status, error = STATUS_ERROR, tally.last_error
+        return BurstResult(
+            instance_id=instance_id, suite=suite, started_at=started, finished_at=clock(),
+            status=status, error=error, rate_per_s=rate_per_s, duration_s=duration_s,
+            concurrency=concurrency, offered=len(offsets), completed=len(results),
+            rejected=tally.rejected, errors=tally.errors, unfinished=unfinished,
+            latency=Distribution.of(tally.latency), queue_wait=Distribution.of(tally.queue_wait),
+            groups=group((VARIANT_DEFAULT, r) for r in results),
+            model_version=info.model_version, config_hash=info.config_hash,
+        )

@@ -1,0 +1,221 @@
+"""A deterministic engine implementing `engine.protocol.Engine` without torch.
+
+Used by tests, benchmarks and demos: latencies are computed from the input and output
+lengths (optionally also slept, scaled), speculative acceptance depends on the domain,
+compile counters move like the real runtime's (a new shape on the exact path recompiles),
+and it can hang, leak memory, raise, or refuse work when its bounded queue is full.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from engine.errors import InvalidRequest, Overloaded
+from engine.protocol import (
+    BUCKET_OVERFLOW,
+    DECODING_DIRECT,
+    DECODING_SPECULATIVE,
+    PATH_COMPILED,
+    PATH_EAGER,
+    PATH_EXACT,
+    PATH_OVERFLOW,
+    CompileSnapshot,
+    EngineInfo,
+    FlagOverride,
+    FlagProvider,
+    GenerateResult,
+    InMemoryFlagProvider,
+    MemorySnapshot,
+    SpecStats,
+    WarmupStatus,
+)
+
+_IN_DOMAIN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz .")
+
+
+@dataclass
+class FakeTimings:
+    """Seconds the fake charges; eager/exact/direct multiply the compiled speculative cost."""
+
+    base_s: float = 0.004
+    per_input_token_s: float = 0.00002
+    per_output_token_s: float = 0.003
+    eager_factor: float = 1.5
+    direct_factor: float = 1.4
+    sleep_scale: float = 0.0  # real seconds slept per charged second (0: no sleeping)
+
+
+@dataclass
+class FakeState:
+    """Counters the fake mutates (inspect them in tests)."""
+
+    calls: int = 0
+    canary_calls: int = 0
+    in_flight: int = 0
+    rss_bytes: int = 100_000_000
+    graphs: int = 0
+    recompiles: Counter[str] = field(default_factory=Counter)
+    compiled_shapes: set[tuple[str, int]] = field(default_factory=set)
+
+
+class FakeEngine:
+    """Thread-safe fake engine; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        buckets: tuple[int, ...] = (16, 32, 64, 128, 256),
+        max_input_tokens: int = 1024,
+        output_tokens: int = 24,
+        acceptance: dict[str, float] | None = None,
+        speculative_k: int = 4,
+        timings: FakeTimings | None = None,
+        flags: FlagProvider | None = None,
+        capacity: int | None = None,
+        leak_bytes_per_call: int = 0,
+        model_version: str = "fake-t5",
+    ) -> None:
+        self.buckets = buckets
+        self.max_input_tokens = max_input_tokens
+        self.output_tokens = output_tokens
+        self.acceptance = acceptance or {"in_domain": 0.8, "shifted": 0.2}
+        self.k = speculative_k
+        self.timings = timings or FakeTimings()
+        self.flag_provider = flags or InMemoryFlagProvider()
+        self.capacity = capacity  # concurrent calls admitted; None = unbounded
+        self.leak_bytes_per_call = leak_bytes_per_call
+        self.state = FakeState()
+        self.hang = threading.Event()  # set: calls block until `release` is set
+        self.release = threading.Event()
+        self.fail_with: BaseException | None = None
+        self._lock = threading.Lock()
+        self._info = EngineInfo(model_version=model_version, config_hash="fakecfg0001",
+                                device="cpu", dtype="float32", buckets=buckets,
+                                speculative_available=True, compile_mode="default")
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.encode()) + 1  # byte-level tokens plus EOS, like the built-in model
+
+    def bucket_for(self, input_tokens: int) -> str:
+        for edge in self.buckets:
+            if input_tokens <= edge:
+                return str(edge)
+        return BUCKET_OVERFLOW
+
+    def domain_of(self, text: str) -> str:
+        """Return "in_domain" for lowercase words, else "shifted"."""
+        return "in_domain" if set(text) <= _IN_DOMAIN_CHARS else "shifted"
+
+    def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
+                 override: FlagOverride | None = None,
+                 timeout_s: float | None = None) -> GenerateResult:
+        n_in = self.count_tokens(text)
+        if n_in > self.max_input_tokens:
+            raise InvalidRequest("text", "too long", value=n_in, limit=self.max_input_tokens)
+        with self._lock:
+            if self.capacity is not None and self.state.in_flight >= self.capacity:
+                raise Overloaded("queue full", retry_after_s=0.1)
+            self.state.in_flight += 1
+        try:
+            return self._generate(text, n_in, max_new_tokens, canary, override)
+        finally:
+            with self._lock:
+                self.state.in_flight -= 1
+
+    def _generate(self, text: str, n_in: int, max_new: int | None, canary: bool,
+                  override: FlagOverride | None) -> GenerateResult:
+        if self.hang.is_set():
+            self.release.wait()
+        if self.fail_with is not None:
+            raise self.fail_with
+        bucket = self.bucket_for(n_in)
+        flags = self.flag_provider.flags()
+        if override is not None:
+            flags = override.apply(flags, bucket)
+        t = self.timings
+        out = min(self.output_tokens, max_new or self.output_tokens)
+        if bucket == BUCKET_OVERFLOW:
+            path, padded = PATH_OVERFLOW, n_in
+        elif not flags.compiled:
+            path, padded = PATH_EAGER, n_in
+        elif not flags.bucketing:
+            path, padded = PATH_EXACT, n_in
+        else:
+            path, padded = PATH_COMPILED, int(bucket)
+        speculative = flags.speculative_for(bucket)
+        per_token = t.per_output_token_s * (1.0 if path in (PATH_COMPILED, PATH_EXACT)
+                                            else t.eager_factor)
+        spec = SpecStats()
+        decoding = DECODING_DIRECT
+        if speculative:
+            decoding = DECODING_SPECULATIVE
+            rate = self.acceptance.get(self.domain_of(text), 0.5)
+            drafts = max(1, round(out / (1 + rate * self.k)))
+            proposed = drafts * self.k
+            accepted = round(proposed * rate)
+            per_pos = tuple(round(drafts * rate ** (i + 1)) for i in range(self.k))
+            spec = SpecStats(drafts=drafts, draft_tokens=proposed, accepted_tokens=accepted,
+                             accepted_per_position=per_pos, target_forwards=drafts)
+            per_token *= (1.0 + 0.3 * self.k) / (1 + rate * self.k)
+        else:
+            per_token *= t.direct_factor
+        with self._lock:
+            st = self.state
+            st.calls += 1
+            st.canary_calls += canary
+            st.rss_bytes += self.leak_bytes_per_call
+            if path in (PATH_COMPILED, PATH_EXACT) and (path, padded) not in st.compiled_shapes:
+                if st.compiled_shapes:
+                    st.recompiles[f"tensor 'input_ids' size mismatch at index 1. "
+                                  f"expected {max(p for _, p in st.compiled_shapes)},"
+                                  f" actual {padded}"] += 1
+                st.compiled_shapes.add((path, padded))
+                st.graphs += 2
+        encoder = t.base_s + t.per_input_token_s * padded
+        ttft = encoder + per_token
+        decode = tuple([per_token] * (out - 1))
+        total = ttft + per_token * (out - 1)
+        if t.sleep_scale > 0:
+            time.sleep(total * t.sleep_scale)
+        return GenerateResult(
+            text="x" * out, output_ids=tuple(range(out)), input_tokens=n_in, bucket=bucket,
+            padded_length=padded, output_tokens=out, path=path, decoding=decoding,
+            queue_wait_s=0.0, encoder_s=encoder, ttft_s=ttft, decode_token_s=decode,
+            total_s=total, spec=spec, canary=canary, probation=False)
+
+    def warm_up(self, *, background: bool = True) -> None:
+        for edge in self.buckets:
+            with self._lock:
+                if (PATH_COMPILED, edge) not in self.state.compiled_shapes:
+                    self.state.compiled_shapes.add((PATH_COMPILED, edge))
+                    self.state.graphs += 2
+
+    def warmup_status(self) -> WarmupStatus:
+        return WarmupStatus(len(self.buckets), len(self.buckets), 0.0, True)
+
+    def compile_snapshot(self) -> CompileSnapshot:
+        with self._lock:
+            rec = dict(self.state.recompiles)
+            return CompileSnapshot(graphs=self.state.graphs, recompiles=sum(rec.values()),
+                                   recompile_reasons=rec)
+
+    def memory_snapshot(self) -> MemorySnapshot:
+        with self._lock:
+            return MemorySnapshot(device="cpu", rss_bytes=self.state.rss_bytes,
+                                  kv_cache_bytes=1_000_000)
+
+    def queue_depth(self) -> int:
+        return 0
+
+    def flag_errors(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.release.set()

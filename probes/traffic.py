@@ -1,0 +1,233 @@
+"""Real-traffic rollups: served requests folded into per-minute, per-shape counters.
+
+Every served (non-canary) GenerateResult adds to the rollup of its minute x instance x
+bucket x path x decoding; canary results are ignored. Rejections and failures have no
+path: they are recorded under path "rejected"/"failed" and decoding "none".
+Keys and deltas are storage.rollups' RollupKey/RollupDelta.
+Memory is bounded by `buffer_max` rollups: a request that would open a new rollup past
+the bound is dropped and counted (`dropped`). `flush(store)` hands the rollups to
+storage (which adds them to the stored rows); when the store raises, the rollups are
+merged back and retried on the next flush, so a down database delays, not loses.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from engine.protocol import PATH_OVERFLOW, GenerateResult
+from probes.measure import add_positions
+from storage.histograms import LATENCY_EDGES_S, TOKEN_EDGES, bin_index
+from storage.rollups import RollupDelta, RollupKey, add_rollups
+from storage.writer import Writer
+
+log = logging.getLogger(__name__)
+
+PATH_REJECTED = "rejected"
+PATH_FAILED = "failed"
+DECODING_NONE = "none"
+
+
+Rollup = tuple[RollupKey, RollupDelta]
+
+
+class _Acc:
+    """Mutable counters of one key (guarded by the recorder's lock)."""
+
+    __slots__ = tuple(f.name for f in fields(RollupDelta))
+
+    def __init__(self, n_lat: int, n_tok: int) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+        self.latency_sum_s = 0.0
+        self.ttft_sum_s = 0.0
+        self.latency_hist = [0] * (n_lat + 1)
+        self.input_len_hist = [0] * (n_tok + 1)
+        self.output_len_hist = [0] * (n_tok + 1)
+        self.accepted_per_position = ()
+
+    def add(self, r: RollupDelta) -> None:
+        for name in self.__slots__:
+            mine, theirs = getattr(self, name), getattr(r, name)
+            if name == "accepted_per_position":
+                setattr(self, name, add_positions(mine, theirs))
+            elif isinstance(mine, list):
+                for i, c in enumerate(theirs):
+                    mine[i] += c
+            else:
+                setattr(self, name, mine + theirs)
+
+    def freeze(self) -> RollupDelta:
+        values = {n: getattr(self, n) for n in self.__slots__}
+        for n in ("latency_hist", "input_len_hist", "output_len_hist"):
+            values[n] = tuple(values[n])
+        return RollupDelta(**values)
+
+
+class TrafficRecorder:
+    """Fold served requests into bounded in-memory per-minute rollups (thread-safe).
+
+    Example:
+        recorder = TrafficRecorder("replica-a", buffer_max=10_000)
+        recorder.record(result)            # after each served request
+        recorder.flush(store_rollups)      # from a periodic job
+    """
+
+    def __init__(self, instance_id: str, *, buffer_max: int = 10_000,
+                 clock: Callable[[], datetime] | None = None,
+                 latency_edges: Sequence[float] = LATENCY_EDGES_S,
+                 token_edges: Sequence[float] = TOKEN_EDGES) -> None:
+        if buffer_max < 1:
+            raise ValueError(f"rollup_buffer_max: must be >= 1, got {buffer_max}")
+        self.instance_id = instance_id
+        self.buffer_max = buffer_max
+        self.clock = clock
+        self.latency_edges = tuple(latency_edges)
+        self.token_edges = tuple(token_edges)
+        self._lock = threading.Lock()
+        # Plain-tuple keys (minute, bucket, path, decoding): record() runs on every request.
+        self._accs: dict[tuple[datetime, str, str, str], _Acc] = {}
+        self._minute_cache: tuple[int, datetime] = (-1, datetime.min.replace(tzinfo=UTC))
+        self.dropped = 0  # requests lost because the buffer was full
+        self.flush_failures = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._accs)
+
+    def _minute(self) -> datetime:
+        if self.clock is not None:
+            return self.clock().replace(second=0, microsecond=0)
+        epoch_minute = int(time.time() // 60)
+        cached = self._minute_cache  # one tuple: read and replaced atomically
+        if cached[0] != epoch_minute:
+            cached = (epoch_minute, datetime.fromtimestamp(epoch_minute * 60, UTC))
+            self._minute_cache = cached
+        return cached[1]
+
+    def _key(self, bucket: str, path: str, decoding: str) -> tuple[datetime, str, str, str]:
+        return (self._minute(), bucket, path, decoding)
+
+    def _acc(self, key: tuple[datetime, str, str, str]) -> _Acc | None:
+        acc = self._accs.get(key)
+        if acc is None:
+            if len(self._accs) >= self.buffer_max:
+                self.dropped += 1
+                return None
+            acc = self._accs[key] = _Acc(len(self.latency_edges), len(self.token_edges))
+        return acc
+
+    def record(self, r: GenerateResult) -> None:
+        """Add one served request; canary results are ignored."""
+        if r.canary:
+            return
+        key = self._key(r.bucket, r.path, r.decoding)
+        lat_i = bin_index(r.total_s, self.latency_edges)
+        in_i = bin_index(r.input_tokens, self.token_edges)
+        out_i = bin_index(r.output_tokens, self.token_edges)
+        spec = r.spec
+        with self._lock:
+            a = self._acc(key)
+            if a is None:
+                return
+            a.requests += 1
+            a.overflow += r.path == PATH_OVERFLOW
+            a.latency_sum_s += r.total_s
+            a.latency_hist[lat_i] += 1
+            a.ttft_sum_s += r.ttft_s
+            a.input_tokens_sum += r.input_tokens
+            a.padded_tokens_sum += r.padded_length
+            a.output_tokens_sum += r.output_tokens
+            a.input_len_hist[in_i] += 1
+            a.output_len_hist[out_i] += 1
+            if spec.drafts or spec.draft_tokens:
+                a.drafts += spec.drafts
+                a.draft_tokens += spec.draft_tokens
+                a.accepted_tokens += spec.accepted_tokens
+                a.accepted_per_position = add_positions(a.accepted_per_position,
+                                                        spec.accepted_per_position)
+            if r.probation:
+                a.probation_requests += 1
+                a.probation_draft_tokens += spec.draft_tokens
+                a.probation_accepted += spec.accepted_tokens
+
+    def record_rejection(self, bucket: str) -> None:
+        """Count a request the engine refused (Overloaded) in `bucket`."""
+        with self._lock:
+            a = self._acc(self._key(bucket, PATH_REJECTED, DECODING_NONE))
+            if a is not None:
+                a.rejections += 1
+
+    def record_error(self, bucket: str) -> None:
+        """Count a request that failed inside the engine in `bucket`."""
+        with self._lock:
+            a = self._acc(self._key(bucket, PATH_FAILED, DECODING_NONE))
+            if a is not None:
+                a.errors += 1
+
+    def drain(self) -> list[Rollup]:
+        """Return and forget every rollup held."""
+        with self._lock:
+            accs, self._accs = self._accs, {}
+        return [(RollupKey(k[0], self.instance_id, k[1], k[2], k[3]), a.freeze())
+                for k, a in accs.items()]
+
+    def restore(self, rollups: Iterable[Rollup]) -> None:
+        """Merge rollups back (after a failed store); past the bound they are dropped."""
+        with self._lock:
+            for rkey, delta in rollups:
+                key = (rkey.minute, rkey.bucket, rkey.path, rkey.decoding)
+                acc = self._accs.get(key)
+                if acc is None:
+                    if len(self._accs) >= self.buffer_max:
+                        self.dropped += delta.requests + delta.rejections + delta.errors
+                        continue
+                    acc = self._accs[key] = _Acc(len(self.latency_edges),
+                                                 len(self.token_edges))
+                acc.add(delta)
+
+    def flush(self, store: Callable[[Sequence[Rollup]], object]) -> int:
+        """Hand every rollup to `store`; on failure keep them for the next flush.
+
+        Returns the number of rollups stored; raises what `store` raised.
+        """
+        records = self.drain()
+        if not records:
+            return 0
+        try:
+            store(records)
+        except Exception:
+            self.flush_failures += 1
+            self.restore(records)
+            raise
+        return len(records)
+
+
+def sql_store(sessions: sessionmaker[Session]) -> Callable[[Sequence[Rollup]], object]:
+    """Return a store for `TrafficRecorder.flush` adding rollups in one transaction."""
+
+    def store(rollups: Sequence[Rollup]) -> None:
+        with sessions.begin() as session:
+            add_rollups(session, rollups)
+
+    return store
+
+
+def writer_store(writer: Writer) -> Callable[[Sequence[Rollup]], object]:
+    """Return a store handing rollups to a storage Writer (retried while the DB is down).
+
+    A full writer queue raises BufferError, so `flush` keeps the rollups for next time.
+    """
+
+    def store(rollups: Sequence[Rollup]) -> None:
+        items = list(rollups)
+        if not writer.submit(lambda session: add_rollups(session, items)):
+            raise BufferError("storage writer queue is full")
+
+    return store

@@ -1,0 +1,126 @@
+"""Engine and session factories for SQLite (default) and PostgreSQL.
+
+SQLite runs in WAL mode with a busy timeout, foreign keys on, and every
+transaction opened with BEGIN IMMEDIATE: a transaction that reads then writes
+can otherwise fail at once with "database is locked" (the busy timeout does not
+cover a deferred read lock that must be upgraded), so writers queue instead.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage.errors import InvalidQuery
+
+DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Return `url` parsed, with PostgreSQL URLs rewritten to the psycopg 3 driver."""
+    if isinstance(url, str):
+        if not url.strip():
+            raise InvalidQuery("database_url", "must not be empty", value=url)
+        if url.startswith("postgres://"):
+            url = "postgresql://" + url[len("postgres://"):]
+        try:
+            parsed = make_url(url)
+        except ArgumentError as exc:
+            raise InvalidQuery("database_url", f"cannot parse {url!r}", value=url) from exc
+    else:
+        parsed = url
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise InvalidQuery(
+            "database_url", f"unsupported database {backend!r} (use sqlite or postgresql)",
+            value=parsed.render_as_string(hide_password=True),
+        )
+    return parsed
+
+
+compact_json = partial(json.dumps, separators=(",", ":"))
+
+
+def make_engine(
+    url: str | URL = DEFAULT_DB_URL,
+    *,
+    busy_timeout_s: float = 15.0,
+    create_parent: bool = True,
+    connect_timeout_s: int = 10,
+    **kwargs: Any,
+) -> Engine:
+    """Create an engine for `url` with tailwatch's connection settings.
+
+    Args:
+        url: SQLAlchemy URL; `postgresql://` and `postgres://` use psycopg 3.
+        busy_timeout_s: SQLite only: how long a writer waits for the lock.
+        create_parent: SQLite only: create the database file's directory.
+        connect_timeout_s: PostgreSQL only: TCP connect timeout.
+        kwargs: passed to `sqlalchemy.create_engine`.
+    """
+    parsed = normalize_url(url)
+    # Compact JSON: histogram lists are most of a rollup row.
+    kwargs.setdefault("json_serializer", compact_json)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, busy_timeout_s, create_parent, kwargs)
+    connect_args = {"connect_timeout": connect_timeout_s, **kwargs.pop("connect_args", {})}
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(parsed, connect_args=connect_args, **kwargs)
+
+
+def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
+                   kwargs: dict[str, Any]) -> Engine:
+    database = url.database or ""
+    in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
+    if create_parent and not in_memory:
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    connect_args = {
+        "check_same_thread": False,
+        "timeout": busy_timeout_s,
+        **kwargs.pop("connect_args", {}),
+    }
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    busy_ms = int(busy_timeout_s * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not pysqlite, decide when transactions begin (see "begin").
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            if not in_memory:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            # 16 MiB page cache per connection (default 2 MiB): report queries scan weeks.
+            cursor.execute("PRAGMA cache_size=-16384")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Return a session factory bound to `engine` (objects stay readable after commit)."""
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def dialect_name(session_or_engine: Session | Engine) -> str:
+    """Return "sqlite" or "postgresql" for a session or engine."""
+    bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
+    return bind.dialect.name

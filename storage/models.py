@@ -1,0 +1,438 @@
+"""SQLAlchemy 2.0 tables: what tailwatch records and what it decides.
+
+Every timestamp column is a `UTCDateTime`: timezone-aware UTC in Python on SQLite
+and PostgreSQL alike. Counters default to 0 so writers may leave them out.
+Histogram columns hold JSON lists of counts over the fixed edges of
+`storage.histograms` (len(edges) + 1 entries, the last one counting values above
+the last edge). Label and reason maps are JSON objects.
+
+Tables and their classes:
+    probe_runs          ProbeRun        one canary cycle, burst or A/B probe
+    probe_results       ProbeResult     per run x bucket x path x decoding x variant
+    traffic_rollups     TrafficRollup   real traffic per minute x instance x bucket x path x decoding
+    memory_samples      MemorySample
+    compile_events      CompileEvent    compile counter deltas (CompileDelta)
+    baselines           Baseline
+    alerts              Alert           + alert_transitions AlertTransition
+    webhook_deliveries  WebhookDelivery the outbox
+    flags               Flag            + flag_audits FlagAudit
+    reports             Report
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Allowed values of the enumerated string columns (checked by the database too).
+RUN_STATUSES = ("ok", "error", "timeout")
+RUN_KINDS = ("cycle", "burst", "ab")
+VARIANT_OPTIMIZED = "optimized"
+VARIANTS = (VARIANT_OPTIMIZED, "eager", "direct", "exact")
+BASELINE_KINDS = ("rolling", "pinned")
+ALERT_STATES = ("pending", "firing", "resolved")
+DELIVERY_STATES = ("pending", "delivered", "failed")
+FLAG_SOURCES = ("manual", "auto")
+FLAG_SCOPE_GLOBAL = "global"
+
+
+def utcnow() -> datetime:
+    """Return the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def scope_key(labels: Mapping[str, object]) -> str:
+    """Return the canonical string of a label map: sorted `k=v` joined by commas."""
+    return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class NaiveDatetimeError(ValueError):
+    """A naive datetime was bound to a UTC column."""
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Store aware datetimes as UTC; return them aware UTC (SQLite keeps naive UTC text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise TypeError(f"expected a datetime, got {type(value).__name__}")
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise NaiveDatetimeError(f"naive datetime {value.isoformat()}: pass a timezone-aware one")
+        value = value.astimezone(UTC)
+        # SQLite compares text: keep one format (naive UTC) so ranges order correctly.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def _json() -> JSON:
+    # none_as_null: a Python None is SQL NULL, not the JSON literal 'null'.
+    return JSON(none_as_null=True)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a naming convention Alembic can rely on."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ProbeRun(Base):
+    """One probe execution: a canary cycle, a burst or an A/B comparison."""
+
+    __tablename__ = "probe_runs"
+    __table_args__ = (
+        CheckConstraint(_in("status", RUN_STATUSES), name="status"),
+        CheckConstraint(_in("kind", RUN_KINDS), name="kind"),
+        Index("ix_probe_runs_kind_started_at", "kind", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(16), default="ok")
+    error: Mapped[str | None] = mapped_column(Text)
+    instance_id: Mapped[str] = mapped_column(String(128))
+    model_version: Mapped[str] = mapped_column(String(128), default="")
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    device: Mapped[str] = mapped_column(String(32), default="")
+    suite: Mapped[str] = mapped_column(String(64), default="")
+    kind: Mapped[str] = mapped_column(String(16), default="cycle")
+    # Burst probes only.
+    rate_per_s: Mapped[float | None] = mapped_column(Float)
+    requests: Mapped[int | None] = mapped_column(Integer)
+    rejections: Mapped[int | None] = mapped_column(Integer)
+    queue_wait_p95_s: Mapped[float | None] = mapped_column(Float)
+    details: Mapped[dict[str, Any] | None] = mapped_column(_json())
+
+    results: Mapped[list[ProbeResult]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class ProbeResult(Base):
+    """Aggregate of one run's canaries in one bucket x path x decoding x variant.
+
+    count: requests sent (errors included); errors: requests that failed.
+    Latencies in seconds over the successful requests; `at` repeats the run's
+    start so time-window queries need no join.
+    """
+
+    __tablename__ = "probe_results"
+    __table_args__ = (
+        UniqueConstraint("run_id", "bucket", "path", "decoding", "variant"),
+        Index("ix_probe_results_at_bucket", "at", "bucket"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("probe_runs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    bucket: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(String(16))
+    decoding: Mapped[str] = mapped_column(String(16))
+    variant: Mapped[str] = mapped_column(String(16), default=VARIANT_OPTIMIZED)
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    p50_s: Mapped[float | None] = mapped_column(Float)
+    p95_s: Mapped[float | None] = mapped_column(Float)
+    p99_s: Mapped[float | None] = mapped_column(Float)
+    max_s: Mapped[float | None] = mapped_column(Float)
+    ttft_p50_s: Mapped[float | None] = mapped_column(Float)
+    ttft_p95_s: Mapped[float | None] = mapped_column(Float)
+    per_token_p50_s: Mapped[float | None] = mapped_column(Float)
+    input_tokens_min: Mapped[int | None] = mapped_column(Integer)
+    input_tokens_mean: Mapped[float | None] = mapped_column(Float)
+    input_tokens_max: Mapped[int | None] = mapped_column(Integer)
+    padded_length: Mapped[int | None] = mapped_column(Integer)
+    padding_waste: Mapped[float | None] = mapped_column(Float)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    drafts: Mapped[int] = mapped_column(Integer, default=0)
+    draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    accepted_per_position: Mapped[list[int]] = mapped_column(_json(), default=list)
+
+    run: Mapped[ProbeRun] = relationship(back_populates="results")
+
+
+class TrafficRollup(Base):
+    """Real (non-canary) traffic of one minute; writers add to it via storage.rollups."""
+
+    __tablename__ = "traffic_rollups"
+    __table_args__ = (
+        UniqueConstraint("minute", "instance_id", "bucket", "path", "decoding"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    minute: Mapped[datetime] = mapped_column(UTCDateTime)
+    instance_id: Mapped[str] = mapped_column(String(128))
+    bucket: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(String(16))
+    decoding: Mapped[str] = mapped_column(String(16))
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    rejections: Mapped[int] = mapped_column(Integer, default=0)
+    overflow: Mapped[int] = mapped_column(Integer, default=0)
+    latency_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_hist: Mapped[list[int]] = mapped_column(_json(), default=list)
+    ttft_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
+    input_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
+    padded_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
+    input_len_hist: Mapped[list[int]] = mapped_column(_json(), default=list)
+    output_len_hist: Mapped[list[int]] = mapped_column(_json(), default=list)
+    drafts: Mapped[int] = mapped_column(Integer, default=0)
+    draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    accepted_per_position: Mapped[list[int]] = mapped_column(_json(), default=list)
+    probation_requests: Mapped[int] = mapped_column(Integer, default=0)
+    probation_draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    probation_accepted: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class MemorySample(Base):
+    """Process and device memory at one moment (bytes; CUDA fields None on CPU)."""
+
+    __tablename__ = "memory_samples"
+    __table_args__ = (Index("ix_memory_samples_instance_id_at", "instance_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    instance_id: Mapped[str] = mapped_column(String(128))
+    device: Mapped[str] = mapped_column(String(32), default="")
+    rss_bytes: Mapped[int] = mapped_column(BigInteger)
+    kv_cache_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    cuda_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cuda_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cuda_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cuda_alloc_retries: Mapped[int | None] = mapped_column(Integer)
+    cuda_ooms: Mapped[int | None] = mapped_column(Integer)
+
+
+class CompileEvent(Base):
+    """Compile counters that changed between two snapshots (an engine.CompileDelta)."""
+
+    __tablename__ = "compile_events"
+    __table_args__ = (Index("ix_compile_events_instance_id_at", "instance_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    instance_id: Mapped[str] = mapped_column(String(128))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("probe_runs.id", ondelete="SET NULL"))
+    graphs: Mapped[int] = mapped_column(Integer, default=0)
+    recompiles: Mapped[int] = mapped_column(Integer, default=0)
+    recompile_reasons: Mapped[dict[str, int]] = mapped_column(_json(), default=dict)
+    graph_breaks: Mapped[int] = mapped_column(Integer, default=0)
+    graph_break_reasons: Mapped[dict[str, int]] = mapped_column(_json(), default=dict)
+    compile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    limit_hits: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Baseline(Base):
+    """A reference value of a metric in a scope (labels), rolling or pinned by a person."""
+
+    __tablename__ = "baselines"
+    __table_args__ = (
+        CheckConstraint(_in("kind", BASELINE_KINDS), name="kind"),
+        Index("ix_baselines_metric_scope_key_active", "metric", "scope_key", "active"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    metric: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[dict[str, str]] = mapped_column(_json(), default=dict)
+    scope_key: Mapped[str] = mapped_column(String(255), default="")  # storage.models.scope_key(scope)
+    value: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    window_start: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    window_end: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(16), default="rolling")
+    model_version: Mapped[str] = mapped_column(String(128), default="")
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    pinned_by: Mapped[str | None] = mapped_column(String(128))
+    note: Mapped[str | None] = mapped_column(Text)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Alert(Base):
+    """One alert's lifecycle; at most one non-resolved alert per fingerprint."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        CheckConstraint(_in("state", ALERT_STATES), name="state"),
+        Index(
+            "uq_alerts_fingerprint_open",
+            "fingerprint",
+            unique=True,
+            sqlite_where=text("state != 'resolved'"),
+            postgresql_where=text("state != 'resolved'"),
+        ),
+        Index("ix_alerts_state_started_at", "state", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    rule: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, str]] = mapped_column(_json(), default=dict)
+    annotations: Mapped[dict[str, str]] = mapped_column(_json(), default=dict)
+    severity: Mapped[str] = mapped_column(String(16), default="warning")
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    value: Mapped[float | None] = mapped_column(Float)
+    baseline: Mapped[float | None] = mapped_column(Float)
+    relative_change: Mapped[float | None] = mapped_column(Float)
+    threshold: Mapped[float | None] = mapped_column(Float)
+    consecutive_breaches: Mapped[int] = mapped_column(Integer, default=0)
+    consecutive_ok: Mapped[int] = mapped_column(Integer, default=0)
+
+    transitions: Mapped[list[AlertTransition]] = relationship(
+        back_populates="alert",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="AlertTransition.id",
+    )
+
+
+class AlertTransition(Base):
+    """One state change of an alert (from_state None when the alert was created)."""
+
+    __tablename__ = "alert_transitions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    alert_id: Mapped[int] = mapped_column(
+        ForeignKey("alerts.id", ondelete="CASCADE"), index=True
+    )
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)
+    baseline: Mapped[float | None] = mapped_column(Float)
+    relative_change: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+    alert: Mapped[Alert] = relationship(back_populates="transitions")
+
+
+class WebhookDelivery(Base):
+    """One message to one webhook target (the outbox row a sender works off)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("target", "idempotency_key"),
+        CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
+        Index("ix_webhook_deliveries_state_next_attempt_at", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(Text)
+    format: Mapped[str] = mapped_column(String(32), default="alertmanager")
+    payload: Mapped[dict[str, Any]] = mapped_column(_json())
+    idempotency_key: Mapped[str] = mapped_column(String(128))
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="SET NULL"))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Flag(Base):
+    """A runtime flag value in a scope ("global" or a bucket label such as "64")."""
+
+    __tablename__ = "flags"
+    __table_args__ = (
+        UniqueConstraint("name", "scope", "source"),
+        CheckConstraint(_in("source", FLAG_SOURCES), name="source"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(64), default=FLAG_SCOPE_GLOBAL)
+    value: Mapped[Any] = mapped_column(_json())
+    source: Mapped[str] = mapped_column(String(16), default="manual")
+    reason: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(128), default="")
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class FlagAudit(Base):
+    """One change to a flag: who, when, what, why (kept forever)."""
+
+    __tablename__ = "flag_audits"
+    __table_args__ = (Index("ix_flag_audits_name_scope_at", "name", "scope", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(64), default=FLAG_SCOPE_GLOBAL)
+    actor: Mapped[str] = mapped_column(String(128), default="")
+    source: Mapped[str] = mapped_column(String(16), default="manual")
+    action: Mapped[str] = mapped_column(String(16))  # e.g. set / clear / expire
+    old_value: Mapped[Any] = mapped_column(_json(), nullable=True)
+    new_value: Mapped[Any] = mapped_column(_json(), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Report(Base):
+    """A weekly assumption-review report; one per ISO week ("2026-W48")."""
+
+    __tablename__ = "reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    week: Mapped[str] = mapped_column(String(10), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    markdown: Mapped[str] = mapped_column(Text, default="")
+    html: Mapped[str] = mapped_column(Text, default="")
+    summary: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)

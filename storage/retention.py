@@ -1,0 +1,87 @@
+"""Delete data past its retention (the daily retention job calls `prune`).
+
+Raw canary data (probe runs and results, memory samples) is kept `raw_days`;
+per-minute rollups, compile events, delivered or failed webhooks, resolved alerts
+and superseded rolling baselines are kept `rollup_days`. Flag audits and reports
+are never pruned. Measured size: see bench.storage and tests/storage/test_retention.py
+(30 days of 1-minute cycles on 5 buckets, 14 raw days: well under 200 MB on SQLite).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import CursorResult, Delete, delete, select
+from sqlalchemy.orm import Session
+
+from storage.errors import InvalidQuery
+from storage.models import (
+    Alert,
+    Baseline,
+    CompileEvent,
+    MemorySample,
+    ProbeResult,
+    ProbeRun,
+    TrafficRollup,
+    WebhookDelivery,
+)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """Rows deleted per table."""
+
+    probe_runs: int = 0
+    probe_results: int = 0
+    memory_samples: int = 0
+    compile_events: int = 0
+    traffic_rollups: int = 0
+    webhook_deliveries: int = 0
+    alerts: int = 0
+    baselines: int = 0
+
+    @property
+    def total(self) -> int:
+        """Return all rows deleted."""
+        return sum(getattr(self, f) for f in self.__dataclass_fields__)
+
+
+def prune(session: Session, now: datetime, raw_days: int, rollup_days: int) -> PruneResult:
+    """Delete rows older than their retention; the caller commits."""
+    if raw_days < 1:
+        raise InvalidQuery("raw_days", f"must be at least 1, got {raw_days}", value=raw_days)
+    if rollup_days < raw_days:
+        raise InvalidQuery("rollup_days", f"must be at least raw_days ({raw_days}), got "
+                           f"{rollup_days}", value=rollup_days)
+    raw_cut = now - timedelta(days=raw_days)
+    rollup_cut = now - timedelta(days=rollup_days)
+
+    def run(stmt: Delete) -> int:
+        result = session.execute(stmt, execution_options={"synchronize_session": False})
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    old_runs = select(ProbeRun.id).where(ProbeRun.started_at < raw_cut).scalar_subquery()
+    # Results first: do not rely on ON DELETE CASCADE being enforced.
+    results = run(delete(ProbeResult).where(ProbeResult.at < raw_cut))
+    results += run(delete(ProbeResult).where(ProbeResult.run_id.in_(old_runs)))
+    compile_events = run(delete(CompileEvent).where(CompileEvent.at < rollup_cut))
+    session.execute(
+        CompileEvent.__table__.update().where(CompileEvent.run_id.in_(old_runs)).values(run_id=None)
+    )
+    return PruneResult(
+        probe_results=results,
+        compile_events=compile_events,
+        probe_runs=run(delete(ProbeRun).where(ProbeRun.started_at < raw_cut)),
+        memory_samples=run(delete(MemorySample).where(MemorySample.at < raw_cut)),
+        traffic_rollups=run(delete(TrafficRollup).where(TrafficRollup.minute < rollup_cut)),
+        webhook_deliveries=run(delete(WebhookDelivery).where(
+            WebhookDelivery.state.in_(("delivered", "failed")),
+            WebhookDelivery.created_at < rollup_cut,
+        )),
+        alerts=run(delete(Alert).where(Alert.state == "resolved", Alert.resolved_at < rollup_cut)),
+        baselines=run(delete(Baseline).where(
+            Baseline.kind == "rolling", Baseline.active.is_(False), Baseline.created_at < rollup_cut
+        )),
+    )

@@ -1,0 +1,197 @@
+"""Add real-traffic counts to per-minute rollups (insert or add, on both databases).
+
+Writers accumulate `RollupDelta`s in memory and call `add_rollups(session, ...)`
+from a `storage.writer.Writer` job. Two instances never touch the same row
+(instance_id is in the key), but two writers of one instance may race: the row is
+locked (`FOR UPDATE` on PostgreSQL, in key order; SQLite writers are serialized
+by BEGIN IMMEDIATE), and a lost insert race falls back to adding to the winner's row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+
+from sqlalchemy import select, tuple_
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from storage import histograms
+from storage.models import NaiveDatetimeError, TrafficRollup
+
+_HISTS = ("latency_hist", "input_len_hist", "output_len_hist", "accepted_per_position")
+
+
+def truncate_minute(at: datetime) -> datetime:
+    """Return `at` truncated to its minute (must be timezone-aware)."""
+    if at.tzinfo is None:
+        raise NaiveDatetimeError(f"minute: naive datetime {at.isoformat()}")
+    return at.replace(second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class RollupKey:
+    """What identifies a rollup row; `minute` is truncated on construction."""
+
+    minute: datetime
+    instance_id: str
+    bucket: str
+    path: str
+    decoding: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "minute", truncate_minute(self.minute))
+
+
+@dataclass(frozen=True)
+class RollupDelta:
+    """Counts to add to one rollup row (histograms over storage.histograms edges)."""
+
+    requests: int = 0
+    errors: int = 0
+    rejections: int = 0
+    overflow: int = 0
+    latency_sum_s: float = 0.0
+    latency_hist: tuple[int, ...] = ()
+    ttft_sum_s: float = 0.0
+    input_tokens_sum: int = 0
+    padded_tokens_sum: int = 0
+    output_tokens_sum: int = 0
+    input_len_hist: tuple[int, ...] = ()
+    output_len_hist: tuple[int, ...] = ()
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = field(default=())
+    probation_requests: int = 0
+    probation_draft_tokens: int = 0
+    probation_accepted: int = 0
+
+    @classmethod
+    def for_request(
+        cls,
+        *,
+        latency_s: float,
+        ttft_s: float,
+        input_tokens: int,
+        padded_length: int,
+        output_tokens: int,
+        overflow: bool = False,
+        drafts: int = 0,
+        draft_tokens: int = 0,
+        accepted_tokens: int = 0,
+        accepted_per_position: Sequence[int] = (),
+        probation: bool = False,
+    ) -> RollupDelta:
+        """Return the delta of one successful request."""
+        lat = histograms.empty(histograms.LATENCY_EDGES_S)
+        lat[histograms.bin_index(latency_s, histograms.LATENCY_EDGES_S)] = 1
+        inp = histograms.empty(histograms.TOKEN_EDGES)
+        inp[histograms.bin_index(input_tokens, histograms.TOKEN_EDGES)] = 1
+        out = histograms.empty(histograms.TOKEN_EDGES)
+        out[histograms.bin_index(output_tokens, histograms.TOKEN_EDGES)] = 1
+        return cls(
+            requests=1, overflow=int(overflow), latency_sum_s=latency_s, latency_hist=tuple(lat),
+            ttft_sum_s=ttft_s, input_tokens_sum=input_tokens, padded_tokens_sum=padded_length,
+            output_tokens_sum=output_tokens, input_len_hist=tuple(inp), output_len_hist=tuple(out),
+            drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted_tokens,
+            accepted_per_position=tuple(accepted_per_position),
+            probation_requests=int(probation),
+            probation_draft_tokens=draft_tokens if probation else 0,
+            probation_accepted=accepted_tokens if probation else 0,
+        )
+
+    def merge(self, other: RollupDelta) -> RollupDelta:
+        """Return the sum of two deltas."""
+        values = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            values[f.name] = tuple(histograms.add(a, b)) if f.name in _HISTS else a + b
+        return RollupDelta(**values)
+
+
+def _apply(row: TrafficRollup, delta: RollupDelta) -> None:
+    for f in fields(delta):
+        value = getattr(delta, f.name)
+        if f.name in _HISTS:
+            # Assign a new list: JSON columns do not track in-place changes.
+            setattr(row, f.name, histograms.add(getattr(row, f.name) or [], value))
+        elif value:
+            setattr(row, f.name, (getattr(row, f.name) or 0) + value)
+
+
+def _new_row(key: RollupKey, delta: RollupDelta) -> TrafficRollup:
+    row = TrafficRollup(
+        minute=key.minute, instance_id=key.instance_id, bucket=key.bucket,
+        path=key.path, decoding=key.decoding,
+    )
+    for f in fields(delta):
+        value = getattr(delta, f.name)
+        setattr(row, f.name, list(value) if f.name in _HISTS else value)
+    return row
+
+
+def merge_deltas(items: Iterable[tuple[RollupKey, RollupDelta]]) -> dict[RollupKey, RollupDelta]:
+    """Return the deltas summed per key."""
+    merged: dict[RollupKey, RollupDelta] = {}
+    for key, delta in items:
+        prev = merged.get(key)
+        merged[key] = delta if prev is None else prev.merge(delta)
+    return merged
+
+
+def add_rollups(session: Session, items: Iterable[tuple[RollupKey, RollupDelta]]) -> int:
+    """Add each delta to its row, creating missing rows; return the rows touched."""
+    merged = merge_deltas(items)
+    if not merged:
+        return 0
+    # One lock order for every writer (rows locked, then rows inserted, both sorted):
+    # two transactions adding to the same keys queue instead of deadlocking.
+    merged = dict(sorted(merged.items(), key=lambda kv: _sort_key(kv[0])))
+    existing = _load(session, list(merged))
+    missing = [k for k in merged if k not in existing]
+    for key, row in existing.items():
+        _apply(row, merged[key])
+    if missing:
+        try:
+            with session.begin_nested():
+                session.add_all([_new_row(k, merged[k]) for k in missing])
+        except IntegrityError:
+            # Another writer inserted some of these rows meanwhile: add to theirs.
+            for key in missing:
+                _add_one(session, key, merged[key])
+    session.flush()
+    return len(merged)
+
+
+def _add_one(session: Session, key: RollupKey, delta: RollupDelta) -> None:
+    row = _load(session, [key]).get(key)
+    if row is not None:
+        _apply(row, delta)
+        return
+    with session.begin_nested():
+        session.add(_new_row(key, delta))
+
+
+def _sort_key(key: RollupKey) -> tuple[datetime, str, str, str, str]:
+    return (key.minute, key.instance_id, key.bucket, key.path, key.decoding)
+
+
+def _load(session: Session, keys: list[RollupKey]) -> dict[RollupKey, TrafficRollup]:
+    cols = (TrafficRollup.minute, TrafficRollup.instance_id, TrafficRollup.bucket,
+            TrafficRollup.path, TrafficRollup.decoding)
+    out: dict[RollupKey, TrafficRollup] = {}
+    for i in range(0, len(keys), 200):
+        chunk = keys[i:i + 200]
+        stmt = (
+            select(TrafficRollup)
+            .where(tuple_(*cols).in_([(k.minute, k.instance_id, k.bucket, k.path, k.decoding)
+                                      for k in chunk]))
+            .order_by(*cols)
+            .with_for_update()
+        )
+        for row in session.scalars(stmt):
+            key = RollupKey(row.minute, row.instance_id, row.bucket, row.path, row.decoding)
+            out[key] = row
+    return out

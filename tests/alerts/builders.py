@@ -1,0 +1,57 @@
+"""Rows that the probes and the traffic recorder would write, built by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from storage import histograms
+from storage.models import ProbeResult, ProbeRun, TrafficRollup
+
+
+def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
+              acceptance: Mapping[str, float] | None = None, instance: str = "i1",
+              model_version: str = "m1", config_hash: str = "c1", count: int = 4,
+              variant: str = "optimized", kind: str = "cycle") -> ProbeRun:
+    """Add one canary cycle: per bucket its p99 (seconds) and optionally its acceptance."""
+    run = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=5), status="ok",
+                   instance_id=instance, model_version=model_version,
+                   config_hash=config_hash, suite="in_domain", kind=kind)
+    for bucket, v in p99.items():
+        acc = (acceptance or {}).get(bucket, 0.8)
+        run.results.append(ProbeResult(
+            at=at, bucket=bucket, path="compiled", decoding="speculative", variant=variant,
+            count=count, errors=0, p50_s=v * 0.8, p95_s=v * 0.95, p99_s=v, max_s=v,
+            ttft_p95_s=v / 4, per_token_p50_s=v / 40, padding_waste=0.1, output_tokens=40,
+            drafts=25, draft_tokens=100, accepted_tokens=int(round(100 * acc))))
+    session.add(run)
+    return run
+
+
+def add_traffic(session: Session, minute: datetime, bucket: str, *, requests: int = 20,
+                acceptance: float | None = 0.8, latency_s: float = 0.1,
+                probation: int = 0, probation_acceptance: float | None = None,
+                instance: str = "i1") -> None:
+    """Add one minute of real traffic in one bucket (speculative and probation rows)."""
+    hist = histograms.empty(histograms.LATENCY_EDGES_S)
+    hist[histograms.bin_index(latency_s, histograms.LATENCY_EDGES_S)] = requests
+    drafted = requests * 40 if acceptance is not None else 0
+    p_drafted = probation * 40
+    p_acc = int(round(p_drafted * (probation_acceptance or 0.0)))
+    decoding = "speculative" if acceptance is not None else "direct"
+    session.add(TrafficRollup(
+        minute=minute, instance_id=instance, bucket=bucket, path="compiled", decoding=decoding,
+        requests=requests, latency_sum_s=latency_s * requests, latency_hist=hist,
+        ttft_sum_s=latency_s / 4 * requests, input_tokens_sum=50 * requests,
+        padded_tokens_sum=64 * requests, output_tokens_sum=40 * requests,
+        drafts=drafted // 4, draft_tokens=drafted,
+        accepted_tokens=int(round(drafted * (acceptance or 0.0)))))
+    if probation:
+        session.add(TrafficRollup(
+            minute=minute, instance_id=instance, bucket=bucket, path="compiled",
+            decoding="speculative", requests=probation, latency_sum_s=latency_s * probation,
+            latency_hist=[0] * len(hist), drafts=p_drafted // 4, draft_tokens=p_drafted,
+            accepted_tokens=p_acc, probation_requests=probation,
+            probation_draft_tokens=p_drafted, probation_accepted=p_acc))

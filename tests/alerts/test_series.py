@@ -1,0 +1,111 @@
+"""Per-cycle series read from stored rows, and the compile -> eager fallback path."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.baselines import BaselineConfig
+from alerts.evaluator import evaluate
+from alerts.flags import FlagStore
+from alerts.policy import load_policy
+from alerts.rules import load_rules, parse_rule
+from alerts.series import RowCache, series
+from storage.models import CompileEvent, MemorySample, ProbeRun
+from tests.alerts.builders import add_cycle, add_traffic
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def minute(i: float) -> datetime:
+    return T0 + timedelta(minutes=i)
+
+
+def rule(**raw: object):
+    return parse_rule({"name": "r", "change": "+20%", **raw})
+
+
+def test_canary_traffic_and_burst_series(sessionmaker: sessionmaker[Session]):
+    with sessionmaker.begin() as s:
+        for i in range(3):
+            add_cycle(s, minute(i) + timedelta(seconds=1), {"16": 0.05, "64": 0.1 * (i + 1)},
+                      acceptance={"64": 0.5})
+            add_traffic(s, minute(i), "64", latency_s=0.09, acceptance=0.6)
+        s.add(ProbeRun(started_at=minute(1.5), instance_id="i1", kind="cycle", status="timeout"))
+        s.add(ProbeRun(started_at=minute(2), instance_id="i1", kind="burst", status="ok",
+                       requests=40, rejections=4, details={"latency_p99_s": 0.4}))
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        p99 = series(rule(metric="p99_latency"), cache, minute(0), minute(3))
+        assert [p.value for p in p99[(("bucket", "64"),)]] == pytest.approx([0.1, 0.2, 0.3])
+        acc = series(rule(metric="acceptance_rate"), cache, minute(0), minute(3))
+        assert [p.value for p in acc[(("bucket", "64"),)]] == pytest.approx([0.5] * 3)
+        fails = series(rule(metric="probe_failures", per="all"), cache, minute(0), minute(3))
+        assert [p.value for p in fails[()]] == pytest.approx([0.0, 1 / 9, 0.0])
+        tp99 = series(rule(metric="p99_latency", source="traffic"), cache, minute(0), minute(3))
+        v = tp99[(("bucket", "64"),)][0]
+        assert 0.075 < v.value <= 0.1 and v.samples == 20  # inside the 0.075-0.1 s bin
+        tacc = series(rule(metric="acceptance_rate", source="traffic"), cache, minute(0),
+                      minute(3))
+        assert tacc[(("bucket", "64"),)][0].value == pytest.approx(0.6)
+        burst = series(rule(metric="burst_p99", source="burst", per="all", window="1m"),
+                       cache, minute(0), minute(3))
+        assert [p.value for p in burst[()]] == [None, None, 0.4]
+        # Only finished cycles: the cycle holding `end` is left out.
+        assert len(series(rule(metric="p99_latency"), cache, minute(0),
+                          minute(2) + timedelta(seconds=30))[(("bucket", "64"),)]) == 2
+
+
+def test_sliding_memory_growth(sessionmaker: sessionmaker[Session]):
+    with sessionmaker.begin() as s:
+        for i in range(0, 60, 5):  # +50 MB every 5 minutes: 600 MB per hour
+            s.add(MemorySample(at=minute(i), instance_id="i1", rss_bytes=10**9 + i * 10**7))
+    with sessionmaker() as s:
+        pts = series(rule(metric="memory_growth", per=["instance"]), RowCache(s), minute(0),
+                     minute(60))[(("instance", "i1"),)]
+    assert pts[0].value is None  # one sample: no slope yet
+    assert pts[-1].value == pytest.approx(6e8)
+
+
+def test_recompile_limit_hit_turns_compile_off_then_expires(sessionmaker: sessionmaker[Session]):
+    rules = [r for r in load_rules() if r.name in ("compile_failures", "recompiles_per_hour")]
+    policy = load_policy()
+    cfg = BaselineConfig(warm_in_s=0)
+    with sessionmaker.begin() as s:
+        for i in range(30):
+            add_cycle(s, minute(i) + timedelta(seconds=1), {"16": 0.05})
+        s.add(CompileEvent(at=minute(20) + timedelta(seconds=3), instance_id="i1", limit_hits=1))
+    fired = None
+    for i in range(21, 30):
+        with sessionmaker.begin() as s:
+            rep = evaluate(s, rules, minute(i), policy=policy, baseline_config=cfg)
+        if rep.firing:
+            fired = i
+            break
+    assert fired == 22  # the hit stays in the trailing hour; two cycles over the ceiling
+    (r,) = rep.firing
+    assert r.rule == "compile_failures" and r.labels == {"instance": "i1"}
+    assert [(a.kind, a.flag, a.scope, a.value) for a in rep.actions] == [
+        ("set", "compiled", "global", False)]
+    with sessionmaker() as s:
+        assert FlagStore(lambda: minute(23)).runtime_flags(s).compiled is False
+    # No canary A/B arm measures the compiled path here, so it stays off until expiry (6 h),
+    # and is not re-applied for the same alert afterwards.
+    later = minute(22) + timedelta(hours=6, seconds=1)
+    with sessionmaker.begin() as s:
+        rep = evaluate(s, rules, later, policy=policy, baseline_config=cfg)
+        assert [a.kind for a in rep.actions] == ["expire", "skip"]
+        assert FlagStore(lambda: later).runtime_flags(s).compiled is True
+
+
+def test_compile_counts_are_zero_not_missing_while_probes_run(sessionmaker: sessionmaker[Session]):
+    with sessionmaker.begin() as s:
+        for i in range(5):
+            add_cycle(s, minute(i) + timedelta(seconds=1), {"16": 0.05})
+        s.add(CompileEvent(at=minute(1), instance_id="i1", recompiles=3))
+    r = rule(metric="recompiles_per_hour", per=["instance"])
+    with sessionmaker() as s:
+        pts = series(r, RowCache(s), minute(0), minute(5))[(("instance", "i1"),)]
+    assert [p.value for p in pts] == [0.0, 3.0, 3.0, 3.0, 3.0]

@@ -1,0 +1,102 @@
+"""Compile behaviour read from torch's own counters: no recompiles after warm-up."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride  # noqa: E402
+from tests.engine.conftest import BUCKETS, random_texts, tiny_config  # noqa: E402
+
+
+def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
+    before = warm_engine.compile_snapshot()
+    # target encode/step/verify + draft encode/step, per bucket
+    assert before.graphs >= 5 * len(BUCKETS)
+    texts = random_texts(210, seed=5)
+    rng = random.Random(5)
+    paths = set()
+    for text in texts:
+        spec = rng.random() < 0.5
+        r = warm_engine.generate(text, max_new_tokens=rng.randint(1, 12),
+                                 override=FlagOverride(speculative=spec))
+        paths.add(r.path)
+    after = warm_engine.compile_snapshot()
+    delta = after.diff(before)
+    assert paths == {PATH_COMPILED, PATH_OVERFLOW}
+    assert delta.recompiles == 0 and delta.graphs == 0, delta
+    assert delta.recompile_limit_hits == 0 and delta.compile_failures == 0
+    assert after.graph_breaks == before.graph_breaks
+
+
+def test_exact_shapes_recompile_with_reasons(warm_engine, flags):
+    flags.update(bucketing=False)
+    warm_engine.generate("x" * 9, max_new_tokens=2)  # first exact shape: first compile
+    before = warm_engine.compile_snapshot()
+    for n in (10, 11):
+        warm_engine.generate("x" * n, max_new_tokens=2)
+    delta = warm_engine.compile_snapshot().diff(before)
+    # Each new length recompiles the exact-shape encoder and step (target only: direct... or
+    # speculative, whichever the defaults pick), with the guard failure as the reason.
+    assert delta.recompiles >= 4 and delta.graphs >= 4
+    assert any("size" in reason or "mismatch" in reason for reason in delta.recompile_reasons)
+
+
+def test_recompile_limit_hit_is_counted(tiny_dirs):
+    import torch._dynamo
+
+    from engine import load_engine
+
+    engine = load_engine(tiny_config(tiny_dirs, use_draft=False, compile_backend="eager"))
+    try:
+        before = engine.compile_snapshot()
+        with torch._dynamo.config.patch(recompile_limit=2):
+            outs = [engine.generate("y" * n, max_new_tokens=2,
+                                    override=FlagOverride(bucketing=False)) for n in range(3, 8)]
+        delta = engine.compile_snapshot().diff(before)
+        assert delta.recompile_limit_hits >= 1, delta
+        # Past the limit dynamo runs eager silently: the output is still right.
+        ref = [engine.generate("y" * n, max_new_tokens=2,
+                               override=FlagOverride(bucketing=False, compiled=False))
+               for n in range(3, 8)]
+        assert [o.output_ids for o in outs] == [r.output_ids for r in ref]
+    finally:
+        engine.close()
+
+
+def test_background_warmup_serves_eager_meanwhile(tiny_dirs):
+    from engine import load_engine
+
+    engine = load_engine(tiny_config(tiny_dirs, buckets=(8, 16), use_draft=False,
+                                     compile_backend="eager"))
+    try:
+        first = engine.generate("abc", max_new_tokens=3)
+        assert first.path == PATH_EAGER  # never warmed: no compile on the request path
+        engine.warm_up(background=True)
+        engine.warm_up(background=False)  # joins the running warm-up
+        status = engine.warmup_status()
+        assert status.done and status.warm_buckets == 2 and status.error is None
+        assert status.seconds > 0
+        second = engine.generate("abc", max_new_tokens=3)
+        assert second.path == PATH_COMPILED and second.output_ids == first.output_ids
+    finally:
+        engine.close()
+
+
+def test_compile_off_never_compiles(tiny_dirs):
+    from engine import load_engine
+
+    engine = load_engine(tiny_config(tiny_dirs, compile_mode="off"))
+    try:
+        before = engine.compile_snapshot()
+        engine.warm_up(background=False)
+        result = engine.generate("abc", max_new_tokens=3,
+                                 override=FlagOverride(bucketing=False))
+        assert result.path == PATH_EAGER
+        assert engine.compile_snapshot().diff(before).graphs == 0
+        assert engine.warmup_status().done
+    finally:
+        engine.close()

@@ -1,0 +1,108 @@
+"""Runtime flags: read every request, fail-safe, per-call overrides, probation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from engine.flags import GuardedFlags  # noqa: E402
+from engine.protocol import (  # noqa: E402
+    DECODING_DIRECT,
+    DECODING_SPECULATIVE,
+    PATH_COMPILED,
+    PATH_EAGER,
+    PATH_EXACT,
+    RuntimeFlags,
+)
+
+TEXT = "x" * 12  # 13 tokens: bucket 16
+
+
+def test_flag_changes_take_effect_on_next_request(warm_engine, flags):
+    first = warm_engine.generate(TEXT, max_new_tokens=4)
+    assert (first.path, first.decoding) == (PATH_COMPILED, DECODING_SPECULATIVE)
+    flags.update(speculative={"16": False})
+    second = warm_engine.generate(TEXT, max_new_tokens=4)
+    assert second.decoding == DECODING_DIRECT and not second.probation
+    other_bucket = warm_engine.generate("x" * 20, max_new_tokens=4)
+    assert other_bucket.decoding == DECODING_SPECULATIVE
+    flags.update(compiled=False)
+    assert warm_engine.generate(TEXT, max_new_tokens=4).path == PATH_EAGER
+    flags.update(compiled=True, bucketing=False)
+    exact = warm_engine.generate(TEXT, max_new_tokens=4)
+    assert exact.path == PATH_EXACT and exact.padded_length == exact.input_tokens == 13
+    flags.set(RuntimeFlags())
+    assert warm_engine.generate(TEXT, max_new_tokens=4).path == PATH_COMPILED
+    assert first.output_ids == second.output_ids == exact.output_ids
+
+
+def test_probation_share_speculates_a_sample(warm_engine, flags):
+    flags.update(speculative={"16": False}, speculative_probation=0.5)
+    results = [warm_engine.generate(TEXT, max_new_tokens=2) for _ in range(60)]
+    probation = [r for r in results if r.probation]
+    assert 10 < len(probation) < 50
+    assert all(r.decoding == DECODING_SPECULATIVE for r in probation)
+    assert all(r.decoding == DECODING_DIRECT for r in results if not r.probation)
+
+
+class FlakyProvider:
+    """Return `flags` until told to raise or hang."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.current = RuntimeFlags()
+        self.release = threading.Event()
+
+    def flags(self) -> RuntimeFlags:
+        if self.mode == "raise":
+            raise ConnectionError("flag server down")
+        if self.mode == "hang":
+            self.release.wait(5)
+        return self.current
+
+
+def test_guarded_flags_keep_last_known_on_error_and_timeout():
+    provider = FlakyProvider()
+    guarded = GuardedFlags(provider, timeout_s=0.05)
+    try:
+        assert guarded.read() == RuntimeFlags()
+        provider.current = RuntimeFlags(compiled=False)
+        assert guarded.read().compiled is False
+        provider.mode = "raise"
+        provider.current = RuntimeFlags(bucketing=False)
+        assert guarded.read() == RuntimeFlags(compiled=False)
+        assert guarded.errors == 1
+        provider.mode = "hang"
+        start = time.perf_counter()
+        assert guarded.read() == RuntimeFlags(compiled=False)
+        assert guarded.read() == RuntimeFlags(compiled=False)  # still hung: not re-called
+        assert time.perf_counter() - start < 2.0  # the request was not held by the provider
+        assert guarded.errors == 3
+        provider.mode = "ok"
+        provider.release.set()
+        time.sleep(0.1)
+        assert guarded.read() == RuntimeFlags(bucketing=False)
+    finally:
+        provider.release.set()
+        guarded.close()
+
+
+def test_engine_survives_raising_provider(tiny_dirs):
+    from engine import load_engine
+    from tests.engine.conftest import tiny_config
+
+    provider = FlakyProvider()
+    provider.current = RuntimeFlags(speculative_default=False)
+    engine = load_engine(tiny_config(tiny_dirs, compile_mode="off"), flags=provider)
+    try:
+        assert engine.generate(TEXT, max_new_tokens=3).decoding == DECODING_DIRECT
+        provider.mode = "raise"
+        result = engine.generate(TEXT, max_new_tokens=3)
+        assert result.decoding == DECODING_DIRECT  # last known flags, not defaults
+        assert engine.flag_errors() == 1
+    finally:
+        engine.close()

@@ -1,0 +1,132 @@
+"""Bad input, limits, admission control, loading errors and what the engine reports."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("torch")
+
+from engine import load_engine  # noqa: E402
+from engine.errors import (  # noqa: E402
+    InputTooLong,
+    InvalidRequest,
+    ModelLoadError,
+    Overloaded,
+    RequestTimeout,
+)
+from engine.protocol import PATH_OVERFLOW, Engine  # noqa: E402
+from tests.engine.conftest import CAP, MAX_INPUT, tiny_config  # noqa: E402
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"text": ""}, "text"),
+    ({"text": "   "}, "text"),
+    ({"text": "ok", "max_new_tokens": 0}, "max_new_tokens"),
+    ({"text": "ok", "max_new_tokens": CAP + 1}, "max_new_tokens"),
+    ({"text": "ok", "max_new_tokens": "5"}, "max_new_tokens"),
+    ({"text": "ok", "timeout_s": 0}, "timeout_s"),
+])
+def test_bad_input_names_the_field(warm_engine, kwargs, field):
+    text = kwargs.pop("text")
+    with pytest.raises(InvalidRequest) as info:
+        warm_engine.generate(text, **kwargs)
+    assert info.value.field == field
+    assert isinstance(info.value, ValueError)
+
+
+def test_too_long_input_and_overflow(warm_engine, flags):
+    with pytest.raises(InputTooLong) as info:
+        warm_engine.generate("x" * MAX_INPUT)  # MAX_INPUT + 1 tokens
+    assert info.value.field == "text" and info.value.limit == MAX_INPUT
+    result = warm_engine.generate("x" * (MAX_INPUT - 1), max_new_tokens=2)
+    assert result.path == PATH_OVERFLOW and result.bucket == "overflow"
+    assert result.padded_length == result.input_tokens == MAX_INPUT
+
+
+def test_result_fields_and_reports(warm_engine, flags):
+    assert isinstance(warm_engine, Engine)
+    r = warm_engine.generate("hello", max_new_tokens=5, canary=True)
+    assert r.canary and r.input_tokens == 6 == warm_engine.count_tokens("hello")
+    assert r.bucket == warm_engine.bucket_for(6) == "8" and r.padded_length == 8
+    assert 0 < r.encoder_s < r.ttft_s <= r.total_s and r.queue_wait_s >= 0
+    assert abs(r.padding_waste - 2 / 8) < 1e-9
+    info = warm_engine.info
+    assert len(info.model_version) == 12 and info.buckets == (8, 16, 32)
+    assert info.speculative_available and info.device == "cpu" and info.dtype == "float32"
+    mem = warm_engine.memory_snapshot()
+    assert mem.rss_bytes > 0 and mem.cuda_allocated_bytes is None
+    # 2 layers x 2 heads x 16 dims x (40 + 4 slots + 32 input) x K and V x 4 bytes, two models.
+    assert mem.kv_cache_bytes == 2 * (2 * 2 * 2 * 16 * (CAP + 4 + 32) * 4)
+    status = warm_engine.warmup_status()
+    assert status.done and status.warm_buckets == status.total_buckets == 3
+
+
+def test_missing_files_raise_model_load_error(tmp_path, tiny_dirs):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_engine(tiny_config(tiny_dirs, model_dir=str(tmp_path / "nope")))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_dirs["target"] / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match=r"broken: missing weights file"):
+        load_engine(tiny_config(tiny_dirs, model_dir=str(broken)))
+
+
+def test_overloaded_and_timeout(tiny_dirs, monkeypatch):
+    engine = load_engine(tiny_config(tiny_dirs, compile_mode="off", max_concurrency=1,
+                                     max_queue=1))
+    started, release = threading.Event(), threading.Event()
+    original = engine._run
+
+    def slow_run(*args, **kwargs):
+        started.set()
+        release.wait(10)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_run", slow_run)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            engine.generate("abc", max_new_tokens=2)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    running = threading.Thread(target=call)
+    running.start()
+    assert started.wait(10)
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    for _ in range(200):
+        if engine.queue_depth() == 1:
+            break
+        threading.Event().wait(0.01)
+    assert engine.queue_depth() == 1
+    with pytest.raises(Overloaded) as info:
+        engine.generate("abc", max_new_tokens=2)
+    assert info.value.retry_after_s > 0
+    release.set()
+    running.join(10)
+    waiting.join(10)
+    assert errors == [] and engine.queue_depth() == 0
+    # A queued caller whose deadline passes gets RequestTimeout, not a hang.
+    release.clear()
+    started.clear()
+    running = threading.Thread(target=call)
+    running.start()
+    assert started.wait(10)
+    with pytest.raises(RequestTimeout):
+        engine.generate("abc", max_new_tokens=2, timeout_s=0.05)
+    release.set()
+    running.join(10)
+    engine.close()
+
+
+def test_decode_timeout(tiny_dirs):
+    engine = load_engine(tiny_config(tiny_dirs, compile_mode="off"))
+    try:
+        with pytest.raises(RequestTimeout, match="timeout_s"):
+            engine.generate("x" * 20, max_new_tokens=CAP, timeout_s=1e-4)
+    finally:
+        engine.close()

@@ -1,0 +1,73 @@
+"""A fake engine for service tests: probes.fake.FakeEngine plus warm-up gating and caps."""
+
+from __future__ import annotations
+
+import threading
+
+from engine.config import EngineConfig
+from engine.errors import InputTooLong, InvalidRequest
+from engine.protocol import FlagOverride, FlagProvider, GenerateResult, WarmupStatus
+from probes.fake import FakeEngine
+
+
+class ServiceFakeEngine(FakeEngine):
+    """Like the real runtime: 413-style InputTooLong over the cap, warm-up you can hold.
+
+    `hold_warmup` set: warm_up() blocks until `finish_warmup` is set, so /readyz can be
+    observed reporting "warming".
+    """
+
+    def __init__(self, config: EngineConfig, flags: FlagProvider) -> None:
+        super().__init__(buckets=config.buckets, max_input_tokens=config.max_input_tokens,
+                         flags=flags, output_tokens=8, capacity=config.max_queue)
+        self.max_new_tokens_cap = config.max_new_tokens_cap
+        self.hold_warmup = threading.Event()
+        self.finish_warmup = threading.Event()
+        self._warm = False
+        self.closed = False
+
+    def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
+                 override: FlagOverride | None = None,
+                 timeout_s: float | None = None) -> GenerateResult:
+        if not text:
+            raise InvalidRequest("text", "must not be empty")
+        n_in = self.count_tokens(text)
+        if n_in > self.max_input_tokens:
+            raise InputTooLong("text", f"{n_in} tokens is over the limit of "
+                                       f"{self.max_input_tokens}", value=n_in,
+                               limit=self.max_input_tokens)
+        if max_new_tokens is not None and max_new_tokens > self.max_new_tokens_cap:
+            raise InvalidRequest("max_new_tokens", f"must be <= {self.max_new_tokens_cap}")
+        return super().generate(text, max_new_tokens=max_new_tokens, canary=canary,
+                                override=override, timeout_s=timeout_s)
+
+    def warm_up(self, *, background: bool = True) -> None:
+        if self.hold_warmup.is_set():
+            self.finish_warmup.wait(30)
+        super().warm_up(background=background)
+        self._warm = True
+
+    def warmup_status(self) -> WarmupStatus:
+        n = len(self.buckets)
+        return WarmupStatus(n, n if self._warm else 0, 0.0, self._warm)
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
+
+class FakeFactory:
+    """An engine factory that remembers the engine it built (and can hold warm-up)."""
+
+    def __init__(self, *, hold_warmup: bool = False) -> None:
+        self.engine: ServiceFakeEngine | None = None
+        self.hold = hold_warmup
+        self.built = threading.Event()
+
+    def __call__(self, config: EngineConfig, flags: FlagProvider) -> ServiceFakeEngine:
+        engine = ServiceFakeEngine(config, flags)
+        if self.hold:
+            engine.hold_warmup.set()
+        self.engine = engine
+        self.built.set()
+        return engine

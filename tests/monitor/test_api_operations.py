@@ -1,0 +1,132 @@
+"""Probes, alerts, baselines and reports over the API, and the scheduler wiring."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from monitor.service import scheduled_jobs
+from monitor.settings import Settings
+from storage.models import Alert, Report
+from tests.monitor.conftest import make_settings, start, wait_for
+
+T0 = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def db_kind() -> str:
+    """Run this module on SQLite only (flag and metric tests cover PostgreSQL)."""
+    return "sqlite"
+
+
+def test_probe_run_is_stored_listed_and_scraped(client: TestClient, auth: dict[str, str],
+                                                registry: CollectorRegistry) -> None:
+    r = client.post("/v1/probes/run", json={"kind": "cycle", "ab": False}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "ok"
+    assert r.json()["actor"] == "api-token"
+    runs = client.get("/v1/probes/runs").json()
+    assert len(runs) == 1
+    assert runs[0]["kind"] == "cycle" and runs[0]["status"] == "ok"
+    assert runs[0]["result_rows"] >= 3  # one row per bucket x path x decoding
+    # Canary results went through the metrics sink, not into real-traffic series.
+    assert registry.get_sample_value("tailwatch_canary_duration_seconds_count", {
+        "bucket": "16", "path": "compiled", "decoding": "speculative"}) >= 1
+    assert registry.get_sample_value("tailwatch_request_duration_seconds_count", {
+        "bucket": "16", "path": "compiled", "decoding": "speculative"}) is None
+    assert registry.get_sample_value("tailwatch_probe_success",
+                                     {"kind": "cycle", "suite": "in_domain"}) == 1
+
+
+def test_probe_run_validates_its_body(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.post("/v1/probes/run", json={"kind": "soak"}, headers=auth)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "kind"
+    r = client.post("/v1/probes/run", json={"suite": "nope"}, headers=auth)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "suite"
+
+
+def test_alerts_are_filtered_by_state(client: TestClient) -> None:
+    with client.app.state.sessions.begin() as s:  # type: ignore[attr-defined]
+        s.add_all([
+            Alert(fingerprint="a", rule="p99_latency_up", state="firing", started_at=T0,
+                  labels={"bucket": "64"}, relative_change=0.42),
+            Alert(fingerprint="b", rule="acceptance_down", state="resolved",
+                  started_at=T0 - timedelta(hours=1)),
+        ])
+    assert [a["rule"] for a in client.get("/v1/alerts").json()] == ["p99_latency_up"]
+    resolved = client.get("/v1/alerts", params={"state": "resolved"}).json()
+    assert [a["rule"] for a in resolved] == ["acceptance_down"]
+    assert len(client.get("/v1/alerts", params={"state": "all"}).json()) == 2
+    r = client.get("/v1/alerts", params={"state": "burning"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "state"
+
+
+def test_baselines_pin_list_unpin(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.post("/v1/baselines", headers=auth, json={
+        "action": "pin", "metric": "p99_latency", "scope": {"bucket": "64"}, "value": 0.3})
+    assert r.status_code == 200, r.text
+    assert r.json()["baseline"]["pinned_by"] == "api-token"
+    listed = client.get("/v1/baselines").json()
+    assert [(b["metric"], b["kind"], b["value"]) for b in listed] == [
+        ("p99_latency", "pinned", 0.3)]
+    r = client.post("/v1/baselines", headers=auth, json={
+        "action": "unpin", "metric": "p99_latency", "scope": "bucket=64"})
+    assert r.json()["unpinned"] == 1
+    assert client.get("/v1/baselines").json() == []
+    r = client.post("/v1/baselines", headers=auth, json={
+        "action": "pin", "metric": "p99_latency", "scope": "colour=red", "value": 1})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "scope"
+
+
+def test_reports_by_accept_header_or_format(client: TestClient) -> None:
+    with client.app.state.sessions.begin() as s:  # type: ignore[attr-defined]
+        s.add(Report(week="2026-W47", markdown="# Week 47\n", html="<h1>Week 47</h1>",
+                     summary={"violated": 1}))
+    listed = client.get("/v1/reports").json()
+    assert [r["week"] for r in listed] == ["2026-W47"]
+    rid = listed[0]["id"]
+    md = client.get(f"/v1/reports/{rid}")
+    assert md.headers["content-type"].startswith("text/markdown")
+    assert md.text == "# Week 47\n"
+    html = client.get(f"/v1/reports/{rid}", headers={"Accept": "text/html"})
+    assert html.headers["content-type"].startswith("text/html")
+    assert html.text == "<h1>Week 47</h1>"
+    js = client.get(f"/v1/reports/{rid}", params={"format": "json"},
+                    headers={"Accept": "text/html"})
+    assert js.json()["summary"] == {"violated": 1}
+    missing = client.get("/v1/reports/999")
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "report_id"
+
+
+def test_scheduler_runs_the_wired_jobs(migrated_url: str) -> None:
+    settings: Settings = make_settings(migrated_url, scheduler={
+        "enabled": True, "probe_interval_s": 3600, "burst_interval_s": 0,
+        "evaluate_interval_s": 3600, "delivery_interval_s": 3600,
+        "traffic_flush_interval_s": 3600})
+    app = start(settings)
+    with TestClient(app) as client:
+        wait_for(lambda: client.get("/readyz").status_code == 200)
+        scheduler = app.state.scheduler
+        assert set(scheduler.jobs()) == {"probe", "traffic_flush", "evaluate", "delivery",
+                                         "retention", "report"}
+        jobs = scheduled_jobs(app)
+        client.post("/v1/generate", json={"text": "hello river"})
+        jobs["traffic_flush"]()
+        jobs["probe"]()
+        jobs["evaluate"]()
+        jobs["delivery"]()
+        assert len(client.get("/v1/probes/runs").json()) == 1
+    from sqlalchemy import func, select
+
+    from storage.db import make_engine, make_sessionmaker
+    from storage.models import TrafficRollup
+
+    engine = make_engine(migrated_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            assert s.scalar(select(func.sum(TrafficRollup.requests))) == 1
+    finally:
+        engine.dispose()

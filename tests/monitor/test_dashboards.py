@@ -1,0 +1,50 @@
+"""The Grafana dashboard and provisioning files are well formed (PromQL runs in test_prometheus)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2] / "dashboards"
+
+
+def test_dashboard_panels_are_well_formed() -> None:
+    files = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
+    assert files
+    for path in files:
+        dash = json.loads(path.read_text())
+        assert dash["uid"] and dash["title"]
+        names = {v["name"] for v in dash["templating"]["list"]}
+        assert {"datasource", "bucket"} <= names
+        panels = [p for p in dash["panels"] if p["type"] != "row"]
+        ids = [p["id"] for p in dash["panels"]]
+        assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"
+        for p in panels:
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+            assert p["targets"], p["title"]
+            for t in p["targets"]:
+                assert t["expr"].strip() and t["refId"], p["title"]
+            g = p["gridPos"]
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+        for needed in ("offset 1d", "offset 7d", "histogram_quantile(0.99",
+                       "tailwatch_spec_decode_num_accepted_tokens_per_pos_total",
+                       "tailwatch_compile_recompiles_total", "tailwatch_memory_bytes",
+                       "tailwatch_flag_enabled", "tailwatch_alerts_firing",
+                       "tailwatch_probe_success"):
+            assert needed in exprs, needed
+
+
+def test_provisioning_points_grafana_at_prometheus_and_the_dashboards() -> None:
+    prov = ROOT / "grafana" / "provisioning"
+    ds = yaml.safe_load((prov / "datasources" / "tailwatch.yml").read_text())
+    assert ds["apiVersion"] == 1
+    assert [d["type"] for d in ds["datasources"]] == ["prometheus"]
+    dp = yaml.safe_load((prov / "dashboards" / "tailwatch.yml").read_text())
+    assert dp["providers"][0]["type"] == "file"
+    assert dp["providers"][0]["options"]["path"]
+    prom = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    assert prom["rule_files"] == ["rules.yml"]
+    assert prom["scrape_configs"][0]["job_name"] == "tailwatch"  # the rules select job="tailwatch"

@@ -1,0 +1,207 @@
+"""Prometheus series: names, types, values from results, engine and database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.outbox import DeliveryReport
+from engine.protocol import (
+    CompileSnapshot,
+    GenerateResult,
+    InMemoryFlagProvider,
+    MemorySnapshot,
+    RuntimeFlags,
+    SpecStats,
+)
+from monitor.metrics import DatabaseCollector, EngineCollector, Metrics, MetricsSink
+from probes.fake import FakeEngine
+from storage.models import Alert, Flag, ProbeRun, WebhookDelivery
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+
+def result(**kw: object) -> GenerateResult:
+    values: dict[str, object] = dict(
+        text="abc", output_ids=(1, 2, 3), input_tokens=10, bucket="16", padded_length=16,
+        output_tokens=3, path="compiled", decoding="speculative", queue_wait_s=0.002,
+        encoder_s=0.003, ttft_s=0.02, decode_token_s=(0.004, 0.006), total_s=0.05,
+        spec=SpecStats(drafts=2, draft_tokens=8, accepted_tokens=5,
+                       accepted_per_position=(2, 2, 1, 0), target_forwards=2))
+    values.update(kw)
+    return GenerateResult(**values)  # type: ignore[arg-type]
+
+
+def types(registry: CollectorRegistry) -> dict[str, str]:
+    return {m.name: m.type for m in registry.collect()}
+
+
+def test_sink_turns_a_result_into_histograms_and_counters() -> None:
+    registry = CollectorRegistry()
+    sink = MetricsSink(Metrics(registry))
+    sink.observe(result())
+    sink.observe(result(canary=True, bucket="32"))
+    key = {"bucket": "16", "path": "compiled", "decoding": "speculative"}
+    get = registry.get_sample_value
+    assert get("tailwatch_request_duration_seconds_sum", key) == 0.05
+    assert get("tailwatch_request_duration_seconds_bucket", {**key, "le": "0.05"}) == 1
+    assert get("tailwatch_request_duration_seconds_bucket", {**key, "le": "0.025"}) == 0
+    assert get("tailwatch_request_ttft_seconds_sum", key) == 0.02
+    # One per-token sample per decoded token after the first.
+    assert get("tailwatch_request_time_per_output_token_seconds_count", key) == 2
+    assert get("tailwatch_request_time_per_output_token_seconds_sum", key) == 0.01
+    assert get("tailwatch_request_queue_wait_seconds_sum", key) == 0.002
+    assert get("tailwatch_request_padding_ratio_sum", {"bucket": "16"}) == 6 / 16
+    spec = {"source": "traffic", "bucket": "16"}
+    assert get("tailwatch_spec_decode_num_drafts_total", spec) == 2
+    assert get("tailwatch_spec_decode_num_draft_tokens_total", spec) == 8
+    assert get("tailwatch_spec_decode_num_accepted_tokens_total", spec) == 5
+    assert get("tailwatch_spec_decode_num_accepted_tokens_per_pos_total",
+               {**spec, "position": "2"}) == 1
+    # Canaries go to their own histograms and never into real-traffic ones.
+    ckey = {"bucket": "32", "path": "compiled", "decoding": "speculative"}
+    assert get("tailwatch_canary_duration_seconds_count", ckey) == 1
+    assert get("tailwatch_request_duration_seconds_count", ckey) is None
+    assert get("tailwatch_spec_decode_num_drafts_total", {"source": "canary",
+                                                          "bucket": "32"}) == 2
+    assert get("tailwatch_output_tokens_total", {"source": "traffic", "bucket": "16"}) == 3
+
+
+def test_delivery_reports_become_counters() -> None:
+    registry = CollectorRegistry()
+    sink = MetricsSink(Metrics(registry))
+    assert registry.get_sample_value("tailwatch_webhook_deliveries_total",
+                                     {"outcome": "failed"}) == 0
+    sink.deliveries(DeliveryReport(claimed=4, delivered=2, retried=1, failed=1))
+    sink.deliveries(DeliveryReport(claimed=1, delivered=1))
+    got = {o: registry.get_sample_value("tailwatch_webhook_deliveries_total", {"outcome": o})
+           for o in ("delivered", "retried", "failed")}
+    assert got == {"delivered": 3, "retried": 1, "failed": 1}
+
+
+def test_direct_decoding_adds_no_speculative_counts() -> None:
+    registry = CollectorRegistry()
+    MetricsSink(Metrics(registry)).observe(result(decoding="direct", spec=SpecStats()))
+    assert registry.get_sample_value("tailwatch_spec_decode_num_drafts_total",
+                                     {"source": "traffic", "bucket": "16"}) is None
+
+
+def test_metric_types_and_units() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    MetricsSink(metrics).observe(result())
+    got = types(registry)
+    for name in ("tailwatch_request_duration_seconds", "tailwatch_request_ttft_seconds",
+                 "tailwatch_request_time_per_output_token_seconds",
+                 "tailwatch_canary_duration_seconds", "tailwatch_canary_ttft_seconds",
+                 "tailwatch_canary_time_per_output_token_seconds"):
+        assert got[name] == "histogram", name
+    for name in ("tailwatch_spec_decode_num_drafts", "tailwatch_spec_decode_num_draft_tokens",
+                 "tailwatch_spec_decode_num_accepted_tokens",
+                 "tailwatch_spec_decode_num_accepted_tokens_per_pos",
+                 "tailwatch_requests_rejected", "tailwatch_output_tokens"):
+        assert got[name] == "counter", name
+    assert got["tailwatch_build_info"] == "gauge"
+    assert registry.get_sample_value("tailwatch_requests_rejected_total",
+                                     {"reason": "overloaded"}) == 0
+    # Never the global registry.
+    from prometheus_client import REGISTRY
+    assert REGISTRY.get_sample_value("tailwatch_requests_rejected_total",
+                                     {"reason": "overloaded"}) is None
+
+
+class _Engine(FakeEngine):
+    def compile_snapshot(self) -> CompileSnapshot:
+        return CompileSnapshot(graphs=10, recompiles=3, graph_breaks=2, compile_seconds=41.5,
+                               recompile_limit_hits=1, compile_failures=0)
+
+    def memory_snapshot(self) -> MemorySnapshot:
+        return MemorySnapshot(device="cuda:0", rss_bytes=900, kv_cache_bytes=64,
+                              cuda_allocated_bytes=500, cuda_reserved_bytes=800,
+                              cuda_peak_bytes=700, cuda_alloc_retries=2, cuda_ooms=1)
+
+    def queue_depth(self) -> int:
+        return 5
+
+    def flag_errors(self) -> int:
+        return 7
+
+
+def test_engine_collector_reads_the_engine_at_scrape() -> None:
+    registry = CollectorRegistry()
+    engine: _Engine | None = None
+    EngineCollector(Metrics(registry), lambda: engine)
+    get = registry.get_sample_value
+    assert get("tailwatch_engine_ready") == 0
+    assert get("tailwatch_compile_recompiles_total") is None
+    engine = _Engine()
+    assert get("tailwatch_engine_ready") == 1
+    assert get("tailwatch_compile_graphs_total") == 10
+    assert get("tailwatch_compile_recompiles_total") == 3
+    assert get("tailwatch_compile_graph_breaks_total") == 2
+    assert get("tailwatch_compile_seconds_total") == 41.5
+    assert get("tailwatch_compile_recompile_limit_hits_total") == 1
+    assert get("tailwatch_memory_bytes", {"kind": "rss", "device": "cuda:0"}) == 900
+    assert get("tailwatch_memory_bytes", {"kind": "kv_cache", "device": "cuda:0"}) == 64
+    assert get("tailwatch_memory_bytes", {"kind": "peak", "device": "cuda:0"}) == 700
+    assert get("tailwatch_cuda_ooms_total") == 1
+    assert get("tailwatch_queue_depth") == 5
+    assert get("tailwatch_flag_provider_errors_total") == 7
+    assert get("tailwatch_engine_buckets", {"state": "total"}) == 5
+    assert types(registry)["tailwatch_compile_recompiles"] == "counter"
+
+
+def test_database_collector_reads_alerts_flags_probes_and_deliveries(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        s.add_all([
+            Alert(fingerprint="a", rule="latency_p99_up", severity="page", state="firing"),
+            Alert(fingerprint="b", rule="latency_p99_up", severity="page", state="firing"),
+            Alert(fingerprint="c", rule="acceptance_down", severity="warning", state="pending"),
+            Alert(fingerprint="d", rule="acceptance_down", severity="warning",
+                  state="resolved"),
+            Flag(name="speculative", scope="64", value=False, source="auto", actor="policy"),
+            ProbeRun(instance_id="i", kind="cycle", suite="in_domain", status="ok",
+                     started_at=T0, finished_at=T0 + timedelta(seconds=12)),
+            ProbeRun(instance_id="i", kind="cycle", suite="in_domain", status="timeout",
+                     started_at=T0 + timedelta(minutes=1),
+                     finished_at=T0 + timedelta(minutes=1, seconds=120)),
+            WebhookDelivery(target="t", url="http://x", payload={}, idempotency_key="k1",
+                            state="delivered", attempts=1),
+            WebhookDelivery(target="t", url="http://x", payload={}, idempotency_key="k2",
+                            state="pending", attempts=3),
+        ])
+    registry = CollectorRegistry()
+    flags = InMemoryFlagProvider(RuntimeFlags(speculative={"64": False}))
+    DatabaseCollector(Metrics(registry), sessionmaker, flags, (16, 64))
+    get = registry.get_sample_value
+    assert get("tailwatch_alerts_firing") == 2
+    assert get("tailwatch_alerts", {"rule": "latency_p99_up", "severity": "page",
+                                     "state": "firing"}) == 2
+    assert get("tailwatch_alerts", {"rule": "acceptance_down", "severity": "warning",
+                                     "state": "pending"}) == 1
+    assert get("tailwatch_flag_override", {"flag": "speculative", "scope": "64",
+                                           "source": "auto"}) == 0
+    assert get("tailwatch_flag_enabled", {"flag": "speculative", "scope": "64"}) == 0
+    assert get("tailwatch_flag_enabled", {"flag": "speculative", "scope": "16"}) == 1
+    assert get("tailwatch_flag_enabled", {"flag": "compiled", "scope": "global"}) == 1
+    probe = {"kind": "cycle", "suite": "in_domain"}
+    assert get("tailwatch_probe_success", probe) == 0  # the latest run timed out
+    assert get("tailwatch_probe_duration_seconds", probe) == 120
+    assert get("tailwatch_webhook_outbox_messages", {"state": "delivered"}) == 1
+    assert get("tailwatch_webhook_outbox_messages", {"state": "pending"}) == 1
+    assert get("tailwatch_webhook_outbox_messages", {"state": "failed"}) == 0
+
+
+def test_metrics_endpoint_serves_the_apps_registry(client: TestClient) -> None:
+    client.post("/v1/generate", json={"text": "hello river"})
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    assert 'tailwatch_request_duration_seconds_count{bucket="16"' in r.text
+    assert "tailwatch_build_info{" in r.text
+    assert "tailwatch_engine_ready 1.0" in r.text

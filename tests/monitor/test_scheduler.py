@@ -1,0 +1,210 @@
+"""Scheduler wiring: job options, no overlap, leader-only singletons across replicas."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import text
+
+from monitor.leader import AlwaysLeader, PgAdvisoryLeader, lock_key, make_leader
+from monitor.scheduler import (
+    DELIVERY,
+    EVALUATE,
+    PROBE,
+    REPORT,
+    RETENTION,
+    TRAFFIC_FLUSH,
+    build_scheduler,
+)
+from monitor.settings import Settings
+from storage.db import make_engine
+
+
+def settings(**scheduler: object) -> Settings:
+    return Settings(database_url="sqlite://", scheduler=scheduler)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+class NotLeader:
+    def is_leader(self) -> bool:
+        return False
+
+    def release(self) -> None:
+        return None
+
+
+def noop() -> None:
+    return None
+
+
+def test_jobs_get_settings_triggers_and_options() -> None:
+    s = settings(misfire_grace_s=7, burst_interval_s=0)
+    jobs = {name: noop for name in (PROBE, "burst", TRAFFIC_FLUSH, EVALUATE, DELIVERY,
+                                    RETENTION, REPORT)}
+    js = build_scheduler(s, jobs, AlwaysLeader())
+    assert sorted(js.jobs()) == sorted(set(jobs) - {"burst"})  # burst_interval_s=0: off
+    for job in js.aps.get_jobs():
+        assert (job.max_instances, job.coalesce, job.misfire_grace_time) == (1, True, 7)
+    report = js.aps.get_job(REPORT).trigger
+    assert "day_of_week='mon'" in str(report) and "hour='6'" in str(report)
+    assert js.aps.get_job(PROBE).trigger.interval.total_seconds() == 60.0
+
+
+def test_probes_disabled_leaves_probe_jobs_out() -> None:
+    js = build_scheduler(settings(probes_enabled=False), {PROBE: noop, EVALUATE: noop},
+                         AlwaysLeader())
+    assert js.jobs() == [EVALUATE]
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ({"report_cron": "not a cron"}, "scheduler.report_cron"),
+    ({"evaluate_interval_s": 0}, "scheduler.evaluate_interval_s")])
+def test_bad_schedule_names_the_field(override: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        build_scheduler(settings(**override), {EVALUATE: noop}, AlwaysLeader())
+
+
+def test_unknown_job_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="jobs: unknown job 'evaluation'"):
+        build_scheduler(settings(), {"evaluation": noop}, AlwaysLeader())
+
+
+def test_overlapping_triggers_run_once() -> None:
+    running = 0
+    peak = 0
+    started = threading.Event()
+    release = threading.Event()
+    lock = threading.Lock()
+
+    def slow_probe() -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        started.set()
+        release.wait(5)
+        with lock:
+            running -= 1
+
+    js = build_scheduler(settings(probe_interval_s=0.02), {PROBE: slow_probe}, AlwaysLeader())
+    js.start()
+    try:
+        assert started.wait(5)
+        time.sleep(0.3)  # ~15 triggers fire while the first run is still going
+        assert js.stats()[PROBE].running and js.stats()[PROBE].runs == 0
+        release.set()
+        assert wait_for(lambda: js.stats()[PROBE].runs >= 2)
+    finally:
+        release.set()
+        js.shutdown()
+    assert peak == 1
+
+
+def test_singletons_skip_on_a_follower_and_failures_are_counted() -> None:
+    calls = {"evaluate": 0, "flush": 0}
+
+    def evaluate() -> None:
+        calls["evaluate"] += 1
+
+    def flush() -> None:
+        calls["flush"] += 1
+        raise ConnectionError("database down")
+
+    js = build_scheduler(settings(evaluate_interval_s=0.02, traffic_flush_interval_s=0.02),
+                         {EVALUATE: evaluate, TRAFFIC_FLUSH: flush}, NotLeader())
+    js.start()
+    try:
+        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].failures >= 2
+                        and js.stats()[EVALUATE].not_leader >= 2)
+    finally:
+        js.shutdown()
+    assert calls["evaluate"] == 0 and calls["flush"] >= 2
+    assert js.stats()[TRAFFIC_FLUSH].last_error == "ConnectionError: database down"
+
+
+def test_sqlite_gets_an_always_leader() -> None:
+    engine = make_engine("sqlite://")
+    assert isinstance(make_leader(engine), AlwaysLeader)
+    with pytest.raises(ValueError, match="database_url"):
+        PgAdvisoryLeader(engine)
+
+
+def test_lock_key_is_a_stable_signed_bigint() -> None:
+    assert lock_key("x") == lock_key("x") != lock_key("y")
+    assert -(1 << 63) <= lock_key("tailwatch") < 1 << 63
+
+
+@pytest.mark.postgres
+def test_two_replicas_on_postgres_run_a_singleton_on_exactly_one(pg_url: str) -> None:
+    name = f"test-leader-{time.monotonic_ns()}"
+    engines = [make_engine(pg_url), make_engine(pg_url)]
+    leaders = [PgAdvisoryLeader(e, name=name) for e in engines]
+    runs = [0, 0]
+    active: set[int] = set()
+    overlap: list[set[int]] = []
+    lock = threading.Lock()
+
+    def evaluate(i: int) -> Callable[[], None]:
+        def run() -> None:
+            with lock:
+                active.add(i)
+                if len(active) > 1:
+                    overlap.append(set(active))
+            time.sleep(0.01)
+            with lock:
+                active.discard(i)
+                runs[i] += 1
+        return run
+
+    s = settings(evaluate_interval_s=0.05)
+    reps = [build_scheduler(s, {EVALUATE: evaluate(i)}, leaders[i]) for i in (0, 1)]
+    try:
+        reps[0].start()
+        assert wait_for(lambda: runs[0] >= 2)
+        reps[1].start()
+        assert wait_for(lambda: reps[1].stats()[EVALUATE].not_leader >= 3)
+        assert runs[1] == 0
+        with engines[0].connect() as conn:  # the lock is visible to PostgreSQL itself
+            held = conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                     " AND granted")).scalar()
+        assert held >= 1
+        reps[0].shutdown()  # releases the advisory lock
+        frozen = runs[0]
+        assert wait_for(lambda: runs[1] >= 2)
+        assert runs[0] == frozen
+    finally:
+        for r in reps:
+            r.shutdown()
+        for e in engines:
+            e.dispose()
+    assert overlap == []
+
+
+@pytest.mark.postgres
+def test_leader_connection_loss_hands_over(pg_url: str) -> None:
+    name = f"test-handover-{time.monotonic_ns()}"
+    engines = [make_engine(pg_url), make_engine(pg_url)]
+    a, b = (PgAdvisoryLeader(e, name=name) for e in engines)
+    try:
+        assert a.is_leader() and not b.is_leader()
+        with engines[1].connect() as conn:  # kill a's session as a crash or failover would
+            pid = a._conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+            conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        assert wait_for(b.is_leader, timeout=5)
+        assert not a.is_leader()
+    finally:
+        a.release()
+        b.release()
+        for e in engines:
+            e.dispose()

@@ -1,0 +1,136 @@
+"""Probe cycles against the fake engine: coverage, A/B arms, memory, compile, failures."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from engine.errors import EngineError, Overloaded
+from engine.protocol import GenerateResult, RuntimeFlags
+from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, ProbeCycle
+from tests.probes.fakes import FakeEngine
+
+BUCKETS = ("16", "32", "64", "128", "256")
+
+
+def make_cycle(engine: FakeEngine, suites: dict, **kw: object) -> ProbeCycle:
+    kw.setdefault("rng", random.Random(0))
+    return ProbeCycle(engine, suites, instance_id="replica-a", canaries_per_bucket=2, **kw)
+
+
+def test_cycle_measures_every_bucket_and_path(engine: FakeEngine, suites: dict) -> None:
+    seen: list[GenerateResult] = []
+    result = make_cycle(engine, suites, ab_share=0.0, observers=[seen.append]).run("in_domain")
+    assert result.status == STATUS_OK and result.error is None
+    assert result.buckets == BUCKETS
+    assert result.missing_buckets == ()
+    assert {g.key for g in result.groups} == {
+        (b, "compiled", "speculative", "optimized") for b in BUCKETS}
+    assert all(g.requests == 2 for g in result.groups)
+    assert len(seen) == 10 and all(r.canary for r in seen)
+    assert engine.state.canary_calls == 10
+    g16 = result.groups[0]
+    assert g16.acceptance_rate is not None and g16.acceptance_rate > 0.5  # in-domain
+    assert g16.padded_length == 16 and 0 < g16.padding_waste < 1
+    assert g16.latency.p50 is not None and g16.ttft.p95 is not None
+    assert result.compile is not None and result.compile.recompiles == 0
+
+
+def test_shifted_domain_lowers_acceptance(engine: FakeEngine, suites: dict) -> None:
+    cycle = make_cycle(engine, suites, ab_share=0.0)
+    ind, shf = cycle.run("in_domain"), cycle.run("shifted")
+    assert shf.groups[0].acceptance_rate < ind.groups[0].acceptance_rate
+
+
+def test_ab_arms_run_as_variants(engine: FakeEngine, suites: dict) -> None:
+    result = make_cycle(engine, suites, ab_share=1.0).run("in_domain")
+    assert result.ab
+    variants = {(g.bucket, g.variant): g for g in result.groups}
+    for b in BUCKETS:
+        assert variants[(b, "eager")].path == "eager"
+        assert variants[(b, "direct")].decoding == "direct"
+        assert variants[(b, "exact")].path == "exact"
+        # The fake's eager arm is slower: the A/B rows carry the speedup.
+        assert variants[(b, "eager")].latency.p50 > variants[(b, "optimized")].latency.p50
+    # The exact arm recompiles by design; it is kept apart from the cycle's own compiles.
+    assert result.compile.recompiles == 0
+    assert result.ab_compile is not None and result.ab_compile.recompiles > 0
+
+
+def test_ab_share_is_deterministic_with_a_seeded_rng(engine: FakeEngine, suites: dict) -> None:
+    def schedule(seed: int) -> list[bool]:
+        cycle = make_cycle(engine, suites, ab_share=0.3, rng=random.Random(seed))
+        return [cycle.run("in_domain").ab for _ in range(20)]
+
+    first = schedule(7)
+    assert first == schedule(7)
+    assert 0 < sum(first) < 20
+
+
+def test_speculation_off_measures_the_speculative_arm(suites: dict) -> None:
+    from engine.protocol import InMemoryFlagProvider
+
+    flags = InMemoryFlagProvider(RuntimeFlags(speculative={"32": False}))
+    engine = FakeEngine(flags=flags)
+    engine.warm_up()
+    result = make_cycle(engine, suites, ab_share=1.0, ab_arms=("direct",)).run("in_domain")
+    keys = {(g.bucket, g.decoding, g.variant) for g in result.groups}
+    assert ("32", "direct", "optimized") in keys
+    assert ("32", "speculative", "speculative") in keys
+    assert ("64", "direct", "direct") in keys
+
+
+def test_memory_growth_is_measured(suites: dict) -> None:
+    engine = FakeEngine(leak_bytes_per_call=1000)
+    engine.warm_up()
+    result = make_cycle(engine, suites, ab_share=0.0).run("in_domain")
+    assert result.rss_growth_bytes == 10 * 1000
+    assert result.memory_before.rss_bytes < result.memory_after.rss_bytes
+
+
+def test_bucketing_off_records_recompiles_with_reason(suites: dict) -> None:
+    from engine.protocol import InMemoryFlagProvider
+
+    engine = FakeEngine(flags=InMemoryFlagProvider(RuntimeFlags(bucketing=False)))
+    engine.warm_up()
+    result = make_cycle(engine, suites, ab_share=0.0).run("in_domain")
+    assert result.compile.recompiles == 10
+    assert all("size mismatch" in reason for reason in result.compile.recompile_reasons)
+
+
+def test_hung_engine_call_times_out_and_never_stacks(engine: FakeEngine, suites: dict) -> None:
+    cycle = make_cycle(engine, suites, ab_share=0.0, timeout_s=0.2)
+    engine.hang.set()
+    first = cycle.run("in_domain")
+    assert first.status == STATUS_TIMEOUT
+    assert "cycle_timeout_s=0.2" in first.error and "bucket 16" in first.error
+    second = cycle.run("in_domain")  # the first worker is still stuck in the engine
+    assert second.status == STATUS_TIMEOUT and "still waiting" in second.error
+    assert threading.active_count() < 50
+    engine.hang.clear()
+    engine.release.set()
+    for t in threading.enumerate():
+        if t.name.startswith("probe-cycle"):
+            t.join(5)
+    assert cycle.run("in_domain").status == STATUS_OK
+
+
+def test_engine_error_is_reported_not_raised(engine: FakeEngine, suites: dict) -> None:
+    engine.fail_with = EngineError("CUDA error: device-side assert triggered")
+    result = make_cycle(engine, suites).run("in_domain")
+    assert result.status == STATUS_ERROR
+    assert result.error == "EngineError: CUDA error: device-side assert triggered"
+
+
+def test_overloaded_canaries_are_counted(engine: FakeEngine, suites: dict) -> None:
+    engine.fail_with = Overloaded("queue full")
+    result = make_cycle(engine, suites, ab_share=0.0).run("in_domain")
+    assert result.status == STATUS_OK
+    assert result.rejected == 10 and result.groups == ()
+
+
+def test_observer_failure_does_not_fail_the_cycle(engine: FakeEngine, suites: dict) -> None:
+    def broken(_: GenerateResult) -> None:
+        raise RuntimeError("metrics down")
+
+    assert make_cycle(engine, suites, observers=[broken]).run("in_domain").status == STATUS_OK

@@ -1,0 +1,141 @@
+"""Real-traffic rollups: canaries excluded, bounded buffer, flushes that add up."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from engine.protocol import GenerateResult, SpecStats
+from probes.traffic import TrafficRecorder, sql_store
+from storage.histograms import LATENCY_EDGES_S, TOKEN_EDGES
+from storage.models import TrafficRollup
+
+T0 = datetime(2026, 11, 30, 10, 0, 12, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def served(total: float = 0.03, *, bucket: str = "32", canary: bool = False,
+           probation: bool = False, path: str = "compiled") -> GenerateResult:
+    return GenerateResult(
+        text="x", output_ids=(1, 2), input_tokens=20, bucket=bucket, padded_length=32,
+        output_tokens=10, path=path, decoding="speculative", queue_wait_s=0.0,
+        encoder_s=0.001, ttft_s=0.005, decode_token_s=(0.002,) * 9, total_s=total,
+        spec=SpecStats(2, 8, 6, (2, 2, 1, 1), 2), canary=canary, probation=probation)
+
+
+def test_canary_traffic_never_enters_rollups() -> None:
+    rec = TrafficRecorder("a", clock=Clock())
+    rec.record(served(canary=True))
+    assert rec.drain() == []
+    rec.record(served())
+    assert [d.requests for _, d in rec.drain()] == [1]
+
+
+def test_rollup_folds_histograms_acceptance_and_probation() -> None:
+    clock = Clock()
+    rec = TrafficRecorder("a", clock=clock)
+    rec.record(served(0.03))
+    rec.record(served(100.0, probation=True))  # above the last latency edge
+    rec.record(served(0.2, bucket="overflow", path="overflow"))
+    rec.record_rejection("32")
+    clock.now = T0 + timedelta(minutes=1)
+    rec.record(served())
+    rollups = {(k.minute, k.bucket, k.path): d for k, d in rec.drain()}
+    d = rollups[(T0.replace(second=0), "32", "compiled")]
+    assert d.requests == 2 and d.latency_sum_s == pytest.approx(100.03)
+    assert len(d.latency_hist) == len(LATENCY_EDGES_S) + 1 and d.latency_hist[-1] == 1
+    assert sum(d.input_len_hist) == 2 and len(d.input_len_hist) == len(TOKEN_EDGES) + 1
+    assert (d.drafts, d.draft_tokens, d.accepted_tokens) == (4, 16, 12)
+    assert d.accepted_per_position == (4, 4, 2, 2)
+    assert (d.probation_requests, d.probation_draft_tokens, d.probation_accepted) == (1, 8, 6)
+    assert rollups[(T0.replace(second=0), "overflow", "overflow")].overflow == 1
+    assert rollups[(T0.replace(second=0), "32", "rejected")].rejections == 1
+    assert rollups[(T0.replace(second=0, minute=1), "32", "compiled")].requests == 1
+
+
+def test_bounded_buffer_counts_drops() -> None:
+    clock = Clock()
+    rec = TrafficRecorder("a", buffer_max=2, clock=clock)
+    for minute in range(5):
+        clock.now = T0 + timedelta(minutes=minute)
+        rec.record(served())
+        rec.record(served())  # same key: no new rollup needed
+    assert len(rec) == 2
+    assert rec.dropped == 6
+    clock.now = T0
+    rec.record(served())  # an existing rollup still takes requests
+    assert rec.dropped == 6
+
+
+def test_failed_store_keeps_rollups_for_the_next_flush() -> None:
+    rec = TrafficRecorder("a", clock=Clock())
+    rec.record(served())
+
+    def down(_: object) -> None:
+        raise ConnectionError("database down")
+
+    with pytest.raises(ConnectionError):
+        rec.flush(down)
+    rec.record(served())
+    stored: list = []
+    assert rec.flush(stored.extend) == 1
+    assert stored[0][1].requests == 2 and rec.flush_failures == 1
+
+
+def test_flushes_add_up_in_the_database(sessionmaker: sessionmaker[Session]) -> None:
+    clock = Clock()
+    rec = TrafficRecorder("replica-a", clock=clock)
+    store = sql_store(sessionmaker)
+    rec.record(served())
+    rec.record(served(canary=True))
+    rec.flush(store)
+    rec.record(served())
+    rec.record(replace(served(), probation=True))
+    rec.flush(store)
+    with sessionmaker() as s:
+        rows = s.scalars(select(TrafficRollup)).all()
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.minute, row.instance_id, row.bucket) == (T0.replace(second=0), "replica-a", "32")
+    assert row.requests == 3 and row.draft_tokens == 24 and row.probation_requests == 1
+    assert sum(row.latency_hist) == 3
+
+
+def test_writer_store_delays_rollups_until_the_database_is_back(
+        sessionmaker: sessionmaker[Session]) -> None:
+    from probes.traffic import writer_store
+    from storage.writer import Writer
+
+    writer = Writer(sessionmaker, max_pending=1)
+    rec = TrafficRecorder("a", clock=Clock())
+    store = writer_store(writer)
+    try:
+        rec.record(served())
+        rec.flush(store)
+        assert writer.flush(timeout=10)
+        rec.record(served())
+        gate = threading.Event()
+        assert writer.submit(lambda s: gate.wait(10))  # the writer is busy and full
+        with pytest.raises(BufferError):
+            rec.flush(store)
+        gate.set()
+        assert len(rec) == 1  # kept for the next flush
+        assert writer.flush(timeout=10)
+        rec.flush(store)
+        assert writer.flush(timeout=10)
+    finally:
+        writer.close()
+    with sessionmaker() as s:
+        assert s.scalars(select(TrafficRollup)).one().requests == 2

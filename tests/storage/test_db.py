@@ -1,0 +1,150 @@
+"""Engines, timestamps and SQLite concurrency."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage.db import make_engine, make_sessionmaker, normalize_url
+from storage.errors import InvalidQuery
+from storage.models import Alert, MemorySample, NaiveDatetimeError, ProbeResult, scope_key
+from storage.writer import Writer
+from tests.storage.builders import T0, probe_run
+
+
+@pytest.mark.parametrize("url", ["postgresql://u@h/db", "postgres://u@h/db",
+                                 "postgresql+psycopg://u@h/db"])
+def test_postgres_urls_use_psycopg3(url: str) -> None:
+    assert normalize_url(url).drivername == "postgresql+psycopg"
+
+
+@pytest.mark.parametrize("url", ["", "mysql://u@h/db", "not a url"])
+def test_bad_urls_name_the_field(url: str) -> None:
+    with pytest.raises(InvalidQuery, match="database_url"):
+        normalize_url(url)
+
+
+def test_sqlite_engine_creates_its_directory_and_sets_pragmas(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'var' / 'tw.db'}")
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 15000
+    finally:
+        engine.dispose()
+    assert (tmp_path / "var" / "tw.db").exists()
+
+
+def test_timestamps_come_back_aware_utc(sessionmaker: sessionmaker[Session]) -> None:
+    plus2 = timezone(timedelta(hours=2))
+    with sessionmaker.begin() as s:
+        s.add(MemorySample(at=datetime(2026, 11, 2, 3, 0, tzinfo=plus2), instance_id="a",
+                           rss_bytes=1))
+    with sessionmaker() as s:
+        at = s.scalar(select(MemorySample.at))
+        later = s.scalar(select(func.count()).select_from(MemorySample)
+                         .where(MemorySample.at >= datetime(2026, 11, 2, 1, 0, tzinfo=UTC)))
+    assert at == datetime(2026, 11, 2, 1, 0, tzinfo=UTC) and at.tzinfo is UTC
+    assert later == 1
+
+
+def test_naive_datetimes_are_refused(sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker() as s, pytest.raises(Exception) as info:
+        s.add(MemorySample(at=datetime(2026, 1, 1), instance_id="a", rss_bytes=1))
+        s.flush()
+    assert isinstance(info.value.__cause__ or info.value, NaiveDatetimeError)
+
+
+def test_one_open_alert_per_fingerprint(sessionmaker: sessionmaker[Session]) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    with sessionmaker.begin() as s:
+        s.add(Alert(fingerprint="f1", rule="r", state="resolved"))
+        s.add(Alert(fingerprint="f1", rule="r", state="resolved"))
+        s.add(Alert(fingerprint="f1", rule="r", state="firing"))
+    with pytest.raises(IntegrityError), sessionmaker.begin() as s:
+        s.add(Alert(fingerprint="f1", rule="r", state="pending"))
+
+
+def test_deleting_a_run_deletes_its_results(sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        s.add(probe_run(T0, [{"bucket": "16"}, {"bucket": "64"}]))
+    with sessionmaker.begin() as s:
+        s.execute(text("DELETE FROM probe_runs"))
+    with sessionmaker() as s:
+        assert s.scalar(select(func.count()).select_from(ProbeResult)) == 0
+
+
+def test_scope_key_is_order_independent() -> None:
+    assert scope_key({"path": "compiled", "bucket": "64"}) == "bucket=64,path=compiled"
+
+
+def test_concurrent_sqlite_writers_and_readers_never_see_locked(tmp_path: Path) -> None:
+    from storage import migrate
+
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    maker = make_sessionmaker(engine)
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(40):
+                with maker.begin() as s:
+                    # Read then write in one transaction: the case deferred BEGIN breaks.
+                    seen = s.scalar(select(func.count()).select_from(MemorySample)) or 0
+                    s.add(MemorySample(at=T0, instance_id=f"w{n}", rss_bytes=seen + i))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            for _ in range(60):
+                with maker() as s:
+                    s.scalar(select(func.max(MemorySample.rss_bytes)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        with maker() as s:
+            total = s.scalar(select(func.count()).select_from(MemorySample))
+    finally:
+        engine.dispose()
+    assert errors == []
+    assert total == 160
+
+
+def test_writer_waits_out_a_held_lock(tmp_path: Path) -> None:
+    from storage import migrate
+
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    migrate.upgrade(url)
+    blocker = make_engine(url)
+    engine = make_engine(url, busy_timeout_s=0.05)  # give up on the lock almost at once
+    writer = Writer(make_sessionmaker(engine), initial_backoff_s=0.01, max_backoff_s=0.05)
+    try:
+        with blocker.begin() as conn:  # BEGIN IMMEDIATE: holds the write lock
+            conn.execute(text("INSERT INTO reports (week, created_at, markdown, html, summary) "
+                              "VALUES ('2026-W01', '2026-01-01 00:00:00', '', '', '{}')"))
+            writer.submit(lambda s: s.add(MemorySample(at=T0, instance_id="x", rss_bytes=1)))
+            assert not writer.flush(timeout=0.4)
+            assert "locked" in (writer.stats.last_error or "")
+        assert writer.flush(timeout=30)
+        assert writer.stats.written == 1 and writer.stats.retries >= 1
+    finally:
+        writer.close()
+        engine.dispose()
+        blocker.dispose()
