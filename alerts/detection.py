@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 # 1.4826 * MAD estimates sigma for normal data and ignores outliers.
 _MAD_TO_SIGMA = 1.4826
+# The 5-95% range of a normal sample spans 2 * 1.645 sigma.
+_Q05_Q95_TO_SIGMA = 3.29
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,11 @@ class Cusum:
 
 @dataclass(frozen=True)
 class BaselineStats:
-    """A baseline summary: median and robust spread of per-cycle values."""
+    """A baseline summary: median and spread of per-cycle values.
+
+    spread: the larger of 1.4826 x MAD (blind to a few outliers) and the 5-95% range /
+    3.29 (not blind to a heavy tail), both sigma for normal data.
+    """
 
     center: float
     spread: float
@@ -71,8 +77,14 @@ class BaselineStats:
         if not xs:
             return None
         center = statistics.median(xs)
-        mad = statistics.median(abs(x - center) for x in xs)
-        return cls(center=center, spread=_MAD_TO_SIGMA * mad, cycles=len(xs), pinned=pinned)
+        spread = _MAD_TO_SIGMA * statistics.median(abs(x - center) for x in xs)
+        if len(xs) >= 20:
+            # The MAD ignores a heavy tail that still makes false alarms (per-request
+            # acceptance is such a mixture): take the 5-95% range when it is wider.
+            xs.sort()
+            q05, q95 = xs[int(0.05 * (len(xs) - 1))], xs[int(0.95 * (len(xs) - 1))]
+            spread = max(spread, (q95 - q05) / _Q05_Q95_TO_SIGMA)
+        return cls(center=center, spread=spread, cycles=len(xs), pinned=pinned)
 
     def relative_noise(self, params: Cusum) -> float:
         """Return spread / |centre|, floored at params.min_spread_rel (inf for a zero centre)."""

@@ -6,7 +6,7 @@ counters, rejections, webhook deliveries); `MetricsSink.observe` turns a
 owned by something else are read at scrape time by custom collectors: `EngineCollector`
 (compile counters, memory, queue depth, flag-provider errors) and `DatabaseCollector`
 (flags, alerts, latest probe runs, webhook outbox). Every series is listed in
-monitor/METRICS.md.
+the README (tests/monitor/test_metrics.py keeps the two in step).
 """
 
 from __future__ import annotations

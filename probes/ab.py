@@ -21,12 +21,14 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from probes.cycle import ARM_SPECULATIVE, ARMS
+from probes.cycle import ARM_COMPILED, ARM_SPECULATIVE, ARMS
 from probes.measure import VARIANT_DEFAULT
 from storage.models import ProbeResult, ProbeRun
 
 OPTIMIZATION_OF_ARM = {"eager": "compile", "direct": "speculative", "exact": "bucketing",
-                       ARM_SPECULATIVE: "speculative"}
+                       ARM_SPECULATIVE: "speculative", ARM_COMPILED: "compile"}
+# Reverse arms run the optimization while its flag is off: the ratio is inverted.
+REVERSE_ARMS = (ARM_SPECULATIVE, ARM_COMPILED)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ def ab_speedups(session: Session, start: datetime, end: datetime, *,
     """Return the speedup per bucket x arm measured by A/B cycles in [start, end)."""
     if end <= start:
         raise ValueError("end: must be after start")
-    variants = (VARIANT_DEFAULT, *ARMS, ARM_SPECULATIVE)
+    variants = (VARIANT_DEFAULT, *ARMS, *REVERSE_ARMS)
     stmt = (select(ProbeResult.run_id, ProbeResult.bucket, ProbeResult.variant,
                    ProbeResult.count, ProbeResult.errors, ProbeResult.p50_s)
             .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
@@ -71,7 +73,7 @@ def ab_speedups(session: Session, start: datetime, end: datetime, *,
             pairs[(bucket, variant)].append((opt[1], p50))
     out = []
     for (bucket, arm), xs in pairs.items():
-        ratios = [(o / a) if arm == ARM_SPECULATIVE else (a / o) for o, a in xs]
+        ratios = [(o / a) if arm in REVERSE_ARMS else (a / o) for o, a in xs]
         out.append(ArmSpeedup(
             bucket=bucket, arm=arm, optimization=OPTIMIZATION_OF_ARM[arm], runs=len(xs),
             optimized_p50_s=statistics.median(o for o, _ in xs),

@@ -45,8 +45,10 @@ ARMS: dict[str, FlagOverride] = {
     "direct": FlagOverride(speculative=False),
     "exact": FlagOverride(bucketing=False),
 }
-# Reverse arm: when a bucket's speculation is already off, measure it switched back on.
+# Reverse arms: when an optimization is already off (a fallback flag), measure it switched
+# back on, so the auto-fallback policy can see whether it has recovered.
 ARM_SPECULATIVE = "speculative"
+ARM_COMPILED = "compiled"
 
 Observer = Callable[[GenerateResult], None]
 
@@ -244,6 +246,10 @@ class ProbeCycle:
         arms: list[tuple[str, FlagOverride]] = []
         for name in self.ab_arms:
             if name == "eager" and first.path in (PATH_EAGER, PATH_OVERFLOW):
+                # Eager after warm-up means the `compiled` flag is off: probe the
+                # compiled path at the A/B rate so recovery can be measured.
+                if first.path == PATH_EAGER and self.engine.warmup_status().done:
+                    arms.append((ARM_COMPILED, FlagOverride(compiled=True)))
                 continue
             if name == "exact" and first.path != PATH_COMPILED:
                 continue

@@ -12,6 +12,7 @@ generated first and excluded from training.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -35,6 +36,8 @@ EXACT_TOKENS = 32
 # The chain itself is learned within a few dozen steps; what takes long is reading the
 # input's last word to start the output, so most batches teacher-force only the start.
 SHORT_LABELS = 24
+# Mostly short inputs (cheap), but long ones are where reading the last word is hardest.
+TRAIN_BUCKET_WEIGHTS = (0.25, 0.2, 0.2, 0.2, 0.15)
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,8 @@ class ModelSpec:
 
 # Equal encoder/decoder depth: transformers 5 sizes generate()'s DynamicCache by
 # num_layers (the encoder's), so a deeper decoder crashes generate().
-TARGET = ModelSpec("target", 192, 512, 8, 24, 6, 6, task.DOMAINS, 400, 32, 3e-3, True, True, 0.75)
-DRAFT = ModelSpec("draft", 128, 512, 8, 16, 1, 1, (task.IN_DOMAIN,), 600, 32, 3e-3, False, True,
+TARGET = ModelSpec("target", 192, 512, 4, 48, 6, 6, task.DOMAINS, 700, 16, 2e-3, True, True, 0.0)
+DRAFT = ModelSpec("draft", 128, 512, 8, 16, 1, 1, (task.IN_DOMAIN,), 800, 32, 3e-3, False, True,
                   0.0)
 
 
@@ -125,7 +128,7 @@ def held_out_sets(seed: int) -> tuple[dict[str, list[str]], list[dict[str, str]]
 def batches(spec: ModelSpec, rng: random.Random, exclude: set[str]):
     """Yield (input_ids, attention_mask, labels) batches from one input bucket each."""
     while True:
-        lo, hi = rng.choices(task.BYTE_BUCKETS, weights=(0.3, 0.25, 0.2, 0.15, 0.1))[0]
+        lo, hi = rng.choices(task.BYTE_BUCKETS, weights=TRAIN_BUCKET_WEIGHTS)[0]
         pairs = []
         while len(pairs) < spec.batch_size:
             domain = rng.choice(spec.domains)
@@ -133,7 +136,7 @@ def batches(spec: ModelSpec, rng: random.Random, exclude: set[str]):
             if text not in exclude:
                 pairs.append((text, out))
         ids, mask, labels = encode(pairs)
-        if rng.random() < spec.short_share:
+        if spec.short_share and rng.random() < spec.short_share:
             labels = labels[:, :SHORT_LABELS].contiguous()
         yield ids, mask, labels
 
@@ -320,15 +323,7 @@ def save(model: T5ForConditionalGeneration, tokenizer: ByT5Tokenizer, path: Path
 
 def save_copy(model: T5ForConditionalGeneration, tokenizer: ByT5Tokenizer, path: Path) -> None:
     """Save a float32 copy of a model in training, leaving it untouched."""
-    copy = make_model_like(model)
-    save(copy, tokenizer, path)
-
-
-def make_model_like(model: T5ForConditionalGeneration) -> T5ForConditionalGeneration:
-    """Return an eval-mode copy of `model`."""
-    copy = T5ForConditionalGeneration(model.config)
-    copy.load_state_dict(model.state_dict())
-    return copy.eval()
+    save(copy.deepcopy(model).eval(), tokenizer, path)
 
 
 def write_sets(out: Path, canaries: dict[str, list[str]], heldout: list[dict]) -> None:

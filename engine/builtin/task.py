@@ -18,7 +18,9 @@ Exceptions: `TaskError(ValueError)` for bad arguments or inputs not drawn from a
 from __future__ import annotations
 
 import hashlib
+import json
 import random
+from pathlib import Path
 
 IN_DOMAIN = "in_domain"
 SHIFTED = "shifted"
@@ -28,6 +30,10 @@ MIN_INPUT_BYTES = 8
 MAX_INPUT_BYTES = 4096
 MIN_OUTPUT_BYTES = 40
 MAX_OUTPUT_BYTES = 150
+
+BUILTIN_DIR = Path(__file__).parent
+CANARY_DIR = BUILTIN_DIR / "canaries"
+HELDOUT_PATH = BUILTIN_DIR / "heldout.jsonl"
 
 # Buckets of input bytes (one token per byte plus EOS: 16/32/64/128/256 tokens).
 BYTE_BUCKETS = ((8, 15), (16, 31), (32, 63), (64, 127), (128, 255))
@@ -162,3 +168,14 @@ def random_input_bytes(rng: random.Random, weights: tuple[float, ...] | None = N
     weights = weights or (0.3, 0.25, 0.2, 0.15, 0.1)
     lo, hi = rng.choices(BYTE_BUCKETS, weights=weights)[0]
     return rng.randint(lo, hi)
+
+
+def read_canaries(domain: str) -> list[str]:
+    """Return the shipped canary inputs of `domain` (held out from training)."""
+    _check_domain(domain)
+    return (CANARY_DIR / f"{domain}.txt").read_text().splitlines()
+
+
+def read_heldout() -> list[dict[str, str]]:
+    """Return the shipped held-out examples: {"domain", "input", "expected"} dicts."""
+    return [json.loads(line) for line in HELDOUT_PATH.read_text().splitlines() if line]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -25,7 +24,7 @@ def _bucket(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def heldout_sample() -> list[dict[str, str]]:
-    rows = [json.loads(line) for line in (BUILTIN / "heldout.jsonl").read_text().splitlines()]
+    rows = task.read_heldout()
     sample = []
     for domain in task.DOMAINS:
         for b in range(len(task.BYTE_BUCKETS)):
@@ -108,10 +107,9 @@ def test_task_rejects_text_off_the_chain():
 
 
 def test_canaries_cover_every_bucket_and_are_held_out():
-    heldout = {json.loads(line)["input"]
-               for line in (BUILTIN / "heldout.jsonl").read_text().splitlines()}
+    heldout = {row["input"] for row in task.read_heldout()}
     for domain in task.DOMAINS:
-        lines = (BUILTIN / "canaries" / f"{domain}.txt").read_text().splitlines()
+        lines = task.read_canaries(domain)
         counts = [0] * len(task.BYTE_BUCKETS)
         for line in lines:
             assert task.domain_of(line) == domain
@@ -128,6 +126,7 @@ def test_checkpoints_fit_in_20_mb():
     assert sum(p.stat().st_size for p in files) <= 20_000_000
 
 
+@pytest.mark.slow
 def test_tokenizer_and_model_load_offline():
     code = (
         "from transformers import AutoTokenizer, AutoConfig\n"
@@ -145,6 +144,7 @@ def test_tokenizer_and_model_load_offline():
 # ---------------------------------------------------------------- the models
 
 
+@pytest.mark.slow
 def test_target_greedy_output_is_correct_on_both_domains(heldout_sample, one_thread):
     got = _greedy("target", [r["input"] for r in heldout_sample])
     wrong = [(r["input"], g) for r, g in zip(heldout_sample, got, strict=True)

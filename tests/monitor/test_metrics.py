@@ -205,3 +205,22 @@ def test_metrics_endpoint_serves_the_apps_registry(client: TestClient) -> None:
     assert 'tailwatch_request_duration_seconds_count{bucket="16"' in r.text
     assert "tailwatch_build_info{" in r.text
     assert "tailwatch_engine_ready 1.0" in r.text
+
+
+def test_every_exported_metric_is_documented_in_the_readme(client: TestClient) -> None:
+    import re
+    from pathlib import Path
+
+    client.post("/v1/generate", json={"text": "hello river"})
+    text = client.get("/metrics").text
+    exported = {n for n in re.findall(r"^# TYPE (tailwatch_\w+) ", text, re.M)
+                if not n.endswith("_created")}  # prometheus_client's per-series timestamps
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    documented = set(re.findall(r"tailwatch_\w+", readme))
+    suffixes = ("_total", "_seconds")
+
+    def covered(name: str) -> bool:
+        return name in documented or any(name.removesuffix(s) in documented for s in suffixes)
+
+    assert exported, "no tailwatch_ metric exported"
+    assert sorted(n for n in exported if not covered(n)) == []

@@ -44,3 +44,23 @@ def test_empty_window_is_refused(sessionmaker: sessionmaker[Session]) -> None:
     t = datetime(2026, 11, 30, tzinfo=UTC)
     with sessionmaker() as s, pytest.raises(ValueError, match="end"):
         ab_speedups(s, t, t)
+
+
+def test_compiled_off_probes_the_compiled_path_as_a_reverse_arm(
+        sessionmaker: sessionmaker[Session], suites: dict) -> None:
+    flags = InMemoryFlagProvider(RuntimeFlags(compiled=False))
+    engine = FakeEngine(flags=flags, timings=FakeTimings(eager_factor=2.0))
+    engine.warm_up()
+    t = datetime(2026, 11, 30, 10, tzinfo=UTC)
+    cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
+                       ab_arms=("eager",), rng=random.Random(0), clock=lambda: t)
+    SqlSink(sessionmaker).store_cycle(cycle.run("in_domain"))
+    with sessionmaker() as s:
+        got = {(x.bucket, x.arm): x for x in ab_speedups(s, t - timedelta(hours=1),
+                                                          t + timedelta(hours=1))}
+    # The eager fallback is in force, so the arm measures compile switched back on.
+    assert ("64", "eager") not in got
+    compiled = got[("64", "compiled")]
+    assert compiled.optimization == "compile"
+    assert compiled.speedup == pytest.approx(compiled.optimized_p50_s / compiled.arm_p50_s)
+    assert compiled.speedup > 1.5

@@ -1,0 +1,174 @@
+"""Demo profiles and the accelerated settings, rules and policy each one runs with.
+
+Shipped defaults are untouched: the demo writes its own rule and policy files (which
+replace the shipped entries of the same name) into its work directory and builds a
+`Settings` object for the service. Two limits set the pace:
+
+* Canary rules use `window_s`-second cycles (a few seconds) and short baselines.
+* Traffic rules cannot go below one minute: real traffic is stored as per-minute rollups
+  (`storage.rollups.RollupKey` truncates to the minute), so the acceptance alert needs
+  two whole minutes of shifted traffic. That step dominates the demo's run time.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from monitor.settings import (
+    AlertSettings,
+    ApiSettings,
+    ApiToken,
+    EngineSettings,
+    ProbeSettings,
+    ReportSettings,
+    SchedulerSettings,
+    Settings,
+)
+
+OPERATOR = "oncall-alice"
+RECEIVER_NAME = "demo-receiver"
+
+
+@dataclass(frozen=True)
+class DemoProfile:
+    """How big and how fast the demo runs.
+
+    window_s: cycle length of the canary rules; probes run every probe_interval_s, so
+        each cycle holds about two canary cycles.
+    delay_s: latency injected into every engine call during the regression step.
+    shift_bucket: the bucket whose real traffic moves to the shifted domain.
+    compile_backend: torch.compile backend. "eager" keeps dynamo's graphs, guards and
+        recompile counters real while skipping inductor's code generation, which costs
+        minutes per shape on a 2-core CPU (the shape-churn step compiles many shapes).
+    """
+
+    name: str
+    buckets: tuple[int, ...]
+    canaries_per_bucket: int
+    probe_interval_s: float
+    window_s: float
+    min_baseline_cycles: int
+    delay_s: float
+    traffic_rate_per_s: float
+    shift_bucket: int = 32
+    compile_backend: str = "eager"
+    warmup_timeout_s: float = 240.0
+    baseline_timeout_s: float = 150.0
+    shift_timeout_s: float = 240.0
+    regression_timeout_s: float = 90.0
+    churn_timeout_s: float = 120.0
+    report_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.shift_bucket not in self.buckets:
+            raise ValueError(f"shift_bucket: {self.shift_bucket} is not one of {self.buckets}")
+        if self.window_s < 2 * self.probe_interval_s:
+            raise ValueError("window_s: must hold at least two probe intervals")
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Return the bucket labels as the engine names them."""
+        return tuple(str(b) for b in self.buckets)
+
+
+FULL = DemoProfile(name="full", buckets=(16, 32, 64, 128, 256), canaries_per_bucket=2,
+                   probe_interval_s=2.5, window_s=5.0, min_baseline_cycles=4, delay_s=0.6,
+                   traffic_rate_per_s=4.0)
+FAST = DemoProfile(name="fast", buckets=(16, 32, 64), canaries_per_bucket=1,
+                   probe_interval_s=2.0, window_s=4.0, min_baseline_cycles=3, delay_s=0.5,
+                   traffic_rate_per_s=4.0)
+
+
+def demo_rules(profile: DemoProfile) -> dict[str, Any]:
+    """Return the rule overrides (same names as the shipped rules, accelerated)."""
+    w = f"{profile.window_s:g}s"
+    return {"rules": [
+        {"name": "p99_latency_regression",
+         "description": "Canary p99 per bucket rose against its baseline (demo pace).",
+         "metric": "p99_latency", "source": "canary", "per": ["bucket"],
+         # Wide band: turning speculation off in a bucket costs its in-domain canaries
+         # about +50%, which is the price of the fallback, not a regression to page on.
+         "change": "+150%", "resolve_change": "+100%", "for": 2, "resolve_for": 2,
+         "min_samples": 1, "window": w, "lookback": 12, "baseline_window": "30m",
+         "min_baseline_cycles": profile.min_baseline_cycles, "cusum": {"min_cycles": 2},
+         "severity": "page"},
+        {"name": "acceptance_drop",
+         "description": "Real-traffic acceptance per bucket fell (demo pace; minute rollups).",
+         "metric": "acceptance_rate", "source": "traffic", "per": ["bucket"],
+         "change": "-40%", "resolve_change": "-15%", "for": 2, "resolve_for": 2,
+         "min_samples": 3, "window": "1m", "lookback": 5, "baseline_window": "30m",
+         "min_baseline_cycles": 1, "cusum": {"min_cycles": 2, "min_spread_rel": 0.1},
+         "severity": "page"},
+        {"name": "recompiles_per_hour",
+         "description": "torch.compile keeps recompiling (demo pace).",
+         "metric": "recompiles_per_hour", "source": "canary", "per": ["instance"],
+         "change": "+100%", "for": 2, "ceiling": 2, "window": w, "lookback": 12,
+         "baseline_window": "30m", "min_baseline_cycles": profile.min_baseline_cycles,
+         "severity": "page"},
+    ]}
+
+
+def demo_policy() -> dict[str, Any]:
+    """Return the policy overrides: long holds (no restore mid-demo), no automatic revert."""
+    return {
+        "policies": [
+            {"name": "speculation_off_on_acceptance_drop", "alerts": ["acceptance_drop"],
+             "flag": "speculative", "scope_from": "bucket", "value": False,
+             "probation": 0.1, "expires": "1h", "hold": "30m", "cooldown": "30m",
+             "recovery": {"measure": "probation_acceptance", "window": "2m",
+                          "min_samples": 40, "within": "-10%", "floor": 0.5}},
+            {"name": "eager_on_compile_trouble",
+             "alerts": ["recompiles_per_hour", "compile_failures"],
+             "flag": "compiled", "value": False, "expires": "1h", "hold": "30m",
+             "cooldown": "30m",
+             "recovery": {"measure": "canary_variant", "variant": "compiled", "window": "2m",
+                          "min_samples": 4, "within": "+0%"}},
+        ],
+        # The scripted latency regression follows the automatic speculation change by
+        # a minute; the shipped revert rule would (rightly) undo it. Off for the demo.
+        "revert": {"alerts": []},
+    }
+
+
+def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
+                  report_dir: Path, token: str | None = None) -> Settings:
+    """Write the rule and policy files into `workdir` and return the service settings."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rules_file = workdir / "demo-rules.yaml"
+    policy_file = workdir / "demo-policy.yaml"
+    rules_file.write_text(yaml.safe_dump(demo_rules(profile), sort_keys=False))
+    policy_file.write_text(yaml.safe_dump(demo_policy(), sort_keys=False))
+    return Settings(
+        database_url=f"sqlite:///{(workdir / 'tailwatch-demo.db').resolve()}",
+        auto_migrate=True,
+        instance_id="demo",
+        engine=EngineSettings(
+            buckets=profile.buckets, compile_mode="default",
+            compile_backend=profile.compile_backend, num_threads=1,
+            # Two decode streams: canaries do not queue behind real traffic.
+            max_concurrency=2, max_queue=16,
+            cache_dir=str(Path("var/compile-cache").resolve())),
+        probes=ProbeSettings(canaries_per_bucket=profile.canaries_per_bucket,
+                             # No A/B arms: the `exact` arm would compile the exact shapes
+                             # the shape-churn step is meant to discover.
+                             ab_share=0.0, cycle_timeout_s=60.0),
+        scheduler=SchedulerSettings(
+            probe_interval_s=profile.probe_interval_s, burst_interval_s=0,
+            evaluate_interval_s=1.0, delivery_interval_s=0.5,
+            traffic_flush_interval_s=1.0, misfire_grace_s=5),
+        alerts=AlertSettings(
+            rules_file=str(rules_file), policy_file=str(policy_file),
+            webhooks=[{"name": RECEIVER_NAME, "url": receiver_url, "format": "alertmanager",
+                       "timeout": 2}],
+            baseline_refresh_s=3600.0, baseline_warm_in_s=profile.window_s,
+            resend_interval_s=3600.0, flags_ttl_s=0.5),
+        api=ApiSettings(auth=True, read_auth=False,
+                        tokens=[ApiToken(name=OPERATOR,
+                                         token=token or secrets.token_urlsafe(24))]),
+        report=ReportSettings(out_dir=str(report_dir)),
+    )

@@ -1,0 +1,217 @@
+"""Set the stage (receiver, settings, service, traffic), play the steps, collect the outcome."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from monitor.demo.client import ServiceClient
+from monitor.demo.engine import DemoEngineFactory, models_present
+from monitor.demo.errors import CheckFailed, DemoOptionError, DemoSetupError
+from monitor.demo.narration import Narrator
+from monitor.demo.profile import FULL, DemoProfile, demo_settings
+from monitor.demo.receiver import WebhookReceiver
+from monitor.demo.server import ServiceThread
+from monitor.demo.steps import STEPS, StepContext
+from monitor.demo.traffic import TrafficGenerator
+
+log = logging.getLogger(__name__)
+DB_NAME = "tailwatch-demo.db"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """How to run the demo.
+
+    keep_dir: keep the database, rule/policy files, webhook log, demo log and report
+        here (emptied of an earlier demo's database first); None: a temporary directory,
+        removed at the end, and the report under ./var/reports.
+    fake_engine: serve probes.fake.FakeEngine instead of the built-in models.
+    """
+
+    profile: DemoProfile = FULL
+    keep_dir: Path | None = None
+    fake_engine: bool = False
+    report_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How one step went; `started_s` counts from the start of the demo."""
+
+    number: int
+    name: str
+    passed: bool
+    started_s: float = 0.0
+    duration_s: float = 0.0
+    headline: str = ""
+    events: tuple[str, ...] = ()
+    error: str | None = None
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class DemoOutcome:
+    """Everything the demo did; exit code 0 only when every step passed."""
+
+    profile: str
+    steps: tuple[StepResult, ...]
+    duration_s: float
+    workdir: Path | None = None  # None once removed
+    report_path: Path | None = None
+    alerts: tuple[dict[str, Any], ...] = ()
+    flag_changes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    @property
+    def passed(self) -> bool:
+        """Return whether every scripted step passed."""
+        return len(self.steps) == len(STEPS) and all(s.passed for s in self.steps)
+
+    @property
+    def exit_code(self) -> int:
+        """Return 0 when every step passed, else 1."""
+        return 0 if self.passed else 1
+
+
+def _workdir(options: DemoOptions) -> Path:
+    if options.keep_dir is None:
+        return Path(tempfile.mkdtemp(prefix="tailwatch-demo-"))
+    d = options.keep_dir
+    if d.exists() and not d.is_dir():
+        raise DemoOptionError("keep", f"{d} exists and is not a directory")
+    d.mkdir(parents=True, exist_ok=True)
+    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", "webhooks.jsonl", "demo.log"):
+        (d / name).unlink(missing_ok=True)  # a fresh run: no earlier baselines or alerts
+    return d
+
+
+def _log_to(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    return handler
+
+
+def run_demo(options: DemoOptions | None = None, console: Console | None = None) -> DemoOutcome:
+    """Run the scripted scenario end to end and return what happened.
+
+    Raises DemoSetupError when the built-in models are missing (and no fake engine was
+    asked for), DemoOptionError for a bad keep directory.
+    """
+    options = options or DemoOptions()
+    console = console or Console()
+    if not options.fake_engine and not models_present():
+        raise DemoSetupError("the built-in models are missing (engine/builtin/target and "
+                             "draft): run the engine's training first, or pass --fake-engine")
+    workdir = _workdir(options)
+    report_dir = options.report_dir or (workdir / "reports" if options.keep_dir is not None
+                                        else Path("var/reports"))
+    handler = _log_to(workdir / "demo.log")
+    started = time.monotonic()
+    try:
+        with WebhookReceiver(workdir / "webhooks.jsonl") as receiver:
+            outcome = _play(options, console, workdir, report_dir, receiver, started)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    if options.keep_dir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return replace(outcome, workdir=None)
+    return outcome
+
+
+def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Path,
+          receiver: WebhookReceiver, started: float) -> DemoOutcome:
+    from monitor.app import create_app
+    from monitor.report.job import run_weekly_report
+    from monitor.report.week import week_of
+
+    profile = options.profile
+    token = secrets.token_urlsafe(24)
+    settings = demo_settings(profile, workdir, receiver_url=receiver.url,
+                             report_dir=report_dir, token=token)
+    factory = DemoEngineFactory(fake=options.fake_engine)
+    app = create_app(settings, engine_factory=factory)
+    results: list[StepResult] = []
+    alerts: list[dict[str, Any]] = []
+    changes: list[dict[str, Any]] = []
+    report: list[Path] = []
+
+    def run_report() -> tuple[str, str]:
+        out = run_weekly_report(app.state.sessions, settings, week=week_of(datetime.now(UTC)))
+        report.append(out.markdown_path)
+        ok = all(p.is_file() and p.stat().st_size > 0 for p in (out.markdown_path, out.html_path))
+        return (str(out.markdown_path), str(out.html_path)) if ok else ("", "")
+
+    with Narrator(console, steps=len(STEPS)) as say:
+        say.say(f"[bold]tailwatch demo[/bold] ({profile.name}: buckets {list(profile.buckets)}, "
+                f"{profile.canaries_per_bucket} canary/bucket every {profile.probe_interval_s:g}s, "
+                f"rule cycles {profile.window_s:g}s, compile backend {profile.compile_backend!r}"
+                f"{', fake engine' if options.fake_engine else ''}); files in {workdir}")
+        try:
+            service = ServiceThread(app).__enter__()
+        except DemoSetupError:
+            raise
+        except Exception as exc:  # start-up errors (schema, rules) arrive here
+            raise DemoSetupError(f"the service did not start: {type(exc).__name__}: {exc}") from exc
+        say.say(f"service on {service.url}; webhook receiver on {receiver.url}")
+        api = ServiceClient(service.url, token=token)
+        traffic = TrafficGenerator(service.url, rate_per_s=profile.traffic_rate_per_s)
+        ctx = StepContext(profile=profile, api=api, traffic=traffic, receiver=receiver,
+                          engine=lambda: factory.engine, say=say, run_report=run_report)
+        try:
+            failed = False
+            for number, (name, story, play) in enumerate(STEPS, start=1):
+                if failed:
+                    results.append(StepResult(number, name, False, skipped=True,
+                                              error="skipped after a failed step"))
+                    continue
+                results.append(_step(ctx, say, number, name, story, play))
+                failed = not results[-1].passed
+        finally:
+            traffic.stop()
+            try:
+                alerts = sorted(api.alerts("all"), key=lambda a: a["started_at"])
+                changes = list(reversed(api.audit()))
+            except Exception as exc:  # noqa: BLE001 - the summary is best effort
+                log.warning("demo: could not read alerts/audit for the summary: %s", exc)
+            api.close()
+            say.waiting("stopping the service")
+            service.__exit__(None, None, None)
+    return DemoOutcome(profile=profile.name, steps=tuple(results),
+                       duration_s=time.monotonic() - started, workdir=workdir,
+                       report_path=report[0] if report else None, alerts=tuple(alerts),
+                       flag_changes=tuple(changes))
+
+
+def _step(ctx: StepContext, say: Narrator, number: int, name: str, story: str,
+          play: Any) -> StepResult:
+    ctx.step_name, ctx.events, ctx.headline = f"step {number} ({name})", [], ""
+    say.step(number, name, story)
+    began = say.elapsed()
+    error = None
+    try:
+        play(ctx)
+    except CheckFailed as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a broken step fails the demo, with its reason
+        log.error("demo step %s crashed:\n%s", name, traceback.format_exc())
+        say.fail(f"step {number} crashed", "the step to complete", f"{type(exc).__name__}: {exc}")
+        error = f"{type(exc).__name__}: {exc}"
+    say.step_done()
+    return StepResult(number, name, error is None, started_s=began,
+                      duration_s=say.elapsed() - began, headline=ctx.headline,
+                      events=tuple(ctx.events), error=error)

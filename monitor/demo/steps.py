@@ -1,0 +1,407 @@
+"""The six scripted steps; each narrates, acts through the API and checks with a timeout."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from monitor.demo.client import ServiceClient
+from monitor.demo.engine import SlowableEngine
+from monitor.demo.errors import CheckFailed
+from monitor.demo.narration import Narrator
+from monitor.demo.profile import OPERATOR, DemoProfile
+from monitor.demo.receiver import WebhookReceiver
+from monitor.demo.traffic import Lane, TrafficGenerator, bucket_lanes, median_latency
+
+Probe = Callable[[], tuple[bool, str]]
+# A shifted request in the fallback bucket must be at least this much faster once it
+# decodes directly (measured here: about 0.55-0.6 of the speculative latency).
+RECOVERY_RATIO = 0.85
+
+
+def _epoch(iso: str | None) -> float:
+    """Return an API timestamp as time.time() seconds (0 for None)."""
+    if not iso:
+        return 0.0
+    at = datetime.fromisoformat(iso)
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
+@dataclass
+class StepContext:
+    """What every step reads and the events the current step has recorded."""
+
+    profile: DemoProfile
+    api: ServiceClient
+    traffic: TrafficGenerator
+    receiver: WebhookReceiver
+    engine: Callable[[], SlowableEngine | None]
+    say: Narrator
+    run_report: Callable[[], tuple[str, str]]
+    step_name: str = ""
+    headline: str = ""
+    events: list[str] = field(default_factory=list)
+    memo: dict[str, Any] = field(default_factory=dict)
+
+    def event(self, text: str) -> None:
+        """Keep a line for the summary and print it."""
+        self.events.append(text)
+        self.say.say(text)
+
+    def wait_for(self, check: str, expected: str, probe: Probe, timeout_s: float) -> str:
+        """Poll `probe` until it holds; raise CheckFailed (expected vs seen) at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        seen = "nothing yet"
+        while True:
+            try:
+                ok, seen = probe()
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                ok, seen = False, f"{type(exc).__name__}: {exc}"
+            if ok:
+                self.say.ok(check, seen)
+                return seen
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.say.fail(check, expected, seen)
+                raise CheckFailed(self.step_name, check, expected, seen)
+            self.say.waiting(f"{check} [{seen}] ({left:.0f}s left)")
+            time.sleep(0.5)
+
+    def expect(self, check: str, expected: str, ok: bool, seen: str) -> None:
+        """Check something that must already hold."""
+        self.wait_for(check, expected, lambda: (ok, seen), 0)
+
+    def labels(self) -> tuple[str, ...]:
+        """Return the profile's bucket labels."""
+        return self.profile.labels
+
+
+def _order(buckets: Any) -> list[str]:
+    """Return bucket labels in numeric order ("overflow" last)."""
+    return sorted(buckets, key=lambda b: (not str(b).isdigit(), int(b) if str(b).isdigit() else 0,
+                                          str(b)))
+
+
+def _firing(ctx: StepContext, rule: str) -> list[dict[str, Any]]:
+    return [a for a in ctx.api.alerts("firing") if a["rule"] == rule]
+
+
+def warm_up_and_baseline(ctx: StepContext) -> None:
+    """Step 1: engine warm, canary baselines per bucket, a traffic acceptance baseline."""
+    p = ctx.profile
+
+    def ready() -> tuple[bool, str]:
+        code, body = ctx.api.readyz()
+        return code == 200, f"{body.get('status')}: {body.get('engine')}"
+
+    ctx.wait_for("engine ready", "GET /readyz 200 (every bucket compiled)", ready,
+                 p.warmup_timeout_s)
+    ctx.traffic.set_lanes(bucket_lanes(p.buckets, "in_domain"))
+    ctx.traffic.start()
+    ctx.event(f"real traffic: in-domain requests in every bucket, {p.traffic_rate_per_s:g}/s")
+    window = f"{p.window_s:g}s"
+
+    def canary_baselines() -> tuple[bool, str]:
+        rows = [b for b in ctx.api.baselines("p99_latency")
+                if b["scope"].get("window") == window and b["kind"] == "rolling"]
+        have = {b["scope"].get("bucket"): b for b in rows}
+        done = [lb for lb in ctx.labels()
+                if lb in have and have[lb]["samples"] >= p.min_baseline_cycles]
+        cycles = ", ".join(f"{lb}:{have[lb]['samples'] if lb in have else 0}"
+                           for lb in ctx.labels())
+        return len(done) == len(ctx.labels()), f"cycles per bucket {cycles}"
+
+    seen = ctx.wait_for("canary p99 baselines",
+                        f">= {p.min_baseline_cycles} canary cycles in every bucket",
+                        canary_baselines, p.baseline_timeout_s)
+    ctx.event(f"canary p99 baselines ready ({seen})")
+    ctx.headline = f"engine warm; canary p99 baselines in {len(ctx.labels())} buckets"
+
+
+def traffic_shift(ctx: StepContext) -> None:
+    """Step 2: one bucket's traffic shifts domain; alert, webhook, speculation off there only."""
+    p = ctx.profile
+    shift = str(p.shift_bucket)
+
+    def acceptance_baseline() -> tuple[bool, str]:
+        rows = {b["scope"].get("bucket"): b["value"] for b in ctx.api.baselines("acceptance_rate")
+                if b["scope"].get("source") == "traffic"}
+        text = ", ".join(f"{k}:{v:.2f}" for k, v in sorted(rows.items())) or "none yet"
+        return shift in rows, f"acceptance baselines {text}"
+
+    # Traffic is stored in minute rollups and baselines skip the warm-in: the first
+    # usable cycle is the first whole minute of traffic after the first canary cycle.
+    seen = ctx.wait_for("traffic acceptance baseline",
+                        f"a whole minute of in-domain traffic measured in bucket {shift}",
+                        acceptance_baseline, 150.0)
+    ctx.event(seen)
+    lanes = [ln for ln in bucket_lanes(p.buckets, "in_domain") if ln.name != f"in_domain/{shift}"]
+    low = max((b for b in p.buckets if b < p.shift_bucket), default=8)
+    shifted = Lane(f"shifted/{shift}", "shifted", low, p.shift_bucket - 1,
+                   weight=max(1.0, len(lanes)))
+    started = time.time()
+    ctx.traffic.set_lanes([*lanes, shifted])
+    ctx.event(f"bucket {shift}: traffic is now shifted-domain text; other buckets unchanged")
+
+    def alert() -> tuple[bool, str]:
+        open_ = [a for a in ctx.api.alerts("open") if a["rule"] == "acceptance_drop"]
+        recent = [s.acceptance_rate for s in ctx.traffic.samples(since=started, lane=shifted.name)
+                  if s.acceptance_rate is not None][-20:]
+        acc = f"{sum(recent) / len(recent):.2f}" if recent else "n/a"
+        states = ", ".join(f"{a['labels'].get('bucket')}:{a['state']}" for a in open_) or "none"
+        mine = [a for a in open_ if a["labels"].get("bucket") == shift and a["state"] == "firing"]
+        if mine:
+            ctx.memo["acceptance_alert"] = mine[0]
+        return bool(mine), (f"bucket {shift} acceptance {acc} on shifted traffic; "
+                            f"acceptance_drop alerts {states} (traffic rules use minute cycles)")
+
+    ctx.wait_for("acceptance_drop fires", f"acceptance_drop firing for bucket={shift}", alert,
+                 p.shift_timeout_s)
+    a = ctx.memo["acceptance_alert"]
+    ctx.event(f"alert acceptance_drop bucket={shift} fired: {a['annotations'].get('summary', '')}"
+              [:160])
+    others = [x["labels"].get("bucket") for x in _firing(ctx, "acceptance_drop")
+              if x["labels"].get("bucket") != shift]
+    ctx.expect("only that bucket alerted", "no acceptance_drop in other buckets", not others,
+               f"other buckets firing: {others or 'none'}")
+
+    def webhook() -> tuple[bool, str]:
+        got = [x for _, x in ctx.receiver.alerts("acceptance_drop", "firing")
+               if x["labels"].get("bucket") == shift]
+        return bool(got), f"{len(ctx.receiver.deliveries())} POSTs at the receiver"
+
+    ctx.wait_for("webhook delivered", f"an Alertmanager-format firing alert for bucket {shift}",
+                 webhook, 20.0)
+    ctx.event("webhook receiver got the firing acceptance_drop notification")
+
+    def flag() -> tuple[bool, str]:
+        body = ctx.api.flags()
+        rows = [r for r in body["flags"] if r["name"] == "speculative" and r["scope"] == shift
+                and r["source"] == "auto" and r["value"] is False]
+        off = sorted(b for b, v in body["effective"]["speculative"].items() if v is False)
+        if rows:
+            ctx.memo["spec_flag"] = rows[0]
+        ok = bool(rows) and rows[0]["alert_id"] == a["id"] and off == [shift]
+        return ok, (f"speculative off in buckets {off or 'none'}; auto row alert_id "
+                    f"{rows[0]['alert_id'] if rows else '-'}")
+
+    ctx.wait_for("speculation off in that bucket only",
+                 f"GET /v1/flags: speculative[{shift}]=false, source auto, alert {a['id']}; "
+                 "no other bucket off", flag, 20.0)
+    flipped = _epoch(ctx.memo["spec_flag"]["updated_at"]) + 1.5  # flag cache TTL + margin
+    ctx.event(f"flag speculative[{shift}] = false (source auto, alert {a['id']})")
+    before = [s for s in ctx.traffic.samples(since=started, lane=shifted.name)
+              if s.at < flipped and s.decoding == "speculative"]
+    pre = median_latency(before)
+
+    def recovered() -> tuple[bool, str]:
+        after = [s for s in ctx.traffic.samples(since=flipped, lane=shifted.name) if s.status == 200]
+        direct = [s for s in after if s.decoding == "direct"]
+        post = median_latency(direct)
+        if pre is None or post is None or len(direct) < 6:
+            return False, f"{len(direct)} direct requests since the flip"
+        ctx.memo["latency"] = (pre, post, len(direct), len(after))
+        return post < RECOVERY_RATIO * pre, (
+            f"median {pre:.3f}s speculative -> {post:.3f}s direct ({post / pre - 1:+.0%}); "
+            f"{len(direct)}/{len(after)} requests direct (the rest: probation)")
+
+    seen = ctx.wait_for("latency recovers", f"median latency in bucket {shift} below "
+                        f"{RECOVERY_RATIO:.0%} of the speculative one", recovered, 60.0)
+    ctx.event(f"bucket {shift} latency recovered: {seen}")
+    pre_s, post_s, _, _ = ctx.memo["latency"]
+    ctx.headline = (f"acceptance_drop fired for bucket {shift} only; webhook received; "
+                    f"speculation off there (auto, alert {a['id']}); latency "
+                    f"{pre_s:.2f}s -> {post_s:.2f}s")
+
+
+def latency_regression(ctx: StepContext) -> None:
+    """Step 3: a slowed path raises p99 everywhere; the alert fires, then resolves."""
+    p = ctx.profile
+    engine = ctx.engine()
+    ctx.expect("fault-injection seam", "the demo engine wrapper", engine is not None,
+               "engine wrapper in place" if engine is not None else "no engine built")
+    assert engine is not None
+    engine.slow_down(p.delay_s)
+    started = time.time()
+    ctx.event(f"injected +{p.delay_s * 1000:.0f} ms into every engine call")
+    ids: dict[str, int] = {}
+
+    def fired() -> tuple[bool, str]:
+        for a in _firing(ctx, "p99_latency_regression"):
+            b = a["labels"].get("bucket")
+            if b in ctx.labels() and _epoch(a["fired_at"]) >= started - 1:
+                ids.setdefault(b, a["id"])
+        missing = [b for b in ctx.labels() if b not in ids]
+        return not missing, (f"firing in {_order(ids) or 'none'}; "
+                             f"waiting for {missing or 'none'}")
+
+    ctx.wait_for("p99 alert fires in every bucket", "p99_latency_regression firing for "
+                 f"buckets {list(ctx.labels())}", fired, p.regression_timeout_s)
+    ctx.event(f"p99_latency_regression fired in every bucket ({len(ids)} alerts)")
+
+    def paged() -> tuple[bool, str]:
+        got = {x["labels"].get("bucket")
+               for _, x in ctx.receiver.alerts("p99_latency_regression", "firing")}
+        missing = [b for b in ctx.labels() if b not in got]
+        return not missing, f"notifications for {_order(got) if got else 'none'}"
+
+    ctx.wait_for("webhooks delivered", "a firing notification per bucket", paged, 20.0)
+    engine.restore()
+    ctx.event("injection stopped")
+
+    def resolved() -> tuple[bool, str]:
+        states = {a["id"]: a["state"] for a in ctx.api.alerts("all")}
+        open_ = [b for b, i in ids.items() if states.get(i) != "resolved"]
+        return not open_, f"still open in {_order(open_) or 'none'}"
+
+    ctx.wait_for("p99 alerts resolve", "every p99 alert of this step resolved", resolved,
+                 p.regression_timeout_s)
+    ctx.event("p99 back inside the band: every p99 alert resolved")
+
+    def resolved_hooks() -> tuple[bool, str]:
+        got = {x["labels"].get("bucket")
+               for _, x in ctx.receiver.alerts("p99_latency_regression", "resolved")}
+        missing = [b for b in ctx.labels() if b not in got]
+        return not missing, f"resolved notifications for {_order(got) if got else 'none'}"
+
+    ctx.wait_for("resolved webhooks delivered", "a resolved notification per bucket",
+                 resolved_hooks, 20.0)
+    ctx.headline = (f"+{p.delay_s * 1000:.0f} ms injected: p99_latency_regression fired in "
+                    f"{len(ids)} buckets, resolved after the injection stopped")
+
+
+def shape_churn(ctx: StepContext) -> None:
+    """Step 4: bucketing off and odd lengths: recompiles counted, eager fallback engages."""
+    p = ctx.profile
+    before = ctx.api.metric("tailwatch_compile_recompiles_total")
+    r = ctx.api.set_flag("bucketing", False,
+                         reason="experiment: serve exact input shapes (no padding)")
+    ctx.expect("bucketing off via the API", "PUT /v1/flags/bucketing 200", r.status_code == 200,
+               f"HTTP {r.status_code} {r.text[:200]}")
+    started = time.time()
+    lanes = bucket_lanes(p.buckets, "in_domain", prefix="exact:")
+    # Two fixed odd lengths per bucket: each is a new exact input shape to compile.
+    lengths = {ln.name: (ln.min_bytes + 3, (ln.min_bytes + ln.max_bytes) // 2 + 1)
+               for ln in lanes}
+    ctx.traffic.set_lanes(lanes, lengths=lengths)
+    ctx.event(f"operator {OPERATOR} turned bucketing off; traffic sends "
+              f"{2 * len(lanes)} odd input lengths")
+
+    def recompiles() -> tuple[bool, str]:
+        now = ctx.api.metric("tailwatch_compile_recompiles_total")
+        exact = len(ctx.traffic.samples(since=started, lane=None))
+        ctx.memo["recompiles"] = now - before
+        return now > before, f"{now - before:.0f} recompiles; {exact} requests served exact"
+
+    seen = ctx.wait_for("recompiles counted", "tailwatch_compile_recompiles_total rises",
+                        recompiles, p.churn_timeout_s)
+    ctx.event(f"torch.compile recompiles counted: {seen}")
+
+    def alert() -> tuple[bool, str]:
+        firing = _firing(ctx, "recompiles_per_hour")
+        if firing:
+            ctx.memo["compile_alert"] = firing[0]
+        n = ctx.api.metric("tailwatch_compile_recompiles_total") - before
+        return bool(firing), f"{n:.0f} recompiles so far; no recompiles_per_hour alert yet"
+
+    ctx.wait_for("recompile alert fires", "recompiles_per_hour firing", alert,
+                 p.churn_timeout_s)
+    a = ctx.memo["compile_alert"]
+
+    def eager() -> tuple[bool, str]:
+        rows = [r for r in ctx.api.flags()["flags"] if r["name"] == "compiled"
+                and r["source"] == "auto" and r["value"] is False]
+        return bool(rows) and rows[0]["alert_id"] == a["id"], (
+            f"compiled auto rows: {[(r['value'], r['alert_id']) for r in rows] or 'none'}")
+
+    ctx.wait_for("eager fallback engages", f"compiled=false, source auto, alert {a['id']}",
+                 eager, 30.0)
+    flipped = time.time() + 1.0
+    ctx.event(f"alert recompiles_per_hour fired; flag compiled = false (source auto, "
+              f"alert {a['id']})")
+
+    def served_eager() -> tuple[bool, str]:
+        paths = [s.path for s in ctx.traffic.samples(since=flipped) if s.status == 200]
+        return "eager" in paths, f"paths since the flip: {sorted(set(paths)) or 'none'}"
+
+    ctx.wait_for("requests run eager", "a request answered with path=eager", served_eager, 60.0)
+    ctx.headline = (f"bucketing off: {ctx.memo['recompiles']:.0f}+ recompiles counted; "
+                    f"recompiles_per_hour fired; compiled=false (auto, alert {a['id']})")
+
+
+def operator_override(ctx: StepContext) -> None:
+    """Step 5: an operator overrides a flag with a bearer token and a reason; audit shows it."""
+    p = ctx.profile
+    r = ctx.api.set_flag("compiled", True, reason="no token", token=None)
+    ctx.expect("writes need a token", "PUT without a bearer token -> 401", r.status_code == 401,
+               f"HTTP {r.status_code}")
+    r = ctx.api.clear_flag("bucketing", reason="experiment over: back to bucketed shapes")
+    ctx.expect("bucketing restored", "DELETE /v1/flags/bucketing 200", r.status_code == 200,
+               f"HTTP {r.status_code} {r.text[:200]}")
+    reason = "shape churn over (bucketing restored); compiled path verified by hand"
+    r = ctx.api.set_flag("compiled", True, reason=reason)
+    ctx.expect("manual override", "PUT /v1/flags/compiled 200", r.status_code == 200,
+               f"HTTP {r.status_code} {r.text[:200]}")
+    at = time.time()
+    ctx.traffic.set_lanes(bucket_lanes(p.buckets, "in_domain"))
+    ctx.event(f"{OPERATOR} set compiled=true over the automatic fallback: \"{reason}\"")
+    audit = ctx.api.audit("compiled")
+    newest = audit[0] if audit else {}
+    ctx.expect("audit shows the actor", f"newest compiled audit row by {OPERATOR}, manual, "
+               "with the reason", newest.get("actor") == OPERATOR
+               and newest.get("source") == "manual" and newest.get("reason") == reason,
+               f"{ {k: newest.get(k) for k in ('actor', 'source', 'action', 'reason')} }")
+    auto = [x for x in audit if x["source"] == "auto"]
+    ctx.event(f"GET /v1/flags/audit: {newest['action']} by {newest['actor']} "
+              f"(earlier: {auto[-1]['action']} by {auto[-1]['actor']})" if auto else
+              f"GET /v1/flags/audit: {newest['action']} by {newest['actor']}")
+    eff = ctx.api.flags()["effective"]
+    ctx.expect("override in force", "effective compiled=true, bucketing=true",
+               eff.get("compiled") is True and eff.get("bucketing") is True,
+               f"compiled={eff.get('compiled')} bucketing={eff.get('bucketing')}")
+
+    def compiled() -> tuple[bool, str]:
+        paths = [s.path for s in ctx.traffic.samples(since=at + 1.0) if s.status == 200]
+        return "compiled" in paths, f"paths since the override: {sorted(set(paths)) or 'none'}"
+
+    ctx.wait_for("compiled path again", "a request answered with path=compiled", compiled, 60.0)
+    ctx.headline = (f"{OPERATOR} (bearer token) cleared bucketing=false and set compiled=true; "
+                    "audit shows actor and reason; a request without a token got 401")
+
+
+def weekly_report(ctx: StepContext) -> None:
+    """Step 6: write the weekly assumption-review report of this week."""
+    ctx.traffic.set_lanes([])
+    md, html = ctx.run_report()
+    ctx.memo["report"] = md
+    ctx.expect("report written", "markdown and HTML files", bool(md and html),
+               f"{md or '-'}, {html or '-'}")
+    ctx.event(f"weekly report: {md}")
+    ctx.headline = f"written: {md}"
+
+
+STEPS: tuple[tuple[str, str, Callable[[StepContext], None]], ...] = (
+    ("warm-up and baseline",
+     "Start the service, compile every bucket, start real in-domain traffic and run canary "
+     "cycles until every bucket has a p99 baseline.", warm_up_and_baseline),
+    ("latency regression",
+     "A slowed path adds latency to every call: the relative p99 alert fires in every "
+     "bucket, and resolves once the slowdown is gone.", latency_regression),
+    ("traffic shift in one bucket",
+     "Once a whole minute of traffic is measured (traffic is stored per minute), one "
+     "bucket's traffic moves to text the draft model never saw: acceptance falls, an alert "
+     "fires, a webhook goes out, speculation turns off there only.", traffic_shift),
+    ("shape churn",
+     "An operator turns bucketing off and traffic arrives in odd lengths: torch.compile "
+     "recompiles, the recompile alert fires and the eager fallback engages.", shape_churn),
+    ("operator override",
+     "An operator ends the experiment and overrides the automatic fallback through the API "
+     "with a bearer token and a reason; the audit log shows who.", operator_override),
+    ("weekly report",
+     "Write this week's assumption-review report from everything recorded.", weekly_report),
+)

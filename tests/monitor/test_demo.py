@@ -1,0 +1,69 @@
+"""`tailwatch demo --fast` end to end: every scripted step must behave as scripted.
+
+Real service (uvicorn on loopback), SQLite, the built-in models, a loopback webhook
+receiver and the accelerated schedules. Takes about four minutes: the traffic-shift step
+needs two whole minutes of shifted traffic (traffic is stored in minute rollups).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from monitor.demo.engine import models_present
+from monitor.demo.profile import FAST, DemoProfile, demo_policy, demo_rules
+
+pytestmark = pytest.mark.slow
+
+STEP_NAMES = ("warm-up and baseline", "latency regression", "traffic shift in one bucket",
+              "shape churn", "operator override", "weekly report")
+
+
+def test_demo_rule_and_policy_overrides_are_valid(tmp_path: Path):
+    import yaml
+
+    from alerts.policy import load_policy
+    from alerts.rules import load_rules
+
+    rules_file, policy_file = tmp_path / "r.yaml", tmp_path / "p.yaml"
+    rules_file.write_text(yaml.safe_dump(demo_rules(FAST)))
+    policy_file.write_text(yaml.safe_dump(demo_policy()))
+    rules = {r.name: r for r in load_rules(str(rules_file))}
+    assert rules["p99_latency_regression"].window_s == FAST.window_s
+    assert rules["acceptance_drop"].window_s == 60.0  # traffic rollups are per minute
+    policy = load_policy(str(policy_file))
+    assert policy.revert_on == ()
+    with pytest.raises(ValueError, match="shift_bucket"):
+        DemoProfile(name="bad", buckets=(16, 64), canaries_per_bucket=1, probe_interval_s=2,
+                    window_s=4, min_baseline_cycles=3, delay_s=0.5, traffic_rate_per_s=4)
+
+
+@pytest.mark.skipif(not models_present(), reason="built-in models (engine/builtin) missing")
+def test_fast_demo_passes_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from monitor.cli import main
+    from monitor.demo import DemoOptions, run_demo
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # ./var/compile-cache is reused
+    console = Console(file=(tmp_path / "narration.txt").open("w"), width=120)
+    outcome = run_demo(DemoOptions(profile=FAST, keep_dir=tmp_path / "demo"), console)
+
+    failed = [f"{s.number} {s.name}: {s.error}" for s in outcome.steps if not s.passed]
+    assert not failed, "\n".join(failed)
+    assert tuple(s.name for s in outcome.steps) == STEP_NAMES
+    assert outcome.exit_code == 0
+    fired = {(a["rule"], a["labels"].get("bucket")) for a in outcome.alerts if a["fired_at"]}
+    assert ("acceptance_drop", "32") in fired
+    assert not {b for r, b in fired if r == "acceptance_drop"} - {"32"}
+    assert {("p99_latency_regression", b) for b in FAST.labels} <= fired
+    assert any(r == "recompiles_per_hour" for r, _ in fired)
+    changes = {(c["name"], c["scope"], c["source"], c["actor"]) for c in outcome.flag_changes}
+    assert ("speculative", "32", "auto", "policy") in changes
+    assert ("compiled", "global", "auto", "policy") in changes
+    assert ("compiled", "global", "manual", "oncall-alice") in changes
+    assert outcome.report_path is not None and outcome.report_path.is_file()
+    assert (tmp_path / "demo" / "webhooks.jsonl").stat().st_size > 0
+    # The CLI maps a bad option to one line and a non-zero exit code.
+    (tmp_path / "file").write_text("")
+    assert main(["demo", "--fast", "--keep", str(tmp_path / "file")]) != 0
