@@ -17,9 +17,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Auth is on by default: without TAILWATCH_API_TOKEN, generate one into var/api-token.
 run: install
+	@mkdir -p var
+	@test -n "$$TAILWATCH_API_TOKEN" || test -s var/api-token || \
+	  { $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > var/api-token; \
+	    chmod 600 var/api-token; echo "API token written to var/api-token"; }
 	$(BIN)/tailwatch db upgrade
-	$(BIN)/tailwatch serve
+	TAILWATCH_API_TOKEN="$${TAILWATCH_API_TOKEN:-$$(cat var/api-token)}" $(BIN)/tailwatch serve
 
 # System packages some tests drive for real: Prometheus (promtool) and headless Chromium.
 test-deps:

@@ -111,6 +111,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._rng = random.Random(0)
         self._warm: set[int] = set()
+        self.bucket_compile_s: dict[int, float] = {}
         self._warm_thread: threading.Thread | None = None
         self._warm_started: float | None = None
         self._warm_seconds = 0.0
@@ -199,23 +200,22 @@ class Runtime:
     def warm_up(self, *, background: bool = True) -> None:
         """Compile every bucket of the target and the draft (in a thread when background)."""
         with self._lock:
-            if self._warm_started is not None:
-                thread = self._warm_thread
-                if not background and thread is not None:
-                    thread.join()
-                return
-            self._warm_started = time.perf_counter()
-            if not background:
-                self._warm_thread = None
-        if not self._compile_on:
-            with self._lock:
-                self._warm_done = True
-            return
-        if background:
-            thread = threading.Thread(target=self._warm_all, name="engine-warmup", daemon=True)
-            with self._lock:
-                self._warm_thread = thread
-            thread.start()
+            running = self._warm_thread
+            if self._warm_started is None:
+                self._warm_started = time.perf_counter()
+                if not self._compile_on:
+                    self._warm_done = True
+                    return
+                if background:
+                    self._warm_thread = threading.Thread(target=self._warm_all,
+                                                         name="engine-warmup", daemon=True)
+                    self._warm_thread.start()
+                    return
+                running = None
+            elif running is None or background:
+                return  # already warm, or warming in the background
+        if running is not None:
+            running.join()  # a blocking call waits for the warm-up already under way
         else:
             self._warm_all()
 
@@ -223,6 +223,7 @@ class Runtime:
         for edge in self.config.buckets:
             if self._closed:
                 break
+            started = time.perf_counter()
             try:
                 self.target.warm(edge, verify=self.draft is not None)
                 if self.draft is not None:
@@ -234,6 +235,7 @@ class Runtime:
                 continue
             with self._lock:
                 self._warm.add(edge)
+                self.bucket_compile_s[edge] = time.perf_counter() - started
                 self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
         with self._lock:
             self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)

@@ -38,7 +38,7 @@ def generate(text: str | None, max_new_tokens: int | None, model_dir: str | None
     except InvalidRequest as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
-    except EngineError as exc:
+    except (EngineError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
     if as_json:

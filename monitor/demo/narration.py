@@ -102,9 +102,13 @@ def summary_tables(outcome: DemoOutcome) -> list[Table]:
     alerts = Table(title="alerts", title_justify="left")
     for col in ("rule", "labels", "fired", "resolved", "change"):
         alerts.add_column(col, overflow="fold")
-    for a in outcome.alerts:
+    fired = [a for a in outcome.alerts if a.get("fired_at")]
+    for a in fired:
         alerts.add_row(a["rule"], _labels(a.get("labels") or {}), _clock(a.get("fired_at")),
                        _clock(a.get("resolved_at")) or "-", _pct(a.get("relative_change")))
+    pending = len(outcome.alerts) - len(fired)
+    if pending:
+        alerts.caption = f"{pending} more went pending and cleared without firing"
     flags = Table(title="flag changes", title_justify="left")
     for col in ("at", "flag", "scope", "action", "value", "by", "reason"):
         flags.add_column(col, overflow="fold")

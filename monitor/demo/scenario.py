@@ -16,13 +16,14 @@ from typing import Any
 from rich.console import Console
 
 from monitor.demo.client import ServiceClient
+from monitor.demo.context import StepContext
 from monitor.demo.engine import DemoEngineFactory, models_present
 from monitor.demo.errors import CheckFailed, DemoOptionError, DemoSetupError
 from monitor.demo.narration import Narrator
 from monitor.demo.profile import FULL, DemoProfile, demo_settings
 from monitor.demo.receiver import WebhookReceiver
 from monitor.demo.server import ServiceThread
-from monitor.demo.steps import STEPS, StepContext
+from monitor.demo.steps import STEPS
 from monitor.demo.traffic import TrafficGenerator
 
 log = logging.getLogger(__name__)
@@ -95,14 +96,24 @@ def _workdir(options: DemoOptions) -> Path:
     return d
 
 
-def _log_to(path: Path) -> logging.Handler:
+_CHATTY = ("httpx", "apscheduler.executors")  # a line per request / per job run
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not record.name.startswith(_CHATTY)
+
+
+def _log_to(path: Path) -> tuple[logging.Handler, int]:
+    """Send INFO and up to `path` (without per-request chatter); return the old root level."""
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_quiet)
     root = logging.getLogger()
+    old = root.level
     root.addHandler(handler)
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
-    return handler
+    return handler, old
 
 
 def run_demo(options: DemoOptions | None = None, console: Console | None = None) -> DemoOutcome:
@@ -119,13 +130,14 @@ def run_demo(options: DemoOptions | None = None, console: Console | None = None)
     workdir = _workdir(options)
     report_dir = options.report_dir or (workdir / "reports" if options.keep_dir is not None
                                         else Path("var/reports"))
-    handler = _log_to(workdir / "demo.log")
+    handler, old_level = _log_to(workdir / "demo.log")
     started = time.monotonic()
     try:
         with WebhookReceiver(workdir / "webhooks.jsonl") as receiver:
             outcome = _play(options, console, workdir, report_dir, receiver, started)
     finally:
         logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(old_level)
         handler.close()
     if options.keep_dir is None:
         shutil.rmtree(workdir, ignore_errors=True)

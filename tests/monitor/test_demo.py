@@ -15,10 +15,19 @@ from rich.console import Console
 from monitor.demo.engine import models_present
 from monitor.demo.profile import FAST, DemoProfile, demo_policy, demo_rules
 
-pytestmark = pytest.mark.slow
+STEP_NAMES = ("warm-up and baseline", "latency regression", "shape churn", "operator override",
+              "traffic shift in one bucket", "weekly report")
 
-STEP_NAMES = ("warm-up and baseline", "latency regression", "traffic shift in one bucket",
-              "shape churn", "operator override", "weekly report")
+
+def test_demo_modules_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, monitor.demo, monitor.cli.demo\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "", f"torch pulled in: {out.stdout[:300]}"
 
 
 def test_demo_rule_and_policy_overrides_are_valid(tmp_path: Path):
@@ -40,6 +49,8 @@ def test_demo_rule_and_policy_overrides_are_valid(tmp_path: Path):
                     window_s=4, min_baseline_cycles=3, delay_s=0.5, traffic_rate_per_s=4)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(not models_present(), reason="built-in models (engine/builtin) missing")
 def test_fast_demo_passes_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from monitor.cli import main

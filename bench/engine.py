@@ -1,0 +1,135 @@
+"""Engine vs HF generate(): median per-request latency per bucket, compile and restart cost.
+
+    python -m bench.engine [--buckets 16,32,64,128,256] [--inputs 4] [--repeats 2]
+
+Both run greedy on the same built-in canary inputs in this process after warm-up,
+one intra-op thread. The warm restart runs in a subprocess sharing
+TORCHINDUCTOR_CACHE_DIR. Last line: `median speedup: N.Nx`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _canaries(domain: str) -> list[str]:
+    from engine.config import BUILTIN_DIR
+
+    path = BUILTIN_DIR / "canaries" / f"{domain}.txt"
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def by_bucket(engine, texts: list[str], per_bucket: int) -> dict[str, list[str]]:
+    """Group texts by the engine's bucket label, at most `per_bucket` each."""
+    out: dict[str, list[str]] = {}
+    for text in texts:
+        group = out.setdefault(engine.bucket_for(engine.count_tokens(text)), [])
+        if len(group) < per_bucket:
+            group.append(text)
+    return out
+
+
+def _config(args: argparse.Namespace, **changes):
+    from engine.config import EngineConfig
+
+    buckets = tuple(int(b) for b in args.buckets.split(","))
+    base = dict(model_dir=args.model_dir, use_draft=False, buckets=buckets,
+                compile_mode=args.compile_mode, compile_backend=args.backend)
+    base.update(changes)
+    return EngineConfig(**base)
+
+
+def restart_only(args: argparse.Namespace) -> None:
+    """Print the warm-up seconds of a fresh process (the inductor cache is warm)."""
+    from engine import load_engine
+
+    engine = load_engine(_config(args))
+    start = time.perf_counter()
+    engine.warm_up(background=False)
+    print(f"restart_warmup_s {time.perf_counter() - start:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--buckets", default="16,32,64,128,256")
+    parser.add_argument("--inputs", type=int, default=4, help="inputs per bucket")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--new-tokens", default="32,128")
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--compile-mode", default="default")
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--skip-restart", action="store_true")
+    parser.add_argument("--restart-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
+    if args.restart_only:
+        restart_only(args)
+        return
+
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    from engine import load_engine
+    from engine.config import BUILTIN_DIR
+    from engine.protocol import FlagOverride
+
+    engine = load_engine(_config(args))
+    start = time.perf_counter()
+    engine.warm_up(background=False)
+    cold = time.perf_counter() - start
+    model_dir = args.model_dir or str(BUILTIN_DIR / "target")
+    hf = T5ForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    groups = by_bucket(engine, _canaries("in_domain"), args.inputs)
+    direct = FlagOverride(speculative=False)
+    print(f"threads={torch.get_num_threads()} compile={args.compile_mode}/{args.backend} "
+          f"inputs/bucket={args.inputs} repeats={args.repeats}")
+    print(f"{'bucket':>8} {'new':>4} {'hf_ms':>8} {'engine_ms':>10} {'speedup':>8} "
+          f"{'path':>9} {'compile_s':>9}")
+    speedups = []
+    for label in [str(b) for b in engine.config.buckets]:
+        texts = groups.get(label, [])
+        if not texts:
+            continue
+        for new in (int(n) for n in args.new_tokens.split(",")):
+            hf_times, our_times, paths = [], [], set()
+            for text in texts:
+                ids = torch.tensor([engine.tokenizer(text).input_ids])
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        ref = hf.generate(ids, max_new_tokens=new, do_sample=False)
+                    hf_times.append(time.perf_counter() - t0)
+                    result = engine.generate(text, max_new_tokens=new, override=direct)
+                    our_times.append(result.total_s)
+                    paths.add(result.path)
+                    if list(result.output_ids) != ref[0].tolist()[1:]:
+                        print(f"  warning: output differs from HF on {text!r}")
+            h, o = statistics.median(hf_times), statistics.median(our_times)
+            speedups.append(h / o)
+            compile_s = engine.bucket_compile_s.get(int(label), 0.0)
+            print(f"{label:>8} {new:>4} {h * 1e3:8.1f} {o * 1e3:10.1f} {h / o:7.2f}x "
+                  f"{','.join(sorted(paths)):>9} {compile_s:9.1f}")
+    snap = engine.compile_snapshot()
+    print(f"cold warm-up: {cold:.1f} s ({snap.graphs} graphs, {snap.recompiles} recompiles)")
+    if not args.skip_restart and args.compile_mode != "off":
+        cmd = [sys.executable, "-m", "bench.engine", "--restart-only", "--buckets", args.buckets,
+               "--compile-mode", args.compile_mode, "--backend", args.backend]
+        if args.model_dir:
+            cmd += ["--model-dir", args.model_dir]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
+        line = [x for x in out.stdout.splitlines() if x.startswith("restart_warmup_s")][-1]
+        warm = float(line.split()[1])
+        print(f"warm restart (inductor cache reused): {warm:.1f} s vs cold {cold:.1f} s "
+              f"({cold / max(warm, 1e-9):.1f}x faster)")
+    engine.close()
+    print(f"median speedup: {statistics.median(speedups):.1f}x")
+
+
+if __name__ == "__main__":
+    main()
