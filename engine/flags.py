@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from engine.protocol import FlagProvider, RuntimeFlags
+from engine.protocol import FlagProvider, InMemoryFlagProvider, RuntimeFlags
 
 
 class GuardedFlags:
@@ -24,6 +24,8 @@ class GuardedFlags:
 
     def read(self) -> RuntimeFlags:
         """Return fresh flags, or the last known ones when the provider fails."""
+        if type(self._provider) is InMemoryFlagProvider:
+            return self._provider.flags()  # cannot fail or hang: skip the thread hop
         with self._lock:
             pending = self._pending
         if pending is not None and not pending.done():

@@ -1,4 +1,4 @@
-"""The six scripted steps; each narrates, acts through the API and checks with a timeout."""
+"""The six scripted steps (`STEPS`, in order): act through the API, check with timeouts."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ RECOVERY_SAMPLES = 10  # requests compared on each side of the flip
 
 
 def warm_up_and_baseline(ctx: StepContext) -> None:
-    """Step 1: engine warm, canary baselines per bucket, a traffic acceptance baseline."""
+    """Wait for a warm engine, start in-domain traffic, wait for canary baselines per bucket."""
     p = ctx.profile
 
     def ready() -> tuple[bool, str]:
@@ -49,7 +49,7 @@ def warm_up_and_baseline(ctx: StepContext) -> None:
 
 
 def traffic_shift(ctx: StepContext) -> None:
-    """Step 2: one bucket's traffic shifts domain; alert, webhook, speculation off there only."""
+    """Shift one bucket's traffic: check alert, webhook, speculation off there only, latency."""
     p = ctx.profile
     shift = str(p.shift_bucket)
 
@@ -125,7 +125,8 @@ def traffic_shift(ctx: StepContext) -> None:
     pre = median_latency(before[-RECOVERY_SAMPLES:])
 
     def recovered() -> tuple[bool, str]:
-        after = [s for s in ctx.traffic.samples(since=flipped, lane=shifted.name) if s.status == 200]
+        after = [s for s in ctx.traffic.samples(since=flipped, lane=shifted.name)
+                 if s.status == 200]
         direct = [s for s in after if s.decoding == "direct"]
         post = median_latency(direct[-RECOVERY_SAMPLES:])
         if pre is None or post is None or len(direct) < RECOVERY_SAMPLES:
@@ -148,7 +149,7 @@ def traffic_shift(ctx: StepContext) -> None:
 
 
 def latency_regression(ctx: StepContext) -> None:
-    """Step 3: a slowed path raises p99 everywhere; the alert fires, then resolves."""
+    """Slow every call: check the p99 alert fires in every bucket, then resolves."""
     p = ctx.profile
     engine = ctx.engine()
     ctx.expect("fault-injection seam", "the demo engine wrapper", engine is not None,
@@ -204,7 +205,7 @@ def latency_regression(ctx: StepContext) -> None:
 
 
 def shape_churn(ctx: StepContext) -> None:
-    """Step 4: bucketing off and odd lengths: recompiles counted, eager fallback engages."""
+    """Turn bucketing off, send odd lengths: check recompiles, alert and eager fallback."""
     p = ctx.profile
     before = ctx.api.metric("tailwatch_compile_recompiles_total")
     r = ctx.api.set_flag("bucketing", False,
@@ -266,7 +267,7 @@ def shape_churn(ctx: StepContext) -> None:
 
 
 def operator_override(ctx: StepContext) -> None:
-    """Step 5: an operator overrides a flag with a bearer token and a reason; audit shows it."""
+    """Override a flag as the operator (token, reason); check the audit shows the actor."""
     p = ctx.profile
     r = ctx.api.set_flag("compiled", True, reason="no token", token=None)
     ctx.expect("writes need a token", "PUT without a bearer token -> 401", r.status_code == 401,
@@ -306,7 +307,7 @@ def operator_override(ctx: StepContext) -> None:
 
 
 def weekly_report(ctx: StepContext) -> None:
-    """Step 6: write the weekly assumption-review report of this week."""
+    """Write this week's assumption-review report."""
     ctx.traffic.set_lanes([])
     md, html = ctx.run_report()
     ctx.memo["report"] = md

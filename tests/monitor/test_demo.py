@@ -57,8 +57,9 @@ def test_fast_demo_passes_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyP
     from monitor.demo import DemoOptions, run_demo
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # ./var/compile-cache is reused
-    console = Console(file=(tmp_path / "narration.txt").open("w"), width=120)
-    outcome = run_demo(DemoOptions(profile=FAST, keep_dir=tmp_path / "demo"), console)
+    with (tmp_path / "narration.txt").open("w") as narration:
+        outcome = run_demo(DemoOptions(profile=FAST, keep_dir=tmp_path / "demo"),
+                           Console(file=narration, width=120))
 
     failed = [f"{s.number} {s.name}: {s.error}" for s in outcome.steps if not s.passed]
     assert not failed, "\n".join(failed)
