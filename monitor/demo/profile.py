@@ -173,6 +173,5 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
         api=ApiSettings(auth=True, read_auth=False,
                         tokens=[ApiToken(name=OPERATOR,
                                          token=token or secrets.token_urlsafe(24))]),
-        # Compiles after the first minute count as recompiles after warm-up (default 30 min).
-        report=ReportSettings(out_dir=str(report_dir), warmup_s=60.0),
+        report=ReportSettings(out_dir=str(report_dir)),
     )
