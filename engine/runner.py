@@ -31,6 +31,9 @@ class CompileOptions:
 
     mode: str
     backend: str
+    # Passed to torch.compile itself: dynamo's config is thread-local in torch 2.13, so a
+    # limit set on the loading thread would not hold on the request threads.
+    recompile_limit: int = 8
 
 
 class ModelRunner:
@@ -74,7 +77,8 @@ class ModelRunner:
 
     def _compile(self, fn: Callable, tag: str) -> Callable:
         assert self._options is not None
-        kwargs: dict[str, object] = {"dynamic": False, "backend": self._options.backend}
+        kwargs: dict[str, object] = {"dynamic": False, "backend": self._options.backend,
+                                     "recompile_limit": self._options.recompile_limit}
         if self._options.backend == "inductor" and self._options.mode != "default":
             kwargs["mode"] = self._options.mode
         return torch.compile(specialize(fn, tag), **kwargs)

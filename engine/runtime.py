@@ -79,14 +79,15 @@ class Runtime:
         import torch._dynamo as dynamo
 
         # Static shapes cost one cache entry per shape; the default limit (8) would
-        # silently turn the exact-shape path eager after 8 lengths.
-        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit,
-                                                   config.recompile_limit)
+        # silently turn the exact-shape path eager after 8 lengths. The per-function limit
+        # goes to torch.compile (CompileOptions); this global one is thread-local and only
+        # covers compiles on this thread.
         dynamo.config.accumulated_recompile_limit = max(
             dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
         self._watch = shared_watch()
         self._compile_on = config.compile_mode != "off"
-        options = CompileOptions(config.compile_mode, config.compile_backend) if self._compile_on else None
+        options = (CompileOptions(config.compile_mode, config.compile_backend,
+                                  config.recompile_limit) if self._compile_on else None)
 
         target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
         self._target_loaded = load_model(target_dir)

@@ -18,7 +18,9 @@ from sqlalchemy.engine import make_url
 from monitor.settings import Settings, get_settings
 
 MASK = "**********"
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|authorization|api[_-]?key", re.I)
+# Whole key names (or their last `_`-separated word): "max_new_tokens" is not a secret.
+_SECRET_KEY = re.compile(
+    r"(^|_)(token|secret|password|passwd|authorization|api[_-]?key)$", re.I)
 
 
 def load_settings(ctx: click.Context, **overrides: Any) -> Settings:

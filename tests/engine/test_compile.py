@@ -50,12 +50,12 @@ def test_recompile_limit_hit_is_counted(tiny_dirs):
 
     from engine import load_engine
 
-    engine = load_engine(tiny_config(tiny_dirs, use_draft=False, compile_backend="eager"))
+    engine = load_engine(tiny_config(tiny_dirs, use_draft=False, compile_backend="eager",
+                                     recompile_limit=2))
     try:
         before = engine.compile_snapshot()
-        with torch._dynamo.config.patch(recompile_limit=2):
-            outs = [engine.generate("y" * n, max_new_tokens=2,
-                                    override=FlagOverride(bucketing=False)) for n in range(3, 8)]
+        outs = [engine.generate("y" * n, max_new_tokens=2,
+                                override=FlagOverride(bucketing=False)) for n in range(3, 8)]
         delta = engine.compile_snapshot().diff(before)
         assert delta.recompile_limit_hits >= 1, delta
         # Past the limit dynamo runs eager silently: the output is still right.
@@ -63,6 +63,29 @@ def test_recompile_limit_hit_is_counted(tiny_dirs):
                                override=FlagOverride(bucketing=False, compiled=False))
                for n in range(3, 8)]
         assert [o.output_ids for o in outs] == [r.output_ids for r in ref]
+    finally:
+        engine.close()
+
+
+def test_raised_recompile_limit_holds_on_other_threads(tiny_dirs):
+    import threading
+
+    from engine import load_engine
+
+    # Dynamo's config is thread-local: the limit must hold on request threads too.
+    engine = load_engine(tiny_config(tiny_dirs, use_draft=False, compile_backend="eager"))
+    try:
+        before = engine.compile_snapshot()
+        outs: list = []
+        worker = threading.Thread(target=lambda: outs.extend(
+            engine.generate("z" * n, max_new_tokens=2, override=FlagOverride(bucketing=False))
+            for n in range(3, 15)))
+        worker.start()
+        worker.join()
+        delta = engine.compile_snapshot().diff(before)
+        assert len(outs) == 12
+        assert delta.recompile_limit_hits == 0, delta
+        assert delta.recompiles >= 10, delta  # every new exact length really recompiled
     finally:
         engine.close()
 

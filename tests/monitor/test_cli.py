@@ -66,6 +66,9 @@ def test_config_show_masks_secrets(tmp_path: object, monkeypatch: pytest.MonkeyP
     assert shown["database_url"] == "postgresql://tw:***@db.internal/tailwatch"
     assert shown["alerts"]["webhooks"][0]["url"] == "https://hooks.example/***"
     assert shown["alerts"]["webhooks"][0]["name"] == "pager"
+    # Limits whose names merely contain "token" are settings, not secrets.
+    assert shown["engine"]["max_new_tokens"] == 32
+    assert shown["engine"]["max_input_tokens"] == 1024
 
 
 def test_bad_settings_are_one_line(monkeypatch: pytest.MonkeyPatch,
