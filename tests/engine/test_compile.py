@@ -46,7 +46,6 @@ def test_exact_shapes_recompile_with_reasons(warm_engine, flags):
 
 
 def test_recompile_limit_hit_is_counted(tiny_dirs):
-    import torch._dynamo
 
     from engine import load_engine
 
