@@ -112,6 +112,24 @@ class CompileDelta:
     compile_failures: int
 
 
+    def minus(self, other: CompileDelta) -> CompileDelta:
+        """Return what this delta holds beyond `other` (never below zero)."""
+
+        def sub(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+            return {k: v - b.get(k, 0) for k, v in a.items() if v - b.get(k, 0) > 0}
+
+        return CompileDelta(
+            graphs=max(0, self.graphs - other.graphs),
+            recompiles=max(0, self.recompiles - other.recompiles),
+            recompile_reasons=sub(self.recompile_reasons, other.recompile_reasons),
+            graph_breaks=max(0, self.graph_breaks - other.graph_breaks),
+            graph_break_reasons=sub(self.graph_break_reasons, other.graph_break_reasons),
+            compile_seconds=max(0.0, self.compile_seconds - other.compile_seconds),
+            recompile_limit_hits=max(0, self.recompile_limit_hits - other.recompile_limit_hits),
+            compile_failures=max(0, self.compile_failures - other.compile_failures),
+        )
+
+
 @dataclass(frozen=True)
 class CompileSnapshot:
     """Cumulative compile counters since process start, read from torch itself."""

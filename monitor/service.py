@@ -142,11 +142,26 @@ class ProbeRunner:
         if engine is None or state != READY:
             raise NotReady(f"probes wait for a warm engine ({reason})")
         with self._lock:
-            if self._prober is None:
-                self._prober = self._build(engine)
+            prober = self._get_prober(engine)
             if kind == "burst":
-                return self._prober.run_burst(suite)
-            return self._prober.run_cycle(suite, ab=ab)
+                return prober.run_burst(suite)
+            return prober.run_cycle(suite, ab=ab)
+
+    def _get_prober(self, engine: Engine) -> Prober:
+        if self._prober is None:
+            self._prober = self._build(engine)
+        return self._prober
+
+    def record_compiles(self) -> object:
+        """Store recompiles that happened outside canary cycles (real traffic)."""
+        engine = self._holder.get()
+        if engine is None or self._holder.state()[0] != READY:
+            return None
+        prober = self._prober  # set once; a running cycle holds the lock for long
+        if prober is None:
+            with self._lock:
+                prober = self._get_prober(engine)
+        return prober.record_unprobed_compiles()
 
     def job(self, kind: str) -> Callable[[], object]:
         """Return a scheduler job running `kind` that skips while the engine is not ready."""
@@ -162,16 +177,11 @@ class ProbeRunner:
 
 def build_prober(engine: Engine, app: FastAPI) -> Prober:
     """Return the Prober for `engine`, storing through the app's sessions."""
-    settings: Settings = app.state.settings
-    p = settings.probes
-    suites = getattr(app.state, "suites", None) or load_suites(p.suites_file)
-    return Prober(
-        engine, app.state.sessions, suites, instance_id=settings.instance_id,
-        suite=p.suite, canaries_per_bucket=p.canaries_per_bucket, ab_share=p.ab_share,
-        ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
-        burst_rate_per_s=p.burst_rate_per_s,
-        burst_duration_s=p.burst_duration_s, burst_concurrency=p.burst_concurrency,
-        observers=(app.state.sink,))
+    from probes.prober import prober_from_settings
+
+    return prober_from_settings(app.state.settings, engine, app.state.sessions,
+                                observers=(app.state.sink,),
+                                suites=getattr(app.state, "suites", None))
 
 
 def prepare_database(settings: Settings) -> Any:
@@ -282,7 +292,7 @@ def scheduled_jobs(app: FastAPI) -> dict[str, Callable[[], object]]:
     jobs: dict[str, Callable[[], object]] = {
         names.PROBE: state.probes.job("cycle"),
         names.BURST: state.probes.job("burst"),
-        names.TRAFFIC_FLUSH: lambda: state.traffic.flush(store),
+        names.TRAFFIC_FLUSH: lambda: (state.traffic.flush(store), state.probes.record_compiles()),
         names.RETENTION: lambda: _prune(sessions, settings),
     }
     jobs.update(_alert_jobs(app))

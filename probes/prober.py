@@ -17,11 +17,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from engine.protocol import Engine
+from engine.protocol import CompileDelta, Engine
 from probes.burst import BurstResult, run_burst
 from probes.canaries import CanarySuite
 from probes.cycle import ARMS, CycleResult, Observer, ProbeCycle, utcnow
-from probes.sink import add_burst, add_cycle
+from probes.sink import add_burst, add_cycle, compile_changed, compile_row
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,49 @@ class Prober:
         self.pending_max = pending_max
         self.dropped = 0
         self._lock = threading.Lock()
+        # Compile changes outside cycles (real traffic, bursts) are stored by
+        # record_unprobed_compiles: everything since the mark less what cycles stored.
+        self._cycle_lock = threading.Lock()
+        self._compile_mark = engine.compile_snapshot()
+        self._compile_claimed: list[CompileDelta] = []
 
     def run_cycle(self, suite: str | None = None, *, ab: bool | None = None) -> CycleResult:
         """Run one canary cycle, store it, and return it."""
-        result = self.cycle.run(suite or self.suite, ab=ab)
+        with self._cycle_lock:
+            result = self.cycle.run(suite or self.suite, ab=ab)
+            # The A/B arms' compiles (the exact arm recompiles by design) are left out of
+            # compile events on purpose; claim them so they are not stored later either.
+            self._compile_claimed.extend(d for d in (result.compile, result.ab_compile)
+                                         if d is not None)
         self._store(result)
         return result
+
+    def record_unprobed_compiles(self) -> CompileDelta | None:
+        """Store the compile changes no cycle recorded (real traffic's recompiles).
+
+        Returns the stored delta, or None when nothing changed, a cycle is running (its
+        delta is not claimed yet: try again next time) or the database is down (kept for
+        the next call).
+        """
+        if not self._cycle_lock.acquire(blocking=False):
+            return None
+        try:
+            now = self.engine.compile_snapshot()
+            rest = now.diff(self._compile_mark)
+            for claimed in self._compile_claimed:
+                rest = rest.minus(claimed)
+            if compile_changed(rest):
+                try:
+                    with self.sessions.begin() as session:
+                        session.add(compile_row(rest, self.clock(), self.instance_id))
+                except Exception as exc:
+                    log.warning("cannot store compile changes yet: %s", exc)
+                    return None
+            self._compile_mark = now
+            self._compile_claimed = []
+            return rest if compile_changed(rest) else None
+        finally:
+            self._cycle_lock.release()
 
     def run_burst(self, suite: str | None = None) -> BurstResult:
         """Run one burst probe with the suite's prompts, store it, and return it."""
@@ -126,14 +163,15 @@ class Prober:
 
 def prober_from_settings(settings: Any, engine: Engine, sessions: sessionmaker[Session], *,
                          observers: Sequence[Observer] = (), rng: random.Random | None = None,
-                         clock: Callable[[], datetime] = utcnow) -> Prober:
+                         clock: Callable[[], datetime] = utcnow,
+                         suites: Mapping[str, CanarySuite] | None = None) -> Prober:
     """Return a Prober configured from a monitor Settings object (`probes` section)."""
     from probes.canaries import load_suites
 
     # Duck-typed: probes never imports monitor.
     p = settings.probes
     return Prober(
-        engine, sessions, load_suites(p.suites_file), instance_id=settings.instance_id,
+        engine, sessions, suites or load_suites(p.suites_file), instance_id=settings.instance_id,
         suite=p.suite, canaries_per_bucket=p.canaries_per_bucket, ab_share=p.ab_share,
         ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
         burst_rate_per_s=p.burst_rate_per_s, burst_duration_s=p.burst_duration_s,

@@ -47,3 +47,27 @@ def test_unknown_suite_names_the_setting(engine: FakeEngine, suites: dict) -> No
     with pytest.raises(ValueError, match="probes.suite: unknown suite 'nope'"):
         Prober(engine, make_sessionmaker(make_engine("sqlite://")), suites, instance_id="a",
                suite="nope")
+
+
+def test_real_traffic_recompiles_reach_sql_once(sessionmaker: sessionmaker[Session],
+                                                engine: FakeEngine, suites: dict) -> None:
+    from engine.protocol import FlagOverride, RuntimeFlags
+    from storage.models import CompileEvent
+
+    prober = Prober(engine, sessionmaker, suites, instance_id="a", canaries_per_bucket=1,
+                    ab_share=0.0, rng=random.Random(0))
+    assert prober.record_unprobed_compiles() is None  # nothing happened since the mark
+    # Real traffic on exact shapes recompiles between cycles.
+    for n in (5, 9, 13):
+        engine.generate("x" * n, override=FlagOverride(bucketing=False))
+    stored = prober.record_unprobed_compiles()
+    assert stored is not None and stored.recompiles == 3
+    # A cycle that recompiles stores its own event; the next sample must not repeat it.
+    engine.flag_provider.set(RuntimeFlags(bucketing=False))  # type: ignore[attr-defined]
+    cycle = prober.run_cycle()
+    assert cycle.compile is not None and cycle.compile.recompiles > 0
+    assert prober.record_unprobed_compiles() is None
+    with sessionmaker() as s:
+        events = s.scalars(select(CompileEvent).order_by(CompileEvent.id)).all()
+    assert [(e.run_id is None, e.recompiles) for e in events] == [
+        (True, 3), (False, cycle.compile.recompiles)]
