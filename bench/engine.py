@@ -14,6 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,11 +67,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--skip-restart", action="store_true")
     parser.add_argument("--restart-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", default=None,
+                        help="inductor cache to start from (default: a new empty one, "
+                             "so the first warm-up is really cold)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
     if args.restart_only:
-        restart_only(args)
+        restart_only(args)  # the parent set TORCHINDUCTOR_CACHE_DIR to the cache it filled
         return
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="tailwatch-bench-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).resolve())
 
     import torch
     from transformers import T5ForConditionalGeneration
