@@ -53,7 +53,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "burst_p99": ("p99 latency of the latest burst probe (seconds)", ("burst",)),
     "rejections": ("share of requests rejected (overloaded or timed out)", ("traffic", "burst")),
 }
-SCOPE_LABELS = ("bucket", "path", "instance")
+SCOPE_LABELS = ("bucket", "path", "decoding", "instance")
 SOURCES = ("canary", "traffic", "burst")
 SEVERITIES = ("page", "warning", "info")
 _CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")

@@ -85,7 +85,7 @@ def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
                ProbeResult.variant == VARIANT_OPTIMIZED)
     )
     out = [
-        Row(r.at, {"bucket": r.bucket, "path": r.path, "instance": inst},
+        Row(r.at, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding, "instance": inst},
             {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
              "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
              "padding_waste": r.padding_waste, "draft_tokens": r.draft_tokens,
@@ -96,7 +96,7 @@ def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     failed = select(ProbeRun.started_at, ProbeRun.instance_id).where(
         ProbeRun.started_at >= start, ProbeRun.started_at < end, ProbeRun.kind == "cycle",
         ProbeRun.status != "ok")
-    out += [Row(at, {"bucket": "", "path": "", "instance": inst},
+    out += [Row(at, {"bucket": "", "path": "", "decoding": "", "instance": inst},
                 {"count": 0, "errors": 0, "failed_runs": 1})
             for at, inst in session.execute(failed)]
     return out
@@ -105,7 +105,8 @@ def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
 def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     q = select(TrafficRollup).where(TrafficRollup.minute >= start, TrafficRollup.minute < end)
     return [
-        Row(r.minute, {"bucket": r.bucket, "path": r.path, "instance": r.instance_id},
+        Row(r.minute, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding,
+                       "instance": r.instance_id},
             {"requests": r.requests, "errors": r.errors, "rejections": r.rejections,
              "overflow": r.overflow, "latency_sum": r.latency_sum_s, "hist": r.latency_hist,
              "ttft_sum": r.ttft_sum_s, "input_sum": r.input_tokens_sum,
@@ -122,7 +123,7 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     out = []
     for r in session.scalars(q):
         d = r.details or {}
-        out.append(Row(r.started_at, {"bucket": "", "path": "", "instance": r.instance_id},
+        out.append(Row(r.started_at, {"bucket": "", "path": "", "decoding": "", "instance": r.instance_id},
                        {"p99": d.get("latency_p99_s"), "requests": r.requests or 0,
                         "rejections": r.rejections or 0, "ok": r.status == "ok"}))
     return out
@@ -130,14 +131,14 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
 
 def _compile_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     q = select(CompileEvent).where(CompileEvent.at >= start, CompileEvent.at < end)
-    return [Row(e.at, {"bucket": "", "path": "", "instance": e.instance_id},
+    return [Row(e.at, {"bucket": "", "path": "", "decoding": "", "instance": e.instance_id},
                 {"recompiles": e.recompiles, "failures": e.limit_hits + e.failures})
             for e in session.scalars(q)]
 
 
 def _memory_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     q = select(MemorySample).where(MemorySample.at >= start, MemorySample.at < end)
-    return [Row(m.at, {"bucket": "", "path": "", "instance": m.instance_id},
+    return [Row(m.at, {"bucket": "", "path": "", "decoding": "", "instance": m.instance_id},
                 {"bytes": m.cuda_allocated_bytes if m.cuda_allocated_bytes is not None
                  else m.rss_bytes})
             for m in session.scalars(q)]

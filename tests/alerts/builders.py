@@ -14,7 +14,8 @@ from storage.models import ProbeResult, ProbeRun, TrafficRollup
 def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
               acceptance: Mapping[str, float] | None = None, instance: str = "i1",
               model_version: str = "m1", config_hash: str = "c1", count: int = 4,
-              variant: str = "optimized", kind: str = "cycle") -> ProbeRun:
+              variant: str = "optimized", kind: str = "cycle",
+              decoding: str = "speculative") -> ProbeRun:
     """Add one canary cycle: per bucket its p99 (seconds) and optionally its acceptance."""
     run = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=5), status="ok",
                    instance_id=instance, model_version=model_version,
@@ -22,7 +23,7 @@ def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
     for bucket, v in p99.items():
         acc = (acceptance or {}).get(bucket, 0.8)
         run.results.append(ProbeResult(
-            at=at, bucket=bucket, path="compiled", decoding="speculative", variant=variant,
+            at=at, bucket=bucket, path="compiled", decoding=decoding, variant=variant,
             count=count, errors=0, p50_s=v * 0.8, p95_s=v * 0.95, p99_s=v, max_s=v,
             ttft_p95_s=v / 4, per_token_p50_s=v / 40, padding_waste=0.1, output_tokens=40,
             drafts=25, draft_tokens=100, accepted_tokens=int(round(100 * acc))))

@@ -217,3 +217,26 @@ def test_alertmanager_api_targets_get_firing_alerts_re_sent(sessionmaker: sessio
     assert all(isinstance(r.payload, list) and "endsAt" not in r.payload[0]
                for r in rows if r.target == "am")
     assert len({r.idempotency_key for r in rows if r.target == "am"}) == 3
+
+
+def test_a_fallback_slowing_canaries_starts_a_new_series_instead_of_paging(
+        sessionmaker: sessionmaker[Session]):
+    from alerts.rules import load_rules
+
+    shipped = next(r for r in load_rules(None) if r.name == "p99_latency_regression")
+    fill(sessionmaker, 0, 40, 0.1)
+    # Speculation off for bucket 64 (a fallback): its in-domain canaries now decode
+    # directly at twice the latency; the same doubling with speculation on is a regression.
+    fill(sessionmaker, 40, 50, 0.2, decoding="direct")
+    kw = {"baseline_config": BaselineConfig(warm_in_s=0)}
+    for i in range(41, 51):
+        with sessionmaker.begin() as s:
+            rep = evaluate(s, [shipped], minute(i) + timedelta(seconds=30), **kw)
+        assert not [t for t in rep.transitions if t.to_state == "firing"], rep.transitions
+    fill(sessionmaker, 50, 60, 0.2)  # speculation back on, still twice as slow: page
+    fired = []
+    for i in range(51, 61):
+        with sessionmaker.begin() as s:
+            rep = evaluate(s, [shipped], minute(i) + timedelta(seconds=30), **kw)
+        fired += [dict(t.labels) for t in rep.transitions if t.to_state == "firing"]
+    assert fired and all(f["bucket"] == "64" and f["decoding"] == "speculative" for f in fired)
