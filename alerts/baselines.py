@@ -3,33 +3,38 @@
 A rolling baseline is the median and robust spread of a rule's per-cycle values over the
 trailing `rule.baseline_window_s` (7 days by default), leaving out cycles when an alert on
 the same metric and scope was firing. It is stored as a `Baseline` row (value = median,
-samples = cycles, note = "spread=<robust sigma>") and recomputed when older than
+samples = cycles, spread = robust sigma) and recomputed when older than
 `BaselineConfig.refresh_s`. When the model_version or config_hash of the canary runs
 changes, the window restarts at the first run of the new version plus `warm_in_s`, so
 rules stay quiet ("baseline warming in") until enough new cycles exist.
 
 A pinned baseline fixes the centre (the spread still comes from the rolling one).
+Which stored baseline is in force is decided in one place:
+`storage.queries.baselines.decide_in_force`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from alerts.detection import BaselineStats
 from alerts.errors import BaselineError
 from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Point, Rule
 from alerts.series import Labels, RowCache, series
-from storage.models import Alert, Baseline, ProbeRun, scope_key
+from storage.models import Baseline, scope_key
+from storage.queries import alerts as alert_queries
+from storage.queries import baselines as baseline_queries
+from storage.queries.baselines import StoredBaseline
+from storage.queries.runs import CurrentCohort
 
-_SPREAD_RE = re.compile(r"spread=([0-9.eE+-]+)")
 _SCOPE_KEYS = (*SCOPE_LABELS, "source", "window")
+BaselineView = StoredBaseline  # what the CLI and API show
 
 
 @dataclass(frozen=True)
@@ -40,36 +45,6 @@ class BaselineConfig:
     warm_in_s: float = 1800.0
 
 
-@dataclass(frozen=True)
-class Epoch:
-    """The running model version and since when it has been probed (None: no runs yet)."""
-
-    model_version: str = ""
-    config_hash: str = ""
-    since: datetime | None = None
-
-
-@dataclass(frozen=True)
-class BaselineView:
-    """A stored baseline as the CLI and API show it."""
-
-    id: int
-    metric: str
-    scope: Mapping[str, str]
-    kind: str
-    value: float
-    spread: float | None
-    samples: int
-    window_start: datetime | None
-    window_end: datetime | None
-    model_version: str
-    config_hash: str
-    created_at: datetime
-    pinned_by: str | None
-    note: str | None
-    active: bool
-
-
 def rule_scope(rule: Rule, labels: Mapping[str, str]) -> dict[str, str]:
     """Return the baseline scope of a rule's series: source, match labels, labels, window."""
     scope = {"source": rule.source, **rule.match, **labels}
@@ -78,40 +53,10 @@ def rule_scope(rule: Rule, labels: Mapping[str, str]) -> dict[str, str]:
     return scope
 
 
-def current_epoch(session: Session, now: datetime) -> Epoch:
-    """Return the latest canary version and when its uninterrupted run of probes began."""
-    latest = session.execute(
-        select(ProbeRun.model_version, ProbeRun.config_hash)
-        .where(ProbeRun.started_at <= now).order_by(ProbeRun.started_at.desc()).limit(1)
-    ).first()
-    if latest is None:
-        return Epoch()
-    mv, ch = latest
-    other = session.scalar(
-        select(ProbeRun.started_at)
-        .where(ProbeRun.started_at <= now,
-               (ProbeRun.model_version != mv) | (ProbeRun.config_hash != ch))
-        .order_by(ProbeRun.started_at.desc()).limit(1)
-    )
-    first = select(ProbeRun.started_at).where(ProbeRun.model_version == mv,
-                                              ProbeRun.config_hash == ch)
-    if other is not None:
-        first = first.where(ProbeRun.started_at > other)
-    since = session.scalar(first.order_by(ProbeRun.started_at.asc()).limit(1))
-    return Epoch(mv, ch, since)
-
-
-def _spread(note: str | None) -> float | None:
-    m = _SPREAD_RE.search(note or "")
-    return float(m.group(1)) if m else None
-
-
 def _firing_periods(session: Session, rule_names: list[str], key: str, now: datetime,
                     start: datetime) -> list[tuple[datetime, datetime]]:
-    rows = session.scalars(select(Alert).where(Alert.rule.in_(rule_names),
-                                               Alert.fired_at.is_not(None)))
     out = []
-    for a in rows:
+    for a in alert_queries.fired_alerts(session, rule_names):
         if scope_key(a.labels) != key or a.fired_at is None:
             continue
         end = a.resolved_at or now
@@ -126,24 +71,14 @@ def baselines_for_rule(
     rules: list[Rule],
     now: datetime,
     cache: RowCache,
-    epoch: Epoch,
+    cohort: CurrentCohort,
     config: BaselineConfig,
 ) -> dict[Labels, BaselineStats]:
     """Return scope labels -> baseline of `rule`, refreshing stale rolling baselines."""
-    stored = session.scalars(
-        select(Baseline).where(Baseline.metric == rule.metric, Baseline.active.is_(True))
-    ).all()
-    by_key: dict[str, dict[str, Baseline]] = {}
-    for b in stored:
-        if b.kind == "rolling" and (b.model_version, b.config_hash) != (
-                epoch.model_version, epoch.config_hash):
-            continue
-        slot = by_key.setdefault(b.scope_key, {})
-        if b.kind not in slot or b.created_at > slot[b.kind].created_at:
-            slot[b.kind] = b
+    in_force = baseline_queries.baselines_in_force(session, rule.metric, cohort.key)
     start = now - timedelta(seconds=rule.baseline_window_s)
-    if epoch.since is not None:
-        start = max(start, epoch.since + timedelta(seconds=config.warm_in_s))
+    if cohort.since is not None:
+        start = max(start, cohort.since + timedelta(seconds=config.warm_in_s))
     fresh_after = now - timedelta(seconds=config.refresh_s)
     computed: dict[Labels, list[Point]] | None = None
     same_metric = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
@@ -152,25 +87,26 @@ def baselines_for_rule(
     if start < now:
         computed = series(rule, cache, start, now)
         labelsets = set(computed)
-    for b in stored:
-        if b.kind == "pinned" and _scope_matches(rule, b.scope):
+    for force in in_force.values():
+        b = force.pinned
+        if b is not None and _scope_matches(rule, b.scope):
             labelsets.add(tuple((k, b.scope[k]) for k in rule.per))
     for labels in labelsets:
         scope = rule_scope(rule, dict(labels))
         key = scope_key(scope)
-        slot = by_key.get(key, {})
-        rolling = slot.get("rolling")
+        force = in_force.get(key, baseline_queries.InForce())
+        rolling = force.rolling
         stale = rolling is None or rolling.created_at < fresh_after or (
             rolling.samples < rule.min_baseline_cycles)  # warming in: refresh every cycle
         if stale and computed is not None:
             rolling = _refresh(session, rule, same_metric, scope, key, computed.get(labels, []),
-                               start, now, epoch, rolling) or rolling
-        spread = _spread(rolling.note) if rolling is not None else None
-        pinned = slot.get("pinned")
+                               start, now, cohort, rolling) or rolling
+        spread = rolling.spread if rolling is not None else None
+        pinned = force.pinned
         if pinned is not None:
             out[labels] = BaselineStats(
                 center=pinned.value,
-                spread=spread if spread is not None else (_spread(pinned.note) or 0.0),
+                spread=spread if spread is not None else (pinned.spread or 0.0),
                 cycles=max(pinned.samples, rule.min_baseline_cycles), pinned=True)
         elif rolling is not None and spread is not None:
             out[labels] = BaselineStats(rolling.value, spread, rolling.samples)
@@ -185,8 +121,8 @@ def _scope_matches(rule: Rule, scope: Mapping[str, str]) -> bool:
 
 
 def _refresh(session: Session, rule: Rule, rule_names: list[str], scope: dict[str, str],
-             key: str, points: list[Point], start: datetime, now: datetime, epoch: Epoch,
-             old: Baseline | None) -> Baseline | None:
+             key: str, points: list[Point], start: datetime, now: datetime,
+             cohort: CurrentCohort, old: StoredBaseline | None) -> StoredBaseline | None:
     excluded = _firing_periods(session, rule_names, scope_key(
         {k: v for k, v in scope.items() if k in rule.per}), now, start)
     values = [p.value for p in points
@@ -196,13 +132,15 @@ def _refresh(session: Session, rule: Rule, rule_names: list[str], scope: dict[st
     if stats is None:
         return None
     if old is not None:
-        old.active = False
+        session.execute(update(Baseline).where(Baseline.id == old.id).values(active=False)
+                        .execution_options(synchronize_session="fetch"))
     row = Baseline(metric=rule.metric, scope=scope, scope_key=key, value=stats.center,
                    samples=stats.cycles, window_start=start, window_end=now, kind="rolling",
-                   model_version=epoch.model_version, config_hash=epoch.config_hash,
-                   created_at=now, note=f"spread={stats.spread!r}", active=True)
+                   model_version=cohort.model_version, config_hash=cohort.config_hash,
+                   created_at=now, spread=stats.spread, active=True)
     session.add(row)
-    return row
+    session.flush()
+    return baseline_queries.stored(row)
 
 
 def parse_scope(scope: Mapping[str, Any] | str) -> dict[str, str]:
@@ -242,29 +180,25 @@ def pin(session: Session, metric: str, scope: Mapping[str, Any] | str, actor: st
         raise BaselineError("actor", "must not be empty", value=actor)
     sc = parse_scope(scope)
     key = scope_key(sc)
-    rolling = session.scalars(
-        select(Baseline).where(Baseline.metric == metric, Baseline.scope_key == key,
-                               Baseline.kind == "rolling", Baseline.active.is_(True))
-        .order_by(Baseline.created_at.desc()).limit(1)).first()
+    # Any cohort: a person pins what the newest rolling baseline shows.
+    rolling = baseline_queries.baseline_in_force(session, metric, key, None).rolling
     if value is None:
         if rolling is None:
             raise BaselineError("value", f"no rolling baseline for {metric} {key} yet: pass a value")
         value = rolling.value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BaselineError("value", "must be a number", value=value)
-    spread = _spread(rolling.note) if rolling is not None else None
+    spread = rolling.spread if rolling is not None else None
     _deactivate(session, metric, key, "pinned")
     kw = {"created_at": now} if now is not None else {}
     row = Baseline(metric=metric, scope=sc, scope_key=key, value=float(value),
                    samples=rolling.samples if rolling is not None else 0, kind="pinned",
                    model_version=rolling.model_version if rolling is not None else "",
                    config_hash=rolling.config_hash if rolling is not None else "",
-                   pinned_by=actor,
-                   note=" ".join(filter(None, [note, f"spread={spread!r}" if spread else None])),
-                   active=True, **kw)
+                   pinned_by=actor, note=note or None, spread=spread, active=True, **kw)
     session.add(row)
     session.flush()
-    return _view(row)
+    return baseline_queries.stored(row)
 
 
 def unpin(session: Session, metric: str, scope: Mapping[str, Any] | str, actor: str) -> int:
@@ -286,18 +220,6 @@ def _deactivate(session: Session, metric: str, key: str, kind: str) -> int:
 def list_baselines(session: Session, metric: str | None = None, *,
                    active_only: bool = True) -> list[BaselineView]:
     """Return stored baselines, newest first."""
-    q = select(Baseline).order_by(Baseline.metric, Baseline.scope_key, Baseline.created_at.desc())
     if metric is not None:
         _check_metric(metric)
-        q = q.where(Baseline.metric == metric)
-    if active_only:
-        q = q.where(Baseline.active.is_(True))
-    return [_view(b) for b in session.scalars(q)]
-
-
-def _view(b: Baseline) -> BaselineView:
-    return BaselineView(
-        id=b.id, metric=b.metric, scope=dict(b.scope or {}), kind=b.kind, value=b.value,
-        spread=_spread(b.note), samples=b.samples, window_start=b.window_start,
-        window_end=b.window_end, model_version=b.model_version, config_hash=b.config_hash,
-        created_at=b.created_at, pinned_by=b.pinned_by, note=b.note, active=b.active)
+    return baseline_queries.list_baselines(session, metric, active_only=active_only)

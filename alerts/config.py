@@ -1,13 +1,17 @@
-"""Build the alerts package's runtime objects from `monitor.settings.AlertSettings`."""
+"""Build the alerts package's runtime objects from its settings section.
+
+`load_config` is the one loader of rules, policy and webhook targets: the service's
+lifespan, `tailwatch serve`'s preflight and the tests call it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from alerts.baselines import BaselineConfig
 from alerts.policy import Policy, load_policy
 from alerts.rules import Rule, load_rules
+from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget, parse_targets
 
 
@@ -21,20 +25,23 @@ class AlertsConfig:
     baselines: BaselineConfig
     external_url: str = ""
     resend_s: float = 120.0
+    flags_ttl_s: float = 1.0
+    webhook_max_age_s: float = 86400.0
 
 
-def load_config(settings: Any) -> AlertsConfig:
-    """Return validated rules, targets and policy for an AlertSettings-like object.
+def load_config(settings: AlertSettings) -> AlertsConfig:
+    """Return validated rules, targets and policy for the `alerts` settings section.
 
     Raises ConfigError (a ValueError) naming the file, entry and field on bad input.
     """
     return AlertsConfig(
-        rules=tuple(load_rules(getattr(settings, "rules_file", None))),
-        targets=tuple(parse_targets(getattr(settings, "webhooks", None) or [])),
-        policy=load_policy(getattr(settings, "policy_file", None)),
-        baselines=BaselineConfig(
-            refresh_s=float(getattr(settings, "baseline_refresh_s", 3600.0)),
-            warm_in_s=float(getattr(settings, "baseline_warm_in_s", 1800.0))),
-        external_url=str(getattr(settings, "external_url", "") or ""),
-        resend_s=float(getattr(settings, "resend_interval_s", 120.0)),
+        rules=tuple(load_rules(settings.rules_file)),
+        targets=tuple(parse_targets(settings.webhooks)),
+        policy=load_policy(settings.policy_file),
+        baselines=BaselineConfig(refresh_s=settings.baseline_refresh_s,
+                                 warm_in_s=settings.baseline_warm_in_s),
+        external_url=settings.external_url,
+        resend_s=settings.resend_interval_s,
+        flags_ttl_s=settings.flags_ttl_s,
+        webhook_max_age_s=settings.webhook_max_age_s,
     )

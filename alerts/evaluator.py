@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
-from alerts.baselines import BaselineConfig, baselines_for_rule, current_epoch
+from alerts.baselines import BaselineConfig, baselines_for_rule
 from alerts.lifecycle import Lifecycle, Transition, fingerprint, open_alerts
 from alerts.rules import Rule, RuleResult, evaluate_rule
 from alerts.series import RowCache, series
 from alerts.webhooks import WebhookTarget
+from storage.queries.runs import current_cohort
 
 if TYPE_CHECKING:
     from alerts.policy import Policy, PolicyAction
@@ -64,7 +65,7 @@ def evaluate(
         raise ValueError("now: must be timezone-aware")
     config = baseline_config or BaselineConfig()
     cache = RowCache(session)
-    epoch = current_epoch(session, now)
+    cohort = current_cohort(session, now)
     alerts = open_alerts(session)
     life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s)
     results: list[RuleResult] = []
@@ -73,7 +74,7 @@ def evaluate(
     for rule in rules:
         try:
             with session.begin_nested():
-                base = baselines_for_rule(session, rule, list(rules), now, cache, epoch, config)
+                base = baselines_for_rule(session, rule, list(rules), now, cache, cohort, config)
                 start = now - timedelta(seconds=rule.window_s * rule.lookback_cycles)
                 per_scope = series(rule, cache, start, now)
                 scopes = set(per_scope)

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.errors import FlagError
 from engine.protocol import RuntimeFlags
 from storage.models import FLAG_SCOPE_GLOBAL, FLAG_SOURCES, Flag, FlagAudit
+from storage.queries import flags as queries
 
 FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation")
 _BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
@@ -74,6 +74,7 @@ class AuditView:
     old_value: Any
     new_value: Any
     reason: str | None
+    alert_id: int | None = None  # the alert an automatic change answered
 
 
 def validate(name: str, scope: str, value: Any = None, *, check_value: bool = True) -> Any:
@@ -112,14 +113,12 @@ class FlagStore:
     def __init__(self, clock: Clock = utcnow) -> None:
         self.clock = clock
 
-    def _row(self, session: Session, name: str, scope: str, source: str) -> Flag | None:
-        return session.scalars(select(Flag).where(Flag.name == name, Flag.scope == scope,
-                                                  Flag.source == source)).first()
-
     def _audit(self, session: Session, at: datetime, name: str, scope: str, actor: str,
-               source: str, action: str, old: Any, new: Any, reason: str | None) -> None:
+               source: str, action: str, old: Any, new: Any, reason: str | None,
+               alert_id: int | None) -> None:
         session.add(FlagAudit(at=at, name=name, scope=scope, actor=actor, source=source,
-                              action=action, old_value=old, new_value=new, reason=reason))
+                              action=action, old_value=old, new_value=new, reason=reason,
+                              alert_id=alert_id))
 
     def set(self, session: Session, name: str, scope: str, value: Any, *, reason: str,
             actor: str, source: str = "manual", expires_at: datetime | None = None,
@@ -135,7 +134,7 @@ class FlagStore:
                 raise FlagError("expires_at", "must be timezone-aware", value=expires_at)
             if expires_at <= now:
                 raise FlagError("expires_at", "must lie in the future", value=expires_at)
-        row = self._row(session, name, scope, source)
+        row = queries.flag_row(session, name, scope, source)
         old = row.value if row is not None else None
         if row is None:
             row = Flag(name=name, scope=scope, source=source, created_at=now)
@@ -146,7 +145,8 @@ class FlagStore:
         row.expires_at = expires_at
         row.alert_id = alert_id
         row.updated_at = now
-        self._audit(session, now, name, scope, actor, source, "set", old, value, reason)
+        self._audit(session, now, name, scope, actor, source, "set", old, value, reason,
+                    alert_id)
         session.flush()
         return _view(row)
 
@@ -157,11 +157,12 @@ class FlagStore:
         _check_source(source)
         _check_text("reason", reason)
         _check_text("actor", actor)
-        row = self._row(session, name, scope, source)
+        row = queries.flag_row(session, name, scope, source)
         if row is None:
             return False
+        # Undoing an automatic change answers the same alert that made it.
         self._audit(session, self.clock(), name, scope, actor, source, action, row.value,
-                    None, reason)
+                    None, reason, row.alert_id)
         session.delete(row)
         session.flush()
         return True
@@ -169,8 +170,7 @@ class FlagStore:
     def list(self, session: Session, *, include_expired: bool = False) -> list[FlagView]:
         """Return stored flag rows of both sources."""
         now = self.clock()
-        rows = session.scalars(select(Flag).order_by(Flag.name, Flag.scope, Flag.source))
-        return [_view(f) for f in rows
+        return [_view(f) for f in queries.flag_rows(session)
                 if include_expired or f.expires_at is None or f.expires_at > now]
 
     def effective(self, session: Session) -> dict[tuple[str, str], FlagView]:
@@ -203,12 +203,12 @@ class FlagStore:
     def expire(self, session: Session) -> int:
         """Delete expired rows, auditing each; return how many."""
         now = self.clock()
-        rows = session.scalars(select(Flag).where(Flag.expires_at.is_not(None),
-                                                  Flag.expires_at <= now)).all()
+        rows = queries.expired_flags(session, now)
         for f in rows:
             tag = f" [alert {f.alert_id}]" if f.alert_id is not None else ""
             self._audit(session, now, f.name, f.scope, "expiry", f.source, "expire", f.value,
-                        None, f"expired at {f.expires_at.isoformat() if f.expires_at else ''}{tag}")
+                        None, f"expired at {f.expires_at.isoformat() if f.expires_at else ''}{tag}",
+                        f.alert_id)
             session.delete(f)
         session.flush()
         return len(rows)
@@ -218,15 +218,9 @@ class FlagStore:
         """Return audit rows, newest first."""
         if name is not None:
             validate(name, scope or FLAG_SCOPE_GLOBAL, check_value=False)
-        q = select(FlagAudit).order_by(FlagAudit.at.desc(), FlagAudit.id.desc()).limit(limit)
-        if name is not None:
-            q = q.where(FlagAudit.name == name)
-        if scope is not None:
-            q = q.where(FlagAudit.scope == scope)
-        if since is not None:
-            q = q.where(FlagAudit.at >= since)
         return [AuditView(a.at, a.name, a.scope, a.actor, a.source, a.action, a.old_value,
-                          a.new_value, a.reason) for a in session.scalars(q)]
+                          a.new_value, a.reason, a.alert_id)
+                for a in queries.flag_audits(session, name, scope, since=since, limit=limit)]
 
 
 def _check_source(source: str) -> None:

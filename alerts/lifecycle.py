@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts.outbox import enqueue, notification_key
 from alerts.rules import Rule, RuleResult
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget
 from storage.models import Alert, AlertTransition, scope_key
+from storage.queries import alerts as queries
 
 
 def fingerprint(rule: str, labels: Mapping[str, str]) -> str:
@@ -43,7 +43,7 @@ class Transition:
 
 def open_alerts(session: Session) -> dict[str, Alert]:
     """Return fingerprint -> the alert that is pending or firing."""
-    return {a.fingerprint: a for a in session.scalars(select(Alert).where(Alert.state != "resolved"))}
+    return {a.fingerprint: a for a in queries.open_alerts(session)}
 
 
 def alert_info(alert: Alert) -> AlertInfo:

@@ -2,14 +2,17 @@
 
 `enqueue_alert` / `enqueue_message` add `WebhookDelivery` rows (one per target) in the
 caller's transaction, so a notification exists exactly when its cause was committed.
-`Deliverer.run_once()` delivers the due rows:
+`Deliverer.run_once()` delivers the due rows, each target on its own thread:
 
-1. claim: in a short transaction, select due rows (FOR UPDATE SKIP LOCKED on PostgreSQL,
-   so two replicas never claim the same row; SQLite has one writer) and push their
-   next_attempt_at forward by a lease;
-2. send each outside any transaction (a slow receiver never holds a DB lock);
-3. record: delivered, failed (4xx other than 408/429: retrying cannot help) or retry
-   with exponential backoff and jitter (timeouts, connection errors, 5xx, 408, 429).
+1. expire: due rows older than the max age become dead letters (state "failed");
+2. claim, per target: in a short transaction, select due rows (FOR UPDATE SKIP LOCKED
+   on PostgreSQL, so two replicas never claim the same row; SQLite has one writer) and
+   push their next_attempt_at forward by a lease;
+3. send each outside any transaction (a slow receiver never holds a DB lock), in order
+   per alert fingerprint;
+4. record: delivered, dead letter (4xx other than 408/429: retrying cannot help; listed
+   and retryable by hand, see `retry_dead`) or retry with exponential backoff and jitter
+   (timeouts, connection errors, 5xx, 408, 429). An answer resets the target's backoff.
 
 State lives in SQL, so a restarted Deliverer resumes where the last one stopped. A crash
 between sending and recording re-sends after the lease: delivery is at-least-once (as
@@ -21,13 +24,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.webhooks import (
@@ -37,9 +43,10 @@ from alerts.webhooks import (
     WebhookTarget,
     body_bytes,
     format_payload,
+    payload_status,
     signature,
 )
-from storage.models import WebhookDelivery
+from storage.models import Alert, WebhookDelivery
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -96,6 +103,10 @@ def enqueue_message(session: Session, title: str, text: str,
     return enqueue(session, n, targets, external_url=external_url)
 
 
+DEAD = "failed"  # the stored state of a dead letter ("dead" in the API and the metric)
+SUPERSEDED = "superseded"
+
+
 @dataclass(frozen=True)
 class DeliveryReport:
     """What one run_once did."""
@@ -103,21 +114,62 @@ class DeliveryReport:
     claimed: int = 0
     delivered: int = 0
     retried: int = 0
-    failed: int = 0
+    failed: int = 0  # dead letters made: a 4xx answer, or older than the max age
+    superseded: int = 0  # firings never delivered, replaced by their resolved
+    deferred: int = 0  # not sent: their target is down, or an older one goes first
+    dead_targets: tuple[str, ...] = ()  # the target of each dead letter, for the counter
 
 
 @dataclass(frozen=True)
 class _Claim:
     id: int
     target: str
-    url: str
+    format: str
     payload: Any
     key: str
     attempts: int
+    fingerprint: str | None  # the alert's; None for a plain message (no order to keep)
+    created_at: datetime
+
+    @property
+    def status(self) -> str:
+        return payload_status(self.format, self.payload) if self.fingerprint else "message"
+
+
+class _Tally:
+    """The counts of one run, added to from the per-target threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._dead: list[str] = []
+
+    def add(self, outcome: str, n: int = 1, target: str | None = None) -> None:
+        with self._lock:
+            self._counts[outcome] += n
+            if outcome == "failed" and target is not None:
+                self._dead.extend([target] * n)
+
+    def report(self) -> DeliveryReport:
+        with self._lock:
+            c = self._counts
+            return DeliveryReport(c["claimed"], c["delivered"], c["retried"], c["failed"],
+                                  c["superseded"], c["deferred"], tuple(self._dead))
 
 
 class Deliverer:
-    """Deliver due outbox rows; safe to run in several replicas at once.
+    """Deliver due outbox rows, each target on its own thread; safe in several replicas.
+
+    Per run: rows older than `max_age_s` become dead letters; then every target with due
+    rows is drained concurrently (at most `parallel` at once), oldest first, so a hanging
+    target costs only its own thread. Per target:
+      - the first timeout, connection error, 5xx, 408 or 429 ends that target's run: its
+        other rows wait with it (one timeout per run, not one per row);
+      - an answer (2xx, or a 4xx dead letter) resets the target's backoff: every row of
+        it waiting is due now and is sent in the same run (up to `drain_max` rows);
+      - per alert fingerprint, notifications go in order: a row waits while an older one
+        of the same alert is pending, except a resolved whose older rows are firings
+        never delivered: those are marked superseded and the resolved goes instead.
 
     Example:
         deliverer = Deliverer(sessions, parse_targets(settings.alerts.webhooks))
@@ -136,6 +188,9 @@ class Deliverer:
         lease_s: float = 120.0,
         backoff_base_s: float = 2.0,
         backoff_max_s: float = 900.0,
+        max_age_s: float = 86400.0,
+        parallel: int = 8,
+        drain_max: int = 500,
     ) -> None:
         self.sessions = sessions
         self.targets = {t.name: t for t in targets}
@@ -145,8 +200,13 @@ class Deliverer:
         self.lease_s = lease_s
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        self.max_age_s = max_age_s
+        self.parallel = parallel
+        self.drain_max = drain_max
+        self._rng_lock = threading.Lock()
         self._client = httpx.Client(transport=transport, follow_redirects=False,
-                                    headers={"User-Agent": "tailwatch-webhooks"})
+                                    headers={"User-Agent": "tailwatch-webhooks"},
+                                    limits=httpx.Limits(max_connections=4 * parallel))
 
     def close(self) -> None:
         """Close the HTTP client."""
@@ -161,35 +221,167 @@ class Deliverer:
     def backoff_s(self, attempts: int) -> float:
         """Return the wait before attempt `attempts + 1`: capped doubling, jittered 50-100%."""
         delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, attempts - 1))
-        return delay * (0.5 + 0.5 * self.rng.random())
+        with self._rng_lock:
+            return delay * (0.5 + 0.5 * self.rng.random())
 
-    def claim(self) -> list[_Claim]:
-        """Lease the due rows to this deliverer and return them."""
+    def _for_update(self, session: Session, q: Any) -> Any:
+        if session.get_bind().dialect.name == "postgresql":
+            return q.with_for_update(skip_locked=True, of=WebhookDelivery)
+        return q
+
+    def claim(self, target: str | None = None) -> list[_Claim]:
+        """Lease up to `batch` due rows (of `target`, or any) to this deliverer, oldest first."""
         now = self.clock()
         with self.sessions.begin() as session:
-            q = (select(WebhookDelivery)
+            q = (select(WebhookDelivery, Alert.fingerprint)
+                 .outerjoin(Alert, Alert.id == WebhookDelivery.alert_id)
                  .where(WebhookDelivery.state == "pending", WebhookDelivery.next_attempt_at <= now)
-                 .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+                 .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
                  .limit(self.batch))
-            if session.get_bind().dialect.name == "postgresql":
-                q = q.with_for_update(skip_locked=True)
-            rows = list(session.scalars(q))
+            if target is not None:
+                q = q.where(WebhookDelivery.target == target)
+            rows = session.execute(self._for_update(session, q)).all()
             lease = now + timedelta(seconds=self.lease_s)
-            for r in rows:
+            out = []
+            for r, fp in rows:
                 r.next_attempt_at = lease
-            return [_Claim(r.id, r.target, r.url, r.payload, r.idempotency_key, r.attempts)
-                    for r in rows]
+                out.append(_Claim(r.id, r.target, r.format, r.payload, r.idempotency_key,
+                                  r.attempts, fp if r.alert_id is not None else None,
+                                  r.created_at))
+            return out
+
+    def due_targets(self) -> list[str]:
+        """Return the targets that have due rows."""
+        now = self.clock()
+        with self.sessions() as session:
+            return list(session.scalars(
+                select(WebhookDelivery.target).distinct()
+                .where(WebhookDelivery.state == "pending", WebhookDelivery.next_attempt_at <= now)
+                .order_by(WebhookDelivery.target)))
+
+    def expire(self) -> list[str]:
+        """Make due rows older than max_age_s dead letters; return their targets."""
+        now = self.clock()
+        cutoff = now - timedelta(seconds=self.max_age_s)
+        with self.sessions.begin() as session:
+            q = select(WebhookDelivery).where(
+                WebhookDelivery.state == "pending", WebhookDelivery.next_attempt_at <= now,
+                func.coalesce(WebhookDelivery.retried_at, WebhookDelivery.created_at) < cutoff)
+            rows = list(session.scalars(self._for_update(session, q)))
+            for r in rows:
+                r.state = DEAD
+                r.last_error = (f"gave up after {self.max_age_s:g}s ({r.attempts} attempts)"
+                                + (f"; last: {r.last_error}" if r.last_error else ""))[:2000]
+                log.warning("webhook %s row %d: dead letter: %s", r.target, r.id, r.last_error)
+            return [r.target for r in rows]
 
     def run_once(self) -> DeliveryReport:
-        """Deliver every due row once; return counts."""
-        claims = self.claim()
-        delivered = retried = failed = 0
-        for c in claims:
-            outcome = self._deliver(c)
-            delivered += outcome == "delivered"
-            retried += outcome == "retry"
-            failed += outcome == "failed"
-        return DeliveryReport(len(claims), delivered, retried, failed)
+        """Expire old rows, then drain every target with due rows concurrently; return counts."""
+        tally = _Tally()
+        for target in self.expire():
+            tally.add("failed", target=target)
+        targets = self.due_targets()
+        if len(targets) <= 1:
+            for t in targets:
+                self._drain(t, tally)
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(targets)),
+                                    thread_name_prefix="webhooks") as pool:
+                futures = [pool.submit(self._drain, t, tally) for t in targets]
+                for f in futures:
+                    f.result()
+        return tally.report()
+
+    def _drain(self, target: str, tally: _Tally) -> None:
+        sent = 0
+        reset_done = False
+        while sent < self.drain_max:
+            claims = self.claim(target)
+            if not claims:
+                return
+            tally.add("claimed", len(claims))
+            reset = False
+            for i, c in enumerate(claims):
+                outcome = self._deliver_in_order(c, tally)
+                if outcome == "retry":
+                    # The target is down: its other rows wait with it rather than each
+                    # costing a timeout; they are not attempts.
+                    rest = claims[i + 1:]
+                    self._defer([r.id for r in rest], self._next_attempt(c.id))
+                    tally.add("deferred", len(rest))
+                    return
+                if outcome in ("delivered", "failed") and not reset_done:
+                    reset_done = True
+                    reset = self._reset_backoff(target, [r.id for r in claims[i + 1:]]) > 0
+            sent += len(claims)
+            if not reset and len(claims) < self.batch:
+                return
+
+    def _deliver_in_order(self, c: _Claim, tally: _Tally) -> str:
+        if c.fingerprint is not None:
+            older = self._older_pending(c)
+            if older and c.status == "resolved" and all(
+                    payload_status(fmt, p) == "firing" for _, fmt, p, _ in older):
+                self._supersede([o[0] for o in older], c)
+                tally.add("superseded", len(older))
+            elif older:
+                self._defer([c.id], max(o[3] for o in older))
+                tally.add("deferred")
+                return "deferred"
+        outcome = self._deliver(c)
+        tally.add(outcome if outcome != "retry" else "retried", target=c.target)
+        return outcome
+
+    def _older_pending(self, c: _Claim) -> list[tuple[int, str, Any, datetime]]:
+        with self.sessions() as session:
+            return [tuple(r) for r in session.execute(  # type: ignore[misc]
+                select(WebhookDelivery.id, WebhookDelivery.format, WebhookDelivery.payload,
+                       WebhookDelivery.next_attempt_at)
+                .join(Alert, Alert.id == WebhookDelivery.alert_id)
+                .where(WebhookDelivery.target == c.target, WebhookDelivery.state == "pending",
+                       Alert.fingerprint == c.fingerprint,
+                       or_(WebhookDelivery.created_at < c.created_at,
+                           and_(WebhookDelivery.created_at == c.created_at,
+                                WebhookDelivery.id < c.id)))
+                .order_by(WebhookDelivery.created_at, WebhookDelivery.id))]
+
+    def _supersede(self, ids: list[int], by: _Claim) -> None:
+        with self.sessions.begin() as session:
+            for row in session.scalars(select(WebhookDelivery).where(
+                    WebhookDelivery.id.in_(ids), WebhookDelivery.state == "pending")):
+                row.state = SUPERSEDED
+                row.last_error = (f"superseded by resolved row {by.id}: never delivered "
+                                  f"({row.attempts} attempts)")
+                log.info("webhook %s row %d: %s", row.target, row.id, row.last_error)
+
+    def _defer(self, ids: list[int], until: datetime) -> None:
+        if not ids:
+            return
+        with self.sessions.begin() as session:
+            session.execute(update(WebhookDelivery)
+                            .where(WebhookDelivery.id.in_(ids), WebhookDelivery.state == "pending")
+                            .values(next_attempt_at=until))
+
+    def _next_attempt(self, row_id: int) -> datetime:
+        with self.sessions() as session:
+            at = session.scalar(select(WebhookDelivery.next_attempt_at)
+                                .where(WebhookDelivery.id == row_id))
+        return at or self.clock()
+
+    def _reset_backoff(self, target: str, keep: list[int]) -> int:
+        """Make every waiting row of `target` due now (it answered); return how many."""
+        now = self.clock()
+        with self.sessions.begin() as session:
+            q = (update(WebhookDelivery)
+                 .where(WebhookDelivery.target == target, WebhookDelivery.state == "pending",
+                        WebhookDelivery.next_attempt_at > now)
+                 .values(next_attempt_at=now))
+            if keep:  # rows of this batch still to send: leased to us, not waiting
+                q = q.where(WebhookDelivery.id.not_in(keep))
+            n = int(session.execute(q).rowcount or 0)  # type: ignore[attr-defined]
+        if n:
+            log.info("webhook %s answered: %d waiting rows are due now", target, n)
+        return n
 
     def _deliver(self, c: _Claim) -> str:
         target = self.targets.get(c.target)
@@ -217,7 +409,10 @@ class Deliverer:
             except httpx.TransportError as e:
                 outcome, error = "retry", f"{type(e).__name__}: {e}"
         self._record(c, outcome, status, error)
-        if outcome != "delivered":
+        if outcome == "failed":
+            log.warning("webhook %s row %d: dead letter (retry with POST /v1/deliveries/%d/retry):"
+                        " %s", c.target, c.id, c.id, error)
+        elif outcome != "delivered":
             log.warning("webhook %s row %d: %s", c.target, c.id, error)
         return outcome
 
@@ -234,14 +429,32 @@ class Deliverer:
                 row.state = "delivered"
                 row.delivered_at = now
             elif outcome == "failed":
-                row.state = "failed"
+                row.state = DEAD
             else:
                 row.next_attempt_at = now + timedelta(seconds=self.backoff_s(row.attempts))
 
 
+def retry_dead(session: Session, row_id: int, now: datetime) -> WebhookDelivery:
+    """Queue a dead letter (or superseded row) again, due now; its max age restarts.
+
+    Raises:
+        LookupError: no such row.
+        ValueError: the row is pending or delivered (nothing to retry).
+    """
+    row = session.get(WebhookDelivery, row_id)
+    if row is None:
+        raise LookupError(f"delivery {row_id} does not exist")
+    if row.state not in (DEAD, SUPERSEDED):
+        raise ValueError(f"id: delivery {row_id} is {row.state}, only dead or superseded "
+                         "rows can be retried")
+    row.state = "pending"
+    row.next_attempt_at = now
+    row.retried_at = now
+    session.flush()
+    return row
+
+
 def pending_count(session: Session) -> int:
     """Return how many outbox rows wait for delivery."""
-    from sqlalchemy import func
-
     return int(session.scalar(select(func.count()).select_from(WebhookDelivery)
                               .where(WebhookDelivery.state == "pending")) or 0)

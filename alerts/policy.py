@@ -16,7 +16,6 @@ Each evaluation (`Policy.apply`, called by `alerts.evaluator.evaluate`):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,19 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts.durations import parse_duration
 from alerts.errors import PolicyError
 from alerts.flags import FLAG_NAMES, FlagStore, FlagView
 from alerts.rules import parse_change
-from storage.models import FLAG_SCOPE_GLOBAL, Alert, Baseline, ProbeResult, scope_key
+from storage.models import FLAG_SCOPE_GLOBAL, Alert
 from storage.queries import acceptance
+from storage.queries import alerts as alert_queries
+from storage.queries.baselines import baseline_in_force
+from storage.queries.measurements import variant_p99s
+from storage.queries.runs import current_cohort
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
 MEASURES = ("probation_acceptance", "canary_variant", "expiry")
-_ALERT_TAG = re.compile(r"\[alert (\d+)\]")
 _POLICY_FIELDS = {"name", "description", "alerts", "flag", "scope_from", "scope", "value",
                   "probation", "expires", "hold", "cooldown", "recovery"}
 _RECOVERY_FIELDS = {"measure", "window", "min_samples", "within", "floor", "variant"}
@@ -107,8 +108,7 @@ class Policy:
         store = FlagStore(clock=lambda: now)
         actions = [PolicyAction("expire", "*", "*", reason=f"{n} expired")
                    for n in [store.expire(session)] if n]
-        firing = list(session.scalars(select(Alert).where(Alert.state == "firing")
-                                      .order_by(Alert.fired_at, Alert.id)))
+        firing = alert_queries.firing_alerts(session)
         flags = {(f.name, f.scope, f.source): f for f in store.list(session)}
         for p in self.policies:
             for alert in firing:
@@ -151,8 +151,7 @@ class Policy:
         for a in store.audit(session, p.flag, scope, limit=20):
             if a.source != "auto" or a.action not in ("restore", "revert", "expire"):
                 continue
-            m = _ALERT_TAG.search(a.reason or "")
-            if m and int(m.group(1)) == alert_id:
+            if a.alert_id == alert_id:
                 return f"{a.action} done for alert {alert_id}; waits for a new alert"
             if now - a.at < timedelta(seconds=p.cooldown_s):
                 return f"{a.action} at {a.at.isoformat()}, cooldown {p.cooldown_s:g}s"
@@ -164,8 +163,7 @@ class Policy:
             return []
         out = []
         window = timedelta(seconds=self.revert_within_s)
-        regressions = list(session.scalars(select(Alert).where(
-            Alert.state == "firing", Alert.rule.in_(self.revert_on))))
+        regressions = alert_queries.firing_alerts(session, self.revert_on)
         for key, f in list(flags.items()):
             if f.source != "auto" or f.name == "speculative_probation":
                 continue
@@ -238,7 +236,7 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
         if proposed < r.min_samples or proposed == 0:
             return None
         rate = sum(a.accepted_tokens for a in rows) / proposed
-        base = _baseline(session, "acceptance_rate", {"source": "traffic", "bucket": scope})
+        base = _baseline(session, "acceptance_rate", {"source": "traffic", "bucket": scope}, now)
         if base is not None and base > 0:
             need = base * (1 - r.within)
             what = f"baseline {base:.3f} -{r.within:.0%}"
@@ -251,12 +249,10 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
                     f"{proposed} draft tokens in {r.window_s:g}s")
         return None
     if r.measure == "canary_variant":
-        q = select(ProbeResult.variant, ProbeResult.p99_s, ProbeResult.count).where(
-            ProbeResult.at >= start, ProbeResult.at < now, ProbeResult.p99_s.is_not(None))
-        if scope != FLAG_SCOPE_GLOBAL:
-            q = q.where(ProbeResult.bucket == scope)
-        arm = [(v, n) for var, v, n in session.execute(q) if var == r.variant]
-        ref = [v for var, v, _ in session.execute(q) if var == "optimized"]
+        rows = variant_p99s(session, start, now,
+                            bucket=None if scope == FLAG_SCOPE_GLOBAL else scope)
+        arm = [(x.p99_s, x.count) for x in rows if x.variant == r.variant]
+        ref = [x.p99_s for x in rows if x.variant == "optimized"]
         if sum(n for _, n in arm) < r.min_samples or not ref:
             return None
         arm_p99 = max(v for v, _ in arm)
@@ -268,13 +264,11 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
     return None  # "expiry": only expires_at restores it
 
 
-def _baseline(session: Session, metric: str, scope: Mapping[str, str]) -> float | None:
-    rows = session.scalars(select(Baseline).where(
-        Baseline.metric == metric, Baseline.scope_key == scope_key(scope),
-        Baseline.active.is_(True))).all()
-    pinned = [b for b in rows if b.kind == "pinned"]
-    pick = pinned or sorted(rows, key=lambda b: b.created_at)[-1:]
-    return pick[0].value if pick else None
+def _baseline(session: Session, metric: str, scope: Mapping[str, str],
+              now: datetime) -> float | None:
+    cohort = current_cohort(session, now).key
+    base = baseline_in_force(session, metric, scope, cohort).baseline
+    return base.value if base is not None else None
 
 
 def parse_policy(data: object, source: str = "<policy>") -> tuple[list[FallbackPolicy], dict]:

@@ -25,13 +25,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+from pydantic import (
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from alerts.detection import BaselineStats, Cusum, cusum_path, llr, relative_change
 from alerts.durations import parse_duration
 from alerts.errors import RuleError
+from alerts.schema import Entry, read_layered, validate
 
 DEFAULT_RULES_FILE = Path(__file__).with_name("rules.yaml")
 
@@ -58,11 +66,6 @@ SOURCES = ("canary", "traffic", "burst")
 SEVERITIES = ("page", "warning", "info")
 _CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-_FIELDS = {
-    "name", "metric", "source", "per", "match", "change", "resolve_change", "for",
-    "resolve_for", "min_samples", "ceiling", "floor", "severity", "window", "lookback",
-    "baseline_window", "min_baseline_cycles", "description", "cusum",
-}
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,130 @@ def parse_change(value: object) -> tuple[int, float]:
     raise ValueError(f'expected a signed percentage such as "+15%" or "-20%", got {value!r}')
 
 
+class RuleEntry(Entry):
+    """One rule as written in YAML (see the module docstring); `parse_rule` validates it."""
+
+    name: Annotated[str, StringConstraints(pattern=_NAME_RE.pattern)]
+    metric: str
+    source: str = "canary"
+    per: tuple[str, ...] = ("bucket",)
+    match: dict[str, str] = Field(default_factory=dict)
+    change: tuple[int, float] = Field(None, validate_default=True)  # type: ignore[assignment]
+    resolve_change: tuple[int, float] | None = None
+    for_: StrictInt = Field(3, alias="for", ge=2)
+    resolve_for: StrictInt = Field(5, ge=1)
+    min_samples: StrictInt = Field(1, ge=1)
+    lookback: StrictInt = Field(30, ge=2)
+    min_baseline_cycles: StrictInt = Field(30, ge=1)
+    ceiling: StrictFloat | None = None
+    floor: StrictFloat | None = None
+    severity: str = "warning"
+    window: float = 60.0
+    baseline_window: float = 7 * 86400.0
+    description: str = ""
+    cusum: Cusum = Field(default_factory=Cusum)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"must be one of {', '.join(METRICS)}, got {v!r}")
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str, info: ValidationInfo) -> str:
+        metric = info.data.get("metric")
+        if metric is not None and v not in METRICS[metric][1]:
+            raise ValueError(f"{metric} is measured from {'/'.join(METRICS[metric][1])}, "
+                             f"got {v!r}")
+        return v
+
+    @field_validator("per", mode="before")
+    @classmethod
+    def _per(cls, v: object) -> object:
+        per = [] if v in ("all", None) else [v] if isinstance(v, str) else v
+        if not isinstance(per, list | tuple) or any(p not in SCOPE_LABELS for p in per):
+            raise ValueError(f"must be 'all' or a list of {', '.join(SCOPE_LABELS)}, got {v!r}")
+        return tuple(per)
+
+    @field_validator("match", mode="before")
+    @classmethod
+    def _match(cls, v: object) -> object:
+        match = v or {}
+        if not isinstance(match, dict) or any(k not in SCOPE_LABELS for k in match):
+            raise ValueError(f"must map {', '.join(SCOPE_LABELS)} to values, got {v!r}")
+        return {str(k): str(x) for k, x in match.items()}
+
+    @field_validator("change", mode="before")
+    @classmethod
+    def _change(cls, v: object) -> tuple[int, float]:
+        if v is None:
+            raise ValueError('is required (a signed percentage such as "+15%")')
+        return parse_change(v)
+
+    @field_validator("resolve_change", mode="before")
+    @classmethod
+    def _resolve_change(cls, v: object, info: ValidationInfo) -> tuple[int, float] | None:
+        if v is None:
+            return None
+        rdir, rthr = parse_change(v)
+        change = info.data.get("change")
+        if change is not None and (rdir != change[0] or rthr >= change[1]):
+            raise ValueError("must point the same way as change and be smaller")
+        return rdir, rthr
+
+    @field_validator("lookback")
+    @classmethod
+    def _lookback(cls, v: int, info: ValidationInfo) -> int:
+        if v < max(info.data.get("for_", 0), info.data.get("resolve_for", 0)):
+            raise ValueError("must be >= for and resolve_for")
+        return v
+
+    @field_validator("severity")
+    @classmethod
+    def _severity(cls, v: str) -> str:
+        if v not in SEVERITIES:
+            raise ValueError(f"must be one of {', '.join(SEVERITIES)}, got {v!r}")
+        return v
+
+    @field_validator("window", "baseline_window", mode="before")
+    @classmethod
+    def _duration(cls, v: object) -> float:
+        seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("must be positive")
+        return seconds
+
+    @field_validator("cusum", mode="before")
+    @classmethod
+    def _cusum(cls, v: object) -> Cusum:
+        raw = v or {}
+        if not isinstance(raw, dict) or set(raw) - {"h", "min_cycles", "min_spread_rel"}:
+            raise ValueError(f"must map h, min_cycles, min_spread_rel to numbers, got {v!r}")
+        try:
+            return Cusum(**{k: (int(x) if k == "min_cycles" else float(x))
+                            for k, x in raw.items()})
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+
+    def to_rule(self) -> Rule:
+        """Return the Rule this entry describes."""
+        direction, threshold = self.change
+        resolve = self.resolve_change
+        return Rule(
+            name=self.name, metric=self.metric, direction=direction, threshold=threshold,
+            resolve_threshold=threshold / 3.0 if resolve is None else resolve[1],
+            source=self.source, per=self.per, match=dict(self.match),
+            for_cycles=self.for_, resolve_for=self.resolve_for, min_samples=self.min_samples,
+            ceiling=self.ceiling, floor=self.floor, severity=self.severity,
+            window_s=self.window, lookback_cycles=self.lookback,
+            baseline_window_s=self.baseline_window,
+            min_baseline_cycles=self.min_baseline_cycles, description=self.description,
+            cusum=self.cusum,
+        )
+
+
 def parse_rule(raw: object, source: str = "<rules>", index: int = 0) -> Rule:
     """Validate one YAML rule mapping; raise RuleError naming the rule and field."""
     entry = f"rule #{index + 1}"
@@ -246,93 +373,7 @@ def parse_rule(raw: object, source: str = "<rules>", index: int = 0) -> Rule:
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise RuleError(source, entry, "name", f"must be an identifier, got {name!r}")
-    entry = f"rule {name!r}"
-
-    def err(fld: str, msg: str) -> RuleError:
-        return RuleError(source, entry, fld, msg)
-
-    unknown = set(raw) - _FIELDS
-    if unknown:
-        raise err(sorted(unknown)[0], f"unknown field (allowed: {', '.join(sorted(_FIELDS))})")
-    metric = raw.get("metric")
-    if metric not in METRICS:
-        raise err("metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
-    src = raw.get("source", "canary")
-    if src not in METRICS[metric][1]:
-        raise err("source", f"{metric} is measured from {'/'.join(METRICS[metric][1])}, got {src!r}")
-    per = raw.get("per", ["bucket"])
-    if per in ("all", None):
-        per = []
-    if isinstance(per, str):
-        per = [per]
-    if not isinstance(per, list) or any(p not in SCOPE_LABELS for p in per):
-        raise err("per", f"must be 'all' or a list of {', '.join(SCOPE_LABELS)}, got {per!r}")
-    match = raw.get("match", {}) or {}
-    if not isinstance(match, dict) or any(k not in SCOPE_LABELS for k in match):
-        raise err("match", f"must map {', '.join(SCOPE_LABELS)} to values, got {match!r}")
-    if "change" not in raw:
-        raise err("change", 'is required (a signed percentage such as "+15%")')
-    try:
-        direction, threshold = parse_change(raw["change"])
-    except ValueError as e:
-        raise err("change", str(e)) from None
-    resolve = raw.get("resolve_change")
-    if resolve is None:
-        resolve_threshold = threshold / 3.0
-    else:
-        try:
-            rdir, resolve_threshold = parse_change(resolve)
-        except ValueError as e:
-            raise err("resolve_change", str(e)) from None
-        if rdir != direction or resolve_threshold >= threshold:
-            raise err("resolve_change", f"must point the same way as change and be smaller "
-                                        f"({resolve!r} vs {raw['change']!r})")
-    ints: dict[str, int] = {}
-    for fld, default, lo in (("for", 3, 2), ("resolve_for", 5, 1), ("min_samples", 1, 1),
-                             ("lookback", 30, 2), ("min_baseline_cycles", 30, 1)):
-        v = raw.get(fld, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            why = " (a single cycle never fires)" if fld == "for" else ""
-            raise err(fld, f"must be an integer >= {lo}{why}, got {v!r}")
-        ints[fld] = v
-    if ints["lookback"] < max(ints["for"], ints["resolve_for"]):
-        raise err("lookback", "must be >= for and resolve_for")
-    limits: dict[str, float | None] = {}
-    for fld in ("ceiling", "floor"):
-        v = raw.get(fld)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise err(fld, f"must be a number, got {v!r}")
-        limits[fld] = float(v) if v is not None else None
-    severity = raw.get("severity", "warning")
-    if severity not in SEVERITIES:
-        raise err("severity", f"must be one of {', '.join(SEVERITIES)}, got {severity!r}")
-    durations: dict[str, float] = {}
-    for fld, default in (("window", 60.0), ("baseline_window", 7 * 86400.0)):
-        try:
-            durations[fld] = parse_duration(raw.get(fld, default))
-        except ValueError as e:
-            raise err(fld, str(e)) from None
-        if durations[fld] <= 0:
-            raise err(fld, "must be positive")
-    cusum_raw = raw.get("cusum", {}) or {}
-    if not isinstance(cusum_raw, dict) or set(cusum_raw) - {"h", "min_cycles", "min_spread_rel"}:
-        raise err("cusum", f"must map h, min_cycles, min_spread_rel to numbers, got {cusum_raw!r}")
-    try:
-        cusum = Cusum(**{k: (int(v) if k == "min_cycles" else float(v))
-                         for k, v in cusum_raw.items()})
-    except (TypeError, ValueError) as e:
-        raise err("cusum", str(e)) from None
-    return Rule(
-        name=name, metric=metric, direction=direction, threshold=threshold,
-        resolve_threshold=resolve_threshold, source=src, per=tuple(per),
-        match={str(k): str(v) for k, v in match.items()}, for_cycles=ints["for"],
-        resolve_for=ints["resolve_for"], min_samples=ints["min_samples"],
-        ceiling=limits["ceiling"], floor=limits["floor"], severity=severity,
-        window_s=durations["window"], lookback_cycles=ints["lookback"],
-        baseline_window_s=durations["baseline_window"],
-        min_baseline_cycles=ints["min_baseline_cycles"],
-        description=str(raw.get("description", "")), cusum=cusum,
-    )
+    return validate(RuleEntry, raw, RuleError, source, f"rule {name!r}", nested=False).to_rule()
 
 
 def parse_rules(data: object, source: str = "<rules>") -> list[Rule]:
@@ -357,14 +398,9 @@ def parse_rules(data: object, source: str = "<rules>") -> list[Rule]:
 def load_rules(rules_file: str | None = None, *, defaults: bool = True) -> list[Rule]:
     """Return the shipped rules plus the user's; a user rule replaces a shipped one by name."""
     rules: dict[str, Rule] = {}
-    files = ([DEFAULT_RULES_FILE] if defaults else []) + ([Path(rules_file)] if rules_file else [])
-    for path in files:
-        if not path.is_file():
-            raise RuleError(str(path), "", "rules_file", "does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise RuleError(str(path), "", "rules", f"is not valid YAML: {e}") from None
-        for r in parse_rules(data, str(path)):
+    for source, data in read_layered(DEFAULT_RULES_FILE, rules_file, defaults=defaults,
+                                     error=RuleError, file_field="rules_file",
+                                     doc_field="rules"):
+        for r in parse_rules(data, source):
             rules[r.name] = r
     return list(rules.values())

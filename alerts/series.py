@@ -16,19 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts.rules import Point, Rule
 from storage import histograms
-from storage.models import (
-    VARIANT_OPTIMIZED,
-    CompileEvent,
-    MemorySample,
-    ProbeResult,
-    ProbeRun,
-    TrafficRollup,
-)
+from storage.queries import measurements as queries
 
 Labels = tuple[tuple[str, str], ...]
 _HOUR = 3600.0
@@ -78,32 +70,23 @@ class RowCache:
 
 
 def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    q = (
-        select(ProbeResult, ProbeRun.instance_id, ProbeRun.status)
-        .join(ProbeRun, ProbeResult.run_id == ProbeRun.id)
-        .where(ProbeResult.at >= start, ProbeResult.at < end, ProbeRun.kind == "cycle",
-               ProbeResult.variant == VARIANT_OPTIMIZED)
-    )
     out = [
         Row(r.at, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding, "instance": inst},
             {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
              "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
              "padding_waste": r.padding_waste, "draft_tokens": r.draft_tokens,
              "accepted": r.accepted_tokens, "overflow": r.count if r.path == "overflow" else 0})
-        for r, inst, _status in session.execute(q)
+        for r, inst in ((c.result, c.instance_id)
+                        for c in queries.canary_cycle_results(session, start, end))
     ]
     # Runs that failed as a whole count as one failed probe each.
-    failed = select(ProbeRun.started_at, ProbeRun.instance_id).where(
-        ProbeRun.started_at >= start, ProbeRun.started_at < end, ProbeRun.kind == "cycle",
-        ProbeRun.status != "ok")
     out += [Row(at, {"bucket": "", "path": "", "decoding": "", "instance": inst},
                 {"count": 0, "errors": 0, "failed_runs": 1})
-            for at, inst in session.execute(failed)]
+            for at, inst in queries.failed_cycle_runs(session, start, end)]
     return out
 
 
 def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    q = select(TrafficRollup).where(TrafficRollup.minute >= start, TrafficRollup.minute < end)
     return [
         Row(r.minute, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding,
                        "instance": r.instance_id},
@@ -113,15 +96,13 @@ def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]
              "padded_sum": r.padded_tokens_sum, "output_sum": r.output_tokens_sum,
              "draft_tokens": r.draft_tokens, "accepted": r.accepted_tokens,
              "spec_requests": r.requests if r.decoding == "speculative" else 0})
-        for r in session.scalars(q)
+        for r in queries.traffic_rollups(session, start, end)
     ]
 
 
 def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    q = select(ProbeRun).where(ProbeRun.started_at >= start, ProbeRun.started_at < end,
-                               ProbeRun.kind == "burst")
     out = []
-    for r in session.scalars(q):
+    for r in queries.burst_runs(session, start, end):
         d = r.details or {}
         out.append(Row(r.started_at, {"bucket": "", "path": "", "decoding": "", "instance": r.instance_id},
                        {"p99": d.get("latency_p99_s"), "requests": r.requests or 0,
@@ -130,18 +111,16 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
 
 
 def _compile_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    q = select(CompileEvent).where(CompileEvent.at >= start, CompileEvent.at < end)
     return [Row(e.at, {"bucket": "", "path": "", "decoding": "", "instance": e.instance_id},
                 {"recompiles": e.recompiles, "failures": e.limit_hits + e.failures})
-            for e in session.scalars(q)]
+            for e in queries.compile_events(session, start, end)]
 
 
 def _memory_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    q = select(MemorySample).where(MemorySample.at >= start, MemorySample.at < end)
     return [Row(m.at, {"bucket": "", "path": "", "decoding": "", "instance": m.instance_id},
                 {"bytes": m.cuda_allocated_bytes if m.cuda_allocated_bytes is not None
                  else m.rss_bytes})
-            for m in session.scalars(q)]
+            for m in queries.memory_samples(session, start, end)]
 
 
 _LOADERS = {"canary": _canary_rows, "traffic": _traffic_rows, "burst": _burst_rows,

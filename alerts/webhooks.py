@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,6 +49,8 @@ class WebhookTarget:
     timeout_s: float = 5.0
     messages: bool = True
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Added to every notification's labels (service, job, instance: see source_labels).
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,49 @@ def parse_targets(raw: Sequence[Mapping[str, Any]] | None, source: str = "alerts
     return out
 
 
+def source_labels(host: str, port: int, *, job: str = "tailwatch",
+                  service: str = "tailwatch") -> dict[str, str]:
+    """Return the labels naming this process as Prometheus does: service, job, instance.
+
+    Prometheus' `instance` is the scrape target "host:port"; a wildcard bind address
+    is scraped under the machine's name, so that stands in for it.
+    """
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6, as Prometheus writes it
+    return {"service": service, "job": job, "instance": f"{host}:{port}"}
+
+
+def with_labels(targets: Sequence[WebhookTarget], labels: Mapping[str, str]
+                ) -> list[WebhookTarget]:
+    """Return `targets` whose notifications carry `labels` too."""
+    return [replace(t, labels={**labels, **t.labels}) for t in targets]
+
+
+def generator_url(external_url: str, alert_id: int | None) -> str:
+    """Return the link to an alert (GET /v1/alerts/{id}), or the service URL for messages."""
+    if alert_id is None or not external_url:
+        return external_url
+    return f"{external_url.rstrip('/')}/v1/alerts/{alert_id}"
+
+
+def group_key(labels: Mapping[str, str]) -> str:
+    """Return Alertmanager's groupKey for one alert scope: `{}:{k="v",...}` sorted."""
+    inner = ",".join(f"{k}={json.dumps(labels[k])}" for k in sorted(labels))
+    return "{}:{" + inner + "}"
+
+
+def payload_status(fmt: str, payload: Any) -> str:
+    """Return "firing", "resolved" or "message" for a stored payload of format `fmt`."""
+    if fmt == "alertmanager_api":
+        item = payload[0] if isinstance(payload, list) and payload else {}
+        return "resolved" if "endsAt" in item else "firing"
+    if fmt == "slack":
+        return "resolved" if "[RESOLVED]" in str(payload.get("text", "")) else "firing"
+    return str(payload.get("status", "firing"))
+
+
 def rfc3339(t: datetime | None) -> str:
     """Return `t` as RFC 3339 UTC with a Z, or Alertmanager's zero time for None."""
     if t is None:
@@ -159,10 +205,11 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     return header is not None and hmac.compare_digest(signature(secret, body), header)
 
 
-def _am_labels(n: Notification) -> dict[str, str]:
+def _am_labels(n: Notification, static: Mapping[str, str]) -> dict[str, str]:
     if n.alert is None:
-        return {"alertname": "TailwatchMessage", "severity": "info", **n.labels}
-    return {"alertname": n.alert.rule, "severity": n.alert.severity, **n.alert.labels}
+        return {"alertname": "TailwatchMessage", "severity": "info", **static, **n.labels}
+    return {"alertname": n.alert.rule, "severity": n.alert.severity, **static,
+            **n.alert.labels}
 
 
 def _am_annotations(n: Notification) -> dict[str, str]:
@@ -172,11 +219,12 @@ def _am_annotations(n: Notification) -> dict[str, str]:
     return base
 
 
-def _am_alert(n: Notification, generator_url: str) -> dict[str, Any]:
+def _am_alert(n: Notification, generator_url: str, static: Mapping[str, str]
+              ) -> dict[str, Any]:
     a = n.alert
     return {
         "status": "resolved" if a is not None and a.status == "resolved" else "firing",
-        "labels": _am_labels(n),
+        "labels": _am_labels(n, static),
         "annotations": _am_annotations(n),
         "startsAt": rfc3339(a.starts_at if a is not None else n.at),
         "endsAt": rfc3339(a.ends_at if a is not None else n.at),
@@ -187,14 +235,17 @@ def _am_alert(n: Notification, generator_url: str) -> dict[str, Any]:
 
 def format_payload(target: WebhookTarget, n: Notification, *, external_url: str = "") -> Any:
     """Return the JSON payload `target` receives for notification `n`."""
-    gen = f"{external_url.rstrip('/')}/alerts/{n.alert.alert_id}" if (
-        n.alert is not None and external_url) else external_url
+    gen = generator_url(external_url, n.alert.alert_id if n.alert is not None else None)
+    static = target.labels
     if target.format == "alertmanager":
-        labels = _am_labels(n)
-        group = {"alertname": labels["alertname"]}
+        labels = _am_labels(n, static)
+        # One group per alert scope (rule + scope labels): resolving bucket 64 can never
+        # close bucket 32's incident at a receiver keyed on groupKey.
+        scope = n.alert.labels if n.alert is not None else n.labels
+        group = {"alertname": labels["alertname"], **scope}
         return {
             "version": "4",
-            "groupKey": "{}:{alertname=" + json.dumps(labels["alertname"]) + "}",
+            "groupKey": group_key(group),
             "truncatedAlerts": 0,
             "status": "resolved" if n.status == "resolved" else "firing",
             "receiver": target.name,
@@ -202,11 +253,11 @@ def format_payload(target: WebhookTarget, n: Notification, *, external_url: str 
             "commonLabels": labels,
             "commonAnnotations": _am_annotations(n),
             "externalURL": external_url,
-            "alerts": [_am_alert(n, gen)],
+            "alerts": [_am_alert(n, gen, static)],
             "idempotencyKey": n.key,
         }
     if target.format == "alertmanager_api":
-        item = _am_alert(n, gen)
+        item = _am_alert(n, gen, static)
         item.pop("status")
         item.pop("fingerprint")
         item["annotations"] = {**item["annotations"], "idempotency_key": n.key}
@@ -223,7 +274,7 @@ def format_payload(target: WebhookTarget, n: Notification, *, external_url: str 
         "title": n.title,
         "text": n.text,
         "at": rfc3339(n.at),
-        "labels": dict(n.labels),
+        "labels": {**static, **n.labels},
         "alert": None if a is None else {
             "id": a.alert_id, "rule": a.rule, "fingerprint": a.fingerprint,
             "labels": dict(a.labels), "annotations": dict(a.annotations),

@@ -35,11 +35,12 @@ from engine.builtin.task import BYTE_BUCKETS, make_input
 from probes.canaries import CanarySuite
 from probes.fake import FakeEngine
 from probes.prober import Prober
-from probes.traffic import TrafficRecorder, sql_store
+from probes.traffic import TrafficRecorder
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.models import MemorySample, ProbeResult, ProbeRun, TrafficRollup
 from storage.retention import prune
+from storage.writer import Writer
 
 STEP = timedelta(minutes=15)
 RAW_DAYS, ROLLUP_DAYS = 14, 90
@@ -110,10 +111,10 @@ def main() -> None:
 
         upgrade(db)
         sessions = make_sessionmaker(db)
-        prober = Prober(engine, sessions, suites(), instance_id="soak", suite="in_domain",
+        writer = Writer(sessions)  # the service's write path
+        prober = Prober(engine, writer, suites(), instance_id="soak", suite="in_domain",
                         canaries_per_bucket=4, ab_share=0.25, rng=rng, clock=clock)
         recorder = TrafficRecorder("soak", clock=clock)
-        store = sql_store(sessions)
         t0 = time.perf_counter()
         rss_warm = None
         heap_warm = None
@@ -123,7 +124,8 @@ def main() -> None:
                 raise SystemExit(f"cycle {i} failed: {result.error}")
             for _ in range(25):
                 recorder.record(engine.generate(rng.choice(served_texts)))
-            recorder.flush(store)
+            recorder.flush(writer)
+            writer.flush(timeout=60)
             if i % per_day == per_day - 1:
                 with sessions.begin() as s:
                     prune(s, clock.now, RAW_DAYS, ROLLUP_DAYS)
@@ -132,6 +134,7 @@ def main() -> None:
                 rss_warm = rss()
                 heap_warm = sqlite_heap()
         elapsed = time.perf_counter() - t0
+        writer.close()
         rss_end = rss()
         heap_end = sqlite_heap()
         with sessions() as s:
@@ -150,7 +153,7 @@ def main() -> None:
     print(f"db: {size / 2**20:.1f} MiB; probe_runs {runs} (retention allows <= {allowed}), "
           f"probe_results {results}, memory_samples {samples}, traffic_rollups {rollups}")
     print(f"within retention: {'yes' if runs <= allowed else 'NO'}; "
-          f"pending {prober.pending}, rollups dropped {recorder.dropped}")
+          f"writes dropped {writer.stats.dropped}, rollups dropped {recorder.dropped}")
     print(f"rss: {rss_warm / 2**20:.1f} MiB after {args.warmup} cycles -> "
           f"{rss_end / 2**20:.1f} MiB at the end; SQLite heap {_mib(heap_warm)} -> "
           f"{_mib(heap_end)}")

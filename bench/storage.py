@@ -2,9 +2,9 @@
 
 Measures the insert rate of probe results (ORM, one cycle per transaction) and of
 traffic rollups (storage.rollups.add_rollups, one minute per transaction, new rows
-then adds to existing ones), then the time of the weekly-report queries (7-day
-windows) and of two 30-day trend queries over `--days` of synthetic history
-(storage.synthetic). Each query is timed best of three. PostgreSQL runs in a temporary database that is dropped afterwards.
+then adds to existing ones), then the time of the weekly report's reads (storage.queries,
+7-day windows, and `collect_week` as a whole) and of two 30-day reads over `--days` of
+synthetic history (storage.synthetic). Each query is timed best of three. PostgreSQL runs in a temporary database that is dropped afterwards.
 
     python -m bench.storage [--days 30] [--no-postgres]
 
@@ -27,9 +27,13 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from monitor.report.collect import CollectOptions, collect_week
+from monitor.report.week import week_of
 from storage import migrate, queries
 from storage.db import make_engine, make_sessionmaker
 from storage.models import ProbeResult, ProbeRun
+from storage.queries import week as week_queries
+from storage.queries.export import table_frame
 from storage.rollups import RollupDelta, RollupKey, add_rollups
 from storage.synthetic import DEFAULT_BUCKETS, simulate
 
@@ -105,31 +109,28 @@ def _insert_rollups(maker: sessionmaker[Session], minutes: int) -> tuple[float, 
 
 
 def report_queries(end: datetime) -> dict[str, Callable[[Session], object]]:
-    """Return the queries a weekly report runs (this week, and last week for comparison)."""
+    """Return the reads a weekly report runs (storage.queries), and the whole collection."""
     week = end - timedelta(days=7)
+    options = CollectOptions(buckets=tuple(DEFAULT_BUCKETS))
     return {
-        "probe_percentiles 7d": lambda s: queries.probe_percentiles(s, week, end),
-        "probe_percentiles prev 7d": lambda s: queries.probe_percentiles(
-            s, week - timedelta(days=7), week),
-        "traffic_percentiles 7d": lambda s: queries.traffic_percentiles(s, week, end),
-        "traffic_shape 7d": lambda s: queries.traffic_shape(s, week, end),
-        "acceptance canary/day 7d": lambda s: queries.acceptance(s, week, end, by_day=True),
-        "acceptance traffic/day 7d": lambda s: queries.acceptance(
-            s, week, end, source="traffic", by_day=True),
-        "memory_growth 7d": lambda s: queries.memory_growth(s, week, end),
-        "recompiles_per_hour 7d": lambda s: queries.recompiles_per_hour(s, week, end),
-        "metric_series p95 7d (1 bucket)": lambda s: queries.metric_series(
-            s, "p95_s", week, end, bucket="64"),
+        "canary p99 frame 7d": lambda s: week_queries.canary_results_frame(
+            s, week, end, kind="cycle", variant="optimized"),
+        "traffic sums frame 7d": lambda s: week_queries.traffic_sums_frame(s, week, end),
+        "input length hists 7d": lambda s: week_queries.input_length_hists(s, week, end),
+        "memory frame 7d": lambda s: week_queries.memory_frame(s, week, end),
+        "compile frame 7d": lambda s: week_queries.compile_frame(s, week, end),
+        "collect_week (all reads + pandas)": lambda s: collect_week(
+            s, week_of(week), options),
     }
 
 
 def trend_queries(end: datetime) -> dict[str, Callable[[Session], object]]:
-    """Return month-long queries (dashboards, not the weekly report), timed for reference."""
+    """Return month-long reads (dashboards, notebooks), timed for reference."""
     month = end - timedelta(days=30)
     return {
         "[30d] acceptance traffic/day": lambda s: queries.acceptance(
             s, month, end, source="traffic", by_day=True),
-        "[30d] traffic_shape": lambda s: queries.traffic_shape(s, month, end),
+        "[30d] export traffic_rollups": lambda s: table_frame(s, "traffic_rollups", month),
     }
 
 

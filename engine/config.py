@@ -64,6 +64,8 @@ class EngineConfig:
             raise ValueError("max_new_tokens: must be between 1 and max_new_tokens_cap")
         if self.speculative_k < 1:
             raise ValueError("speculative_k: must be >= 1")
+        if not 0 < self.flag_timeout_s <= 10:
+            raise ValueError("flag_timeout_s: must be > 0 and <= 10 seconds")
 
     def config_hash(self) -> str:
         """Return a short hash of everything that changes the optimized artifact."""

@@ -1,13 +1,17 @@
 """Greedy decode loops: direct, and speculative with a draft model.
 
-Both loops run on position-indexed static caches, return the chosen tokens and
-a timestamp per token (time.perf_counter), and stop at EOS or `max_new` tokens.
+Both loops run on position-indexed static caches, return the chosen tokens and a
+timestamp per token, and stop at EOS or `max_new` tokens. A token's timestamp is
+when it became known on the host (its confirmation time): for a direct step call
+that computes several tokens, the end of that call; for a speculative round, the
+end of its verification. Tokens confirmed together share one timestamp.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,23 +19,41 @@ from engine.errors import RequestTimeout
 from engine.protocol import SpecStats
 from engine.runner import Fns, ModelRunner
 
+Clock = Callable[[], float]
+
 
 @dataclass(frozen=True)
 class Encoded:
     """One model's encoder output for one request."""
 
-    cross_k: list[torch.Tensor]
-    cross_v: list[torch.Tensor]
+    cross: torch.Tensor  # cross-attention K/V [L, 2, H, B, d_kv], allocated per request
     mask_bias: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Return the bytes this request's encoder output holds."""
+        return self.cross.numel() * self.cross.element_size()
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Seconds measured in a speculative request: draft steps and verifications."""
+
+    draft_steps: int = 0
+    draft_s: float = 0.0
+    verifies: int = 0
+    verify_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class Decoded:
-    """Tokens chosen (EOS included when produced) and when each was chosen."""
+    """Tokens chosen (EOS included when produced) and when each was confirmed."""
 
     tokens: list[int]
     stamps: list[float]
     spec: SpecStats
+    costs: RoundCosts = field(default_factory=RoundCosts)
+    kv_request_bytes: int = 0  # set by the runtime: the encoder outputs this request held
 
 
 def encode(runner: ModelRunner, fns: Fns, ids: torch.Tensor, attention_mask: torch.Tensor
@@ -39,78 +61,104 @@ def encode(runner: ModelRunner, fns: Fns, ids: torch.Tensor, attention_mask: tor
     """Run the encoder on padded ids [1, L] and return the cross-attention K/V."""
     m = runner.m
     mask_bias = m.mask_bias(attention_mask)
-    ck, cv = fns.encode(m, ids, mask_bias, runner.encoder_bias(ids.shape[1]))
-    return Encoded(ck, cv, mask_bias)
+    cross = fns.encode(m, ids, mask_bias, runner.encoder_bias(ids.shape[1]))
+    return Encoded(cross, mask_bias)
 
 
-def _check(deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() > deadline:
+def _check(deadline: float | None, clock: Clock) -> None:
+    if deadline is not None and clock() > deadline:
         raise RequestTimeout("timeout_s: generation did not finish before the deadline")
 
 
-def direct(runner: ModelRunner, fns: Fns, enc: Encoded,
-           cache: tuple[list[torch.Tensor], list[torch.Tensor]], max_new: int,
-           deadline: float | None = None) -> Decoded:
-    """Decode greedily one token per target step."""
+def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max_new: int,
+           deadline: float | None = None, clock: Clock = time.perf_counter) -> Decoded:
+    """Decode greedily, `runner.steps` tokens per step call and one host sync per call."""
     m = runner.m
-    sk, sv = cache
-    cur = torch.full((1, 1), m.decoder_start_id, dtype=torch.long, device=m.device_)
+    steps = runner.steps
+    cur = runner.start
     tokens: list[int] = []
     stamps: list[float] = []
-    for pos in range(max_new):
-        nxt = fns.step(m, cur, runner.positions[pos], sk, sv, enc.cross_k, enc.cross_v,
-                       enc.mask_bias, runner.dec_bias)
-        token = int(nxt.item())
-        stamps.append(time.perf_counter())
-        tokens.append(token)
-        if token == m.eos_id:
-            break
-        _check(deadline)
-        cur = nxt.view(1, 1)
+    pos = 0
+    done = False
+    while not done:
+        out = fns.step(m, cur, runner.positions[pos], cache, enc.cross, enc.mask_bias,
+                       runner.dec_bias, steps)
+        chunk = out.tolist()
+        now = clock()
+        for token in chunk:
+            tokens.append(token)
+            stamps.append(now)
+            if token == m.eos_id or len(tokens) >= max_new:
+                done = True
+                break
+        pos += steps
+        if not done:
+            _check(deadline, clock)
+            cur = out[-1:].view(1, 1)
     return Decoded(tokens, stamps, SpecStats(target_forwards=len(tokens)))
 
 
-def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded,
-                tcache: tuple[list[torch.Tensor], list[torch.Tensor]],
-                draft: ModelRunner, dfns: Fns, denc: Encoded,
-                dcache: tuple[list[torch.Tensor], list[torch.Tensor]],
-                k: int, max_new: int, deadline: float | None = None) -> Decoded:
+def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Tensor,
+                draft: ModelRunner, dfns: Fns, denc: Encoded, dcache: torch.Tensor,
+                k: int, max_new: int, deadline: float | None = None,
+                clock: Clock = time.perf_counter) -> Decoded:
     """Decode greedily: the draft proposes k tokens, the target checks them in one forward.
 
     The output equals direct greedy decoding of the target: every emitted token is
     the target's own argmax given the accepted prefix. Rejected positions are rolled
     back by moving the positions; the static caches mask every slot after a query.
+    The verification always covers `target.verify_q` positions (one compiled shape for
+    every k <= verify_q - 1); positions after the k proposals are padding, their choices
+    unused and their cache slots rewritten before any query can see them.
     """
     tm, dm = target.m, draft.m
-    sk, sv = tcache
-    dk, dv = dcache
+    q = target.verify_q
+    if not 1 <= k < q:
+        raise ValueError(f"k: must be between 1 and {q - 1}, got {k}")
+    pad = torch.full((q - 1 - k,), tm.pad_id, dtype=torch.long, device=tm.device_)
     seq = [tm.decoder_start_id]  # decoder tokens by position; seq[-1] not yet in the target cache
+    last = target.start  # seq[-1] on the device
+    prev: torch.Tensor | None = None  # seq[-2] on the device after a full accept
     d_pos = 0  # the draft cache holds positions < d_pos
     tokens: list[int] = []
     stamps: list[float] = []
     drafts = proposed = accepted = forwards = 0
+    draft_steps = verifies = 0
+    draft_s = verify_s = 0.0
     per_position = [0] * k
     done = False
     while not done and len(tokens) < max_new:
-        round_start = time.perf_counter()
+        t0 = clock()
         # The draft catches up on accepted tokens it has not seen (after a full accept).
         while d_pos < len(seq) - 1:
-            tok = torch.tensor([[seq[d_pos]]], device=dm.device_)
-            dfns.step(dm, tok, draft.positions[d_pos], dk, dv, denc.cross_k, denc.cross_v,
-                      denc.mask_bias, draft.dec_bias)
+            tok = (prev if prev is not None and d_pos == len(seq) - 2
+                   else torch.tensor([[seq[d_pos]]], device=dm.device_))
+            dfns.step(dm, tok, draft.positions[d_pos], dcache, denc.cross, denc.mask_bias,
+                      draft.dec_bias, 1)
             d_pos += 1
-        cur = torch.tensor([[seq[-1]]], device=dm.device_)
-        proposals: list[int] = []
+            draft_steps += 1
+        cur = last
+        props: list[torch.Tensor] = []
         for _ in range(k):
-            nxt = dfns.step(dm, cur, draft.positions[d_pos], dk, dv, denc.cross_k, denc.cross_v,
-                            denc.mask_bias, draft.dec_bias)
+            nxt = dfns.step(dm, cur, draft.positions[d_pos], dcache, denc.cross,
+                            denc.mask_bias, draft.dec_bias, 1)
             d_pos += 1
-            proposals.append(int(nxt.item()))
+            # Kept past later calls: under CUDA graphs a call's outputs are overwritten by
+            # the next replay, so hold a copy (one int).
+            props.append(nxt.clone())
             cur = nxt.view(1, 1)
+        draft_steps += k
+        t1 = clock()
         t_pos = len(seq) - 1
-        block = torch.tensor([[seq[-1], *proposals]], device=tm.device_)
-        choice = tfns.verify(tm, block, target.windows[t_pos], sk, sv, tenc.cross_k,
-                             tenc.cross_v, tenc.mask_bias, target.dec_bias).tolist()
+        block = torch.cat([last.view(1), *props, pad]).view(1, q)
+        choice_t = tfns.verify(tm, block, target.windows[t_pos], tcache, tenc.cross,
+                               tenc.mask_bias, target.dec_bias)
+        both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync per round
+        now = clock()
+        draft_s += t1 - t0
+        verify_s += now - t1
+        verifies += 1
+        proposals, choice = both[:k], both[k:]
         forwards += 1
         n = 0
         while n < k and proposals[n] == choice[n]:
@@ -126,13 +174,14 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded,
         emitted = emitted[: max_new - len(tokens)]
         seq.extend(emitted)
         d_pos = min(d_pos, len(seq) - 1)
-        round_end = time.perf_counter()
-        share = (round_end - round_start) / len(emitted)
-        stamps.extend(round_start + share * (i + 1) for i in range(len(emitted)))
+        last = choice_t[n:n + 1].clone().view(1, 1)
+        prev = props[-1].view(1, 1) if n == k else None
+        stamps.extend([now] * len(emitted))  # confirmed together, by this verification
         tokens.extend(emitted)
         if not done:
-            _check(deadline)
-    return Decoded(tokens, stamps, SpecStats(drafts=drafts, draft_tokens=proposed,
-                                             accepted_tokens=accepted,
-                                             accepted_per_position=tuple(per_position),
-                                             target_forwards=forwards))
+            _check(deadline, clock)
+    return Decoded(tokens, stamps,
+                   SpecStats(drafts=drafts, draft_tokens=proposed, accepted_tokens=accepted,
+                             accepted_per_position=tuple(per_position),
+                             target_forwards=forwards),
+                   RoundCosts(draft_steps, draft_s, verifies, verify_s))

@@ -1,53 +1,113 @@
-"""Read runtime flags on every request without ever failing the request."""
+"""Read runtime flags on every request without ever failing the request.
+
+Concurrent requests share one in-flight provider read: the first starts it, later ones
+wait on the same read until `timeout_s` after it started, and whoever gives up keeps the
+last known flags. Only real failures count: a read that raised, returned the wrong type, or is
+still unfinished after `hang_s`. A waiting reader, or a slow read that does complete,
+is not a failure (the flags it returns become the last known ones).
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from engine.protocol import FlagProvider, InMemoryFlagProvider, RuntimeFlags
 
+log = logging.getLogger(__name__)
+LOG_EVERY_S = 60.0  # at most one failure line per minute: bursts must not flood logs
+
 
 class GuardedFlags:
-    """Wrap a provider: on an error or a timeout keep the last known flags and count it."""
+    """Wrap a provider: share reads, keep the last known flags on failure, count failures.
 
-    def __init__(self, provider: FlagProvider, timeout_s: float) -> None:
+    Example:
+        guarded = GuardedFlags(SqlFlagProvider(sessions), timeout_s=0.05)
+        flags = guarded.read()   # never raises, never waits longer than timeout_s
+    """
+
+    def __init__(self, provider: FlagProvider, timeout_s: float, *,
+                 hang_s: float | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._provider = provider
         self._timeout_s = timeout_s
+        # A read unfinished this long is a failure (a slow one is not): count it once.
+        self._hang_s = hang_s if hang_s is not None else max(1.0, 20 * timeout_s)
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._last = RuntimeFlags()
         self._errors = 0
+        self._suppressed = 0
+        self._logged_at: float | None = None
         # One worker: a hung provider blocks later reads from starting, not requests.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flags")
-        self._pending = None
+        self._pending: Future[RuntimeFlags | None] | None = None
+        self._started_at = 0.0
+        self._hang_counted = False
 
     def read(self) -> RuntimeFlags:
-        """Return fresh flags, or the last known ones when the provider fails."""
+        """Return fresh flags, or the last known ones when the provider is slow or fails."""
         if type(self._provider) is InMemoryFlagProvider:
             return self._provider.flags()  # cannot fail or hang: skip the thread hop
-        with self._lock:
-            pending = self._pending
-        if pending is not None and not pending.done():
-            self._count_error()  # still stuck on an earlier call
-            return self.last
-        future = self._pool.submit(self._provider.flags)
-        with self._lock:
-            self._pending = future
+        future, started = self._shared_read()
+        # Wait within the read's own deadline: during a hang requests do not each pay it.
+        wait = self._timeout_s - (self._monotonic() - started)
         try:
-            flags = future.result(timeout=self._timeout_s)
+            if wait <= 0:
+                raise FutureTimeout
+            flags = future.result(timeout=wait)
+        except FutureTimeout:
+            self._check_hang(future)
+            return self.last
+        return flags if flags is not None else self.last
+
+    def _shared_read(self) -> tuple[Future[RuntimeFlags | None], float]:
+        with self._lock:
+            if self._pending is not None and not self._pending.done():
+                return self._pending, self._started_at  # join the read in flight
+            future = self._pool.submit(self._fetch)
+            self._pending = future
+            self._started_at = self._monotonic()
+            self._hang_counted = False
+            return future, self._started_at
+
+    def _fetch(self) -> RuntimeFlags | None:
+        # Runs in the reader thread; book-keeps before the future completes, so every
+        # waiter sees the outcome. Returns None on a failure (counted here, once).
+        try:
+            flags = self._provider.flags()
             if not isinstance(flags, RuntimeFlags):
                 raise TypeError(f"flags: provider returned {type(flags).__name__}")
-        except (FutureTimeout, Exception):  # noqa: BLE001 - a flag source must not fail requests
-            self._count_error()
-            return self.last
+        except Exception as exc:  # noqa: BLE001 - a flag source must not fail requests
+            self._failure(f"{type(exc).__name__}: {exc}")
+            return None
         with self._lock:
             self._last = flags
         return flags
 
-    def _count_error(self) -> None:
+    def _check_hang(self, future: Future[RuntimeFlags | None]) -> None:
+        with self._lock:
+            stuck = (future is self._pending and not self._hang_counted
+                     and self._monotonic() - self._started_at >= self._hang_s)
+            if stuck:
+                self._hang_counted = True
+        if stuck:
+            self._failure(f"read unfinished after {self._hang_s:g}s")
+
+    def _failure(self, why: str) -> None:
+        now = self._monotonic()
         with self._lock:
             self._errors += 1
+            if self._logged_at is not None and now - self._logged_at < LOG_EVERY_S:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._logged_at = self._suppressed, 0, now
+        more = f" ({suppressed} more since the last line)" if suppressed else ""
+        log.warning("flags: provider read failed, keeping the last known flags: %s%s", why, more)
 
     @property
     def last(self) -> RuntimeFlags:
@@ -57,7 +117,7 @@ class GuardedFlags:
 
     @property
     def errors(self) -> int:
-        """Return how often the provider raised or timed out."""
+        """Return how many provider reads failed (raised, wrong type, or hung)."""
         with self._lock:
             return self._errors
 

@@ -59,11 +59,19 @@ class GenerateResult:
     Intervals (all seconds, from time.perf_counter):
     queue_wait_s: from the call entering the engine to a decode slot being granted.
     encoder_s: tokenized input on device -> encoder output ready (includes padding copy).
-    ttft_s: slot granted -> first output token chosen (encoder + first decoder step).
+    ttft_s: slot granted -> first output token confirmed on the host. Direct: the end of
+        the first step call (a call decodes several tokens, see engine.decoding);
+        speculative: the end of the first verification, since no token is confirmed
+        before the target has checked it.
     decode_token_s: one entry per output token after the first: the time between
-        consecutive tokens being chosen (a speculative round's time is split evenly
-        over the tokens it emitted).
+        consecutive tokens being confirmed. Tokens confirmed together (one speculative
+        round, one multi-token step call) share one confirmation time, so the first
+        token of a round carries the round's time and the others 0.0.
     total_s: call entry -> result returned (queue wait + tokenize + generate + detokenize).
+
+    Bytes:
+    kv_request_bytes: the cross-attention K/V tensors this request allocated (target and
+        draft encoder outputs); the static self-attention caches are in MemorySnapshot.
     """
 
     text: str
@@ -82,6 +90,8 @@ class GenerateResult:
     spec: SpecStats = field(default_factory=SpecStats)
     canary: bool = False  # canary traffic never enters real-traffic statistics
     probation: bool = False  # speculated although the bucket's flag is off (recovery sampling)
+    kv_request_bytes: int = 0
+    spec_k: int = 0  # draft tokens per round this request used; 0 when it ran direct
 
     @property
     def padding_waste(self) -> float:
@@ -163,11 +173,25 @@ class CompileSnapshot:
 
 @dataclass(frozen=True)
 class MemorySnapshot:
-    """Memory in bytes; CUDA fields are None on CPU."""
+    """Memory in bytes; CUDA fields are None on CPU.
+
+    KV bytes are those of tensors actually allocated:
+    kv_static_bytes: the self-attention caches, allocated once per decode stream.
+    kv_request_bytes: cross-attention K/V of the requests running now (per request).
+    kv_cache_bytes: kv_static_bytes + kv_request_bytes (now).
+    kv_request_peak_bytes / kv_peak_bytes: the largest kv_request_bytes / kv_cache_bytes
+        seen since start.
+    """
 
     device: str
     rss_bytes: int
     kv_cache_bytes: int
+    kv_static_bytes: int = 0
+    kv_request_bytes: int = 0
+    kv_request_peak_bytes: int = 0
+    kv_peak_bytes: int = 0
+    # Model weights resident on the device (target + draft), each storage counted once.
+    weight_bytes: int = 0
     cuda_allocated_bytes: int | None = None
     cuda_reserved_bytes: int | None = None
     cuda_peak_bytes: int | None = None
@@ -177,13 +201,32 @@ class MemorySnapshot:
 
 @dataclass(frozen=True)
 class WarmupStatus:
-    """Progress of compiling every bucket."""
+    """Progress of compiling every bucket.
+
+    bucket_seconds: str(bucket edge) -> seconds that bucket's warm-up took.
+    cache_hit: whether precompiled artifacts were loaded (None: none were found).
+    ready_seconds: engine construction -> every bucket warm (None until then).
+    """
 
     total_buckets: int
     warm_buckets: int
     seconds: float
     done: bool
     error: str | None = None
+    bucket_seconds: Mapping[str, float] = field(default_factory=dict)
+    cache_hit: bool | None = None
+    ready_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class DraftLengthSnapshot:
+    """Per bucket (str(edge)): the speculative draft length k the engine chose from the
+    measured acceptance and costs (0: the bucket falls back to direct decoding), and the
+    per-token acceptance estimate it used (absent until measured)."""
+
+    k: Mapping[str, int] = field(default_factory=dict)
+    acceptance: Mapping[str, float] = field(default_factory=dict)
+    expected_speedup: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -197,6 +240,8 @@ class EngineInfo:
     buckets: tuple[int, ...]
     speculative_available: bool
     compile_mode: str
+    # Why speculation is on or off, said once at start ("off: no engine.draft_dir ...").
+    speculative_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -249,6 +294,10 @@ class FlagProvider(Protocol):
 
     def flags(self) -> RuntimeFlags: ...
 
+    def invalidate(self) -> None:
+        """Forget any cached flags so the next `flags()` reads the source (may be a no-op)."""
+        ...
+
 
 class InMemoryFlagProvider:
     """Thread-safe in-memory flags (the default provider)."""
@@ -260,6 +309,9 @@ class InMemoryFlagProvider:
     def flags(self) -> RuntimeFlags:
         with self._lock:
             return self._flags
+
+    def invalidate(self) -> None:
+        """Do nothing: in-memory flags are never stale."""
 
     def set(self, flags: RuntimeFlags) -> None:
         """Replace all flags."""

@@ -18,7 +18,12 @@ KIND_VERIFY = "verify"
 
 @dataclass(frozen=True)
 class Fns:
-    """The three functions a decode needs, compiled or eager."""
+    """The three functions a decode needs, compiled or eager.
+
+    encode(m, ids, mask_bias, enc_bias) -> cross K/V; step(m, token, pos, self_kv, cross_kv,
+    mask_bias, dec_bias, steps) -> `steps` greedy tokens; verify(m, tokens, positions, ...)
+    -> the greedy choice at each position.
+    """
 
     encode: Callable
     step: Callable
@@ -34,26 +39,32 @@ class CompileOptions:
     # Passed to torch.compile itself: dynamo's config is thread-local in torch 2.13, so a
     # limit set on the loading thread would not hold on the request threads.
     recompile_limit: int = 8
+    # Inductor options for the default mode (torch.compile takes mode or options, not both).
+    inductor: tuple[tuple[str, object], ...] = ()
 
 
 class ModelRunner:
     """Hold a LeanT5 with its bias tables and compiled functions per bucket."""
 
     def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
-                 options: CompileOptions | None, name: str) -> None:
+                 options: CompileOptions | None, name: str, steps: int = 1) -> None:
         self.m = lean
         self.name = name
         self.slots = slots
         self.verify_q = verify_q
+        self.steps = steps  # greedy tokens per direct step call
         self._options = options
         self._lock = threading.Lock()
         with torch.no_grad():
             self.dec_bias = lean.decoder_bias(slots)
             self._enc_bias = {edge: lean.encoder_bias(edge) for edge in edges}
+        # Built once: the loop indexes these instead of making tensors per token.
         self.positions = [torch.tensor([i], device=lean.device_) for i in range(slots)]
         self.windows = [torch.arange(i, i + verify_q, device=lean.device_)
                         for i in range(slots - verify_q + 1)]
-        self.eager = Fns(t5.encode, t5.decode_greedy, t5.decode_greedy)
+        self.start = torch.full((1, 1), lean.decoder_start_id, dtype=torch.long,
+                                device=lean.device_)
+        self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy)
         self._compiled: dict[object, Fns] = {}
 
     def encoder_bias(self, length: int) -> torch.Tensor:
@@ -70,7 +81,7 @@ class ModelRunner:
             fns = self._compiled.get(key)
             if fns is None:
                 fns = Fns(self._compile(t5.encode, f"{self.name}_{key}_enc"),
-                          self._compile(t5.decode_greedy, f"{self.name}_{key}_step"),
+                          self._compile(t5.decode_steps, f"{self.name}_{key}_step"),
                           self._compile(t5.decode_greedy, f"{self.name}_{key}_verify"))
                 self._compiled[key] = fns
             return fns
@@ -79,8 +90,11 @@ class ModelRunner:
         assert self._options is not None
         kwargs: dict[str, object] = {"dynamic": False, "backend": self._options.backend,
                                      "recompile_limit": self._options.recompile_limit}
-        if self._options.backend == "inductor" and self._options.mode != "default":
-            kwargs["mode"] = self._options.mode
+        if self._options.backend == "inductor":
+            if self._options.mode != "default":
+                kwargs["mode"] = self._options.mode
+            elif self._options.inductor:
+                kwargs["options"] = dict(self._options.inductor)
         return torch.compile(specialize(fn, tag), **kwargs)
 
     def warm(self, edge: int, *, verify: bool) -> None:
@@ -90,10 +104,9 @@ class ModelRunner:
         with torch.no_grad():
             ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
             mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
-            ck, cv = fns.encode(m, ids, mask, self.encoder_bias(edge))
-            sk, sv = m.new_self_cache(self.slots)
-            tok = torch.full((1, 1), m.decoder_start_id, dtype=torch.long, device=m.device_)
-            fns.step(m, tok, self.positions[0], sk, sv, ck, cv, mask, self.dec_bias)
+            cross = fns.encode(m, ids, mask, self.encoder_bias(edge))
+            kv = m.new_self_cache(self.slots)
+            fns.step(m, self.start, self.positions[0], kv, cross, mask, self.dec_bias, self.steps)
             if verify:
-                toks = tok.expand(1, self.verify_q).contiguous()
-                fns.verify(m, toks, self.windows[0], sk, sv, ck, cv, mask, self.dec_bias)
+                toks = self.start.expand(1, self.verify_q).contiguous()
+                fns.verify(m, toks, self.windows[0], kv, cross, mask, self.dec_bias)

@@ -8,11 +8,14 @@ takes effect on the next request and a broken flag source never fails one.
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import logging
 import os
 import random
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,9 +25,10 @@ from engine.admission import Admission
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
 from engine.config import BUILTIN_DIR, EngineConfig
+from engine.draft_length import DraftLength
 from engine.errors import InputTooLong, InvalidRequest, NotReady, RequestTimeout
 from engine.flags import GuardedFlags
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel, load_model, pair_draft
 from engine.protocol import (
     DECODING_DIRECT,
     DECODING_SPECULATIVE,
@@ -33,6 +37,7 @@ from engine.protocol import (
     PATH_EXACT,
     PATH_OVERFLOW,
     CompileSnapshot,
+    DraftLengthSnapshot,
     EngineInfo,
     FlagOverride,
     FlagProvider,
@@ -44,7 +49,14 @@ from engine.protocol import (
 )
 from engine.runner import CompileOptions, Fns, ModelRunner
 
+log = logging.getLogger(__name__)
+
 EXACT = "exact"
+K_MAX = 8  # the largest draft length the adaptive choice may pick
+STEPS_PER_CALL = 4  # greedy tokens per direct step call (one host sync and guard check each)
+# CPU inductor: weights as constants (prepacked linears) and a C++ wrapper (no Python per
+# kernel); measured in bench.engine, see the README.
+_INDUCTOR_CPU = (("freezing", True), ("cpp_wrapper", True))
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -86,24 +98,33 @@ class Runtime:
             dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
         self._watch = shared_watch()
         self._compile_on = config.compile_mode != "off"
+        inductor = _INDUCTOR_CPU if self.device.type == "cpu" else (("freezing", True),)
         options = (CompileOptions(config.compile_mode, config.compile_backend,
-                                  config.recompile_limit) if self._compile_on else None)
+                                  config.recompile_limit, inductor)
+                   if self._compile_on else None)
+        self._t_created = time.perf_counter()
 
         target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
         self._target_loaded = load_model(target_dir)
-        self._draft_loaded: LoadedModel | None = None
-        if config.use_draft:
-            draft_dir = Path(config.draft_dir) if config.draft_dir else BUILTIN_DIR / "draft"
-            if config.draft_dir is not None or draft_dir.is_dir():
-                self._draft_loaded = load_model(draft_dir)
+        self._draft_loaded, self.speculative_reason = pair_draft(config, self._target_loaded)
+        # Said once, at start: a user model without draft_dir runs direct decoding.
+        (log.info if self._draft_loaded is not None else log.warning)(
+            "speculative decoding %s", self.speculative_reason)
         self.tokenizer = self._target_loaded.tokenizer
         self.slots = config.max_new_tokens_cap + config.kv_headroom
-        k = config.speculative_k
-        self.target = self._runner(self._target_loaded, options, "target", k)
-        self.draft = (self._runner(self._draft_loaded, options, "draft", k)
+        # Verification covers k_max + 1 positions whatever k is chosen (one shape per bucket).
+        self.k_max = max(config.speculative_k, min(K_MAX, config.kv_headroom))
+        # A step call may run past max_new by steps - 1 positions: they must fit the slots.
+        steps = max(1, min(STEPS_PER_CALL, config.kv_headroom + 1))
+        self.target = self._runner(self._target_loaded, options, "target", self.k_max, steps)
+        self.draft = (self._runner(self._draft_loaded, options, "draft", self.k_max, 1)
                       if self._draft_loaded is not None else None)
-        if self.draft is not None and self.draft.m.vocab_size != self.target.m.vocab_size:
-            raise ValueError("draft_dir: draft vocabulary differs from the target's")
+        self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
+        # The lean copies hold the weights now: drop the HF modules so they are resident once.
+        self._target_loaded = self._target_loaded.released()
+        if self._draft_loaded is not None:
+            self._draft_loaded = self._draft_loaded.released()
+        gc.collect()
 
         self._admission = Admission(config.max_concurrency, config.max_queue)
         self._flags = GuardedFlags(flags or InMemoryFlagProvider(), config.flag_timeout_s)
@@ -112,6 +133,14 @@ class Runtime:
         self._lock = threading.Lock()
         self._rng = random.Random(0)
         self._warm: set[int] = set()
+        # KV bytes of tensors actually allocated: static self caches, per-request cross K/V.
+        self._kv_static = sum(t.numel() * t.element_size()
+                              for caches in self._caches for t in caches.values())
+        self._kv_running = 0
+        self._kv_request_peak = 0
+        self._kv_peak = self._kv_static
+        self._ready_seconds: float | None = None
+        self.cache_hit: bool | None = None  # set by engine.precompile when artifacts load
         self.bucket_compile_s: dict[int, float] = {}
         self._warm_thread: threading.Thread | None = None
         self._warm_started: float | None = None
@@ -122,13 +151,13 @@ class Runtime:
         self._info = self._make_info()
 
     def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
-                k: int) -> ModelRunner:
+                k: int, steps: int) -> ModelRunner:
         with torch.no_grad():
             lean = t5.LeanT5(loaded.model, dtype=self.dtype, device=self.device)
         return ModelRunner(lean, edges=self.config.buckets, slots=self.slots, verify_q=k + 1,
-                           options=options, name=name)
+                           options=options, name=name, steps=steps)
 
-    def _new_caches(self) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    def _new_caches(self) -> dict[str, torch.Tensor]:
         caches = {"target": self.target.m.new_self_cache(self.slots)}
         if self.draft is not None:
             caches["draft"] = self.draft.m.new_self_cache(self.slots)
@@ -146,6 +175,7 @@ class Runtime:
             buckets=tuple(self.config.buckets),
             speculative_available=self.draft is not None,
             compile_mode=self.config.compile_mode,
+            speculative_reason=self.speculative_reason,
         )
 
     # --- Engine protocol ---------------------------------------------------------------
@@ -173,12 +203,16 @@ class Runtime:
         import psutil
 
         rss = psutil.Process().memory_info().rss
+        with self._lock:
+            kv = dict(kv_cache_bytes=self._kv_static + self._kv_running,
+                      kv_static_bytes=self._kv_static, kv_request_bytes=self._kv_running,
+                      kv_request_peak_bytes=self._kv_request_peak, kv_peak_bytes=self._kv_peak,
+                      weight_bytes=self.weight_bytes())
         if self.device.type != "cuda":
-            return MemorySnapshot(device=str(self.device), rss_bytes=rss,
-                                  kv_cache_bytes=self.kv_cache_bytes())
+            return MemorySnapshot(device=str(self.device), rss_bytes=rss, **kv)
         stats = torch.cuda.memory_stats(self.device)
         return MemorySnapshot(
-            device=str(self.device), rss_bytes=rss, kv_cache_bytes=self.kv_cache_bytes(),
+            device=str(self.device), rss_bytes=rss, **kv,
             cuda_allocated_bytes=int(torch.cuda.memory_allocated(self.device)),
             cuda_reserved_bytes=int(torch.cuda.memory_reserved(self.device)),
             cuda_peak_bytes=int(torch.cuda.max_memory_allocated(self.device)),
@@ -186,15 +220,39 @@ class Runtime:
             cuda_ooms=int(stats.get("num_ooms", 0)),
         )
 
-    def kv_cache_bytes(self) -> int:
-        """Return the static caches' bytes: self-attention slots plus largest-bucket cross K/V."""
-        per_stream = 0
-        largest = self.config.buckets[-1]
+    def weight_bytes(self) -> int:
+        """Return the bytes of the lean weights (target + draft), each storage counted once."""
+        storages: dict[tuple[str, int], int] = {}
         for runner in (self.target, self.draft):
             if runner is not None:
-                per_stream += runner.m.self_cache_bytes(self.slots)
-                per_stream += runner.m.cross_cache_bytes(largest)
-        return per_stream * self.config.max_concurrency
+                for p in runner.m.parameters():
+                    s = p.untyped_storage()
+                    storages[(str(p.device), s.data_ptr())] = s.nbytes()
+        return sum(storages.values())
+
+    def kv_cache_bytes(self) -> int:
+        """Return the KV bytes allocated now: static self caches plus running requests' K/V."""
+        with self._lock:
+            return self._kv_static + self._kv_running
+
+    def _kv_hold(self, nbytes: int) -> None:
+        with self._lock:
+            self._kv_running += nbytes
+            self._kv_request_peak = max(self._kv_request_peak, nbytes)
+            self._kv_peak = max(self._kv_peak, self._kv_static + self._kv_running)
+
+    def _kv_release(self, nbytes: int) -> None:
+        with self._lock:
+            self._kv_running -= nbytes
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        """Return the draft length k chosen per bucket (0 = direct fallback) and its inputs."""
+        view = self.draft_length.view()
+        return DraftLengthSnapshot(
+            k={b: v.k for b, v in view.items()},
+            acceptance={b: v.acceptance for b, v in view.items() if v.acceptance is not None},
+            expected_speedup={b: v.expected_speedup for b, v in view.items()
+                              if v.expected_speedup is not None})
 
     # --- warm-up -----------------------------------------------------------------------
 
@@ -206,6 +264,7 @@ class Runtime:
                 self._warm_started = time.perf_counter()
                 if not self._compile_on:
                     self._warm_done = True
+                    self._ready_seconds = time.perf_counter() - self._t_created
                     return
                 if background:
                     self._warm_thread = threading.Thread(target=self._warm_all,
@@ -241,6 +300,8 @@ class Runtime:
         with self._lock:
             self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
             self._warm_done = True
+            if len(self._warm) == len(self.config.buckets):
+                self._ready_seconds = time.perf_counter() - self._t_created
 
     def warmup_status(self) -> WarmupStatus:
         with self._lock:
@@ -249,7 +310,10 @@ class Runtime:
                 seconds = time.perf_counter() - self._warm_started
             return WarmupStatus(total_buckets=len(self.config.buckets),
                                 warm_buckets=len(self._warm), seconds=seconds,
-                                done=self._warm_done, error=self._warm_error)
+                                done=self._warm_done, error=self._warm_error,
+                                bucket_seconds={str(e): round(v, 3)
+                                                for e, v in self.bucket_compile_s.items()},
+                                cache_hit=self.cache_hit, ready_seconds=self._ready_seconds)
 
     def is_warm(self, edge: int) -> bool:
         """Return whether bucket `edge` has compiled graphs ready."""
@@ -261,6 +325,9 @@ class Runtime:
     def _tokenize(self, text: object) -> list[int]:
         if not isinstance(text, str):
             raise InvalidRequest("text", "must be a string", value=type(text).__name__)
+        if len(text) > (cap := self.config.max_input_tokens * 32):  # no token spans 32 chars:
+            raise InputTooLong("text", f"{len(text)} characters is over {cap} (max_input_tokens"
+                               " x 32), refused before tokenizing", value=len(text), limit=cap)
         if not text.strip():
             raise InvalidRequest("text", "must not be empty", value=text, limit=1)
         return list(self.tokenizer(text).input_ids)
@@ -310,12 +377,17 @@ class Runtime:
         if override is not None:
             flags = override.apply(flags, label)
         speculate, probation = self._speculate(flags, label)
+        # The measured draft length; 0 when speculation would be slower than direct here,
+        # unless the caller asked for speculation explicitly (A/B arms, benchmarks).
+        forced = override is not None and override.speculative is True
+        k = self.draft_length.choose(label, fallback=not forced) if speculate else 0
+        speculate = k > 0
         deadline = None if timeout_s is None else t_entry + timeout_s
         with self._admission.slot(deadline) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
             try:
-                decoded, t_encoded, t_device = self._run(ids, length, key, slot, speculate,
+                decoded, t_encoded, t_device = self._run(ids, length, key, slot, k,
                                                          max_new, deadline)
             except RequestTimeout:
                 raise
@@ -325,9 +397,10 @@ class Runtime:
                 # A compile that fails must not fail the request: count it, run eager.
                 self._watch.record_failure()
                 path, key = PATH_EAGER, None
-                decoded, t_encoded, t_device = self._run(ids, length, key, slot, speculate,
+                decoded, t_encoded, t_device = self._run(ids, length, key, slot, k,
                                                          max_new, deadline)
         out = decoded.tokens
+        self._learn(label, decoded, t_encoded, speculate)
         text_out = self.tokenizer.decode(out, skip_special_tokens=True)
         stamps = decoded.stamps
         return GenerateResult(
@@ -338,8 +411,20 @@ class Runtime:
             ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
             decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
             total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
-            probation=probation,
+            probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
         )
+
+    def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
+               speculated: bool) -> None:
+        """Feed the adaptive draft length with this request's acceptance and costs."""
+        if speculated:
+            c = decoded.costs
+            self.draft_length.record_speculative(label, decoded.spec, draft_steps=c.draft_steps,
+                                                 draft_s=c.draft_s, verifies=c.verifies,
+                                                 verify_s=c.verify_s)
+        elif decoded.stamps and self.draft is not None:
+            self.draft_length.record_direct(label, len(decoded.tokens),
+                                            decoded.stamps[-1] - t_encoded)
 
     def _route(self, n: int, flags: RuntimeFlags) -> tuple[str, int, int | str | None]:
         """Return (path, padded length, compiled-function key or None for eager)."""
@@ -357,7 +442,7 @@ class Runtime:
         return runner.eager if key is None else runner.compiled(key)
 
     def _run(self, ids: list[int], length: int, key: int | str | None, slot: int,
-             speculate: bool, max_new: int, deadline: float | None
+             k: int, max_new: int, deadline: float | None
              ) -> tuple[decoding.Decoded, float, float]:
         caches = self._caches[slot]
         with torch.no_grad():
@@ -369,18 +454,25 @@ class Runtime:
             padded, mask = padded.to(self.device), mask.to(self.device)
             tfns = self._fns(self.target, key)
             tenc = decoding.encode(self.target, tfns, padded, mask)
-            if speculate and self.draft is not None:
-                dfns = self._fns(self.draft, key)
-                denc = decoding.encode(self.draft, dfns, padded, mask)
-                t_encoded = time.perf_counter()
-                decoded = decoding.speculative(
-                    self.target, tfns, tenc, caches["target"], self.draft, dfns, denc,
-                    caches["draft"], self.config.speculative_k, max_new, deadline)
-            else:
-                t_encoded = time.perf_counter()
-                decoded = decoding.direct(self.target, tfns, tenc, caches["target"], max_new,
-                                          deadline)
-        return decoded, t_encoded, t_device
+            held = tenc.nbytes
+            self._kv_hold(held)
+            try:
+                if k > 0 and self.draft is not None:
+                    dfns = self._fns(self.draft, key)
+                    denc = decoding.encode(self.draft, dfns, padded, mask)
+                    self._kv_hold(denc.nbytes)
+                    held += denc.nbytes
+                    t_encoded = time.perf_counter()
+                    decoded = decoding.speculative(
+                        self.target, tfns, tenc, caches["target"], self.draft, dfns, denc,
+                        caches["draft"], k, max_new, deadline)
+                else:
+                    t_encoded = time.perf_counter()
+                    decoded = decoding.direct(self.target, tfns, tenc, caches["target"],
+                                              max_new, deadline)
+            finally:
+                self._kv_release(held)
+        return replace(decoded, kv_request_bytes=held), t_encoded, t_device
 
     def close(self) -> None:
         """Refuse new requests and stop background threads."""

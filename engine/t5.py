@@ -6,7 +6,11 @@ inputs and a position-indexed static self-attention cache and nothing else, so
 torch.compile sees a small static graph and eager runs stay cheap too.
 
 Shapes: batch size 1; B = padded input length; T = self-attention cache slots;
-q = decoder positions computed in one call (1 for a step, k+1 for verification).
+q = decoder positions computed in one call (1 for a step, k+1 for verification);
+L = decoder layers. Caches are single tensors: the self-attention cache is
+[L, 2 (K, V), H, T, d_kv] and the cross-attention K/V [L, 2, H, B, d_kv], so a compiled
+step has few inputs (each is a guard and an argument to marshal on every call) and the one
+tensor it mutates can be marked static (CUDA graphs need mutated inputs at fixed addresses).
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ class LeanT5(nn.Module):
         self.decoder_start_id = int(cfg.decoder_start_token_id or 0)
         self.eos_id = int(cfg.eos_token_id if cfg.eos_token_id is not None else 1)
         self.pad_id = int(cfg.pad_token_id if cfg.pad_token_id is not None else 0)
-        scale = getattr(cfg, "scale_decoder_outputs", getattr(cfg, "tie_word_embeddings", True))
+        # HF T5 scales when its config says so (v1.0); MT5 has no such field and never scales.
+        scale = bool(getattr(cfg, "scale_decoder_outputs", False))
         self.output_scale = cfg.d_model ** -0.5 if scale else 1.0
         self.dtype = dtype
         self.device_ = device
@@ -146,12 +151,14 @@ class LeanT5(nn.Module):
         neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device_)
         return torch.where(keep, zero, neg)
 
-    def new_self_cache(self, slots: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Allocate a static self-attention cache with `slots` positions per layer."""
-        shape = (1, self.n_heads, slots, self.d_kv)
-        ks = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.dec_layers]
-        vs = [torch.zeros(shape, dtype=self.dtype, device=self.device_) for _ in self.dec_layers]
-        return ks, vs
+    def new_self_cache(self, slots: int) -> torch.Tensor:
+        """Allocate a static self-attention cache [L, 2, H, slots, d_kv], marked static."""
+        cache = torch.zeros((len(self.dec_layers), 2, self.n_heads, slots, self.d_kv),
+                            dtype=self.dtype, device=self.device_)
+        # Every step writes it in place: a static address (allocated once per stream, never
+        # guarded on) lets cudagraph trees capture the step instead of skipping it.
+        torch._dynamo.mark_static_address(cache, guard=False)
+        return cache
 
     def self_cache_bytes(self, slots: int) -> int:
         """Return the bytes of one self-attention cache with `slots` positions."""
@@ -163,6 +170,19 @@ class LeanT5(nn.Module):
         return self.self_cache_bytes(length)
 
 
+# Set by the runtime: compiled decode steps multiply small row counts as a fused reduction.
+GEMV_ROWS = 0
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    if rows <= GEMV_ROWS and torch.compiler.is_compiling():
+        # A 1-row product is bound by reading the weights: as a reduction inductor fuses it
+        # with its neighbours and streams the weights once, without a BLAS call per linear.
+        return (x.unsqueeze(-2) * w).sum(-1)
+    return F.linear(x, w)
+
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(var + eps)).to(weight.dtype)
@@ -170,13 +190,13 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _ff(m: LeanT5, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     h = _norm(x, layer.ln_ff, m.eps)
-    h = F.linear(h, layer.wi)
+    h = _linear(h, layer.wi)
     if m.gated:
         gate, lin = h.chunk(2, dim=-1)
         h = m.act(gate) * lin
     else:
         h = m.act(h)
-    return x + F.linear(h, layer.wo)
+    return x + _linear(h, layer.wo)
 
 
 def _heads(m: LeanT5, x: torch.Tensor) -> torch.Tensor:
@@ -192,28 +212,24 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
 
 
 def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torch.Tensor
-           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Run the encoder and return each decoder layer's cross-attention K and V."""
+           ) -> torch.Tensor:
+    """Run the encoder and return the decoder's cross-attention K/V [L, 2, H, B, d_kv]."""
     x = F.embedding(ids, m.embed)
     bias = enc_bias + mask_bias
     for layer in m.enc_layers:
         h = _norm(x, layer.ln_att, m.eps)
-        q, k, v = F.linear(h, layer.qkv).split(m.inner, dim=-1)
-        x = x + F.linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
+        q, k, v = _linear(h, layer.qkv).split(m.inner, dim=-1)
+        x = x + _linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
         x = _ff(m, layer, x)
     x = _norm(x, m.enc_final, m.eps)
-    ks, vs = [], []
-    for layer in m.dec_layers:
-        k, v = F.linear(x, layer.ckv).split(m.inner, dim=-1)
-        ks.append(_heads(m, k).contiguous())
-        vs.append(_heads(m, v).contiguous())
-    return ks, vs
+    kv = [_linear(x, layer.ckv).view(x.shape[1], 2, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
+          for layer in m.dec_layers]
+    return torch.stack(kv)
 
 
-def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor,
-                  self_k: list[torch.Tensor], self_v: list[torch.Tensor],
-                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
-                  cross_bias: torch.Tensor, dec_bias: torch.Tensor) -> torch.Tensor:
+def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: torch.Tensor,
+                  cross_kv: torch.Tensor, cross_bias: torch.Tensor, dec_bias: torch.Tensor
+                  ) -> torch.Tensor:
     """Run the decoder on tokens [1, q] at positions `pos` [q]; write the cache; return logits.
 
     The self-attention cache is indexed by absolute position, so rolling back a
@@ -222,25 +238,42 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor,
     """
     x = F.embedding(tokens, m.embed)
     self_bias = dec_bias.index_select(1, pos).unsqueeze(0)  # [1, H, q, T]
+    q_len = tokens.shape[1]
     for i, layer in enumerate(m.dec_layers):
         h = _norm(x, layer.ln_att, m.eps)
-        q, k, v = F.linear(h, layer.qkv).split(m.inner, dim=-1)
-        self_k[i].index_copy_(2, pos, _heads(m, k))
-        self_v[i].index_copy_(2, pos, _heads(m, v))
-        att = _attend(_heads(m, q), self_k[i], self_v[i], self_bias)
-        x = x + F.linear(att, layer.o)
+        qkv = _linear(h, layer.qkv).view(q_len, 3, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
+        self_kv[i].index_copy_(2, pos, qkv[1:])  # K and V of these positions, one write
+        att = _attend(qkv[0].unsqueeze(0), self_kv[i, 0], self_kv[i, 1], self_bias)
+        x = x + _linear(att, layer.o)
         h = _norm(x, layer.ln_cross, m.eps)
-        att = _attend(_heads(m, F.linear(h, layer.cq)), cross_k[i], cross_v[i], cross_bias)
-        x = x + F.linear(att, layer.co)
+        att = _attend(_heads(m, _linear(h, layer.cq)), cross_kv[i, 0], cross_kv[i, 1],
+                      cross_bias)
+        x = x + _linear(att, layer.co)
         x = _ff(m, layer, x)
     x = _norm(x, m.dec_final, m.eps) * m.output_scale
-    return F.linear(x, m.lm_head)
+    return _linear(x, m.lm_head)
 
 
-def decode_greedy(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor,
-                  self_k: list[torch.Tensor], self_v: list[torch.Tensor],
-                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
-                  cross_bias: torch.Tensor, dec_bias: torch.Tensor) -> torch.Tensor:
-    """Return the greedy next token [q] for each of the given positions."""
-    logits = decode_logits(m, tokens, pos, self_k, self_v, cross_k, cross_v, cross_bias, dec_bias)
+def decode_greedy(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: torch.Tensor,
+                  cross_kv: torch.Tensor, cross_bias: torch.Tensor, dec_bias: torch.Tensor
+                  ) -> torch.Tensor:
+    """Return the greedy next token [q] for each of the given positions (verification)."""
+    logits = decode_logits(m, tokens, pos, self_kv, cross_kv, cross_bias, dec_bias)
     return logits[0].argmax(-1)
+
+
+def decode_steps(m: LeanT5, token: torch.Tensor, pos: torch.Tensor, self_kv: torch.Tensor,
+                 cross_kv: torch.Tensor, cross_bias: torch.Tensor, dec_bias: torch.Tensor,
+                 steps: int) -> torch.Tensor:
+    """Decode `steps` greedy tokens [steps] from token [1, 1] at position `pos` [1].
+
+    One compiled call (one guard check, one host sync) covers several tokens; tokens
+    after EOS are computed and dropped by the caller (their cache slots lie after the
+    answer and are masked for it). The argmax feeds the next step inside the graph.
+    """
+    out = []
+    for i in range(steps):
+        logits = decode_logits(m, token, pos + i, self_kv, cross_kv, cross_bias, dec_bias)
+        token = logits[0].argmax(-1).view(1, 1)
+        out.append(token.view(1))
+    return torch.cat(out)

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from datetime import datetime
 
+import httpx
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from monitor.api import alerts, baselines, errors, flags, generate, health, probes, reports
+from monitor.api.deliveries import router as deliveries_router
+from monitor.api.limits import BodyLimit, max_body_bytes
 from monitor.auth import Authenticator
 from monitor.metrics import Metrics, MetricsSink
-from monitor.service import EngineFactory, default_engine_factory, lifespan
+from monitor.scheduler import JobScheduler
+from monitor.service import lifespan
+from monitor.services import (
+    AppParts,
+    EngineFactory,
+    Seams,
+    Services,
+    default_engine_factory,
+    utcnow,
+)
 from monitor.settings import Settings
+from probes.canaries import CanarySuite
 
 
 def create_app(
@@ -19,7 +33,10 @@ def create_app(
     *,
     engine_factory: EngineFactory | None = None,
     registry: CollectorRegistry | None = None,
-    **state: Any,
+    scheduler_factory: Callable[[Services], JobScheduler] | None = None,
+    suites: Mapping[str, CanarySuite] | None = None,
+    clock: Callable[[], datetime] | None = None,
+    transport: httpx.BaseTransport | None = None,
 ) -> FastAPI:
     """Build the tailwatch service; nothing runs until the lifespan starts.
 
@@ -28,8 +45,8 @@ def create_app(
         engine_factory: (EngineConfig, FlagProvider) -> Engine; default loads the
             torch runtime. Tests pass a fake.
         registry: the Prometheus registry the app owns; a fresh one by default.
-        state: extra objects put on app.state before the lifespan (test seams such as
-            `scheduler_factory`).
+        scheduler_factory, suites, clock, transport: the other seams (see
+            `monitor.services.Seams`); production leaves them unset.
 
     Raises:
         monitor.auth.AuthConfigError: auth is on and no token is configured.
@@ -42,14 +59,14 @@ def create_app(
         lifespan=lifespan,
     )
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    app.state.settings = settings
-    app.state.authenticator = authenticator
-    app.state.engine_factory = engine_factory or default_engine_factory
-    app.state.metrics = metrics
-    app.state.sink = MetricsSink(metrics)
-    for name, value in state.items():
-        setattr(app.state, name, value)
+    seams = Seams(engine_factory=engine_factory or default_engine_factory,
+                  scheduler_factory=scheduler_factory, suites=suites,
+                  clock=clock or utcnow, transport=transport)
+    app.state.parts = AppParts(settings=settings, authenticator=authenticator,
+                               metrics=metrics, sink=MetricsSink(metrics), seams=seams)
     errors.install_error_handlers(app)
     for module in (health, generate, flags, alerts, probes, baselines, reports):
         app.include_router(module.router)
+    app.include_router(deliveries_router)
+    app.add_middleware(BodyLimit, limit=max_body_bytes(settings))
     return app

@@ -20,11 +20,14 @@ from importlib import metadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from engine.protocol import Engine, FlagProvider, GenerateResult
-from storage.models import DELIVERY_STATES, Alert, Flag, ProbeRun, WebhookDelivery
+from storage.models import DELIVERY_STATES
+from storage.queries import alerts as alert_queries
+from storage.queries import flags as flag_queries
+from storage.queries import reports as report_queries
+from storage.queries import runs as run_queries
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,11 @@ class Metrics:
             ("outcome",), registry=registry)
         for outcome in DELIVERY_OUTCOMES:
             self.webhook_deliveries.labels(outcome)
+        self.webhook_dead_letters = Counter(
+            f"{PREFIX}_webhook_dead_letters",
+            "Notifications given up on (4xx answer or past alerts.webhook_max_age_s), by target;"
+            " listed by GET /v1/deliveries?state=dead.",
+            ("target",), registry=registry)
         self.scrape_errors = Counter(
             f"{PREFIX}_scrape_errors", "Scrapes whose collector could not read its source.",
             ("collector",), registry=registry)
@@ -182,6 +190,8 @@ class MetricsSink:
             n = getattr(report, outcome, 0)
             if n:
                 self.metrics.webhook_deliveries.labels(outcome).inc(n)
+        for target in getattr(report, "dead_targets", ()):
+            self.metrics.webhook_dead_letters.labels(target).inc()
 
 
 class _SafeCollector(Collector):
@@ -267,7 +277,7 @@ class EngineCollector(_SafeCollector):
         yield _gauge("queue_depth", "Requests waiting for a decode slot.", {},
                      engine.queue_depth())
         yield _counter("flag_provider_errors",
-                       "Times the flag provider raised or timed out (last flags kept).",
+                       "Flag reads that failed: raised or hung (last flags kept; slow reads are not failures).",
                        engine.flag_errors())
 
 
@@ -296,7 +306,7 @@ class DatabaseCollector(_SafeCollector):
             f"{PREFIX}_flag_override",
             "Flag rows in the DB (manual or auto) by flag, scope and source; value 1/0 or the number.",
             labels=("flag", "scope", "source"))
-        for flag in session.scalars(select(Flag)):
+        for flag in flag_queries.flag_rows(session):
             value = flag.value
             if isinstance(value, bool | int | float):
                 family.add_metric([flag.name, flag.scope, flag.source], float(value))
@@ -306,21 +316,16 @@ class DatabaseCollector(_SafeCollector):
         family = GaugeMetricFamily(
             f"{PREFIX}_alerts", "Open alerts by rule, severity and state (pending, firing).",
             labels=("rule", "severity", "state"))
-        rows = session.execute(
-            select(Alert.rule, Alert.severity, Alert.state, func.count())
-            .where(Alert.state != "resolved")
-            .group_by(Alert.rule, Alert.severity, Alert.state)).all()
-        for rule, severity, state, n in rows:
-            family.add_metric([rule, severity, state], n)
+        rows = alert_queries.open_alert_counts(session)
+        for c in rows:
+            family.add_metric([c.rule, c.severity, c.state], c.count)
         yield family
-        firing = sum(n for _, _, state, n in rows if state == "firing")
+        firing = sum(c.count for c in rows if c.state == "firing")
         yield GaugeMetricFamily(
             f"{PREFIX}_alerts_firing", "Alerts firing now (all rules).", value=firing)
 
     def _probes(self, session: Session) -> Iterator[Metric]:
-        latest = (select(ProbeRun.kind, func.max(ProbeRun.id).label("id"))
-                  .where(ProbeRun.finished_at.is_not(None)).group_by(ProbeRun.kind).subquery())
-        runs = session.scalars(select(ProbeRun).join(latest, ProbeRun.id == latest.c.id)).all()
+        runs = run_queries.latest_finished_runs(session)
         labels = ("kind", "suite")
         success = GaugeMetricFamily(
             f"{PREFIX}_probe_success", "1 when the latest probe run of a kind succeeded.",
@@ -344,8 +349,7 @@ class DatabaseCollector(_SafeCollector):
             f"{PREFIX}_webhook_outbox_messages",
             "Webhook outbox rows by state (pending, delivered, failed), from the DB.",
             labels=("state",))
-        counts = dict(session.execute(  # type: ignore[arg-type]
-            select(WebhookDelivery.state, func.count()).group_by(WebhookDelivery.state)).all())
+        counts = report_queries.delivery_counts(session)
         for state in DELIVERY_STATES:
             family.add_metric([state], counts.get(state, 0))
         yield family

@@ -25,11 +25,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from monitor.leader import LeaderLock
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session, sessionmaker
-
     from monitor.settings import Settings
-    from probes.prober import Prober
-    from probes.traffic import TrafficRecorder
 
 log = logging.getLogger(__name__)
 
@@ -188,15 +184,3 @@ def build_scheduler(
         js.add(name, fn, trig[name], singleton=name in SINGLETONS,
                misfire_grace_s=settings.scheduler.misfire_grace_s)
     return js
-
-
-def probe_jobs(prober: Prober, recorder: TrafficRecorder | None = None,
-               sessions: sessionmaker[Session] | None = None) -> dict[str, Job]:
-    """Return the every-replica jobs: probe cycle, burst, and (given both) traffic flush."""
-    out: dict[str, Job] = {PROBE: prober.run_cycle, BURST: prober.run_burst}
-    if recorder is not None and sessions is not None:
-        from probes.traffic import sql_store
-
-        store = sql_store(sessions)
-        out[TRAFFIC_FLUSH] = lambda: recorder.flush(store)
-    return out

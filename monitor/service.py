@@ -1,9 +1,15 @@
-"""Lifespan wiring: build the DB, flags, engine, recorder and scheduler; tear them down.
+"""Lifespan wiring: build the Services hub at start-up and tear it down at shutdown.
 
-Start-up order: database (schema checked or migrated) -> flag provider -> engine
-(loaded in a background thread so /readyz can report "warming") -> traffic recorder
--> scrape-time collectors -> scheduler. Everything lands on `app.state`; routes read
-it through the dependency aliases in `monitor.api.deps`.
+Start-up order: database (schema checked or migrated) -> storage writer -> flag
+provider -> alerts config (rules, policy, targets: `alerts.config.load_config`) and
+deliverer -> engine (loaded in a background thread so /readyz can report "warming")
+-> traffic recorder and prober -> scrape-time collectors -> scheduler. Everything
+lands in one frozen `monitor.services.Services` on `app.state.services`; routes get
+its parts through the dependency aliases in `monitor.api.deps`.
+
+Every measurement write (probe runs, bursts, compile events, memory samples, traffic
+rollups) goes through the one `storage.writer.Writer`: bounded, retried while the
+database is down, drops counted in `writer.stats`.
 """
 
 from __future__ import annotations
@@ -13,39 +19,46 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from sqlalchemy import Engine as DbEngine
+from sqlalchemy.orm import Session, sessionmaker
 
 from engine.config import EngineConfig
 from engine.errors import NotReady
 from engine.protocol import Engine, FlagProvider
-from monitor.metrics import DatabaseCollector, EngineCollector, Metrics
+from monitor.metrics import DatabaseCollector, EngineCollector
+from monitor.services import (
+    EngineFactory,
+    Services,
+    default_engine_factory,
+    parts_of,
+)
 from monitor.settings import Settings
 from probes.burst import BurstResult
 from probes.canaries import load_suites
 from probes.cycle import CycleResult
-from probes.prober import Prober
-from probes.traffic import TrafficRecorder, sql_store
+from probes.prober import Prober, prober_from_settings
+from probes.traffic import TrafficRecorder
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import check_schema, upgrade
+from storage.writer import Writer
+
+if TYPE_CHECKING:
+    from monitor.scheduler import JobScheduler
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[EngineConfig, FlagProvider], Engine]
+__all__ = ["FAILED", "LOADING", "READY", "WARMING", "EngineFactory", "EngineHolder",
+           "ProbeRunner", "default_engine_factory", "lifespan", "preflight",
+           "prepare_database", "scheduled_jobs", "start_scheduler"]
 
 LOADING = "loading"
 WARMING = "warming"
 READY = "ready"
 FAILED = "failed"
-
-
-def default_engine_factory(config: EngineConfig, flags: FlagProvider) -> Engine:
-    """Load the torch-backed engine (imports torch)."""
-    from engine import load_engine
-
-    return load_engine(config, flags=flags)
 
 
 class EngineHolder:
@@ -175,16 +188,7 @@ class ProbeRunner:
         return run
 
 
-def build_prober(engine: Engine, app: FastAPI) -> Prober:
-    """Return the Prober for `engine`, storing through the app's sessions."""
-    from probes.prober import prober_from_settings
-
-    return prober_from_settings(app.state.settings, engine, app.state.sessions,
-                                observers=(app.state.sink,),
-                                suites=getattr(app.state, "suites", None))
-
-
-def prepare_database(settings: Settings) -> Any:
+def prepare_database(settings: Settings) -> DbEngine:
     """Return a DB engine whose schema is at head (migrating when auto_migrate).
 
     Raises storage.SchemaBehind (naming `tailwatch db upgrade`) when the schema is
@@ -204,12 +208,10 @@ def prepare_database(settings: Settings) -> Any:
 
 def preflight(settings: Settings) -> None:
     """Check what start-up would trip on (schema, rules, policy, suites); raise one error."""
-    from alerts.policy import load_policy
-    from alerts.rules import load_rules
+    from alerts.config import load_config
 
     prepare_database(settings).dispose()
-    load_rules(settings.alerts.rules_file)
-    load_policy(settings.alerts.policy_file)
+    load_config(settings.alerts)
     if settings.scheduler.enabled and settings.scheduler.probes_enabled:
         suites = load_suites(settings.probes.suites_file)
         if settings.probes.suite not in suites:
@@ -217,150 +219,148 @@ def preflight(settings: Settings) -> None:
                              f"known: {sorted(suites)}")
 
 
-def make_flag_provider(sessions: Any, settings: Settings) -> FlagProvider:
+def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float) -> FlagProvider:
     """Return the SQL-backed flag provider the engine reads on every request."""
     from alerts.flags import SqlFlagProvider
 
-    return SqlFlagProvider(sessions, ttl_s=settings.alerts.flags_ttl_s)
+    return SqlFlagProvider(sessions, ttl_s=ttl_s)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Build every long-lived object, hang it on app.state, and close it at shutdown."""
-    state = app.state
-    settings: Settings = state.settings
-    metrics: Metrics = state.metrics
+    """Build the Services hub, put it on app.state, and close everything at shutdown."""
+    from alerts.config import load_config
+    from alerts.outbox import Deliverer
+    from alerts.webhooks import source_labels, with_labels
+
+    parts = parts_of(app)
+    settings, metrics, seams = parts.settings, parts.metrics, parts.seams
     db = prepare_database(settings)
-    sessions = make_sessionmaker(db)
-    state.db_engine, state.sessions = db, sessions
-    flags = make_flag_provider(sessions, settings)
-    state.flags = flags
-    holder = EngineHolder(state.engine_factory, settings.engine.to_config(), flags)
-    state.engine_holder = holder
-    state.traffic = TrafficRecorder(settings.instance_id,
-                                    buffer_max=settings.probes.rollup_buffer_max)
-    collectors = [
-        EngineCollector(metrics, holder.get),
-        # Through app.state, so a swapped sessionmaker (tests) is what scrapes read.
-        DatabaseCollector(metrics, lambda: state.sessions(), flags,
-                          tuple(settings.engine.buckets)),
-    ]
-    state.probes = ProbeRunner(holder, lambda engine: build_prober(engine, app))
-    state.scheduler = scheduler = None
+    closers: list[Callable[[], object]] = [db.dispose]
+    collectors: list[object] = []
+    scheduler: JobScheduler | None = None
     try:
+        sessions = make_sessionmaker(db)
+        writer = Writer(sessions, max_pending=settings.write_buffer_max)
+        closers.append(lambda: _close_writer(writer))
+        alerts = load_config(settings.alerts)  # bad rule, policy or webhook files fail here
+        flags = make_flag_provider(sessions, alerts.flags_ttl_s)
+        # Alerts carry service/job/instance as Prometheus labels this process's own series.
+        targets = with_labels(alerts.targets, source_labels(settings.api.host, settings.api.port))
+        alerts = replace(alerts, targets=tuple(targets))
+        deliverer = Deliverer(sessions, alerts.targets, transport=seams.transport,
+                              clock=seams.clock, max_age_s=alerts.webhook_max_age_s)
+        closers.append(deliverer.close)
+        holder = EngineHolder(seams.engine_factory, settings.engine, flags)
+        closers.append(holder.close)
+        traffic = TrafficRecorder(settings.instance_id,
+                                  buffer_max=settings.probes.rollup_buffer_max)
+        # Runs before the writer closes (closers run last-first): the last rollups.
+        closers.append(lambda: traffic.flush(writer))
+        suites = seams.suites
+
+        def build_prober(engine: Engine) -> Prober:
+            return prober_from_settings(settings.probes, engine, writer,
+                                        instance_id=settings.instance_id,
+                                        observers=(parts.sink,), suites=suites)
+
+        services = Services(
+            settings=settings, authenticator=parts.authenticator, metrics=metrics,
+            sink=parts.sink, seams=seams, db=db, sessions=sessions, flags=flags,
+            engine_holder=holder, writer=writer, traffic=traffic,
+            probes=ProbeRunner(holder, build_prober), alerts=alerts, deliverer=deliverer)
+        collectors += [
+            EngineCollector(metrics, holder.get),
+            DatabaseCollector(metrics, sessions, flags, tuple(settings.engine.buckets)),
+        ]
         holder.start()
         if settings.scheduler.enabled:
-            factory = getattr(state, "scheduler_factory", None) or start_scheduler
-            state.scheduler = scheduler = factory(app)
+            scheduler = (seams.scheduler_factory or start_scheduler)(services)
+            services = replace(services, scheduler=scheduler)
+        app.state.services = services
         log.info("tailwatch: serving (instance %s, scheduler %s)", settings.instance_id,
                  "on" if scheduler is not None else "off")
         yield
     finally:
+        app.state.services = None
         if scheduler is not None:
             with suppress(Exception):
                 scheduler.shutdown(wait=False)
-        deliverer = getattr(state, "deliverer", None)
-        if deliverer is not None:
-            deliverer.close()
-        holder.close()
-        _flush_traffic(app)
+        for close in reversed(closers):
+            try:
+                close()
+            except Exception as exc:
+                log.warning("tailwatch: shutdown step failed: %s", exc)
         for collector in collectors:
             with suppress(KeyError):
-                metrics.registry.unregister(collector)
-        db.dispose()
+                metrics.registry.unregister(collector)  # type: ignore[arg-type]
 
 
-def start_scheduler(app: FastAPI) -> Any:
-    """Build and start the job scheduler from what the app holds."""
+def _close_writer(writer: Writer) -> None:
+    """Write what is queued (best effort: a down database loses only these, counted)."""
+    left = writer.close(timeout=5.0)
+    stats = writer.stats
+    if left or stats.dropped or stats.failed:
+        log.warning("storage writer: %d writes left unwritten at shutdown; %d dropped and "
+                    "%d failed since start", left, stats.dropped, stats.failed)
+
+
+def start_scheduler(services: Services) -> JobScheduler:
+    """Build and start the job scheduler from the services."""
     from monitor.leader import make_leader
     from monitor.scheduler import build_scheduler
 
-    scheduler = build_scheduler(app.state.settings, scheduled_jobs(app),
-                                make_leader(app.state.db_engine))
+    scheduler = build_scheduler(services.settings, scheduled_jobs(services),
+                                make_leader(services.db))
     scheduler.start()
     return scheduler
 
 
-def scheduled_jobs(app: FastAPI) -> dict[str, Callable[[], object]]:
+def scheduled_jobs(services: Services) -> dict[str, Callable[[], object]]:
     """Return every job callable the scheduler runs (it drops those settings disable)."""
     from monitor import scheduler as names
 
-    state = app.state
-    settings: Settings = state.settings
-    sessions = state.sessions
-    store = sql_store(sessions)
+    s = services
     jobs: dict[str, Callable[[], object]] = {
-        names.PROBE: state.probes.job("cycle"),
-        names.BURST: state.probes.job("burst"),
-        names.TRAFFIC_FLUSH: lambda: (state.traffic.flush(store), state.probes.record_compiles()),
-        names.RETENTION: lambda: _prune(sessions, settings),
+        names.PROBE: s.probes.job("cycle"),
+        names.BURST: s.probes.job("burst"),
+        names.TRAFFIC_FLUSH: lambda: (s.traffic.flush(s.writer), s.probes.record_compiles()),
+        names.RETENTION: lambda: _prune(s),
+        names.EVALUATE: lambda: _evaluate(s),
+        names.DELIVERY: lambda: _deliver(s),
+        names.REPORT: lambda: _report(s),
     }
-    jobs.update(_alert_jobs(app))
-    jobs[names.REPORT] = _report_job(app)
     return jobs
 
 
-def _prune(sessions: Any, settings: Settings) -> object:
+def _prune(s: Services) -> object:
     from storage.retention import prune
 
-    with sessions.begin() as session:
-        return prune(session, datetime.now(UTC), settings.retention.raw_days,
-                     settings.retention.rollup_days)
+    with s.sessions.begin() as session:
+        return prune(session, s.seams.clock(), s.settings.retention.raw_days,
+                     s.settings.retention.rollup_days)
 
 
-def _flush_traffic(app: FastAPI) -> None:
-    """Store the last rollups at shutdown (best effort: a down DB loses only these)."""
-    try:
-        app.state.traffic.flush(sql_store(app.state.sessions))
-    except Exception as exc:
-        log.warning("traffic: could not store the last rollups at shutdown: %s", exc)
-
-
-def _alert_jobs(app: FastAPI) -> dict[str, Callable[[], object]]:
-    """Return the evaluate and delivery jobs; bad rule, policy or webhook files fail here."""
-    from alerts.baselines import BaselineConfig
+def _evaluate(s: Services) -> object:
     from alerts.evaluator import evaluate
-    from alerts.outbox import Deliverer
-    from alerts.policy import load_policy
-    from alerts.rules import load_rules
-    from alerts.webhooks import parse_targets
-    from monitor import scheduler as names
 
-    settings: Settings = app.state.settings
-    sessions = app.state.sessions
-    rules = load_rules(settings.alerts.rules_file)
-    policy = load_policy(settings.alerts.policy_file)
-    targets = parse_targets(settings.alerts.webhooks)
-    deliverer = Deliverer(sessions, targets)
-    app.state.deliverer = deliverer
-    flags = app.state.flags
-    a = settings.alerts
-    baseline_config = BaselineConfig(refresh_s=a.baseline_refresh_s,
-                                     warm_in_s=a.baseline_warm_in_s)
-
-    def run_evaluate() -> object:
-        with sessions.begin() as session:
-            report = evaluate(session, rules, datetime.now(UTC), targets=targets,
-                              policy=policy, baseline_config=baseline_config,
-                              external_url=a.external_url, resend_s=a.resend_interval_s)
-        # The policy may have flipped flags: let the engine see them on its next request.
-        invalidate = getattr(flags, "invalidate", None)
-        if invalidate is not None:
-            invalidate()
-        return report
-
-    def run_delivery() -> object:
-        report = deliverer.run_once()
-        app.state.sink.deliveries(report)
-        return report
-
-    return {names.EVALUATE: run_evaluate, names.DELIVERY: run_delivery}
+    a = s.alerts
+    with s.sessions.begin() as session:
+        report = evaluate(session, a.rules, s.seams.clock(), targets=a.targets,
+                          policy=a.policy, baseline_config=a.baselines,
+                          external_url=a.external_url, resend_s=a.resend_s)
+    # The policy may have flipped flags: let the engine see them on its next request.
+    s.flags.invalidate()
+    return report
 
 
-def _report_job(app: FastAPI) -> Callable[[], object]:
-    """Return the weekly report job (monitor.report)."""
+def _deliver(s: Services) -> object:
+    report = s.deliverer.run_once()
+    s.sink.deliveries(report)
+    return report
+
+
+def _report(s: Services) -> object:
     from monitor.report import run_weekly_report
 
-    settings: Settings = app.state.settings
-    sessions = app.state.sessions
-    return lambda: run_weekly_report(sessions, settings)
+    return run_weekly_report(s.sessions, s.settings)

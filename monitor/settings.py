@@ -19,51 +19,20 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from alerts.settings import AlertSettings
+from engine.config import EngineConfig
+from probes.settings import ProbeSettings
+
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 
-
-class EngineSettings(BaseModel):
-    """Mirror of engine.EngineConfig (see that class for meanings)."""
-
-    model_dir: str | None = None
-    draft_dir: str | None = None
-    use_draft: bool = True
-    device: str = "auto"
-    dtype: str = "auto"
-    buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
-    max_input_tokens: int = 1024
-    max_new_tokens: int = 32
-    max_new_tokens_cap: int = 256
-    compile_mode: str = "default"
-    compile_backend: str = "inductor"
-    num_threads: int = 1
-    speculative_k: int = 4
-    max_concurrency: int = 1
-    max_queue: int = 16
-    cache_dir: str | None = None
-
-    def to_config(self) -> Any:
-        """Return the engine.EngineConfig these settings describe."""
-        from engine.config import EngineConfig
-
-        return EngineConfig(**self.model_dump())
+__all__ = ["AlertSettings", "ApiSettings", "EngineSettings", "ProbeSettings",
+           "RetentionSettings", "SchedulerSettings", "Settings", "get_settings"]
 
 
-class ProbeSettings(BaseModel):
-    """Canary and burst probes (probes package)."""
-
-    suites_file: str | None = None  # user YAML added to the shipped suites
-    suite: str = "in_domain"
-    canaries_per_bucket: int = 4
-    ab_share: float = Field(0.25, ge=0.0, le=1.0)
-    cycle_timeout_s: float = 120.0
-    burst_rate_per_s: float = 4.0
-    burst_duration_s: float = 10.0
-    burst_concurrency: int = 4
-    rollup_buffer_max: int = 10_000
-    # A/B fallback arms run. "exact" (bucketing's arm) compiles one graph per canary length
-    # the first time: minutes on a CPU, during which A/B cycles time out; opt in to it.
-    ab_arms: tuple[str, ...] = ("eager", "direct")
+# Each package owns its section's type: the engine's is its frozen EngineConfig itself
+# (pydantic validates the dataclass, so new EngineConfig fields are settings with no edit
+# here), probes' and alerts' are pydantic models next to the code that reads them.
+EngineSettings = EngineConfig
 
 
 class SchedulerSettings(BaseModel):
@@ -88,27 +57,6 @@ class RetentionSettings(BaseModel):
     rollup_days: int = 90
 
 
-class AlertSettings(BaseModel):
-    """Alert rules, webhooks and the auto-fallback policy (alerts package)."""
-
-    rules_file: str | None = None  # user YAML added to the shipped rules
-    policy_file: str | None = None
-    webhooks: list[dict[str, Any]] = Field(default_factory=list)
-    external_url: str = ""  # this service's URL, for links in notifications
-    baseline_refresh_s: float = Field(3600.0, gt=0)
-    baseline_warm_in_s: float = Field(1800.0, ge=0)  # after a model/config change
-    resend_interval_s: float = Field(120.0, gt=0)  # alertmanager_api re-sends firing alerts
-    flags_ttl_s: float = Field(1.0, ge=0)  # SqlFlagProvider cache
-
-    @field_validator("webhooks")
-    @classmethod
-    def _webhooks(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from alerts.webhooks import parse_targets
-
-        parse_targets(v)  # raises naming the target and field
-        return v
-
-
 class ApiToken(BaseModel):
     """A named bearer token; the name is the actor in the audit log."""
 
@@ -124,6 +72,7 @@ class ApiSettings(BaseModel):
     auth: bool = True
     read_auth: bool = False
     tokens: list[ApiToken] = Field(default_factory=list)
+    max_body_bytes: int | None = Field(None, gt=0)  # None: sized from engine.max_input_tokens
 
 
 class ReportSettings(BaseModel):
@@ -145,9 +94,11 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_DB_URL
     auto_migrate: bool = False
+    # Probe rows, rollups and compile events wait here while the database is down.
+    write_buffer_max: int = Field(10_000, ge=1)
     instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     api_token: SecretStr | None = None
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)

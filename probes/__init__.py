@@ -2,7 +2,8 @@
 
 Talks to the model only through `engine.protocol` (no torch). Measurements are
 frozen dataclasses (`probes.cycle.CycleResult`, `probes.burst.BurstResult`,
-`probes.traffic.RollupRecord`); `probes.sink.SqlSink` turns them into storage rows.
+`probes.traffic` rollups); `probes.sink` turns them into storage rows, which the
+`storage.writer.Writer` stores (retrying while the database is down).
 
 Exceptions (probes.errors):
 

@@ -18,12 +18,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from probes.cycle import ARM_COMPILED, ARM_SPECULATIVE, ARMS
 from probes.measure import VARIANT_DEFAULT
-from storage.models import ProbeResult, ProbeRun
+from storage.queries.runs import arm_p50s
 
 OPTIMIZATION_OF_ARM = {"eager": "compile", "direct": "speculative", "exact": "bucketing",
                        ARM_SPECULATIVE: "speculative", ARM_COMPILED: "compile"}
@@ -50,20 +49,12 @@ def ab_speedups(session: Session, start: datetime, end: datetime, *,
     if end <= start:
         raise ValueError("end: must be after start")
     variants = (VARIANT_DEFAULT, *ARMS, *REVERSE_ARMS)
-    stmt = (select(ProbeResult.run_id, ProbeResult.bucket, ProbeResult.variant,
-                   ProbeResult.count, ProbeResult.errors, ProbeResult.p50_s)
-            .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
-            .where(ProbeResult.at >= start, ProbeResult.at < end, ProbeRun.kind == "cycle",
-                   ProbeResult.variant.in_(variants), ProbeResult.p50_s.is_not(None)))
-    if instance_id is not None:
-        stmt = stmt.where(ProbeRun.instance_id == instance_id)
     # (run, bucket, variant) -> (requests, p50): keep the row with most requests.
     best: dict[tuple[int, str, str], tuple[int, float]] = {}
-    for run_id, bucket, variant, count, errors, p50 in session.execute(stmt):
-        key = (run_id, bucket, variant)
-        n = count - errors
-        if key not in best or n > best[key][0]:
-            best[key] = (n, p50)
+    for row in arm_p50s(session, start, end, variants, instance_id=instance_id):
+        key = (row.run_id, row.bucket, row.variant)
+        if key not in best or row.requests > best[key][0]:
+            best[key] = (row.requests, row.p50_s)
     pairs: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     for (run_id, bucket, variant), (_, p50) in best.items():
         if variant == VARIANT_DEFAULT:

@@ -1,8 +1,8 @@
 """Run probes and store them: the callables the scheduler's probe jobs invoke.
 
-A result that cannot be stored (database down) is kept in a bounded queue and stored
-by a later run, so a database outage delays probe rows instead of losing them;
-past `pending_max` the oldest unsaved result is dropped and counted.
+Results are stored through the storage Writer (the one write path): a database outage
+delays probe rows, compile events and memory samples instead of losing them, and past
+the writer's bound a result is dropped and counted in `writer.stats.dropped`.
 """
 
 from __future__ import annotations
@@ -10,18 +10,17 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
-
-from sqlalchemy.orm import Session, sessionmaker
+from functools import partial
 
 from engine.protocol import CompileDelta, Engine
 from probes.burst import BurstResult, run_burst
 from probes.canaries import CanarySuite
 from probes.cycle import ARMS, CycleResult, Observer, ProbeCycle, utcnow
-from probes.sink import add_burst, add_cycle, compile_changed, compile_row
+from probes.settings import ProbeSettings
+from probes.sink import add_burst, add_compile, add_cycle, compile_changed
+from storage.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +31,14 @@ class Prober:
     """Run canary cycles and bursts against one engine and store them.
 
     Example:
-        prober = Prober(engine, sessions, load_suites(), instance_id="a", suite="in_domain")
+        prober = Prober(engine, writer, load_suites(), instance_id="a", suite="in_domain")
         prober.run_cycle()   # the scheduler's "probe" job
     """
 
     def __init__(
         self,
         engine: Engine,
-        sessions: sessionmaker[Session],
+        writer: Writer,
         suites: Mapping[str, CanarySuite],
         *,
         instance_id: str,
@@ -51,7 +50,6 @@ class Prober:
         burst_rate_per_s: float = 4.0,
         burst_duration_s: float = 10.0,
         burst_concurrency: int = 4,
-        pending_max: int = 100,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[Observer] = (),
@@ -59,7 +57,7 @@ class Prober:
         if suite not in suites:
             raise ValueError(f"probes.suite: unknown suite {suite!r}; known: {sorted(suites)}")
         self.engine = engine
-        self.sessions = sessions
+        self.writer = writer
         self.suites = dict(suites)
         self.suite = suite
         self.instance_id = instance_id
@@ -74,10 +72,6 @@ class Prober:
         self.burst_duration_s = burst_duration_s
         self.burst_concurrency = burst_concurrency
         self.cycle_timeout_s = cycle_timeout_s
-        self._pending: deque[Result] = deque()
-        self.pending_max = pending_max
-        self.dropped = 0
-        self._lock = threading.Lock()
         # Compile changes outside cycles (real traffic, bursts) are stored by
         # record_unprobed_compiles: everything since the mark less what cycles stored.
         self._cycle_lock = threading.Lock()
@@ -98,9 +92,8 @@ class Prober:
     def record_unprobed_compiles(self) -> CompileDelta | None:
         """Store the compile changes no cycle recorded (real traffic's recompiles).
 
-        Returns the stored delta, or None when nothing changed, a cycle is running (its
-        delta is not claimed yet: try again next time) or the database is down (kept for
-        the next call).
+        Returns the delta handed to the writer, or None when nothing changed or a cycle
+        is running (its delta is not claimed yet: try again next time).
         """
         if not self._cycle_lock.acquire(blocking=False):
             return None
@@ -109,16 +102,13 @@ class Prober:
             rest = now.diff(self._compile_mark)
             for claimed in self._compile_claimed:
                 rest = rest.minus(claimed)
-            if compile_changed(rest):
-                try:
-                    with self.sessions.begin() as session:
-                        session.add(compile_row(rest, self.clock(), self.instance_id))
-                except Exception as exc:
-                    log.warning("cannot store compile changes yet: %s", exc)
-                    return None
             self._compile_mark = now
             self._compile_claimed = []
-            return rest if compile_changed(rest) else None
+            if not compile_changed(rest):
+                return None
+            self.writer.submit(partial(add_compile, delta=rest, at=self.clock(),
+                                       instance_id=self.instance_id))
+            return rest
         finally:
             self._cycle_lock.release()
 
@@ -134,44 +124,25 @@ class Prober:
         self._store(result)
         return result
 
-    @property
-    def pending(self) -> int:
-        """Return how many results wait to be stored."""
-        with self._lock:
-            return len(self._pending)
-
     def _store(self, result: Result) -> None:
-        with self._lock:
-            self._pending.append(result)
-            while len(self._pending) > self.pending_max:
-                self._pending.popleft()
-                self.dropped += 1
-            while self._pending:
-                item = self._pending[0]
-                try:
-                    with self.sessions.begin() as session:
-                        if isinstance(item, CycleResult):
-                            add_cycle(session, item)
-                        else:
-                            add_burst(session, item)
-                except Exception as exc:
-                    log.warning("cannot store probe result yet (%d pending): %s",
-                                len(self._pending), exc)
-                    return
-                self._pending.popleft()
+        # The writer retries while the database is down; a full writer counts a drop.
+        if isinstance(result, CycleResult):
+            self.writer.submit(partial(add_cycle, c=result))
+        else:
+            self.writer.submit(partial(add_burst, b=result))
 
 
-def prober_from_settings(settings: Any, engine: Engine, sessions: sessionmaker[Session], *,
-                         observers: Sequence[Observer] = (), rng: random.Random | None = None,
+def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer, *,
+                         instance_id: str, observers: Sequence[Observer] = (),
+                         rng: random.Random | None = None,
                          clock: Callable[[], datetime] = utcnow,
                          suites: Mapping[str, CanarySuite] | None = None) -> Prober:
-    """Return a Prober configured from a monitor Settings object (`probes` section)."""
+    """Return the Prober the `probes` settings section describes."""
     from probes.canaries import load_suites
 
-    # Duck-typed: probes never imports monitor.
-    p = settings.probes
+    p = settings
     return Prober(
-        engine, sessions, suites or load_suites(p.suites_file), instance_id=settings.instance_id,
+        engine, writer, suites or load_suites(p.suites_file), instance_id=instance_id,
         suite=p.suite, canaries_per_bucket=p.canaries_per_bucket, ab_share=p.ab_share,
         ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
         burst_rate_per_s=p.burst_rate_per_s, burst_duration_s=p.burst_duration_s,

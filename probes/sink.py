@@ -1,4 +1,4 @@
-"""Store probe measurements as storage rows, one transaction per run.
+"""Turn probe measurements into storage rows (the Writer runs these in its transactions).
 
 Rows written per canary cycle (kind "cycle"):
     ProbeRun        status ok/error/timeout, error message, suite, details:
@@ -14,19 +14,16 @@ wait p95) plus one ProbeResult per (bucket, path, decoding).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from engine.protocol import CompileDelta, MemorySnapshot
 from probes.burst import BurstResult
 from probes.cycle import CycleResult
 from probes.measure import GroupResult
 from storage.models import CompileEvent, MemorySample, ProbeResult, ProbeRun
-
-StoreHook = Callable[[Session, ProbeRun], None]
 
 
 def result_row(g: GroupResult, at: datetime, errors: int = 0) -> ProbeResult:
@@ -74,6 +71,14 @@ def compile_row(d: CompileDelta, at: datetime, instance_id: str) -> CompileEvent
     )
 
 
+def add_compile(session: Session, delta: CompileDelta, at: datetime,
+                instance_id: str) -> CompileEvent:
+    """Add a compile event outside any run (real traffic's recompiles) to `session`."""
+    row = compile_row(delta, at, instance_id)
+    session.add(row)
+    return row
+
+
 def _delta_dict(d: CompileDelta | None) -> dict[str, Any] | None:
     if d is None:
         return None
@@ -104,25 +109,6 @@ def add_cycle(session: Session, c: CycleResult, *, device: str = "") -> ProbeRun
     if c.memory_after is not None:
         session.add(memory_row(c.memory_after, c.finished_at, c.instance_id))
     return run
-
-
-class SqlSink:
-    """Write probe results through a sessionmaker, one transaction per run."""
-
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self.sessions = sessions
-
-    def store_cycle(self, cycle: CycleResult) -> int:
-        """Store one cycle in one transaction and return the run id."""
-        with self.sessions.begin() as session:
-            return add_cycle(session, cycle).id
-
-    def store_burst(self, burst: BurstResult) -> int:
-        """Store one burst in one transaction and return the run id."""
-        with self.sessions.begin() as session:
-            run = add_burst(session, burst)
-            session.flush()
-            return run.id
 
 
 def add_burst(session: Session, b: BurstResult) -> ProbeRun:

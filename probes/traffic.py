@@ -5,9 +5,10 @@ bucket x path x decoding; canary results are ignored. Rejections and failures ha
 path: they are recorded under path "rejected"/"failed" and decoding "none".
 Keys and deltas are storage.rollups' RollupKey/RollupDelta.
 Memory is bounded by `buffer_max` rollups: a request that would open a new rollup past
-the bound is dropped and counted (`dropped`). `flush(store)` hands the rollups to
-storage (which adds them to the stored rows); when the store raises, the rollups are
-merged back and retried on the next flush, so a down database delays, not loses.
+the bound is dropped and counted (`dropped`). `flush(writer)` hands the rollups to the
+storage Writer (the one write path), which adds them to the stored rows and retries
+while the database is down: an outage delays rollups; past the writer's bound they are
+dropped and counted in `writer.stats.dropped`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
-
-from sqlalchemy.orm import Session, sessionmaker
+from functools import partial
 
 from engine.protocol import PATH_OVERFLOW, GenerateResult
 from probes.measure import add_positions
@@ -76,7 +76,7 @@ class TrafficRecorder:
     Example:
         recorder = TrafficRecorder("replica-a", buffer_max=10_000)
         recorder.record(result)            # after each served request
-        recorder.flush(store_rollups)      # from a periodic job
+        recorder.flush(writer)             # from a periodic job
     """
 
     def __init__(self, instance_id: str, *, buffer_max: int = 10_000,
@@ -95,7 +95,6 @@ class TrafficRecorder:
         self._accs: dict[tuple[datetime, str, str, str], _Acc] = {}
         self._minute_cache: tuple[int, datetime] = (-1, datetime.min.replace(tzinfo=UTC))
         self.dropped = 0  # requests lost because the buffer was full
-        self.flush_failures = 0
 
     def __len__(self) -> int:
         with self._lock:
@@ -178,56 +177,16 @@ class TrafficRecorder:
         return [(RollupKey(k[0], self.instance_id, k[1], k[2], k[3]), a.freeze())
                 for k, a in accs.items()]
 
-    def restore(self, rollups: Iterable[Rollup]) -> None:
-        """Merge rollups back (after a failed store); past the bound they are dropped."""
-        with self._lock:
-            for rkey, delta in rollups:
-                key = (rkey.minute, rkey.bucket, rkey.path, rkey.decoding)
-                acc = self._accs.get(key)
-                if acc is None:
-                    if len(self._accs) >= self.buffer_max:
-                        self.dropped += delta.requests + delta.rejections + delta.errors
-                        continue
-                    acc = self._accs[key] = _Acc(len(self.latency_edges),
-                                                 len(self.token_edges))
-                acc.add(delta)
+    def flush(self, writer: Writer) -> int:
+        """Hand every rollup to `writer` as one write; return how many rollups it took.
 
-    def flush(self, store: Callable[[Sequence[Rollup]], object]) -> int:
-        """Hand every rollup to `store`; on failure keep them for the next flush.
-
-        Returns the number of rollups stored; raises what `store` raised.
+        Returns 0 when there was nothing to store or the writer refused (full or closed:
+        it counts the drop).
         """
         records = self.drain()
         if not records:
             return 0
-        try:
-            store(records)
-        except Exception:
-            self.flush_failures += 1
-            self.restore(records)
-            raise
+        if not writer.submit(partial(add_rollups, items=records)):
+            log.warning("traffic: the storage writer refused %d rollups", len(records))
+            return 0
         return len(records)
-
-
-def sql_store(sessions: sessionmaker[Session]) -> Callable[[Sequence[Rollup]], object]:
-    """Return a store for `TrafficRecorder.flush` adding rollups in one transaction."""
-
-    def store(rollups: Sequence[Rollup]) -> None:
-        with sessions.begin() as session:
-            add_rollups(session, rollups)
-
-    return store
-
-
-def writer_store(writer: Writer) -> Callable[[Sequence[Rollup]], object]:
-    """Return a store handing rollups to a storage Writer (retried while the DB is down).
-
-    A full writer queue raises BufferError, so `flush` keeps the rollups for next time.
-    """
-
-    def store(rollups: Sequence[Rollup]) -> None:
-        items = list(rollups)
-        if not writer.submit(lambda session: add_rollups(session, items)):
-            raise BufferError("storage writer queue is full")
-
-    return store

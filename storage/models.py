@@ -60,7 +60,9 @@ VARIANT_OPTIMIZED = "optimized"
 VARIANTS = (VARIANT_OPTIMIZED, "eager", "direct", "exact")
 BASELINE_KINDS = ("rolling", "pinned")
 ALERT_STATES = ("pending", "firing", "resolved")
-DELIVERY_STATES = ("pending", "delivered", "failed")
+# failed: a dead letter (4xx or past the max age; listed, retryable); superseded: a firing
+# never delivered whose resolved went instead.
+DELIVERY_STATES = ("pending", "delivered", "failed", "superseded")
 FLAG_SOURCES = ("manual", "auto")
 FLAG_SCOPE_GLOBAL = "global"
 
@@ -293,6 +295,8 @@ class Baseline(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     pinned_by: Mapped[str | None] = mapped_column(String(128))
     note: Mapped[str | None] = mapped_column(Text)
+    # Robust sigma of the per-cycle values (pinned rows copy the rolling one's); None: unknown.
+    spread: Mapped[float | None] = mapped_column(Float)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
@@ -383,6 +387,7 @@ class WebhookDelivery(Base):
     state: Mapped[str] = mapped_column(String(16), default="pending")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    retried_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last manual retry: max age restarts
 
 
 class Flag(Base):
@@ -423,6 +428,8 @@ class FlagAudit(Base):
     old_value: Mapped[Any] = mapped_column(_json(), nullable=True)
     new_value: Mapped[Any] = mapped_column(_json(), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text)
+    # The alert an automatic change answered (set, restore, revert, expire); None: manual.
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="SET NULL"))
 
 
 class Report(Base):

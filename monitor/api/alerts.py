@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
 
 from monitor.api.deps import ReaderDep, SessionsDep
-from storage.models import Alert
+from monitor.api.errors import NotFound
+from storage.queries import alerts as queries
 
 router = APIRouter(tags=["alerts"])
 
@@ -44,10 +44,17 @@ def list_alerts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AlertOut]:
     """Return alerts in `state`, newest first."""
-    q = select(Alert).order_by(Alert.started_at.desc(), Alert.id.desc()).limit(limit)
-    if state == "open":
-        q = q.where(Alert.state != "resolved")
-    elif state != "all":
-        q = q.where(Alert.state == state)
     with sessions() as session:
-        return [AlertOut.model_validate(a) for a in session.scalars(q)]
+        return [AlertOut.model_validate(a)
+                for a in queries.list_alerts(session, state, limit=limit)]
+
+
+@router.get("/v1/alerts/{alert_id}", responses={404: {"description": "No such alert"}})
+def get_alert(sessions: SessionsDep, _actor: ReaderDep,
+              alert_id: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> AlertOut:
+    """Return one alert (the generatorURL of its webhook notifications)."""
+    with sessions() as session:
+        alert = queries.alert_by_id(session, alert_id)
+        if alert is None:
+            raise NotFound("alert_id", f"alert {alert_id} does not exist")
+        return AlertOut.model_validate(alert)

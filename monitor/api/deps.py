@@ -1,4 +1,7 @@
-"""Dependency aliases: routes get app state, the engine and the caller's identity here."""
+"""Dependency aliases: routes get the Services hub's parts and the caller's identity here.
+
+This module is the one reader of `app.state`; handlers never touch it.
+"""
 
 from __future__ import annotations
 
@@ -11,55 +14,72 @@ from engine.errors import NotReady
 from engine.protocol import Engine, FlagProvider
 from monitor.auth import Authenticator
 from monitor.metrics import Metrics, MetricsSink
-from monitor.service import EngineHolder
+from monitor.service import EngineHolder, ProbeRunner
+from monitor.services import Services, services_of
 from monitor.settings import Settings
 from probes.traffic import TrafficRecorder
 
 
-def _settings(request: Request) -> Settings:
-    return request.app.state.settings
+def _services(request: Request) -> Services:
+    return services_of(request.app)
 
 
-def _sessions(request: Request) -> sessionmaker[Session]:
-    return request.app.state.sessions
+ServicesDep = Annotated[Services, Depends(_services)]
 
 
-def _holder(request: Request) -> EngineHolder:
-    return request.app.state.engine_holder
+def _settings(s: ServicesDep) -> Settings:
+    return s.settings
 
 
-def _engine(request: Request) -> Engine:
-    engine = request.app.state.engine_holder.get()
+def _sessions(s: ServicesDep) -> sessionmaker[Session]:
+    return s.sessions
+
+
+def _holder(s: ServicesDep) -> EngineHolder:
+    return s.engine_holder
+
+
+def _engine(s: ServicesDep) -> Engine:
+    engine = s.engine_holder.get()
     if engine is None:
         raise NotReady("the engine is still loading")
     return engine
 
 
-def _metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
+def _metrics(s: ServicesDep) -> Metrics:
+    return s.metrics
 
 
-def _sink(request: Request) -> MetricsSink:
-    return request.app.state.sink
+def _sink(s: ServicesDep) -> MetricsSink:
+    return s.sink
 
 
-def _traffic(request: Request) -> TrafficRecorder:
-    return request.app.state.traffic
+def _traffic(s: ServicesDep) -> TrafficRecorder:
+    return s.traffic
 
 
-def _flags(request: Request) -> FlagProvider:
-    return request.app.state.flags
+def _flags(s: ServicesDep) -> FlagProvider:
+    return s.flags
 
 
-def _writer(request: Request,
+def _probes(s: ServicesDep) -> ProbeRunner:
+    return s.probes
+
+
+def _authenticator(s: ServicesDep) -> Authenticator:
+    return s.authenticator
+
+
+AuthenticatorDep = Annotated[Authenticator, Depends(_authenticator)]
+
+
+def _writer(auth: AuthenticatorDep,
             authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> str:
-    auth: Authenticator = request.app.state.authenticator
     return auth.actor(authorization, write=True)
 
 
-def _reader(request: Request,
+def _reader(auth: AuthenticatorDep,
             authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> str:
-    auth: Authenticator = request.app.state.authenticator
     return auth.actor(authorization, write=False)
 
 
@@ -71,5 +91,6 @@ MetricsDep = Annotated[Metrics, Depends(_metrics)]
 SinkDep = Annotated[MetricsSink, Depends(_sink)]
 TrafficDep = Annotated[TrafficRecorder, Depends(_traffic)]
 FlagProviderDep = Annotated[FlagProvider, Depends(_flags)]
+ProbeRunnerDep = Annotated[ProbeRunner, Depends(_probes)]
 WriterDep = Annotated[str, Depends(_writer)]  # the actor; 401/403 without a valid token
 ReaderDep = Annotated[str, Depends(_reader)]  # checked only when api.read_auth

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -45,6 +45,6 @@ def readyz(holder: EngineHolderDep, sessions: SessionsDep) -> JSONResponse:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(request: Request, registry: MetricsDep, _actor: ReaderDep) -> Response:
+def metrics(registry: MetricsDep, _actor: ReaderDep) -> Response:
     """Expose the app's own registry in the Prometheus text format."""
     return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)

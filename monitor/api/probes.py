@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import func, select
 
-from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
-from storage.models import ProbeResult, ProbeRun
+from monitor.api.deps import ProbeRunnerDep, ReaderDep, SessionsDep, WriterDep
+from storage.queries import runs as queries
 
 router = APIRouter(tags=["probes"])
 
@@ -64,26 +63,14 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[ProbeRunOut]:
     """Return probe runs, newest first, with their result-row counts."""
-    n_results = (select(func.count()).where(ProbeResult.run_id == ProbeRun.id)
-                 .correlate(ProbeRun).scalar_subquery())
-    q = (select(ProbeRun, n_results).order_by(ProbeRun.started_at.desc(), ProbeRun.id.desc())
-         .limit(limit))
-    if kind is not None:
-        q = q.where(ProbeRun.kind == kind)
     with sessions() as session:
-        return [ProbeRunOut.model_validate(_columns(run) | {"result_rows": n})
-                for run, n in session.execute(q)]
-
-
-def _columns(run: ProbeRun) -> dict[str, object]:
-    # Column values only: touching the `results` relationship would load every row.
-    return {c.key: getattr(run, c.key) for c in ProbeRun.__table__.columns}
+        return [ProbeRunOut.model_validate(r.columns | {"result_rows": r.result_rows})
+                for r in queries.list_runs(session, kind=kind, limit=limit)]
 
 
 @router.post("/v1/probes/run")
-def run_probe(body: ProbeRunRequest, request: Request, actor: WriterDep) -> ProbeRunDone:
+def run_probe(body: ProbeRunRequest, probes: ProbeRunnerDep, actor: WriterDep) -> ProbeRunDone:
     """Run one canary cycle or burst now and store it (blocks until it finishes)."""
-    probes = request.app.state.probes
     result = probes.run(body.kind, suite=body.suite, ab=body.ab)
     return ProbeRunDone(kind=body.kind, suite=result.suite, status=result.status,
                         error=result.error, duration_s=_duration(result), actor=actor)

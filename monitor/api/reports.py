@@ -8,11 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
 
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.errors import NotFound
-from storage.models import Report
+from storage.queries import reports as queries
 
 router = APIRouter(tags=["reports"])
 
@@ -34,8 +33,7 @@ def list_reports(sessions: SessionsDep, _actor: ReaderDep,
                  limit: Annotated[int, Query(ge=1, le=520)] = 52) -> list[ReportOut]:
     """Return stored reports, newest week first."""
     with sessions() as session:
-        rows = session.scalars(select(Report).order_by(Report.week.desc()).limit(limit))
-        return [ReportOut.model_validate(r) for r in rows]
+        return [ReportOut.model_validate(r) for r in queries.list_reports(session, limit=limit)]
 
 
 @router.get("/v1/reports/{report_id}", responses={
@@ -49,7 +47,7 @@ def get_report(
 ) -> Response:
     """Return one report; the format comes from ?format= or the Accept header (markdown)."""
     with sessions() as session:
-        report = session.get(Report, report_id)
+        report = queries.report_by_id(session, report_id)
         if report is None:
             raise NotFound("report_id", f"no report with id {report_id}")
         fmt = format or _from_accept(accept)

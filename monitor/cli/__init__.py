@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "baselines": "monitor.cli.operator:baselines",
     "report": "monitor.cli.report:report",
     "demo": "monitor.cli.demo:demo",
+    "export": "monitor.cli.export:export",
 }
 
 

@@ -11,27 +11,15 @@ T = TypeVar("T")
 
 
 def _url(ctx: click.Context) -> str:
-    from pydantic import ValidationError
+    from monitor.cli.config import load_settings
 
-    from monitor.settings import get_settings
-
-    try:
-        return get_settings((ctx.obj or {}).get("config_file")).database_url
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        raise click.ClickException(f"settings: {where}: {err['msg']}") from exc
-    except ValueError as exc:
-        raise click.ClickException(f"settings: {str(exc).strip().splitlines()[0]}") from exc
+    return load_settings(ctx).database_url
 
 
 def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    from monitor.secrets import mask_url
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<unparsable url>"
+    return mask_url(url)  # userinfo and secret query values hidden; unparsable: hidden whole
 
 
 def _run(url: str, action: Callable[[], T]) -> T:
@@ -39,17 +27,21 @@ def _run(url: str, action: Callable[[], T]) -> T:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
+    from monitor.secrets import Masker
     from storage.errors import StorageError
 
+    mask = Masker.from_data({"database_url": url}).text  # drivers quote URLs in errors
     try:
         return action()
     except (StorageError, CommandError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(mask(str(exc))) from exc
     except SQLAlchemyError as exc:
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         raise click.ClickException(
-            f"database {_safe(url)}: {detail[0] if detail else type(exc).__name__}"
+            f"database {_safe(url)}: {mask(detail[0]) if detail else type(exc).__name__}"
         ) from exc
+    except ValueError as exc:  # a URL SQLAlchemy cannot parse (e.g. a non-numeric port)
+        raise click.ClickException(f"database_url: {_safe(url)}: {mask(str(exc))}") from exc
 
 
 @click.group()

@@ -14,26 +14,11 @@ if TYPE_CHECKING:
     from probes.cycle import CycleResult
 
 
-def _settings(ctx: click.Context) -> Settings:
-    from pydantic import ValidationError
-
-    from monitor.settings import get_settings
-
-    try:
-        return get_settings((ctx.obj or {}).get("config_file"))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        raise click.ClickException(f"settings: {where}: {err['msg']}") from exc
-    except ValueError as exc:
-        raise click.ClickException(f"settings: {str(exc).strip().splitlines()[0]}") from exc
-
-
 def load_engine(settings: Settings) -> Engine:
     """Build and warm the engine settings describe (tests replace this)."""
     import engine
 
-    eng = engine.load_engine(settings.engine.to_config())
+    eng = engine.load_engine(settings.engine)
     eng.warm_up(background=False)
     return eng
 
@@ -55,16 +40,18 @@ def probe(ctx: click.Context, once: bool, suite: str | None, ab: bool | None,
     from sqlalchemy.exc import SQLAlchemyError
 
     from engine.errors import EngineError
+    from monitor.cli.config import load_settings
     from probes.canaries import load_suites
     from probes.errors import ProbeError
-    from probes.prober import Prober
+    from probes.prober import prober_from_settings
     from storage import make_engine, make_sessionmaker
     from storage.errors import StorageError
     from storage.migrate import check_schema
+    from storage.writer import Writer
 
     if not once:
         raise click.UsageError("pass --once (the service runs probe cycles on its schedule)")
-    settings = _settings(ctx)
+    settings = load_settings(ctx)
     db = make_engine(settings.database_url)
     try:
         try:
@@ -84,18 +71,20 @@ def probe(ctx: click.Context, once: bool, suite: str | None, ab: bool | None,
             eng = load_engine(settings)
         except (EngineError, ValueError, OSError) as exc:
             raise click.ClickException(f"engine: {_one_line(exc)}") from exc
+        # The service's write path: the cycle's rows go through the storage Writer.
+        writer = Writer(make_sessionmaker(db), initial_backoff_s=0.05, max_backoff_s=0.5)
         try:
-            prober = Prober(
-                eng, make_sessionmaker(db), suites, instance_id=settings.instance_id, suite=name,
-                canaries_per_bucket=settings.probes.canaries_per_bucket,
-                ab_share=settings.probes.ab_share, ab_arms=settings.probes.ab_arms,
-                cycle_timeout_s=settings.probes.cycle_timeout_s)
+            prober = prober_from_settings(settings.probes.model_copy(update={"suite": name}),
+                                          eng, writer,
+                                          instance_id=settings.instance_id, suites=suites)
             result = prober.run_cycle(name, ab=ab)
         finally:
             eng.close()
-        if prober.pending:
-            raise click.ClickException("database: the probe cycle could not be stored "
-                                       "(see the log line above)")
+            left = writer.close(timeout=10.0)
+        stats = writer.stats
+        if left or stats.failed or stats.dropped:
+            raise click.ClickException("database: the probe cycle could not be stored: "
+                                       f"{stats.last_error or 'writer closed'}")
     finally:
         db.dispose()
     click.echo(json.dumps(to_json(result), indent=2) if as_json else summary(result))

@@ -36,15 +36,15 @@ def report(ctx: click.Context, week: str | None, out_dir: str | None,
     from sqlalchemy.exc import SQLAlchemyError
 
     from alerts.errors import WebhookConfigError
+    from monitor.cli.config import load_settings
     from monitor.report.job import run_weekly_report
-    from monitor.settings import get_settings
     from storage import make_engine, make_sessionmaker, migrate
     from storage.errors import StorageError
 
     try:
-        settings = get_settings((ctx.obj or {}).get("config_file"))
-    except ValueError as exc:
-        raise ReportFailed(f"settings: {_first_line(exc)}", 2) from None
+        settings = load_settings(ctx)
+    except click.ClickException as exc:
+        raise ReportFailed(exc.message, 2) from None
     engine = make_engine(settings.database_url)
     try:
         migrate.check_schema(engine)

@@ -47,6 +47,8 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
         # Fail here with one line rather than inside uvicorn's lifespan with a traceback.
         preflight(settings)
     except Exception as exc:
-        raise click.ClickException(str(exc)) from None
+        from monitor.secrets import Masker
+
+        raise click.ClickException(Masker.from_settings(settings).text(str(exc))) from None
     uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level=log_level,
                 access_log=log_level == "debug")

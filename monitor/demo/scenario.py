@@ -150,6 +150,7 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
     from monitor.app import create_app
     from monitor.report.job import run_weekly_report
     from monitor.report.week import week_of
+    from monitor.services import services_of
 
     profile = options.profile
     token = secrets.token_urlsafe(24)
@@ -163,7 +164,8 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
     report: list[Path] = []
 
     def run_report() -> tuple[str, str]:
-        out = run_weekly_report(app.state.sessions, settings, week=week_of(datetime.now(UTC)))
+        out = run_weekly_report(services_of(app).sessions, settings,
+                                week=week_of(datetime.now(UTC)))
         report.append(out.markdown_path)
         ok = all(p.is_file() and p.stat().st_size > 0 for p in (out.markdown_path, out.html_path))
         return (str(out.markdown_path), str(out.html_path)) if ok else ("", "")

@@ -1,18 +1,17 @@
 """Read one week of measurements from the database into a WeekData.
 
-Queries take a session and never commit. Days are UTC days of the ISO week; each
-aggregate is computed per day with portable SQL (sums) or in Python (weighted medians,
-histograms), so SQLite and PostgreSQL give the same numbers.
+The rows come from `storage.queries` (frames via pandas.read_sql, taken inside the
+caller's transaction); days are UTC days of the ISO week and the per-day and per-hour
+aggregates are pandas groupbys here, so SQLite and PostgreSQL give the same numbers.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
-from sqlalchemy import func, or_, select
+import pandas as pd
 from sqlalchemy.orm import Session
 
 from monitor.report.data import (
@@ -30,17 +29,12 @@ from monitor.report.data import (
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
 from monitor.report.week import Week
 from storage import histograms
-from storage.models import (
-    Alert,
-    AlertTransition,
-    Baseline,
-    CompileEvent,
-    FlagAudit,
-    MemorySample,
-    ProbeResult,
-    ProbeRun,
-    TrafficRollup,
-)
+from storage.models import Alert
+from storage.queries import alerts as alert_queries
+from storage.queries import flags as flag_queries
+from storage.queries import week as queries
+from storage.queries.baselines import baselines_in_force
+from storage.queries.runs import current_cohort
 
 P99_METRIC = "p99_latency"  # the Baseline metric the alert rules keep per bucket
 
@@ -99,82 +93,68 @@ def weighted_median(pairs: Iterable[tuple[float, int]]) -> float | None:
     return items[-1][0]
 
 
-def _day(start: datetime, at: datetime) -> int:
-    return min(6, max(0, (at - start).days))
+def _days(at: pd.Series, start: datetime) -> pd.Series:
+    """Return the day of the week (0..6) of each timestamp."""
+    return ((at - pd.Timestamp(start)).dt.days).clip(0, 6).astype(int)
+
+
+def _day_numbers(days: pd.Series, start: datetime) -> list[int]:
+    """Return the day of the week (0..6) of each 'YYYY-MM-DD' UTC day."""
+    return [(date.fromisoformat(d) - start.date()).days for d in days]
+
+
+def _median_of(g: pd.DataFrame, value: str) -> float:
+    return float(weighted_median(zip(g[value], g["count"], strict=True)) or 0.0)
 
 
 def _p99(session: Session, start: datetime,
          end: datetime) -> tuple[tuple[BucketDay, ...], dict[str, float]]:
     # Canary cycles only: A/B runs alternate arms and bursts measure load, not the baseline's.
-    rows = session.execute(
-        select(ProbeResult.bucket, ProbeResult.at, ProbeResult.p99_s, ProbeResult.count)
-        .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
-        .where(ProbeResult.at >= start, ProbeResult.at < end,
-               ProbeResult.variant == ARM_OPTIMIZED, ProbeResult.p99_s.is_not(None),
-               ProbeRun.kind == "cycle")
-    ).all()
-    per_day: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
-    per_week: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for bucket, at, p99, count in rows:
-        per_day[(bucket, _day(start, at))].append((p99, count))
-        per_week[bucket].append((p99, count))
-    days = tuple(BucketDay(b, d, weighted_median(v) or 0.0, sum(n for _, n in v))
-                 for (b, d), v in sorted(per_day.items()))
-    return days, {b: weighted_median(v) or 0.0 for b, v in per_week.items()}
+    df = queries.canary_results_frame(session, start, end, kind="cycle", variant=ARM_OPTIMIZED)
+    df = df[df["p99_s"].notna()].assign(day=lambda d: _days(d["at"], start))
+    days = tuple(BucketDay(str(b), int(d), _median_of(g, "p99_s"), int(g["count"].sum()))
+                 for (b, d), g in df.groupby(["bucket", "day"]))
+    return days, {str(b): _median_of(g, "p99_s") for b, g in df.groupby("bucket")}
 
 
 def _baselines(session: Session, end: datetime) -> dict[str, float]:
-    rows = session.scalars(
-        select(Baseline).where(Baseline.metric == P99_METRIC, Baseline.active.is_(True),
-                               Baseline.created_at < end)
-        .order_by(Baseline.created_at)
-    ).all()
-    out: dict[str, float] = {}
-    for b in rows:
-        scope = b.scope or {}
-        bucket = scope.get("bucket")
-        if bucket is None or scope.get("source", "canary") != "canary":
+    cohort = current_cohort(session, end).key
+    out: dict[str, tuple[datetime, float]] = {}
+    for force in baselines_in_force(session, P99_METRIC, cohort).values():
+        b = force.baseline
+        if b is None or b.created_at >= end:
             continue
-        out[str(bucket)] = b.value  # later rows win: the newest active baseline
-    return out
+        bucket = b.scope.get("bucket")
+        if bucket is None or b.scope.get("source", "canary") != "canary":
+            continue
+        # Several scopes (paths, decodings) per bucket: the newest baseline in force speaks.
+        if str(bucket) not in out or b.created_at > out[str(bucket)][0]:
+            out[str(bucket)] = (b.created_at, b.value)
+    return {k: v for k, (_, v) in out.items()}
 
 
 def _traffic(session: Session, start: datetime) -> tuple[
         tuple[TrafficDay, ...], tuple[AcceptanceDay, ...], tuple[LengthBin, ...]]:
-    traffic: list[TrafficDay] = []
-    acceptance: list[AcceptanceDay] = []
-    for d in range(7):
-        lo, hi = start + timedelta(days=d), start + timedelta(days=d + 1)
-        rows = session.execute(
-            select(TrafficRollup.bucket, TrafficRollup.path,
-                   func.sum(TrafficRollup.requests), func.sum(TrafficRollup.input_tokens_sum),
-                   func.sum(TrafficRollup.padded_tokens_sum), func.sum(TrafficRollup.overflow),
-                   func.sum(TrafficRollup.accepted_tokens), func.sum(TrafficRollup.draft_tokens))
-            .where(TrafficRollup.minute >= lo, TrafficRollup.minute < hi)
-            .group_by(TrafficRollup.bucket, TrafficRollup.path)
-        ).all()
-        by_bucket: dict[str, list[int]] = defaultdict(lambda: [0] * 6)
-        for bucket, path, req, inp, pad, over, acc, drafted in rows:
-            t = by_bucket[bucket]
-            over = int(over or 0)
-            if not over and (bucket == BUCKET_OVERFLOW or path == "overflow"):
-                over = int(req or 0)
-            for i, v in enumerate((req, inp, pad, over, acc, drafted)):
-                t[i] += int(v or 0) if i != 3 else over
-        for bucket, (req, inp, pad, over, acc, drafted) in sorted(by_bucket.items()):
-            traffic.append(TrafficDay(bucket, d, req, inp, pad, over))
-            if drafted:
-                acceptance.append(AcceptanceDay(bucket, d, acc, drafted))
-    hist: list[int] = histograms.empty(histograms.TOKEN_EDGES)
     end = start + timedelta(days=7)
-    for (h,) in session.execute(
-            select(TrafficRollup.input_len_hist)
-            .where(TrafficRollup.minute >= start, TrafficRollup.minute < end)):
-        if h:
-            hist = histograms.add(hist, h)
-    return tuple(traffic), tuple(acceptance), _length_bins(hist)
-
-
+    df = queries.traffic_sums_frame(session, start, end)
+    sums = ["requests", "input_tokens", "padded_tokens", "overflow", "accepted", "drafted"]
+    df = df.assign(day=_day_numbers(df["day"], start))
+    df[sums] = df[sums].fillna(0).astype(int)
+    per_path = df.groupby(["day", "bucket", "path"], as_index=False)[sums].sum()
+    # Rows of the overflow bucket or path that did not count overflow: every request overflowed.
+    implied = (per_path["overflow"] == 0) & (
+        (per_path["bucket"] == BUCKET_OVERFLOW) | (per_path["path"] == "overflow"))
+    per_path.loc[implied, "overflow"] = per_path.loc[implied, "requests"]
+    per_bucket = per_path.groupby(["day", "bucket"], as_index=False)[sums].sum()
+    traffic = tuple(TrafficDay(str(r.bucket), int(r.day), int(r.requests), int(r.input_tokens),
+                               int(r.padded_tokens), int(r.overflow))
+                    for r in per_bucket.itertuples())
+    acceptance = tuple(AcceptanceDay(str(r.bucket), int(r.day), int(r.accepted), int(r.drafted))
+                       for r in per_bucket.itertuples() if r.drafted)
+    hist: list[int] = histograms.empty(histograms.TOKEN_EDGES)
+    for h in queries.input_length_hists(session, start, end):
+        hist = histograms.add(hist, h)
+    return traffic, acceptance, _length_bins(hist)
 def _length_bins(hist: list[int]) -> tuple[LengthBin, ...]:
     edges = histograms.TOKEN_EDGES
     out = []
@@ -188,81 +168,47 @@ def _length_bins(hist: list[int]) -> tuple[LengthBin, ...]:
 
 
 def _canary_acceptance(session: Session, start: datetime) -> tuple[AcceptanceDay, ...]:
-    out = []
-    for d in range(7):
-        lo, hi = start + timedelta(days=d), start + timedelta(days=d + 1)
-        rows = session.execute(
-            select(ProbeResult.bucket, func.sum(ProbeResult.accepted_tokens),
-                   func.sum(ProbeResult.draft_tokens))
-            .where(ProbeResult.at >= lo, ProbeResult.at < hi,
-                   ProbeResult.variant == ARM_OPTIMIZED, ProbeResult.draft_tokens > 0)
-            .group_by(ProbeResult.bucket)
-        ).all()
-        out += [AcceptanceDay(b, d, int(a or 0), int(p or 0)) for b, a, p in sorted(rows) if p]
-    return tuple(out)
+    df = queries.canary_acceptance_frame(session, start, start + timedelta(days=7),
+                                         variant=ARM_OPTIMIZED)
+    df = df.assign(day=_day_numbers(df["day"], start))
+    df[["accepted", "drafted"]] = df[["accepted", "drafted"]].fillna(0).astype(int)
+    sums = df.groupby(["day", "bucket"], as_index=False)[["accepted", "drafted"]].sum()
+    return tuple(AcceptanceDay(str(r.bucket), int(r.day), int(r.accepted), int(r.drafted))
+                 for r in sums.itertuples() if r.drafted)
 
 
 def _memory(session: Session, start: datetime, end: datetime) -> tuple[MemoryPoint, ...]:
-    rows = session.execute(
-        select(MemorySample.at, MemorySample.rss_bytes, MemorySample.kv_cache_bytes,
-               MemorySample.instance_id)
-        .where(MemorySample.at >= start, MemorySample.at < end)
-        .order_by(MemorySample.at)
-    ).all()
-    return tuple(MemoryPoint(at, rss, kv or 0, instance=inst) for at, rss, kv, inst in rows)
+    df = queries.memory_frame(session, start, end)
+    kv = df["kv_cache_bytes"].fillna(0).astype(int).tolist()
+    return tuple(MemoryPoint(at, int(rss), k, instance=str(inst)) for at, rss, k, inst in zip(
+        [t.to_pydatetime() for t in df["at"]], df["rss_bytes"].tolist(), kv, df["instance_id"],
+        strict=True))
 
 
 def _recompiles(session: Session, start: datetime, end: datetime,
                 warmup_s: float) -> tuple[RecompileHour, ...]:
-    first = dict(session.execute(
-        select(CompileEvent.instance_id, func.min(CompileEvent.at))
-        .where(CompileEvent.at < end).group_by(CompileEvent.instance_id)
-    ).all())
-    rows = session.execute(
-        select(CompileEvent.at, CompileEvent.instance_id, CompileEvent.recompiles,
-               CompileEvent.limit_hits)
-        .where(CompileEvent.at >= start, CompileEvent.at < end)
-    ).all()
-    hours: dict[datetime, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for at, inst, recompiles, limit_hits in rows:
-        h = hours[at.replace(minute=0, second=0, microsecond=0)]
-        h[0] += recompiles or 0
-        h[2] += limit_hits or 0
-        warm_done = first[inst] + timedelta(seconds=warmup_s)
-        if at > warm_done:
-            h[1] += recompiles or 0
-    return tuple(RecompileHour(h, *v) for h, v in sorted(hours.items()) if any(v))
+    df = queries.compile_frame(session, start, end)
+    df[["recompiles", "limit_hits"]] = df[["recompiles", "limit_hits"]].fillna(0).astype(int)
+    warm = df["at"] > df["first_at"] + pd.Timedelta(seconds=warmup_s)
+    df = df.assign(hour=df["at"].dt.floor("h"), after_warmup=df["recompiles"].where(warm, 0))
+    hours = df.groupby("hour")[["recompiles", "after_warmup", "limit_hits"]].sum()
+    return tuple(RecompileHour(h.to_pydatetime(), int(r.recompiles), int(r.after_warmup),
+                               int(r.limit_hits))
+                 for h, r in hours.iterrows() if r.any())
 
 
 def _ab(session: Session, start: datetime, end: datetime) -> tuple[ArmLatency, ...]:
-    rows = session.execute(
-        select(ProbeResult.variant, ProbeResult.bucket, ProbeResult.at, ProbeResult.p50_s,
-               ProbeResult.count)
-        .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
-        .where(ProbeResult.at >= start, ProbeResult.at < end, ProbeRun.kind == "ab",
-               ProbeResult.p50_s.is_not(None))
-    ).all()
-    week: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
-    days: dict[tuple[str, str, int], list[tuple[float, int]]] = defaultdict(list)
-    for variant, bucket, at, p50, count in rows:
-        week[(variant, bucket)].append((p50, count))
-        days[(variant, bucket, _day(start, at))].append((p50, count))
-    out = [ArmLatency(v, b, weighted_median(x) or 0.0, sum(n for _, n in x))
-           for (v, b), x in sorted(week.items())]
-    out += [ArmLatency(v, b, weighted_median(x) or 0.0, sum(n for _, n in x), d)
-            for (v, b, d), x in sorted(days.items())]
+    df = queries.canary_results_frame(session, start, end, kind="ab")
+    df = df[df["p50_s"].notna()].assign(day=lambda d: _days(d["at"], start))
+    out = [ArmLatency(str(v), str(b), _median_of(g, "p50_s"), int(g["count"].sum()))
+           for (v, b), g in df.groupby(["variant", "bucket"])]
+    out += [ArmLatency(str(v), str(b), _median_of(g, "p50_s"), int(g["count"].sum()), int(d))
+            for (v, b, d), g in df.groupby(["variant", "bucket", "day"])]
     return tuple(out)
 
 
 def _alerts(session: Session, start: datetime, end: datetime) -> tuple[AlertEntry, ...]:
-    moved = select(AlertTransition.alert_id).where(AlertTransition.at >= start,
-                                                   AlertTransition.at < end)
-    alerts = session.scalars(
-        select(Alert).where(
-            Alert.fired_at.is_not(None), Alert.fired_at < end,
-            or_(Alert.resolved_at.is_(None), Alert.resolved_at >= start, Alert.id.in_(moved)))
-        .order_by(Alert.fired_at, Alert.id)
-    ).all()
+    alerts = alert_queries.alerts_active_between(session, start, end)
     out = []
     for a in alerts:
         steps = tuple(
@@ -283,10 +229,8 @@ def _alert_numbers(a: Alert) -> str:
 
 
 def _flags(session: Session, start: datetime, end: datetime) -> tuple[FlagChange, ...]:
-    rows = session.scalars(
-        select(FlagAudit).where(FlagAudit.at >= start, FlagAudit.at < end)
-        .order_by(FlagAudit.at, FlagAudit.id)
-    ).all()
+    rows = flag_queries.flag_audits(session, since=start, until=end, limit=None,
+                                    oldest_first=True)
     out = []
     for r in rows:
         flag = r.name if r.scope in ("", "global") else f"{r.name}[{r.scope}]"

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -30,6 +29,7 @@ from monitor.report.verdict import AT_RISK, VIOLATED
 from monitor.report.week import Week, last_complete_week, parse_week
 from monitor.settings import Settings
 from storage.models import Report
+from storage.queries.reports import report_for_week
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _store(sessions: sessionmaker[Session], report: WeeklyReport, markdown: str,
     for attempt in range(2):
         try:
             with sessions.begin() as session:
-                row = session.scalars(select(Report).where(Report.week == report.week)).first()
+                row = report_for_week(session, report.week)
                 if row is None:
                     row = Report(week=report.week)
                     session.add(row)

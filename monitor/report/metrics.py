@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import pandas as pd
 
 from monitor.report.data import WeekData
 
@@ -61,89 +63,74 @@ def _ratio_reading(num: float, den: float, detail: str, n: int,
     return Reading(num / den if den else None, detail, n, daily)
 
 
+def _frame(rows: Iterable[object], columns: tuple[str, ...]) -> pd.DataFrame:
+    """Return the named attributes of `rows` as a DataFrame (the columns exist when empty)."""
+    return pd.DataFrame([[getattr(r, c) for c in columns] for r in rows], columns=list(columns))
+
+
+def _daily(df: pd.DataFrame, num: str, den: str) -> tuple[float | None, ...]:
+    """Return sum(num) / sum(den) for each day 0..6 (None where den sums to 0)."""
+    per_day = df.groupby("day")[[num, den]].sum().reindex(range(7), fill_value=0)
+    return tuple(float(n / d) if d else None for n, d in zip(per_day[num], per_day[den],
+                                                              strict=True))
+
+
+def _by_bucket(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Return (bucket, rows) groups in bucket order (numeric edges, then named buckets)."""
+    return sorted(((str(b), g) for b, g in df.groupby("bucket")), key=lambda kv: _bucket_key(kv[0]))
+
+
 def recompiles_after_warmup(data: WeekData, opt: Optimization) -> MetricReading:
     """Count recompiles recorded after warm-up finished."""
     if not data.has_data:
         return MetricReading(NO_DATA)
-    per_day = [0.0] * 7
-    total = limit_hits = 0
-    for h in data.recompiles:
-        per_day[(h.hour - data.week.start).days] += h.after_warmup
-        total += h.after_warmup
-        limit_hits += h.limit_hits
+    df = _frame(data.recompiles, ("hour", "after_warmup", "limit_hits"))
+    df["day"] = [(h - data.week.start).days for h in df["hour"]]
+    per_day = df.groupby("day")["after_warmup"].sum().reindex(range(7), fill_value=0)
+    total, limit_hits = int(df["after_warmup"].sum()), int(df["limit_hits"].sum())
     detail = f"{total} recompiles after warm-up, {limit_hits} recompile-limit hits"
-    return MetricReading(Reading(float(total), detail, len(data.recompiles), tuple(per_day)))
+    return MetricReading(Reading(float(total), detail, len(data.recompiles),
+                                 tuple(float(v) for v in per_day)))
 
 
 def acceptance_rate(data: WeekData, opt: Optimization) -> MetricReading:
     """Accepted / proposed draft tokens, per bucket and overall."""
-    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    days: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(7)])
-    for row in data.acceptance:
-        acc[row.bucket][0] += row.accepted
-        acc[row.bucket][1] += row.proposed
-        days[row.bucket][row.day][0] += row.accepted
-        days[row.bucket][row.day][1] += row.proposed
-    per_bucket = {
-        b: _ratio_reading(a, p, f"{a} accepted / {p} proposed", p,
-                          tuple(d[0] / d[1] if d[1] else None for d in days[b]))
-        for b, (a, p) in sorted(acc.items(), key=lambda kv: _bucket_key(kv[0]))
-    }
-    a_all = sum(v[0] for v in acc.values())
-    p_all = sum(v[1] for v in acc.values())
-    daily = []
-    for i in range(7):
-        a = sum(d[i][0] for d in days.values())
-        p = sum(d[i][1] for d in days.values())
-        daily.append(a / p if p else None)
-    overall = _ratio_reading(a_all, p_all, f"{a_all} accepted / {p_all} proposed", p_all,
-                             tuple(daily))
-    return MetricReading(overall, per_bucket)
+    df = _frame(data.acceptance, ("bucket", "day", "accepted", "proposed"))
+
+    def reading(rows: pd.DataFrame) -> Reading:
+        a, p = int(rows["accepted"].sum()), int(rows["proposed"].sum())
+        return _ratio_reading(a, p, f"{a} accepted / {p} proposed", p,
+                              _daily(rows, "accepted", "proposed"))
+
+    return MetricReading(reading(df), {b: reading(g) for b, g in _by_bucket(df)})
 
 
 def largest_bucket_fit(data: WeekData, opt: Optimization) -> MetricReading:
     """Share of real requests that fit the largest bucket (not overflow)."""
-    total = over = 0
-    day_total = [0] * 7
-    day_over = [0] * 7
-    for row in data.traffic:
-        total += row.requests
-        day_total[row.day] += row.requests
-        over += row.overflowed
-        day_over[row.day] += row.overflowed
+    df = _frame(data.traffic, ("day", "requests", "overflowed"))
+    total, over = int(df["requests"].sum()), int(df["overflowed"].sum())
     if not total:
         return MetricReading(NO_DATA)
-    daily = tuple((t - o) / t if t else None for t, o in zip(day_total, day_over, strict=True))
+    df["fits"] = df["requests"] - df["overflowed"]
     largest = max(data.buckets) if data.buckets else 0
     detail = f"{total - over} of {total} real requests <= {largest} tokens ({over} overflow)"
-    return MetricReading(Reading((total - over) / total, detail, total, daily))
+    return MetricReading(Reading((total - over) / total, detail, total,
+                                 _daily(df, "fits", "requests")))
 
 
 def padding_waste(data: WeekData, opt: Optimization) -> MetricReading:
     """Share of padded input tokens that are padding (real traffic, overflow excluded)."""
-    tok: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    days: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(7)])
-    for row in data.traffic:
-        if row.bucket == BUCKET_OVERFLOW:
-            continue
-        t = tok[row.bucket]
-        t[0] += row.input_tokens
-        t[1] += row.padded_tokens
-        t[2] += row.requests
-        days[row.bucket][row.day][0] += row.input_tokens
-        days[row.bucket][row.day][1] += row.padded_tokens
+    df = _frame(data.traffic, ("bucket", "day", "requests", "input_tokens", "padded_tokens"))
+    df = df[df["bucket"] != BUCKET_OVERFLOW]
+    df = df.assign(padding=df["padded_tokens"] - df["input_tokens"])
 
-    def reading(inp: int, pad: int, n: int, daily: list[list[int]]) -> Reading:
-        return _ratio_reading(pad - inp, pad, f"{pad - inp} padding of {pad} padded tokens",
-                              n, tuple((d[1] - d[0]) / d[1] if d[1] else None for d in daily))
+    def reading(rows: pd.DataFrame) -> Reading:
+        pad, padded = int(rows["padding"].sum()), int(rows["padded_tokens"].sum())
+        return _ratio_reading(pad, padded, f"{pad} padding of {padded} padded tokens",
+                              int(rows["requests"].sum()), _daily(rows, "padding", "padded_tokens"))
 
-    per_bucket = {b: reading(t[0], t[1], t[2], days[b])
-                  for b, t in sorted(tok.items(), key=lambda kv: _bucket_key(kv[0]))}
-    all_days = [[sum(d[i][0] for d in days.values()), sum(d[i][1] for d in days.values())]
-                for i in range(7)]
-    overall = reading(sum(t[0] for t in tok.values()), sum(t[1] for t in tok.values()),
-                      sum(t[2] for t in tok.values()), all_days)
-    return MetricReading(overall if tok else NO_DATA, per_bucket)
+    per_bucket = {b: reading(g) for b, g in _by_bucket(df)}
+    return MetricReading(reading(df) if len(df) else NO_DATA, per_bucket)
 
 
 def kv_cache_budget_share(data: WeekData, opt: Optimization) -> MetricReading:

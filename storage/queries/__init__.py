@@ -1,51 +1,27 @@
-"""Read-side queries for alerts, the API and the weekly report.
+"""The read path: every query of alerts, probes, the API, the CLI and the weekly report.
 
-Every function takes a Session, never commits, and returns small frozen
-dataclasses. Windows are half-open: start <= at < end, timezone-aware UTC.
-Ratios are None where their denominator is zero: "no data" is not "zero".
+Every function takes a Session, never commits, and returns ORM rows, small frozen
+dataclasses, or a pandas DataFrame (read with pandas.read_sql on the session's
+connection) where the caller analyses a window. Windows are half-open:
+start <= at < end, timezone-aware UTC. Ratios are None where their denominator is
+zero: "no data" is not "zero". Modules by subject: alerts, baselines (and which one
+is in force), deliveries, export, flags, measurements, reports, runs, traffic
+(acceptance), week (DataFrames for the weekly report).
 """
 
 
 from __future__ import annotations
 
 from storage.queries.baselines import (
-    BaselineValue,
-    Change,
-    active_baseline,
-    change_against_baseline,
-    relative_change,
+    InForce,
+    StoredBaseline,
+    baseline_in_force,
+    baselines_in_force,
+    decide_in_force,
 )
-from storage.queries.latency import LatencyPercentiles, probe_percentiles, traffic_percentiles
-from storage.queries.resources import (
-    MEMORY_FIELDS,
-    CompileRate,
-    MemoryGrowth,
-    memory_growth,
-    recompiles_per_hour,
-)
-from storage.queries.series import (
-    BURST_METRICS,
-    PROBE_METRICS,
-    TRAFFIC_METRICS,
-    BurstPoint,
-    SeriesPoint,
-    burst_series,
-    metric_series,
-    traffic_series,
-)
-from storage.queries.traffic import (
-    ACCEPTANCE_SOURCES,
-    Acceptance,
-    TrafficShape,
-    acceptance,
-    traffic_shape,
-)
+from storage.queries.traffic import ACCEPTANCE_SOURCES, Acceptance, acceptance
 
 __all__ = [
-    "ACCEPTANCE_SOURCES", "BURST_METRICS", "MEMORY_FIELDS", "PROBE_METRICS", "TRAFFIC_METRICS",
-    "Acceptance", "BaselineValue", "BurstPoint", "Change", "CompileRate", "LatencyPercentiles",
-    "MemoryGrowth", "SeriesPoint", "TrafficShape", "acceptance", "active_baseline",
-    "burst_series", "change_against_baseline", "memory_growth", "metric_series",
-    "probe_percentiles", "recompiles_per_hour", "relative_change", "traffic_percentiles",
-    "traffic_series", "traffic_shape",
+    "ACCEPTANCE_SOURCES", "Acceptance", "InForce", "StoredBaseline", "acceptance",
+    "baseline_in_force", "baselines_in_force", "decide_in_force",
 ]

@@ -1,83 +1,127 @@
-"""Relative change of a value against the baseline in force."""
+"""Stored baselines and the one rule deciding which of them is in force."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.models import (
-    Baseline,
-    scope_key,
-)
+from storage.models import Baseline, scope_key
 
 
 @dataclass(frozen=True)
-class Change:
-    """A current value against a baseline; relative_change None when undefined (reason says why)."""
-
-    current: float | None
-    baseline: float | None
-    relative_change: float | None
-    reason: str | None = None
-    baseline_id: int | None = None
-
-
-def relative_change(current: float | None, baseline: float | None) -> Change:
-    """Return (current - baseline) / |baseline|, guarding empty and zero baselines."""
-    if current is None or (isinstance(current, float) and math.isnan(current)):
-        return Change(current, baseline, None, "no current value")
-    if baseline is None or (isinstance(baseline, float) and math.isnan(baseline)):
-        return Change(current, baseline, None, "no baseline")
-    if baseline == 0:
-        if current == 0:
-            return Change(current, baseline, 0.0)
-        return Change(current, baseline, None, "zero baseline")
-    return Change(current, baseline, (current - baseline) / abs(baseline))
-
-
-@dataclass(frozen=True)
-class BaselineValue:
-    """The baseline in force for one metric and scope."""
+class StoredBaseline:
+    """One stored baseline row (value = centre, spread = robust sigma, None when unknown)."""
 
     id: int
     metric: str
+    scope: Mapping[str, str]
     scope_key: str
-    value: float
-    samples: int
     kind: str
+    value: float
+    spread: float | None
+    samples: int
     window_start: datetime | None
     window_end: datetime | None
     model_version: str
     config_hash: str
+    created_at: datetime
+    pinned_by: str | None
+    note: str | None
+    active: bool
 
 
-def active_baseline(
-    session: Session, metric: str, scope: Mapping[str, object] | str,
-) -> BaselineValue | None:
-    """Return the active baseline of `metric` in `scope`: pinned beats rolling, newest wins."""
+@dataclass(frozen=True)
+class InForce:
+    """The baselines that count for one metric and scope.
+
+    pinned: the newest active pinned row (any cohort); rolling: the newest active rolling
+    row of the current cohort. `baseline` is the one in force: pinned wins.
+    """
+
+    pinned: StoredBaseline | None = None
+    rolling: StoredBaseline | None = None
+
+    @property
+    def baseline(self) -> StoredBaseline | None:
+        """Return the baseline in force: the pinned one if any, else the rolling one."""
+        return self.pinned or self.rolling
+
+
+Cohort = tuple[str, str]  # (model_version, config_hash) of the canary runs
+
+
+def decide_in_force(rows: Iterable[StoredBaseline], cohort: Cohort | None) -> InForce:
+    """Decide which of one scope's active baselines is in force.
+
+    The rule: a pinned baseline wins (the newest active one, whatever cohort it came
+    from: a person fixed it); otherwise the newest active rolling baseline computed
+    for the current cohort (model_version, config_hash) is in force. Rolling rows of
+    another cohort never count: a new model or config starts warming in afresh. With
+    `cohort` None every rolling row counts (nothing has been probed yet).
+    """
+    pinned: StoredBaseline | None = None
+    rolling: StoredBaseline | None = None
+    for b in rows:
+        if not b.active:
+            continue
+        if b.kind == "pinned":
+            pinned = _newer(pinned, b)
+        elif cohort is None or (b.model_version, b.config_hash) == cohort:
+            rolling = _newer(rolling, b)
+    return InForce(pinned, rolling)
+
+
+def _newer(old: StoredBaseline | None, new: StoredBaseline) -> StoredBaseline:
+    if old is None or (new.created_at, new.id) > (old.created_at, old.id):
+        return new
+    return old
+
+
+def baselines_in_force(session: Session, metric: str,
+                       cohort: Cohort | None) -> dict[str, InForce]:
+    """Return scope_key -> the baselines in force for every scope of `metric`."""
+    by_key: dict[str, list[StoredBaseline]] = {}
+    for b in active_baselines(session, metric):
+        by_key.setdefault(b.scope_key, []).append(b)
+    return {key: decide_in_force(rows, cohort) for key, rows in by_key.items()}
+
+
+def baseline_in_force(session: Session, metric: str, scope: Mapping[str, object] | str,
+                      cohort: Cohort | None) -> InForce:
+    """Return the baselines in force for `metric` in one scope (see decide_in_force)."""
     key = scope if isinstance(scope, str) else scope_key(scope)
     b = Baseline
-    row = session.scalars(
-        select(b).where(b.metric == metric, b.scope_key == key, b.active.is_(True))
-        .order_by((b.kind == "pinned").desc(), b.created_at.desc(), b.id.desc()).limit(1)
-    ).first()
-    if row is None:
-        return None
-    return BaselineValue(row.id, row.metric, row.scope_key, row.value, row.samples, row.kind,
-                         row.window_start, row.window_end, row.model_version, row.config_hash)
+    rows = session.scalars(select(b).where(b.metric == metric, b.scope_key == key,
+                                           b.active.is_(True)))
+    return decide_in_force((stored(r) for r in rows), cohort)
 
 
-def change_against_baseline(
-    session: Session, metric: str, scope: Mapping[str, object] | str, current: float | None,
-) -> Change:
-    """Return the relative change of `current` against the active baseline."""
-    base = active_baseline(session, metric, scope)
-    change = relative_change(current, base.value if base else None)
-    if base is None:
-        return change
-    return Change(change.current, change.baseline, change.relative_change, change.reason, base.id)
+def active_baselines(session: Session, metric: str) -> list[StoredBaseline]:
+    """Return every active baseline of `metric`."""
+    rows = session.scalars(select(Baseline).where(Baseline.metric == metric,
+                                                  Baseline.active.is_(True)))
+    return [stored(r) for r in rows]
+
+
+def list_baselines(session: Session, metric: str | None = None, *,
+                   active_only: bool = True) -> list[StoredBaseline]:
+    """Return stored baselines by metric and scope, newest first within a scope."""
+    q = select(Baseline).order_by(Baseline.metric, Baseline.scope_key, Baseline.created_at.desc())
+    if metric is not None:
+        q = q.where(Baseline.metric == metric)
+    if active_only:
+        q = q.where(Baseline.active.is_(True))
+    return [stored(b) for b in session.scalars(q)]
+
+
+def stored(b: Baseline) -> StoredBaseline:
+    """Return the frozen view of a Baseline row."""
+    return StoredBaseline(
+        id=b.id, metric=b.metric, scope=dict(b.scope or {}), scope_key=b.scope_key, kind=b.kind,
+        value=b.value, spread=b.spread, samples=b.samples, window_start=b.window_start,
+        window_end=b.window_end, model_version=b.model_version, config_hash=b.config_hash,
+        created_at=b.created_at, pinned_by=b.pinned_by, note=b.note, active=b.active)

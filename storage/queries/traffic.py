@@ -1,15 +1,13 @@
-"""Speculative acceptance and the real-traffic input shape."""
+"""Speculative acceptance per bucket (and day) from canaries, traffic or probation."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from storage import histograms
 from storage.errors import InvalidQuery
 from storage.models import (
     ProbeResult,
@@ -22,7 +20,6 @@ from storage.queries._common import (
     _day,
     _json_sums,
     _ratio,
-    _rollups,
 )
 
 ACCEPTANCE_SOURCES = ("canary", "traffic", "probation")
@@ -115,55 +112,3 @@ def _where_instance(stmt: Select, source: str, instance_id: str | None) -> Selec
     if source == "canary":
         return _by_instance(stmt, instance_id)
     return stmt
-
-
-
-
-@dataclass(frozen=True)
-class TrafficShape:
-    """Input-length distribution of real traffic against the bucket edges."""
-
-    requests: int
-    input_p50: float | None
-    input_p95: float | None
-    input_p99: float | None
-    output_p50: float | None
-    output_p95: float | None
-    share_above: Mapping[int, float | None]  # bucket edge -> share of inputs longer
-    overflow_share: float | None  # longer than the largest bucket (ran eager)
-    padding_waste: float | None  # padded tokens that were padding
-
-
-def traffic_shape(
-    session: Session, start: datetime, end: datetime, *,
-    bucket_edges: Sequence[int] = (16, 32, 64, 128, 256), instance_id: str | None = None,
-) -> TrafficShape:
-    """Return the real-traffic input-length distribution in the window."""
-    _check_window(start, end)
-    if not bucket_edges:
-        raise InvalidQuery("bucket_edges", "must not be empty", value=bucket_edges)
-    t = TrafficRollup
-    n = len(histograms.TOKEN_EDGES) + 1
-    where = [t.minute >= start, t.minute < end]
-    if instance_id is not None:
-        where.append(t.instance_id == instance_id)
-    r = _rollups(session, where, ("requests", "overflow", "input_tokens_sum", "padded_tokens_sum"),
-                 ("input_len_hist", "output_len_hist")).c
-    stmt = select(func.sum(r.requests), func.sum(r.overflow), func.sum(r.input_tokens_sum),
-                  func.sum(r.padded_tokens_sum), *_json_sums(r.input_len_hist, n),
-                  *_json_sums(r.output_len_hist, n))
-    requests, overflow, input_sum, padded_sum, *hists = session.execute(stmt).one()
-    requests = int(requests or 0)
-    inp, outp = [int(v) for v in hists[:n]], [int(v) for v in hists[n:]]
-    edges = histograms.TOKEN_EDGES
-    return TrafficShape(
-        requests=requests,
-        input_p50=histograms.quantile(inp, edges, 0.5),
-        input_p95=histograms.quantile(inp, edges, 0.95),
-        input_p99=histograms.quantile(inp, edges, 0.99),
-        output_p50=histograms.quantile(outp, edges, 0.5),
-        output_p95=histograms.quantile(outp, edges, 0.95),
-        share_above={e: histograms.share_above(inp, edges, e) for e in sorted(bucket_edges)},
-        overflow_share=_ratio(int(overflow or 0), requests),
-        padding_waste=_ratio(int(padded_sum or 0) - int(input_sum or 0), int(padded_sum or 0)),
-    )

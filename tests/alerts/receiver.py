@@ -6,7 +6,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +29,9 @@ class Receiver:
     script: responses for the next requests, consumed in order: an int status, or
         ("sleep", seconds) to stall past the client's timeout; afterwards `default`.
     accepted: idempotency key -> number of requests answered 2xx under that key.
+    hold: when set, each request first waits up to `hold_s` for this event; one not
+        released in time is answered 503 (`held` records, per request, whether released).
+    after_accept: called with the receiver after each 2xx (e.g. to release another one).
     """
 
     secret: str | None = None
@@ -37,10 +40,29 @@ class Receiver:
     requests: list[dict[str, Any]] = field(default_factory=list)
     accepted: dict[str, int] = field(default_factory=dict)
     bad_signatures: int = 0
+    hold: threading.Event | None = None
+    hold_s: float = 5.0
+    held: list[bool] = field(default_factory=list)
+    after_accept: Callable[[Receiver], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handle(self, headers: Any, body: bytes) -> tuple[int, float]:
         key = headers.get("Idempotency-Key")
+        if self.hold is not None:
+            released = self.hold.wait(self.hold_s)
+            with self.lock:
+                self.held.append(released)
+            if not released:
+                with self.lock:
+                    self.requests.append({"key": key, "body": body, "step": 503,
+                                          "signature": None})
+                return 503, 0.0
+        status, stall = self._answer(key, headers, body)
+        if 200 <= status < 300 and self.after_accept is not None:
+            self.after_accept(self)
+        return status, stall
+
+    def _answer(self, key: str | None, headers: Any, body: bytes) -> tuple[int, float]:
         with self.lock:
             step = self.script.pop(0) if self.script else self.default
             self.requests.append({"key": key, "body": body, "step": step,
@@ -58,6 +80,11 @@ class Receiver:
     def bodies(self, key: str) -> set[bytes]:
         """Return the distinct bodies sent under `key`."""
         return {r["body"] for r in self.requests if r["key"] == key}
+
+    def order(self) -> list[str]:
+        """Return the idempotency keys of 2xx-answered requests in arrival order."""
+        return [r["key"] for r in self.requests
+                if isinstance(r["step"], int) and 200 <= r["step"] < 300]
 
     def payloads(self) -> list[Any]:
         """Return the JSON of every 2xx-answered request."""

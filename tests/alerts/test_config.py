@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -11,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.config import load_config
 from alerts.errors import ConfigError
 from alerts.outbox import Deliverer, enqueue
+from alerts.settings import AlertSettings
 from alerts.webhooks import Notification, WebhookTarget
 from tests.alerts.test_outbox import T0, Clock
 
@@ -18,9 +18,9 @@ from tests.alerts.test_outbox import T0, Clock
 def test_load_config_from_settings(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - name: mine\n    metric: ttft\n    change: '+40%'\n")
-    s = SimpleNamespace(rules_file=str(rules), policy_file=None, external_url="http://tw",
-                        webhooks=[{"name": "ops", "url": "http://127.0.0.1:1/x"}],
-                        baseline_refresh_s=60, baseline_warm_in_s=0, resend_interval_s=90)
+    s = AlertSettings(rules_file=str(rules), policy_file=None, external_url="http://tw",
+                      webhooks=[{"name": "ops", "url": "http://127.0.0.1:1/x"}],
+                      baseline_refresh_s=60, baseline_warm_in_s=0, resend_interval_s=90)
     c = load_config(s)
     assert "mine" in {r.name for r in c.rules} and c.targets[0].name == "ops"
     assert c.baselines.refresh_s == 60 and c.baselines.warm_in_s == 0 and c.resend_s == 90

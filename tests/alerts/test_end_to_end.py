@@ -56,14 +56,15 @@ def test_shifted_traffic_turns_speculation_off_for_one_bucket_and_back(
         sm: sessionmaker[Session]):
     from engine import EngineConfig, load_engine
     from engine.builtin.task import make_input
-    from probes.traffic import TrafficRecorder, sql_store
+    from probes.traffic import TrafficRecorder
+    from storage.writer import Writer
 
     now = [T0]
     provider = SqlFlagProvider(sm, ttl_s=0)
     engine = load_engine(EngineConfig(device="cpu", compile_mode="off", flag_timeout_s=5.0),
                          flags=provider)
     recorder = TrafficRecorder("e2e", clock=lambda: now[0])
-    store = sql_store(sm)
+    writer = Writer(sm)  # the service's write path
     items, _ = parse_policy(POLICY)
     policy = Policy(items)
     rng = random.Random(7)
@@ -79,7 +80,8 @@ def test_shifted_traffic_turns_speculation_off_for_one_bucket_and_back(
                 assert r.bucket == bucket
                 recorder.record(r)
                 out.append(r)
-        recorder.flush(store)
+        recorder.flush(writer)
+        assert writer.flush(timeout=30)
         return out
 
     def tick(i: int):
@@ -135,4 +137,5 @@ def test_shifted_traffic_turns_speculation_off_for_one_bucket_and_back(
             assert [a.action for a in audit] == ["restore", "set"]
             assert "probation acceptance" in audit[0].reason
     finally:
+        writer.close()
         engine.close()

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import random
+import threading
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.outbox import Deliverer, enqueue, enqueue_message, pending_count
+from alerts.outbox import Deliverer, enqueue, enqueue_message, pending_count, retry_dead
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget
-from storage.models import WebhookDelivery
+from storage.models import Alert, WebhookDelivery
 from tests.alerts.receiver import Receiver, free_port, serve
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -68,14 +70,17 @@ def test_flaky_receiver_gets_every_notification_exactly_once(sessionmaker: sessi
         # A new Deliverer each round: delivery state lives in SQL, so restarts resume.
         return Deliverer(sessionmaker, [tgt], clock=clock, rng=random.Random(3))
 
-    # Phase 1: nothing listens: connections are refused, every row is kept for retry.
+    # Phase 1: nothing listens: the first connection is refused and the target counts
+    # as down for this run: the other rows wait with it (not attempted), all kept.
     with make() as d:
         report = d.run_once()
-    assert report.claimed == 4 and report.retried == 4 and report.delivered == 0
+    assert report.claimed == 4 and report.retried == 1 and report.deferred == 3
+    assert report.delivered == 0
     with sessionmaker() as s:
-        rows = s.scalars(select(WebhookDelivery)).all()
-        assert all(r.state == "pending" and r.attempts == 1 for r in rows)
-        assert all("ConnectError" in (r.last_error or "") for r in rows)
+        rows = s.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id)).all()
+        assert all(r.state == "pending" for r in rows)
+        assert [r.attempts for r in rows] == [1, 0, 0, 0]
+        assert "ConnectError" in (rows[0].last_error or "")
         assert all(r.next_attempt_at > clock.now for r in rows)
     # Not due yet: a run before the backoff ends sends nothing.
     with make() as d:
@@ -85,7 +90,7 @@ def test_flaky_receiver_gets_every_notification_exactly_once(sessionmaker: sessi
     rx = Receiver(secret="s3cret", script=[503, 503, ("sleep", 0.8), 502])
     with serve(rx, port):
         rounds = deliver_until_done(make, clock)
-    assert rounds <= 4
+    assert rounds == 5  # one failure per round (the target is down), then all at once
     assert rx.bad_signatures == 0
     assert set(rx.accepted) == keys
     assert all(n == 1 for n in rx.accepted.values())  # none arrives twice under one key
@@ -158,12 +163,12 @@ def test_unconfigured_target_is_kept_not_lost(sessionmaker: sessionmaker[Session
 
 
 def test_backoff_doubles_with_jitter_and_caps():
-    d = Deliverer.__new__(Deliverer)
-    d.backoff_base_s, d.backoff_max_s, d.rng = 2.0, 60.0, random.Random(0)
-    for attempts, full in [(1, 2.0), (2, 4.0), (3, 8.0), (6, 60.0), (20, 60.0)]:
-        waits = [d.backoff_s(attempts) for _ in range(50)]
-        assert all(full * 0.5 <= w <= full for w in waits)
-        assert max(waits) - min(waits) > 0  # jittered
+    with Deliverer(None, [], backoff_base_s=2.0, backoff_max_s=60.0,  # type: ignore[arg-type]
+                   rng=random.Random(0)) as d:
+        for attempts, full in [(1, 2.0), (2, 4.0), (3, 8.0), (6, 60.0), (20, 60.0)]:
+            waits = [d.backoff_s(attempts) for _ in range(50)]
+            assert all(full * 0.5 <= w <= full for w in waits)
+            assert max(waits) - min(waits) > 0  # jittered
 
 
 def test_claim_leases_rows_so_a_second_deliverer_skips_them(sessionmaker: sessionmaker[Session]):
@@ -182,3 +187,146 @@ def test_claim_leases_rows_so_a_second_deliverer_skips_them(sessionmaker: sessio
     finally:
         a.close()
         b.close()
+
+
+def alert_row(session: Session, fp: str = "fp1") -> int:
+    a = Alert(fingerprint=fp, rule="p99", labels={"bucket": "64"}, severity="page",
+              state="firing", started_at=T0, fired_at=T0, updated_at=T0)
+    session.add(a)
+    session.flush()
+    return a.id
+
+
+def transition(alert_id: int, status: str, at: datetime = T0) -> Notification:
+    info = AlertInfo(alert_id=alert_id, rule="p99", fingerprint="fp1", labels={"bucket": "64"},
+                     annotations={}, severity="page", status=status, starts_at=T0,
+                     ends_at=at if status == "resolved" else None)
+    return Notification(key=f"tw-{alert_id}-{status}", title=f"p99 {status}", text="t", at=at,
+                        alert=info)
+
+
+def test_a_hanging_target_costs_only_itself(sessionmaker: sessionmaker[Session]):
+    # The hung receiver holds each request until the healthy one has taken all three of its
+    # notifications: it can only answer 200 if both targets are served at the same time.
+    release = threading.Event()
+    hung = Receiver(hold=release, hold_s=3.0)
+    healthy = Receiver(after_accept=lambda rx: release.set() if len(rx.accepted) == 3 else None)
+    with serve(hung) as hung_url, serve(healthy) as ok_url:
+        slow = WebhookTarget(name="a-hung", url=hung_url, timeout_s=30)
+        ok = WebhookTarget(name="b-ok", url=ok_url)
+        with sessionmaker.begin() as s:
+            for i in range(3):
+                enqueue(s, note(i), [slow, ok])  # the hung target's rows come first
+        with Deliverer(sessionmaker, [slow, ok], clock=Clock()) as d:
+            report = d.run_once()
+    assert healthy.order() == [f"tw-alert-{i}-firing" for i in range(3)]
+    assert hung.held[0] is True  # released by the healthy target's deliveries, not timed out
+    assert report.delivered == 6 and report.retried == 0
+    assert set(hung.accepted) == set(healthy.accepted)
+
+
+def test_resolved_waits_for_its_firing(sessionmaker: sessionmaker[Session]):
+    rx = Receiver(script=[503])
+    clock = Clock()
+    with serve(rx) as url:
+        tgt = WebhookTarget(name="t", url=url)
+        with sessionmaker.begin() as s:
+            aid = alert_row(s)
+            enqueue(s, transition(aid, "firing"), [tgt], alert_id=aid)
+            enqueue(s, transition(aid, "resolved"), [tgt], alert_id=aid)
+        with Deliverer(sessionmaker, [tgt], clock=clock) as d:
+            first = d.run_once()
+            assert first.retried == 1 and first.deferred == 1 and rx.order() == []
+            clock.advance(1000)
+            second = d.run_once()
+    assert second.delivered == 2
+    assert rx.order() == [f"tw-{aid}-firing", f"tw-{aid}-resolved"]
+
+
+def test_resolved_replaces_a_firing_never_delivered(sessionmaker: sessionmaker[Session]):
+    port = free_port()
+    tgt = WebhookTarget(name="t", url=f"http://127.0.0.1:{port}/hook")
+    clock = Clock()
+    with sessionmaker.begin() as s:
+        aid = alert_row(s)
+        enqueue(s, transition(aid, "firing"), [tgt], alert_id=aid)
+    with Deliverer(sessionmaker, [tgt], clock=clock, backoff_base_s=600) as d:
+        assert d.run_once().retried == 1  # nothing listens: the firing backs off 5-10 min
+        clock.advance(60)
+        with sessionmaker.begin() as s:
+            enqueue(s, transition(aid, "resolved", clock.now), [tgt], alert_id=aid)
+        rx = Receiver()
+        with serve(rx, port):
+            report = d.run_once()
+            clock.advance(1000)
+            d.run_once()  # nothing left: the firing never follows its resolved
+    assert report.superseded == 1 and report.delivered == 1
+    assert rx.order() == [f"tw-{aid}-resolved"]
+    with sessionmaker() as s:
+        firing = s.scalars(select(WebhookDelivery).where(
+            WebhookDelivery.idempotency_key == f"tw-{aid}-firing")).one()
+    assert firing.state == "superseded" and "superseded by resolved" in firing.last_error
+
+
+def test_backoff_resets_when_the_target_answers(sessionmaker: sessionmaker[Session]):
+    port = free_port()
+    tgt = WebhookTarget(name="t", url=f"http://127.0.0.1:{port}/hook")
+    clock = Clock()
+    with sessionmaker.begin() as s:
+        for i in range(3):
+            enqueue(s, note(i), [tgt])
+    with Deliverer(sessionmaker, [tgt], clock=clock, backoff_base_s=600) as d:
+        d.run_once()  # refused: all three wait 5-10 minutes
+        clock.advance(30)
+        with sessionmaker.begin() as s:
+            enqueue_message(s, "news", "t", [tgt], now=clock.now, key="m-new")
+        rx = Receiver()
+        with serve(rx, port):
+            report = d.run_once()  # the new message is answered: the waiting ones go now
+    assert report.delivered == 4
+    assert rx.order() == ["m-new"] + [f"tw-alert-{i}-firing" for i in range(3)]
+    with sessionmaker() as s:
+        assert pending_count(s) == 0
+
+
+def test_dead_letters_are_counted_and_rows_past_max_age_give_up(
+        sessionmaker: sessionmaker[Session]):
+    rx = Receiver(default=410)
+    clock = Clock()
+    with serve(rx) as url:
+        tgt = WebhookTarget(name="strict", url=url)
+        down = WebhookTarget(name="down", url=f"http://127.0.0.1:{free_port()}/x")
+        with sessionmaker.begin() as s:
+            enqueue(s, note(1), [tgt, down])
+        with Deliverer(sessionmaker, [tgt, down], clock=clock, max_age_s=3600) as d:
+            first = d.run_once()
+            assert first.failed == 1 and first.dead_targets == ("strict",)
+            assert first.retried == 1
+            clock.advance(3601)
+            late = d.run_once()
+    assert late.failed == 1 and late.dead_targets == ("down",) and late.claimed == 0
+    with sessionmaker() as s:
+        rows = {r.target: r for r in s.scalars(select(WebhookDelivery))}
+    assert rows["strict"].state == "failed" and rows["strict"].last_status == 410
+    assert rows["down"].state == "failed" and "gave up after 3600s" in rows["down"].last_error
+    assert "ConnectError" in rows["down"].last_error  # the last cause is kept
+
+
+def test_a_retried_dead_letter_is_delivered_and_its_age_restarts(
+        sessionmaker: sessionmaker[Session]):
+    rx = Receiver(script=[400])
+    clock = Clock()
+    with serve(rx) as url:
+        tgt = WebhookTarget(name="t", url=url)
+        with sessionmaker.begin() as s:
+            (row,) = enqueue(s, note(1), [tgt])
+            row_id = row.id
+        with Deliverer(sessionmaker, [tgt], clock=clock, max_age_s=3600) as d:
+            assert d.run_once().failed == 1
+            clock.advance(7200)  # older than the max age: a retry still gets its chance
+            with sessionmaker.begin() as s:
+                assert retry_dead(s, row_id, clock.now).state == "pending"
+            assert d.run_once().delivered == 1
+    assert rx.accepted == {"tw-alert-1-firing": 1}
+    with sessionmaker.begin() as s, pytest.raises(ValueError, match="delivered"):
+        retry_dead(s, row_id, clock.now)

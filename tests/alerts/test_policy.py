@@ -103,6 +103,9 @@ def test_acceptance_drop_turns_off_one_bucket_then_probation_restores_it(
     with sessionmaker() as s:
         audit = FlagStore().audit(s, "speculative", "64")
         assert audit[0].action == "restore" and "probation acceptance" in audit[0].reason
+        # The restore and the set it undoes name the same alert in a column, not in text.
+        set_row = next(a for a in audit if a.action == "set")
+        assert audit[0].alert_id is not None and audit[0].alert_id == set_row.alert_id
     # The acceptance alert may still be firing a few cycles: the policy must not flap.
     for i in range(restored_at + 1, 70):
         rep = tick(sessionmaker, i, pol)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -15,8 +17,11 @@ from alerts.webhooks import (
     body_bytes,
     format_payload,
     parse_targets,
+    payload_status,
     signature,
+    source_labels,
     verify_signature,
+    with_labels,
 )
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -44,9 +49,9 @@ def test_alertmanager_v4_payload_has_exactly_the_documented_fields():
                       "groupLabels", "commonLabels", "commonAnnotations", "externalURL",
                       "alerts", "idempotencyKey"}
     assert p["version"] == "4" and p["status"] == "firing" and p["receiver"] == "ops"
-    assert p["groupKey"] == '{}:{alertname="p99_latency_regression"}'
+    assert p["groupKey"] == '{}:{alertname="p99_latency_regression",bucket="64"}'
     assert p["truncatedAlerts"] == 0 and p["externalURL"] == "http://tw:8000"
-    assert p["groupLabels"] == {"alertname": "p99_latency_regression"}
+    assert p["groupLabels"] == {"alertname": "p99_latency_regression", "bucket": "64"}
     assert p["commonLabels"] == {"alertname": "p99_latency_regression", "severity": "page",
                                  "bucket": "64"}
     (a,) = p["alerts"]
@@ -54,7 +59,7 @@ def test_alertmanager_v4_payload_has_exactly_the_documented_fields():
                       "generatorURL", "fingerprint"}
     assert a["startsAt"] == "2026-11-30T12:00:00Z"
     assert a["endsAt"] == "0001-01-01T00:00:00Z"  # Alertmanager's zero time: still firing
-    assert a["generatorURL"] == "http://tw:8000/alerts/7"
+    assert a["generatorURL"] == "http://tw:8000/v1/alerts/7"  # GET /v1/alerts/{id}
     assert a["fingerprint"] == "0123456789abcdef"
     assert a["annotations"]["summary"] == "p99 +31%"
     assert p["idempotencyKey"] == "tw-k1"
@@ -120,3 +125,37 @@ def test_parse_targets_defaults_and_errors():
         assert info.value.field == field
     with pytest.raises(WebhookConfigError, match="used twice"):
         parse_targets([{"name": "a", "url": "http://x"}, {"name": "a", "url": "http://y"}])
+
+
+def test_group_key_is_per_alert_scope():
+    def resolved(bucket: str) -> Notification:
+        n = alert("resolved")
+        info = replace(n.alert, labels={"bucket": bucket})
+        return replace(n, alert=info)
+
+    keys = {format_payload(target("alertmanager"), resolved(b))["groupKey"] for b in ("32", "64")}
+    assert keys == {'{}:{alertname="p99_latency_regression",bucket="32"}',
+                    '{}:{alertname="p99_latency_regression",bucket="64"}'}
+
+
+def test_alerts_carry_service_job_and_the_prometheus_instance():
+    labels = source_labels("127.0.0.1", 8000)
+    assert labels == {"service": "tailwatch", "job": "tailwatch", "instance": "127.0.0.1:8000"}
+    assert source_labels("0.0.0.0", 9000)["instance"] == f"{socket.gethostname()}:9000"
+    assert source_labels("::1", 8000)["instance"] == "[::1]:8000"
+    (t,) = with_labels([target("alertmanager")], labels)
+    am = format_payload(t, alert())
+    assert am["commonLabels"] == {"alertname": "p99_latency_regression", "severity": "page",
+                                  **labels, "bucket": "64"}
+    assert am["alerts"][0]["labels"]["instance"] == "127.0.0.1:8000"
+    (api,) = with_labels([target("alertmanager_api")], labels)
+    assert format_payload(api, alert())[0]["labels"]["job"] == "tailwatch"
+    (gen,) = with_labels([target("generic")], labels)
+    g = format_payload(gen, alert())
+    assert g["labels"] == labels and g["alert"]["labels"] == {"bucket": "64"}
+
+
+def test_payload_status_reads_every_format():
+    for fmt in ("generic", "alertmanager", "slack", "alertmanager_api"):
+        for status in ("firing", "resolved"):
+            assert payload_status(fmt, format_payload(target(fmt), alert(status))) == status

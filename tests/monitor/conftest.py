@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
@@ -75,11 +76,11 @@ def suites() -> dict[str, CanarySuite]:
                                    tuple(p.upper().replace(" ", "_") for p in prompts))}
 
 
-def start(settings: Settings, factory: Any = None, registry: CollectorRegistry | None = None,
-          **state: Any) -> Any:
+def start(settings: Settings, factory: FakeFactory | None = None,
+          registry: CollectorRegistry | None = None) -> FastAPI:
     """Return create_app(...) on a fake engine with the test suites."""
     return create_app(settings, engine_factory=factory or FakeFactory(),
-                      registry=registry or CollectorRegistry(), suites=suites(), **state)
+                      registry=registry or CollectorRegistry(), suites=suites())
 
 
 @pytest.fixture

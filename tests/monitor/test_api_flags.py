@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from monitor.services import services_of
 from storage.models import FlagAudit
 from tests.monitor.conftest import OTHER_TOKEN, TOKEN
 
@@ -53,7 +54,7 @@ def test_every_change_is_audited_with_actor_old_new_and_reason(client: TestClien
     ]
     assert {a["scope"] for a in audit} == {"64"}
     # The rows are in the database, not only in the response.
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with services_of(client.app).sessions() as session:  # type: ignore[attr-defined]
         rows = session.scalars(select(FlagAudit).order_by(FlagAudit.id)).all()
     assert [r.actor for r in rows] == ["oncall", "api-token", "oncall"]
 

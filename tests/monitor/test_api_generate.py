@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from engine.errors import Overloaded, RequestTimeout
+from monitor.services import services_of
 from tests.monitor.fakes import FakeFactory
 
 
@@ -32,7 +33,7 @@ def test_generate_serves_and_records(client: TestClient, registry: CollectorRegi
         "tailwatch_spec_decode_num_draft_tokens_total",
         {"source": "traffic", "bucket": "16"}) > 0
     # Real traffic lands in the recorder's rollups, canaries never do.
-    recorder = client.app.state.traffic  # type: ignore[attr-defined]
+    recorder = services_of(client.app).traffic
     records = recorder.drain()
     assert [(k.bucket, d.requests) for k, d in records] == [("16", 1)]
 
@@ -80,7 +81,7 @@ def test_overloaded_is_429_with_retry_after(client: TestClient, factory: FakeFac
     assert r.json()["error"]["code"] == "overloaded"
     assert registry.get_sample_value("tailwatch_requests_rejected_total",
                                      {"reason": "overloaded"}) == 1
-    records = client.app.state.traffic.drain()  # type: ignore[attr-defined]
+    records = services_of(client.app).traffic.drain()  # type: ignore[attr-defined]
     assert [(k.path, d.rejections) for k, d in records] == [("rejected", 1)]
 
 
@@ -118,5 +119,5 @@ def test_unexpected_engine_failure_is_500_in_the_error_shape(
     assert r.json()["error"]["code"] == "internal_error"
     assert registry.get_sample_value("tailwatch_requests_rejected_total",
                                      {"reason": "error"}) == 1
-    records = client.app.state.traffic.drain()  # type: ignore[attr-defined]
+    records = services_of(client.app).traffic.drain()  # type: ignore[attr-defined]
     assert [(k.path, d.errors) for k, d in records] == [("failed", 1)]

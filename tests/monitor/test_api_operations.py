@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from monitor.service import scheduled_jobs
+from monitor.services import services_of
 from monitor.settings import Settings
 from storage.models import Alert, Report
 from tests.monitor.conftest import make_settings, start, wait_for
@@ -49,7 +50,7 @@ def test_probe_run_validates_its_body(client: TestClient, auth: dict[str, str]) 
 
 
 def test_alerts_are_filtered_by_state(client: TestClient) -> None:
-    with client.app.state.sessions.begin() as s:  # type: ignore[attr-defined]
+    with services_of(client.app).sessions.begin() as s:  # type: ignore[attr-defined]
         s.add_all([
             Alert(fingerprint="a", rule="p99_latency_up", state="firing", started_at=T0,
                   labels={"bucket": "64"}, relative_change=0.42),
@@ -82,7 +83,7 @@ def test_baselines_pin_list_unpin(client: TestClient, auth: dict[str, str]) -> N
 
 
 def test_reports_by_accept_header_or_format(client: TestClient) -> None:
-    with client.app.state.sessions.begin() as s:  # type: ignore[attr-defined]
+    with services_of(client.app).sessions.begin() as s:  # type: ignore[attr-defined]
         s.add(Report(week="2026-W47", markdown="# Week 47\n", html="<h1>Week 47</h1>",
                      summary={"violated": 1}))
     listed = client.get("/v1/reports").json()
@@ -109,10 +110,10 @@ def test_scheduler_runs_the_wired_jobs(migrated_url: str) -> None:
     app = start(settings)
     with TestClient(app) as client:
         wait_for(lambda: client.get("/readyz").status_code == 200)
-        scheduler = app.state.scheduler
+        scheduler = services_of(app).scheduler
         assert set(scheduler.jobs()) == {"probe", "traffic_flush", "evaluate", "delivery",
                                          "retention", "report"}
-        jobs = scheduled_jobs(app)
+        jobs = scheduled_jobs(services_of(app))
         client.post("/v1/generate", json={"text": "hello river"})
         jobs["traffic_flush"]()
         jobs["probe"]()

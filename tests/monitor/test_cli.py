@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from monitor.app import create_app
 from monitor.cli import main
 from monitor.cli.serve import effective
+from monitor.services import parts_of
 from monitor.settings import Settings
 from tests.monitor.conftest import OTHER_TOKEN, TOKEN, make_settings, wait_for
 from tests.monitor.fakes import FakeFactory
@@ -113,7 +114,7 @@ def test_serve_runs_uvicorn_with_the_app(monkeypatch: pytest.MonkeyPatch, migrat
     assert code == 0, err
     (app, kw), = calls
     assert (kw["host"], kw["port"]) == ("127.0.0.1", 8123)
-    settings = app.state.settings  # type: ignore[attr-defined]
+    settings = parts_of(app).settings  # built, not started
     assert settings.scheduler.enabled and not settings.scheduler.probes_enabled
 
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from engine.errors import Overloaded
+from monitor.services import services_of
 from monitor.settings import Settings
 from storage.models import Alert, WebhookDelivery
 from tests.monitor.conftest import TOKEN, start, wait_for
@@ -164,7 +165,7 @@ def test_prometheus_scrapes_and_every_query_returns_data(
         tailwatch: tuple[LiveServer, FakeFactory], prometheus: str) -> None:
     server, factory = tailwatch
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with server.app.state.sessions.begin() as s:  # seed the DB-backed series
+    with services_of(server.app).sessions.begin() as s:  # seed the DB-backed series
         s.add_all([Alert(fingerprint="f1", rule="p99_latency_up", severity="page",
                          state="firing"),
                    Alert(fingerprint="f2", rule="acceptance_down", state="pending"),

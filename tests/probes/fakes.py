@@ -3,11 +3,37 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from probes.burst import BurstResult
 from probes.canaries import CanarySuite
+from probes.cycle import CycleResult
 from probes.fake import FakeEngine, FakeTimings
+from probes.sink import add_burst, add_cycle
+from storage.models import ProbeRun
+from storage.writer import Writer
 
-__all__ = ["FakeEngine", "FakeTimings", "placeholder_suites", "prompt_of"]
+__all__ = ["FakeEngine", "FakeTimings", "placeholder_suites", "prompt_of", "store"]
+
+
+def store(sessions: sessionmaker[Session], result: CycleResult | BurstResult) -> int:
+    """Store `result` as the Prober does (through a storage Writer); return its run id."""
+    writer = Writer(sessions)
+    try:
+        if isinstance(result, CycleResult):
+            writer.submit(partial(add_cycle, c=result))
+        else:
+            writer.submit(partial(add_burst, b=result))
+        assert writer.flush(timeout=30) and writer.stats.failed == 0, writer.stats
+    finally:
+        writer.close()
+    with sessions() as session:
+        run_id = session.scalar(select(func.max(ProbeRun.id)))
+    assert run_id is not None
+    return run_id
 
 _WORDS = ("river", "stone", "green", "field", "small", "house", "light", "water")
 _SHIFTED = ("ERR_42", "k8s_pod", "0x1f", "GET", "/api/v2", "rc=-1", "NaN", "nil")

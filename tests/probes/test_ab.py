@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
 from probes.ab import ab_speedups
 from probes.cycle import ProbeCycle
-from probes.sink import SqlSink
-from tests.probes.fakes import FakeEngine, FakeTimings
+from tests.probes.fakes import FakeEngine, FakeTimings, store
 
 
 def test_speedups_from_stored_ab_cycles(sessionmaker: sessionmaker[Session], suites: dict) -> None:
@@ -22,9 +21,8 @@ def test_speedups_from_stored_ab_cycles(sessionmaker: sessionmaker[Session], sui
     t = datetime(2026, 11, 30, 10, tzinfo=UTC)
     cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
                        ab_arms=("eager", "direct"), rng=random.Random(0), clock=lambda: t)
-    sink = SqlSink(sessionmaker)
     for _ in range(3):
-        sink.store_cycle(cycle.run("in_domain"))
+        store(sessionmaker, cycle.run("in_domain"))
     with sessionmaker() as s:
         got = {(x.bucket, x.arm): x for x in ab_speedups(s, t - timedelta(hours=1),
                                                           t + timedelta(hours=1))}
@@ -54,7 +52,7 @@ def test_compiled_off_probes_the_compiled_path_as_a_reverse_arm(
     t = datetime(2026, 11, 30, 10, tzinfo=UTC)
     cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
                        ab_arms=("eager",), rng=random.Random(0), clock=lambda: t)
-    SqlSink(sessionmaker).store_cycle(cycle.run("in_domain"))
+    store(sessionmaker, cycle.run("in_domain"))
     with sessionmaker() as s:
         got = {(x.bucket, x.arm): x for x in ab_speedups(s, t - timedelta(hours=1),
                                                           t + timedelta(hours=1))}

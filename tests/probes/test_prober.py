@@ -1,8 +1,10 @@
-"""The scheduler's probe callables: run, store, and survive a database outage."""
+"""The scheduler's probe callables: run, store through the Writer, survive an outage."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -10,51 +12,76 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from probes.prober import Prober
 from storage import make_engine, make_sessionmaker
+from storage.migrate import upgrade
 from storage.models import ProbeRun
+from storage.writer import Writer
 from tests.probes.fakes import FakeEngine
 
 
-def test_down_database_delays_probe_rows(sessionmaker: sessionmaker[Session],
-                                         engine: FakeEngine, suites: dict) -> None:
-    down = make_engine("postgresql://postgres@127.0.0.1:1/none", connect_timeout_s=1)
-    prober = Prober(engine, make_sessionmaker(down), suites, instance_id="a",
+@pytest.fixture
+def writer(sessionmaker: sessionmaker[Session]) -> Iterator[Writer]:
+    """Return a storage Writer on the test database."""
+    w = Writer(sessionmaker)
+    yield w
+    w.close()
+
+
+def test_down_database_delays_probe_rows(tmp_path: Path, engine: FakeEngine,
+                                         suites: dict) -> None:
+    path = tmp_path / "later" / "tailwatch.db"  # no directory yet: every write fails
+    db = make_engine(f"sqlite:///{path}", create_parent=False)
+    writer = Writer(make_sessionmaker(db), initial_backoff_s=0.01, max_backoff_s=0.05)
+    prober = Prober(engine, writer, suites, instance_id="a",
                     canaries_per_bucket=1, burst_rate_per_s=200.0, burst_duration_s=0.05,
                     burst_concurrency=2, rng=random.Random(0))
-    prober.run_cycle()
-    prober.run_burst()
-    assert prober.pending == 2
-    prober.sessions = sessionmaker  # the database is back
-    prober.run_cycle("shifted")
-    assert prober.pending == 0 and prober.dropped == 0
-    with sessionmaker() as s:
-        runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
-    assert [(r.kind, r.suite) for r in runs] == [
-        ("cycle", "in_domain"), ("burst", "in_domain"), ("cycle", "shifted")]
-    down.dispose()
-
-
-def test_pending_queue_is_bounded(engine: FakeEngine, suites: dict) -> None:
-    down = make_engine("postgresql://postgres@127.0.0.1:1/none", connect_timeout_s=1)
-    prober = Prober(engine, make_sessionmaker(down), suites, instance_id="a",
-                    canaries_per_bucket=1, pending_max=2, rng=random.Random(0))
-    for _ in range(4):
+    try:
         prober.run_cycle()
-    assert prober.pending == 2 and prober.dropped == 2
-    down.dispose()
+        prober.run_burst()
+        assert not writer.flush(timeout=0.3)
+        assert writer.stats.pending == 2 and writer.stats.retries >= 1
+        path.parent.mkdir()
+        upgrade(f"sqlite:///{path}")  # the database is back
+        prober.run_cycle("shifted")
+        assert writer.flush(timeout=30)
+        assert (writer.stats.pending, writer.stats.dropped, writer.stats.failed) == (0, 0, 0)
+        with make_sessionmaker(db)() as s:
+            runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
+        assert [(r.kind, r.suite) for r in runs] == [
+            ("cycle", "in_domain"), ("burst", "in_domain"), ("cycle", "shifted")]
+    finally:
+        writer.close(timeout=1)
+        db.dispose()
 
 
-def test_unknown_suite_names_the_setting(engine: FakeEngine, suites: dict) -> None:
+def test_results_past_the_writer_bound_are_dropped_and_counted(
+        tmp_path: Path, engine: FakeEngine, suites: dict) -> None:
+    db = make_engine(f"sqlite:///{tmp_path / 'missing' / 'x.db'}", create_parent=False)
+    writer = Writer(make_sessionmaker(db), max_pending=2, initial_backoff_s=0.01,
+                    max_backoff_s=0.05)
+    prober = Prober(engine, writer, suites, instance_id="a", canaries_per_bucket=1,
+                    rng=random.Random(0))
+    try:
+        for _ in range(4):
+            prober.run_cycle()
+        assert writer.stats.pending == 2 and writer.stats.dropped == 2
+    finally:
+        assert writer.close(timeout=0.1) == 2  # left unwritten: the database never came
+        db.dispose()
+
+
+def test_unknown_suite_names_the_setting(writer: Writer, engine: FakeEngine,
+                                         suites: dict) -> None:
     with pytest.raises(ValueError, match="probes.suite: unknown suite 'nope'"):
-        Prober(engine, make_sessionmaker(make_engine("sqlite://")), suites, instance_id="a",
-               suite="nope")
+        Prober(engine, writer, suites, instance_id="a", suite="nope")
 
 
 def test_real_traffic_recompiles_reach_sql_once(sessionmaker: sessionmaker[Session],
-                                                engine: FakeEngine, suites: dict) -> None:
+                                                writer: Writer, engine: FakeEngine,
+                                                suites: dict) -> None:
     from engine.protocol import FlagOverride, RuntimeFlags
     from storage.models import CompileEvent
 
-    prober = Prober(engine, sessionmaker, suites, instance_id="a", canaries_per_bucket=1,
+    prober = Prober(engine, writer, suites, instance_id="a", canaries_per_bucket=1,
                     ab_share=0.0, rng=random.Random(0))
     assert prober.record_unprobed_compiles() is None  # nothing happened since the mark
     # Real traffic on exact shapes recompiles between cycles.
@@ -67,6 +94,7 @@ def test_real_traffic_recompiles_reach_sql_once(sessionmaker: sessionmaker[Sessi
     cycle = prober.run_cycle()
     assert cycle.compile is not None and cycle.compile.recompiles > 0
     assert prober.record_unprobed_compiles() is None
+    assert writer.flush(timeout=30)
     with sessionmaker() as s:
         events = s.scalars(select(CompileEvent).order_by(CompileEvent.id)).all()
     assert [(e.run_id is None, e.recompiles) for e in events] == [

@@ -11,10 +11,10 @@ from sqlalchemy import select
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
 from probes.canaries import CanarySuite
 from probes.cycle import ProbeCycle
-from probes.sink import SqlSink
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.models import CompileEvent
+from tests.probes.fakes import store
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,6 @@ def test_new_length_without_bucketing_is_a_recorded_recompile(runtime, tmp_path:
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade(url)
     db = make_engine(url)
-    sink = SqlSink(make_sessionmaker(db))
 
     def cycle(*prompts: str) -> ProbeCycle:
         suite = CanarySuite("s", "in_domain", prompts)
@@ -54,7 +53,7 @@ def test_new_length_without_bucketing_is_a_recorded_recompile(runtime, tmp_path:
     assert result.status == "ok", result.error
     assert result.compile.recompiles >= 1
     assert result.compile.recompile_reasons, "a recompile must carry its guard failure"
-    run_id = sink.store_cycle(result)
+    run_id = store(make_sessionmaker(db), result)
     with make_sessionmaker(db)() as s:
         ev = s.scalars(select(CompileEvent).where(CompileEvent.run_id == run_id)).one()
     assert ev.recompiles == result.compile.recompiles

@@ -1,4 +1,4 @@
-"""Probe results stored through SQL on SQLite and PostgreSQL."""
+"""Probe results stored as rows (through the storage Writer) on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
 from probes.burst import run_burst
 from probes.cycle import ProbeCycle
-from probes.sink import SqlSink
 from storage.models import CompileEvent, MemorySample, ProbeResult, ProbeRun
-from tests.probes.fakes import FakeEngine
+from tests.probes.fakes import FakeEngine, store
 
 
 def test_cycle_stored_with_every_bucket_memory_and_compile(
@@ -22,7 +21,7 @@ def test_cycle_stored_with_every_bucket_memory_and_compile(
     cycle = ProbeCycle(engine, suites, instance_id="replica-a", canaries_per_bucket=2,
                        ab_share=1.0, ab_arms=("eager", "direct"), rng=random.Random(0))
     result = cycle.run("in_domain")
-    run_id = SqlSink(sessionmaker).store_cycle(result)
+    run_id = store(sessionmaker, result)
     with sessionmaker() as s:
         run = s.get(ProbeRun, run_id)
         assert (run.status, run.kind, run.suite, run.instance_id) == (
@@ -49,7 +48,7 @@ def test_timed_out_cycle_stored_as_timeout(sessionmaker: sessionmaker[Session],
                                            engine: FakeEngine, suites: dict) -> None:
     engine.hang.set()
     cycle = ProbeCycle(engine, suites, instance_id="a", timeout_s=0.1, rng=random.Random(0))
-    run_id = SqlSink(sessionmaker).store_cycle(cycle.run("in_domain"))
+    run_id = store(sessionmaker, cycle.run("in_domain"))
     with sessionmaker() as s:
         run = s.get(ProbeRun, run_id)
         assert run.status == "timeout" and "cycle_timeout_s" in run.error
@@ -60,7 +59,7 @@ def test_burst_stored_as_burst_run(sessionmaker: sessionmaker[Session],
                                    engine: FakeEngine, suites: dict) -> None:
     burst = run_burst(engine, suites["in_domain"].prompts, instance_id="a", suite="in_domain",
                       rate_per_s=400.0, duration_s=0.05, concurrency=2, rng=random.Random(3))
-    run_id = SqlSink(sessionmaker).store_burst(burst)
+    run_id = store(sessionmaker, burst)
     with sessionmaker() as s:
         run = s.get(ProbeRun, run_id)
         assert (run.kind, run.requests, run.rejections) == ("burst", burst.offered, 0)

@@ -11,9 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import GenerateResult, SpecStats
-from probes.traffic import TrafficRecorder, sql_store
+from probes.traffic import TrafficRecorder
 from storage.histograms import LATENCY_EDGES_S, TOKEN_EDGES
 from storage.models import TrafficRollup
+from storage.writer import Writer
 
 T0 = datetime(2026, 11, 30, 10, 0, 12, tzinfo=UTC)
 
@@ -79,31 +80,21 @@ def test_bounded_buffer_counts_drops() -> None:
     assert rec.dropped == 6
 
 
-def test_failed_store_keeps_rollups_for_the_next_flush() -> None:
-    rec = TrafficRecorder("a", clock=Clock())
-    rec.record(served())
-
-    def down(_: object) -> None:
-        raise ConnectionError("database down")
-
-    with pytest.raises(ConnectionError):
-        rec.flush(down)
-    rec.record(served())
-    stored: list = []
-    assert rec.flush(stored.extend) == 1
-    assert stored[0][1].requests == 2 and rec.flush_failures == 1
-
-
 def test_flushes_add_up_in_the_database(sessionmaker: sessionmaker[Session]) -> None:
     clock = Clock()
     rec = TrafficRecorder("replica-a", clock=clock)
-    store = sql_store(sessionmaker)
-    rec.record(served())
-    rec.record(served(canary=True))
-    rec.flush(store)
-    rec.record(served())
-    rec.record(replace(served(), probation=True))
-    rec.flush(store)
+    writer = Writer(sessionmaker)
+    try:
+        rec.record(served())
+        rec.record(served(canary=True))
+        assert rec.flush(writer) == 1
+        rec.record(served())
+        rec.record(replace(served(), probation=True))
+        rec.flush(writer)
+        assert rec.flush(writer) == 0  # nothing new
+        assert writer.flush(timeout=30)
+    finally:
+        writer.close()
     with sessionmaker() as s:
         rows = s.scalars(select(TrafficRollup)).all()
     assert len(rows) == 1
@@ -113,29 +104,22 @@ def test_flushes_add_up_in_the_database(sessionmaker: sessionmaker[Session]) -> 
     assert sum(row.latency_hist) == 3
 
 
-def test_writer_store_delays_rollups_until_the_database_is_back(
-        sessionmaker: sessionmaker[Session]) -> None:
-    from probes.traffic import writer_store
-    from storage.writer import Writer
-
+def test_a_full_writer_drops_and_counts_the_flush(sessionmaker: sessionmaker[Session]) -> None:
     writer = Writer(sessionmaker, max_pending=1)
     rec = TrafficRecorder("a", clock=Clock())
-    store = writer_store(writer)
+    gate = threading.Event()
     try:
         rec.record(served())
-        rec.flush(store)
+        assert writer.submit(lambda s: gate.wait(10))  # the writer is busy and full
+        assert rec.flush(writer) == 0
+        assert writer.stats.dropped == 1 and len(rec) == 0
+        gate.set()
         assert writer.flush(timeout=10)
         rec.record(served())
-        gate = threading.Event()
-        assert writer.submit(lambda s: gate.wait(10))  # the writer is busy and full
-        with pytest.raises(BufferError):
-            rec.flush(store)
-        gate.set()
-        assert len(rec) == 1  # kept for the next flush
-        assert writer.flush(timeout=10)
-        rec.flush(store)
+        assert rec.flush(writer) == 1
         assert writer.flush(timeout=10)
     finally:
+        gate.set()
         writer.close()
     with sessionmaker() as s:
-        assert s.scalars(select(TrafficRollup)).one().requests == 2
+        assert s.scalars(select(TrafficRollup)).one().requests == 1

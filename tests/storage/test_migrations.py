@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from storage import migrate
 from storage.db import make_engine
@@ -63,3 +63,47 @@ def test_upgrade_on_a_passed_connection_leaves_commit_to_the_caller(sqlite_url: 
         assert migrate.current(engine) == migrate.head()
     finally:
         engine.dispose()
+
+
+def test_0002_backfills_spread_and_alert_id_and_downgrade_restores_the_text(db_url: str) -> None:
+    migrate.upgrade(db_url, "0001")
+    engine = make_engine(db_url)
+    at = "2026-11-02 00:00:00+00:00"
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO alerts (id, fingerprint, rule, labels, annotations, severity, state,"
+                " started_at, updated_at, consecutive_breaches, consecutive_ok) VALUES"
+                " (7, 'f', 'r', '{}', '{}', 'warning', 'firing', :at, :at, 0, 0)"), {"at": at})
+            for i, kind, note in ((1, "rolling", "spread=0.025"),
+                                  (2, "pinned", "after upgrade spread=0.5"),
+                                  (3, "pinned", "by hand")):
+                conn.execute(text(
+                    "INSERT INTO baselines (id, metric, scope, scope_key, value, samples, kind,"
+                    " model_version, config_hash, created_at, note, active) VALUES"
+                    " (:i, 'p99_latency', '{}', '', 1.0, 3, :kind, '', '', :at, :note, true)"),
+                    {"i": i, "kind": kind, "note": note, "at": at})
+            for i, reason in ((1, "p: r firing (x) [alert 7]"), (2, "restored: ok [alert 99]"),
+                              (3, "by hand")):
+                conn.execute(text(
+                    "INSERT INTO flag_audits (id, at, name, scope, actor, source, action, reason)"
+                    " VALUES (:i, :at, 'speculative', '64', 'policy', 'auto', 'set', :reason)"),
+                    {"i": i, "at": at, "reason": reason})
+        migrate.upgrade(db_url)
+        with engine.connect() as conn:
+            baselines = conn.execute(text("SELECT id, spread, note FROM baselines ORDER BY id")).all()
+            audits = conn.execute(text("SELECT id, alert_id, reason FROM flag_audits ORDER BY id")).all()
+        assert [tuple(r) for r in baselines] == [(1, 0.025, None), (2, 0.5, "after upgrade"),
+                                                 (3, None, "by hand")]
+        # Alert 99 no longer exists: the key stays NULL, the reason keeps its text.
+        assert [(r[0], r[1]) for r in audits] == [(1, 7), (2, None), (3, None)]
+        assert audits[0][2].endswith("[alert 7]")
+        migrate.downgrade(db_url, "0001")
+        with engine.connect() as conn:
+            notes = conn.execute(text("SELECT note FROM baselines ORDER BY id")).scalars().all()
+            columns = {c["name"] for c in inspect(conn).get_columns("flag_audits")}
+        assert notes == ["spread=0.025", "after upgrade spread=0.5", "by hand"]
+        assert "alert_id" not in columns
+    finally:
+        engine.dispose()
+        migrate.downgrade(db_url, "base")

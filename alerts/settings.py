@@ -1,0 +1,29 @@
+"""The `alerts` section of the settings: rule, policy and webhook sources, timings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+
+class AlertSettings(BaseModel):
+    """Alert rules, webhooks and the auto-fallback policy; `alerts.config.load_config` reads it."""
+
+    rules_file: str | None = None  # user YAML added to the shipped rules
+    policy_file: str | None = None
+    webhooks: list[dict[str, Any]] = Field(default_factory=list)
+    external_url: str = ""  # this service's URL, for links in notifications
+    baseline_refresh_s: float = Field(3600.0, gt=0)
+    baseline_warm_in_s: float = Field(1800.0, ge=0)  # after a model/config change
+    resend_interval_s: float = Field(120.0, gt=0)  # alertmanager_api re-sends firing alerts
+    flags_ttl_s: float = Field(1.0, ge=0)  # SqlFlagProvider cache
+    webhook_max_age_s: float = Field(86400.0, gt=0)  # undelivered this long: a dead letter
+
+    @field_validator("webhooks")
+    @classmethod
+    def _webhooks(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from alerts.webhooks import parse_targets
+
+        parse_targets(v)  # raises naming the target and field
+        return v

@@ -1,0 +1,113 @@
+"""The Services hub: every long-lived object of one running app, built by the lifespan.
+
+`create_app` takes typed seams (`Seams`: engine factory, scheduler factory, canary
+suites, clock, webhook transport) and the lifespan builds one frozen `Services` from
+settings and seams. Routes receive its parts through `monitor.api.deps`; jobs close
+over it; tests read it with `services_of(app)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import httpx
+from fastapi import FastAPI
+from sqlalchemy import Engine as DbEngine
+from sqlalchemy.orm import Session, sessionmaker
+
+from engine.config import EngineConfig
+from engine.protocol import Engine, FlagProvider
+from probes.canaries import CanarySuite
+
+if TYPE_CHECKING:
+    from alerts.config import AlertsConfig
+    from alerts.outbox import Deliverer
+    from monitor.auth import Authenticator
+    from monitor.metrics import Metrics, MetricsSink
+    from monitor.scheduler import JobScheduler
+    from monitor.service import EngineHolder, ProbeRunner
+    from monitor.settings import Settings
+    from probes.traffic import TrafficRecorder
+    from storage.writer import Writer
+
+EngineFactory = Callable[[EngineConfig, FlagProvider], Engine]
+
+
+def utcnow() -> datetime:
+    """Return the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def default_engine_factory(config: EngineConfig, flags: FlagProvider) -> Engine:
+    """Load the torch-backed engine (imports torch)."""
+    from engine import load_engine
+
+    return load_engine(config, flags=flags)
+
+
+@dataclass(frozen=True)
+class Seams:
+    """What tests may replace; production runs the defaults.
+
+    engine_factory: builds the engine (default loads the torch runtime).
+    scheduler_factory: builds and starts the job scheduler from the services
+        (default `monitor.service.start_scheduler`).
+    suites: canary suites (default: shipped plus probes.suites_file).
+    clock: "now" for evaluation, retention and webhook deliveries.
+    transport: the webhook deliveries' httpx transport (default: real network).
+    """
+
+    engine_factory: EngineFactory = default_engine_factory
+    scheduler_factory: Callable[[Services], JobScheduler] | None = None
+    suites: Mapping[str, CanarySuite] | None = None
+    clock: Callable[[], datetime] = utcnow
+    transport: httpx.BaseTransport | None = None
+
+
+@dataclass(frozen=True)
+class AppParts:
+    """What `create_app` builds before the lifespan (settings, auth, metrics, seams)."""
+
+    settings: Settings
+    authenticator: Authenticator
+    metrics: Metrics
+    sink: MetricsSink
+    seams: Seams
+
+
+@dataclass(frozen=True)
+class Services:
+    """Every long-lived object of a running app (one per lifespan)."""
+
+    settings: Settings
+    authenticator: Authenticator
+    metrics: Metrics
+    sink: MetricsSink
+    seams: Seams
+    db: DbEngine
+    sessions: sessionmaker[Session]
+    flags: FlagProvider
+    engine_holder: EngineHolder
+    writer: Writer  # the one write path: probe rows, rollups, compile events, memory
+    traffic: TrafficRecorder
+    probes: ProbeRunner
+    alerts: AlertsConfig
+    deliverer: Deliverer
+    scheduler: JobScheduler | None = None
+
+
+def parts_of(app: FastAPI) -> AppParts:
+    """Return what `create_app` put on the app."""
+    parts: AppParts = app.state.parts
+    return parts
+
+
+def services_of(app: FastAPI) -> Services:
+    """Return the running app's services; RuntimeError outside the lifespan."""
+    services: Services | None = getattr(app.state, "services", None)
+    if services is None:
+        raise RuntimeError("the app is not running: enter its lifespan first")
+    return services

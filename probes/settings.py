@@ -1,0 +1,22 @@
+"""The `probes` section of the settings: canary and burst probes, rollup buffer."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ProbeSettings(BaseModel):
+    """Canary and burst probes (probes package); `prober_from_settings` reads it."""
+
+    suites_file: str | None = None  # user YAML added to the shipped suites
+    suite: str = "in_domain"
+    canaries_per_bucket: int = 4
+    ab_share: float = Field(0.25, ge=0.0, le=1.0)
+    cycle_timeout_s: float = 120.0
+    burst_rate_per_s: float = 4.0
+    burst_duration_s: float = 10.0
+    burst_concurrency: int = 4
+    rollup_buffer_max: int = 10_000
+    # A/B fallback arms run. "exact" (bucketing's arm) compiles one graph per canary length
+    # the first time: minutes on a CPU, during which A/B cycles time out; opt in to it.
+    ab_arms: tuple[str, ...] = ("eager", "direct")

@@ -1,0 +1,101 @@
+"""Probe runs: the current cohort, the latest runs, run listings and A/B arm rows."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from storage.models import ProbeResult, ProbeRun
+
+
+@dataclass(frozen=True)
+class CurrentCohort:
+    """The model version and config the canaries run now, and since when (None: no runs)."""
+
+    model_version: str = ""
+    config_hash: str = ""
+    since: datetime | None = None
+
+    @property
+    def key(self) -> tuple[str, str] | None:
+        """Return (model_version, config_hash), or None before the first run."""
+        return None if self.since is None else (self.model_version, self.config_hash)
+
+
+def current_cohort(session: Session, now: datetime) -> CurrentCohort:
+    """Return the latest run's cohort and when its uninterrupted stretch of runs began."""
+    r = ProbeRun
+    latest = session.execute(
+        select(r.model_version, r.config_hash)
+        .where(r.started_at <= now).order_by(r.started_at.desc()).limit(1)).first()
+    if latest is None:
+        return CurrentCohort()
+    mv, ch = latest
+    other = session.scalar(
+        select(r.started_at)
+        .where(r.started_at <= now, (r.model_version != mv) | (r.config_hash != ch))
+        .order_by(r.started_at.desc()).limit(1))
+    first = select(r.started_at).where(r.model_version == mv, r.config_hash == ch)
+    if other is not None:
+        first = first.where(r.started_at > other)
+    since = session.scalar(first.order_by(r.started_at.asc()).limit(1))
+    return CurrentCohort(mv, ch, since)
+
+
+def latest_finished_runs(session: Session) -> list[ProbeRun]:
+    """Return the latest finished run of each kind."""
+    latest = (select(ProbeRun.kind, func.max(ProbeRun.id).label("id"))
+              .where(ProbeRun.finished_at.is_not(None)).group_by(ProbeRun.kind).subquery())
+    return list(session.scalars(select(ProbeRun).join(latest, ProbeRun.id == latest.c.id)))
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """A run's column values (no relationships) and how many result rows it has."""
+
+    columns: dict[str, Any]
+    result_rows: int
+
+
+def list_runs(session: Session, *, kind: str | None = None, limit: int = 50) -> list[RunListing]:
+    """Return probe runs, newest first, with their result-row counts."""
+    n_results = (select(func.count()).where(ProbeResult.run_id == ProbeRun.id)
+                 .correlate(ProbeRun).scalar_subquery())
+    q = (select(ProbeRun, n_results).order_by(ProbeRun.started_at.desc(), ProbeRun.id.desc())
+         .limit(limit))
+    if kind is not None:
+        q = q.where(ProbeRun.kind == kind)
+    # Column values only: touching the `results` relationship would load every row.
+    keys = [c.key for c in ProbeRun.__table__.columns]
+    return [RunListing({k: getattr(run, k) for k in keys}, int(n))
+            for run, n in session.execute(q)]
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    """The p50 one canary run measured for one bucket in one variant (arm)."""
+
+    run_id: int
+    bucket: str
+    variant: str
+    requests: int  # successful requests behind p50_s
+    p50_s: float
+
+
+def arm_p50s(session: Session, start: datetime, end: datetime, variants: Collection[str], *,
+             instance_id: str | None = None) -> list[ArmRow]:
+    """Return the p50 per cycle run x bucket x variant rows of `variants` in [start, end)."""
+    stmt = (select(ProbeResult.run_id, ProbeResult.bucket, ProbeResult.variant,
+                   ProbeResult.count, ProbeResult.errors, ProbeResult.p50_s)
+            .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
+            .where(ProbeResult.at >= start, ProbeResult.at < end, ProbeRun.kind == "cycle",
+                   ProbeResult.variant.in_(tuple(variants)), ProbeResult.p50_s.is_not(None)))
+    if instance_id is not None:
+        stmt = stmt.where(ProbeRun.instance_id == instance_id)
+    return [ArmRow(run_id, bucket, variant, count - errors, p50)
+            for run_id, bucket, variant, count, errors, p50 in session.execute(stmt)]
