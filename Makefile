@@ -24,6 +24,7 @@ run: install
 	  { $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > var/api-token; \
 	    chmod 600 var/api-token; echo "API token written to var/api-token"; }
 	$(BIN)/tailwatch db upgrade
+	$(BIN)/tailwatch engine precompile
 	TAILWATCH_API_TOKEN="$${TAILWATCH_API_TOKEN:-$$(cat var/api-token)}" $(BIN)/tailwatch serve
 
 # System packages some tests drive for real: Prometheus (promtool) and headless Chromium.

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy.orm import Session
 
 from alerts.baselines import BaselineConfig, baselines_for_rule
-from alerts.lifecycle import Lifecycle, Transition, fingerprint, open_alerts
+from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint, open_alerts
 from alerts.rules import Rule, RuleResult, evaluate_rule
 from alerts.series import RowCache, series
 from alerts.webhooks import WebhookTarget
+from storage.queries.alerts import last_resolved_fired
 from storage.queries.runs import current_cohort
 
 if TYPE_CHECKING:
@@ -80,11 +81,15 @@ def evaluate(
                 scopes = set(per_scope)
                 scopes |= {tuple((k, a.labels.get(k, "")) for k in rule.per)
                            for a in alerts.values() if a.rule == rule.name}
+                resolved = last_resolved_fired(session, rule.name)
                 for labels in sorted(scopes):
-                    r = evaluate_rule(rule, dict(labels), base.get(labels),
-                                      per_scope.get(labels, []))
-                    results.append(r)
                     fp = fingerprint(rule.name, dict(labels))
+                    points = per_scope.get(labels, [])
+                    since = detector_start(alerts.get(fp), resolved.get(fp), rule.window_s)
+                    if since is not None:
+                        points = [p for p in points if p.at >= since]
+                    r = evaluate_rule(rule, dict(labels), base.get(labels), points)
+                    results.append(r)
                     transitions += life.apply(rule, r, alerts.get(fp))
         except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
             log.exception("rule %s failed", rule.name)

@@ -2,7 +2,8 @@
 
 Flags (name: scope -> value):
     speculative            "global" or a bucket label ("64", "overflow") -> bool
-    compiled               "global" -> bool (False = eager fallback)
+    compiled               "global" or "instance:<id>" -> bool (False = eager fallback; an
+                           instance scope overrides global for that instance only)
     bucketing              "global" -> bool
     speculative_probation  "global" -> share in [0, 1] of a disabled bucket's requests
                            that still speculate, so acceptance recovery can be measured
@@ -20,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import re
 import threading
 import time
@@ -37,6 +39,14 @@ from storage.queries import flags as queries
 
 FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation")
 _BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
+INSTANCE_SCOPE_PREFIX = "instance:"
+# flags.scope is 64 characters: the prefix leaves 55 for the instance id.
+_INSTANCE_RE = re.compile(r"^instance:[A-Za-z0-9_.:-]{1,55}$")
+
+
+def instance_scope(instance_id: str) -> str:
+    """Return the flag scope of one instance ("instance:<id>")."""
+    return f"{INSTANCE_SCOPE_PREFIX}{instance_id}"
 Clock = Callable[[], datetime]
 
 
@@ -88,6 +98,10 @@ def validate(name: str, scope: str, value: Any = None, *, check_value: bool = Tr
         if scope != FLAG_SCOPE_GLOBAL and not _BUCKET_RE.match(scope):
             raise FlagError("scope", f"speculative takes 'global' or a bucket label such as "
                                      f"'64', got {scope!r}", value=scope)
+    elif name == "compiled":
+        if scope != FLAG_SCOPE_GLOBAL and not _INSTANCE_RE.match(scope):
+            raise FlagError("scope", f"compiled takes 'global' or 'instance:<id>' (id of at most "
+                                     f"55 letters, digits, _.:-), got {scope!r}", value=scope)
     elif scope != FLAG_SCOPE_GLOBAL:
         raise FlagError("scope", f"{name} only has scope 'global', got {scope!r}", value=scope)
     if not check_value:
@@ -182,22 +196,30 @@ class FlagStore:
                 out[key] = f
         return out
 
-    def runtime_flags(self, session: Session) -> RuntimeFlags:
-        """Return the RuntimeFlags the engine should use now."""
+    def runtime_flags(self, session: Session, instance_id: str | None = None) -> RuntimeFlags:
+        """Return the RuntimeFlags the engine of `instance_id` should use now."""
         eff = self.effective(session)
         spec = {s: bool(f.value) for (n, s), f in eff.items()
                 if n == "speculative" and s != FLAG_SCOPE_GLOBAL}
+        # Manual wins everywhere: where a person turned speculation off, no probation.
+        manual_off = frozenset(f.scope for f in eff.values()
+                               if f.name == "speculative" and f.source == "manual"
+                               and f.value is False)
 
-        def value(name: str, default: Any) -> Any:
-            f = eff.get((name, FLAG_SCOPE_GLOBAL))
+        def value(name: str, default: Any, scope: str = FLAG_SCOPE_GLOBAL) -> Any:
+            f = eff.get((name, scope))
             return default if f is None else f.value
 
+        compiled = bool(value("compiled", True))
+        if instance_id is not None:
+            compiled = bool(value("compiled", compiled, instance_scope(instance_id)))
         return RuntimeFlags(
             speculative_default=bool(value("speculative", True)),
             speculative=spec,
             speculative_probation=float(value("speculative_probation", 0.0)),
-            compiled=bool(value("compiled", True)),
+            compiled=compiled,
             bucketing=bool(value("bucketing", True)),
+            manual_off=manual_off,
         )
 
     def expire(self, session: Session) -> int:
@@ -214,7 +236,7 @@ class FlagStore:
         return len(rows)
 
     def audit(self, session: Session, name: str | None = None, scope: str | None = None, *,
-              since: datetime | None = None, limit: int = 100) -> list[AuditView]:
+              since: datetime | None = None, limit: int = 100) -> builtins.list[AuditView]:
         """Return audit rows, newest first."""
         if name is not None:
             validate(name, scope or FLAG_SCOPE_GLOBAL, check_value=False)
@@ -240,10 +262,11 @@ class SqlFlagProvider:
     """
 
     def __init__(self, sessions: sessionmaker[Session], ttl_s: float = 1.0, *,
-                 store: FlagStore | None = None,
+                 store: FlagStore | None = None, instance_id: str | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.sessions = sessions
         self.ttl_s = ttl_s
+        self.instance_id = instance_id  # an "instance:<id>" scope applies to this engine
         self.store = store or FlagStore()
         self.monotonic = monotonic
         self._lock = threading.Lock()
@@ -256,7 +279,7 @@ class SqlFlagProvider:
             if self._flags is not None and self.monotonic() - self._loaded_at < self.ttl_s:
                 return self._flags
             with self.sessions() as session:
-                flags = self.store.runtime_flags(session)
+                flags = self.store.runtime_flags(session, self.instance_id)
             self._flags = flags
             self._loaded_at = self.monotonic()
             return flags

@@ -6,6 +6,11 @@ A rule result for a scope moves that scope's alert:
 Every move is an `AlertTransition` row with the value, baseline and relative change;
 firing and resolved moves add outbox rows in the same transaction. Empty windows move
 nothing (no data is not recovery).
+
+No flapping: the detector of a scope restarts from zero when its alert fires and when a
+fired alert resolves (`detector_start`: the evaluator only hands the rule the cycles
+after that moment). Recovery is then judged on post-firing cycles only, and the run that
+fired an alert cannot fire it again after it resolves: re-firing needs a new confirmed run.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
 
@@ -44,6 +49,25 @@ class Transition:
 def open_alerts(session: Session) -> dict[str, Alert]:
     """Return fingerprint -> the alert that is pending or firing."""
     return {a.fingerprint: a for a in queries.open_alerts(session)}
+
+
+def detector_start(alert: Alert | None, last_resolved: datetime | None,
+                   window_s: float) -> datetime | None:
+    """Return the start of the first cycle the detector may read for a scope (None: any).
+
+    A firing alert reads the cycles from its firing on; otherwise the cycles after the
+    scope's last fired alert resolved. A pending alert keeps its run: pending moves do not
+    restart the detector, or noisy cycles inside a real shift would keep resetting it.
+    """
+    if alert is not None and alert.state == "firing" and alert.fired_at is not None:
+        at: datetime | None = alert.fired_at
+    else:
+        at = last_resolved
+    if at is None:
+        return None
+    ts = at.timestamp()
+    # The cycle holding the transition was unfinished then: it is the first new one.
+    return datetime.fromtimestamp(ts - ts % window_s, UTC)
 
 
 def alert_info(alert: Alert) -> AlertInfo:

@@ -27,7 +27,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -150,6 +150,13 @@ class _Tally:
             if outcome == "failed" and target is not None:
                 self._dead.extend([target] * n)
 
+    def merge(self, other: _Tally) -> None:
+        with other._lock:
+            counts, dead = Counter(other._counts), list(other._dead)
+        with self._lock:
+            self._counts.update(counts)
+            self._dead.extend(dead)
+
     def report(self) -> DeliveryReport:
         with self._lock:
             c = self._counts
@@ -162,7 +169,7 @@ class Deliverer:
 
     Per run: rows older than `max_age_s` become dead letters; then every target with due
     rows is drained concurrently (at most `parallel` at once), oldest first, so a hanging
-    target costs only its own thread. Per target:
+    target costs only its own thread (and, past `run_wait_s`, not even the run). Per target:
       - the first timeout, connection error, 5xx, 408 or 429 ends that target's run: its
         other rows wait with it (one timeout per run, not one per row);
       - an answer (2xx, or a 4xx dead letter) resets the target's backoff: every row of
@@ -191,6 +198,7 @@ class Deliverer:
         max_age_s: float = 86400.0,
         parallel: int = 8,
         drain_max: int = 500,
+        run_wait_s: float | None = None,
     ) -> None:
         self.sessions = sessions
         self.targets = {t.name: t for t in targets}
@@ -203,13 +211,19 @@ class Deliverer:
         self.max_age_s = max_age_s
         self.parallel = parallel
         self.drain_max = drain_max
+        self.run_wait_s = run_wait_s
         self._rng_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="webhooks")
+        # target -> its drain still running after its run returned (a hanging receiver)
+        self._running: dict[str, tuple[Future[None], _Tally]] = {}
+        self._running_lock = threading.Lock()
         self._client = httpx.Client(transport=transport, follow_redirects=False,
                                     headers={"User-Agent": "tailwatch-webhooks"},
                                     limits=httpx.Limits(max_connections=4 * parallel))
 
     def close(self) -> None:
-        """Close the HTTP client."""
+        """Stop the delivery threads (without waiting for a hung receiver) and the client."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     def __enter__(self) -> Deliverer:
@@ -276,20 +290,40 @@ class Deliverer:
             return [r.target for r in rows]
 
     def run_once(self) -> DeliveryReport:
-        """Expire old rows, then drain every target with due rows concurrently; return counts."""
+        """Expire old rows, drain every target with due rows concurrently; return counts.
+
+        Waits for the drains it starts, at most `run_wait_s` (None: until all end). A drain
+        still running then (a hanging receiver) goes on in its thread; later runs skip its
+        target until it ends and report its counts then, so it delays no other target.
+        """
         tally = _Tally()
         for target in self.expire():
             tally.add("failed", target=target)
-        targets = self.due_targets()
-        if len(targets) <= 1:
-            for t in targets:
-                self._drain(t, tally)
-        else:
-            with ThreadPoolExecutor(max_workers=min(self.parallel, len(targets)),
-                                    thread_name_prefix="webhooks") as pool:
-                futures = [pool.submit(self._drain, t, tally) for t in targets]
-                for f in futures:
-                    f.result()
+        started: dict[str, tuple[Future[None], _Tally]] = {}
+        with self._running_lock:
+            for target, (future, own) in list(self._running.items()):
+                if future.done():
+                    del self._running[target]
+                    started[target] = (future, own)  # ended since the last run: report it
+            busy = set(self._running)
+            for target in self.due_targets():
+                if target in busy or target in started:
+                    continue
+                own = _Tally()
+                started[target] = (self._pool.submit(self._drain, target, own), own)
+        wait([f for f, _ in started.values()], timeout=self.run_wait_s)
+        errors: list[BaseException] = []
+        with self._running_lock:
+            for target, (future, own) in started.items():
+                if not future.done():
+                    self._running[target] = (future, own)
+                    continue
+                tally.merge(own)
+                exc = future.exception()
+                if exc is not None:
+                    errors.append(exc)
+        if errors:
+            raise errors[0]  # e.g. the database is down: the job logs it, rows stay pending
         return tally.report()
 
     def _drain(self, target: str, tally: _Tally) -> None:

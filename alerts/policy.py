@@ -22,13 +22,22 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 from sqlalchemy.orm import Session
 
 from alerts.durations import parse_duration
 from alerts.errors import PolicyError
 from alerts.flags import FLAG_NAMES, FlagStore, FlagView
 from alerts.rules import parse_change
+from alerts.schema import Entry, read_layered, validate
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
 from storage.queries import acceptance
 from storage.queries import alerts as alert_queries
@@ -38,9 +47,6 @@ from storage.queries.runs import current_cohort
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
 MEASURES = ("probation_acceptance", "canary_variant", "expiry")
-_POLICY_FIELDS = {"name", "description", "alerts", "flag", "scope_from", "scope", "value",
-                  "probation", "expires", "hold", "cooldown", "recovery"}
-_RECOVERY_FIELDS = {"measure", "window", "min_samples", "within", "floor", "variant"}
 
 
 @dataclass(frozen=True)
@@ -249,10 +255,10 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
                     f"{proposed} draft tokens in {r.window_s:g}s")
         return None
     if r.measure == "canary_variant":
-        rows = variant_p99s(session, start, now,
-                            bucket=None if scope == FLAG_SCOPE_GLOBAL else scope)
-        arm = [(x.p99_s, x.count) for x in rows if x.variant == r.variant]
-        ref = [x.p99_s for x in rows if x.variant == "optimized"]
+        measured = variant_p99s(session, start, now,
+                                bucket=None if scope == FLAG_SCOPE_GLOBAL else scope)
+        arm = [(x.p99_s, x.count) for x in measured if x.variant == r.variant]
+        ref = [x.p99_s for x in measured if x.variant == "optimized"]
         if sum(n for _, n in arm) < r.min_samples or not ref:
             return None
         arm_p99 = max(v for v, _ in arm)
@@ -271,6 +277,114 @@ def _baseline(session: Session, metric: str, scope: Mapping[str, str],
     return base.value if base is not None else None
 
 
+class RecoveryEntry(Entry):
+    """A policy's `recovery` mapping as written in YAML."""
+
+    measure: str = "expiry"
+    window: float = 600.0
+    min_samples: StrictInt = Field(1, ge=1)
+    within: float = 0.0
+    floor: StrictFloat | None = None
+    variant: str = "compiled"
+
+    @field_validator("measure")
+    @classmethod
+    def _measure(cls, v: str) -> str:
+        if v not in MEASURES:
+            raise ValueError(f"must be one of {', '.join(MEASURES)}, got {v!r}")
+        return v
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, v: object) -> float:
+        return parse_duration(v)
+
+    @field_validator("within", mode="before")
+    @classmethod
+    def _within(cls, v: object) -> float:
+        return 0.0 if v in ("+0%", "-0%") else parse_change(v)[1]
+
+
+class PolicyEntry(Entry):
+    """One auto-fallback policy as written in YAML; `parse_policy` validates it."""
+
+    name: str
+    description: str = ""
+    alerts: tuple[str, ...]
+    flag: str
+    scope_from: str | None = None
+    scope: str = FLAG_SCOPE_GLOBAL
+    value: StrictBool = False
+    probation: StrictFloat = Field(0.0, ge=0.0, le=1.0)
+    expires: float | None = None
+    hold: float | None = 600.0
+    cooldown: float | None = 1800.0
+    recovery: RecoveryEntry = Field(default_factory=RecoveryEntry)
+
+    @field_validator("alerts", mode="before")
+    @classmethod
+    def _alerts(cls, v: object) -> object:
+        on = [v] if isinstance(v, str) else v
+        if not isinstance(on, list) or not on or not all(isinstance(x, str) for x in on):
+            raise ValueError("must be a non-empty list of rule names")
+        return tuple(on)
+
+    @field_validator("flag")
+    @classmethod
+    def _flag(cls, v: str) -> str:
+        if v not in FLAG_NAMES or v == "speculative_probation":
+            raise ValueError(f"must be speculative, compiled or bucketing, got {v!r}")
+        return v
+
+    @field_validator("scope_from")
+    @classmethod
+    def _scope_from(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and (info.data.get("flag") != "speculative" or v != "bucket"):
+            raise ValueError("only speculative takes its scope from the alert's bucket label")
+        return v
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, v: str, info: ValidationInfo) -> str:
+        flag = info.data.get("flag")
+        if v != FLAG_SCOPE_GLOBAL and flag != "speculative":
+            raise ValueError(f"{flag} only has scope 'global'")
+        return v
+
+    @field_validator("expires", "hold", "cooldown", mode="before")
+    @classmethod
+    def _duration(cls, v: object) -> float | None:
+        return None if v is None else parse_duration(v)
+
+    @field_validator("recovery", mode="before")
+    @classmethod
+    def _recovery(cls, v: object) -> object:
+        return v or {}
+
+    def to_policy(self) -> FallbackPolicy:
+        """Return the FallbackPolicy this entry describes."""
+        r = self.recovery
+        return FallbackPolicy(
+            name=self.name, on=self.alerts, flag=self.flag, value=self.value,
+            scope_from=self.scope_from, scope=self.scope, probation=float(self.probation),
+            expires_s=self.expires, hold_s=self.hold or 0.0, cooldown_s=self.cooldown or 0.0,
+            recovery=Recovery(measure=r.measure, window_s=r.window, min_samples=r.min_samples,
+                              within=r.within, floor=r.floor, variant=r.variant),
+            description=self.description)
+
+
+class RevertEntry(Entry):
+    """The policy document's `revert` mapping: which alerts revert a fallback, how soon."""
+
+    alerts: tuple[StrictStr, ...] | None = None
+    within: float | None = None
+
+    @field_validator("within", mode="before")
+    @classmethod
+    def _within(cls, v: object) -> float | None:
+        return None if v is None else parse_duration(v)
+
+
 def parse_policy(data: object, source: str = "<policy>") -> tuple[list[FallbackPolicy], dict]:
     """Validate a policy document; return (policies, revert settings)."""
     if data is None:
@@ -282,20 +396,15 @@ def parse_policy(data: object, source: str = "<policy>") -> tuple[list[FallbackP
     if not isinstance(items, list):
         raise PolicyError(source, "", "policies", "must be a list")
     out = [_parse_one(item, source, i) for i, item in enumerate(items)]
-    revert = data.get("revert") or {}
-    if not isinstance(revert, dict) or set(revert) - {"alerts", "within"}:
+    raw_revert = data.get("revert") or {}
+    if not isinstance(raw_revert, dict):
         raise PolicyError(source, "revert", "revert", "must map 'alerts' and 'within'")
+    revert = validate(RevertEntry, raw_revert, PolicyError, source, "revert")
     parsed: dict[str, Any] = {}
-    if "alerts" in revert:
-        on = revert["alerts"]
-        if not isinstance(on, list) or not all(isinstance(x, str) for x in on):
-            raise PolicyError(source, "revert", "alerts", "must be a list of rule names")
-        parsed["on"] = tuple(on)
-    if "within" in revert:
-        try:
-            parsed["within_s"] = parse_duration(revert["within"])
-        except ValueError as e:
-            raise PolicyError(source, "revert", "within", str(e)) from None
+    if revert.alerts is not None:
+        parsed["on"] = revert.alerts
+    if revert.within is not None:
+        parsed["within_s"] = revert.within
     return out, parsed
 
 
@@ -307,87 +416,21 @@ def _parse_one(raw: object, source: str, index: int) -> FallbackPolicy:
     if not isinstance(name, str) or not name.strip():
         raise PolicyError(source, entry, "name", f"must be a non-empty string, got {name!r}")
     entry = f"policy {name!r}"
-
-    def err(fld: str, msg: str) -> PolicyError:
-        return PolicyError(source, entry, fld, msg)
-
-    unknown = set(raw) - _POLICY_FIELDS
-    if unknown:
-        raise err(sorted(unknown)[0], f"unknown field (allowed: {', '.join(sorted(_POLICY_FIELDS))})")
-    on = raw.get("alerts")
-    if isinstance(on, str):
-        on = [on]
-    if not isinstance(on, list) or not on or not all(isinstance(x, str) for x in on):
-        raise err("alerts", "must be a non-empty list of rule names")
-    flag = raw.get("flag")
-    if flag not in FLAG_NAMES or flag == "speculative_probation":
-        raise err("flag", f"must be speculative, compiled or bucketing, got {flag!r}")
-    value = raw.get("value", False)
-    if not isinstance(value, bool):
-        raise err("value", f"must be true or false, got {value!r}")
-    scope_from = raw.get("scope_from")
-    if scope_from is not None and (flag != "speculative" or scope_from != "bucket"):
-        raise err("scope_from", "only speculative takes its scope from the alert's bucket label")
-    scope = raw.get("scope", FLAG_SCOPE_GLOBAL)
-    if scope != FLAG_SCOPE_GLOBAL and flag != "speculative":
-        raise err("scope", f"{flag} only has scope 'global'")
-    probation = raw.get("probation", 0.0)
-    if isinstance(probation, bool) or not isinstance(probation, int | float) or not 0 <= probation <= 1:
-        raise err("probation", f"must be a share in [0, 1], got {probation!r}")
-    durations: dict[str, float | None] = {}
-    for fld, default in (("expires", None), ("hold", 600.0), ("cooldown", 1800.0)):
-        v = raw.get(fld, default)
-        try:
-            durations[fld] = None if v is None else parse_duration(v)
-        except ValueError as e:
-            raise err(fld, str(e)) from None
-    rec = raw.get("recovery", {}) or {}
-    if not isinstance(rec, dict) or set(rec) - _RECOVERY_FIELDS:
-        raise err("recovery", f"must map {', '.join(sorted(_RECOVERY_FIELDS))}")
-    measure = rec.get("measure", "expiry")
-    if measure not in MEASURES:
-        raise err("recovery.measure", f"must be one of {', '.join(MEASURES)}, got {measure!r}")
-    if measure == "probation_acceptance" and flag != "speculative":
-        raise err("recovery.measure", "probation_acceptance only measures speculative flags")
-    try:
-        window = parse_duration(rec.get("window", "10m"))
-    except ValueError as e:
-        raise err("recovery.window", str(e)) from None
-    within = 0.0
-    if "within" in rec:
-        try:
-            within = parse_change(rec["within"])[1] if rec["within"] not in ("+0%", "-0%") else 0.0
-        except ValueError as e:
-            raise err("recovery.within", str(e)) from None
-    min_samples = rec.get("min_samples", 1)
-    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
-        raise err("recovery.min_samples", f"must be an integer >= 1, got {min_samples!r}")
-    floor = rec.get("floor")
-    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float)):
-        raise err("recovery.floor", f"must be a number, got {floor!r}")
-    return FallbackPolicy(
-        name=name, on=tuple(on), flag=flag, value=value, scope_from=scope_from, scope=scope,
-        probation=float(probation), expires_s=durations["expires"],
-        hold_s=durations["hold"] or 0.0, cooldown_s=durations["cooldown"] or 0.0,
-        recovery=Recovery(measure=measure, window_s=window, min_samples=min_samples,
-                          within=within, floor=None if floor is None else float(floor),
-                          variant=str(rec.get("variant", "compiled"))),
-        description=str(raw.get("description", "")))
+    policy = validate(PolicyEntry, raw, PolicyError, source, entry)
+    if policy.recovery.measure == "probation_acceptance" and policy.flag != "speculative":
+        raise PolicyError(source, entry, "recovery.measure",
+                          "probation_acceptance only measures speculative flags")
+    return policy.to_policy()
 
 
 def load_policy(policy_file: str | None = None, *, defaults: bool = True) -> Policy:
     """Return the shipped policy merged with the user's (entries replaced by name)."""
     merged: dict[str, FallbackPolicy] = {}
     revert: dict[str, Any] = {}
-    files = ([DEFAULT_POLICY_FILE] if defaults else []) + ([Path(policy_file)] if policy_file else [])
-    for path in files:
-        if not path.is_file():
-            raise PolicyError(str(path), "", "policy_file", "does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise PolicyError(str(path), "", "policies", f"is not valid YAML: {e}") from None
-        items, rv = parse_policy(data, str(path))
+    for source, data in read_layered(DEFAULT_POLICY_FILE, policy_file, defaults=defaults,
+                                     error=PolicyError, file_field="policy_file",
+                                     doc_field="policies"):
+        items, rv = parse_policy(data, source)
         for p in items:
             merged[p.name] = p
         revert.update(rv)

@@ -64,10 +64,11 @@ def config_error(exc: ValidationError, model: type[BaseModel], error: type[E], s
     first = exc.errors()[0]
     loc = [str(p) for p in first["loc"] if not isinstance(p, int)]
     field = ".".join(loc) if nested else (loc[0] if loc else "")
-    if first["type"] == "extra_forbidden":
+    if first["type"] == "extra_forbidden" and len(loc) == 1:
         allowed = sorted(f.alias or name for name, f in model.model_fields.items())
         message = f"unknown field (allowed: {', '.join(allowed)})"
-        field = loc[-1] if loc else field
+    elif first["type"] == "extra_forbidden":
+        message = "unknown field"
     else:
         message = str(first["msg"]).removeprefix("Value error, ")
     return error(source, entry, field or "entry", message)

@@ -211,8 +211,11 @@ def _sum(rows: Iterable[Row], field: str) -> float:
 
 
 def _weighted(rows: list[Row], field: str, weight: str) -> float | None:
-    pairs = [(r.values.get(field), r.values.get(weight) or 0) for r in rows]
-    pairs = [(v, w) for v, w in pairs if v is not None and w > 0]
+    pairs: list[tuple[float, float]] = []
+    for r in rows:
+        v, w = r.values.get(field), r.values.get(weight) or 0
+        if v is not None and w > 0:
+            pairs.append((v, w))
     total = sum(w for _, w in pairs)
     return sum(v * w for v, w in pairs) / total if total else None
 

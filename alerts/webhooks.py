@@ -24,18 +24,20 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
+
+from pydantic import Field, StrictBool, StrictStr, StringConstraints, field_validator
 
 from alerts.durations import parse_duration
 from alerts.errors import WebhookConfigError
+from alerts.schema import Entry, validate
 
 FORMATS = ("generic", "alertmanager", "slack", "alertmanager_api")
 SIGNATURE_HEADER = "X-Tailwatch-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Alertmanager's zero time: an alert with no known end.
 ZERO_TIME = "0001-01-01T00:00:00Z"
-_TARGET_FIELDS = {"name", "url", "format", "secret", "timeout", "messages", "headers"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,60 @@ class Notification:
         return self.alert.status if self.alert is not None else "message"
 
 
+class TargetEntry(Entry):
+    """One `alerts.webhooks` entry as written in settings; `parse_targets` validates it."""
+
+    name: Annotated[str, StringConstraints(strip_whitespace=False, min_length=1, max_length=64)]
+    url: str
+    format: str = "generic"
+    secret: Annotated[str, StringConstraints(min_length=1)] | None = None
+    timeout: float = 5.0
+    messages: StrictBool | None = None  # default: every format but alertmanager_api
+    headers: dict[str, StrictStr] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError(f"must be 1-64 characters, got {v!r}")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http(s) URL, got {v!r}")
+        return v
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        if v not in FORMATS:
+            raise ValueError(f"must be one of {', '.join(FORMATS)}, got {v!r}")
+        return v
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, v: object) -> float:
+        timeout = parse_duration(v)
+        if not 0 < timeout <= 120:
+            raise ValueError(f"must be within (0, 120] seconds, got {timeout}")
+        return timeout
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers(cls, v: object) -> object:
+        return v or {}
+
+    def to_target(self) -> WebhookTarget:
+        """Return the WebhookTarget this entry describes."""
+        messages = self.format != "alertmanager_api" if self.messages is None else self.messages
+        return WebhookTarget(name=self.name, url=self.url, format=self.format,
+                             secret=self.secret, timeout_s=self.timeout, messages=messages,
+                             headers=dict(self.headers))
+
+
 def parse_targets(raw: Sequence[Mapping[str, Any]] | None, source: str = "alerts.webhooks"
                   ) -> list[WebhookTarget]:
     """Validate `alerts.webhooks` entries; raise WebhookConfigError naming target and field."""
@@ -102,41 +158,12 @@ def parse_targets(raw: Sequence[Mapping[str, Any]] | None, source: str = "alerts
         if not isinstance(name, str) or not name.strip() or len(name) > 64:
             raise WebhookConfigError(source, entry, "name", f"must be 1-64 characters, got {name!r}")
         entry = f"webhook {name!r}"
-
-        def err(fld: str, msg: str, entry: str = entry) -> WebhookConfigError:
-            return WebhookConfigError(source, entry, fld, msg)
-
         if name in seen:
-            raise err("name", "is used twice")
+            raise WebhookConfigError(source, entry, "name", "is used twice")
         seen.add(name)
-        unknown = set(item) - _TARGET_FIELDS
-        if unknown:
-            raise err(sorted(unknown)[0], f"unknown field (allowed: {', '.join(sorted(_TARGET_FIELDS))})")
-        url = item.get("url")
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise err("url", f"must be an http(s) URL, got {url!r}")
-        fmt = item.get("format", "generic")
-        if fmt not in FORMATS:
-            raise err("format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
-        secret = item.get("secret")
-        if secret is not None and (not isinstance(secret, str) or not secret):
-            raise err("secret", "must be a non-empty string when set")
-        try:
-            timeout = parse_duration(item.get("timeout", 5.0))
-        except ValueError as e:
-            raise err("timeout", str(e)) from None
-        if not 0 < timeout <= 120:
-            raise err("timeout", f"must be within (0, 120] seconds, got {timeout}")
-        messages = item.get("messages", fmt != "alertmanager_api")
-        if not isinstance(messages, bool):
-            raise err("messages", "must be true or false")
-        headers = item.get("headers", {}) or {}
-        if not isinstance(headers, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-            raise err("headers", "must map header names to strings")
-        out.append(WebhookTarget(name=name, url=url, format=fmt, secret=secret,  # type: ignore[arg-type]
-                                 timeout_s=timeout, messages=messages, headers=dict(headers)))
+        target = validate(TargetEntry, dict(item), WebhookConfigError, source, entry,
+                          nested=False)
+        out.append(target.to_target())
     return out
 
 

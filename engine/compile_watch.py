@@ -19,12 +19,42 @@ import re
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 
 from engine.protocol import CompileSnapshot
 
 _COMPILE_ID = re.compile(r"(\d+)/(\d+)")
+# torch prefixes each guard failure with its compile id ("0/1: ", "[0/1] ", "[0/1_1] "), and
+# object-id guards carry addresses; both differ between otherwise identical recompiles.
+_ID_PREFIX = re.compile(r"^\s*\[?\d+/\d+(?:_\d+)?\]?:?\s*")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}|\b\d{9,}\b")
+REASON_MAX = 200
 _LIMIT_LOGGER = "torch._dynamo.convert_frame"
+
+
+def normalize_reason(text: str) -> str:
+    """Return a guard-failure reason without its compile id and object addresses.
+
+    "0/1: tensor 'ids' size mismatch at index 1. expected 16, actual 17" and
+    "3/0: tensor 'ids' size mismatch ..." are the same recompile in two frames: both become
+    "tensor 'ids' size mismatch at index 1. expected 16, actual 17". The guard text stays.
+    """
+    lines = str(text).strip().splitlines()
+    line = lines[0] if lines else ""
+    line = _ID_PREFIX.sub("", line)
+    line = _ADDRESS.sub("<id>", line)
+    return line.strip()[:REASON_MAX] or "?"
+
+
+def top_recompile_reasons(counts: Iterable[Mapping[str, int]], limit: int = 5
+                          ) -> list[tuple[str, int]]:
+    """Merge reason -> count maps (normalizing older keys) and return the `limit` largest."""
+    total: Counter[str] = Counter()
+    for mapping in counts:
+        for reason, n in mapping.items():
+            total[normalize_reason(reason)] += int(n)
+    return sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
 class _LimitHandler(logging.Handler):
@@ -84,7 +114,7 @@ class CompileWatch:
         reasons: dict[str, int] = {}
         for failures in list(guard_failures.values()):
             for reason in list(failures):
-                key = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else "?"
+                key = normalize_reason(reason)
                 reasons[key] = reasons.get(key, 0) + 1
         breaks = {str(k)[:200]: int(v) for k, v in list(counters["graph_break"].items())}
         with self._lock:

@@ -28,6 +28,8 @@ class EngineConfig:
     num_threads: intra-op threads per decode stream (1 wins on small CPUs).
     speculative_k: tokens the draft proposes per verification step.
     max_concurrency: decode streams running at once; max_queue: callers allowed to wait.
+    flags_file: where the last flags read from the provider are kept, so a restart while
+        the database is down starts from them ("" keeps nothing; in-memory flags never do).
     """
 
     model_dir: str | None = None
@@ -49,6 +51,7 @@ class EngineConfig:
     max_queue: int = 16
     flag_timeout_s: float = 0.05
     cache_dir: str | None = None  # inductor on-disk cache; None = ./var/compile-cache
+    flags_file: str = "./var/last-flags.json"
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -5,14 +5,25 @@ wait on the same read until `timeout_s` after it started, and whoever gives up k
 last known flags. Only real failures count: a read that raised, returned the wrong type, or is
 still unfinished after `hang_s`. A waiting reader, or a slow read that does complete,
 is not a failure (the flags it returns become the last known ones).
+
+Last known flags survive a restart: with a `state_file`, every successful read that
+changed the flags is written there atomically (temp file + rename), and a new guard
+starts from that file, so a restart during a database outage keeps the fallbacks in
+force instead of turning every optimization back on. `source` says where the flags in
+use came from: "live" (a provider read), "file" (the state file) or "defaults".
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -20,6 +31,44 @@ from engine.protocol import FlagProvider, InMemoryFlagProvider, RuntimeFlags
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 60.0  # at most one failure line per minute: bursts must not flood logs
+FLAG_SOURCES = ("live", "file", "defaults")
+
+
+def save_flags(path: Path, flags: RuntimeFlags) -> None:
+    """Write `flags` to `path` atomically (a reader sees the old file or the new one)."""
+    data = asdict(flags)
+    data["speculative"] = dict(flags.speculative)
+    data["manual_off"] = sorted(flags.manual_off)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".flags-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_flags(path: Path) -> RuntimeFlags:
+    """Read flags written by `save_flags`; raise ValueError (or OSError) when unusable."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    spec = data.get("speculative", {})
+    prob = data.get("speculative_probation", 0.0)
+    bools = {k: data.get(k, True) for k in ("speculative_default", "compiled", "bucketing")}
+    manual = data.get("manual_off", [])
+    if (not isinstance(spec, dict) or not all(isinstance(v, bool) for v in spec.values())
+            or not all(isinstance(v, bool) for v in bools.values())
+            or isinstance(prob, bool) or not isinstance(prob, int | float) or not 0 <= prob <= 1
+            or not isinstance(manual, list) or not all(isinstance(m, str) for m in manual)):
+        raise ValueError("unexpected field types")
+    return RuntimeFlags(speculative={str(k): v for k, v in spec.items()},
+                        speculative_probation=float(prob), manual_off=frozenset(manual),
+                        **bools)
 
 
 class GuardedFlags:
@@ -31,7 +80,7 @@ class GuardedFlags:
     """
 
     def __init__(self, provider: FlagProvider, timeout_s: float, *,
-                 hang_s: float | None = None,
+                 hang_s: float | None = None, state_file: str | Path | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._provider = provider
         self._timeout_s = timeout_s
@@ -40,6 +89,16 @@ class GuardedFlags:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._last = RuntimeFlags()
+        self._source = "defaults"
+        self._state_file = Path(state_file) if state_file else None
+        self._saved: RuntimeFlags | None = None
+        if self._state_file is not None and self._state_file.exists():
+            try:
+                self._last = self._saved = load_flags(self._state_file)
+                self._source = "file"
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("flags: ignoring unreadable %s (%s); starting from defaults",
+                            self._state_file, exc)
         self._errors = 0
         self._suppressed = 0
         self._logged_at: float | None = None
@@ -52,6 +111,7 @@ class GuardedFlags:
     def read(self) -> RuntimeFlags:
         """Return fresh flags, or the last known ones when the provider is slow or fails."""
         if type(self._provider) is InMemoryFlagProvider:
+            self._source = "live"
             return self._provider.flags()  # cannot fail or hang: skip the thread hop
         future, started = self._shared_read()
         # Wait within the read's own deadline: during a hang requests do not each pay it.
@@ -87,7 +147,22 @@ class GuardedFlags:
             return None
         with self._lock:
             self._last = flags
+            self._source = "live"
+            save = self._state_file is not None and flags != self._saved
+        if save:
+            self._save(flags)
         return flags
+
+    def _save(self, flags: RuntimeFlags) -> None:
+        assert self._state_file is not None
+        try:
+            save_flags(self._state_file, flags)
+        except OSError as exc:  # a full or read-only disk must not fail requests
+            log.warning("flags: could not save the last known flags to %s: %s",
+                        self._state_file, exc)
+            return
+        with self._lock:
+            self._saved = flags
 
     def _check_hang(self, future: Future[RuntimeFlags | None]) -> None:
         with self._lock:
@@ -114,6 +189,12 @@ class GuardedFlags:
         """Return the last flags read successfully (defaults before the first)."""
         with self._lock:
             return self._last
+
+    @property
+    def source(self) -> str:
+        """Return where the flags in use came from: "live", "file" or "defaults"."""
+        with self._lock:
+            return self._source
 
     @property
     def errors(self) -> int:

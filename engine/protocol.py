@@ -254,6 +254,8 @@ class RuntimeFlags:
         is off that still speculate, so acceptance recovery can be measured.
     compiled: False forces the eager fallback.
     bucketing: False runs exact input shapes (for experiments; recompiles).
+    manual_off: scopes ("global" or bucket labels) where a person turned speculation off;
+        probation never applies there (manual wins, a kill switch must not leak).
     """
 
     speculative_default: bool = True
@@ -261,10 +263,17 @@ class RuntimeFlags:
     speculative_probation: float = 0.0
     compiled: bool = True
     bucketing: bool = True
+    manual_off: frozenset[str] = frozenset()
 
     def speculative_for(self, bucket: str) -> bool:
         """Return whether speculation is on for `bucket`."""
         return self.speculative.get(bucket, self.speculative_default)
+
+    def probation_for(self, bucket: str) -> float:
+        """Return the probation share of `bucket` (0 where a manual flag turned it off)."""
+        if "global" in self.manual_off or bucket in self.manual_off:
+            return 0.0
+        return self.speculative_probation
 
 
 @dataclass(frozen=True)
@@ -368,6 +377,10 @@ class Engine(Protocol):
 
     def flag_errors(self) -> int:
         """Return how often the flag provider raised or timed out."""
+        ...
+
+    def flag_source(self) -> str:
+        """Return where the flags in use came from: "live", "file" (last known) or "defaults"."""
         ...
 
     def close(self) -> None: ...

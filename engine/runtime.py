@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine import decoding, t5
+from engine import decoding, precompile, t5
 from engine.admission import Admission
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
@@ -53,10 +53,12 @@ log = logging.getLogger(__name__)
 
 EXACT = "exact"
 K_MAX = 8  # the largest draft length the adaptive choice may pick
-STEPS_PER_CALL = 4  # greedy tokens per direct step call (one host sync and guard check each)
-# CPU inductor: weights as constants (prepacked linears) and a C++ wrapper (no Python per
-# kernel); measured in bench.engine, see the README.
-_INDUCTOR_CPU = (("freezing", True), ("cpp_wrapper", True))
+# Greedy tokens per direct step call. 4 saved ~20% per token on one core but compiled ~4x
+# longer (the steps are unrolled in the graph); the README has the numbers.
+STEPS_PER_CALL = 1
+# Inductor options for every compiled function. freezing and cpp_wrapper were measured on
+# the CPU step: no gain beyond noise at this size (the step is bound by reading weights).
+_INDUCTOR_OPTIONS: tuple[tuple[str, object], ...] = ()
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -98,9 +100,8 @@ class Runtime:
             dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
         self._watch = shared_watch()
         self._compile_on = config.compile_mode != "off"
-        inductor = _INDUCTOR_CPU if self.device.type == "cpu" else (("freezing", True),)
         options = (CompileOptions(config.compile_mode, config.compile_backend,
-                                  config.recompile_limit, inductor)
+                                  config.recompile_limit, _INDUCTOR_OPTIONS)
                    if self._compile_on else None)
         self._t_created = time.perf_counter()
 
@@ -108,8 +109,8 @@ class Runtime:
         self._target_loaded = load_model(target_dir)
         self._draft_loaded, self.speculative_reason = pair_draft(config, self._target_loaded)
         # Said once, at start: a user model without draft_dir runs direct decoding.
-        (log.info if self._draft_loaded is not None else log.warning)(
-            "speculative decoding %s", self.speculative_reason)
+        quiet = self._draft_loaded is not None or not config.use_draft
+        (log.info if quiet else log.warning)("speculative decoding %s", self.speculative_reason)
         self.tokenizer = self._target_loaded.tokenizer
         self.slots = config.max_new_tokens_cap + config.kv_headroom
         # Verification covers k_max + 1 positions whatever k is chosen (one shape per bucket).
@@ -127,7 +128,11 @@ class Runtime:
         gc.collect()
 
         self._admission = Admission(config.max_concurrency, config.max_queue)
-        self._flags = GuardedFlags(flags or InMemoryFlagProvider(), config.flag_timeout_s)
+        provider = flags or InMemoryFlagProvider()
+        # In-memory flags need no file: only a provider that can be unreachable keeps one.
+        state_file = None if type(provider) is InMemoryFlagProvider else config.flags_file
+        self._flags = GuardedFlags(provider, config.flag_timeout_s,
+                                   state_file=state_file or None)
         with torch.no_grad():
             self._caches = [self._new_caches() for _ in range(config.max_concurrency)]
         self._lock = threading.Lock()
@@ -149,6 +154,12 @@ class Runtime:
         self._warm_error: str | None = None
         self._closed = False
         self._info = self._make_info()
+        self.artifacts_path: Path | None = None
+        if self._compile_on:
+            # Before any compile: precompiled artifacts turn every inductor compile into a hit.
+            self.artifacts_path = precompile.artifacts_path(config, self._info.model_version,
+                                                            self.device.type)
+            self.cache_hit = precompile.load_artifacts(self.artifacts_path).hit
 
     def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
                 k: int, steps: int) -> ModelRunner:
@@ -195,6 +206,9 @@ class Runtime:
 
     def flag_errors(self) -> int:
         return self._flags.errors
+
+    def flag_source(self) -> str:
+        return self._flags.source
 
     def compile_snapshot(self) -> CompileSnapshot:
         return self._watch.snapshot()
@@ -349,10 +363,11 @@ class Runtime:
             return False, False
         if flags.speculative_for(label):
             return True, False
-        if flags.speculative_probation > 0:
+        share = flags.probation_for(label)
+        if share > 0:
             with self._lock:
                 draw = self._rng.random()
-            if draw < flags.speculative_probation:
+            if draw < share:
                 return True, True
         return False, False
 

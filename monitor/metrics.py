@@ -279,6 +279,14 @@ class EngineCollector(_SafeCollector):
         yield _counter("flag_provider_errors",
                        "Flag reads that failed: raised or hung (last flags kept; slow reads are not failures).",
                        engine.flag_errors())
+        source = GaugeMetricFamily(
+            f"{PREFIX}_flag_source",
+            "Where the engine's flags come from: live (database), file (last known) or defaults.",
+            labels=["source"])
+        current = engine.flag_source()
+        for name in ("live", "file", "defaults"):
+            source.add_metric([name], 1.0 if name == current else 0.0)
+        yield source
 
 
 class DatabaseCollector(_SafeCollector):

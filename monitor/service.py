@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from prometheus_client.registry import Collector
 from sqlalchemy import Engine as DbEngine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -219,11 +220,13 @@ def preflight(settings: Settings) -> None:
                              f"known: {sorted(suites)}")
 
 
-def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float) -> FlagProvider:
+def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float,
+                       instance_id: str | None = None) -> FlagProvider:
     """Return the SQL-backed flag provider the engine reads on every request."""
     from alerts.flags import SqlFlagProvider
 
-    return SqlFlagProvider(sessions, ttl_s=ttl_s)
+    # instance_id: an "instance:<id>" scoped flag (a per-instance eager fallback) applies here.
+    return SqlFlagProvider(sessions, ttl_s=ttl_s, instance_id=instance_id)
 
 
 @asynccontextmanager
@@ -237,19 +240,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings, metrics, seams = parts.settings, parts.metrics, parts.seams
     db = prepare_database(settings)
     closers: list[Callable[[], object]] = [db.dispose]
-    collectors: list[object] = []
+    collectors: list[Collector] = []
     scheduler: JobScheduler | None = None
     try:
         sessions = make_sessionmaker(db)
         writer = Writer(sessions, max_pending=settings.write_buffer_max)
         closers.append(lambda: _close_writer(writer))
         alerts = load_config(settings.alerts)  # bad rule, policy or webhook files fail here
-        flags = make_flag_provider(sessions, alerts.flags_ttl_s)
+        flags = make_flag_provider(sessions, alerts.flags_ttl_s, settings.instance_id)
         # Alerts carry service/job/instance as Prometheus labels this process's own series.
         targets = with_labels(alerts.targets, source_labels(settings.api.host, settings.api.port))
         alerts = replace(alerts, targets=tuple(targets))
+        # run_wait_s: a hanging receiver's drain outlives its run instead of holding up the next.
         deliverer = Deliverer(sessions, alerts.targets, transport=seams.transport,
-                              clock=seams.clock, max_age_s=alerts.webhook_max_age_s)
+                              clock=seams.clock, max_age_s=alerts.webhook_max_age_s,
+                              run_wait_s=2.0)
         closers.append(deliverer.close)
         holder = EngineHolder(seams.engine_factory, settings.engine, flags)
         closers.append(holder.close)
@@ -293,7 +298,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 log.warning("tailwatch: shutdown step failed: %s", exc)
         for collector in collectors:
             with suppress(KeyError):
-                metrics.registry.unregister(collector)  # type: ignore[arg-type]
+                metrics.registry.unregister(collector)
 
 
 def _close_writer(writer: Writer) -> None:

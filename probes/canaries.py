@@ -9,12 +9,26 @@ A suites file holds `suites:`, a list of mappings:
         prompts: {file: ../../engine/builtin/canaries/in_domain.txt}   # or a list of strings
 
 `file:` paths are relative to the YAML file; a prompts file holds one prompt per line.
+
+`tailwatch canaries build` writes suites whose prompts are mappings that also record the
+canary's token count, bucket and the reference output (the reference path: eager,
+float32, direct decoding, exact shape), and the suite's `reference` cohort:
+
+    suites:
+      - name: own
+        domain: own
+        max_new_tokens: 32
+        reference: {model_version: 3f2a..., path: eager/float32/direct}
+        prompts:
+          - {text: "...", tokens: 14, bucket: "16", reference_ids: [52, 9, 1],
+             reference_text: "..."}
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +37,22 @@ import yaml
 from engine.protocol import BUCKET_OVERFLOW, Engine
 from probes.errors import SuiteError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SUITES_FILE = Path(__file__).parent / "suites" / "default.yaml"
-_KEYS = {"name", "domain", "prompts", "max_new_tokens"}
+_KEYS = {"name", "domain", "prompts", "max_new_tokens", "reference"}
+_CANARY_KEYS = {"text", "tokens", "bucket", "reference_ids", "reference_text"}
+
+
+@dataclass(frozen=True)
+class Canary:
+    """One recorded canary: its text, token count, bucket and reference output."""
+
+    text: str
+    tokens: int | None = None
+    bucket: str | None = None
+    reference_ids: tuple[int, ...] | None = None
+    reference_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +64,9 @@ class CanarySuite:
     prompts: tuple[str, ...]
     max_new_tokens: int | None = None  # None: the engine's default (keeps its cache shape)
     source: str = ""
+    # Built suites: per-prompt records (same order as prompts) and the reference cohort.
+    canaries: tuple[Canary, ...] = ()
+    reference: Mapping[str, str] = field(default_factory=dict)
 
 
 def load_suites(user_file: str | Path | None = None) -> dict[str, CanarySuite]:
@@ -80,27 +111,59 @@ def _parse_suite(raw: Any, path: Path, where: str) -> CanarySuite:
     mnt = raw.get("max_new_tokens")
     if mnt is not None and (isinstance(mnt, bool) or not isinstance(mnt, int) or mnt < 1):
         raise SuiteError(file, f"{where}.max_new_tokens", f"must be a positive integer, got {mnt!r}")
-    prompts = _parse_prompts(raw.get("prompts"), path, f"{where}.prompts")
-    return CanarySuite(raw["name"], raw["domain"], prompts, mnt, file)
+    reference = raw.get("reference") or {}
+    if not isinstance(reference, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in reference.items()):
+        raise SuiteError(file, f"{where}.reference", "must be a mapping of strings")
+    canaries = _parse_prompts(raw.get("prompts"), path, f"{where}.prompts")
+    prompts = tuple(c.text for c in canaries)
+    recorded = canaries if any(c.tokens is not None for c in canaries) else ()
+    return CanarySuite(raw["name"], raw["domain"], prompts, mnt, file, recorded, dict(reference))
 
 
-def _parse_prompts(raw: Any, path: Path, where: str) -> tuple[str, ...]:
+def _parse_prompts(raw: Any, path: Path, where: str) -> tuple[Canary, ...]:
     file = str(path)
     items = [raw] if isinstance(raw, Mapping) else raw
     if not isinstance(items, list) or not items:
         raise SuiteError(file, where, "must be a non-empty list of strings or {file: path}")
-    out: list[str] = []
+    out: list[Canary] = []
     for i, item in enumerate(items):
         if isinstance(item, str):
             if not item:
                 raise SuiteError(file, f"{where}[{i}]", "must not be empty")
-            out.append(item)
+            out.append(Canary(item))
         elif isinstance(item, Mapping) and set(item) == {"file"} and isinstance(item["file"], str):
-            out.extend(_read_prompts_file((path.parent / item["file"]).resolve(), file,
-                                              f"{where}.file"))
+            out.extend(Canary(t) for t in _read_prompts_file(
+                (path.parent / item["file"]).resolve(), file, f"{where}.file"))
+        elif isinstance(item, Mapping) and "text" in item:
+            out.append(_parse_canary(item, file, f"{where}[{i}]"))
         else:
-            raise SuiteError(file, f"{where}[{i}]", "must be a string or {file: path}")
+            raise SuiteError(file, f"{where}[{i}]", "must be a string, {file: path} or"
+                                                     " {text: ..., tokens: ..., ...}")
     return tuple(out)
+
+
+def _parse_canary(item: Mapping[str, Any], file: str, where: str) -> Canary:
+    unknown = set(item) - _CANARY_KEYS
+    if unknown:
+        raise SuiteError(file, f"{where}.{sorted(unknown)[0]}", "unknown field")
+    text, tokens, bucket = item.get("text"), item.get("tokens"), item.get("bucket")
+    if not isinstance(text, str) or not text.strip():
+        raise SuiteError(file, f"{where}.text", "must be a non-empty string")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or tokens < 1):
+        raise SuiteError(file, f"{where}.tokens", f"must be a positive integer, got {tokens!r}")
+    if bucket is not None and not isinstance(bucket, str | int):
+        raise SuiteError(file, f"{where}.bucket", f"must be a bucket label, got {bucket!r}")
+    ids = item.get("reference_ids")
+    if ids is not None and (not isinstance(ids, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in ids)):
+        raise SuiteError(file, f"{where}.reference_ids", "must be a list of token ids")
+    ref_text = item.get("reference_text")
+    if ref_text is not None and not isinstance(ref_text, str):
+        raise SuiteError(file, f"{where}.reference_text", "must be a string")
+    return Canary(text, tokens, None if bucket is None else str(bucket),
+                  None if ids is None else tuple(ids), ref_text)
 
 
 def _read_prompts_file(p: Path, file: str, where: str) -> list[str]:
@@ -128,7 +191,14 @@ def by_bucket(suite: CanarySuite, engine: Engine, per_bucket: int) -> dict[str, 
         if len(chosen) < per_bucket:
             chosen.append(prompt)
     order = [str(b) for b in engine.info.buckets] + [BUCKET_OVERFLOW]
-    return {b: tuple(groups[b]) for b in order if b in groups}
+    plan = {b: tuple(groups[b]) for b in order if b in groups}
+    missing = missing_buckets(plan, engine)
+    if missing:
+        # Plans are made once per suite, at the first cycle: this is said once, at start.
+        log.warning("canary suite %r has no canary in bucket(s) %s for this tokenizer; build"
+                    " one with `tailwatch canaries build --from samples.txt`", suite.name,
+                    ", ".join(missing))
+    return plan
 
 
 def missing_buckets(plan: Mapping[str, Sequence[str]], engine: Engine) -> tuple[str, ...]:

@@ -217,5 +217,8 @@ class FakeEngine:
     def flag_errors(self) -> int:
         return 0
 
+    def flag_source(self) -> str:
+        return "live"
+
     def close(self) -> None:
         self.release.set()

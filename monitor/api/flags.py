@@ -10,7 +10,13 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from alerts.flags import FlagStore
-from monitor.api.deps import FlagProviderDep, ReaderDep, SessionsDep, WriterDep
+from monitor.api.deps import (
+    EngineHolderDep,
+    FlagProviderDep,
+    ReaderDep,
+    SessionsDep,
+    WriterDep,
+)
 from monitor.api.errors import NotFound
 from storage.models import FLAG_SCOPE_GLOBAL
 
@@ -81,7 +87,7 @@ class Cleared(BaseModel):
 
 
 @router.get("/v1/flags")
-def list_flags(sessions: SessionsDep, _actor: ReaderDep) -> FlagsOut:
+def list_flags(sessions: SessionsDep, holder: EngineHolderDep, _actor: ReaderDep) -> FlagsOut:
     """Return every stored flag row and the effective runtime flags."""
     with sessions() as session:
         rows = _store.list(session)
@@ -91,6 +97,14 @@ def list_flags(sessions: SessionsDep, _actor: ReaderDep) -> FlagsOut:
         update={"in_force": (r.name, r.scope, r.source) in in_force}) for r in rows]
     eff = asdict(effective)
     eff["speculative"] = dict(effective.speculative)
+    eff["manual_off"] = sorted(effective.manual_off)
+    # Whether a draft is loaded at all (a user model without draft_dir decodes directly).
+    engine = holder.get()
+    if engine is not None:
+        eff["speculative_available"] = engine.info.speculative_available
+        eff["speculative_reason"] = engine.info.speculative_reason
+        # live: read from the database; file: the last known flags (database unreachable).
+        eff["source"] = engine.flag_source()
     return FlagsOut(flags=out, effective=eff)
 
 

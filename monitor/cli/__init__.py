@@ -23,7 +23,9 @@ COMMANDS: dict[str, str] = {
     "baselines": "monitor.cli.operator:baselines",
     "report": "monitor.cli.report:report",
     "demo": "monitor.cli.demo:demo",
+    "engine": "monitor.cli.engine:engine",
     "export": "monitor.cli.export:export",
+    "canaries": "monitor.cli.canaries:canaries",
 }
 
 

@@ -7,12 +7,10 @@ import click
 FORMATS = ("csv", "parquet")
 
 
-class ExportFailed(click.ClickException):
-    """A one-line failure with its own exit code (2: bad input, 1: database or disk)."""
+class BadExportInput(click.ClickException):
+    """A bad option value: one line, exit code 2 (database or disk failures exit 1)."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    exit_code = 2
 
 
 @click.command()
@@ -32,17 +30,17 @@ def export(ctx: click.Context, table: str, since: str, fmt: str, out: str | None
     from storage.queries.export import EXPORT_TABLES
 
     if table not in EXPORT_TABLES:
-        raise ExportFailed(f"--table: must be one of {', '.join(EXPORT_TABLES)}, got {table!r}", 2)
+        raise BadExportInput(f"--table: must be one of {', '.join(EXPORT_TABLES)}, got {table!r}")
     if fmt not in FORMATS:
-        raise ExportFailed(f"--format: must be csv or parquet, got {fmt!r}", 2)
+        raise BadExportInput(f"--format: must be csv or parquet, got {fmt!r}")
     try:
         window_s = parse_duration(since)
     except ValueError as exc:
-        raise ExportFailed(f"--since: {exc}", 2) from None
+        raise BadExportInput(f"--since: {exc}") from None
     if window_s <= 0:
-        raise ExportFailed(f"--since: must be longer than 0, got {since!r}", 2)
+        raise BadExportInput(f"--since: must be longer than 0, got {since!r}")
     if fmt == "parquet" and out is None:
-        raise ExportFailed("--out: Parquet is binary, name a file", 2)
+        raise BadExportInput("--out: Parquet is binary, name a file")
 
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -65,7 +63,7 @@ def export(ctx: click.Context, table: str, since: str, fmt: str, out: str | None
         else:
             click.echo(df.to_csv(index=False), nl=False)
     except (SQLAlchemyError, StorageError, OSError) as exc:
-        raise ExportFailed(f"database or output: {_first_line(exc)}", 1) from None
+        raise click.ClickException(f"database or output: {_first_line(exc)}") from None
     finally:
         engine.dispose()
     if out is not None:

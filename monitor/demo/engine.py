@@ -96,6 +96,9 @@ class SlowableEngine:
     def flag_errors(self) -> int:
         return self.inner.flag_errors()
 
+    def flag_source(self) -> str:
+        return self.inner.flag_source()
+
     def close(self) -> None:
         self.inner.close()
 

@@ -7,9 +7,10 @@ aggregates are pandas groupbys here, so SQLite and PostgreSQL give the same numb
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import Any, cast
 
 import pandas as pd
 from sqlalchemy.orm import Session
@@ -103,6 +104,16 @@ def _day_numbers(days: pd.Series, start: datetime) -> list[int]:
     return [(date.fromisoformat(d) - start.date()).days for d in days]
 
 
+def _groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """Yield (key values, rows) of each group, in key order."""
+    for key, rows in df.groupby(keys):
+        yield cast(tuple[Any, ...], key), rows
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return cast(list[dict[str, Any]], df.to_dict("records"))
+
+
 def _median_of(g: pd.DataFrame, value: str) -> float:
     return float(weighted_median(zip(g[value], g["count"], strict=True)) or 0.0)
 
@@ -113,8 +124,8 @@ def _p99(session: Session, start: datetime,
     df = queries.canary_results_frame(session, start, end, kind="cycle", variant=ARM_OPTIMIZED)
     df = df[df["p99_s"].notna()].assign(day=lambda d: _days(d["at"], start))
     days = tuple(BucketDay(str(b), int(d), _median_of(g, "p99_s"), int(g["count"].sum()))
-                 for (b, d), g in df.groupby(["bucket", "day"]))
-    return days, {str(b): _median_of(g, "p99_s") for b, g in df.groupby("bucket")}
+                 for (b, d), g in _groups(df, ["bucket", "day"]))
+    return days, {str(b): _median_of(g, "p99_s") for (b,), g in _groups(df, ["bucket"])}
 
 
 def _baselines(session: Session, end: datetime) -> dict[str, float]:
@@ -146,15 +157,19 @@ def _traffic(session: Session, start: datetime) -> tuple[
         (per_path["bucket"] == BUCKET_OVERFLOW) | (per_path["path"] == "overflow"))
     per_path.loc[implied, "overflow"] = per_path.loc[implied, "requests"]
     per_bucket = per_path.groupby(["day", "bucket"], as_index=False)[sums].sum()
-    traffic = tuple(TrafficDay(str(r.bucket), int(r.day), int(r.requests), int(r.input_tokens),
-                               int(r.padded_tokens), int(r.overflow))
-                    for r in per_bucket.itertuples())
-    acceptance = tuple(AcceptanceDay(str(r.bucket), int(r.day), int(r.accepted), int(r.drafted))
-                       for r in per_bucket.itertuples() if r.drafted)
+    rows = _records(per_bucket)
+    traffic = tuple(TrafficDay(str(r["bucket"]), int(r["day"]), int(r["requests"]),
+                               int(r["input_tokens"]), int(r["padded_tokens"]), int(r["overflow"]))
+                    for r in rows)
+    acceptance = tuple(AcceptanceDay(str(r["bucket"]), int(r["day"]), int(r["accepted"]),
+                                     int(r["drafted"]))
+                       for r in rows if r["drafted"])
     hist: list[int] = histograms.empty(histograms.TOKEN_EDGES)
     for h in queries.input_length_hists(session, start, end):
         hist = histograms.add(hist, h)
     return traffic, acceptance, _length_bins(hist)
+
+
 def _length_bins(hist: list[int]) -> tuple[LengthBin, ...]:
     edges = histograms.TOKEN_EDGES
     out = []
@@ -173,8 +188,9 @@ def _canary_acceptance(session: Session, start: datetime) -> tuple[AcceptanceDay
     df = df.assign(day=_day_numbers(df["day"], start))
     df[["accepted", "drafted"]] = df[["accepted", "drafted"]].fillna(0).astype(int)
     sums = df.groupby(["day", "bucket"], as_index=False)[["accepted", "drafted"]].sum()
-    return tuple(AcceptanceDay(str(r.bucket), int(r.day), int(r.accepted), int(r.drafted))
-                 for r in sums.itertuples() if r.drafted)
+    return tuple(AcceptanceDay(str(r["bucket"]), int(r["day"]), int(r["accepted"]),
+                               int(r["drafted"]))
+                 for r in _records(sums) if r["drafted"])
 
 
 def _memory(session: Session, start: datetime, end: datetime) -> tuple[MemoryPoint, ...]:
@@ -191,19 +207,20 @@ def _recompiles(session: Session, start: datetime, end: datetime,
     df[["recompiles", "limit_hits"]] = df[["recompiles", "limit_hits"]].fillna(0).astype(int)
     warm = df["at"] > df["first_at"] + pd.Timedelta(seconds=warmup_s)
     df = df.assign(hour=df["at"].dt.floor("h"), after_warmup=df["recompiles"].where(warm, 0))
-    hours = df.groupby("hour")[["recompiles", "after_warmup", "limit_hits"]].sum()
-    return tuple(RecompileHour(h.to_pydatetime(), int(r.recompiles), int(r.after_warmup),
-                               int(r.limit_hits))
-                 for h, r in hours.iterrows() if r.any())
+    hours = df.groupby("hour", as_index=False)[["recompiles", "after_warmup", "limit_hits"]].sum()
+    return tuple(RecompileHour(r["hour"].to_pydatetime(), int(r["recompiles"]),
+                               int(r["after_warmup"]), int(r["limit_hits"]))
+                 for r in _records(hours)
+                 if r["recompiles"] or r["after_warmup"] or r["limit_hits"])
 
 
 def _ab(session: Session, start: datetime, end: datetime) -> tuple[ArmLatency, ...]:
     df = queries.canary_results_frame(session, start, end, kind="ab")
     df = df[df["p50_s"].notna()].assign(day=lambda d: _days(d["at"], start))
     out = [ArmLatency(str(v), str(b), _median_of(g, "p50_s"), int(g["count"].sum()))
-           for (v, b), g in df.groupby(["variant", "bucket"])]
+           for (v, b), g in _groups(df, ["variant", "bucket"])]
     out += [ArmLatency(str(v), str(b), _median_of(g, "p50_s"), int(g["count"].sum()), int(d))
-            for (v, b, d), g in df.groupby(["variant", "bucket", "day"])]
+            for (v, b, d), g in _groups(df, ["variant", "bucket", "day"])]
     return tuple(out)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Select, func
+from sqlalchemy import ColumnElement, Select, SQLColumnExpression, func
 from sqlalchemy.orm import Session
 
 from storage.db import dialect_name
@@ -24,16 +24,16 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def _day(session: Session, column: ColumnElement[datetime]) -> ColumnElement[str]:
+def _day(session: Session, column: SQLColumnExpression[datetime]) -> ColumnElement[str]:
     """Return an expression giving the UTC day of `column` as 'YYYY-MM-DD'."""
     if dialect_name(session) == "sqlite":
         return func.substr(column, 1, 10)  # stored as naive UTC text
     return func.to_char(func.timezone("UTC", column), "YYYY-MM-DD")
 
 
-def _json_sums(column: ColumnElement[list[int]], n: int) -> list[ColumnElement[int]]:
+def _json_sums(column: SQLColumnExpression[list[int]], n: int) -> list[ColumnElement[int]]:
     """Return per-index sums of a JSON count-list column (missing entries count 0)."""
-    return [func.coalesce(func.sum(column[i].as_integer()), 0) for i in range(n)]  # type: ignore[index]
+    return [func.coalesce(func.sum(column[i].as_integer()), 0) for i in range(n)]
 
 
 def _bucket_order(bucket: str) -> tuple[int, str]:

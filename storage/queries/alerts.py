@@ -38,6 +38,15 @@ def fired_alerts(session: Session, rules: Collection[str]) -> list[Alert]:
                                                     Alert.fired_at.is_not(None))))
 
 
+def last_resolved_fired(session: Session, rule: str) -> dict[str, datetime]:
+    """Return fingerprint -> when its latest alert that had fired was resolved (rule `rule`)."""
+    rows = session.execute(
+        select(Alert.fingerprint, func.max(Alert.resolved_at))
+        .where(Alert.rule == rule, Alert.state == "resolved", Alert.fired_at.is_not(None))
+        .group_by(Alert.fingerprint))
+    return {fp: at for fp, at in rows if at is not None}
+
+
 def list_alerts(session: Session, state: str = "open", *, limit: int = 100) -> list[Alert]:
     """Return alerts in `state` (one of ALERT_FILTERS), newest first."""
     q = select(Alert).order_by(Alert.started_at.desc(), Alert.id.desc()).limit(limit)

@@ -85,4 +85,5 @@ def variant_p99s(session: Session, start: datetime, end: datetime, *,
         ProbeResult.at >= start, ProbeResult.at < end, ProbeResult.p99_s.is_not(None))
     if bucket is not None:
         q = q.where(ProbeResult.bucket == bucket)
-    return [VariantP99(var, p99, count) for var, p99, count in session.execute(q)]
+    return [VariantP99(var, p99, count) for var, p99, count in session.execute(q)
+            if p99 is not None]  # the WHERE clause already says so; this tells the type

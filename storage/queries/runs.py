@@ -98,4 +98,5 @@ def arm_p50s(session: Session, start: datetime, end: datetime, variants: Collect
     if instance_id is not None:
         stmt = stmt.where(ProbeRun.instance_id == instance_id)
     return [ArmRow(run_id, bucket, variant, count - errors, p50)
-            for run_id, bucket, variant, count, errors, p50 in session.execute(stmt)]
+            for run_id, bucket, variant, count, errors, p50 in session.execute(stmt)
+            if p50 is not None]  # the WHERE clause already says so; this tells the type

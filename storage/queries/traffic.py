@@ -60,7 +60,7 @@ def acceptance(
         cols = [func.sum(r.count), func.sum(r.drafts), func.sum(r.draft_tokens),
                 func.sum(r.accepted_tokens)]
         where = [r.at >= start, r.at < end]
-        model: type = ProbeResult
+        model: type[ProbeResult] | type[TrafficRollup] = ProbeResult
     else:
         t = TrafficRollup
         at, aps = t.minute, t.accepted_per_position

@@ -25,6 +25,9 @@ from storage.queries._common import _day
 
 def frame(session: Session, stmt: Select, time_columns: tuple[str, ...] = ()) -> pd.DataFrame:
     """Return the rows of `stmt` as a DataFrame; `time_columns` become UTC datetimes."""
+    if session.autoflush:
+        # read_sql runs on the connection, past the ORM: flush as session.execute would.
+        session.flush()
     df = pd.read_sql(stmt, session.connection())
     for col in time_columns:
         # SQLite returns naive UTC text; PostgreSQL aware timestamps: one dtype for both.

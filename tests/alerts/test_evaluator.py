@@ -15,7 +15,7 @@ from alerts.evaluator import evaluate
 from alerts.lifecycle import fingerprint
 from alerts.rules import parse_rule
 from alerts.webhooks import WebhookTarget
-from storage.models import Alert, AlertTransition, WebhookDelivery
+from storage.models import Alert, AlertTransition, Baseline, WebhookDelivery
 from tests.alerts.builders import add_cycle
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -139,6 +139,8 @@ def test_rolling_baseline_stored_pinned_and_excludes_firing(sessionmaker: sessio
     with sessionmaker.begin() as s:
         p = pin(s, "p99_latency", "bucket=64", "ana", value=0.5, note="after upgrade")
         assert p.kind == "pinned" and p.pinned_by == "ana" and p.spread is not None
+        assert p.note == "after upgrade"  # the spread is a column, not appended text
+        assert s.get(Baseline, p.id).spread == p.spread
     fill(sessionmaker, 54, 58, 0.3)
     for i in range(55, 59):
         rep = run(sessionmaker, i)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -223,6 +224,40 @@ def test_a_hanging_target_costs_only_itself(sessionmaker: sessionmaker[Session])
     assert hung.held[0] is True  # released by the healthy target's deliveries, not timed out
     assert report.delivered == 6 and report.retried == 0
     assert set(hung.accepted) == set(healthy.accepted)
+
+
+def test_a_hanging_target_does_not_hold_up_later_runs(sessionmaker: sessionmaker[Session]):
+    # run_wait_s bounds each run: the hung target's drain goes on in its thread, later runs
+    # skip it and serve the healthy target, and its counts come with the run it ends in.
+    release = threading.Event()
+    hung = Receiver(hold=release, hold_s=20.0)
+    healthy = Receiver()
+    clock = Clock()
+    reports = []
+    with serve(hung) as hung_url, serve(healthy) as ok_url:
+        slow = WebhookTarget(name="a-hung", url=hung_url, timeout_s=30)
+        ok = WebhookTarget(name="b-ok", url=ok_url)
+        with sessionmaker.begin() as s:
+            enqueue(s, note(1), [slow, ok])
+        with Deliverer(sessionmaker, [slow, ok], clock=clock, run_wait_s=0.1) as d:
+            reports.append(d.run_once())  # returns with the hung request still held
+            with sessionmaker.begin() as s:
+                enqueue(s, note(2), [ok])
+            for _ in range(100):
+                reports.append(d.run_once())
+                if len(healthy.accepted) == 2:
+                    break
+                time.sleep(0.05)
+            assert set(healthy.accepted) == {"tw-alert-1-firing", "tw-alert-2-firing"}
+            assert hung.held == []  # both went while the hung request was still unanswered
+            release.set()
+            for _ in range(100):
+                reports.append(d.run_once())
+                if sum(r.delivered for r in reports) == 3:
+                    break
+                time.sleep(0.05)
+    assert hung.held == [True] and hung.accepted == {"tw-alert-1-firing": 1}
+    assert sum(r.delivered for r in reports) == 3 and sum(r.claimed for r in reports) == 3
 
 
 def test_resolved_waits_for_its_firing(sessionmaker: sessionmaker[Session]):

@@ -57,8 +57,15 @@ def test_result_fields_and_reports(warm_engine, flags):
     assert info.speculative_available and info.device == "cpu" and info.dtype == "float32"
     mem = warm_engine.memory_snapshot()
     assert mem.rss_bytes > 0 and mem.cuda_allocated_bytes is None
-    # 2 layers x 2 heads x 16 dims x (40 + 4 slots + 32 input) x K and V x 4 bytes, two models.
-    assert mem.kv_cache_bytes == 2 * (2 * 2 * 2 * 16 * (CAP + 4 + 32) * 4)
+    # Bytes of tensors actually allocated, per position: 2 layers x K and V x 2 heads x 16
+    # dims x 4 bytes. Static: both models' self caches (40 + 4 slots); per request: the
+    # cross K/V of the 8-token bucket, for the draft too when the request speculated.
+    per_position = 2 * 2 * 2 * 16 * 4
+    assert mem.kv_static_bytes == 2 * per_position * (CAP + 4)
+    assert r.kv_request_bytes == (2 if r.spec_k else 1) * per_position * 8
+    assert mem.kv_request_bytes == 0 and mem.kv_cache_bytes == mem.kv_static_bytes
+    assert mem.kv_request_peak_bytes >= r.kv_request_bytes
+    assert mem.kv_peak_bytes >= mem.kv_static_bytes + r.kv_request_bytes
     status = warm_engine.warmup_status()
     assert status.done and status.warm_buckets == status.total_buckets == 3
 

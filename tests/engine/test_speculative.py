@@ -25,7 +25,10 @@ def test_speculative_identical_to_direct_greedy(warm_engine, flags):
         assert spec.output_ids == direct.output_ids, text
         assert spec.path == direct.path
         s = spec.spec
-        assert s.draft_tokens == 3 * s.drafts
+        # The draft length is chosen per bucket from the measured acceptance and costs.
+        assert 1 <= spec.spec_k <= warm_engine.k_max and direct.spec_k == 0
+        assert s.draft_tokens == spec.spec_k * s.drafts
+        assert len(s.accepted_per_position) == spec.spec_k
         assert s.accepted_tokens == sum(s.accepted_per_position)
         assert list(s.accepted_per_position) == sorted(s.accepted_per_position, reverse=True)
         assert s.target_forwards == s.drafts

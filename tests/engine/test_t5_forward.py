@@ -33,16 +33,15 @@ def test_lean_logits_match_hf(models, pad_to):
     with torch.no_grad():
         ref = hf(input_ids=ids, decoder_input_ids=dec).logits
         mask_bias = m.mask_bias(mask)
-        ck, cv = t5.encode(m, padded, mask_bias, m.encoder_bias(length))
+        cross = t5.encode(m, padded, mask_bias, m.encoder_bias(length))
         slots = 12
         dec_bias = m.decoder_bias(slots)
-        sk, sv = m.new_self_cache(slots)
-        steps = [t5.decode_logits(m, dec[:, i:i + 1], torch.tensor([i]), sk, sv, ck, cv,
+        kv = m.new_self_cache(slots)
+        steps = [t5.decode_logits(m, dec[:, i:i + 1], torch.tensor([i]), kv, cross,
                                   mask_bias, dec_bias) for i in range(dec.shape[1])]
         stepwise = torch.cat(steps, 1)
-        sk2, sv2 = m.new_self_cache(slots)
-        block = t5.decode_logits(m, dec, torch.arange(dec.shape[1]), sk2, sv2, ck, cv,
-                                 mask_bias, dec_bias)
+        block = t5.decode_logits(m, dec, torch.arange(dec.shape[1]), m.new_self_cache(slots),
+                                 cross, mask_bias, dec_bias)
     assert ref.abs().max() > 0.5  # a meaningful comparison, not all zeros
     torch.testing.assert_close(stepwise, ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(block, ref, atol=1e-4, rtol=1e-4)
@@ -55,14 +54,34 @@ def test_stale_cache_slots_are_masked(models):
     mask = torch.ones_like(ids)
     with torch.no_grad():
         mask_bias = m.mask_bias(mask)
-        ck, cv = t5.encode(m, ids, mask_bias, m.encoder_bias(ids.shape[1]))
+        cross = t5.encode(m, ids, mask_bias, m.encoder_bias(ids.shape[1]))
         dec_bias = m.decoder_bias(10)
         clean = m.new_self_cache(10)
         dirty = m.new_self_cache(10)
-        for cache in dirty:
-            for layer in cache:
-                layer[:, :, 3:].normal_()
+        dirty[:, :, :, 3:].normal_()
         tokens = torch.tensor([[0, 50, 60]])
-        a = t5.decode_logits(m, tokens, torch.arange(3), *clean, ck, cv, mask_bias, dec_bias)
-        b = t5.decode_logits(m, tokens, torch.arange(3), *dirty, ck, cv, mask_bias, dec_bias)
+        a = t5.decode_logits(m, tokens, torch.arange(3), clean, cross, mask_bias, dec_bias)
+        b = t5.decode_logits(m, tokens, torch.arange(3), dirty, cross, mask_bias, dec_bias)
     torch.testing.assert_close(a, b)
+
+
+def test_multi_token_step_equals_single_steps(models):
+    """decode_steps(steps=n) gives the tokens of n single steps and the same cache."""
+    hf, tok, m = models
+    ids = tok("several steps per call", return_tensors="pt").input_ids
+    with torch.no_grad():
+        mask_bias = m.mask_bias(torch.ones_like(ids))
+        cross = t5.encode(m, ids, mask_bias, m.encoder_bias(ids.shape[1]))
+        dec_bias = m.decoder_bias(16)
+        one, many = m.new_self_cache(16), m.new_self_cache(16)
+        token, singles = torch.tensor([[0]]), []
+        for i in range(6):
+            token = t5.decode_steps(m, token, torch.tensor([i]), one, cross, mask_bias,
+                                    dec_bias, 1).view(1, 1)
+            singles.append(int(token))
+        first = t5.decode_steps(m, torch.tensor([[0]]), torch.tensor([0]), many, cross,
+                                mask_bias, dec_bias, 3)
+        second = t5.decode_steps(m, first[-1:].view(1, 1), torch.tensor([3]), many, cross,
+                                 mask_bias, dec_bias, 3)
+    assert first.tolist() + second.tolist() == singles
+    torch.testing.assert_close(one[:, :, :, :6], many[:, :, :, :6])

@@ -49,11 +49,11 @@ def test_export_parquet_loads_in_a_fresh_pandas(filled: datetime, tmp_path: Path
     code = main(["export", "--table", "probe_results", "--since", "7d", "--format", "parquet",
                  "--out", str(out)])
     assert code == 0, capsys.readouterr().err
-    script = ("import json, pandas as pd; df = pd.read_parquet(%r); "
+    script = ("import json, sys, pandas as pd; df = pd.read_parquet(sys.argv[1]); "
               "print(json.dumps({'n': len(df), 'p99': df['p99_s'].tolist(), "
-              "'tz': str(df['at'].dt.tz), 'aps': df['accepted_per_position'].tolist()}))" % str(out))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True, timeout=120)
+              "'tz': str(df['at'].dt.tz), 'aps': df['accepted_per_position'].tolist()}))")
+    done = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True,
+                          text=True, check=True, timeout=120)
     got = json.loads(done.stdout)
     # The 10-day-old row is outside --since 7d.
     assert got == {"n": 1, "p99": [0.25], "tz": "UTC", "aps": ["[3, 2]"]}

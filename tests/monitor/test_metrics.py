@@ -130,6 +130,9 @@ class _Engine(FakeEngine):
     def flag_errors(self) -> int:
         return 7
 
+    def flag_source(self) -> str:
+        return "file"
+
 
 def test_engine_collector_reads_the_engine_at_scrape() -> None:
     registry = CollectorRegistry()

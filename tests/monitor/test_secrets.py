@@ -100,3 +100,16 @@ def test_db_error_line_masks_a_query_password(monkeypatch, capsys):
     assert code == 1
     assert "q-pass-10" not in err and err.strip().count("\n") == 0
     assert "127.0.0.1" in err
+
+
+def test_serve_error_line_does_not_echo_an_unparsable_url(monkeypatch, capsys):
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail("tailwatch serve started a server")
+
+    monkeypatch.setattr("uvicorn.run", refuse)
+    monkeypatch.setenv("TAILWATCH_API_TOKEN", TOKEN)
+    monkeypatch.setenv("TAILWATCH_DATABASE_URL", "postgresql://tw:serve-pass-11@db:port/tw")
+    code, out, err = run(capsys, "serve", "--no-scheduler")
+    assert code == 1
+    assert "serve-pass-11" not in err and "serve-pass-11" not in out
+    assert err.strip().count("\n") == 0

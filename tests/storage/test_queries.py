@@ -91,3 +91,16 @@ def test_acceptance_per_bucket_per_day_for_canaries_traffic_and_probation(
     assert t.accepted_per_position == (4, 4, 3, 1)
     (p,) = probation
     assert p.requests == 1 and p.acceptance_rate == pytest.approx(0.25)
+
+
+def test_week_frames_see_pending_rows_and_return_utc_times(
+    sessionmaker: sessionmaker[Session],
+) -> None:
+    from storage.queries import week
+
+    with sessionmaker.begin() as s:
+        s.add(probe_run(T0 + HOUR, [{"p50_s": 0.1, "p99_s": 0.2}]))
+        # Not flushed yet: the frame must still see it (read_sql bypasses autoflush).
+        df = week.canary_results_frame(s, T0, T0 + 2 * HOUR, kind="cycle")
+    assert df["p99_s"].tolist() == [0.2]
+    assert str(df["at"].dt.tz) == "UTC" and df["at"].iloc[0] == T0 + HOUR

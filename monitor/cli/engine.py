@@ -1,0 +1,64 @@
+"""`tailwatch engine precompile`: build portable compile artifacts before serving."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from monitor.cli.config import load_settings
+
+
+@click.group()
+def engine() -> None:
+    """Prepare the inference engine."""
+
+
+@engine.command("precompile")
+@click.option("--model-dir", default=None, help="Local HF T5 directory (default: configured).")
+@click.option("--draft-dir", default=None, help="Draft model directory (default: configured).")
+@click.option("--force", is_flag=True, help="Rebuild even when artifacts for this key exist.")
+@click.pass_context
+def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | None,
+                   force: bool) -> None:
+    """Compile every bucket once and save the artifacts the server loads at start.
+
+    Keyed on the weights, the optimization settings, torch and the device: when the
+    artifacts for that key exist it returns at once (unless --force).
+    """
+    from dataclasses import replace
+
+    from engine import load_engine
+    from engine.errors import EngineError
+
+    settings = load_settings(ctx)
+    config = settings.engine
+    if model_dir is not None:
+        config = replace(config, model_dir=model_dir)
+    if draft_dir is not None:
+        config = replace(config, draft_dir=draft_dir)
+    if config.compile_mode == "off":
+        click.echo("engine.compile_mode is off: nothing to precompile")
+        return
+    start = time.perf_counter()
+    try:
+        runtime = load_engine(config)
+    except (EngineError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        path = runtime.artifacts_path
+        if runtime.cache_hit and not force:
+            click.echo(f"artifacts up to date: {path}")
+            return
+        runtime.warm_up(background=False)
+        status = runtime.warmup_status()
+        if status.error:
+            raise click.ClickException(f"warm-up failed: {status.error}")
+        from engine.precompile import save_artifacts
+
+        size = save_artifacts(path)
+    finally:
+        runtime.close()
+    snap = runtime.compile_snapshot()
+    click.echo(f"precompiled {status.warm_buckets} buckets ({snap.graphs} graphs) in "
+               f"{time.perf_counter() - start:.1f} s: {path} ({size / 2**20:.1f} MiB)")

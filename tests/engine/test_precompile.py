@@ -1,0 +1,83 @@
+"""`tailwatch engine precompile` artifacts make a fresh process compile nothing new."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+
+from monitor.cli import main  # noqa: E402
+
+# A fresh process: loads the artifacts (if any) into an empty inductor cache, warms every
+# bucket, prints torch's own cache counters and the engine's warm-up status.
+_PROBE = """
+import json, sys
+from engine import load_engine
+from engine.config import EngineConfig
+from torch._dynamo.utils import counters
+engine = load_engine(EngineConfig(**json.loads(sys.argv[1])))
+engine.warm_up(background=False)
+status = engine.warmup_status()
+print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
+                  "cache_hit": status.cache_hit, "warm": status.warm_buckets,
+                  "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds)}))
+"""
+
+
+def _fresh_process(engine: dict, inductor_dir: Path) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(engine)], env=env,
+                         capture_output=True, text=True, check=True, timeout=900)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_precompiled_artifacts_load_with_zero_new_compiles(tiny_dirs, tmp_path, monkeypatch):
+    engine = {"model_dir": str(tiny_dirs["target"]), "use_draft": False, "buckets": [8],
+              "max_input_tokens": 16, "max_new_tokens": 4, "max_new_tokens_cap": 8,
+              "kv_headroom": 4, "compile_backend": "inductor"}
+    built = tmp_path / "built"
+    config = tmp_path / "tailwatch.yaml"
+    config.write_text(yaml.safe_dump({"engine": {**engine, "cache_dir": str(built)}}))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(built))
+    # The CLI runs the compile in a child so this test process stays compile-free.
+    cli = [sys.executable, "-c", "import sys; from monitor.cli import main; "
+           "sys.exit(main(sys.argv[1:]))", "--config", str(config), "engine", "precompile"]
+    first = subprocess.run(cli, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "precompiled 1 buckets" in first.stdout
+    artifacts = list((built / "precompiled").glob("*.bin"))
+    assert len(artifacts) == 1 and artifacts[0].stat().st_size > 0
+    again = subprocess.run(cli, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "artifacts up to date" in again.stdout, again.stderr[-2000:]
+
+    # Another machine: an empty inductor cache, only the artifacts file copied over.
+    fresh = tmp_path / "fresh"
+    (fresh / "precompiled").mkdir(parents=True)
+    shutil.copy(artifacts[0], fresh / "precompiled" / artifacts[0].name)
+    warm = _fresh_process({**engine, "cache_dir": str(fresh)}, fresh)
+    assert warm["cache_hit"] is True and warm["warm"] == 1
+    assert warm["fxgraph_miss"] == 0 and warm["aot_miss"] == 0, warm
+    assert warm["fxgraph_hit"] >= 2, warm  # encode and step came from the artifacts
+    assert warm["ready_s"] is not None and set(warm["buckets"]) == {"8"}
+
+    # Without the artifacts the same fresh start compiles (the test can fail).
+    cold = tmp_path / "cold"
+    none = _fresh_process({**engine, "cache_dir": str(cold)}, cold)
+    assert none["cache_hit"] is False and none["fxgraph_miss"] >= 2, none
+
+
+def test_precompile_with_compile_off_says_so(tmp_path):
+    config = tmp_path / "tailwatch.yaml"
+    config.write_text(yaml.safe_dump({"engine": {"compile_mode": "off"}}))
+    assert main(["--config", str(config), "engine", "precompile"]) == 0

@@ -1,0 +1,46 @@
+"""Recompile reasons are normalized at the source, so the same recompile aggregates."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.compile_watch import (  # noqa: E402
+    normalize_reason,
+    shared_watch,
+    specialize,
+    top_recompile_reasons,
+)
+
+
+def _double(x):
+    return x * 2
+
+
+def test_same_recompile_in_several_frames_counts_more_than_once():
+    watch = shared_watch()
+    before = watch.snapshot()
+    # Three compiled copies (one frame each, like the per-bucket functions), each
+    # recompiling for the same reason: a new input length.
+    for i in range(3):
+        fn = torch.compile(specialize(_double, f"reasons_{i}"), backend="eager", dynamic=False)
+        fn(torch.ones(5))
+        fn(torch.ones(6))
+    delta = watch.snapshot().diff(before)
+    assert delta.recompiles >= 3
+    assert all(not re.match(r"\s*\[?\d+/\d+", k) for k in delta.recompile_reasons)
+    top = top_recompile_reasons([delta.recompile_reasons])
+    reason, count = top[0]
+    assert count >= 3 and "size mismatch" in reason and "expected 5, actual 6" in reason
+
+
+def test_normalize_keeps_the_guard_text_and_drops_ids():
+    assert normalize_reason("0/1: tensor 'ids' size mismatch at index 1. expected 16, actual 17"
+                            ) == "tensor 'ids' size mismatch at index 1. expected 16, actual 17"
+    assert normalize_reason("[3/0_1] ___check_obj_id(L['m'], 140234567890123)\nnext line"
+                            ) == "___check_obj_id(L['m'], <id>)"
+    # Reasons stored before normalization merge with new ones.
+    assert top_recompile_reasons([{"0/1: a": 1}, {"2/0: a": 2, "b": 1}]) == [("a", 3), ("b", 1)]
