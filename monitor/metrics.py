@@ -242,6 +242,24 @@ class EngineCollector(_SafeCollector):
         buckets.add_metric(["warm"], warm.warm_buckets)
         buckets.add_metric(["total"], warm.total_buckets)
         yield buckets
+        per_bucket = GaugeMetricFamily(f"{PREFIX}_engine_warmup_seconds",
+                                       "Seconds each bucket took to warm up.", labels=("bucket",))
+        for label, seconds in warm.bucket_seconds.items():
+            per_bucket.add_metric([label], seconds)
+        yield per_bucket
+        if warm.cache_hit is not None:
+            yield _gauge("engine_compile_cache_hit",
+                         "1 when precompiled artifacts were loaded at start.", {}, warm.cache_hit)
+        if warm.ready_seconds is not None:
+            yield _gauge("engine_ready_seconds", "Engine start to every bucket warm.", {},
+                         warm.ready_seconds)
+        draft_k = getattr(engine, "draft_length_snapshot", None)
+        if draft_k is not None:
+            k = GaugeMetricFamily(f"{PREFIX}_spec_decode_k", "Draft tokens per verification "
+                                  "chosen per bucket (0: falls back to direct).", labels=("bucket",))
+            for label, value in draft_k().k.items():
+                k.add_metric([label], value)
+            yield k
         info = engine.info
         yield _gauge("engine_info", "Always 1; labels identify the loaded model.",
                      {"model_version": info.model_version, "config_hash": info.config_hash,
@@ -263,6 +281,9 @@ class EngineCollector(_SafeCollector):
             labels=("kind", "device"))
         memory.add_metric(["rss", mem.device], mem.rss_bytes)
         memory.add_metric(["kv_cache", mem.device], mem.kv_cache_bytes)
+        for kind, value in (("kv_static", mem.kv_static_bytes), ("kv_request", mem.kv_request_bytes),
+                            ("kv_request_peak", mem.kv_request_peak_bytes), ("kv_peak", mem.kv_peak_bytes)):
+            memory.add_metric([kind, mem.device], value)
         for kind, value in (("allocated", mem.cuda_allocated_bytes),
                             ("reserved", mem.cuda_reserved_bytes),
                             ("peak", mem.cuda_peak_bytes)):
