@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +36,7 @@ from alerts.errors import FlagError
 from engine.protocol import RuntimeFlags
 from storage.models import FLAG_SCOPE_GLOBAL, FLAG_SOURCES, Flag, FlagAudit
 from storage.queries import flags as queries
+from vocab import utcnow
 
 FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation")
 _BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
@@ -48,11 +49,6 @@ def instance_scope(instance_id: str) -> str:
     """Return the flag scope of one instance ("instance:<id>")."""
     return f"{INSTANCE_SCOPE_PREFIX}{instance_id}"
 Clock = Callable[[], datetime]
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware UTC."""
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

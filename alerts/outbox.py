@@ -29,11 +29,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.webhooks import (
@@ -46,16 +46,13 @@ from alerts.webhooks import (
     payload_status,
     signature,
 )
-from storage.models import Alert, WebhookDelivery
+from storage.models import WebhookDelivery
+from storage.queries import deliveries
+from vocab import utcnow
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 _RETRY_4XX = (408, 429)
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware UTC."""
-    return datetime.now(UTC)
 
 
 def notification_key(*parts: object) -> str:
@@ -70,10 +67,7 @@ def enqueue(session: Session, notification: Notification, targets: Iterable[Webh
     for t in targets:
         if notification.alert is None and not t.messages:
             continue
-        exists = session.scalar(select(WebhookDelivery.id).where(
-            WebhookDelivery.target == t.name,
-            WebhookDelivery.idempotency_key == notification.key))
-        if exists is not None:
+        if deliveries.delivery_exists(session, t.name, notification.key):
             continue
         row = WebhookDelivery(
             target=t.name, url=t.url, format=t.format,
@@ -238,23 +232,11 @@ class Deliverer:
         with self._rng_lock:
             return delay * (0.5 + 0.5 * self.rng.random())
 
-    def _for_update(self, session: Session, q: Any) -> Any:
-        if session.get_bind().dialect.name == "postgresql":
-            return q.with_for_update(skip_locked=True, of=WebhookDelivery)
-        return q
-
     def claim(self, target: str | None = None) -> list[_Claim]:
         """Lease up to `batch` due rows (of `target`, or any) to this deliverer, oldest first."""
         now = self.clock()
         with self.sessions.begin() as session:
-            q = (select(WebhookDelivery, Alert.fingerprint)
-                 .outerjoin(Alert, Alert.id == WebhookDelivery.alert_id)
-                 .where(WebhookDelivery.state == "pending", WebhookDelivery.next_attempt_at <= now)
-                 .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
-                 .limit(self.batch))
-            if target is not None:
-                q = q.where(WebhookDelivery.target == target)
-            rows = session.execute(self._for_update(session, q)).all()
+            rows = deliveries.due_rows(session, now, self.batch, target)
             lease = now + timedelta(seconds=self.lease_s)
             out = []
             for r, fp in rows:
@@ -268,20 +250,14 @@ class Deliverer:
         """Return the targets that have due rows."""
         now = self.clock()
         with self.sessions() as session:
-            return list(session.scalars(
-                select(WebhookDelivery.target).distinct()
-                .where(WebhookDelivery.state == "pending", WebhookDelivery.next_attempt_at <= now)
-                .order_by(WebhookDelivery.target)))
+            return deliveries.due_targets(session, now)
 
     def expire(self) -> list[str]:
         """Make due rows older than max_age_s dead letters; return their targets."""
         now = self.clock()
         cutoff = now - timedelta(seconds=self.max_age_s)
         with self.sessions.begin() as session:
-            q = select(WebhookDelivery).where(
-                WebhookDelivery.state == "pending", WebhookDelivery.next_attempt_at <= now,
-                func.coalesce(WebhookDelivery.retried_at, WebhookDelivery.created_at) < cutoff)
-            rows = list(session.scalars(self._for_update(session, q)))
+            rows = deliveries.expired_rows(session, now, cutoff)
             for r in rows:
                 r.state = DEAD
                 r.last_error = (f"gave up after {self.max_age_s:g}s ({r.attempts} attempts)"
@@ -368,21 +344,12 @@ class Deliverer:
 
     def _older_pending(self, c: _Claim) -> list[tuple[int, str, Any, datetime]]:
         with self.sessions() as session:
-            return [tuple(r) for r in session.execute(  # type: ignore[misc]
-                select(WebhookDelivery.id, WebhookDelivery.format, WebhookDelivery.payload,
-                       WebhookDelivery.next_attempt_at)
-                .join(Alert, Alert.id == WebhookDelivery.alert_id)
-                .where(WebhookDelivery.target == c.target, WebhookDelivery.state == "pending",
-                       Alert.fingerprint == c.fingerprint,
-                       or_(WebhookDelivery.created_at < c.created_at,
-                           and_(WebhookDelivery.created_at == c.created_at,
-                                WebhookDelivery.id < c.id)))
-                .order_by(WebhookDelivery.created_at, WebhookDelivery.id))]
+            assert c.fingerprint is not None
+            return deliveries.older_pending(session, c.target, c.fingerprint, c.created_at, c.id)
 
     def _supersede(self, ids: list[int], by: _Claim) -> None:
         with self.sessions.begin() as session:
-            for row in session.scalars(select(WebhookDelivery).where(
-                    WebhookDelivery.id.in_(ids), WebhookDelivery.state == "pending")):
+            for row in deliveries.pending_rows(session, ids):
                 row.state = SUPERSEDED
                 row.last_error = (f"superseded by resolved row {by.id}: never delivered "
                                   f"({row.attempts} attempts)")
@@ -398,8 +365,7 @@ class Deliverer:
 
     def _next_attempt(self, row_id: int) -> datetime:
         with self.sessions() as session:
-            at = session.scalar(select(WebhookDelivery.next_attempt_at)
-                                .where(WebhookDelivery.id == row_id))
+            at = deliveries.next_attempt_at(session, row_id)
         return at or self.clock()
 
     def _reset_backoff(self, target: str, keep: list[int]) -> int:
@@ -488,7 +454,3 @@ def retry_dead(session: Session, row_id: int, now: datetime) -> WebhookDelivery:
     return row
 
 
-def pending_count(session: Session) -> int:
-    """Return how many outbox rows wait for delivery."""
-    return int(session.scalar(select(func.count()).select_from(WebhookDelivery)
-                              .where(WebhookDelivery.state == "pending")) or 0)

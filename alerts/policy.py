@@ -10,8 +10,16 @@ Each evaluation (`Policy.apply`, called by `alerts.evaluator.evaluate`):
 4. restore an automatic flag once it has been held for `hold` and its recovery measure
    says so: `probation_acceptance` reads the bucket's probation requests (real traffic
    that keeps speculating while the flag is off), `canary_variant` reads the canaries' A/B
-   arm that still runs the disabled path;
-5. keep `speculative_probation` at the largest probation share while any bucket is off.
+   arm that still runs the disabled path, `traffic_recompiles` reads real traffic's
+   recompiles (never the canaries': their fixed shapes do not churn) in the flag's scope;
+5. re-engage a restored fallback while the alert that caused it is still firing and its
+   latest cycle still breaches (a restore is a trial; the cooldown does not hold it back);
+6. keep `speculative_probation` at the largest probation share while any bucket is
+   automatically off and no manual flag turned speculation off there (manual wins).
+
+Scopes: `scope_from: bucket` (speculative) turns one bucket off; `scope_from: instance`
+(compiled) makes the eager fallback of only the instance whose alert fired
+("instance:<id>"); a policy without scope_from acts on its `scope` (global: the fleet).
 """
 
 from __future__ import annotations
@@ -35,18 +43,21 @@ from sqlalchemy.orm import Session
 
 from alerts.durations import parse_duration
 from alerts.errors import PolicyError
-from alerts.flags import FLAG_NAMES, FlagStore, FlagView
+from alerts.flags import FLAG_NAMES, INSTANCE_SCOPE_PREFIX, FlagStore, FlagView, instance_scope
 from alerts.rules import parse_change
 from alerts.schema import Entry, read_layered, validate
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
 from storage.queries import acceptance
 from storage.queries import alerts as alert_queries
 from storage.queries.baselines import baseline_in_force
+from storage.queries.compiles import traffic_compiles
 from storage.queries.measurements import variant_p99s
 from storage.queries.runs import current_cohort
+from vocab import Variant
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
-MEASURES = ("probation_acceptance", "canary_variant", "expiry")
+MEASURES = ("probation_acceptance", "canary_variant", "traffic_recompiles", "expiry")
+SCOPE_FROM = {"speculative": "bucket", "compiled": "instance"}  # flag -> alert label
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class Recovery:
     within: float = 0.0  # allowed relative shortfall (acceptance) or excess (latency)
     floor: float | None = None
     variant: str = "compiled"
+    limit: float = 0.0  # traffic_recompiles: restore while below this many per hour
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,10 @@ class Policy:
     def _scope(self, p: FallbackPolicy, alert: Alert) -> str | None:
         if p.scope_from is None:
             return p.scope
-        return (alert.labels or {}).get(p.scope_from) or None
+        value = (alert.labels or {}).get(p.scope_from) or None
+        if value is not None and p.scope_from == "instance":
+            return instance_scope(value)
+        return value
 
     def apply(self, session: Session, now: datetime, *, actor: str = "policy") -> list[PolicyAction]:
         """Run one policy pass at `now`; return what it did."""
@@ -129,13 +144,17 @@ class Policy:
                     continue
                 if (p.flag, scope, "auto") in flags:
                     continue
-                recent = self._recent_undo(store, session, p, scope, now, alert.id)
+                again = self._retry(store, session, p, scope, alert)
+                recent = None if again else self._recent_undo(store, session, p, scope, now,
+                                                               alert.id)
                 if recent:
                     actions.append(PolicyAction("skip", p.flag, scope, reason=recent,
                                                 alert_id=alert.id))
                     continue
                 summary = (alert.annotations or {}).get("summary", "")
                 reason = f"{p.name}: {alert.rule} firing ({summary}){_tag(alert.id)}"
+                if again:
+                    reason = f"re-engaged: {again}; {reason}"
                 expires = now + timedelta(seconds=p.expires_s) if p.expires_s else None
                 view = store.set(session, p.flag, scope, p.value, source="auto", reason=reason,
                                  actor=actor, expires_at=expires, alert_id=alert.id)
@@ -150,6 +169,20 @@ class Policy:
         for p in self.policies:
             if p.flag == f.name and p.value == f.value:
                 return p
+        return None
+
+    def _retry(self, store: FlagStore, session: Session, p: FallbackPolicy, scope: str,
+               alert: Alert) -> str | None:
+        """Return why a restored fallback must come back (None: it need not)."""
+        for a in store.audit(session, p.flag, scope, limit=20):
+            if a.source != "auto" or a.action not in ("restore", "revert", "expire"):
+                continue
+            # Only a restore is a trial: a revert said the fallback itself hurt.
+            if a.action == "restore" and alert.consecutive_breaches > 0:
+                if a.alert_id == alert.id:
+                    return f"alert {alert.id} still firing after the restore at {a.at.isoformat()}"
+                return f"alert {alert.id} fired after the restore at {a.at.isoformat()}"
+            return None
         return None
 
     def _recent_undo(self, store: FlagStore, session: Session, p: FallbackPolicy, scope: str,
@@ -178,8 +211,11 @@ class Policy:
             for r in regressions:
                 if r.fired_at is None or r.fired_at < f.updated_at or r.fired_at - f.updated_at > window:
                     continue
-                bucket = (r.labels or {}).get("bucket")
-                if f.scope != FLAG_SCOPE_GLOBAL and bucket not in (None, f.scope):
+                labels = r.labels or {}
+                if f.scope.startswith(INSTANCE_SCOPE_PREFIX):
+                    if labels.get("instance") not in (None, f.scope[len(INSTANCE_SCOPE_PREFIX):]):
+                        continue
+                elif f.scope != FLAG_SCOPE_GLOBAL and labels.get("bucket") not in (None, f.scope):
                     continue
                 reason = (f"reverted: {r.rule} started firing {r.fired_at - f.updated_at} after "
                           f"the automatic change ({f.reason}){_tag(f.alert_id)}")
@@ -213,8 +249,13 @@ class Policy:
                    actor: str) -> list[PolicyAction]:
         key = ("speculative_probation", FLAG_SCOPE_GLOBAL, "auto")
         want = 0.0
+        # Manual wins: a bucket a person turned off (or a global manual off) gets no probation.
+        manual_off = {f.scope for f in flags.values()
+                      if f.source == "manual" and f.name == "speculative" and f.value is False}
         for f in flags.values():
             if f.source == "auto" and f.name == "speculative" and f.value is False:
+                if manual_off & {f.scope, FLAG_SCOPE_GLOBAL}:
+                    continue
                 p = self._policy_for(f)
                 want = max(want, p.probation if p is not None else 0.0)
         have = flags.get(key)
@@ -224,7 +265,7 @@ class Policy:
                                    actor=actor)
             return [PolicyAction("probation", key[0], key[1], want, reason)]
         if want == 0 and have is not None:
-            reason = "no bucket is automatically off any more"
+            reason = "no bucket is automatically off (without a manual off) any more"
             store.clear(session, *key[:2], source="auto", reason=reason, actor=actor)
             del flags[key]
             return [PolicyAction("probation", key[0], key[1], 0.0, reason)]
@@ -258,7 +299,7 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
         measured = variant_p99s(session, start, now,
                                 bucket=None if scope == FLAG_SCOPE_GLOBAL else scope)
         arm = [(x.p99_s, x.count) for x in measured if x.variant == r.variant]
-        ref = [x.p99_s for x in measured if x.variant == "optimized"]
+        ref = [x.p99_s for x in measured if x.variant == Variant.OPTIMIZED]
         if sum(n for _, n in arm) < r.min_samples or not ref:
             return None
         arm_p99 = max(v for v, _ in arm)
@@ -266,6 +307,19 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
         if arm_p99 <= ref_p99 * (1 + r.within):
             return (f"canary {r.variant} arm p99 {arm_p99:.4g}s <= {ref_p99:.4g}s of the "
                     f"fallback path (+{r.within:.0%}) over {r.window_s:g}s")
+        return None
+    if r.measure == "traffic_recompiles":
+        # Judged over the hold (at least): the rate must have stayed low all that time.
+        span = max(r.window_s, p.hold_s)
+        instance = (scope[len(INSTANCE_SCOPE_PREFIX):]
+                    if scope.startswith(INSTANCE_SCOPE_PREFIX) else None)
+        seen = traffic_compiles(session, now - timedelta(seconds=span), now,
+                                instance_id=instance)
+        per_hour = (seen.recompiles + seen.failures) * 3600.0 / span
+        if per_hour < r.limit or (r.limit == 0 and per_hour == 0):
+            where = f"instance {instance}" if instance else "the fleet"
+            return (f"real-traffic recompiles {per_hour:.3g}/h < {r.limit:g}/h on {where} "
+                    f"over {span:g}s")
         return None
     return None  # "expiry": only expires_at restores it
 
@@ -286,6 +340,7 @@ class RecoveryEntry(Entry):
     within: float = 0.0
     floor: StrictFloat | None = None
     variant: str = "compiled"
+    limit: float = Field(0.0, ge=0.0)
 
     @field_validator("measure")
     @classmethod
@@ -339,8 +394,10 @@ class PolicyEntry(Entry):
     @field_validator("scope_from")
     @classmethod
     def _scope_from(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and (info.data.get("flag") != "speculative" or v != "bucket"):
-            raise ValueError("only speculative takes its scope from the alert's bucket label")
+        flag = info.data.get("flag")
+        if v is not None and SCOPE_FROM.get(str(flag)) != v:
+            raise ValueError("speculative takes its scope from the alert's bucket label, "
+                             f"compiled from its instance label; got {v!r} for {flag}")
         return v
 
     @field_validator("scope")
@@ -348,7 +405,7 @@ class PolicyEntry(Entry):
     def _scope(cls, v: str, info: ValidationInfo) -> str:
         flag = info.data.get("flag")
         if v != FLAG_SCOPE_GLOBAL and flag != "speculative":
-            raise ValueError(f"{flag} only has scope 'global'")
+            raise ValueError(f"{flag} takes scope 'global' (the fleet) or scope_from: instance")
         return v
 
     @field_validator("expires", "hold", "cooldown", mode="before")
@@ -369,7 +426,8 @@ class PolicyEntry(Entry):
             scope_from=self.scope_from, scope=self.scope, probation=float(self.probation),
             expires_s=self.expires, hold_s=self.hold or 0.0, cooldown_s=self.cooldown or 0.0,
             recovery=Recovery(measure=r.measure, window_s=r.window, min_samples=r.min_samples,
-                              within=r.within, floor=r.floor, variant=r.variant),
+                              within=r.within, floor=r.floor, variant=r.variant,
+                              limit=r.limit),
             description=self.description)
 
 
@@ -420,6 +478,9 @@ def _parse_one(raw: object, source: str, index: int) -> FallbackPolicy:
     if policy.recovery.measure == "probation_acceptance" and policy.flag != "speculative":
         raise PolicyError(source, entry, "recovery.measure",
                           "probation_acceptance only measures speculative flags")
+    if policy.recovery.measure == "traffic_recompiles" and policy.flag != "compiled":
+        raise PolicyError(source, entry, "recovery.measure",
+                          "traffic_recompiles only measures the compiled flag")
     return policy.to_policy()
 
 

@@ -40,6 +40,7 @@ from alerts.detection import BaselineStats, Cusum, cusum_path, llr, relative_cha
 from alerts.durations import parse_duration
 from alerts.errors import RuleError
 from alerts.schema import Entry, read_layered, validate
+from vocab import Source
 
 DEFAULT_RULES_FILE = Path(__file__).with_name("rules.yaml")
 
@@ -62,7 +63,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rejections": ("share of requests rejected (overloaded or timed out)", ("traffic", "burst")),
 }
 SCOPE_LABELS = ("bucket", "path", "decoding", "instance")
-SOURCES = ("canary", "traffic", "burst")
+SOURCES = tuple(s.value for s in Source)
 SEVERITIES = ("page", "warning", "info")
 _CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")

@@ -3,8 +3,12 @@
     python -m bench.engine [--buckets 16,32,64,128,256] [--inputs 4] [--repeats 2]
 
 Both run greedy on the same built-in canary inputs in this process after warm-up,
-one intra-op thread. The warm restart runs in a subprocess sharing
-TORCHINDUCTOR_CACHE_DIR. Last line: `median speedup: N.Nx`.
+one intra-op thread. With `ctranslate2` installed (the `bench` extra), CTranslate2
+float32 and int8 run the same inputs on the same model (converted with its
+TransformersConverter), one thread, and their outputs are checked against the
+engine's. Run pinned to one core: `taskset -c 1 python -m bench.engine`. The warm
+restart runs in a subprocess sharing TORCHINDUCTOR_CACHE_DIR. Last line:
+`median speedup: N.Nx` (engine over HF generate).
 """
 
 from __future__ import annotations
@@ -34,6 +38,31 @@ def by_bucket(engine, texts: list[str], per_bucket: int) -> dict[str, list[str]]
         if len(group) < per_bucket:
             group.append(text)
     return out
+
+
+def ct2_translators(model_dir: str, out_root: Path) -> dict[str, object]:
+    """Convert `model_dir` for CTranslate2 and return float32 and int8 translators (or {})."""
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        return {}
+    out = {}
+    for compute in ("float32", "int8"):
+        path = out_root / f"ct2-{compute}"
+        if not (path / "model.bin").is_file():
+            TransformersConverter(model_dir).convert(str(path), quantization=compute, force=True)
+        out[compute] = ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
+                                              inter_threads=1, intra_threads=1)
+    return out
+
+
+def ct2_generate(translator, tokenizer, text: str, new: int) -> list[int]:
+    """Greedy-decode `text` with CTranslate2; return output ids with the EOS, like HF."""
+    source = tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids)
+    result = translator.translate_batch([source], beam_size=1, max_decoding_length=new,
+                                        return_end_token=True)
+    return tokenizer.convert_tokens_to_ids(result[0].hypotheses[0])
 
 
 def _config(args: argparse.Namespace, **changes):
@@ -92,17 +121,21 @@ def main(argv: list[str] | None = None) -> None:
     hf = T5ForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     groups = by_bucket(engine, _canaries("in_domain"), args.inputs)
     direct = FlagOverride(speculative=False)
+    ct2 = ct2_translators(model_dir, Path(cache_dir))
     print(f"threads={torch.get_num_threads()} compile={args.compile_mode}/{args.backend} "
-          f"inputs/bucket={args.inputs} repeats={args.repeats}")
+          f"inputs/bucket={args.inputs} repeats={args.repeats} "
+          f"ctranslate2={'yes' if ct2 else 'not installed'}")
     print(f"{'bucket':>8} {'new':>4} {'hf_ms':>8} {'engine_ms':>10} {'speedup':>8} "
-          f"{'path':>9} {'compile_s':>9}")
-    speedups = []
+          f"{'path':>9} {'compile_s':>9}"
+          + (f" {'ct2_f32_ms':>10} {'ct2_i8_ms':>9} {'eng/f32':>7} {'eng/i8':>7}" if ct2 else ""))
+    speedups, vs_f32, vs_i8 = [], [], []
     for label in [str(b) for b in engine.config.buckets]:
         texts = groups.get(label, [])
         if not texts:
             continue
         for new in (int(n) for n in args.new_tokens.split(",")):
             hf_times, our_times, paths = [], [], set()
+            ct2_times: dict[str, list[float]] = {name: [] for name in ct2}
             for text in texts:
                 ids = torch.tensor([engine.tokenizer(text).input_ids])
                 for _ in range(args.repeats):
@@ -115,11 +148,24 @@ def main(argv: list[str] | None = None) -> None:
                     paths.add(result.path)
                     if list(result.output_ids) != ref[0].tolist()[1:]:
                         print(f"  warning: output differs from HF on {text!r}")
+                    for name, translator in ct2.items():
+                        t0 = time.perf_counter()
+                        ids_ct2 = ct2_generate(translator, engine.tokenizer, text, new)
+                        ct2_times[name].append(time.perf_counter() - t0)
+                        if ids_ct2 != list(result.output_ids):
+                            print(f"  note: CTranslate2 {name} output differs on {text[:40]!r}")
             h, o = statistics.median(hf_times), statistics.median(our_times)
             speedups.append(h / o)
             compile_s = engine.bucket_compile_s.get(int(label), 0.0)
-            print(f"{label:>8} {new:>4} {h * 1e3:8.1f} {o * 1e3:10.1f} {h / o:7.2f}x "
-                  f"{','.join(sorted(paths)):>9} {compile_s:9.1f}")
+            row = (f"{label:>8} {new:>4} {h * 1e3:8.1f} {o * 1e3:10.1f} {h / o:7.2f}x "
+                   f"{','.join(sorted(paths)):>9} {compile_s:9.1f}")
+            if ct2:
+                f32 = statistics.median(ct2_times["float32"])
+                i8 = statistics.median(ct2_times["int8"])
+                vs_f32.append(o / f32)
+                vs_i8.append(o / i8)
+                row += f" {f32 * 1e3:10.1f} {i8 * 1e3:9.1f} {o / f32:6.2f}x {o / i8:6.2f}x"
+            print(row)
     snap = engine.compile_snapshot()
     print(f"cold warm-up: {cold:.1f} s ({snap.graphs} graphs, {snap.recompiles} recompiles)")
     if not args.skip_restart and args.compile_mode != "off":
@@ -133,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"warm restart (inductor cache reused): {warm:.1f} s vs cold {cold:.1f} s "
               f"({cold / max(warm, 1e-9):.1f}x faster)")
     engine.close()
+    if vs_f32:
+        print(f"engine time / CTranslate2 float32: {statistics.median(vs_f32):.2f}x, "
+              f"/ int8: {statistics.median(vs_i8):.2f}x (median over rows; < 1 is faster)")
     print(f"median speedup: {statistics.median(speedups):.1f}x")
 
 

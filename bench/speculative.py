@@ -3,7 +3,12 @@
     python -m bench.speculative [--buckets 16,32,64,128,256] [--inputs 4] [--repeats 1]
 
 Same engine, same inputs, same process; the output is identical by construction and
-checked. Last line: `in-domain speedup: N.Nx` (median over buckets).
+checked. The draft length k is the engine's own per-bucket choice from measured
+acceptance and costs (an untimed pass per bucket and domain lets it measure first).
+Speculative arms: `forced` asks for speculation explicitly (it still picks k);
+`auto` follows the flags, so the engine's fallback to direct decoding applies when
+speculation cannot pay. Run pinned: `taskset -c 1 python -m bench.speculative`.
+Last line: `in-domain speedup: N.Nx` (median over buckets, auto arm).
 """
 
 from __future__ import annotations
@@ -42,43 +47,54 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no draft model: nothing to compare")
     start = time.perf_counter()
     engine.warm_up(background=False)
-    print(f"warm-up {time.perf_counter() - start:.1f} s, k={config.speculative_k}, "
+    print(f"warm-up {time.perf_counter() - start:.1f} s, initial k={config.speculative_k} "
+          f"(adaptive 1..{engine.k_max}), "
           f"compile={args.compile_mode}/{args.backend}, new tokens={args.new_tokens}")
-    print(f"{'domain':>9} {'bucket':>7} {'direct_ms':>10} {'spec_ms':>9} {'speedup':>8} "
-          f"{'accept':>7} {'mean_len':>8}")
+    print(f"{'domain':>9} {'bucket':>7} {'direct_ms':>10} {'forced_ms':>9} {'forced':>7} "
+          f"{'auto_ms':>8} {'auto':>7} {'k':>2} {'accept':>7} {'mean_len':>8}")
     ratios: dict[str, list[float]] = {}
+    forced_ratios: dict[str, list[float]] = {}
+    direct_arm, forced_arm = FlagOverride(speculative=False), FlagOverride(speculative=True)
     for domain in ("in_domain", "shifted"):
         groups = by_bucket(engine, _canaries(domain), args.inputs)
         for label in [str(b) for b in config.buckets]:
             texts = groups.get(label, [])
             if not texts:
                 continue
-            d_times, s_times = [], []
+            for text in texts:  # untimed: the engine measures acceptance and costs here
+                for arm in (direct_arm, forced_arm, None):
+                    engine.generate(text, max_new_tokens=args.new_tokens, override=arm)
+            d_times, f_times, a_times = [], [], []
             drafts = proposed = accepted = 0
             for text in texts:
                 for _ in range(args.repeats):
-                    d = engine.generate(text, max_new_tokens=args.new_tokens,
-                                        override=FlagOverride(speculative=False))
-                    s = engine.generate(text, max_new_tokens=args.new_tokens,
-                                        override=FlagOverride(speculative=True))
-                    if d.output_ids != s.output_ids:
+                    d = engine.generate(text, max_new_tokens=args.new_tokens, override=direct_arm)
+                    f = engine.generate(text, max_new_tokens=args.new_tokens, override=forced_arm)
+                    a = engine.generate(text, max_new_tokens=args.new_tokens)
+                    if not d.output_ids == f.output_ids == a.output_ids:
                         raise SystemExit(f"speculative output differs on {text!r}")
                     d_times.append(d.total_s)
-                    s_times.append(s.total_s)
-                    drafts += s.spec.drafts
-                    proposed += s.spec.draft_tokens
-                    accepted += s.spec.accepted_tokens
-            dm, sm = statistics.median(d_times), statistics.median(s_times)
-            ratios.setdefault(domain, []).append(dm / sm)
+                    f_times.append(f.total_s)
+                    a_times.append(a.total_s)
+                    drafts += f.spec.drafts
+                    proposed += f.spec.draft_tokens
+                    accepted += f.spec.accepted_tokens
+            dm, fm, am = (statistics.median(t) for t in (d_times, f_times, a_times))
+            ratios.setdefault(domain, []).append(dm / am)
+            forced_ratios.setdefault(domain, []).append(dm / fm)
             rate = accepted / proposed if proposed else 0.0
             mean_len = 1 + accepted / drafts if drafts else 0.0
-            print(f"{domain:>9} {label:>7} {dm * 1e3:10.1f} {sm * 1e3:9.1f} {dm / sm:7.2f}x "
-                  f"{rate:7.2f} {mean_len:8.2f}")
+            k = engine.draft_length_snapshot().k.get(label, config.speculative_k)
+            print(f"{domain:>9} {label:>7} {dm * 1e3:10.1f} {fm * 1e3:9.1f} {dm / fm:6.2f}x "
+                  f"{am * 1e3:8.1f} {dm / am:6.2f}x {k:>2} {rate:7.2f} {mean_len:8.2f}")
     engine.close()
     if "shifted" in ratios:
-        slow = statistics.median(ratios["shifted"])
-        print(f"shifted: speculative runs at {slow:.2f}x direct speed "
-              f"({1 / slow:.2f}x the latency)")
+        print(f"shifted: forced speculation runs at "
+              f"{statistics.median(forced_ratios['shifted']):.2f}x direct speed, with the "
+              f"fallback on at {statistics.median(ratios['shifted']):.2f}x")
+    if "in_domain" in forced_ratios:
+        print(f"in-domain forced speculation: "
+              f"{statistics.median(forced_ratios['in_domain']):.1f}x direct")
     print(f"in-domain speedup: {statistics.median(ratios.get('in_domain', [0.0])):.1f}x")
 
 

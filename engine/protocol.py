@@ -13,19 +13,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
+import vocab
+from vocab import Decoding, Path
+
 # Path values: how the input shapes ran.
-PATH_COMPILED = "compiled"  # bucketed static shapes, compiled graphs
-PATH_EXACT = "exact"  # bucketing off: exact input shape, compiled (may recompile)
-PATH_EAGER = "eager"  # compile off (fallback) or bucket not warm yet
-PATH_OVERFLOW = "overflow"  # longer than the largest bucket: always eager, counted
+PATH_COMPILED = Path.COMPILED.value  # bucketed static shapes, compiled graphs
+PATH_EXACT = Path.EXACT.value  # bucketing off: exact input shape, compiled (may recompile)
+PATH_EAGER = Path.EAGER.value  # compile off (fallback) or bucket not warm yet
+PATH_OVERFLOW = Path.OVERFLOW.value  # longer than the largest bucket: always eager, counted
 PATHS = (PATH_COMPILED, PATH_EXACT, PATH_EAGER, PATH_OVERFLOW)
 
 # Decoding values.
-DECODING_DIRECT = "direct"
-DECODING_SPECULATIVE = "speculative"
+DECODING_DIRECT = Decoding.DIRECT.value
+DECODING_SPECULATIVE = Decoding.SPECULATIVE.value
 DECODINGS = (DECODING_DIRECT, DECODING_SPECULATIVE)
 
-BUCKET_OVERFLOW = "overflow"
+BUCKET_OVERFLOW = vocab.BUCKET_OVERFLOW
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
 import os
 import random
@@ -145,6 +146,10 @@ class Runtime:
         self._kv_request_peak = 0
         self._kv_peak = self._kv_static
         self._ready_seconds: float | None = None
+        # Requests per bucket label, this run and (from the cache dir) earlier runs: the
+        # warm-up compiles the busiest buckets first.
+        self._traffic: dict[str, int] = {}
+        self._traffic_before: dict[str, int] = {}
         self.cache_hit: bool | None = None  # set by engine.precompile when artifacts load
         self.bucket_compile_s: dict[int, float] = {}
         self._warm_thread: threading.Thread | None = None
@@ -160,6 +165,7 @@ class Runtime:
             self.artifacts_path = precompile.artifacts_path(config, self._info.model_version,
                                                             self.device.type)
             self.cache_hit = precompile.load_artifacts(self.artifacts_path).hit
+            self._traffic_before = self._load_traffic()
 
     def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
                 k: int, steps: int) -> ModelRunner:
@@ -294,7 +300,7 @@ class Runtime:
             self._warm_all()
 
     def _warm_all(self) -> None:
-        for edge in self.config.buckets:
+        for edge in self.warm_order():
             if self._closed:
                 break
             started = time.perf_counter()
@@ -388,6 +394,8 @@ class Runtime:
                                f"{self.config.max_input_tokens}", value=n,
                                limit=self.config.max_input_tokens)
         label = bucket_label(n, self.config.buckets)
+        with self._lock:
+            self._traffic[label] = self._traffic.get(label, 0) + 1
         flags = self._flags.read()
         if override is not None:
             flags = override.apply(flags, label)
@@ -489,8 +497,39 @@ class Runtime:
                 self._kv_release(held)
         return replace(decoded, kv_request_bytes=held), t_encoded, t_device
 
+    def warm_order(self) -> list[int]:
+        """Return the bucket edges busiest first (by the last run's traffic), then ascending."""
+        share = self._traffic_before
+        return sorted(self.config.buckets, key=lambda e: (-share.get(str(e), 0), e))
+
+    def _traffic_file(self) -> Path:
+        return precompile.cache_root(self.config) / "bucket-traffic.json"
+
+    def _load_traffic(self) -> dict[str, int]:
+        try:
+            data = json.loads(self._traffic_file().read_text())
+            return {str(k): int(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}  # no earlier run (or an unreadable file): warm in ascending order
+
+    def _save_traffic(self) -> None:
+        with self._lock:
+            if not self._traffic:
+                return
+            merged = {label: count // 2 for label, count in self._traffic_before.items()}
+            for label, count in self._traffic.items():
+                merged[label] = merged.get(label, 0) + count  # recent runs weigh more
+        try:
+            path = self._traffic_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(merged, sort_keys=True))
+        except OSError:
+            pass  # the order is an optimization; a read-only cache dir only loses it
+
     def close(self) -> None:
-        """Refuse new requests and stop background threads."""
+        """Refuse new requests, stop background threads, remember the traffic per bucket."""
+        if not self._closed and self._compile_on:
+            self._save_traffic()
         self._closed = True
         self._flags.close()
         thread = self._warm_thread

@@ -23,6 +23,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from monitor.leader import LeaderLock
+from vocab import utcnow
 
 if TYPE_CHECKING:
     from monitor.settings import Settings
@@ -40,11 +41,6 @@ EVERY_REPLICA = (PROBE, BURST, TRAFFIC_FLUSH)
 SINGLETONS = (EVALUATE, DELIVERY, RETENTION, REPORT)
 
 Job = Callable[[], object]
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware UTC."""
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

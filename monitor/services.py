@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import httpx
@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.config import EngineConfig
 from engine.protocol import Engine, FlagProvider
 from probes.canaries import CanarySuite
+from vocab import utcnow
 
 if TYPE_CHECKING:
     from alerts.config import AlertsConfig
@@ -34,11 +35,6 @@ if TYPE_CHECKING:
     from storage.writer import Writer
 
 EngineFactory = Callable[[EngineConfig, FlagProvider], Engine]
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware UTC."""
-    return datetime.now(UTC)
 
 
 def default_engine_factory(config: EngineConfig, flags: FlagProvider) -> Engine:

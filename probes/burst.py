@@ -20,9 +20,10 @@ from datetime import datetime
 
 from engine.errors import Overloaded
 from engine.protocol import Engine, GenerateResult
-from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, Observer, utcnow
+from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, Observer
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
 from probes.stats import Distribution
+from vocab import utcnow
 
 KIND_BURST = "burst"
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from engine.errors import Overloaded, RequestTimeout
 from engine.protocol import (
@@ -31,12 +31,13 @@ from engine.protocol import (
 )
 from probes.canaries import CanarySuite, by_bucket, missing_buckets
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
+from vocab import RunStatus, Variant, utcnow
 
 log = logging.getLogger(__name__)
 
-STATUS_OK = "ok"
-STATUS_ERROR = "error"
-STATUS_TIMEOUT = "timeout"
+STATUS_OK = RunStatus.OK.value
+STATUS_ERROR = RunStatus.ERROR.value
+STATUS_TIMEOUT = RunStatus.TIMEOUT.value
 KIND_CYCLE = "cycle"
 
 # A/B fallback arms: variant name -> the override that turns one optimization off.
@@ -47,15 +48,10 @@ ARMS: dict[str, FlagOverride] = {
 }
 # Reverse arms: when an optimization is already off (a fallback flag), measure it switched
 # back on, so the auto-fallback policy can see whether it has recovered.
-ARM_SPECULATIVE = "speculative"
-ARM_COMPILED = "compiled"
+ARM_SPECULATIVE = Variant.SPECULATIVE.value
+ARM_COMPILED = Variant.COMPILED.value
 
 Observer = Callable[[GenerateResult], None]
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware UTC."""
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

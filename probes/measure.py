@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from engine.protocol import GenerateResult
 from probes.stats import Distribution
+from vocab import Variant
 
-VARIANT_DEFAULT = "optimized"  # the engine's current flags, no override (storage VARIANT_OPTIMIZED)
+VARIANT_DEFAULT = Variant.OPTIMIZED.value  # the engine's current flags, no override
 
 
 @dataclass(frozen=True)

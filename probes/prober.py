@@ -17,10 +17,11 @@ from functools import partial
 from engine.protocol import CompileDelta, Engine
 from probes.burst import BurstResult, run_burst
 from probes.canaries import CanarySuite
-from probes.cycle import ARMS, CycleResult, Observer, ProbeCycle, utcnow
+from probes.cycle import ARMS, CycleResult, Observer, ProbeCycle
 from probes.settings import ProbeSettings
 from probes.sink import add_burst, add_compile, add_cycle, compile_changed
 from storage.writer import Writer
+from vocab import utcnow
 
 log = logging.getLogger(__name__)
 

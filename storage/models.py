@@ -45,6 +45,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from vocab import SCOPE_GLOBAL, RunKind, RunStatus, Variant, utcnow
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -54,22 +56,17 @@ NAMING_CONVENTION = {
 }
 
 # Allowed values of the enumerated string columns (checked by the database too).
-RUN_STATUSES = ("ok", "error", "timeout")
-RUN_KINDS = ("cycle", "burst", "ab")
-VARIANT_OPTIMIZED = "optimized"
-VARIANTS = (VARIANT_OPTIMIZED, "eager", "direct", "exact")
+RUN_STATUSES = tuple(s.value for s in RunStatus)
+RUN_KINDS = tuple(k.value for k in RunKind)
+VARIANT_OPTIMIZED = Variant.OPTIMIZED.value
+VARIANTS = tuple(v.value for v in Variant)
 BASELINE_KINDS = ("rolling", "pinned")
 ALERT_STATES = ("pending", "firing", "resolved")
 # failed: a dead letter (4xx or past the max age; listed, retryable); superseded: a firing
 # never delivered whose resolved went instead.
 DELIVERY_STATES = ("pending", "delivered", "failed", "superseded")
 FLAG_SOURCES = ("manual", "auto")
-FLAG_SCOPE_GLOBAL = "global"
-
-
-def utcnow() -> datetime:
-    """Return the current time, timezone-aware UTC."""
-    return datetime.now(UTC)
+FLAG_SCOPE_GLOBAL = SCOPE_GLOBAL
 
 
 def scope_key(labels: Mapping[str, object]) -> str:

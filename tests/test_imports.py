@@ -6,7 +6,7 @@ import importlib.util
 import subprocess
 import sys
 
-PACKAGES = ["storage", "alerts", "monitor", "probes", "engine", "engine.protocol",
+PACKAGES = ["vocab", "storage", "alerts", "monitor", "probes", "engine", "engine.protocol",
             "engine.errors", "engine.config"]
 
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from monitor.report.data import WeekData
+from vocab import BUCKET_OVERFLOW, Variant
 
 if TYPE_CHECKING:
     from monitor.report.registry import Optimization
 
-BUCKET_OVERFLOW = "overflow"
-ARM_OPTIMIZED = "optimized"
+ARM_OPTIMIZED = Variant.OPTIMIZED.value
 
 
 @dataclass(frozen=True)

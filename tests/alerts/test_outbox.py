@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.outbox import Deliverer, enqueue, enqueue_message, pending_count, retry_dead
+from alerts.outbox import Deliverer, enqueue, enqueue_message, retry_dead
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget
 from storage.models import Alert, WebhookDelivery
+from storage.queries.deliveries import pending_count
 from tests.alerts.receiver import Receiver, free_port, serve
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

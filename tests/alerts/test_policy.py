@@ -199,7 +199,14 @@ def test_eager_fallback_is_restored_when_the_compiled_arm_recovers(
         sessionmaker: sessionmaker[Session]):
     from tests.alerts.builders import add_cycle
 
-    pol = load_policy()  # shipped: hold 30m, compiled arm over 30m, >= 8 samples
+    # A fleet-wide eager policy recovered by the canaries' compiled arm (the shipped one reads
+    # real traffic's recompiles per instance: tests/alerts/test_fallbacks.py).
+    items, _ = parse_policy({"policies": [{
+        "name": "eager", "alerts": ["recompiles_per_hour"], "flag": "compiled", "value": False,
+        "expires": "6h", "hold": "30m", "cooldown": "1h",
+        "recovery": {"measure": "canary_variant", "variant": "compiled", "window": "30m",
+                     "min_samples": 8, "within": "+0%"}}]})
+    pol = Policy(items)
     with sessionmaker.begin() as s:
         _firing(s, "recompiles_per_hour", "", minute(0))
         assert [(a.kind, a.flag) for a in pol.apply(s, minute(1))] == [("set", "compiled")]
