@@ -27,6 +27,7 @@ class AlertsConfig:
     resend_s: float = 120.0
     flags_ttl_s: float = 1.0
     webhook_max_age_s: float = 86400.0
+    stale_after_s: float = 900.0
 
 
 def load_config(settings: AlertSettings) -> AlertsConfig:
@@ -44,4 +45,5 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
         resend_s=settings.resend_interval_s,
         flags_ttl_s=settings.flags_ttl_s,
         webhook_max_age_s=settings.webhook_max_age_s,
+        stale_after_s=settings.stale_after_s,
     )

@@ -11,7 +11,7 @@ alerts now firing. One rule failing (bad data) is reported and does not stop the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -23,7 +23,9 @@ from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint,
 from alerts.rules import Rule, RuleResult, evaluate_rule
 from alerts.series import RowCache, series
 from alerts.webhooks import WebhookTarget
+from storage.models import Alert
 from storage.queries.alerts import last_resolved_fired
+from storage.queries.instances import last_seen
 from storage.queries.runs import current_cohort
 
 if TYPE_CHECKING:
@@ -49,6 +51,26 @@ class EvaluationReport:
         return [r for r in self.results if r.fired]
 
 
+def _retire_stale(session: Session, life: Lifecycle, alerts: Iterable[Alert], now: datetime,
+                  stale_after_s: float) -> list[Transition]:
+    """Resolve open alerts of instances that stopped reporting (reason "stale ...")."""
+    mine = [a for a in alerts if a.state != "resolved" and (a.labels or {}).get("instance")]
+    if not mine:
+        return []
+    # Look back a little further than the limit: older rows are just as stale.
+    seen = last_seen(session, now - timedelta(seconds=2 * stale_after_s))
+    limit = now - timedelta(seconds=stale_after_s)
+    out = []
+    for a in mine:
+        inst = a.labels["instance"]
+        at = seen.get(inst)
+        if at is None or at < limit:
+            since = f"since {at.isoformat()}" if at is not None else "within the limit"
+            out.append(life.retire(a, f"stale: instance {inst} has not reported {since} "
+                                      f"(stale_after_s {stale_after_s:g})"))
+    return out
+
+
 def evaluate(
     session: Session,
     rules: Sequence[Rule],
@@ -60,8 +82,13 @@ def evaluate(
     external_url: str = "",
     resend_s: float = 120.0,
     actor: str = "policy",
+    stale_after_s: float | None = None,
 ) -> EvaluationReport:
-    """Evaluate `rules` at `now`, move alerts, queue notifications, apply the policy."""
+    """Evaluate `rules` at `now`, move alerts, queue notifications, apply the policy.
+
+    stale_after_s: open alerts of an instance that has not reported for this long are
+    resolved with reason "stale" (None: never).
+    """
     if now.tzinfo is None:
         raise ValueError("now: must be timezone-aware")
     config = baseline_config or BaselineConfig()
@@ -98,6 +125,8 @@ def evaluate(
     for a in alerts.values():
         if a.rule not in names and a.state != "resolved":
             transitions.append(life.retire(a, f"rule {a.rule!r} is no longer configured"))
+    if stale_after_s is not None:
+        transitions += _retire_stale(session, life, alerts.values(), now, stale_after_s)
     actions: list[PolicyAction] = []
     if policy is not None:
         actions = policy.apply(session, now, actor=actor)

@@ -130,7 +130,11 @@ class Lifecycle:
         return out
 
     def retire(self, alert: Alert, reason: str) -> Transition:
-        """Resolve an open alert whose rule no longer exists (notified if it was firing)."""
+        """Resolve an open alert its rule cannot judge any more (notified if it was firing).
+
+        Used when the rule is no longer configured and when the alert's instance went
+        stale (stopped reporting: restarted under another name, or gone).
+        """
         was = alert.state
         alert.resolved_at = self.now
         alert.updated_at = self.now

@@ -42,8 +42,15 @@ from pydantic import (
 from sqlalchemy.orm import Session
 
 from alerts.durations import parse_duration
-from alerts.errors import PolicyError
-from alerts.flags import FLAG_NAMES, INSTANCE_SCOPE_PREFIX, FlagStore, FlagView, instance_scope
+from alerts.errors import FlagError, PolicyError
+from alerts.flags import (
+    FLAG_NAMES,
+    INSTANCE_SCOPE_PREFIX,
+    FlagStore,
+    FlagView,
+    instance_scope,
+)
+from alerts.flags import validate as validate_flag
 from alerts.rules import parse_change
 from alerts.schema import Entry, read_layered, validate
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
@@ -121,7 +128,12 @@ class Policy:
             return p.scope
         value = (alert.labels or {}).get(p.scope_from) or None
         if value is not None and p.scope_from == "instance":
-            return instance_scope(value)
+            scope = instance_scope(value)
+            try:
+                validate_flag(p.flag, scope, check_value=False)
+            except FlagError:
+                return None  # an instance id no flag scope can hold (set instance_id shorter)
+            return scope
         return value
 
     def apply(self, session: Session, now: datetime, *, actor: str = "policy") -> list[PolicyAction]:

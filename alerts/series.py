@@ -5,6 +5,10 @@ returned. Canary series read `ProbeResult` rows of kind "cycle" runs in the opti
 variant (A/B arms stay out), traffic series read `TrafficRollup` minutes, burst series
 read "burst" runs. `recompiles_per_hour`, `compile_failures` and `memory_growth` are
 sliding: each cycle reports the trailing hour, so one event stays visible for an hour.
+
+Every row belongs to a cohort (model_version, config_hash): the one its instance ran at
+that time (`storage.queries.series.cohort_map`). `series` merges cohorts; `cohort_series`
+keeps them apart, so a new model version is judged on its own cycles.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from sqlalchemy.orm import Session
 from alerts.rules import Point, Rule
 from storage import histograms
 from storage.queries import measurements as queries
+from storage.queries.series import NO_COHORT, Cohort, cohort_map, cohort_since
 
 Labels = tuple[tuple[str, str], ...]
 _HOUR = 3600.0
@@ -33,6 +38,7 @@ class Row:
     at: datetime
     labels: Mapping[str, str]
     values: Mapping[str, Any]
+    cohort: Cohort = NO_COHORT
 
 
 def cycle_start(t: datetime, window_s: float) -> datetime:
@@ -55,18 +61,31 @@ def cycle_starts(start: datetime, end: datetime, window_s: float) -> list[dateti
 
 
 class RowCache:
-    """Rows loaded once per (source, window) during one evaluation."""
+    """Rows loaded once per (source, window) during one evaluation, tagged with their cohort."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self.rows_read = 0  # rows loaded from the database: evaluation cost, for tests and bench
         self._cache: dict[tuple[str, datetime, datetime], list[Row]] = {}
+        self._since: dict[Cohort, datetime] | None = None
 
     def rows(self, kind: str, start: datetime, end: datetime) -> list[Row]:
         """Return rows of `kind` ("canary", "traffic", "burst", "compile", "memory") in range."""
         key = (kind, start, end)
         if key not in self._cache:
-            self._cache[key] = _LOADERS[kind](self.session, start, end)
+            rows = _LOADERS[kind](self.session, start, end)
+            # An instance's cohort is that of its latest run: look an hour further back.
+            m = cohort_map(self.session, start - timedelta(seconds=_HOUR), end)
+            self.rows_read += len(rows) + len(m.spans)
+            self._cache[key] = [Row(r.at, r.labels, r.values,
+                                    m.cohort_of(r.labels["instance"], r.at)) for r in rows]
         return self._cache[key]
+
+    def since(self, cohort: Cohort, now: datetime) -> datetime | None:
+        """Return when `cohort` first probed (read once per evaluation)."""
+        if self._since is None:
+            self._since = cohort_since(self.session, now)
+        return self._since.get(cohort)
 
 
 def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
@@ -140,20 +159,38 @@ def _key(rule: Rule, labels: Mapping[str, str]) -> Labels | None:
 
 def series(rule: Rule, cache: RowCache, start: datetime, end: datetime) -> dict[Labels, list[Point]]:
     """Return scope labels -> the per-cycle points of `rule` in [start, end), oldest first."""
+    return {labels: pts for (labels, _), pts in _series(rule, cache, start, end, False).items()}
+
+
+def cohort_series(rule: Rule, cache: RowCache, start: datetime,
+                  end: datetime) -> dict[Labels, dict[Cohort, list[Point]]]:
+    """Return scope labels -> cohort -> that cohort's per-cycle points in [start, end)."""
+    out: dict[Labels, dict[Cohort, list[Point]]] = {}
+    for (labels, cohort), pts in _series(rule, cache, start, end, True).items():
+        out.setdefault(labels, {})[cohort] = pts
+    return out
+
+
+_Key = tuple[Labels, Cohort]
+
+
+def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
+            split: bool) -> dict[_Key, list[Point]]:
     starts = cycle_starts(start, end, rule.window_s)
     if not starts:
         return {}
     step = timedelta(seconds=rule.window_s)
     if rule.metric in _SLIDING:
-        return _sliding(rule, cache, starts, step)
+        return _sliding(rule, cache, starts, step, split)
     kind = rule.source
     rows = cache.rows(kind, starts[0], starts[-1] + step)
-    grouped: dict[Labels, dict[datetime, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    grouped: dict[_Key, dict[datetime, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         key = _key(rule, row.labels)
         if key is not None:
-            grouped[key][cycle_start(row.at, rule.window_s)].append(row)
-    out: dict[Labels, list[Point]] = {}
+            grouped[key, row.cohort if split else NO_COHORT][
+                cycle_start(row.at, rule.window_s)].append(row)
+    out: dict[_Key, list[Point]] = {}
     for key, by_cycle in grouped.items():
         pts = []
         for s in starts:
@@ -163,23 +200,23 @@ def series(rule: Rule, cache: RowCache, start: datetime, end: datetime) -> dict[
     return out
 
 
-def _sliding(rule: Rule, cache: RowCache, starts: list[datetime],
-             step: timedelta) -> dict[Labels, list[Point]]:
+def _sliding(rule: Rule, cache: RowCache, starts: list[datetime], step: timedelta,
+             split: bool) -> dict[_Key, list[Point]]:
     kind = _SLIDING[rule.metric]
     hour = timedelta(seconds=_HOUR)
     rows = cache.rows(kind, starts[0] + step - hour, starts[-1] + step)
-    grouped: dict[Labels, list[Row]] = defaultdict(list)
+    grouped: dict[_Key, list[Row]] = defaultdict(list)
     if kind == "compile":
         # No compile event is a count of zero for an instance that is alive (probing).
         for row in cache.rows("canary", starts[0], starts[-1] + step):
             key = _key(rule, row.labels)
             if key is not None:
-                grouped.setdefault(key, [])
+                grouped.setdefault((key, row.cohort if split else NO_COHORT), [])
     for row in rows:
         key = _key(rule, row.labels)
         if key is not None:
-            grouped[key].append(row)
-    out: dict[Labels, list[Point]] = {}
+            grouped[key, row.cohort if split else NO_COHORT].append(row)
+    out: dict[_Key, list[Point]] = {}
     for key, items in grouped.items():
         items.sort(key=lambda r: r.at)
         times = [r.at for r in items]

@@ -19,6 +19,8 @@ class AlertSettings(BaseModel):
     resend_interval_s: float = Field(120.0, gt=0)  # alertmanager_api re-sends firing alerts
     flags_ttl_s: float = Field(1.0, ge=0)  # SqlFlagProvider cache
     webhook_max_age_s: float = Field(86400.0, gt=0)  # undelivered this long: a dead letter
+    # An instance silent this long is stale: its open alerts resolve (reason "stale").
+    stale_after_s: float = Field(900.0, gt=0)
 
     @field_validator("webhooks")
     @classmethod

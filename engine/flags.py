@@ -22,10 +22,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict
+from pathlib import Path
 
 from engine.protocol import FlagProvider, InMemoryFlagProvider, RuntimeFlags
 

@@ -95,6 +95,7 @@ class GenerateResult:
     probation: bool = False  # speculated although the bucket's flag is off (recovery sampling)
     kv_request_bytes: int = 0
     spec_k: int = 0  # draft tokens per round this request used; 0 when it ran direct
+    quantized: bool = False  # the target ran with int8 weights (engine.quantization: int8)
 
     @property
     def padding_waste(self) -> float:
@@ -245,6 +246,7 @@ class EngineInfo:
     compile_mode: str
     # Why speculation is on or off, said once at start ("off: no engine.draft_dir ...").
     speculative_reason: str = ""
+    quantization: str = "none"  # "int8": int8 target weights are loaded (the quantized flag)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,8 @@ class RuntimeFlags:
     bucketing: False runs exact input shapes (for experiments; recompiles).
     manual_off: scopes ("global" or bucket labels) where a person turned speculation off;
         probation never applies there (manual wins, a kill switch must not leak).
+    quantized: per-bucket int8 weights, keyed like speculative; a bucket not in the
+        mapping uses quantized_default (both are moot unless engine.quantization is int8).
     """
 
     speculative_default: bool = True
@@ -267,6 +271,12 @@ class RuntimeFlags:
     compiled: bool = True
     bucketing: bool = True
     manual_off: frozenset[str] = frozenset()
+    quantized_default: bool = True
+    quantized: Mapping[str, bool] = field(default_factory=dict)
+
+    def quantized_for(self, bucket: str) -> bool:
+        """Return whether the target runs with int8 weights for `bucket` (when loaded)."""
+        return self.quantized.get(bucket, self.quantized_default)
 
     def speculative_for(self, bucket: str) -> bool:
         """Return whether speculation is on for `bucket`."""
@@ -286,6 +296,7 @@ class FlagOverride:
     compiled: bool | None = None
     speculative: bool | None = None
     bucketing: bool | None = None
+    quantized: bool | None = None
 
     def apply(self, flags: RuntimeFlags, bucket: str) -> RuntimeFlags:
         """Return `flags` with this override applied for `bucket`."""
@@ -297,7 +308,14 @@ class FlagOverride:
         if self.speculative is not None:
             out = replace(out, speculative={**out.speculative, bucket: self.speculative},
                           speculative_probation=0.0)
+        if self.quantized is not None:
+            out = replace(out, quantized={**out.quantized, bucket: self.quantized})
         return out
+
+
+# The reference path outputs are compared with (probes.quality): eager, direct decoding,
+# the exact input shape, float32 weights.
+REFERENCE = FlagOverride(compiled=False, speculative=False, bucketing=False, quantized=False)
 
 
 @runtime_checkable

@@ -47,12 +47,16 @@ class ModelRunner:
     """Hold a LeanT5 with its bias tables and compiled functions per bucket."""
 
     def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
-                 options: CompileOptions | None, name: str, steps: int = 1) -> None:
+                 options: CompileOptions | None, name: str, steps: int = 1,
+                 compile_encoder: bool = True) -> None:
         self.m = lean
         self.name = name
         self.slots = slots
         self.verify_q = verify_q
         self.steps = steps  # greedy tokens per direct step call
+        # The encoder runs once per request: for a small draft it is not worth a graph per
+        # bucket (each costs tens of seconds of warm-up on a small CPU).
+        self.compile_encoder = compile_encoder
         self._options = options
         self._lock = threading.Lock()
         with torch.no_grad():
@@ -80,7 +84,9 @@ class ModelRunner:
         with self._lock:
             fns = self._compiled.get(key)
             if fns is None:
-                fns = Fns(self._compile(t5.encode, f"{self.name}_{key}_enc"),
+                encode = (self._compile(t5.encode, f"{self.name}_{key}_enc")
+                          if self.compile_encoder else t5.encode)
+                fns = Fns(encode,
                           self._compile(t5.decode_steps, f"{self.name}_{key}_step"),
                           self._compile(t5.decode_greedy, f"{self.name}_{key}_verify"))
                 self._compiled[key] = fns

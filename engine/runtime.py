@@ -119,7 +119,8 @@ class Runtime:
         # A step call may run past max_new by steps - 1 positions: they must fit the slots.
         steps = max(1, min(STEPS_PER_CALL, config.kv_headroom + 1))
         self.target = self._runner(self._target_loaded, options, "target", self.k_max, steps)
-        self.draft = (self._runner(self._draft_loaded, options, "draft", self.k_max, 1)
+        self.draft = (self._runner(self._draft_loaded, options, "draft", self.k_max, 1,
+                                   compile_encoder=False)
                       if self._draft_loaded is not None else None)
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
         # The lean copies hold the weights now: drop the HF modules so they are resident once.
@@ -168,11 +169,12 @@ class Runtime:
             self._traffic_before = self._load_traffic()
 
     def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
-                k: int, steps: int) -> ModelRunner:
+                k: int, steps: int, *, compile_encoder: bool = True) -> ModelRunner:
         with torch.no_grad():
             lean = t5.LeanT5(loaded.model, dtype=self.dtype, device=self.device)
         return ModelRunner(lean, edges=self.config.buckets, slots=self.slots, verify_q=k + 1,
-                           options=options, name=name, steps=steps)
+                           options=options, name=name, steps=steps,
+                           compile_encoder=compile_encoder)
 
     def _new_caches(self) -> dict[str, torch.Tensor]:
         caches = {"target": self.target.m.new_self_cache(self.slots)}

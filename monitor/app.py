@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor.api import alerts, baselines, errors, flags, generate, health, probes, reports
 from monitor.api.deliveries import router as deliveries_router
+from monitor.api.instances import router as instances_router
 from monitor.api.limits import BodyLimit, max_body_bytes
 from monitor.auth import Authenticator
 from monitor.metrics import Metrics, MetricsSink
@@ -68,5 +69,6 @@ def create_app(
     for module in (health, generate, flags, alerts, probes, baselines, reports):
         app.include_router(module.router)
     app.include_router(deliveries_router)
+    app.include_router(instances_router)
     app.add_middleware(BodyLimit, limit=max_body_bytes(settings))
     return app

@@ -42,6 +42,7 @@ from probes.burst import BurstResult
 from probes.canaries import load_suites
 from probes.cycle import CycleResult
 from probes.prober import Prober, prober_from_settings
+from probes.reference import OutputChecker
 from probes.traffic import TrafficRecorder
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import check_schema, upgrade
@@ -265,9 +266,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         suites = seams.suites
 
         def build_prober(engine: Engine) -> Prober:
+            quality = settings.quality
+            checker = (OutputChecker(engine, sessions=sessions, writer=writer,
+                                     timeout_s=settings.probes.cycle_timeout_s,
+                                     store_text=quality.store_text)
+                       if quality.enabled else None)
             return prober_from_settings(settings.probes, engine, writer,
                                         instance_id=settings.instance_id,
-                                        observers=(parts.sink,), suites=suites)
+                                        observers=(parts.sink,), suites=suites,
+                                        checker=checker)
 
         services = Services(
             settings=settings, authenticator=parts.authenticator, metrics=metrics,
@@ -353,7 +360,8 @@ def _evaluate(s: Services) -> object:
     with s.sessions.begin() as session:
         report = evaluate(session, a.rules, s.seams.clock(), targets=a.targets,
                           policy=a.policy, baseline_config=a.baselines,
-                          external_url=a.external_url, resend_s=a.resend_s)
+                          external_url=a.external_url, resend_s=a.resend_s,
+                          stale_after_s=a.stale_after_s)
     # The policy may have flipped flags: let the engine see them on its next request.
     s.flags.invalidate()
     return report

@@ -21,7 +21,7 @@ from pydantic_settings import (
 
 from alerts.settings import AlertSettings
 from engine.config import EngineConfig
-from probes.settings import ProbeSettings
+from probes.settings import ProbeSettings, QualitySettings
 
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 
@@ -96,10 +96,12 @@ class Settings(BaseSettings):
     auto_migrate: bool = False
     # Probe rows, rollups and compile events wait here while the database is down.
     write_buffer_max: int = Field(10_000, ge=1)
-    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # Stable across restarts (no pid): a restarted replica keeps its alerts and series.
+    instance_id: str = Field(default_factory=socket.gethostname)
     api_token: SecretStr | None = None
     engine: EngineConfig = Field(default_factory=EngineConfig)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
+    quality: QualitySettings = Field(default_factory=QualitySettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)

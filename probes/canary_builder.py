@@ -192,6 +192,14 @@ def suites_yaml(suites: Iterable[CanarySuite], header: str = "") -> str:
     """Return a suites file for `suites` (the format probes.canaries.load_suites_file reads)."""
     import yaml
 
+    class Dumper(yaml.SafeDumper):
+        """Write token-id lists on one line."""
+
+    class Ids(list):
+        pass
+
+    Dumper.add_representer(Ids, lambda d, v: d.represent_sequence(
+        "tag:yaml.org,2002:seq", v, flow_style=True))
     data: list[dict[str, Any]] = []
     for suite in suites:
         entry: dict[str, Any] = {"name": suite.name, "domain": suite.domain}
@@ -201,9 +209,10 @@ def suites_yaml(suites: Iterable[CanarySuite], header: str = "") -> str:
             entry["reference"] = dict(suite.reference)
         entry["prompts"] = [
             {"text": c.text, "tokens": c.tokens, "bucket": c.bucket,
-             "reference_ids": list(c.reference_ids or ()), "reference_text": c.reference_text}
+             "reference_ids": Ids(c.reference_ids or ()), "reference_text": c.reference_text}
             for c in suite.canaries]
         data.append(entry)
-    body = yaml.safe_dump({"suites": data}, sort_keys=False, allow_unicode=True, width=100)
+    body = yaml.dump({"suites": data}, Dumper=Dumper, sort_keys=False, allow_unicode=True,
+                     width=100)
     lines = "".join(f"# {line}\n" for line in header.splitlines())
     return lines + body

@@ -50,6 +50,9 @@ ARMS: dict[str, FlagOverride] = {
 # back on, so the auto-fallback policy can see whether it has recovered.
 ARM_SPECULATIVE = Variant.SPECULATIVE.value
 ARM_COMPILED = Variant.COMPILED.value
+# int8 weights (engine.quantization: int8): float32 while they serve, int8 while they are off.
+ARM_FLOAT32 = Variant.FLOAT32.value
+ARM_QUANTIZED = Variant.QUANTIZED.value
 
 Observer = Callable[[GenerateResult], None]
 
@@ -81,6 +84,8 @@ class CycleResult:
     ab_compile: CompileDelta | None = None
     model_version: str = ""
     config_hash: str = ""
+    # (prompt, variant, result) of every call, for the output-quality check (probes.reference).
+    outputs: tuple[tuple[str, str, GenerateResult], ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -105,6 +110,7 @@ class _Progress:
     """What the worker has done so far (read by the caller after a timeout)."""
 
     pairs: list[tuple[str, GenerateResult]] = field(default_factory=list)
+    outputs: list[tuple[str, str, GenerateResult]] = field(default_factory=list)
     rejected: int = 0
     memory_before: MemorySnapshot | None = None
     memory_after: MemorySnapshot | None = None
@@ -185,6 +191,7 @@ class ProbeCycle:
             if suite in self._plans else (),
             "memory_before": progress.memory_before, "memory_after": progress.memory_after,
             "compile": progress.compile, "ab_compile": progress.ab_compile,
+            "outputs": tuple(progress.outputs),
         }
         if worker.is_alive():
             self._stuck = worker
@@ -222,6 +229,7 @@ class ProbeCycle:
                     if r is not None:
                         defaults.append((prompt, r))
                         progress.pairs.append((VARIANT_DEFAULT, r))
+                        progress.outputs.append((prompt, VARIANT_DEFAULT, r))
             snap1 = engine.compile_snapshot()
             progress.compile = snap1.diff(snap0)
             if ab:
@@ -231,6 +239,7 @@ class ProbeCycle:
                         r = self._call(prompt, max_new, override, deadline, progress)
                         if r is not None:
                             progress.pairs.append((variant, r))
+                            progress.outputs.append((prompt, variant, r))
                 progress.ab_compile = engine.compile_snapshot().diff(snap1)
             progress.memory_after = engine.memory_snapshot()
         except BaseException as exc:  # noqa: BLE001 - reported as the cycle's error
@@ -258,6 +267,10 @@ class ProbeCycle:
                 if first.decoding != DECODING_SPECULATIVE:
                     continue
             arms.append((name, ARMS[name]))
+        if first.quantized:
+            arms.append((ARM_FLOAT32, FlagOverride(quantized=False)))
+        elif info.quantization != "none":
+            arms.append((ARM_QUANTIZED, FlagOverride(quantized=True)))
         return arms
 
     def _call(self, prompt: str, max_new: int | None, override: FlagOverride | None,

@@ -18,6 +18,8 @@ from engine.protocol import CompileDelta, Engine
 from probes.burst import BurstResult, run_burst
 from probes.canaries import CanarySuite
 from probes.cycle import ARMS, CycleResult, Observer, ProbeCycle
+from probes.quality import AgreementGroup
+from probes.reference import OutputChecker, add_checked_cycle
 from probes.settings import ProbeSettings
 from probes.sink import add_burst, add_compile, add_cycle, compile_changed
 from storage.writer import Writer
@@ -54,6 +56,7 @@ class Prober:
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[Observer] = (),
+        checker: OutputChecker | None = None,
     ) -> None:
         if suite not in suites:
             raise ValueError(f"probes.suite: unknown suite {suite!r}; known: {sorted(suites)}")
@@ -65,6 +68,9 @@ class Prober:
         self.rng = rng or random.Random()
         self.clock = clock
         self.observers = tuple(observers)
+        # Compares every cycle's outputs with the reference path's (None: not checked).
+        self.checker = checker
+        self.agreements: tuple[AgreementGroup, ...] = ()  # the latest cycle's
         self.cycle = ProbeCycle(
             engine, suites, instance_id=instance_id, canaries_per_bucket=canaries_per_bucket,
             ab_share=ab_share, ab_arms=ab_arms, timeout_s=cycle_timeout_s, rng=self.rng,
@@ -87,8 +93,22 @@ class Prober:
             # compile events on purpose; claim them so they are not stored later either.
             self._compile_claimed.extend(d for d in (result.compile, result.ab_compile)
                                          if d is not None)
+            if self.checker is not None:
+                self.agreements = self._check(result)
+                self.writer.submit(partial(add_checked_cycle, c=result,
+                                           groups=self.agreements))
+                return result
         self._store(result)
         return result
+
+    def _check(self, result: CycleResult) -> tuple[AgreementGroup, ...]:
+        assert self.checker is not None
+        try:
+            return self.checker.check(
+                result, max_new_tokens=self.suites[result.suite].max_new_tokens)
+        except Exception:  # a quality-check bug must not lose the cycle's measurements
+            log.exception("output agreement check failed")
+            return ()
 
     def record_unprobed_compiles(self) -> CompileDelta | None:
         """Store the compile changes no cycle recorded (real traffic's recompiles).
@@ -137,7 +157,8 @@ def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer
                          instance_id: str, observers: Sequence[Observer] = (),
                          rng: random.Random | None = None,
                          clock: Callable[[], datetime] = utcnow,
-                         suites: Mapping[str, CanarySuite] | None = None) -> Prober:
+                         suites: Mapping[str, CanarySuite] | None = None,
+                         checker: OutputChecker | None = None) -> Prober:
     """Return the Prober the `probes` settings section describes."""
     from probes.canaries import load_suites
 
@@ -147,4 +168,5 @@ def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer
         suite=p.suite, canaries_per_bucket=p.canaries_per_bucket, ab_share=p.ab_share,
         ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
         burst_rate_per_s=p.burst_rate_per_s, burst_duration_s=p.burst_duration_s,
-        burst_concurrency=p.burst_concurrency, rng=rng, clock=clock, observers=observers)
+        burst_concurrency=p.burst_concurrency, rng=rng, clock=clock, observers=observers,
+        checker=checker)

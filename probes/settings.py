@@ -20,3 +20,13 @@ class ProbeSettings(BaseModel):
     # A/B fallback arms run. "exact" (bucketing's arm) compiles one graph per canary length
     # the first time: minutes on a CPU, during which A/B cycles time out; opt in to it.
     ab_arms: tuple[str, ...] = ("eager", "direct")
+
+
+class QualitySettings(BaseModel):
+    """Output quality (probes.reference, probes.sampler): outputs vs the reference path."""
+
+    enabled: bool = True  # compare every canary cycle's outputs with reference outputs
+    # Share of real requests replayed on the reference path in the background.
+    traffic_sample_share: float = Field(0.01, ge=0.0, le=1.0)
+    sample_queue_max: int = Field(16, ge=1)  # sampled requests waiting; more are dropped
+    store_text: bool = False  # keep reference and sampled outputs' text (off: ids and counts)

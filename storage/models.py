@@ -17,6 +17,10 @@ Tables and their classes:
     webhook_deliveries  WebhookDelivery the outbox
     flags               Flag            + flag_audits FlagAudit
     reports             Report
+    canary_references   CanaryReference the reference path's output per canary and cohort
+    output_agreements   OutputAgreement outputs vs references per run x bucket x path x ... x variant
+    series_chunks       SeriesChunk     an hour of a baseline series' per-cycle values per cohort
+    rollout_verdicts    RolloutVerdict  a new cohort judged against the old one per metric x bucket
 """
 
 from __future__ import annotations
@@ -191,6 +195,12 @@ class ProbeResult(Base):
     draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
     accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
     accepted_per_position: Mapped[list[int]] = mapped_column(_json(), default=list)
+    # storage.sketches: the group's latencies, TTFTs and per-token times (windows merge
+    # them); samples: the successful requests p50_s..max_s rest on.
+    latency_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    ttft_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    per_token_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
 
     run: Mapped[ProbeRun] = relationship(back_populates="results")
 
@@ -214,13 +224,10 @@ class TrafficRollup(Base):
     rejections: Mapped[int] = mapped_column(Integer, default=0)
     overflow: Mapped[int] = mapped_column(Integer, default=0)
     latency_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
-    latency_hist: Mapped[list[int]] = mapped_column(_json(), default=list)
     ttft_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
     input_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
     padded_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
-    input_len_hist: Mapped[list[int]] = mapped_column(_json(), default=list)
-    output_len_hist: Mapped[list[int]] = mapped_column(_json(), default=list)
     drafts: Mapped[int] = mapped_column(Integer, default=0)
     draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
     accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
@@ -228,6 +235,14 @@ class TrafficRollup(Base):
     probation_requests: Mapped[int] = mapped_column(Integer, default=0)
     probation_draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
     probation_accepted: Mapped[int] = mapped_column(Integer, default=0)
+    # storage.sketches (1% relative accuracy, merged over any window): request latency,
+    # TTFT, and each request's mean per-token time weighted by its tokens after the first.
+    latency_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    ttft_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    per_token_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    # Exact input / output length counts {"<tokens>": requests}.
+    input_lens: Mapped[dict[str, int]] = mapped_column(_json(), default=dict)
+    output_lens: Mapped[dict[str, int]] = mapped_column(_json(), default=dict)
 
 
 class MemorySample(Base):
@@ -440,3 +455,124 @@ class Report(Base):
     markdown: Mapped[str] = mapped_column(Text, default="")
     html: Mapped[str] = mapped_column(Text, default="")
     summary: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+
+
+class CanaryReference(Base):
+    """The reference path's output of one canary in one cohort (model_version, config_hash).
+
+    prompt_key: sha256 of max_new_tokens and the prompt (probes.quality.prompt_key): the
+    same prompt asked for fewer tokens has another reference.
+    """
+
+    __tablename__ = "canary_references"
+    __table_args__ = (UniqueConstraint("model_version", "config_hash", "prompt_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    model_version: Mapped[str] = mapped_column(String(128))
+    config_hash: Mapped[str] = mapped_column(String(64))
+    prompt_key: Mapped[str] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(String(64), default="")
+    bucket: Mapped[str] = mapped_column(String(16), default="")
+    output_ids: Mapped[list[int]] = mapped_column(_json(), default=list)
+    text: Mapped[str | None] = mapped_column(Text)
+
+
+class OutputAgreement(Base):
+    """Outputs compared with their references, per run x bucket x path x decoding x variant.
+
+    source: canary (run_id set) or traffic (a sampled real request replayed on the
+    reference path; run_id None, one row per request, never its text unless
+    quality.store_text). count: outputs compared; exact: those equal to the reference;
+    agreement_sum: sum of per-output token agreement (share of positions equal up to the
+    shorter length); length_diff_sum: sum of |len(output) - len(reference)|;
+    first_divergence_min: the earliest first divergence (None: every output matched);
+    worst: up to 3 {key, agreement, first_divergence, length_diff}, lowest agreement first.
+    """
+
+    __tablename__ = "output_agreements"
+    __table_args__ = (
+        UniqueConstraint("run_id", "bucket", "path", "decoding", "variant"),
+        Index("ix_output_agreements_at_bucket", "at", "bucket"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("probe_runs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    source: Mapped[str] = mapped_column(String(16), default="canary")
+    instance_id: Mapped[str] = mapped_column(String(128), default="")
+    model_version: Mapped[str] = mapped_column(String(128), default="")
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    bucket: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(String(16))
+    decoding: Mapped[str] = mapped_column(String(16))
+    variant: Mapped[str] = mapped_column(String(16), default=VARIANT_OPTIMIZED)
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    exact: Mapped[int] = mapped_column(Integer, default=0)
+    agreement_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    length_diff_sum: Mapped[int] = mapped_column(Integer, default=0)
+    first_divergence_min: Mapped[int | None] = mapped_column(Integer)
+    worst: Mapped[list[dict[str, Any]]] = mapped_column(_json(), default=list)
+    text: Mapped[str | None] = mapped_column(Text)
+
+
+class SeriesChunk(Base):
+    """One finished hour of one rule's per-cycle values in one scope and cohort.
+
+    The stored aggregate rolling baselines are refreshed from (alerts.baselines), so an
+    evaluation never re-reads raw history: scope_key is the baseline's scope
+    (storage.models.scope_key of alerts.baselines.rule_scope), "" for the row that marks
+    the hour done; values holds [cycle start (epoch s), value or None, samples] per cycle.
+    """
+
+    __tablename__ = "series_chunks"
+    __table_args__ = (
+        UniqueConstraint("rule", "scope_key", "model_version", "config_hash", "start",
+                         name="uq_series_chunks_key"),
+        Index("ix_series_chunks_rule_start", "rule", "start"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rule: Mapped[str] = mapped_column(String(128))
+    scope_key: Mapped[str] = mapped_column(String(255))
+    model_version: Mapped[str] = mapped_column(String(128), default="")
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    start: Mapped[datetime] = mapped_column(UTCDateTime)
+    values: Mapped[list[list[Any]]] = mapped_column(_json(), default=list)
+
+
+class RolloutVerdict(Base):
+    """The latest judgement of a new cohort against the old one, per source x metric x bucket.
+
+    verdict: pass / marginal / fail (alerts.rollout); p_value: one-sided Mann-Whitney U
+    of the new cohort's per-cycle values being worse; relative_change: new median vs old
+    median. One row per comparison, updated by every evaluation while both cohorts serve.
+    """
+
+    __tablename__ = "rollout_verdicts"
+    __table_args__ = (
+        UniqueConstraint("new_model_version", "new_config_hash", "old_model_version",
+                         "old_config_hash", "source", "metric", "bucket",
+                         name="uq_rollout_verdicts_key"),
+        CheckConstraint("verdict IN ('pass', 'marginal', 'fail')", name="verdict"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    new_model_version: Mapped[str] = mapped_column(String(128))
+    new_config_hash: Mapped[str] = mapped_column(String(64))
+    old_model_version: Mapped[str] = mapped_column(String(128))
+    old_config_hash: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(16), default="canary")
+    metric: Mapped[str] = mapped_column(String(64))
+    bucket: Mapped[str] = mapped_column(String(16))
+    verdict: Mapped[str] = mapped_column(String(16))
+    p_value: Mapped[float | None] = mapped_column(Float)
+    relative_change: Mapped[float | None] = mapped_column(Float)
+    threshold: Mapped[float] = mapped_column(Float)
+    new_median: Mapped[float | None] = mapped_column(Float)
+    old_median: Mapped[float | None] = mapped_column(Float)
+    new_cycles: Mapped[int] = mapped_column(Integer, default=0)
+    old_cycles: Mapped[int] = mapped_column(Integer, default=0)
+    window_start: Mapped[datetime] = mapped_column(UTCDateTime)
+    first_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

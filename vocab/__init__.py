@@ -40,6 +40,9 @@ class Variant(StrEnum):
     EXACT = "exact"
     SPECULATIVE = "speculative"
     COMPILED = "compiled"
+    FLOAT32 = "float32"  # int8 weights off (the quantized flag is on)
+    QUANTIZED = "quantized"  # int8 weights back on while the quantized flag is off
+    REFERENCE = "reference"  # eager, float32, direct, exact shape: what outputs must match
 
 
 class RunStatus(StrEnum):

@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.models import Baseline, scope_key
+from storage.models import Alert, Baseline, scope_key
 
 
 @dataclass(frozen=True)
@@ -39,32 +39,38 @@ class InForce:
     """The baselines that count for one metric and scope.
 
     pinned: the newest active pinned row (any cohort); rolling: the newest active rolling
-    row of the current cohort. `baseline` is the one in force: pinned wins.
+    row of the current cohort; inherited: while that one warms in, the newest warmed-in
+    rolling row of another cohort. `baseline` is the one in force (see decide_in_force).
     """
 
     pinned: StoredBaseline | None = None
     rolling: StoredBaseline | None = None
+    inherited: StoredBaseline | None = None
 
     @property
     def baseline(self) -> StoredBaseline | None:
-        """Return the baseline in force: the pinned one if any, else the rolling one."""
-        return self.pinned or self.rolling
+        """Return the baseline in force: pinned, else inherited while warming in, else rolling."""
+        return self.pinned or self.inherited or self.rolling
 
 
 Cohort = tuple[str, str]  # (model_version, config_hash) of the canary runs
 
 
-def decide_in_force(rows: Iterable[StoredBaseline], cohort: Cohort | None) -> InForce:
-    """Decide which of one scope's active baselines is in force.
+def decide_in_force(rows: Iterable[StoredBaseline], cohort: Cohort | None, *,
+                    min_cycles: int = 1) -> InForce:
+    """Decide which of one scope's active baselines is in force for one cohort.
 
     The rule: a pinned baseline wins (the newest active one, whatever cohort it came
-    from: a person fixed it); otherwise the newest active rolling baseline computed
-    for the current cohort (model_version, config_hash) is in force. Rolling rows of
-    another cohort never count: a new model or config starts warming in afresh. With
-    `cohort` None every rolling row counts (nothing has been probed yet).
+    from: a person fixed it). Otherwise the newest active rolling baseline of the cohort
+    (model_version, config_hash) once it has `min_cycles` cycles. While it warms in, the
+    newest rolling baseline of another cohort that has them is inherited: a new model
+    version is judged against the old one's baseline until its own is ready, so a
+    regression on it is caught as fast as any other. With `cohort` None every rolling
+    row counts as the cohort's (nothing has been probed yet).
     """
     pinned: StoredBaseline | None = None
     rolling: StoredBaseline | None = None
+    other: StoredBaseline | None = None
     for b in rows:
         if not b.active:
             continue
@@ -72,7 +78,10 @@ def decide_in_force(rows: Iterable[StoredBaseline], cohort: Cohort | None) -> In
             pinned = _newer(pinned, b)
         elif cohort is None or (b.model_version, b.config_hash) == cohort:
             rolling = _newer(rolling, b)
-    return InForce(pinned, rolling)
+        elif b.samples >= min_cycles:
+            other = _newer(other, b)
+    warm = rolling is not None and rolling.samples >= min_cycles
+    return InForce(pinned, rolling, None if warm else other)
 
 
 def _newer(old: StoredBaseline | None, new: StoredBaseline) -> StoredBaseline:
@@ -84,10 +93,38 @@ def _newer(old: StoredBaseline | None, new: StoredBaseline) -> StoredBaseline:
 def baselines_in_force(session: Session, metric: str,
                        cohort: Cohort | None) -> dict[str, InForce]:
     """Return scope_key -> the baselines in force for every scope of `metric`."""
+    return {key: decide_in_force(rows, cohort) for key, rows in active_by_scope(session, metric).items()}
+
+
+def active_by_scope(session: Session, metric: str) -> dict[str, list[StoredBaseline]]:
+    """Return scope_key -> the active baselines of `metric` (decide_in_force picks per cohort)."""
     by_key: dict[str, list[StoredBaseline]] = {}
     for b in active_baselines(session, metric):
         by_key.setdefault(b.scope_key, []).append(b)
-    return {key: decide_in_force(rows, cohort) for key, rows in by_key.items()}
+    return by_key
+
+
+@dataclass(frozen=True)
+class AlertPeriod:
+    """When an alert of a scope was open: from pending (started_at) to resolved (or now)."""
+
+    labels: Mapping[str, str]
+    start: datetime
+    end: datetime | None
+
+
+def alert_periods(session: Session, rules: Iterable[str], since: datetime) -> list[AlertPeriod]:
+    """Return the periods of `rules`' alerts that fired or are still open, overlapping `since`.
+
+    Rolling baselines leave these cycles out: the firing ones and the pending run that led
+    to a firing (a regression is not the normal level). Pending alerts that resolved
+    unconfirmed stay in: leaving out every noisy cycle would shrink the spread.
+    """
+    a = Alert
+    q = select(a.labels, a.started_at, a.resolved_at).where(
+        a.rule.in_(tuple(rules)), (a.fired_at.is_not(None)) | (a.state != "resolved"),
+        (a.resolved_at.is_(None)) | (a.resolved_at >= since))
+    return [AlertPeriod(dict(labels or {}), start, end) for labels, start, end in session.execute(q)]
 
 
 def baseline_in_force(session: Session, metric: str, scope: Mapping[str, object] | str,

@@ -7,7 +7,7 @@ after the max age), "all" is every state.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -41,9 +41,12 @@ def list_deliveries(session: Session, *, state: str = "dead", target: str | None
     return list(session.scalars(q))
 
 
+_S = TypeVar("_S", bound=Select)
+
+
 # The outbox's own reads: what the deliverer claims, expires, orders and counts.
 
-def _locked(session: Session, q: Select[Any]) -> Select[Any]:
+def _locked(session: Session, q: _S) -> _S:
     """Lock the selected rows on PostgreSQL, skipping rows another replica holds."""
     if session.get_bind().dialect.name == "postgresql":
         return q.with_for_update(skip_locked=True, of=WebhookDelivery)
@@ -66,7 +69,7 @@ def due_rows(session: Session, now: datetime, limit: int,
          .limit(limit))
     if target is not None:
         q = q.where(WebhookDelivery.target == target)
-    return [(r, fp) for r, fp in session.execute(_locked(session, q)).all()]
+    return [(r, fp) for r, fp in session.execute(_locked(session, q)).tuples()]
 
 
 def due_targets(session: Session, now: datetime) -> list[str]:

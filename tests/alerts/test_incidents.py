@@ -99,3 +99,41 @@ def test_a_shift_that_comes_back_after_10_cycles_pages_twice(sessionmaker: sessi
     replay.step(1.3, 15)
     replay.step(cycles=120)
     assert pages(sessionmaker) == (2, ["firing", "resolved", "firing", "resolved"])
+
+
+PER_INSTANCE = parse_rule({"name": "p99_instance", "metric": "p99_latency", "change": "+15%",
+                           "resolve_change": "+5%", "per": ["instance"], "for": 3,
+                           "min_samples": 2, "baseline_window": "6h", "severity": "page"})
+
+
+def test_alerts_of_an_instance_that_stopped_reporting_resolve_as_stale(
+        sessionmaker: sessionmaker[Session]) -> None:
+    rng = random.Random(5)
+
+    def tick(i: int, instances: dict[str, float]) -> list:
+        with sessionmaker.begin() as s:
+            for inst, level in instances.items():
+                add_cycle(s, minute(i) + timedelta(seconds=2),
+                          {"64": 0.1 * level * (1 + rng.gauss(0, 0.02))}, instance=inst)
+        with sessionmaker.begin() as s:
+            return list(evaluate(s, [PER_INSTANCE], minute(i + 1) + timedelta(seconds=30),
+                                 targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0),
+                                 stale_after_s=600).transitions)
+
+    for i in range(40):
+        tick(i, {"i1": 1.0, "i2": 1.0})
+    for i in range(40, 46):
+        tick(i, {"i1": 1.5, "i2": 1.0})  # i1 regresses, then dies (OOM-killed)
+    with sessionmaker() as s:
+        (alert,) = s.scalars(select(Alert).where(Alert.fired_at.is_not(None))).all()
+        assert alert.labels == {"instance": "i1"} and alert.state == "firing"
+    stale_at = None
+    for i in range(46, 60):
+        moved = tick(i, {"i2": 1.0})
+        if moved:
+            assert [(t.to_state, t.labels) for t in moved] == [("resolved", {"instance": "i1"})]
+            assert moved[0].reason.startswith("stale: instance i1 has not reported")
+            stale_at = i
+    # Last row at 45:02; the evaluation at 55:30 is the first more than 600 s later.
+    assert stale_at == 54
+    assert pages(sessionmaker) == (1, ["firing", "resolved"])

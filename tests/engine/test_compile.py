@@ -14,8 +14,8 @@ from tests.engine.conftest import BUCKETS, random_texts, tiny_config  # noqa: E4
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     before = warm_engine.compile_snapshot()
-    # target encode/step/verify + draft encode/step, per bucket
-    assert before.graphs >= 5 * len(BUCKETS)
+    # target encode/step/verify + draft step, per bucket (the draft's encoder runs eager)
+    assert before.graphs >= 4 * len(BUCKETS)
     texts = random_texts(210, seed=5)
     rng = random.Random(5)
     paths = set()

@@ -39,3 +39,24 @@ def test_cuda_greedy_and_speculative_match(tiny_dirs, dtype):
     finally:
         cpu.close()
         gpu.close()
+
+
+def test_reduce_overhead_captures_the_decode_step(tiny_dirs):
+    """With cudagraph trees, no graph is skipped (the mutated KV cache is a static input)."""
+    from torch._dynamo.utils import counters
+
+    from engine import load_engine
+
+    gpu = load_engine(tiny_config(tiny_dirs, device="cuda", dtype="float32",
+                                  compile_backend="inductor", compile_mode="reduce-overhead",
+                                  buckets=(8,), max_input_tokens=8))
+    try:
+        skips = sum(counters["inductor"].get(k, 0) for k in ("cudagraph_skips",))
+        gpu.warm_up(background=False)
+        texts = [t for t in random_texts(12, seed=12, overflow=False) if gpu.count_tokens(t) <= 8]
+        for text in texts:
+            for spec in (False, True):
+                gpu.generate(text, max_new_tokens=8, override=FlagOverride(speculative=spec))
+        assert counters["inductor"].get("cudagraph_skips", 0) == skips, dict(counters["inductor"])
+    finally:
+        gpu.close()

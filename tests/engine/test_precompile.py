@@ -81,3 +81,22 @@ def test_precompile_with_compile_off_says_so(tmp_path):
     config = tmp_path / "tailwatch.yaml"
     config.write_text(yaml.safe_dump({"engine": {"compile_mode": "off"}}))
     assert main(["--config", str(config), "engine", "precompile"]) == 0
+
+
+def test_warm_up_starts_with_the_busiest_bucket(tiny_dirs, tmp_path):
+    from engine import load_engine
+    from tests.engine.conftest import tiny_config
+
+    config = tiny_config(tiny_dirs, use_draft=False, compile_backend="eager",
+                         cache_dir=str(tmp_path))
+    first = load_engine(config)
+    assert first.warm_order() == [8, 16, 32]  # nothing known yet: ascending
+    for _ in range(3):
+        first.generate("x" * 20, max_new_tokens=1)  # bucket 32
+    first.generate("x" * 10, max_new_tokens=1)  # bucket 16
+    first.close()
+    second = load_engine(config)
+    try:
+        assert second.warm_order() == [32, 16, 8]
+    finally:
+        second.close()

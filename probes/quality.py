@@ -1,0 +1,125 @@
+"""Compare outputs with their reference outputs: pure functions, no engine, no SQL.
+
+The reference output of a prompt is what the reference path (engine.protocol.REFERENCE:
+eager, direct decoding, exact input shape, float32 weights) generates for it in one
+cohort (model_version, config_hash). Every arm's output is compared with it:
+
+    exact: the token ids are equal.
+    agreement: the share of positions equal up to the shorter length (1.0 when both
+        are empty, 0.0 when only one is); `length_diff` says what it leaves out.
+    length_diff: len(output) - len(reference).
+    first_divergence: the first position where the two differ (a position past the
+        shorter one when one is a prefix of the other), None when exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+WORST_KEPT = 3  # worst outputs kept per group (for the report)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One output compared with its reference (see the module docstring)."""
+
+    exact: bool
+    agreement: float
+    length_diff: int
+    first_divergence: int | None
+
+
+def compare(output: Sequence[int], reference: Sequence[int]) -> Comparison:
+    """Return how `output` agrees with `reference`."""
+    out, ref = list(output), list(reference)
+    shorter = min(len(out), len(ref))
+    equal = sum(1 for a, b in zip(out, ref, strict=False) if a == b)
+    # Two empty outputs agree; an empty one against a non-empty one does not.
+    agreement = equal / shorter if shorter else float(len(out) == len(ref))
+    first = next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), None)
+    if first is None and len(out) != len(ref):
+        first = shorter
+    return Comparison(exact=out == ref, agreement=agreement, length_diff=len(out) - len(ref),
+                      first_divergence=first)
+
+
+def prompt_key(prompt: str, max_new_tokens: int | None) -> str:
+    """Return the key of a reference: sha256 of the token budget and the prompt."""
+    return hashlib.sha256(f"{max_new_tokens}\x00{prompt}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One output of one arm, its labels and its comparison with the reference."""
+
+    key: str  # prompt_key of the canary
+    bucket: str
+    path: str
+    decoding: str
+    variant: str
+    comparison: Comparison
+
+
+@dataclass(frozen=True)
+class Worst:
+    """One of a group's least agreeing outputs."""
+
+    key: str
+    agreement: float
+    first_divergence: int | None
+    length_diff: int
+
+
+@dataclass(frozen=True)
+class AgreementGroup:
+    """The comparisons of one (bucket, path, decoding, variant), summed."""
+
+    bucket: str
+    path: str
+    decoding: str
+    variant: str
+    count: int
+    exact: int
+    agreement_sum: float
+    length_diff_sum: int
+    first_divergence_min: int | None
+    worst: tuple[Worst, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """Return (bucket, path, decoding, variant)."""
+        return (self.bucket, self.path, self.decoding, self.variant)
+
+    @property
+    def agreement(self) -> float | None:
+        """Return the mean token agreement, or None when nothing was compared."""
+        return self.agreement_sum / self.count if self.count else None
+
+    @property
+    def exact_share(self) -> float | None:
+        """Return the share of outputs equal to their reference, or None."""
+        return self.exact / self.count if self.count else None
+
+
+def summarize(items: Iterable[Compared]) -> tuple[AgreementGroup, ...]:
+    """Group comparisons by (bucket, path, decoding, variant), in first-seen order."""
+    groups: dict[tuple[str, str, str, str], list[Compared]] = {}
+    for c in items:
+        groups.setdefault((c.bucket, c.path, c.decoding, c.variant), []).append(c)
+    out = []
+    for (bucket, path, decoding, variant), cs in groups.items():
+        divergences = [c.comparison.first_divergence for c in cs
+                       if c.comparison.first_divergence is not None]
+        worst = sorted((c for c in cs if not c.comparison.exact),
+                       key=lambda c: (c.comparison.agreement, c.key))[:WORST_KEPT]
+        out.append(AgreementGroup(
+            bucket=bucket, path=path, decoding=decoding, variant=variant, count=len(cs),
+            exact=sum(1 for c in cs if c.comparison.exact),
+            agreement_sum=sum(c.comparison.agreement for c in cs),
+            length_diff_sum=sum(abs(c.comparison.length_diff) for c in cs),
+            first_divergence_min=min(divergences) if divergences else None,
+            worst=tuple(Worst(c.key, c.comparison.agreement, c.comparison.first_divergence,
+                              c.comparison.length_diff) for c in worst)))
+    return tuple(out)

@@ -1,0 +1,120 @@
+"""Output quality: reference outputs per cohort and output agreements per bucket and arm."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.models import CanaryReference, OutputAgreement
+from storage.queries._common import _check_window
+
+
+def references(session: Session, model_version: str, config_hash: str) -> dict[str, list[int]]:
+    """Return prompt_key -> reference output ids stored for one cohort."""
+    r = CanaryReference
+    rows = session.execute(select(r.prompt_key, r.output_ids).where(
+        r.model_version == model_version, r.config_hash == config_hash))
+    return {key: list(ids or []) for key, ids in rows}
+
+
+def stored_reference_keys(session: Session, model_version: str, config_hash: str,
+                          keys: Collection[str]) -> set[str]:
+    """Return which of `keys` already have a reference in the cohort."""
+    if not keys:
+        return set()
+    r = CanaryReference
+    return set(session.scalars(select(r.prompt_key).where(
+        r.model_version == model_version, r.config_hash == config_hash,
+        r.prompt_key.in_(list(keys)))))
+
+
+@dataclass(frozen=True)
+class AgreementRow:
+    """One stored comparison group (see storage.models.OutputAgreement)."""
+
+    at: datetime
+    source: str
+    instance_id: str
+    bucket: str
+    path: str
+    decoding: str
+    variant: str
+    count: int
+    exact: int
+    agreement_sum: float
+    length_diff_sum: int
+    first_divergence_min: int | None
+    worst: tuple[dict[str, Any], ...]
+
+    @property
+    def agreement(self) -> float | None:
+        """Return the mean token agreement, or None when nothing was compared."""
+        return self.agreement_sum / self.count if self.count else None
+
+
+def agreements(session: Session, start: datetime, end: datetime, *,
+               source: str | None = None, bucket: str | None = None,
+               variants: Collection[str] | None = None) -> list[AgreementRow]:
+    """Return the agreement rows in [start, end), oldest first."""
+    _check_window(start, end)
+    a = OutputAgreement
+    q = select(a).where(a.at >= start, a.at < end)
+    if source is not None:
+        q = q.where(a.source == source)
+    if bucket is not None:
+        q = q.where(a.bucket == bucket)
+    if variants is not None:
+        q = q.where(a.variant.in_(list(variants)))
+    return [AgreementRow(at=r.at, source=r.source, instance_id=r.instance_id, bucket=r.bucket,
+                         path=r.path, decoding=r.decoding, variant=r.variant, count=r.count,
+                         exact=r.exact, agreement_sum=r.agreement_sum,
+                         length_diff_sum=r.length_diff_sum,
+                         first_divergence_min=r.first_divergence_min,
+                         worst=tuple(r.worst or ()))
+            for r in session.scalars(q.order_by(a.at, a.id))]
+
+
+@dataclass(frozen=True)
+class AgreementRollup:
+    """Agreement of one (source, bucket, variant) over a window."""
+
+    source: str
+    bucket: str
+    variant: str
+    count: int
+    exact: int
+    agreement: float | None
+    first_divergence_min: int | None
+    worst: tuple[dict[str, Any], ...]
+
+
+def agreement_rollups(session: Session, start: datetime, end: datetime,
+                      *, keep_worst: int = 3) -> list[AgreementRollup]:
+    """Return agreement per (source, bucket, variant) in [start, end), sorted by those."""
+    groups: dict[tuple[str, str, str], list[AgreementRow]] = {}
+    for row in agreements(session, start, end):
+        groups.setdefault((row.source, row.bucket, row.variant), []).append(row)
+    out = []
+    for (source, bucket, variant), rows in sorted(groups.items()):
+        count = sum(r.count for r in rows)
+        firsts = [r.first_divergence_min for r in rows if r.first_divergence_min is not None]
+        worst = sorted((w for r in rows for w in r.worst),
+                       key=lambda w: (w.get("agreement", 1.0), str(w.get("key", ""))))
+        seen: set[str] = set()
+        kept = []
+        for w in worst:  # one entry per canary: its worst comparison
+            if w.get("key") not in seen:
+                seen.add(str(w.get("key")))
+                kept.append(w)
+        out.append(AgreementRollup(
+            source=source, bucket=bucket, variant=variant, count=count,
+            exact=sum(r.exact for r in rows),
+            agreement=sum(r.agreement_sum for r in rows) / count if count else None,
+            first_divergence_min=min(firsts) if firsts else None,
+            worst=tuple(kept[:keep_worst])))
+    return out

@@ -1,0 +1,102 @@
+"""Output agreement: the pure comparison, and references per cohort through the Prober."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from engine.protocol import REFERENCE, FlagOverride, GenerateResult
+from probes.prober import Prober
+from probes.quality import compare, prompt_key
+from probes.reference import OutputChecker
+from storage.models import CanaryReference, OutputAgreement
+from storage.writer import Writer
+from tests.probes.fakes import FakeEngine, placeholder_suites
+
+
+def test_compare_exact_prefix_and_divergence() -> None:
+    same = compare([1, 2, 3], [1, 2, 3])
+    assert (same.exact, same.agreement, same.length_diff, same.first_divergence) == (
+        True, 1.0, 0, None)
+    diverged = compare([1, 9, 3, 4], [1, 2, 3, 4])
+    assert (diverged.exact, diverged.agreement, diverged.first_divergence) == (False, 0.75, 1)
+    prefix = compare([1, 2], [1, 2, 3, 4])
+    assert (prefix.exact, prefix.agreement, prefix.length_diff, prefix.first_divergence) == (
+        False, 1.0, -2, 2)
+    assert compare([], []).agreement == 1.0
+    empty = compare([], [5])
+    assert (empty.agreement, empty.first_divergence) == (0.0, 0)
+
+
+def test_prompt_key_depends_on_the_token_budget() -> None:
+    assert prompt_key("a b", 16) != prompt_key("a b", 32)
+    assert prompt_key("a b", 16) == prompt_key("a b", 16)
+
+
+class SpyEngine(FakeEngine):
+    """The fake engine, counting reference-path calls; `shift` perturbs one bucket's output."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.reference_calls = 0
+        self.shift_bucket: str | None = None
+
+    def generate(self, text: str, *, override: FlagOverride | None = None,
+                 **kw: Any) -> GenerateResult:
+        r = super().generate(text, override=override, **kw)
+        if override == REFERENCE:
+            self.reference_calls += 1
+        elif r.bucket == self.shift_bucket:
+            ids = (r.output_ids[0], *(i + 1 for i in r.output_ids[1:]))
+            return GenerateResult(**{**r.__dict__, "output_ids": ids})
+        return r
+
+
+def _prober(engine: FakeEngine, sessions: sessionmaker[Session], writer: Writer) -> Prober:
+    checker = OutputChecker(engine, sessions=sessions, writer=writer)
+    return Prober(engine, writer, placeholder_suites(per_bucket=2), instance_id="a",
+                  canaries_per_bucket=2, ab_share=0.0, rng=random.Random(0), checker=checker)
+
+
+def test_references_per_cohort_and_agreement_rows(sessionmaker: sessionmaker[Session]) -> None:
+    writer = Writer(sessionmaker)
+    try:
+        first = SpyEngine(model_version="model-a")
+        prober = _prober(first, sessionmaker, writer)
+        prober.run_cycle(ab=True)
+        canaries = 10  # 5 buckets x 2 prompts
+        assert first.reference_calls == canaries
+        prober.run_cycle()
+        assert first.reference_calls == canaries  # kept in memory: not generated again
+        assert writer.flush(timeout=30) and writer.stats.failed == 0
+
+        # A new cohort (another model) generates its own references.
+        other = SpyEngine(model_version="model-b")
+        _prober(other, sessionmaker, writer).run_cycle()
+        assert other.reference_calls == canaries
+        # The first cohort again (a restart): its references load from SQL.
+        assert writer.flush(timeout=30)
+        again = SpyEngine(model_version="model-a")
+        again.shift_bucket = "32"
+        p = _prober(again, sessionmaker, writer)
+        p.run_cycle()
+        assert again.reference_calls == 0
+        assert writer.flush(timeout=30) and writer.stats.failed == 0
+        by_bucket = {g.bucket: g for g in p.agreements}
+        assert by_bucket["32"].exact == 0 and by_bucket["32"].agreement is not None
+        assert by_bucket["32"].agreement < 0.1 and by_bucket["32"].first_divergence_min == 1
+        assert by_bucket["16"].exact == by_bucket["16"].count == 2
+    finally:
+        writer.close()
+    with sessionmaker() as s:
+        refs = s.execute(select(CanaryReference.model_version)).scalars().all()
+        rows = s.scalars(select(OutputAgreement)).all()
+    assert sorted(set(refs)) == ["model-a", "model-b"] and len(refs) == 2 * canaries
+    variants = {r.variant for r in rows}
+    assert {"optimized", "eager", "direct"} <= variants  # the A/B arms are compared too
+    worst = [r for r in rows if r.bucket == "32" and r.exact == 0]
+    assert worst and worst[-1].worst[0]["first_divergence"] == 1
+    assert all(r.run_id is not None and r.source == "canary" for r in rows)
