@@ -1,23 +1,34 @@
-"""Baselines: rolling (trailing window, firing periods left out) or pinned by a person.
+"""Baselines: rolling per cohort (trailing window, alert periods left out) or pinned.
 
 A rolling baseline is the median and robust spread of a rule's per-cycle values over the
-trailing `rule.baseline_window_s` (7 days by default), leaving out cycles when an alert on
-the same metric and scope was firing. It is stored as a `Baseline` row (value = median,
-samples = cycles, spread = robust sigma) and recomputed when older than
-`BaselineConfig.refresh_s`. When the model_version or config_hash of the canary runs
-changes, the window restarts at the first run of the new version plus `warm_in_s`, so
-rules stay quiet ("baseline warming in") until enough new cycles exist.
+trailing `rule.baseline_window_s` (7 days by default) in one cohort (model_version,
+config_hash), leaving out the cycles when an alert on the same metric and scope was
+firing or pending on its way to firing. It is stored as a `Baseline` row (value = median,
+samples = cycles, spread = robust sigma) and refreshed when older than
+`BaselineConfig.refresh_s` (jittered per scope so refreshes spread over the hour), or,
+while its window is still filling, each time its data has doubled: the first cycles
+after a start must not set the level for an hour.
 
-A pinned baseline fixes the centre (the spread still comes from the rolling one).
+Incremental: finished hours of every rule's series are stored once as `SeriesChunk`
+rows; a refresh reads those plus the current hour's raw rows, never the raw history.
+
+Cohorts: a cohort's window starts at its first run plus `warm_in_s`. While its own
+baseline warms in, it is judged against the newest warmed-in baseline of another cohort
+(inherited), so a rollout has no blind window and the old cohort's rules stay live.
+Seasonality (`seasonality: hour_of_week`): the baseline is built from the same hour of
+the week only, once that has `min_baseline_cycles` cycles (until then the plain one).
+
+A pinned baseline fixes the centre and keeps the spread measured when it was pinned.
 Which stored baseline is in force is decided in one place:
 `storage.queries.baselines.decide_in_force`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import update
@@ -25,16 +36,18 @@ from sqlalchemy.orm import Session
 
 from alerts.detection import BaselineStats
 from alerts.errors import BaselineError
-from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Point, Rule
-from alerts.series import Labels, RowCache, series
+from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Rule
+from alerts.series import Labels, RowCache, cohort_series
 from storage.models import Baseline, scope_key
-from storage.queries import alerts as alert_queries
 from storage.queries import baselines as baseline_queries
-from storage.queries.baselines import StoredBaseline
-from storage.queries.runs import CurrentCohort
+from storage.queries import series as series_queries
+from storage.queries.baselines import AlertPeriod, StoredBaseline, decide_in_force
+from storage.queries.series import NO_COHORT, Chunk, Cohort
 
 _SCOPE_KEYS = (*SCOPE_LABELS, "source", "window")
 BaselineView = StoredBaseline  # what the CLI and API show
+CHUNK_S = 3600.0
+HOUR_OF_WEEK = "hour_of_week"
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,18 @@ class BaselineConfig:
     warm_in_s: float = 1800.0
 
 
+@dataclass(frozen=True)
+class CohortBaseline:
+    """What one cohort's series is judged against; origin says where it came from.
+
+    origin: "" (the cohort's own rolling baseline), "pinned", "hour_of_week", or
+    "inherited from <model_version>/<config_hash>" while the cohort warms in.
+    """
+
+    stats: BaselineStats | None
+    origin: str = ""
+
+
 def rule_scope(rule: Rule, labels: Mapping[str, str]) -> dict[str, str]:
     """Return the baseline scope of a rule's series: source, match labels, labels, window."""
     scope = {"source": rule.source, **rule.match, **labels}
@@ -53,16 +78,73 @@ def rule_scope(rule: Rule, labels: Mapping[str, str]) -> dict[str, str]:
     return scope
 
 
-def _firing_periods(session: Session, rule_names: list[str], key: str, now: datetime,
-                    start: datetime) -> list[tuple[datetime, datetime]]:
-    out = []
-    for a in alert_queries.fired_alerts(session, rule_names):
-        if scope_key(a.labels) != key or a.fired_at is None:
-            continue
-        end = a.resolved_at or now
-        if end >= start:
-            out.append((a.fired_at, end))
-    return out
+def hour_start(t: datetime) -> datetime:
+    """Return the start of the (UTC, epoch-aligned) hour holding `t`."""
+    ts = t.timestamp()
+    return datetime.fromtimestamp(ts - ts % CHUNK_S, UTC)
+
+
+def hour_of_week(t: datetime) -> int:
+    """Return 0..167: Monday 00h UTC is 0."""
+    u = t.astimezone(UTC)
+    return u.weekday() * 24 + u.hour
+
+
+def cohort_label(cohort: Cohort) -> str:
+    """Return "model_version/config_hash" for reasons and labels."""
+    return f"{cohort[0] or '?'}/{cohort[1] or '?'}"
+
+
+def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime) -> int:
+    """Store the finished hours of `rule`'s series not stored yet; return chunks written."""
+    end = hour_start(now)
+    start = hour_start(now - timedelta(seconds=rule.baseline_window_s))
+    have = series_queries.chunk_starts(session, rule.name, start, end)
+    hour = timedelta(seconds=CHUNK_S)
+    missing = []
+    t = start
+    while t < end:
+        if t not in have:
+            missing.append(t)
+        t += hour
+    if not missing:
+        return 0
+    out: list[Chunk] = []
+    for run_start, run_end in _runs(missing, hour):
+        by_hour: dict[tuple[str, Cohort, datetime], list[list[Any]]] = {}
+        for labels, per_cohort in cohort_series(rule, cache, run_start, run_end).items():
+            key = scope_key(rule_scope(rule, dict(labels)))
+            for cohort, pts in per_cohort.items():
+                for p in pts:
+                    if p.value is not None:
+                        by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
+                            [p.at.timestamp(), p.value, p.samples])
+        out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
+    out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
+    series_queries.delete_chunks_before(session, rule.name, start)
+    return series_queries.add_chunks(session, out)
+
+
+def _runs(hours: list[datetime], step: timedelta) -> list[tuple[datetime, datetime]]:
+    runs: list[tuple[datetime, datetime]] = []
+    for h in hours:
+        if runs and runs[-1][1] == h:
+            runs[-1] = (runs[-1][0], h + step)
+        else:
+            runs.append((h, h + step))
+    return runs
+
+
+@dataclass
+class _Need:
+    labels: Labels
+    cohort: Cohort
+    scope: dict[str, str]
+    key: str  # the stored row's key (seasonal rows carry the hour of week)
+    series_key: str  # the chunks' key
+    start: datetime
+    season: int | None
+    old: StoredBaseline | None
 
 
 def baselines_for_rule(
@@ -71,76 +153,135 @@ def baselines_for_rule(
     rules: list[Rule],
     now: datetime,
     cache: RowCache,
-    cohort: CurrentCohort,
+    serving: Mapping[Labels, Iterable[Cohort]],
     config: BaselineConfig,
-) -> dict[Labels, BaselineStats]:
-    """Return scope labels -> baseline of `rule`, refreshing stale rolling baselines."""
-    in_force = baseline_queries.baselines_in_force(session, rule.metric, cohort.key)
-    start = now - timedelta(seconds=rule.baseline_window_s)
-    if cohort.since is not None:
-        start = max(start, cohort.since + timedelta(seconds=config.warm_in_s))
-    fresh_after = now - timedelta(seconds=config.refresh_s)
-    computed: dict[Labels, list[Point]] | None = None
-    same_metric = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
-    out: dict[Labels, BaselineStats] = {}
-    labelsets = set()
-    if start < now:
-        computed = series(rule, cache, start, now)
-        labelsets = set(computed)
-    for force in in_force.values():
-        b = force.pinned
-        if b is not None and _scope_matches(rule, b.scope):
-            labelsets.add(tuple((k, b.scope[k]) for k in rule.per))
-    for labels in labelsets:
+) -> dict[Labels, dict[Cohort, CohortBaseline]]:
+    """Return scope labels -> cohort -> its baseline, refreshing stale rolling baselines.
+
+    `serving`: the cohorts with data per scope in the detector's window.
+    """
+    ensure_chunks(session, rule, cache, now)
+    by_scope = baseline_queries.active_by_scope(session, rule.metric)
+    season = hour_of_week(now) if rule.seasonality == HOUR_OF_WEEK else None
+    needs: list[_Need] = []
+    plan: list[tuple[Labels, Cohort, str, str | None]] = []
+    for labels, cohorts in serving.items():
         scope = rule_scope(rule, dict(labels))
         key = scope_key(scope)
-        force = in_force.get(key, baseline_queries.InForce())
-        rolling = force.rolling
-        stale = rolling is None or rolling.created_at < fresh_after or (
-            rolling.samples < rule.min_baseline_cycles)  # warming in: refresh every cycle
-        if stale and computed is not None:
-            rolling = _refresh(session, rule, same_metric, scope, key, computed.get(labels, []),
-                               start, now, cohort, rolling) or rolling
-        spread = rolling.spread if rolling is not None else None
-        pinned = force.pinned
-        if pinned is not None:
-            out[labels] = BaselineStats(
-                center=pinned.value,
-                spread=spread if spread is not None else (pinned.spread or 0.0),
-                cycles=max(pinned.samples, rule.min_baseline_cycles), pinned=True)
-        elif rolling is not None and spread is not None:
-            out[labels] = BaselineStats(rolling.value, spread, rolling.samples)
+        skey = scope_key({**scope, "season": f"how{season}"}) if season is not None else None
+        for cohort in cohorts:
+            since = cache.since(cohort, now)
+            start = now - timedelta(seconds=rule.baseline_window_s)
+            if since is not None:
+                start = max(start, since + timedelta(seconds=config.warm_in_s))
+            for k, s in ((key, None), (skey, season)):
+                if k is None:
+                    continue
+                old = decide_in_force(by_scope.get(k, []), cohort).rolling
+                if start < now and _stale(old, rule, now, config, k):
+                    sc = scope if s is None else {**scope, "season": f"how{s}"}
+                    needs.append(_Need(labels, cohort, sc, k, key, start, s, old))
+            plan.append((labels, cohort, key, skey))
+    if needs:
+        fresh = _refresh(session, rule, rules, now, cache, needs)
+        for k, rows in fresh.items():
+            by_scope[k] = by_scope.get(k, []) + rows
+    out: dict[Labels, dict[Cohort, CohortBaseline]] = {}
+    for labels, cohort, key, skey in plan:
+        out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skey)
     return out
 
 
-def _scope_matches(rule: Rule, scope: Mapping[str, str]) -> bool:
-    return (scope.get("source", "canary") == rule.source
-            and all(scope.get(k) == v for k, v in rule.match.items())
-            and all(k in scope for k in rule.per)
-            and set(scope) <= {"source", "window", *rule.per, *rule.match})
+def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Cohort, key: str,
+            skey: str | None) -> CohortBaseline:
+    n = rule.min_baseline_cycles
+    force = decide_in_force(by_scope.get(key, []), cohort, min_cycles=n)
+    rolling = force.rolling
+    if force.pinned is not None:
+        p = force.pinned
+        # The spread measured when it was pinned; else today's rolling one.
+        spread = p.spread if p.spread is not None else (
+            rolling.spread if rolling is not None and rolling.spread is not None else 0.0)
+        return CohortBaseline(BaselineStats(center=p.value, spread=spread,
+                                            cycles=max(p.samples, n), pinned=True), "pinned")
+    if skey is not None:
+        seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
+        if seasonal is not None and seasonal.samples >= n and seasonal.spread is not None:
+            return CohortBaseline(BaselineStats(seasonal.value, seasonal.spread, seasonal.samples),
+                                  HOUR_OF_WEEK)
+    if force.inherited is not None and force.inherited.spread is not None:
+        b = force.inherited
+        return CohortBaseline(BaselineStats(b.value, b.spread, b.samples),
+                              f"inherited from {cohort_label((b.model_version, b.config_hash))}")
+    if rolling is not None and rolling.spread is not None:
+        return CohortBaseline(BaselineStats(rolling.value, rolling.spread, rolling.samples))
+    return CohortBaseline(None)
 
 
-def _refresh(session: Session, rule: Rule, rule_names: list[str], scope: dict[str, str],
-             key: str, points: list[Point], start: datetime, now: datetime,
-             cohort: CurrentCohort, old: StoredBaseline | None) -> StoredBaseline | None:
-    excluded = _firing_periods(session, rule_names, scope_key(
-        {k: v for k, v in scope.items() if k in rule.per}), now, start)
-    values = [p.value for p in points
-              if p.value is not None and p.samples >= rule.min_samples
-              and not any(a <= p.at < b for a, b in excluded)]
-    stats = BaselineStats.of(v for v in values if v is not None)
-    if stats is None:
-        return None
-    if old is not None:
-        session.execute(update(Baseline).where(Baseline.id == old.id).values(active=False)
-                        .execution_options(synchronize_session="fetch"))
-    row = Baseline(metric=rule.metric, scope=scope, scope_key=key, value=stats.center,
-                   samples=stats.cycles, window_start=start, window_end=now, kind="rolling",
-                   model_version=cohort.model_version, config_hash=cohort.config_hash,
-                   created_at=now, spread=stats.spread, active=True)
-    session.add(row)
-    session.flush()
-    return baseline_queries.stored(row)
+def _stale(old: StoredBaseline | None, rule: Rule, now: datetime, config: BaselineConfig,
+           key: str) -> bool:
+    if old is None or old.samples < rule.min_baseline_cycles:
+        return True  # warming in: refresh every cycle
+    age = (now - old.created_at).total_seconds()
+    # Jitter (0.5-1 x refresh_s, fixed per scope): refreshes spread over the hour.
+    if age >= config.refresh_s * (0.5 + (zlib.crc32(key.encode()) % 1000) / 2000.0):
+        return True
+    if old.window_start is not None and old.window_end is not None:
+        span = (old.window_end - old.window_start).total_seconds()
+        # Its window is still filling: refresh each time the data has doubled.
+        if span < rule.baseline_window_s - 2 * rule.window_s and age >= max(span, rule.window_s):
+            return True
+    return False
+
+
+def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cache: RowCache,
+             needs: list[_Need]) -> dict[str, list[StoredBaseline]]:
+    """Recompute the rolling baselines in `needs` from chunks plus the current hour."""
+    this_hour = hour_start(now)
+    first = min(n.start for n in needs)
+    stored = series_queries.chunks(session, rule.name, {n.series_key for n in needs},
+                                   {n.cohort for n in needs}, hour_start(first), this_hour)
+    values: dict[tuple[str, Cohort], list[tuple[float, float, int]]] = {}
+    for ch in stored:
+        values.setdefault((ch.scope_key, ch.cohort), []).extend(
+            (float(t), v, int(n)) for t, v, n in ch.values if v is not None)
+    live = cohort_series(rule, cache, max(this_hour, first), now)
+    same = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
+    periods = baseline_queries.alert_periods(session, same, first)
+    out: dict[str, list[StoredBaseline]] = {}
+    for need in needs:
+        pts = list(values.get((need.series_key, need.cohort), []))
+        pts += [(p.at.timestamp(), p.value, p.samples)
+                for p in live.get(need.labels, {}).get(need.cohort, []) if p.value is not None]
+        excluded = _excluded(periods, rule, need.labels, now)
+        lo = need.start.timestamp()
+        kept = [v for t, v, n in pts
+                if t >= lo and n >= rule.min_samples
+                and (need.season is None
+                     or hour_of_week(datetime.fromtimestamp(t, UTC)) == need.season)
+                and not any(a <= t < b for a, b in excluded)]
+        stats = BaselineStats.of(kept)
+        if stats is None:
+            continue
+        if need.old is not None:
+            session.execute(update(Baseline).where(Baseline.id == need.old.id)
+                            .values(active=False).execution_options(synchronize_session="fetch"))
+        row = Baseline(metric=rule.metric, scope=need.scope, scope_key=need.key,
+                       value=stats.center, samples=stats.cycles, window_start=need.start,
+                       window_end=now, kind="rolling", model_version=need.cohort[0],
+                       config_hash=need.cohort[1], created_at=now, spread=stats.spread,
+                       active=True)
+        session.add(row)
+        session.flush()
+        out.setdefault(need.key, []).append(baseline_queries.stored(row))
+    return out
+
+
+def _excluded(periods: list[AlertPeriod], rule: Rule, labels: Labels,
+              now: datetime) -> list[tuple[float, float]]:
+    key = scope_key(dict(labels))
+    return [(p.start.timestamp(), (p.end or now).timestamp()) for p in periods
+            if scope_key({k: v for k, v in p.labels.items() if k in rule.per}) == key]
 
 
 def parse_scope(scope: Mapping[str, Any] | str) -> dict[str, str]:

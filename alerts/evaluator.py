@@ -18,15 +18,16 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
+from alerts import rollout
 from alerts.baselines import BaselineConfig, baselines_for_rule
+from alerts.cohorts import judge
 from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint, open_alerts
-from alerts.rules import Rule, RuleResult, evaluate_rule
-from alerts.series import RowCache, series
+from alerts.rules import Rule, RuleResult
+from alerts.series import RowCache, cohort_series
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert
 from storage.queries.alerts import last_resolved_fired
 from storage.queries.instances import last_seen
-from storage.queries.runs import current_cohort
 
 if TYPE_CHECKING:
     from alerts.policy import Policy, PolicyAction
@@ -44,6 +45,7 @@ class EvaluationReport:
     notifications: int = 0
     errors: tuple[str, ...] = ()
     actions: tuple[PolicyAction, ...] = field(default_factory=tuple)
+    rows_read: int = 0  # measurement rows loaded: bounded by the windows read, not by history
 
     @property
     def firing(self) -> list[RuleResult]:
@@ -93,7 +95,6 @@ def evaluate(
         raise ValueError("now: must be timezone-aware")
     config = baseline_config or BaselineConfig()
     cache = RowCache(session)
-    cohort = current_cohort(session, now)
     alerts = open_alerts(session)
     life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s)
     results: list[RuleResult] = []
@@ -102,26 +103,33 @@ def evaluate(
     for rule in rules:
         try:
             with session.begin_nested():
-                base = baselines_for_rule(session, rule, list(rules), now, cache, cohort, config)
                 start = now - timedelta(seconds=rule.window_s * rule.lookback_cycles)
-                per_scope = series(rule, cache, start, now)
+                # Per cohort (model_version, config_hash): a rollout keeps detection on.
+                per_scope = cohort_series(rule, cache, start, now)
+                base = baselines_for_rule(session, rule, list(rules), now, cache,
+                                          {k: list(v) for k, v in per_scope.items()}, config)
                 scopes = set(per_scope)
                 scopes |= {tuple((k, a.labels.get(k, "")) for k in rule.per)
                            for a in alerts.values() if a.rule == rule.name}
                 resolved = last_resolved_fired(session, rule.name)
                 for labels in sorted(scopes):
                     fp = fingerprint(rule.name, dict(labels))
-                    points = per_scope.get(labels, [])
                     since = detector_start(alerts.get(fp), resolved.get(fp), rule.window_s)
-                    if since is not None:
-                        points = [p for p in points if p.at >= since]
-                    r = evaluate_rule(rule, dict(labels), base.get(labels), points)
+                    r = judge(rule, dict(labels), per_scope.get(labels, {}),
+                              base.get(labels, {}), since)
                     results.append(r)
                     transitions += life.apply(rule, r, alerts.get(fp))
         except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
             log.exception("rule %s failed", rule.name)
             errors.append(f"{rule.name}: {type(e).__name__}: {e}")
-    names = {r.name for r in rules}
+    try:
+        with session.begin_nested():
+            _, moved = rollout.check(session, rules, now, cache, life, alerts)
+            transitions += moved
+    except Exception as e:  # noqa: BLE001 - the rollout check must not silence the rules
+        log.exception("rollout check failed")
+        errors.append(f"{rollout.ROLLOUT_RULE}: {type(e).__name__}: {e}")
+    names = {r.name for r in rules} | {rollout.ROLLOUT_RULE}
     for a in alerts.values():
         if a.rule not in names and a.state != "resolved":
             transitions.append(life.retire(a, f"rule {a.rule!r} is no longer configured"))
@@ -132,4 +140,4 @@ def evaluate(
         actions = policy.apply(session, now, actor=actor)
     return EvaluationReport(at=now, results=tuple(results), transitions=tuple(transitions),
                             notifications=life.notifications, errors=tuple(errors),
-                            actions=tuple(actions))
+                            actions=tuple(actions), rows_read=cache.rows_read)

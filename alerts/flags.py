@@ -5,6 +5,8 @@ Flags (name: scope -> value):
     compiled               "global" or "instance:<id>" -> bool (False = eager fallback; an
                            instance scope overrides global for that instance only)
     bucketing              "global" -> bool
+    quantized              "global" or a bucket label -> bool (False: float32 weights where
+                           engine.quantization is int8)
     speculative_probation  "global" -> share in [0, 1] of a disabled bucket's requests
                            that still speculate, so acceptance recovery can be measured
 
@@ -38,7 +40,8 @@ from storage.models import FLAG_SCOPE_GLOBAL, FLAG_SOURCES, Flag, FlagAudit
 from storage.queries import flags as queries
 from vocab import utcnow
 
-FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation")
+FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation", "quantized")
+PER_BUCKET_FLAGS = ("speculative", "quantized")
 _BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
 INSTANCE_SCOPE_PREFIX = "instance:"
 # flags.scope is 64 characters: the prefix leaves 55 for the instance id.
@@ -90,9 +93,9 @@ def validate(name: str, scope: str, value: Any = None, *, check_value: bool = Tr
                         value=name)
     if not isinstance(scope, str) or not scope:
         raise FlagError("scope", "must be 'global' or a bucket label", value=scope)
-    if name == "speculative":
+    if name in PER_BUCKET_FLAGS:
         if scope != FLAG_SCOPE_GLOBAL and not _BUCKET_RE.match(scope):
-            raise FlagError("scope", f"speculative takes 'global' or a bucket label such as "
+            raise FlagError("scope", f"{name} takes 'global' or a bucket label such as "
                                      f"'64', got {scope!r}", value=scope)
     elif name == "compiled":
         if scope != FLAG_SCOPE_GLOBAL and not _INSTANCE_RE.match(scope):
@@ -216,6 +219,9 @@ class FlagStore:
             compiled=compiled,
             bucketing=bool(value("bucketing", True)),
             manual_off=manual_off,
+            quantized_default=bool(value("quantized", True)),
+            quantized={s: bool(f.value) for (n, s), f in eff.items()
+                       if n == "quantized" and s != FLAG_SCOPE_GLOBAL},
         )
 
     def expire(self, session: Session) -> int:

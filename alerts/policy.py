@@ -51,6 +51,7 @@ from alerts.flags import (
     instance_scope,
 )
 from alerts.flags import validate as validate_flag
+from alerts.quality import canary_recovery
 from alerts.rules import parse_change
 from alerts.schema import Entry, read_layered, validate
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
@@ -63,8 +64,10 @@ from storage.queries.runs import current_cohort
 from vocab import Variant
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
-MEASURES = ("probation_acceptance", "canary_variant", "traffic_recompiles", "expiry")
-SCOPE_FROM = {"speculative": "bucket", "compiled": "instance"}  # flag -> alert label
+MEASURES = ("probation_acceptance", "canary_variant", "traffic_recompiles", "canary_agreement",
+            "expiry")
+# flag -> alert label
+SCOPE_FROM = {"speculative": "bucket", "compiled": "instance", "quantized": "bucket"}
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,10 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
             return (f"real-traffic recompiles {per_hour:.3g}/h < {r.limit:g}/h on {where} "
                     f"over {span:g}s")
         return None
+    if r.measure == "canary_agreement":
+        # The A/B arm that still runs the disabled optimization (int8 switched back on).
+        return canary_recovery(session, scope, start, now, variant=r.variant, floor=r.floor,
+                               min_samples=r.min_samples)
     return None  # "expiry": only expires_at restores it
 
 
@@ -400,7 +407,7 @@ class PolicyEntry(Entry):
     @classmethod
     def _flag(cls, v: str) -> str:
         if v not in FLAG_NAMES or v == "speculative_probation":
-            raise ValueError(f"must be speculative, compiled or bucketing, got {v!r}")
+            raise ValueError(f"must be speculative, compiled, bucketing or quantized, got {v!r}")
         return v
 
     @field_validator("scope_from")
@@ -416,7 +423,7 @@ class PolicyEntry(Entry):
     @classmethod
     def _scope(cls, v: str, info: ValidationInfo) -> str:
         flag = info.data.get("flag")
-        if v != FLAG_SCOPE_GLOBAL and flag != "speculative":
+        if v != FLAG_SCOPE_GLOBAL and flag not in ("speculative", "quantized"):
             raise ValueError(f"{flag} takes scope 'global' (the fleet) or scope_from: instance")
         return v
 

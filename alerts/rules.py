@@ -14,6 +14,7 @@ baseline and returns a `RuleResult`. Example (alerts/rules.yaml holds the defaul
         resolve_for: 5          # cycles back inside the band before resolving
         min_samples: 3          # a cycle with fewer samples counts as empty
         ceiling: 2.0            # optional absolute limit (floor: for downward metrics)
+        seasonality: hour_of_week  # optional: baseline from the same hour of the week
         severity: page
 """
 
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -40,6 +41,7 @@ from alerts.detection import BaselineStats, Cusum, cusum_path, llr, relative_cha
 from alerts.durations import parse_duration
 from alerts.errors import RuleError
 from alerts.schema import Entry, read_layered, validate
+from storage.sketches import min_samples
 from vocab import Source
 
 DEFAULT_RULES_FILE = Path(__file__).with_name("rules.yaml")
@@ -61,8 +63,17 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "probe_failures": ("share of canary probes that failed or timed out", ("canary",)),
     "burst_p99": ("p99 latency of the latest burst probe (seconds)", ("burst",)),
     "rejections": ("share of requests rejected (overloaded or timed out)", ("traffic", "burst")),
+    "output_agreement": ("mean token agreement of outputs with the reference path per cycle",
+                         ("canary", "traffic")),
 }
-SCOPE_LABELS = ("bucket", "path", "decoding", "instance")
+# variant: the A/B arm (only output_agreement rows carry it).
+# Quantile metrics: the quantile each reads; a cycle's value must rest on
+# storage.sketches.min_samples(q) samples (p99: 100), else the rule says insufficient_samples.
+QUANTILE_METRICS: dict[str, float] = {
+    "p50_latency": 0.50, "p95_latency": 0.95, "p99_latency": 0.99, "ttft": 0.95,
+    "per_token": 0.50, "burst_p99": 0.99,
+}
+SCOPE_LABELS = ("bucket", "path", "decoding", "instance", "variant")
 SOURCES = tuple(s.value for s in Source)
 SEVERITIES = ("page", "warning", "info")
 _CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -93,6 +104,9 @@ class Rule:
     min_baseline_cycles: int = 30
     description: str = ""
     cusum: Cusum = field(default_factory=Cusum)
+    # Quantile metrics pool up to this many latest cycles per scope (alerts.series).
+    pool_cycles: int = 30
+    seasonality: str = ""  # "hour_of_week": baseline from the same hour of the week only
 
     @property
     def signed_threshold(self) -> float:
@@ -152,11 +166,18 @@ def evaluate_rule(
         return RuleResult(rule=rule.name, labels=labels, threshold=rule.signed_threshold,
                           severity=rule.severity, **kw)
 
-    valid = [p for p in points if p.value is not None and p.samples >= rule.min_samples]
+    need = quantile_samples(rule.metric)
+    valid = [p for p in points if p.value is not None and p.samples >= max(rule.min_samples, need)]
     if not points or points[-1].value is None or points[-1].samples < rule.min_samples:
         n = points[-1].samples if points else 0
         return result(current=None, relative_change=None, fired=False, no_data=True,
                       samples=n, reason=f"empty window: {n} samples < min_samples {rule.min_samples}")
+    if points[-1].samples < need:
+        n = points[-1].samples
+        return result(current=None, relative_change=None, fired=False, no_data=True, samples=n,
+                      reason=f"insufficient_samples: {n} samples cannot support the "
+                             f"{rule.metric} quantile (needs {need}; pool more cycles or "
+                             "raise probes.canaries_per_bucket)")
     values = [float(p.value) for p in valid]  # type: ignore[arg-type]
     current = values[-1]
     samples = valid[-1].samples
@@ -230,6 +251,12 @@ def evaluate_rule(
                   breaching=breaching, recovered=recovered, statistic=stat, samples=samples)
 
 
+def quantile_samples(metric: str) -> int:
+    """Return the samples a cycle of `metric` needs (1 for metrics that are no quantile)."""
+    q = QUANTILE_METRICS.get(metric)
+    return 1 if q is None else min_samples(q)
+
+
 def parse_change(value: object) -> tuple[int, float]:
     """Return (direction, relative threshold) for "+15%" / "-20%"; raise ValueError."""
     if isinstance(value, str):
@@ -264,6 +291,8 @@ class RuleEntry(Entry):
     baseline_window: float = 7 * 86400.0
     description: str = ""
     cusum: Cusum = Field(default_factory=Cusum)
+    pool: StrictInt = Field(30, ge=1)
+    seasonality: Literal["", "hour_of_week"] = ""
 
     @field_validator("metric")
     @classmethod
@@ -362,7 +391,7 @@ class RuleEntry(Entry):
             window_s=self.window, lookback_cycles=self.lookback,
             baseline_window_s=self.baseline_window,
             min_baseline_cycles=self.min_baseline_cycles, description=self.description,
-            cusum=self.cusum,
+            cusum=self.cusum, seasonality=self.seasonality, pool_cycles=self.pool,
         )
 
 

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from alerts.rules import Point, Rule
-from storage import histograms
+from alerts import quality
+from alerts.rules import Point, Rule, quantile_samples
 from storage.queries import measurements as queries
 from storage.queries.series import NO_COHORT, Cohort, cohort_map, cohort_since
+from storage.sketches import Sketch, merged
 
 Labels = tuple[tuple[str, str], ...]
 _HOUR = 3600.0
@@ -93,6 +94,8 @@ def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
         Row(r.at, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding, "instance": inst},
             {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
              "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
+             "lat_sketch": r.latency_sketch, "ttft_sketch": r.ttft_sketch,
+             "pt_sketch": r.per_token_sketch,
              "padding_waste": r.padding_waste, "draft_tokens": r.draft_tokens,
              "accepted": r.accepted_tokens, "overflow": r.count if r.path == "overflow" else 0})
         for r, inst in ((c.result, c.instance_id)
@@ -110,7 +113,9 @@ def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]
         Row(r.minute, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding,
                        "instance": r.instance_id},
             {"requests": r.requests, "errors": r.errors, "rejections": r.rejections,
-             "overflow": r.overflow, "latency_sum": r.latency_sum_s, "hist": r.latency_hist,
+             "overflow": r.overflow, "latency_sum": r.latency_sum_s,
+             "lat_sketch": r.latency_sketch, "ttft_sketch": r.ttft_sketch,
+             "pt_sketch": r.per_token_sketch,
              "ttft_sum": r.ttft_sum_s, "input_sum": r.input_tokens_sum,
              "padded_sum": r.padded_tokens_sum, "output_sum": r.output_tokens_sum,
              "draft_tokens": r.draft_tokens, "accepted": r.accepted_tokens,
@@ -124,7 +129,8 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     for r in queries.burst_runs(session, start, end):
         d = r.details or {}
         out.append(Row(r.started_at, {"bucket": "", "path": "", "decoding": "", "instance": r.instance_id},
-                       {"p99": d.get("latency_p99_s"), "requests": r.requests or 0,
+                       {"p99": d.get("latency_p99_s"), "lat_sketch": d.get("latency_sketch"),
+                        "requests": r.requests or 0,
                         "rejections": r.rejections or 0, "ok": r.status == "ok"}))
     return out
 
@@ -142,8 +148,15 @@ def _memory_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
             for m in queries.memory_samples(session, start, end)]
 
 
+def _agreement_loader(source: str) -> Callable[[Session, datetime, datetime], list[Row]]:
+    def load(session: Session, start: datetime, end: datetime) -> list[Row]:
+        return [Row(*t) for t in quality.agreement_rows(session, start, end, source)]
+    return load
+
+
 _LOADERS = {"canary": _canary_rows, "traffic": _traffic_rows, "burst": _burst_rows,
-            "compile": _compile_rows, "memory": _memory_rows}
+            "compile": _compile_rows, "memory": _memory_rows,
+            **{kind: _agreement_loader(src) for src, kind in quality.KINDS.items()}}
 _SLIDING = {"recompiles_per_hour": "compile", "compile_failures": "compile",
             "memory_growth": "memory"}
 
@@ -182,8 +195,13 @@ def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
     step = timedelta(seconds=rule.window_s)
     if rule.metric in _SLIDING:
         return _sliding(rule, cache, starts, step, split)
-    kind = rule.source
-    rows = cache.rows(kind, starts[0], starts[-1] + step)
+    kind = quality.series_kind(rule.metric, rule.source)
+    quantile = _SKETCH_METRICS.get(rule.metric) if kind in ("canary", "traffic", "burst") \
+        else None
+    # A quantile pools the scope's latest cycles (at most rule.pool_cycles) until it rests
+    # on the samples it needs (p99: 100): the window reaches back that far for the oldest.
+    reach = (rule.pool_cycles - 1) * step if quantile is not None else timedelta(0)
+    rows = cache.rows(kind, starts[0] - reach, starts[-1] + step)
     grouped: dict[_Key, dict[datetime, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         key = _key(rule, row.labels)
@@ -194,10 +212,47 @@ def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
     for key, by_cycle in grouped.items():
         pts = []
         for s in starts:
-            value, n = aggregate(rule.metric, kind, by_cycle.get(s, []))
+            if quantile is not None:
+                value, n = pooled_quantile(rule, by_cycle, s, step)
+            else:
+                value, n = aggregate(rule.metric, kind, by_cycle.get(s, []))
             pts.append(Point(at=s, value=value, samples=n))
         out[key] = pts
     return out
+
+
+# metric -> (the row's sketch field, quantile) for quantiles read from sketches.
+_SKETCH_METRICS: dict[str, tuple[str, float]] = {
+    "p50_latency": ("lat_sketch", 0.50), "p95_latency": ("lat_sketch", 0.95),
+    "p99_latency": ("lat_sketch", 0.99), "ttft": ("ttft_sketch", 0.95),
+    "per_token": ("pt_sketch", 0.50), "burst_p99": ("lat_sketch", 0.99),
+}
+
+
+def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datetime,
+                    step: timedelta) -> tuple[float | None, int]:
+    """Return (quantile, samples) of cycle `s` pooled with the scope's previous cycles.
+
+    Cycles are merged newest first until the merged sketch holds the samples the
+    quantile needs (storage.sketches.min_samples: 100 for a p99) or rule.pool_cycles are
+    in; the caller's rule reads `samples` and says insufficient_samples when short.
+    """
+    field, q = _SKETCH_METRICS[rule.metric]
+    need = quantile_samples(rule.metric)
+    if not by_cycle.get(s):
+        return None, 0
+    pool = Sketch()
+    for i in range(rule.pool_cycles):
+        pool.merge(merged(r.values.get(field) for r in by_cycle.get(s - i * step, ())))
+        if pool.count >= need:
+            break
+    return pool.quantile(q), pool.count
+
+
+def _sketch_quantile(metric: str, rows: list[Row]) -> tuple[float | None, int]:
+    field, q = _SKETCH_METRICS[metric]
+    pool = merged(r.values.get(field) for r in rows)
+    return pool.quantile(q), pool.count
 
 
 def _sliding(rule: Rule, cache: RowCache, starts: list[datetime], step: timedelta,
@@ -259,6 +314,8 @@ def _weighted(rows: list[Row], field: str, weight: str) -> float | None:
 
 def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, int]:
     """Return (value, samples) of one cycle's rows; value None when the cycle is empty."""
+    if kind in quality.KINDS.values():
+        return quality.aggregate(metric, [dict(r.values) for r in rows])
     if kind == "canary":
         ok = [r for r in rows if r.values.get("count")]
         n = int(sum(r.values["count"] - r.values["errors"] for r in ok))
@@ -266,15 +323,11 @@ def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, in
             failed = _sum(rows, "errors") + _sum(rows, "failed_runs")
             total = _sum(rows, "count") + _sum(rows, "failed_runs")
             return (failed / total if total else None), int(total)
-        if metric in ("p95_latency", "p99_latency", "ttft"):
-            field = {"p95_latency": "p95", "p99_latency": "p99", "ttft": "ttft"}[metric]
-            vals = [r.values[field] for r in ok if r.values.get(field) is not None]
-            # The p99 of a union never exceeds the largest p99 of its parts.
-            return (max(vals) if vals else None), n
-        if metric in ("p50_latency", "per_token", "padding_waste"):
-            field = {"p50_latency": "p50", "per_token": "per_token",
-                     "padding_waste": "padding_waste"}[metric]
-            return _weighted(ok, field, "count"), n
+        if metric in _SKETCH_METRICS:
+            # Quantiles of the union: the merged sketch, never a max or mean of parts.
+            return _sketch_quantile(metric, ok)
+        if metric == "padding_waste":
+            return _weighted(ok, "padding_waste", "count"), n
         if metric == "acceptance_rate":
             drafted = _sum(rows, "draft_tokens")
             spec = int(sum(r.values["count"] for r in ok if r.values.get("draft_tokens")))
@@ -285,20 +338,8 @@ def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, in
         raise ValueError(f"metric: {metric!r} has no canary series")
     if kind == "traffic":
         n = int(_sum(rows, "requests"))
-        if metric in ("p50_latency", "p95_latency", "p99_latency"):
-            hist: list[int] = []
-            for r in rows:
-                hist = histograms.add(hist, r.values.get("hist") or [])
-            if len(hist) != len(histograms.LATENCY_EDGES_S) + 1:
-                return None, n
-            q = {"p50_latency": 0.5, "p95_latency": 0.95, "p99_latency": 0.99}[metric]
-            return histograms.quantile(hist, histograms.LATENCY_EDGES_S, q), n
-        if metric == "ttft":
-            return (_sum(rows, "ttft_sum") / n if n else None), n
-        if metric == "per_token":
-            tokens = _sum(rows, "output_sum") - n
-            spent = _sum(rows, "latency_sum") - _sum(rows, "ttft_sum")
-            return (spent / tokens if tokens > 0 else None), n
+        if metric in _SKETCH_METRICS:
+            return _sketch_quantile(metric, rows)
         if metric == "acceptance_rate":
             drafted = _sum(rows, "draft_tokens")
             return (_sum(rows, "accepted") / drafted if drafted else None), int(
@@ -313,9 +354,8 @@ def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, in
             return (_sum(rows, "rejections") / total if total else None), int(total)
         raise ValueError(f"metric: {metric!r} has no traffic series")
     if kind == "burst":
-        ok = [r for r in rows if r.values.get("p99") is not None]
         if metric == "burst_p99":
-            return (max(r.values["p99"] for r in ok) if ok else None), len(ok)
+            return _sketch_quantile(metric, rows)
         if metric == "rejections":
             total = _sum(rows, "requests")
             return (_sum(rows, "rejections") / total if total else None), int(total)

@@ -116,7 +116,7 @@ def report_queries(end: datetime) -> dict[str, Callable[[Session], object]]:
         "canary p99 frame 7d": lambda s: week_queries.canary_results_frame(
             s, week, end, kind="cycle", variant="optimized"),
         "traffic sums frame 7d": lambda s: week_queries.traffic_sums_frame(s, week, end),
-        "input length hists 7d": lambda s: week_queries.input_length_hists(s, week, end),
+        "input lengths 7d": lambda s: week_queries.input_lengths(s, week, end),
         "memory frame 7d": lambda s: week_queries.memory_frame(s, week, end),
         "compile frame 7d": lambda s: week_queries.compile_frame(s, week, end),
         "collect_week (all reads + pandas)": lambda s: collect_week(

@@ -38,6 +38,7 @@ def save_flags(path: Path, flags: RuntimeFlags) -> None:
     """Write `flags` to `path` atomically (a reader sees the old file or the new one)."""
     data = asdict(flags)
     data["speculative"] = dict(flags.speculative)
+    data["quantized"] = dict(flags.quantized)
     data["manual_off"] = sorted(flags.manual_off)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".flags-", dir=path.parent)
@@ -59,16 +60,20 @@ def load_flags(path: Path) -> RuntimeFlags:
         raise ValueError("not a JSON object")
     spec = data.get("speculative", {})
     prob = data.get("speculative_probation", 0.0)
-    bools = {k: data.get(k, True) for k in ("speculative_default", "compiled", "bucketing")}
+    bools = {k: data.get(k, True) for k in ("speculative_default", "compiled", "bucketing",
+                                            "quantized_default")}
+    quantized = data.get("quantized", {})
     manual = data.get("manual_off", [])
     if (not isinstance(spec, dict) or not all(isinstance(v, bool) for v in spec.values())
+            or not isinstance(quantized, dict)
+            or not all(isinstance(v, bool) for v in quantized.values())
             or not all(isinstance(v, bool) for v in bools.values())
             or isinstance(prob, bool) or not isinstance(prob, int | float) or not 0 <= prob <= 1
             or not isinstance(manual, list) or not all(isinstance(m, str) for m in manual)):
         raise ValueError("unexpected field types")
     return RuntimeFlags(speculative={str(k): v for k, v in spec.items()},
                         speculative_probation=float(prob), manual_off=frozenset(manual),
-                        **bools)
+                        quantized={str(k): v for k, v in quantized.items()}, **bools)
 
 
 class GuardedFlags:

@@ -81,7 +81,7 @@ def weights_hash(path: Path) -> str:
     for p in files:
         h.update(p.name.encode())
         with p.open("rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+            while chunk := fh.read(1 << 20):
                 h.update(chunk)
     return h.hexdigest()[:12]
 

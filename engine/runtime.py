@@ -407,6 +407,7 @@ class Runtime:
         forced = override is not None and override.speculative is True
         k = self.draft_length.choose(label, fallback=not forced) if speculate else 0
         speculate = k > 0
+        probation = probation and speculate
         deadline = None if timeout_s is None else t_entry + timeout_s
         with self._admission.slot(deadline) as slot:
             t_slot = time.perf_counter()

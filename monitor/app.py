@@ -13,6 +13,7 @@ from monitor.api import alerts, baselines, errors, flags, generate, health, prob
 from monitor.api.deliveries import router as deliveries_router
 from monitor.api.instances import router as instances_router
 from monitor.api.limits import BodyLimit, max_body_bytes
+from monitor.api.openapi import install_openapi
 from monitor.auth import Authenticator
 from monitor.metrics import Metrics, MetricsSink
 from monitor.scheduler import JobScheduler
@@ -71,4 +72,5 @@ def create_app(
     app.include_router(deliveries_router)
     app.include_router(instances_router)
     app.add_middleware(BodyLimit, limit=max_body_bytes(settings))
+    install_openapi(app)
     return app

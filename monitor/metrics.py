@@ -261,6 +261,9 @@ class EngineCollector(_SafeCollector):
                 k.add_metric([label], value)
             yield k
         info = engine.info
+        yield _gauge("spec_decode_available", "1 when a draft model is paired (speculation "
+                     "possible), 0 when the engine decodes directly (no draft).", {},
+                     1 if info.speculative_available else 0)
         yield _gauge("engine_info", "Always 1; labels identify the loaded model.",
                      {"model_version": info.model_version, "config_hash": info.config_hash,
                       "device": info.device, "dtype": info.dtype,
@@ -277,13 +280,14 @@ class EngineCollector(_SafeCollector):
         mem = engine.memory_snapshot()
         memory = GaugeMetricFamily(
             f"{PREFIX}_memory_bytes",
-            "Memory in bytes by kind: rss, kv_cache; on CUDA also allocated, reserved, peak.",
+            "Memory in bytes by kind: rss, kv_cache (kv_static + kv_request), weights; on CUDA also allocated, reserved, peak.",
             labels=("kind", "device"))
         memory.add_metric(["rss", mem.device], mem.rss_bytes)
         memory.add_metric(["kv_cache", mem.device], mem.kv_cache_bytes)
         for kind, value in (("kv_static", mem.kv_static_bytes), ("kv_request", mem.kv_request_bytes),
                             ("kv_request_peak", mem.kv_request_peak_bytes), ("kv_peak", mem.kv_peak_bytes)):
             memory.add_metric([kind, mem.device], value)
+        memory.add_metric(["weights", mem.device], mem.weight_bytes)
         for kind, value in (("allocated", mem.cuda_allocated_bytes),
                             ("reserved", mem.cuda_reserved_bytes),
                             ("peak", mem.cuda_peak_bytes)):

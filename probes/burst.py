@@ -15,14 +15,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from engine.errors import Overloaded
 from engine.protocol import Engine, GenerateResult
 from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, Observer
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
 from probes.stats import Distribution
+from storage.sketches import Sketch
 from vocab import utcnow
 
 KIND_BURST = "burst"
@@ -36,6 +38,7 @@ class BurstResult:
     errors: other failures; unfinished: still running when the probe stopped waiting.
     latency: scheduled arrival -> result (client view); queue_wait: scheduled arrival ->
     engine slot granted (client wait for a thread plus the engine's queue_wait_s).
+    latency_sketch: the latencies as storage.sketches' stored form (windows merge bursts).
     """
 
     instance_id: str
@@ -58,6 +61,7 @@ class BurstResult:
     kind: str = KIND_BURST
     model_version: str = ""
     config_hash: str = ""
+    latency_sketch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rejection_rate(self) -> float:
@@ -180,4 +184,5 @@ def run_burst(
             latency=Distribution.of(tally.latency), queue_wait=Distribution.of(tally.queue_wait),
             groups=group((VARIANT_DEFAULT, r) for r in results),
             model_version=info.model_version, config_hash=info.config_hash,
+            latency_sketch=Sketch.of(tally.latency).to_json(),
         )

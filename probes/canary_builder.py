@@ -148,12 +148,12 @@ def pick_canaries(samples: Sequence[str], engine: Engine, per_bucket: int
                 break
             target = targets[attempt % len(targets)]
             start = (attempt * stride + attempt + b * n_words // len(ranges)) % n_words
-            text = cutter.cut(start, target)
-            if text is None:
+            cut = cutter.cut(start, target)
+            if cut is None:
                 continue
-            tokens = engine.count_tokens(text)
+            tokens = engine.count_tokens(cut)
             if low <= tokens <= high and engine.bucket_for(tokens) == label:
-                take(label, text, tokens)
+                take(label, cut, tokens)
     return chosen
 
 

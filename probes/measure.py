@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from engine.protocol import GenerateResult
 from probes.stats import Distribution
+from storage.sketches import Sketch
 from vocab import Variant
 
 VARIANT_DEFAULT = Variant.OPTIMIZED.value  # the engine's current flags, no override
@@ -19,7 +21,9 @@ class GroupResult:
     latency: GenerateResult.total_s per request; ttft: ttft_s; per_token: each request's
     mean time per output token after the first; queue_wait: queue_wait_s.
     padded_length: the largest padded input; padding_waste: mean share of padding.
-    Acceptance counters are summed over the group's requests.
+    Acceptance counters are summed over the group's requests. *_sketch: the same latency,
+    ttft and per-token samples as storage.sketches' stored form (per_token weighted by each
+    request's tokens after the first), so windows can pool cycles exactly.
     """
 
     bucket: str
@@ -40,6 +44,9 @@ class GroupResult:
     accepted_tokens: int = 0
     accepted_per_position: tuple[int, ...] = ()
     target_forwards: int = 0
+    latency_sketch: dict[str, Any] = field(default_factory=dict)
+    ttft_sketch: dict[str, Any] = field(default_factory=dict)
+    per_token_sketch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -67,6 +74,11 @@ def summarize(variant: str, results: Sequence[GenerateResult]) -> GroupResult:
     for r in results:
         positions = add_positions(positions, r.spec.accepted_per_position)
     per_token = [r.per_token_s for r in results if r.per_token_s is not None]
+    per_token_sketch = Sketch()
+    for r in results:
+        if r.decode_token_s:
+            per_token_sketch.add(sum(r.decode_token_s) / len(r.decode_token_s),
+                                 len(r.decode_token_s))
     return GroupResult(
         bucket=first.bucket,
         path=first.path,
@@ -86,6 +98,9 @@ def summarize(variant: str, results: Sequence[GenerateResult]) -> GroupResult:
         accepted_tokens=sum(r.spec.accepted_tokens for r in results),
         accepted_per_position=positions,
         target_forwards=sum(r.spec.target_forwards for r in results),
+        latency_sketch=Sketch.of([r.total_s for r in results]).to_json(),
+        ttft_sketch=Sketch.of([r.ttft_s for r in results]).to_json(),
+        per_token_sketch=per_token_sketch.to_json(),
     )
 
 

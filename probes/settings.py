@@ -13,9 +13,13 @@ class ProbeSettings(BaseModel):
     canaries_per_bucket: int = 4
     ab_share: float = Field(0.25, ge=0.0, le=1.0)
     cycle_timeout_s: float = 120.0
-    burst_rate_per_s: float = 4.0
-    burst_duration_s: float = 10.0
-    burst_concurrency: int = 4
+    # The burst must exercise admission control: client threads (burst_concurrency) above
+    # engine max_concurrency + max_queue (1 + 16 by default), offered faster than the engine
+    # serves, so the queue fills and rejections and queue wait are measured, not hidden in
+    # the client pool. 200/s for 2 s offers ~400 requests.
+    burst_rate_per_s: float = Field(200.0, gt=0)
+    burst_duration_s: float = Field(2.0, gt=0)
+    burst_concurrency: int = Field(64, ge=1)
     rollup_buffer_max: int = 10_000
     # A/B fallback arms run. "exact" (bucketing's arm) compiles one graph per canary length
     # the first time: minutes on a CPU, during which A/B cycles time out; opt in to it.

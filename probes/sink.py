@@ -38,6 +38,8 @@ def result_row(g: GroupResult, at: datetime, errors: int = 0) -> ProbeResult:
         padding_waste=g.padding_waste, output_tokens=g.output_tokens, drafts=g.drafts,
         draft_tokens=g.draft_tokens, accepted_tokens=g.accepted_tokens,
         accepted_per_position=list(g.accepted_per_position),
+        latency_sketch=dict(g.latency_sketch), ttft_sketch=dict(g.ttft_sketch),
+        per_token_sketch=dict(g.per_token_sketch), samples=g.requests,
     )
 
 
@@ -122,7 +124,9 @@ def add_burst(session: Session, b: BurstResult) -> ProbeRun:
                  "completed": b.completed, "errors": b.errors, "unfinished": b.unfinished,
                  "latency_p50_s": b.latency.p50, "latency_p95_s": b.latency.p95,
                  "latency_p99_s": b.latency.p99, "latency_max_s": b.latency.max,
-                 "queue_wait_p50_s": b.queue_wait.p50},
+                 "latency_samples": b.latency.count, "latency_sketch": b.latency_sketch,
+                 "queue_wait_p50_s": b.queue_wait.p50, "queue_wait_max_s": b.queue_wait.max,
+                 "queue_wait_samples": b.queue_wait.count},
     )
     run.results = [result_row(g, b.started_at) for g in b.groups]
     session.add(run)

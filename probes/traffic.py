@@ -16,15 +16,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import fields
 from datetime import UTC, datetime
 from functools import partial
 
 from engine.protocol import PATH_OVERFLOW, GenerateResult
 from probes.measure import add_positions
-from storage.histograms import LATENCY_EDGES_S, TOKEN_EDGES, bin_index
 from storage.rollups import RollupDelta, RollupKey, add_rollups
+from storage.sketches import Sketch
 from storage.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -41,32 +41,25 @@ class _Acc:
     """Mutable counters of one key (guarded by the recorder's lock)."""
 
     __slots__ = tuple(f.name for f in fields(RollupDelta))
+    _SKETCHES = ("latency_sketch", "ttft_sketch", "per_token_sketch")
 
-    def __init__(self, n_lat: int, n_tok: int) -> None:
+    def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
         self.latency_sum_s = 0.0
         self.ttft_sum_s = 0.0
-        self.latency_hist = [0] * (n_lat + 1)
-        self.input_len_hist = [0] * (n_tok + 1)
-        self.output_len_hist = [0] * (n_tok + 1)
+        # Sketches stay objects while the minute fills; freeze() serializes them once.
+        self.latency_sketch = Sketch()
+        self.ttft_sketch = Sketch()
+        self.per_token_sketch = Sketch()
+        self.input_lens: dict[str, int] = {}
+        self.output_lens: dict[str, int] = {}
         self.accepted_per_position = ()
-
-    def add(self, r: RollupDelta) -> None:
-        for name in self.__slots__:
-            mine, theirs = getattr(self, name), getattr(r, name)
-            if name == "accepted_per_position":
-                setattr(self, name, add_positions(mine, theirs))
-            elif isinstance(mine, list):
-                for i, c in enumerate(theirs):
-                    mine[i] += c
-            else:
-                setattr(self, name, mine + theirs)
 
     def freeze(self) -> RollupDelta:
         values = {n: getattr(self, n) for n in self.__slots__}
-        for n in ("latency_hist", "input_len_hist", "output_len_hist"):
-            values[n] = tuple(values[n])
+        for n in self._SKETCHES:
+            values[n] = values[n].to_json()
         return RollupDelta(**values)
 
 
@@ -80,16 +73,12 @@ class TrafficRecorder:
     """
 
     def __init__(self, instance_id: str, *, buffer_max: int = 10_000,
-                 clock: Callable[[], datetime] | None = None,
-                 latency_edges: Sequence[float] = LATENCY_EDGES_S,
-                 token_edges: Sequence[float] = TOKEN_EDGES) -> None:
+                 clock: Callable[[], datetime] | None = None) -> None:
         if buffer_max < 1:
             raise ValueError(f"rollup_buffer_max: must be >= 1, got {buffer_max}")
         self.instance_id = instance_id
         self.buffer_max = buffer_max
         self.clock = clock
-        self.latency_edges = tuple(latency_edges)
-        self.token_edges = tuple(token_edges)
         self._lock = threading.Lock()
         # Plain-tuple keys (minute, bucket, path, decoding): record() runs on every request.
         self._accs: dict[tuple[datetime, str, str, str], _Acc] = {}
@@ -119,7 +108,7 @@ class TrafficRecorder:
             if len(self._accs) >= self.buffer_max:
                 self.dropped += 1
                 return None
-            acc = self._accs[key] = _Acc(len(self.latency_edges), len(self.token_edges))
+            acc = self._accs[key] = _Acc()
         return acc
 
     def record(self, r: GenerateResult) -> None:
@@ -127,9 +116,8 @@ class TrafficRecorder:
         if r.canary:
             return
         key = self._key(r.bucket, r.path, r.decoding)
-        lat_i = bin_index(r.total_s, self.latency_edges)
-        in_i = bin_index(r.input_tokens, self.token_edges)
-        out_i = bin_index(r.output_tokens, self.token_edges)
+        in_k, out_k = str(r.input_tokens), str(r.output_tokens)
+        decode = r.decode_token_s
         spec = r.spec
         with self._lock:
             a = self._acc(key)
@@ -138,13 +126,17 @@ class TrafficRecorder:
             a.requests += 1
             a.overflow += r.path == PATH_OVERFLOW
             a.latency_sum_s += r.total_s
-            a.latency_hist[lat_i] += 1
+            a.latency_sketch.add(r.total_s)
             a.ttft_sum_s += r.ttft_s
+            a.ttft_sketch.add(r.ttft_s)
+            if decode:
+                # One update per request: its mean per-token time, weighted by its tokens.
+                a.per_token_sketch.add(sum(decode) / len(decode), len(decode))
             a.input_tokens_sum += r.input_tokens
             a.padded_tokens_sum += r.padded_length
             a.output_tokens_sum += r.output_tokens
-            a.input_len_hist[in_i] += 1
-            a.output_len_hist[out_i] += 1
+            a.input_lens[in_k] = a.input_lens.get(in_k, 0) + 1
+            a.output_lens[out_k] = a.output_lens.get(out_k, 0) + 1
             if spec.drafts or spec.draft_tokens:
                 a.drafts += spec.drafts
                 a.draft_tokens += spec.draft_tokens

@@ -12,15 +12,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage import histograms
+from storage import histograms, sketches
 from storage.models import NaiveDatetimeError, TrafficRollup
 
-_HISTS = ("latency_hist", "input_len_hist", "output_len_hist", "accepted_per_position")
+_SKETCHES = ("latency_sketch", "ttft_sketch", "per_token_sketch")
+_LENS = ("input_lens", "output_lens")
+_LISTS = ("accepted_per_position",)
+
+
+def _add(name: str, a: Any, b: Any) -> Any:
+    """Return a + b for field `name` (sketches merge, counts add key- or element-wise)."""
+    if name in _SKETCHES:
+        return sketches.add_json(a, b)
+    if name in _LENS:
+        return sketches.lengths_add(a, b)
+    if name in _LISTS:
+        return histograms.add(a or (), b or ())
+    return (a or 0) + b
 
 
 def truncate_minute(at: datetime) -> datetime:
@@ -46,20 +60,20 @@ class RollupKey:
 
 @dataclass(frozen=True)
 class RollupDelta:
-    """Counts to add to one rollup row (histograms over storage.histograms edges)."""
+    """Counts to add to one rollup row.
+
+    Sketches are storage.sketches' stored form; *_lens are exact {"<tokens>": requests}.
+    """
 
     requests: int = 0
     errors: int = 0
     rejections: int = 0
     overflow: int = 0
     latency_sum_s: float = 0.0
-    latency_hist: tuple[int, ...] = ()
     ttft_sum_s: float = 0.0
     input_tokens_sum: int = 0
     padded_tokens_sum: int = 0
     output_tokens_sum: int = 0
-    input_len_hist: tuple[int, ...] = ()
-    output_len_hist: tuple[int, ...] = ()
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -67,6 +81,11 @@ class RollupDelta:
     probation_requests: int = 0
     probation_draft_tokens: int = 0
     probation_accepted: int = 0
+    latency_sketch: dict[str, Any] = field(default_factory=dict)
+    ttft_sketch: dict[str, Any] = field(default_factory=dict)
+    per_token_sketch: dict[str, Any] = field(default_factory=dict)
+    input_lens: dict[str, int] = field(default_factory=dict)
+    output_lens: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def for_request(
@@ -83,18 +102,20 @@ class RollupDelta:
         accepted_tokens: int = 0,
         accepted_per_position: Sequence[int] = (),
         probation: bool = False,
+        per_token_s: float | None = None,
     ) -> RollupDelta:
         """Return the delta of one successful request."""
-        lat = histograms.empty(histograms.LATENCY_EDGES_S)
-        lat[histograms.bin_index(latency_s, histograms.LATENCY_EDGES_S)] = 1
-        inp = histograms.empty(histograms.TOKEN_EDGES)
-        inp[histograms.bin_index(input_tokens, histograms.TOKEN_EDGES)] = 1
-        out = histograms.empty(histograms.TOKEN_EDGES)
-        out[histograms.bin_index(output_tokens, histograms.TOKEN_EDGES)] = 1
+        per_token = sketches.Sketch()
+        if per_token_s is not None and output_tokens > 1:
+            per_token.add(per_token_s, output_tokens - 1)
         return cls(
-            requests=1, overflow=int(overflow), latency_sum_s=latency_s, latency_hist=tuple(lat),
+            requests=1, overflow=int(overflow), latency_sum_s=latency_s,
+            latency_sketch=sketches.Sketch.of([latency_s]).to_json(),
+            ttft_sketch=sketches.Sketch.of([ttft_s]).to_json(),
+            per_token_sketch=per_token.to_json(),
             ttft_sum_s=ttft_s, input_tokens_sum=input_tokens, padded_tokens_sum=padded_length,
-            output_tokens_sum=output_tokens, input_len_hist=tuple(inp), output_len_hist=tuple(out),
+            output_tokens_sum=output_tokens, input_lens=sketches.lengths_of([input_tokens]),
+            output_lens=sketches.lengths_of([output_tokens]),
             drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted_tokens,
             accepted_per_position=tuple(accepted_per_position),
             probation_requests=int(probation),
@@ -107,18 +128,18 @@ class RollupDelta:
         values = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
-            values[f.name] = tuple(histograms.add(a, b)) if f.name in _HISTS else a + b
+            values[f.name] = _add(f.name, a, b)
+            if f.name in _LISTS:
+                values[f.name] = tuple(values[f.name])
         return RollupDelta(**values)
 
 
 def _apply(row: TrafficRollup, delta: RollupDelta) -> None:
     for f in fields(delta):
         value = getattr(delta, f.name)
-        if f.name in _HISTS:
-            # Assign a new list: JSON columns do not track in-place changes.
-            setattr(row, f.name, histograms.add(getattr(row, f.name) or [], value))
-        elif value:
-            setattr(row, f.name, (getattr(row, f.name) or 0) + value)
+        if value:
+            # Assign a new value: JSON columns do not track in-place changes.
+            setattr(row, f.name, _add(f.name, getattr(row, f.name), value))
 
 
 def _new_row(key: RollupKey, delta: RollupDelta) -> TrafficRollup:
@@ -128,7 +149,8 @@ def _new_row(key: RollupKey, delta: RollupDelta) -> TrafficRollup:
     )
     for f in fields(delta):
         value = getattr(delta, f.name)
-        setattr(row, f.name, list(value) if f.name in _HISTS else value)
+        setattr(row, f.name, list(value) if f.name in _LISTS else
+                dict(value) if isinstance(value, dict) else value)
     return row
 
 

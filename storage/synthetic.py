@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from storage import histograms
+from storage import sketches
 from storage.db import compact_json
 from storage.models import CompileEvent, MemorySample, ProbeResult, ProbeRun, TrafficRollup
 
@@ -169,17 +169,17 @@ def _results(rng: random.Random, run_id: int, at: datetime, buckets: Sequence[in
 
 def _rollup(rng: random.Random, minute: datetime, instance_id: str, bucket: int) -> dict[str, Any]:
     requests = rng.randint(5, 30)
-    lat = histograms.empty(histograms.LATENCY_EDGES_S)
-    inp = histograms.empty(histograms.TOKEN_EDGES)
-    out = histograms.empty(histograms.TOKEN_EDGES)
+    lat = sketches.Sketch()
+    inp: list[int] = []
+    out: list[int] = []
     lat_sum = 0.0
     in_sum = 0
     for _ in range(requests):
         latency = 0.05 * bucket ** 0.5 * rng.uniform(0.7, 1.6)
         tokens = rng.randint(bucket // 2 + 1, bucket)
-        lat[histograms.bin_index(latency, histograms.LATENCY_EDGES_S)] += 1
-        inp[histograms.bin_index(tokens, histograms.TOKEN_EDGES)] += 1
-        out[histograms.bin_index(rng.randint(8, 64), histograms.TOKEN_EDGES)] += 1
+        lat.add(latency)
+        inp.append(tokens)
+        out.append(rng.randint(8, 64))
         lat_sum += latency
         in_sum += tokens
     drafts = requests * 8
@@ -187,9 +187,10 @@ def _rollup(rng: random.Random, minute: datetime, instance_id: str, bucket: int)
     return {
         "minute": minute, "instance_id": instance_id, "bucket": str(bucket), "path": "compiled",
         "decoding": "speculative", "requests": requests, "errors": 0, "rejections": 0,
-        "overflow": 0, "latency_sum_s": lat_sum, "latency_hist": lat, "ttft_sum_s": lat_sum / 5,
+        "overflow": 0, "latency_sum_s": lat_sum, "latency_sketch": lat.to_json(), "ttft_sum_s": lat_sum / 5,
         "input_tokens_sum": in_sum, "padded_tokens_sum": requests * bucket,
-        "output_tokens_sum": requests * 32, "input_len_hist": inp, "output_len_hist": out,
+        "output_tokens_sum": requests * 32, "input_lens": sketches.lengths_of(inp),
+        "output_lens": sketches.lengths_of(out),
         "drafts": drafts, "draft_tokens": drafts * 4, "accepted_tokens": sum(accepted),
         "accepted_per_position": accepted, "probation_requests": 0,
         "probation_draft_tokens": 0, "probation_accepted": 0,

@@ -6,12 +6,15 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alerts import baselines
 from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
+from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Note, check_label_value, name_field
+from storage.models import scope_key
 
 router = APIRouter(tags=["baselines"])
+Metric = name_field(64)  # baselines.metric
 
 
 class BaselineOut(BaseModel):
@@ -42,11 +45,22 @@ class BaselineChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     action: Literal["pin", "unpin"]
-    metric: str = Field(min_length=1)
+    metric: Metric
     scope: dict[str, Any] | str = Field(
         default_factory=dict, description='labels, as a mapping or "bucket=64,source=canary"')
-    value: float | None = None
-    note: str | None = None
+    value: float | None = Field(None, allow_inf_nan=False, strict=True)
+    note: Note | None = None
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, v: dict[str, Any] | str) -> dict[str, Any] | str:
+        # Label names are checked by alerts.baselines; values and length are checked here.
+        labels = baselines.parse_scope(v)
+        for key, value in labels.items():
+            check_label_value(key, value)
+        if len(scope_key(labels)) > SCOPE_KEY_MAX_CHARS:
+            raise ValueError(f"scope: longer than {SCOPE_KEY_MAX_CHARS} characters")
+        return v
 
 
 class BaselineChangeOut(BaseModel):
@@ -62,7 +76,7 @@ class BaselineChangeOut(BaseModel):
 def list_baselines(
     sessions: SessionsDep,
     _actor: ReaderDep,
-    metric: Annotated[str | None, Query()] = None,
+    metric: Annotated[Metric | None, Query()] = None,
     include_inactive: Annotated[bool, Query()] = False,
 ) -> list[BaselineOut]:
     """Return baselines (active ones unless include_inactive)."""

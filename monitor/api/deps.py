@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.errors import NotReady
@@ -73,12 +74,19 @@ def _authenticator(s: ServicesDep) -> Authenticator:
 AuthenticatorDep = Annotated[Authenticator, Depends(_authenticator)]
 
 
-def _writer(auth: AuthenticatorDep,
+# Declares the bearer scheme in OpenAPI (so /docs has Authorize); the Authenticator
+# reads the raw header itself, so its 401/403 wording and audit actor stay one path.
+_bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
+                     description="An API token: TAILWATCH_API_TOKEN or a named api.tokens entry")
+BearerDoc = Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+
+
+def _writer(auth: AuthenticatorDep, _doc: BearerDoc,
             authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> str:
     return auth.actor(authorization, write=True)
 
 
-def _reader(auth: AuthenticatorDep,
+def _reader(auth: AuthenticatorDep, _doc: BearerDoc,
             authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> str:
     return auth.actor(authorization, write=False)
 

@@ -12,8 +12,10 @@ Every error body is `{"error": {"code": str, "message": str, "field": str?}}`.
     engine EngineError         500 engine_error
     NotFound                   404 not_found
     ValueError (domain)        422 invalid_request (field from `.field` when present)
+    DataError, OverflowError   422 invalid_request (a value the database cannot store)
+    IntegrityError             409 conflict
     SchemaBehind, SQL errors   503 database_unavailable
-    anything else              500 internal_error (logged with its traceback)
+    anything else              500 internal_error (logged once, with its traceback: CatchAll)
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError as PydanticValidationError
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import (
     EngineError,
@@ -45,6 +48,7 @@ from storage.errors import DatabaseUnavailable, SchemaBehind
 log = logging.getLogger(__name__)
 
 NOT_READY_RETRY_S = 5
+_BODY_PARSE_ERROR = "There was an error parsing the body"
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 _STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                  405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
@@ -78,15 +82,32 @@ def _field_of(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
+def _error_field(error: Any) -> str:
+    if error.get("type") == "json_invalid":
+        # loc is ("body", <character offset>): the offset is no field name.
+        return "body"
+    return _field_of(tuple(error.get("loc", ()))) or "body"
+
+
+def _error_message(error: Any) -> str:
+    if error.get("type") == "json_invalid":
+        offset = next((p for p in error.get("loc", ()) if isinstance(p, int)), None)
+        where = f" at character {offset}" if offset is not None else ""
+        return f"body: not valid JSON{where} ({error.get('ctx', {}).get('error', 'parse error')})"
+    return f"{_error_field(error)}: {error.get('msg')}"
+
+
 async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    field = _field_of(tuple(first.get("loc", ())))
-    messages = [f"{_field_of(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}" for e in errors]
-    return error_response(422, "invalid_request", "; ".join(messages), field=field or None)
+    errors = exc.errors() or [{"loc": (), "msg": "invalid request"}]
+    messages = "; ".join(_error_message(e) for e in errors)
+    return error_response(422, "invalid_request", messages, field=_error_field(errors[0]))
 
 
 async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+    if exc.status_code == 400 and exc.detail == _BODY_PARSE_ERROR:
+        # FastAPI's answer to a body that is not even text: the same 422 as bad JSON.
+        return error_response(422, "invalid_request", "body: not valid JSON (not UTF-8 text)",
+                              field="body")
     code = _STATUS_CODES.get(exc.status_code, "error")
     return error_response(exc.status_code, code, str(exc.detail),
                           headers=dict(exc.headers or {}))
@@ -133,6 +154,17 @@ async def _value(request: Request, exc: ValueError) -> JSONResponse:
     return error_response(422, "invalid_request", str(exc), field=field)
 
 
+async def _bad_value(request: Request, exc: Exception) -> JSONResponse:
+    # The database refused a value the edge let through (a bound no model states yet):
+    # the caller's input, not an outage. The statement and parameters stay in the log.
+    log.warning("database refused a value on %s %s: %s", request.method, request.url.path,
+                str(getattr(exc, "orig", exc)).splitlines()[0] if str(exc) else type(exc).__name__)
+    if isinstance(exc, IntegrityError):
+        return error_response(409, "conflict", "the change conflicts with stored data")
+    return error_response(422, "invalid_request",
+                          "a value is out of range or not storable (too long, too large, NUL)")
+
+
 async def _database(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", type(exc).__name__)
     message = str(exc) if isinstance(exc, SchemaBehind) else "the database is unreachable"
@@ -140,10 +172,39 @@ async def _database(request: Request, exc: Exception) -> JSONResponse:
                           headers=_retry_after(NOT_READY_RETRY_S))
 
 
-async def _internal(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path,
-              exc_info=exc)
-    return error_response(500, "internal_error", f"internal error ({type(exc).__name__})")
+class CatchAll:
+    """ASGI middleware: answer an exception no handler took with a 500, logged once.
+
+    Starlette's handler for `Exception` answers and then re-raises to the server, which
+    logs the same traceback a second time; this answers and stops the exception here.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except HTTPException:
+            raise  # BodyLimit (outside) answers its own 413
+        except Exception as exc:
+            log.error("unhandled %s on %s %s", type(exc).__name__, scope.get("method"),
+                      scope.get("path"), exc_info=exc)
+            if started:
+                return  # half a response went out: nothing better to send
+            response = error_response(500, "internal_error",
+                                      f"internal error ({type(exc).__name__})")
+            await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -153,7 +214,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AuthError, _auth)  # type: ignore[arg-type]
     app.add_exception_handler(EngineError, _engine_error)  # type: ignore[arg-type]
     app.add_exception_handler(NotFound, _not_found)  # type: ignore[arg-type]
+    for bad in (DataError, IntegrityError, OverflowError):
+        app.add_exception_handler(bad, _bad_value)
     for exc_type in (SchemaBehind, DatabaseUnavailable, OperationalError, PoolTimeout):
         app.add_exception_handler(exc_type, _database)
     app.add_exception_handler(ValueError, _value)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _internal)
+    app.add_middleware(CatchAll)

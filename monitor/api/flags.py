@@ -6,8 +6,8 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from alerts.flags import FlagStore
 from monitor.api.deps import (
@@ -18,10 +18,13 @@ from monitor.api.deps import (
     WriterDep,
 )
 from monitor.api.errors import NotFound
+from monitor.api.fields import Reason, UtcTime, name_field
 from storage.models import FLAG_SCOPE_GLOBAL
 
 router = APIRouter(tags=["flags"])
 _store = FlagStore()
+FlagName = name_field(64)  # flags.name; alerts.flags refuses unknown names (422)
+FlagScope = name_field(64)  # flags.scope; alerts.flags refuses scopes a flag lacks (422)
 
 
 class FlagOut(BaseModel):
@@ -54,11 +57,13 @@ class FlagChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scope: str = Field(FLAG_SCOPE_GLOBAL, description='"global" or a bucket label such as "64"')
-    value: Any = Field(description="true/false, or a share in [0, 1] for "
-                                   "speculative_probation")
-    reason: str = Field(min_length=1, description="Why (kept in the audit log)")
-    expires_at: datetime | None = Field(None, description="RFC 3339; the override lapses then")
+    scope: FlagScope = Field(FLAG_SCOPE_GLOBAL,
+                             description='"global" or a bucket label such as "64"')
+    value: StrictBool | Annotated[float, Field(ge=0, le=1, strict=True, allow_inf_nan=False)] = Field(
+        description="true/false, or a share in [0, 1] for speculative_probation")
+    reason: Reason = Field(description="Why (kept in the audit log)")
+    expires_at: UtcTime | None = Field(
+        None, description="RFC 3339 with a UTC offset; the override lapses then")
 
 
 class AuditOut(BaseModel):
@@ -112,9 +117,9 @@ def list_flags(sessions: SessionsDep, holder: EngineHolderDep, _actor: ReaderDep
 def flag_audit(
     sessions: SessionsDep,
     _actor: ReaderDep,
-    name: Annotated[str | None, Query()] = None,
-    scope: Annotated[str | None, Query()] = None,
-    since: Annotated[datetime | None, Query()] = None,
+    name: Annotated[FlagName | None, Query()] = None,
+    scope: Annotated[FlagScope | None, Query()] = None,
+    since: Annotated[UtcTime | None, Query(description="RFC 3339 with a UTC offset")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditOut]:
     """Return flag changes, newest first."""
@@ -124,7 +129,7 @@ def flag_audit(
 
 
 @router.put("/v1/flags/{name}")
-def set_flag(name: str, body: FlagChange, sessions: SessionsDep, provider: FlagProviderDep,
+def set_flag(name: Annotated[FlagName, Path()], body: FlagChange, sessions: SessionsDep, provider: FlagProviderDep,
              actor: WriterDep) -> FlagOut:
     """Set a manual flag (it wins over automatic fallbacks) and audit the change."""
     with sessions.begin() as session:
@@ -136,12 +141,12 @@ def set_flag(name: str, body: FlagChange, sessions: SessionsDep, provider: FlagP
 
 @router.delete("/v1/flags/{name}")
 def clear_flag(
-    name: str,
+    name: Annotated[FlagName, Path()],
     sessions: SessionsDep,
     provider: FlagProviderDep,
     actor: WriterDep,
-    reason: Annotated[str, Query(min_length=1, description="Why (kept in the audit log)")],
-    scope: Annotated[str, Query()] = FLAG_SCOPE_GLOBAL,
+    reason: Annotated[Reason, Query(description="Why (kept in the audit log)")],
+    scope: Annotated[FlagScope, Query()] = FLAG_SCOPE_GLOBAL,
 ) -> Cleared:
     """Remove a manual override (an automatic value or the default applies again)."""
     with sessions.begin() as session:

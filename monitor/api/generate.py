@@ -25,7 +25,8 @@ class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(min_length=1, description="Input text.")
-    max_new_tokens: int | None = Field(None, ge=1, description="Output length cap.")
+    # strict: `true` is no token count (lax validation would read it as 1).
+    max_new_tokens: int | None = Field(None, ge=1, strict=True, description="Output length cap.")
 
 
 class GenerateResponse(BaseModel):

@@ -6,9 +6,10 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from monitor.api.deps import ProbeRunnerDep, ReaderDep, SessionsDep, WriterDep
+from monitor.api.fields import name_field
 from storage.queries import runs as queries
 
 router = APIRouter(tags=["probes"])
@@ -40,8 +41,8 @@ class ProbeRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["cycle", "burst"] = "cycle"
-    suite: str | None = None
-    ab: bool | None = None
+    suite: name_field(64) | None = None  # type: ignore[valid-type]  # probe_runs.suite
+    ab: StrictBool | None = None
 
 
 class ProbeRunDone(BaseModel):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.errors import NotFound
+from monitor.api.fields import MAX_ID
 from storage.queries import reports as queries
 
 router = APIRouter(tags=["reports"])
@@ -39,7 +40,7 @@ def list_reports(sessions: SessionsDep, _actor: ReaderDep,
 @router.get("/v1/reports/{report_id}", responses={
     200: {"content": {"text/markdown": {}, "text/html": {}, "application/json": {}}}})
 def get_report(
-    report_id: int,
+    report_id: Annotated[int, Path(ge=1, le=MAX_ID)],
     sessions: SessionsDep,
     _actor: ReaderDep,
     format: Annotated[Format | None, Query(description="overrides Accept")] = None,

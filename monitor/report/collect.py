@@ -29,7 +29,6 @@ from monitor.report.data import (
 )
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
 from monitor.report.week import Week
-from storage import histograms
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -164,22 +163,9 @@ def _traffic(session: Session, start: datetime) -> tuple[
     acceptance = tuple(AcceptanceDay(str(r["bucket"]), int(r["day"]), int(r["accepted"]),
                                      int(r["drafted"]))
                        for r in rows if r["drafted"])
-    hist: list[int] = histograms.empty(histograms.TOKEN_EDGES)
-    for h in queries.input_length_hists(session, start, end):
-        hist = histograms.add(hist, h)
-    return traffic, acceptance, _length_bins(hist)
-
-
-def _length_bins(hist: list[int]) -> tuple[LengthBin, ...]:
-    edges = histograms.TOKEN_EDGES
-    out = []
-    for i, c in enumerate(hist):
-        lo = 1 if i == 0 else int(edges[i - 1]) + 1
-        # The last bin is open-ended; report it at its lower end.
-        hi = int(edges[i]) if i < len(edges) else lo
-        if c:
-            out.append(LengthBin(lo, hi, int(c)))
-    return tuple(out)
+    # Exact lengths: one width-1 bin per observed input length.
+    lengths = tuple(LengthBin(n, n, c) for n, c in queries.input_lengths(session, start, end))
+    return traffic, acceptance, lengths
 
 
 def _canary_acceptance(session: Session, start: datetime) -> tuple[AcceptanceDay, ...]:

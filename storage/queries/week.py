@@ -21,6 +21,7 @@ from storage.models import (
     TrafficRollup,
 )
 from storage.queries._common import _day
+from storage.sketches import lengths_add, lengths_items
 
 
 def frame(session: Session, stmt: Select, time_columns: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -62,11 +63,13 @@ def traffic_sums_frame(session: Session, start: datetime, end: datetime) -> pd.D
     return frame(session, stmt)
 
 
-def input_length_hists(session: Session, start: datetime, end: datetime) -> list[list[int]]:
-    """Return the input-length histogram of every rollup minute in [start, end)."""
+def input_lengths(session: Session, start: datetime, end: datetime) -> list[tuple[int, int]]:
+    """Return (input tokens, requests) of the rollup minutes in [start, end), exact, by length."""
     t = TrafficRollup
-    rows = session.execute(select(t.input_len_hist).where(t.minute >= start, t.minute < end))
-    return [h for (h,) in rows if h]
+    counts: dict[str, int] = {}
+    for (lens,) in session.execute(select(t.input_lens).where(t.minute >= start, t.minute < end)):
+        counts = lengths_add(counts, lens)
+    return lengths_items(counts)
 
 
 def canary_acceptance_frame(session: Session, start: datetime, end: datetime, *,

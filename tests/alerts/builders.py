@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from storage import histograms
 from storage.models import ProbeResult, ProbeRun, TrafficRollup
+from storage.sketches import Sketch
 
 
 def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
@@ -36,15 +36,18 @@ def add_traffic(session: Session, minute: datetime, bucket: str, *, requests: in
                 probation: int = 0, probation_acceptance: float | None = None,
                 instance: str = "i1") -> None:
     """Add one minute of real traffic in one bucket (speculative and probation rows)."""
-    hist = histograms.empty(histograms.LATENCY_EDGES_S)
-    hist[histograms.bin_index(latency_s, histograms.LATENCY_EDGES_S)] = requests
+    lat, ttft, per_token = Sketch(), Sketch(), Sketch()
+    lat.add(latency_s, requests)
+    ttft.add(latency_s / 4, requests)
+    per_token.add(latency_s * 0.75 / 39, 39 * requests)  # 40 output tokens per request
     drafted = requests * 40 if acceptance is not None else 0
     p_drafted = probation * 40
     p_acc = int(round(p_drafted * (probation_acceptance or 0.0)))
     decoding = "speculative" if acceptance is not None else "direct"
     session.add(TrafficRollup(
         minute=minute, instance_id=instance, bucket=bucket, path="compiled", decoding=decoding,
-        requests=requests, latency_sum_s=latency_s * requests, latency_hist=hist,
+        requests=requests, latency_sum_s=latency_s * requests, latency_sketch=lat.to_json(),
+        ttft_sketch=ttft.to_json(), per_token_sketch=per_token.to_json(),
         ttft_sum_s=latency_s / 4 * requests, input_tokens_sum=50 * requests,
         padded_tokens_sum=64 * requests, output_tokens_sum=40 * requests,
         drafts=drafted // 4, draft_tokens=drafted,
@@ -53,6 +56,6 @@ def add_traffic(session: Session, minute: datetime, bucket: str, *, requests: in
         session.add(TrafficRollup(
             minute=minute, instance_id=instance, bucket=bucket, path="compiled",
             decoding="speculative", requests=probation, latency_sum_s=latency_s * probation,
-            latency_hist=[0] * len(hist), drafts=p_drafted // 4, draft_tokens=p_drafted,
+            drafts=p_drafted // 4, draft_tokens=p_drafted,
             accepted_tokens=p_acc, probation_requests=probation,
             probation_draft_tokens=p_drafted, probation_accepted=p_acc))

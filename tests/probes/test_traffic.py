@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import GenerateResult, SpecStats
 from probes.traffic import TrafficRecorder
-from storage.histograms import LATENCY_EDGES_S, TOKEN_EDGES
+from storage.sketches import Sketch
 from storage.models import TrafficRollup
 from storage.writer import Writer
 
@@ -44,7 +44,7 @@ def test_canary_traffic_never_enters_rollups() -> None:
     assert [d.requests for _, d in rec.drain()] == [1]
 
 
-def test_rollup_folds_histograms_acceptance_and_probation() -> None:
+def test_rollup_folds_sketches_lengths_acceptance_and_probation() -> None:
     clock = Clock()
     rec = TrafficRecorder("a", clock=clock)
     rec.record(served(0.03))
@@ -56,8 +56,13 @@ def test_rollup_folds_histograms_acceptance_and_probation() -> None:
     rollups = {(k.minute, k.bucket, k.path): d for k, d in rec.drain()}
     d = rollups[(T0.replace(second=0), "32", "compiled")]
     assert d.requests == 2 and d.latency_sum_s == pytest.approx(100.03)
-    assert len(d.latency_hist) == len(LATENCY_EDGES_S) + 1 and d.latency_hist[-1] == 1
-    assert sum(d.input_len_hist) == 2 and len(d.input_len_hist) == len(TOKEN_EDGES) + 1
+    lat = Sketch.from_json(d.latency_sketch)
+    assert lat.count == 2 and lat.quantile(1.0) == pytest.approx(100.0, rel=0.01)
+    assert lat.quantile(0.0) == pytest.approx(0.03, rel=0.01)
+    assert Sketch.from_json(d.ttft_sketch).quantile(0.5) == pytest.approx(0.005, rel=0.01)
+    per_token = Sketch.from_json(d.per_token_sketch)  # one update per request, 9 tokens each
+    assert per_token.count == 18 and per_token.quantile(0.5) == pytest.approx(0.002, rel=0.01)
+    assert d.input_lens == {"20": 2} and d.output_lens == {"10": 2}
     assert (d.drafts, d.draft_tokens, d.accepted_tokens) == (4, 16, 12)
     assert d.accepted_per_position == (4, 4, 2, 2)
     assert (d.probation_requests, d.probation_draft_tokens, d.probation_accepted) == (1, 8, 6)
@@ -101,7 +106,7 @@ def test_flushes_add_up_in_the_database(sessionmaker: sessionmaker[Session]) -> 
     row = rows[0]
     assert (row.minute, row.instance_id, row.bucket) == (T0.replace(second=0), "replica-a", "32")
     assert row.requests == 3 and row.draft_tokens == 24 and row.probation_requests == 1
-    assert sum(row.latency_hist) == 3
+    assert Sketch.from_json(row.latency_sketch).count == 3 and row.input_lens == {"20": 3}
 
 
 def test_a_full_writer_drops_and_counts_the_flush(sessionmaker: sessionmaker[Session]) -> None:

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage import histograms
 from storage.models import NaiveDatetimeError, TrafficRollup
 from storage.rollups import RollupDelta, RollupKey, add_rollups, merge_deltas
+from storage.sketches import Sketch
 from tests.storage.builders import T0
 
 
@@ -20,13 +20,15 @@ def _one(latency: float = 0.2, **kw: object) -> RollupDelta:
                                    padded_length=64, output_tokens=20, **kw)  # type: ignore[arg-type]
 
 
-def test_for_request_bins_and_probation() -> None:
+def test_for_request_sketches_lengths_and_probation() -> None:
     d = _one(0.2, drafts=2, draft_tokens=8, accepted_tokens=6, probation=True)
-    assert d.requests == 1 and sum(d.latency_hist) == 1
-    assert d.latency_hist[histograms.LATENCY_EDGES_S.index(0.2)] == 1  # upper edge inclusive
+    assert d.requests == 1 and Sketch.from_json(d.latency_sketch).count == 1
+    assert Sketch.from_json(d.latency_sketch).quantile(0.5) == pytest.approx(0.2, rel=0.01)
     assert (d.probation_requests, d.probation_draft_tokens, d.probation_accepted) == (1, 8, 6)
     merged = d.merge(_one(0.04))
-    assert merged.requests == 2 and sum(merged.input_len_hist) == 2 and merged.drafts == 2
+    assert merged.requests == 2 and merged.input_lens == {"40": 2} and merged.drafts == 2
+    lat = Sketch.from_json(merged.latency_sketch)
+    assert lat.count == 2 and lat.quantile(0.0) == pytest.approx(0.04, rel=0.01)
 
 
 def test_keys_truncate_to_the_minute_and_refuse_naive_times() -> None:
@@ -61,4 +63,5 @@ def test_concurrent_writers_add_up(sessionmaker: sessionmaker[Session]) -> None:
         rows = s.scalars(select(TrafficRollup).order_by(TrafficRollup.bucket)).all()
     assert [r.requests for r in rows] == [40, 40]
     assert [r.accepted_per_position for r in rows] == [[40, 40], [40, 40]]
-    assert [sum(r.latency_hist) for r in rows] == [40, 40]
+    assert [Sketch.from_json(r.latency_sketch).count for r in rows] == [40, 40]
+    assert [r.input_lens for r in rows] == [{"40": 40}, {"40": 40}]

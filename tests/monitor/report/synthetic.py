@@ -18,7 +18,6 @@ from datetime import timedelta
 from sqlalchemy.orm import Session
 
 from monitor.report.week import parse_week
-from storage import histograms
 from storage.models import (
     Alert,
     AlertTransition,
@@ -37,26 +36,19 @@ KV_BUDGET = 100 * 2**20
 RSS0 = 1_000_000_000
 
 
-def _hist(index: int, n: int) -> list[int]:
-    h = histograms.empty(histograms.TOKEN_EDGES)
-    h[index] = n
-    return h
-
-
 def fill_week(session: Session) -> None:
     """Write the synthetic week (plus a little noise outside it)."""
-    idx = histograms.TOKEN_EDGES.index
     for d in range(7):
         day = START + timedelta(days=d, hours=12)
         # Real traffic: 100 requests of ~6 tokens in bucket 16, 100 of ~50 in bucket 64.
         session.add(TrafficRollup(minute=day, instance_id="i1", bucket="16", path="compiled",
                                   decoding="speculative", requests=100, input_tokens_sum=600,
                                   padded_tokens_sum=1600, draft_tokens=100, accepted_tokens=80,
-                                  input_len_hist=_hist(idx(8), 100)))
+                                  input_lens={"6": 100}))
         session.add(TrafficRollup(minute=day, instance_id="i1", bucket="64", path="compiled",
                                   decoding="speculative", requests=100, input_tokens_sum=5000,
                                   padded_tokens_sum=6400, draft_tokens=100, accepted_tokens=40,
-                                  input_len_hist=_hist(idx(64), 100)))
+                                  input_lens={"50": 100}))
         # Canary cycle: optimized p99 per bucket.
         run = ProbeRun(started_at=day, instance_id="i1", kind="cycle")
         run.results = [
@@ -81,7 +73,7 @@ def fill_week(session: Session) -> None:
     session.add(TrafficRollup(minute=START + timedelta(hours=1), instance_id="i1",
                               bucket="overflow", path="overflow", decoding="direct",
                               requests=1, input_tokens_sum=300, padded_tokens_sum=300,
-                              input_len_hist=_hist(idx(384), 1)))
+                              input_lens={"300": 1}))
     for h in range(168):
         at = START + timedelta(hours=h)
         share = 0.40 + 0.05 * (h // 24)
