@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from alerts.detection import BaselineStats
 from alerts.errors import BaselineError
 from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Rule
-from alerts.series import Labels, RowCache, cohort_series
+from alerts.series import Labels, RowCache, cohort_series, cycle_start
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries
 from storage.queries import series as series_queries
@@ -280,7 +280,12 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
 def _excluded(periods: list[AlertPeriod], rule: Rule, labels: Labels,
               now: datetime) -> list[tuple[float, float]]:
     key = scope_key(dict(labels))
-    return [(p.start.timestamp(), (p.end or now).timestamp()) for p in periods
+    w = rule.window_s
+    # An alert opens (pending) at the evaluation after its first breaching cycle: that
+    # cycle is the one before; it resolves at the evaluation after the last cycle that
+    # still counted, so the cycle in progress then is back in.
+    return [(cycle_start(p.start, w).timestamp() - w, cycle_start(p.end or now, w).timestamp())
+            for p in periods
             if scope_key({k: v for k, v in p.labels.items() if k in rule.per}) == key]
 
 

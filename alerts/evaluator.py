@@ -11,7 +11,7 @@ alerts now firing. One rule failing (bad data) is reported and does not stop the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -51,6 +51,18 @@ class EvaluationReport:
     def firing(self) -> list[RuleResult]:
         """Return the results that confirmed a change."""
         return [r for r in self.results if r.fired]
+
+
+def _stale_instances(session: Session, alerts: Iterable[Alert], now: datetime,
+                     stale_after_s: float | None) -> Callable[[str | None], bool]:
+    """Return a test: has this instance written nothing for stale_after_s (None: never)?"""
+    if stale_after_s is None:
+        return lambda instance: False
+    # Instances seen in twice the limit, or named by an open alert, are the ones to judge.
+    seen = last_seen(session, now - timedelta(seconds=2 * stale_after_s))
+    limit = now - timedelta(seconds=stale_after_s)
+    return lambda instance: instance is not None and (
+        instance not in seen or seen[instance] < limit)
 
 
 def _retire_stale(session: Session, life: Lifecycle, alerts: Iterable[Alert], now: datetime,
@@ -100,6 +112,9 @@ def evaluate(
     results: list[RuleResult] = []
     transitions: list[Transition] = []
     errors: list[str] = []
+    # A stale instance cannot be judged: its sliding series (trailing-hour counts) would
+    # keep showing its last hour and re-open the alert that went stale.
+    stale = _stale_instances(session, alerts.values(), now, stale_after_s)
     for rule in rules:
         try:
             with session.begin_nested():
@@ -113,6 +128,8 @@ def evaluate(
                            for a in alerts.values() if a.rule == rule.name}
                 resolved = last_resolved_fired(session, rule.name)
                 for labels in sorted(scopes):
+                    if stale(dict(labels).get("instance")):
+                        continue
                     fp = fingerprint(rule.name, dict(labels))
                     since = detector_start(alerts.get(fp), resolved.get(fp), rule.window_s)
                     r = judge(rule, dict(labels), per_scope.get(labels, {}),

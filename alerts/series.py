@@ -198,16 +198,24 @@ def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
     kind = quality.series_kind(rule.metric, rule.source)
     quantile = _SKETCH_METRICS.get(rule.metric) if kind in ("canary", "traffic", "burst") \
         else None
-    # A quantile pools the scope's latest cycles (at most rule.pool_cycles) until it rests
-    # on the samples it needs (p99: 100): the window reaches back that far for the oldest.
-    reach = (rule.pool_cycles - 1) * step if quantile is not None else timedelta(0)
-    rows = cache.rows(kind, starts[0] - reach, starts[-1] + step)
+    rows = cache.rows(kind, starts[0], starts[-1] + step)
     grouped: dict[_Key, dict[datetime, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         key = _key(rule, row.labels)
         if key is not None:
             grouped[key, row.cohort if split else NO_COHORT][
                 cycle_start(row.at, rule.window_s)].append(row)
+    if quantile is not None and rule.pool_cycles > 1 and _short(grouped, quantile[0],
+                                                              quantile_samples(rule.metric)):
+        # A quantile pools the scope's latest cycles (at most rule.pool_cycles) until it
+        # rests on the samples it needs (p99: 100): reach back for the oldest cycles, but
+        # only when some cycle is short (large cycles read no more than the window).
+        reach = (rule.pool_cycles - 1) * step
+        for row in cache.rows(kind, starts[0] - reach, starts[0]):
+            key = _key(rule, row.labels)
+            full = (key, row.cohort if split else NO_COHORT)
+            if key is not None and full in grouped:  # no series starts from older rows
+                grouped[full][cycle_start(row.at, rule.window_s)].append(row)
     out: dict[_Key, list[Point]] = {}
     for key, by_cycle in grouped.items():
         pts = []
@@ -227,6 +235,12 @@ _SKETCH_METRICS: dict[str, tuple[str, float]] = {
     "p99_latency": ("lat_sketch", 0.99), "ttft": ("ttft_sketch", 0.95),
     "per_token": ("pt_sketch", 0.50), "burst_p99": ("lat_sketch", 0.99),
 }
+
+
+def _short(grouped: Mapping[_Key, Mapping[datetime, list[Row]]], field: str, need: int) -> bool:
+    """Return whether some cycle's rows hold fewer than `need` samples in `field`."""
+    return any(merged(r.values.get(field) for r in rows).count < need
+               for by_cycle in grouped.values() for rows in by_cycle.values())
 
 
 def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datetime,

@@ -10,6 +10,7 @@ from pathlib import Path
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
+QUANTIZATIONS = ("none", "int8")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class EngineConfig:
     max_concurrency: decode streams running at once; max_queue: callers allowed to wait.
     flags_file: where the last flags read from the provider are kept, so a restart while
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
+    quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
+        served where the `quantized` flag is on and watched by output agreement.
     """
 
     model_dir: str | None = None
@@ -53,6 +56,7 @@ class EngineConfig:
     cache_dir: str | None = None  # inductor on-disk cache; None = ./var/compile-cache
     flags_file: str = "./var/last-flags.json"
     extra: dict[str, str] = field(default_factory=dict)
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if not self.buckets or list(self.buckets) != sorted(set(self.buckets)):
@@ -69,10 +73,16 @@ class EngineConfig:
             raise ValueError("speculative_k: must be >= 1")
         if not 0 < self.flag_timeout_s <= 10:
             raise ValueError("flag_timeout_s: must be > 0 and <= 10 seconds")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization: must be one of {QUANTIZATIONS}, "
+                             f"got {self.quantization!r}")
 
     def config_hash(self) -> str:
         """Return a short hash of everything that changes the optimized artifact."""
         keys = ("buckets", "compile_mode", "compile_backend", "speculative_k", "dtype",
                 "use_draft", "kv_headroom")
-        blob = json.dumps({k: asdict(self)[k] for k in keys}, sort_keys=True, default=str)
+        data = {k: asdict(self)[k] for k in keys}
+        if self.quantization != "none":  # absent when off: earlier hashes stay valid
+            data["quantization"] = self.quantization
+        blob = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from engine import decoding, precompile, t5
+from engine import decoding, precompile, quantize, t5
 from engine.admission import Admission
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
@@ -80,7 +80,8 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 class Runtime:
     """The torch-backed Engine (see engine.protocol.Engine); thread-safe."""
 
-    def __init__(self, config: EngineConfig, flags: FlagProvider | None = None) -> None:
+    def __init__(self, config: EngineConfig, flags: FlagProvider | None = None, *,
+                 quantizer: quantize.Quantizer | None = None) -> None:
         if config.kv_headroom < config.speculative_k:
             raise ValueError("kv_headroom: must be >= speculative_k (verification look-ahead)")
         self.config = config
@@ -119,6 +120,15 @@ class Runtime:
         # A step call may run past max_new by steps - 1 positions: they must fit the slots.
         steps = max(1, min(STEPS_PER_CALL, config.kv_headroom + 1))
         self.target = self._runner(self._target_loaded, options, "target", self.k_max, steps)
+        # engine.quantization: int8: a second target with int8 weights, served where the
+        # `quantized` flag is on (`quantizer` is a test seam: noisy weights disagree).
+        self.target_q: ModelRunner | None = None
+        if config.quantization == "int8":
+            with torch.no_grad():
+                lean_q = (quantizer or quantize.int8)(self.target.m)
+            self.target_q = ModelRunner(lean_q, edges=config.buckets, slots=self.slots,
+                                        verify_q=self.k_max + 1, options=options,
+                                        name="target-int8", steps=steps)
         self.draft = (self._runner(self._draft_loaded, options, "draft", self.k_max, 1,
                                    compile_encoder=False)
                       if self._draft_loaded is not None else None)
@@ -195,6 +205,7 @@ class Runtime:
             speculative_available=self.draft is not None,
             compile_mode=self.config.compile_mode,
             speculative_reason=self.speculative_reason,
+            quantization=self.config.quantization,
         )
 
     # --- Engine protocol ---------------------------------------------------------------
@@ -245,7 +256,7 @@ class Runtime:
     def weight_bytes(self) -> int:
         """Return the bytes of the lean weights (target + draft), each storage counted once."""
         storages: dict[tuple[str, int], int] = {}
-        for runner in (self.target, self.draft):
+        for runner in (self.target, self.target_q, self.draft):
             if runner is not None:
                 for p in runner.m.parameters():
                     s = p.untyped_storage()
@@ -308,6 +319,8 @@ class Runtime:
             started = time.perf_counter()
             try:
                 self.target.warm(edge, verify=self.draft is not None)
+                if self.target_q is not None:
+                    self.target_q.warm(edge, verify=self.draft is not None)
                 if self.draft is not None:
                     self.draft.warm(edge, verify=False)
             except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
@@ -408,13 +421,14 @@ class Runtime:
         k = self.draft_length.choose(label, fallback=not forced) if speculate else 0
         speculate = k > 0
         probation = probation and speculate
+        quantized = self.target_q is not None and flags.quantized_for(label)
         deadline = None if timeout_s is None else t_entry + timeout_s
         with self._admission.slot(deadline) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
             try:
                 decoded, t_encoded, t_device = self._run(ids, length, key, slot, k,
-                                                         max_new, deadline)
+                                                         max_new, deadline, quantized)
             except RequestTimeout:
                 raise
             except Exception:
@@ -424,7 +438,7 @@ class Runtime:
                 self._watch.record_failure()
                 path, key = PATH_EAGER, None
                 decoded, t_encoded, t_device = self._run(ids, length, key, slot, k,
-                                                         max_new, deadline)
+                                                         max_new, deadline, quantized)
         out = decoded.tokens
         self._learn(label, decoded, t_encoded, speculate)
         text_out = self.tokenizer.decode(out, skip_special_tokens=True)
@@ -438,6 +452,7 @@ class Runtime:
             decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
             total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
             probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
+            quantized=quantized,
         )
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
@@ -468,9 +483,10 @@ class Runtime:
         return runner.eager if key is None else runner.compiled(key)
 
     def _run(self, ids: list[int], length: int, key: int | str | None, slot: int,
-             k: int, max_new: int, deadline: float | None
+             k: int, max_new: int, deadline: float | None, quantized: bool = False
              ) -> tuple[decoding.Decoded, float, float]:
         caches = self._caches[slot]
+        target = self.target_q if quantized and self.target_q is not None else self.target
         with torch.no_grad():
             t_device = time.perf_counter()
             padded = torch.full((1, length), self.target.m.pad_id, dtype=torch.long)
@@ -478,8 +494,8 @@ class Runtime:
             mask = torch.zeros((1, length), dtype=torch.long)
             mask[0, : len(ids)] = 1
             padded, mask = padded.to(self.device), mask.to(self.device)
-            tfns = self._fns(self.target, key)
-            tenc = decoding.encode(self.target, tfns, padded, mask)
+            tfns = self._fns(target, key)
+            tenc = decoding.encode(target, tfns, padded, mask)
             held = tenc.nbytes
             self._kv_hold(held)
             try:
@@ -490,11 +506,11 @@ class Runtime:
                     held += denc.nbytes
                     t_encoded = time.perf_counter()
                     decoded = decoding.speculative(
-                        self.target, tfns, tenc, caches["target"], self.draft, dfns, denc,
+                        target, tfns, tenc, caches["target"], self.draft, dfns, denc,
                         caches["draft"], k, max_new, deadline)
                 else:
                     t_encoded = time.perf_counter()
-                    decoded = decoding.direct(self.target, tfns, tenc, caches["target"],
+                    decoded = decoding.direct(target, tfns, tenc, caches["target"],
                                               max_new, deadline)
             finally:
                 self._kv_release(held)

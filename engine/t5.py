@@ -170,6 +170,11 @@ class LeanT5(nn.Module):
         return self.self_cache_bytes(length)
 
 
+def _linear(x: torch.Tensor, w: torch.Tensor | nn.Module) -> torch.Tensor:
+    # A weight is a float tensor, or an engine.quantize.Int8Weight (engine.quantization: int8).
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
+
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(var + eps)).to(weight.dtype)
@@ -177,13 +182,13 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _ff(m: LeanT5, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     h = _norm(x, layer.ln_ff, m.eps)
-    h = F.linear(h, layer.wi)
+    h = _linear(h, layer.wi)
     if m.gated:
         gate, lin = h.chunk(2, dim=-1)
         h = m.act(gate) * lin
     else:
         h = m.act(h)
-    return x + F.linear(h, layer.wo)
+    return x + _linear(h, layer.wo)
 
 
 def _heads(m: LeanT5, x: torch.Tensor) -> torch.Tensor:
@@ -205,11 +210,11 @@ def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torc
     bias = enc_bias + mask_bias
     for layer in m.enc_layers:
         h = _norm(x, layer.ln_att, m.eps)
-        q, k, v = F.linear(h, layer.qkv).split(m.inner, dim=-1)
-        x = x + F.linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
+        q, k, v = _linear(h, layer.qkv).split(m.inner, dim=-1)
+        x = x + _linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
         x = _ff(m, layer, x)
     x = _norm(x, m.enc_final, m.eps)
-    kv = [F.linear(x, layer.ckv).view(x.shape[1], 2, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
+    kv = [_linear(x, layer.ckv).view(x.shape[1], 2, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
           for layer in m.dec_layers]
     return torch.stack(kv)
 
@@ -228,17 +233,17 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: t
     q_len = tokens.shape[1]
     for i, layer in enumerate(m.dec_layers):
         h = _norm(x, layer.ln_att, m.eps)
-        qkv = F.linear(h, layer.qkv).view(q_len, 3, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
+        qkv = _linear(h, layer.qkv).view(q_len, 3, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
         self_kv[i].index_copy_(2, pos, qkv[1:])  # K and V of these positions, one write
         att = _attend(qkv[0].unsqueeze(0), self_kv[i, 0], self_kv[i, 1], self_bias)
-        x = x + F.linear(att, layer.o)
+        x = x + _linear(att, layer.o)
         h = _norm(x, layer.ln_cross, m.eps)
-        att = _attend(_heads(m, F.linear(h, layer.cq)), cross_kv[i, 0], cross_kv[i, 1],
+        att = _attend(_heads(m, _linear(h, layer.cq)), cross_kv[i, 0], cross_kv[i, 1],
                       cross_bias)
-        x = x + F.linear(att, layer.co)
+        x = x + _linear(att, layer.co)
         x = _ff(m, layer, x)
     x = _norm(x, m.dec_final, m.eps) * m.output_scale
-    return F.linear(x, m.lm_head)
+    return _linear(x, m.lm_head)
 
 
 def decode_greedy(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: torch.Tensor,

@@ -15,6 +15,7 @@ import logging
 import platform
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -23,11 +24,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from engine.protocol import Engine, FlagProvider, GenerateResult
+from monitor.quality_metrics import quality_families
 from storage.models import DELIVERY_STATES
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
 from storage.queries import reports as report_queries
 from storage.queries import runs as run_queries
+from storage.queries import series as series_queries
+from vocab import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +333,8 @@ class DatabaseCollector(_SafeCollector):
     def _collect(self) -> Iterable[Metric]:
         with self._sessions() as session:
             families = [*self._overrides(session), *self._alerts(session),
-                        *self._probes(session), *self._deliveries(session)]
+                        *self._probes(session), *self._deliveries(session),
+                        *self._rollouts(session), *quality_families(session)]
         if self._flags is not None:
             families.append(_flag_states(self._flags, self._buckets))
         return families
@@ -386,6 +391,22 @@ class DatabaseCollector(_SafeCollector):
         for state in DELIVERY_STATES:
             family.add_metric([state], counts.get(state, 0))
         yield family
+
+
+    def _rollouts(self, session: Session) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_rollout_verdict",
+            "Rollout verdict of a new cohort vs the old one, updated in the last hour "
+            "(0 pass, 1 marginal, 2 fail).",
+            labels=("cohort", "old_cohort", "source", "metric", "bucket"))
+        since = utcnow() - timedelta(hours=1)
+        for v in series_queries.list_verdicts(session, since=since):
+            family.add_metric([f"{v.new[0]}/{v.new[1]}", f"{v.old[0]}/{v.old[1]}", v.source,
+                               v.metric, v.bucket], _VERDICT_VALUES.get(v.verdict, 0))
+        yield family
+
+
+_VERDICT_VALUES = {"pass": 0, "marginal": 1, "fail": 2}
 
 
 def _flag_states(provider: FlagProvider, buckets: tuple[int, ...]) -> Metric:

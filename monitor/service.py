@@ -158,6 +158,8 @@ class ProbeRunner:
             raise NotReady(f"probes wait for a warm engine ({reason})")
         with self._lock:
             prober = self._get_prober(engine)
+            if suite is not None and suite not in prober.suites:
+                raise ValueError(f"suite: unknown suite {suite!r}; known: {sorted(prober.suites)}")
             if kind == "burst":
                 return prober.run_burst(suite)
             return prober.run_cycle(suite, ab=ab)

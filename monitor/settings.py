@@ -6,10 +6,14 @@ variables: TAILWATCH_ENGINE__COMPILE_MODE=off. Each package owns one section.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import json
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -108,6 +112,13 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        # Nested sections ignore unknown keys on their own (EngineConfig is a dataclass):
+        # refuse them here, once, for every source, and read "16,32" lists from env vars.
+        return check_keys(data, cls) if isinstance(data, Mapping) else data
+
     @field_validator("database_url")
     @classmethod
     def _url_not_empty(cls, v: str) -> str:
@@ -162,16 +173,115 @@ class _YamlSource(PydanticBaseSettingsSource):
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"config file: {path} does not exist")
-        data = yaml.safe_load(p.read_text()) or {}
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ValueError(f"config file {path}: {where}{problem}") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file: {path} must hold a mapping")
+        try:
+            check_keys(data, Settings)
+        except UnknownSetting as exc:
+            raise ValueError(f"config file {path}: {exc}") from None
         return data
 
 
 def get_settings(config_file: str | None = None, **overrides: Any) -> Settings:
     """Build settings from the environment, an optional YAML file and overrides."""
+    check_environment(os.environ)
     _YamlSource.path = config_file
     try:
         return Settings(**overrides)
     finally:
         _YamlSource.path = None
+
+
+ENV_PREFIX = "TAILWATCH_"
+# TAILWATCH_* variables that are no settings: read by the CLI, the logging set-up or tests.
+OTHER_VARIABLES = frozenset({"CONFIG", "URL", "LOG_LEVEL", "LOG_FORMAT"})
+_TEST_VARIABLES = "TEST_"
+
+
+class UnknownSetting(ValueError):
+    """A settings key or TAILWATCH_* variable names no setting."""
+
+
+def _section(annotation: Any) -> type | None:
+    # The model or dataclass a field holds (through `X | None`), else None.
+    for t in (annotation, *get_args(annotation)):
+        if isinstance(t, type) and (issubclass(t, BaseModel) or dataclasses.is_dataclass(t)):
+            return t
+    return None
+
+
+def _fields(section: type) -> dict[str, Any]:
+    if issubclass(section, BaseModel):
+        return {name: f.annotation for name, f in section.model_fields.items()}
+    hints = get_type_hints(section)
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(section)}  # type: ignore[arg-type]
+
+
+def _is_collection(annotation: Any) -> bool:
+    for t in (annotation, *get_args(annotation)):
+        if get_origin(t) in (list, tuple, set, frozenset) or t in (list, tuple, set, frozenset):
+            return True
+    return False
+
+
+def _unknown(key: str, known: list[str], render: Any = str) -> UnknownSetting:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = (f"did you mean {render(close[0])}?" if close
+            else f"valid here: {', '.join(render(k) for k in sorted(known))}")
+    return UnknownSetting(f"unknown setting {render(key)}; {hint}")
+
+
+def _list_value(text: str) -> Any:
+    # Env values are strings: JSON ("[16, 32]") or a comma list ("16,32").
+    try:
+        return json.loads(text)
+    except ValueError:
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def check_keys(data: Mapping[str, Any], section: type, path: str = "") -> dict[str, Any]:
+    """Return `data` with string lists parsed; raise UnknownSetting on a key no field has."""
+    known = _fields(section)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            raise _unknown(f"{path}{key}", [f"{path}{k}" for k in known])
+        annotation = known[key]
+        sub = _section(annotation)
+        if sub is not None and isinstance(value, str) and value.strip().startswith("{"):
+            value = json.loads(value)
+        if sub is not None and isinstance(value, Mapping):
+            value = check_keys(value, sub, f"{path}{key}.")
+        elif isinstance(value, str) and _is_collection(annotation):
+            value = _list_value(value)
+        out[key] = value
+    return out
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Raise UnknownSetting naming the first TAILWATCH_* variable that sets nothing."""
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX):].upper()
+        if rest in OTHER_VARIABLES or rest.startswith(_TEST_VARIABLES):
+            continue
+        section: type | None = Settings
+        parts = rest.lower().split("__")
+        for i, part in enumerate(parts):
+            known = _fields(section) if section is not None else {}
+            if part not in known:
+                prefix = parts[:i]
+                env = [ENV_PREFIX + "__".join([*prefix, k]).upper() for k in known]
+                env += [ENV_PREFIX + v for v in OTHER_VARIABLES] if i == 0 else []
+                raise _unknown(name.upper(), env)
+            section = _section(known[part])
+            if section is None:
+                break  # a leaf (or a list of them): the rest is its value's business

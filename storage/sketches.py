@@ -41,9 +41,10 @@ def bin_value(k: int) -> float:
 
 
 def min_samples(q: float) -> int:
-    """Return the samples a q-quantile needs to rest on at least one value below the max.
+    """Return the samples a q-quantile needs: at least one expected above it, 1 / (1 - q).
 
-    p99 needs 100, p95 20, p50 2: with fewer, the "quantile" is the sample maximum.
+    p99 needs 100, p95 20, p50 2: with fewer, a "p99" is the sample maximum (or an
+    interpolation towards it) and mostly measures noise.
     """
     if not 0.0 <= q < 1.0:
         raise ValueError(f"q: must lie in [0, 1), got {q}")

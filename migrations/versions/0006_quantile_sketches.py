@@ -11,7 +11,7 @@ gains the same three sketches and `samples` (the successful requests its quantil
 
 Backfill (the cut-over, documented in the README): a minute stored before this revision
 has only its fixed bins, so each bin's count is put at the bin's upper edge (the overflow
-bin at the last edge, a lower bound): those minutes keep bin resolution, minutes written
+bin just above the last edge, a lower bound): those minutes keep bin resolution, minutes written
 after it have 1%. TTFT and per-token sketches cannot be rebuilt (only sums were kept) and
 start empty; canary rows get samples = count - errors and empty sketches (their pooled
 quantiles start at the upgrade). Downgrade rebuilds the fixed bins from the sketches and
@@ -21,7 +21,7 @@ counts (each value into the bin it falls in) and drops the new columns.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +52,8 @@ def _sketch_of_bins(hist: Sequence[int]) -> dict[str, Any]:
     bins: dict[str, int] = {}
     for i, c in enumerate(hist or ()):
         if c:
-            edge = _LATENCY_EDGES_S[min(i, len(_LATENCY_EDGES_S) - 1)]
+            # The overflow bin (> 60 s) goes just above the last edge: a lower bound.
+            edge = _LATENCY_EDGES_S[i] if i < len(_LATENCY_EDGES_S) else 1.05 * 60.0
             k = str(math.ceil(math.log(edge) / math.log(_GAMMA)))
             bins[k] = bins.get(k, 0) + int(c)
     return {"b": bins} if bins else {}
@@ -62,7 +63,7 @@ def _lens_of_bins(hist: Sequence[int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for i, c in enumerate(hist or ()):
         if c:
-            k = str(_TOKEN_EDGES[min(i, len(_TOKEN_EDGES) - 1)])
+            k = str(_TOKEN_EDGES[i] if i < len(_TOKEN_EDGES) else _TOKEN_EDGES[-1] + 1)
             out[k] = out.get(k, 0) + int(c)
     return out
 
@@ -71,8 +72,9 @@ def _bins_of_sketch(sketch: dict[str, Any] | None) -> list[int]:
     hist = [0] * (len(_LATENCY_EDGES_S) + 1)
     hist[0] += int((sketch or {}).get("z") or 0)
     for k, c in ((sketch or {}).get("b") or {}).items():
-        value = 2.0 * _GAMMA ** int(k) / (_GAMMA + 1.0)
-        hist[bisect_left(_LATENCY_EDGES_S, value)] += int(c)
+        # Bin k holds (gamma^(k-1), gamma^k]: an edge inside it takes its counts (values
+        # backfilled at that edge round-trip; others move by at most the 1% bin width).
+        hist[bisect_right(_LATENCY_EDGES_S, _GAMMA ** (int(k) - 1))] += int(c)
     return hist
 
 

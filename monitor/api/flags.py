@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from alerts.flags import FlagStore
 from monitor.api.deps import (
@@ -52,6 +53,19 @@ class FlagsOut(BaseModel):
     effective: dict[str, Any]
 
 
+def _flag_value(value: Any) -> Any:
+    # One field, not a union: an error names "value", not "value.bool".
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1:
+        return value
+    raise ValueError("must be true, false or a finite share in [0, 1]")
+
+
+FlagValue = Annotated[Any, AfterValidator(_flag_value), WithJsonSchema(
+    {"anyOf": [{"type": "boolean"}, {"type": "number", "minimum": 0, "maximum": 1}]})]
+
+
 class FlagChange(BaseModel):
     """Set a manual flag value."""
 
@@ -59,8 +73,8 @@ class FlagChange(BaseModel):
 
     scope: FlagScope = Field(FLAG_SCOPE_GLOBAL,
                              description='"global" or a bucket label such as "64"')
-    value: StrictBool | Annotated[float, Field(ge=0, le=1, strict=True, allow_inf_nan=False)] = Field(
-        description="true/false, or a share in [0, 1] for speculative_probation")
+    value: FlagValue = Field(description="true/false, or a share in [0, 1] for "
+                                         "speculative_probation")
     reason: Reason = Field(description="Why (kept in the audit log)")
     expires_at: UtcTime | None = Field(
         None, description="RFC 3339 with a UTC offset; the override lapses then")

@@ -23,8 +23,10 @@ def load_settings(ctx: click.Context, **overrides: Any) -> Settings:
         return get_settings(config_file, **overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
-        raise click.ClickException(f"invalid settings: {where}: {first.get('msg')}") from None
+        message = str(first.get("msg", "")).removeprefix("Value error, ")
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise click.ClickException(f"invalid settings: {where + ': ' if where else ''}"
+                                   f"{message}") from None
     except (ValueError, OSError) as exc:
         raise click.ClickException(f"invalid settings: {exc}") from None
 

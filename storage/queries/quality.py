@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from storage.models import CanaryReference, OutputAgreement
@@ -118,3 +118,23 @@ def agreement_rollups(session: Session, start: datetime, end: datetime,
             first_divergence_min=min(firsts) if firsts else None,
             worst=tuple(kept[:keep_worst])))
     return out
+
+
+@dataclass(frozen=True)
+class AgreementTotal:
+    """All stored comparisons of one (source, bucket, variant)."""
+
+    source: str
+    bucket: str
+    variant: str
+    count: int
+    exact: int
+
+
+def agreement_totals(session: Session) -> list[AgreementTotal]:
+    """Return compared and exact-match counts per (source, bucket, variant), all rows kept."""
+    a = OutputAgreement
+    rows = session.execute(
+        select(a.source, a.bucket, a.variant, func.sum(a.count), func.sum(a.exact))
+        .group_by(a.source, a.bucket, a.variant).order_by(a.source, a.bucket, a.variant))
+    return [AgreementTotal(s, b, v, int(n or 0), int(e or 0)) for s, b, v, n, e in rows]

@@ -10,7 +10,9 @@ from sqlalchemy.orm import Session
 
 from storage.errors import InvalidQuery
 from storage.models import (
+    VARIANT_OPTIMIZED,
     ProbeResult,
+    ProbeRun,
     TrafficRollup,
 )
 from storage.queries._common import (
@@ -21,6 +23,7 @@ from storage.queries._common import (
     _json_sums,
     _ratio,
 )
+from vocab import RunKind
 
 ACCEPTANCE_SOURCES = ("canary", "traffic", "probation")
 
@@ -47,6 +50,8 @@ def acceptance(
 ) -> list[Acceptance]:
     """Return acceptance per bucket (per day with by_day) from canaries, traffic or probation.
 
+    "canary" counts the optimized arm of canary cycles only (no A/B arm, no burst).
+
     "probation" counts only real requests that speculated while their bucket's flag
     was off; per-draft and per-position counts are not kept for them.
     """
@@ -59,7 +64,10 @@ def acceptance(
         at, aps = r.at, r.accepted_per_position
         cols = [func.sum(r.count), func.sum(r.drafts), func.sum(r.draft_tokens),
                 func.sum(r.accepted_tokens)]
-        where = [r.at >= start, r.at < end]
+        # Only the optimized arm of canary cycles: A/B arms and burst rows are other
+        # configurations or other load, not the canary acceptance.
+        where = [r.at >= start, r.at < end, r.variant == VARIANT_OPTIMIZED,
+                 r.run_id.in_(select(ProbeRun.id).where(ProbeRun.kind == RunKind.CYCLE.value))]
         model: type[ProbeResult] | type[TrafficRollup] = ProbeResult
     else:
         t = TrafficRollup

@@ -80,7 +80,9 @@ def canary_acceptance_frame(session: Session, start: datetime, end: datetime, *,
     day = _day(session, r.at).label("day")
     stmt = (select(day, r.bucket, func.sum(r.accepted_tokens).label("accepted"),
                    func.sum(r.draft_tokens).label("drafted"))
-            .where(r.at >= start, r.at < end, r.variant == variant, r.draft_tokens > 0)
+            .where(r.at >= start, r.at < end, r.variant == variant, r.draft_tokens > 0,
+                   # canary cycles only: burst rows are load, not canaries
+                   r.run_id.in_(select(ProbeRun.id).where(ProbeRun.kind == "cycle")))
             .group_by(day, r.bucket))
     return frame(session, stmt)
 

@@ -13,20 +13,32 @@ from storage.sketches import Sketch
 
 def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
               acceptance: Mapping[str, float] | None = None, instance: str = "i1",
-              model_version: str = "m1", config_hash: str = "c1", count: int = 4,
+              model_version: str = "m1", config_hash: str = "c1", count: int = 100,
               variant: str = "optimized", kind: str = "cycle",
               decoding: str = "speculative") -> ProbeRun:
-    """Add one canary cycle: per bucket its p99 (seconds) and optionally its acceptance."""
+    """Add one canary cycle: per bucket its p99 (seconds) and optionally its acceptance.
+
+    Each group holds `count` canaries: 2% at the p99 value, the rest at 0.8 x (so the
+    cycle's sketch reads p99 = value, p50 = 0.8 x value), TTFT value / 4, 40 tokens each.
+    """
     run = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=5), status="ok",
                    instance_id=instance, model_version=model_version,
                    config_hash=config_hash, suite="in_domain", kind=kind)
     for bucket, v in p99.items():
         acc = (acceptance or {}).get(bucket, 0.8)
+        lat, ttft, per_token = Sketch(), Sketch(), Sketch()
+        top = max(1, count // 50)
+        lat.add(v * 0.8, count - top)
+        lat.add(v, top)
+        ttft.add(v / 4, count)
+        per_token.add(v / 40, 39 * count)
         run.results.append(ProbeResult(
             at=at, bucket=bucket, path="compiled", decoding=decoding, variant=variant,
             count=count, errors=0, p50_s=v * 0.8, p95_s=v * 0.95, p99_s=v, max_s=v,
             ttft_p95_s=v / 4, per_token_p50_s=v / 40, padding_waste=0.1, output_tokens=40,
-            drafts=25, draft_tokens=100, accepted_tokens=int(round(100 * acc))))
+            drafts=25, draft_tokens=100, accepted_tokens=int(round(100 * acc)),
+            latency_sketch=lat.to_json(), ttft_sketch=ttft.to_json(),
+            per_token_sketch=per_token.to_json(), samples=count))
     session.add(run)
     return run
 

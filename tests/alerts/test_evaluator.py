@@ -159,20 +159,27 @@ def test_rolling_baseline_stored_pinned_and_excludes_firing(sessionmaker: sessio
         assert info.value.field == "value"
 
 
-def test_model_version_change_restarts_baseline_after_warm_in(sessionmaker: sessionmaker[Session]):
+def test_model_version_change_is_judged_against_the_old_baseline(sessionmaker: sessionmaker[Session]):
+    """No blind window (issue 14): the new cohort inherits the old baseline while warming in."""
     fill(sessionmaker, 0, 40, 0.1)
     run(sessionmaker, 40)
-    fill(sessionmaker, 40, 60, 0.2, model_version="m2")  # new model: slower, but by design
+    fill(sessionmaker, 40, 70, 0.2, model_version="m2")  # the new model is 2x slower
     warm = BaselineConfig(warm_in_s=300)
-    for i in range(41, 61):
+    fired = []
+    for i in range(41, 50):
         rep = run(sessionmaker, i, baseline_config=warm)
-        assert not rep.transitions, i
-    r64 = next(r for r in rep.results if r.labels == {"bucket": "64"})
-    assert r64.no_data and "warming in" in r64.reason
-    fill(sessionmaker, 60, 70, 0.2, model_version="m2")
-    rep = run(sessionmaker, 70, baseline_config=warm)
-    r64 = next(r for r in rep.results if r.labels == {"bucket": "64"})
-    assert not r64.no_data and r64.baseline == pytest.approx(0.2, rel=0.03)
+        if any(t.to_state == "firing" for t in rep.transitions):
+            fired.append(i)
+            r64 = next(r for r in rep.results if r.labels == {"bucket": "64"})
+            assert "inherited from m1/c1" in r64.reason
+    assert fired == [43]  # the for=3 cycles 40-42, as for any other regression
+    # Slower by design: a person pins the new level and the alert resolves.
+    with sessionmaker.begin() as s:
+        pin(s, "p99_latency", "bucket=64", "ana", value=0.2, note="m2 is bigger")
+    resolved = [i for i in range(50, 56)
+                if any(t.to_state == "resolved" for t in run(sessionmaker, i,
+                                                              baseline_config=warm).transitions)]
+    assert resolved == [50]
 
 
 def test_one_bad_rule_does_not_stop_the_others(sessionmaker: sessionmaker[Session]):

@@ -16,7 +16,7 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 BASE = BaselineStats(center=1.0, spread=0.05, cycles=500)
 
 
-def pts(values: list[float | None], samples: int = 8) -> list[Point]:
+def pts(values: list[float | None], samples: int = 100) -> list[Point]:
     return [Point(T0 + timedelta(minutes=i), v, samples if v is not None else 0)
             for i, v in enumerate(values)]
 

@@ -14,6 +14,7 @@ from alerts.policy import load_policy
 from alerts.rules import load_rules, parse_rule
 from alerts.series import RowCache, series
 from storage.models import CompileEvent, MemorySample, ProbeRun
+from storage.sketches import Sketch
 from tests.alerts.builders import add_cycle, add_traffic
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -35,24 +36,29 @@ def test_canary_traffic_and_burst_series(sessionmaker: sessionmaker[Session]):
             add_traffic(s, minute(i), "64", latency_s=0.09, acceptance=0.6)
         s.add(ProbeRun(started_at=minute(1.5), instance_id="i1", kind="cycle", status="timeout"))
         s.add(ProbeRun(started_at=minute(2), instance_id="i1", kind="burst", status="ok",
-                       requests=40, rejections=4, details={"latency_p99_s": 0.4}))
+                       requests=40, rejections=4,
+                       details={"latency_p99_s": 0.4,
+                                "latency_sketch": Sketch.of([0.4] * 36).to_json()}))
     with sessionmaker() as s:
         cache = RowCache(s)
         p99 = series(rule(metric="p99_latency"), cache, minute(0), minute(3))
-        assert [p.value for p in p99[(("bucket", "64"),)]] == pytest.approx([0.1, 0.2, 0.3])
+        # Sketch quantiles: within 1% of the true value.
+        assert [p.value for p in p99[(("bucket", "64"),)]] == pytest.approx([0.1, 0.2, 0.3],
+                                                                            rel=0.01)
         acc = series(rule(metric="acceptance_rate"), cache, minute(0), minute(3))
         assert [p.value for p in acc[(("bucket", "64"),)]] == pytest.approx([0.5] * 3)
         fails = series(rule(metric="probe_failures", per="all"), cache, minute(0), minute(3))
-        assert [p.value for p in fails[()]] == pytest.approx([0.0, 1 / 9, 0.0])
+        assert [p.value for p in fails[()]] == pytest.approx([0.0, 1 / 201, 0.0])  # 2 x 100 canaries + 1 run
         tp99 = series(rule(metric="p99_latency", source="traffic"), cache, minute(0), minute(3))
         v = tp99[(("bucket", "64"),)][0]
-        assert 0.075 < v.value <= 0.1 and v.samples == 20  # inside the 0.075-0.1 s bin
+        assert v.value == pytest.approx(0.09, rel=0.01) and v.samples == 20
         tacc = series(rule(metric="acceptance_rate", source="traffic"), cache, minute(0),
                       minute(3))
         assert tacc[(("bucket", "64"),)][0].value == pytest.approx(0.6)
         burst = series(rule(metric="burst_p99", source="burst", per="all", window="1m"),
                        cache, minute(0), minute(3))
-        assert [p.value for p in burst[()]] == [None, None, 0.4]
+        assert [p.value for p in burst[()]] == [None, None, pytest.approx(0.4, rel=0.01)]
+        assert burst[()][-1].samples == 36
         # Only finished cycles: the cycle holding `end` is left out.
         assert len(series(rule(metric="p99_latency"), cache, minute(0),
                           minute(2) + timedelta(seconds=30))[(("bucket", "64"),)]) == 2

@@ -200,6 +200,32 @@ def test_database_collector_reads_alerts_flags_probes_and_deliveries(
     assert get("tailwatch_webhook_outbox_messages", {"state": "failed"}) == 0
 
 
+def test_database_collector_reads_output_agreement(sessionmaker: sessionmaker[Session]) -> None:
+    from storage.models import OutputAgreement
+    from vocab import utcnow
+
+    now = utcnow()
+    with sessionmaker.begin() as s:
+        s.add_all([
+            OutputAgreement(at=now - timedelta(minutes=2), source="canary", bucket="32",
+                            path="compiled", decoding="direct", variant="optimized", count=4,
+                            exact=3, agreement_sum=3.5, length_diff_sum=0),
+            OutputAgreement(at=now - timedelta(minutes=1), source="canary", bucket="32",
+                            path="compiled", decoding="direct", variant="optimized", count=4,
+                            exact=4, agreement_sum=4.0, length_diff_sum=0),
+            OutputAgreement(at=now - timedelta(hours=3), source="canary", bucket="32",
+                            path="compiled", decoding="direct", variant="optimized", count=4,
+                            exact=0, agreement_sum=0.0, length_diff_sum=0),
+        ])
+    registry = CollectorRegistry()
+    DatabaseCollector(Metrics(registry), sessionmaker)
+    labels = {"source": "canary", "bucket": "32", "arm": "optimized"}
+    get = registry.get_sample_value
+    assert get("tailwatch_output_agreement_ratio", labels) == 7.5 / 8  # the last hour only
+    assert get("tailwatch_output_compared_total", labels) == 12
+    assert get("tailwatch_output_exact_matches_total", labels) == 7
+
+
 def test_metrics_endpoint_serves_the_apps_registry(client: TestClient) -> None:
     client.post("/v1/generate", json={"text": "hello river"})
     r = client.get("/metrics")

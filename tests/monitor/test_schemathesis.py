@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_headers_conformance, response_schema_conformance]
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 15  # per operation and mode: the run stays near a minute a database
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -55,6 +56,8 @@ def test_api_conforms(live_url: str) -> None:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             try:
                 _exercise(operation.as_strategy(generation_mode=mode), live_url)
+            except Unsatisfiable:
+                continue  # no parameters to break (GET /healthz has no invalid form)
             except (Exception, BaseExceptionGroup) as exc:  # report every operation's failure
                 failures.append(f"{operation.label} ({mode}): {exc}")
     assert not failures, "\n\n".join(failures)

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import GenerateResult, SpecStats
 from probes.traffic import TrafficRecorder
-from storage.sketches import Sketch
 from storage.models import TrafficRollup
+from storage.sketches import Sketch
 from storage.writer import Writer
 
 T0 = datetime(2026, 11, 30, 10, 0, 12, tzinfo=UTC)

@@ -1,0 +1,93 @@
+"""int8 weights for the lean T5 forward (engine.quantization: int8).
+
+Weight-only int8: every linear weight (attention, feed-forward, cross-attention, lm head)
+is stored as int8 with one float scale per output channel (symmetric, absmax / 127);
+embeddings, layer norms and position biases stay float. The forward computes
+`linear(x, int8.to(dtype)) * scale`, which torch.compile fuses into the graph like any
+other op, so it composes with the lean forward, the static cache and the bucketed
+compiled graphs. `torch.ao.quantization.quantize_dynamic` was measured too: it only swaps
+`nn.Linear` modules (the lean forward has none), is deprecated in this torch (it warns),
+and at this model's size it was slower than float32 at batch 1 (README, Quality).
+
+`Quantizer` is the seam: the runtime builds its int8 target with `int8` unless given
+another one (tests pass `noisy`, float weights with noise, to make outputs disagree).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.t5 import LeanT5
+
+Quantizer = Callable[[LeanT5], LeanT5]
+LINEAR_WEIGHTS = ("qkv", "o", "cq", "ckv", "co", "wi", "wo")
+
+
+class Int8Weight(nn.Module):
+    """A linear weight [out, in] as int8 with one scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.q = nn.Parameter(q.to(weight.device), requires_grad=False)
+        self.scale = nn.Parameter(scale.to(device=weight.device, dtype=weight.dtype),
+                                  requires_grad=False)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """Return x @ W.T with W = q * scale (the scale applied after the product)."""
+        return F.linear(x, self.q.to(x.dtype)) * self.scale
+
+    def dequantized(self) -> torch.Tensor:
+        """Return the float weight this int8 weight stands for."""
+        return self.q.to(self.scale.dtype) * self.scale[:, None]
+
+
+def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Tensor]) -> LeanT5:
+    out = copy.deepcopy(lean)
+    for layer in [*out.enc_layers, *out.dec_layers]:
+        for name in LINEAR_WEIGHTS:
+            w = getattr(layer, name, None)
+            if isinstance(w, torch.Tensor):
+                delattr(layer, name)
+                new = fn(w)
+                setattr(layer, name, new if isinstance(new, nn.Module)
+                        else nn.Parameter(new, requires_grad=False))
+    head = fn(out.lm_head)
+    del out.lm_head
+    out.lm_head = head if isinstance(head, nn.Module) else nn.Parameter(head, requires_grad=False)
+    return out
+
+
+def int8(lean: LeanT5) -> LeanT5:
+    """Return a copy of `lean` whose linear weights are int8 (see the module docstring)."""
+    with torch.no_grad():
+        return _map_weights(lean, Int8Weight)
+
+
+def noisy(relative: float, seed: int = 0) -> Quantizer:
+    """Return a test quantizer: float weights plus Gaussian noise of `relative` x their std."""
+
+    def apply(lean: LeanT5) -> LeanT5:
+        gen = torch.Generator().manual_seed(seed)
+
+        def add(w: torch.Tensor) -> torch.Tensor:
+            noise = torch.randn(w.shape, generator=gen, dtype=torch.float32)
+            noise = noise.to(device=w.device, dtype=w.dtype)
+            return (w + noise * w.float().std().to(w.dtype) * relative).detach()
+
+        with torch.no_grad():
+            return _map_weights(lean, add)
+
+    return apply
+
+
+def weight_bytes(lean: LeanT5) -> int:
+    """Return the bytes of `lean`'s parameters (int8 weights count one byte per value)."""
+    return sum(p.numel() * p.element_size() for p in lean.parameters())
