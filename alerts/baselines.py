@@ -56,6 +56,9 @@ class BaselineConfig:
 
     refresh_s: float = 3600.0
     warm_in_s: float = 1800.0
+    # Hours of raw history turned into chunks per rule per evaluation, newest first: the
+    # first evaluations after an upgrade (or an outage) spread the backfill over minutes.
+    backfill_hours: int = 6
 
 
 @dataclass(frozen=True)
@@ -95,20 +98,19 @@ def cohort_label(cohort: Cohort) -> str:
     return f"{cohort[0] or '?'}/{cohort[1] or '?'}"
 
 
-def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime) -> int:
-    """Store the finished hours of `rule`'s series not stored yet; return chunks written."""
+def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
+                  backfill_hours: int = 6) -> int:
+    """Store finished hours of `rule`'s series not stored yet (at most `backfill_hours`,
+    newest first); return the chunks written."""
     end = hour_start(now)
     start = hour_start(now - timedelta(seconds=rule.baseline_window_s))
-    have = series_queries.chunk_starts(session, rule.name, start, end)
     hour = timedelta(seconds=CHUNK_S)
-    missing = []
-    t = start
-    while t < end:
-        if t not in have:
-            missing.append(t)
-        t += hour
-    if not missing:
+    hours = round((end - start) / hour)
+    if series_queries.chunk_count(session, rule.name, start, end) >= hours:
         return 0
+    have = series_queries.chunk_starts(session, rule.name, start, end)
+    missing = [h for h in (end - (i + 1) * hour for i in range(hours)) if h not in have]
+    missing = sorted(missing[:max(backfill_hours, 1)])
     out: list[Chunk] = []
     for run_start, run_end in _runs(missing, hour):
         by_hour: dict[tuple[str, Cohort, datetime], list[list[Any]]] = {}
@@ -160,7 +162,7 @@ def baselines_for_rule(
 
     `serving`: the cohorts with data per scope in the detector's window.
     """
-    ensure_chunks(session, rule, cache, now)
+    ensure_chunks(session, rule, cache, now, config.backfill_hours)
     by_scope = baseline_queries.active_by_scope(session, rule.metric)
     season = hour_of_week(now) if rule.seasonality == HOUR_OF_WEEK else None
     needs: list[_Need] = []

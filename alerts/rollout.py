@@ -118,6 +118,9 @@ def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCach
                     threshold=base_rule.threshold, resolve_threshold=base_rule.resolve_threshold,
                     source=source, per=("bucket",), min_samples=base_rule.min_samples,
                     window_s=base_rule.window_s, severity="page",
+                    # Each cycle on its own samples: pooled quantiles of neighbouring
+                    # cycles are correlated, and a rank test needs independent values.
+                    pool_cycles=1,
                     description="A new cohort is worse than the old one over the same window.")
         for labels, per_cohort in sorted(cohort_series(rule, cache, start, now).items()):
             vals = {c: [p.value for p in pts if p.value is not None

@@ -281,7 +281,11 @@ def storm(sim: Sim, minutes: int, post: int) -> tuple[int, int, int]:
     end = sim.i
     sim.notes = [f"compiled on i1 for {sim.compiled_minutes.get('i1', 0)} of {minutes} "
                  f"storm minutes"]
-    sim.step(lambda s: (quiet(s), sim.traffic_compiles(s, "i1", 0)), post)
+    def calm(s: Session) -> None:
+        quiet(s)
+        sim.traffic_compiles(s, "i1", 0)
+
+    sim.step(calm, post)
     return first, start, end
 
 

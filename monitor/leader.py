@@ -66,6 +66,7 @@ class PgAdvisoryLeader:
         self.key = lock_key(name)
         self._conn: Connection | None = None
         self._lock = threading.Lock()
+        self._unreachable = False  # warned once; the next success logs the recovery
 
     def is_leader(self) -> bool:
         with self._lock:
@@ -88,8 +89,14 @@ class PgAdvisoryLeader:
             # AUTOCOMMIT: no transaction stays open ("idle in transaction") while we lead.
             conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         except Exception as exc:
-            log.warning("cannot reach the database for leader election: %s", exc)
+            # Tried every few seconds while the database is down: warn once, not each time.
+            (log.debug if self._unreachable else log.warning)(
+                "cannot reach the database for leader election: %s", _first_line(exc))
+            self._unreachable = True
             return
+        if self._unreachable:
+            log.info("database reachable again for leader election")
+            self._unreachable = False
         try:
             got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
         except Exception as exc:
@@ -122,6 +129,11 @@ class PgAdvisoryLeader:
             except Exception:
                 log.warning("advisory unlock failed; closing the session frees it", exc_info=True)
             self._discard()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def make_leader(engine: Engine, *, name: str = DEFAULT_LOCK_NAME) -> LeaderLock:

@@ -21,8 +21,11 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from monitor.leader import LeaderLock
+from storage.errors import DatabaseUnavailable
 from vocab import utcnow
 
 if TYPE_CHECKING:
@@ -83,6 +86,9 @@ class JobScheduler:
             self._stats[name] = replace(self._stats[name], **changes)
 
     def _wrap(self, name: str, fn: Job, singleton: bool) -> Callable[[], None]:
+        streak = [0]  # consecutive failed runs
+        kinds: set[str] = set()  # failures already logged in this streak
+
         def run() -> None:
             if singleton and not self.leader.is_leader():
                 with self._lock:
@@ -91,13 +97,21 @@ class JobScheduler:
                 return
             self._update(name, running=True, last_started_at=self.clock())
             try:
-                fn()
+                result = fn()
             except Exception as exc:
-                log.exception("scheduled job %s failed", name)
                 with self._lock:
                     s = self._stats[name]
+                    streak[0] += 1
                     self._stats[name] = replace(
                         s, failures=s.failures + 1, last_error=f"{type(exc).__name__}: {exc}")
+                _log_failure(name, exc, streak, kinds)
+            else:
+                if streak[0]:
+                    log.info("scheduled job %s: recovered after %d failed run(s)", name,
+                             streak[0])
+                streak[0] = 0
+                kinds.clear()
+                _log_outcome(name, result)
             finally:
                 with self._lock:
                     s = self._stats[name]
@@ -125,6 +139,36 @@ class JobScheduler:
         if self.aps.running:
             self.aps.shutdown(wait=wait)
         self.leader.release()
+
+
+def _is_database_down(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError | PoolTimeout | DatabaseUnavailable) or bool(
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def _log_failure(name: str, exc: Exception, streak: list[int], kinds: set[str]) -> None:
+    # A database outage fails every job every few seconds: one warning when it starts, a
+    # recovery line when it ends (run() logs it), no traceback per run.
+    kind = "database" if _is_database_down(exc) else type(exc).__name__
+    if kind in kinds:
+        log.debug("scheduled job %s failed again (%d in a row): %s", name, streak[0], exc)
+        return
+    kinds.add(kind)
+    if kind == "database":
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        log.warning("scheduled job %s: database unavailable (%s: %s); retrying each run, "
+                    "quietly until it recovers", name, type(exc).__name__,
+                    first[0] if first else "")
+    else:
+        log.exception("scheduled job %s failed", name)
+
+
+def _log_outcome(name: str, result: object) -> None:
+    # A probe run stores its failure as a row and returns normally: say so in the log.
+    status = getattr(result, "status", None)
+    if isinstance(status, str) and status != "ok":
+        log.warning("scheduled job %s: run ended %s: %s", name, status,
+                    getattr(result, "error", None) or "no error text")
 
 
 def cron(expr: str, field: str) -> CronTrigger:

@@ -43,6 +43,7 @@ from probes.canaries import load_suites
 from probes.cycle import CycleResult
 from probes.prober import Prober, prober_from_settings
 from probes.reference import OutputChecker
+from probes.sampler import TrafficSampler
 from probes.traffic import TrafficRecorder
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import check_schema, upgrade
@@ -203,8 +204,8 @@ def prepare_database(settings: Settings) -> DbEngine:
         if settings.auto_migrate:
             upgrade(db)
         check_schema(db)
-    except Exception as exc:
-        log.error("tailwatch: cannot start: %s", exc)
+    except Exception:
+        # Not logged here: `serve` prints it as its one error line, uvicorn logs a lifespan failure.
         db.dispose()
         raise
     return db
@@ -265,6 +266,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                                   buffer_max=settings.probes.rollup_buffer_max)
         # Runs before the writer closes (closers run last-first): the last rollups.
         closers.append(lambda: traffic.flush(writer))
+        quality = settings.quality
+        sampler = (TrafficSampler(writer, share=quality.traffic_sample_share,
+                                  queue_max=quality.sample_queue_max,
+                                  instance_id=settings.instance_id,
+                                  store_text=quality.store_text,
+                                  timeout_s=settings.probes.cycle_timeout_s)
+                   if quality.enabled and quality.traffic_sample_share > 0 else None)
+        if sampler is not None:
+            closers.append(sampler.close)  # before the writer closes: its rows go through it
         suites = seams.suites
 
         def build_prober(engine: Engine) -> Prober:
@@ -282,7 +292,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings=settings, authenticator=parts.authenticator, metrics=metrics,
             sink=parts.sink, seams=seams, db=db, sessions=sessions, flags=flags,
             engine_holder=holder, writer=writer, traffic=traffic,
-            probes=ProbeRunner(holder, build_prober), alerts=alerts, deliverer=deliverer)
+            probes=ProbeRunner(holder, build_prober), alerts=alerts, deliverer=deliverer,
+            sampler=sampler)
         collectors += [
             EngineCollector(metrics, holder.get),
             DatabaseCollector(metrics, sessions, flags, tuple(settings.engine.buckets)),
@@ -357,6 +368,7 @@ def _prune(s: Services) -> object:
 
 def _evaluate(s: Services) -> object:
     from alerts.evaluator import evaluate
+    from monitor.events import log_evaluation
 
     a = s.alerts
     with s.sessions.begin() as session:
@@ -366,6 +378,7 @@ def _evaluate(s: Services) -> object:
                           stale_after_s=a.stale_after_s)
     # The policy may have flipped flags: let the engine see them on its next request.
     s.flags.invalidate()
+    log_evaluation(report)  # alert fired/resolved, flags the policy changed
     return report
 
 

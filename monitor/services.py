@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from monitor.scheduler import JobScheduler
     from monitor.service import EngineHolder, ProbeRunner
     from monitor.settings import Settings
+    from probes.sampler import TrafficSampler
     from probes.traffic import TrafficRecorder
     from storage.writer import Writer
 
@@ -93,6 +94,8 @@ class Services:
     alerts: AlertsConfig
     deliverer: Deliverer
     scheduler: JobScheduler | None = None
+    # Replays a sample of real requests on the reference path (None: share 0 or built by hand).
+    sampler: TrafficSampler | None = None
 
 
 def parts_of(app: FastAPI) -> AppParts:

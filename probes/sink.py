@@ -51,7 +51,9 @@ def memory_row(m: MemorySnapshot, at: datetime, instance_id: str) -> MemorySampl
     """Return the MemorySample row of one snapshot."""
     return MemorySample(
         at=at, instance_id=instance_id, device=m.device, rss_bytes=m.rss_bytes,
-        kv_cache_bytes=m.kv_cache_bytes, cuda_allocated_bytes=m.cuda_allocated_bytes,
+        kv_cache_bytes=m.kv_cache_bytes, kv_static_bytes=m.kv_static_bytes,
+        kv_request_peak_bytes=m.kv_request_peak_bytes,
+        cuda_allocated_bytes=m.cuda_allocated_bytes,
         cuda_reserved_bytes=m.cuda_reserved_bytes, cuda_peak_bytes=m.cuda_peak_bytes,
         cuda_alloc_retries=m.cuda_alloc_retries, cuda_ooms=m.cuda_ooms,
     )

@@ -257,6 +257,10 @@ class MemorySample(Base):
     device: Mapped[str] = mapped_column(String(32), default="")
     rss_bytes: Mapped[int] = mapped_column(BigInteger)
     kv_cache_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # engine.protocol.MemorySnapshot: the static self-attention part, and the peak of the
+    # per-request cross-attention part since start (kv_cache_bytes = static + running now).
+    kv_static_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    kv_request_peak_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     cuda_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cuda_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cuda_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -154,7 +154,12 @@ def _results(rng: random.Random, run_id: int, at: datetime, buckets: Sequence[in
             drafts = rng.randint(6, 10)
             accepted = [rng.randint(0, drafts) for _ in range(4)]
             accepted.sort(reverse=True)
+            lat = sketches.Sketch.of(p50 * f for f in (0.9, 1.0, 1.1, 1.5))  # the 4 canaries
             yield {
+                "latency_sketch": lat.to_json(), "samples": 4,
+                "ttft_sketch": sketches.Sketch.of(p50 / 4 * f for f in (0.9, 1.0, 1.1, 1.2))
+                .to_json(),
+                "per_token_sketch": sketches.Sketch.of([p50 / 32] * 4).to_json(),
                 "run_id": run_id, "at": at, "bucket": str(b),
                 "path": "compiled" if variant == "optimized" else "eager",
                 "decoding": "speculative", "variant": variant, "count": 4, "errors": 0,

@@ -8,6 +8,7 @@ traffic_rollups gains latency_sketch, ttft_sketch, per_token_sketch (storage.ske
 1% relative accuracy) and input_lens / output_lens (exact sparse counts) and loses
 latency_hist, input_len_hist and output_len_hist (21 / 17 fixed bins). probe_results
 gains the same three sketches and `samples` (the successful requests its quantiles rest on).
+memory_samples gains kv_static_bytes and kv_request_peak_bytes (0 for older samples).
 
 Backfill (the cut-over, documented in the README): a minute stored before this revision
 has only its fixed bins, so each bin's count is put at the bin's upper edge (the overflow
@@ -95,6 +96,10 @@ def upgrade() -> None:
     with op.batch_alter_table('traffic_rollups') as batch:
         for name in _SKETCHES + ('input_lens', 'output_lens'):
             batch.add_column(_json_col(name, _EMPTY))
+    with op.batch_alter_table('memory_samples') as batch:
+        for name in ('kv_static_bytes', 'kv_request_peak_bytes'):
+            batch.add_column(sa.Column(name, sa.BigInteger(), nullable=False,
+                                       server_default=sa.text('0')))
     with op.batch_alter_table('probe_results') as batch:
         for name in _SKETCHES:
             batch.add_column(_json_col(name, _EMPTY))
@@ -138,3 +143,6 @@ def downgrade() -> None:
     with op.batch_alter_table('traffic_rollups') as batch:
         for name in _SKETCHES + ('input_lens', 'output_lens'):
             batch.drop_column(name)
+    with op.batch_alter_table('memory_samples') as batch:
+        batch.drop_column('kv_request_peak_bytes')
+        batch.drop_column('kv_static_bytes')

@@ -18,6 +18,7 @@ from monitor.metrics import Metrics, MetricsSink
 from monitor.service import EngineHolder, ProbeRunner
 from monitor.services import Services, services_of
 from monitor.settings import Settings
+from probes.sampler import TrafficSampler
 from probes.traffic import TrafficRecorder
 
 
@@ -59,6 +60,10 @@ def _traffic(s: ServicesDep) -> TrafficRecorder:
     return s.traffic
 
 
+def _sampler(s: ServicesDep) -> TrafficSampler | None:
+    return s.sampler
+
+
 def _flags(s: ServicesDep) -> FlagProvider:
     return s.flags
 
@@ -98,6 +103,7 @@ EngineDep = Annotated[Engine, Depends(_engine)]
 MetricsDep = Annotated[Metrics, Depends(_metrics)]
 SinkDep = Annotated[MetricsSink, Depends(_sink)]
 TrafficDep = Annotated[TrafficRecorder, Depends(_traffic)]
+SamplerDep = Annotated[TrafficSampler | None, Depends(_sampler)]
 FlagProviderDep = Annotated[FlagProvider, Depends(_flags)]
 ProbeRunnerDep = Annotated[ProbeRunner, Depends(_probes)]
 WriterDep = Annotated[str, Depends(_writer)]  # the actor; 401/403 without a valid token

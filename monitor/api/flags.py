@@ -20,6 +20,7 @@ from monitor.api.deps import (
 )
 from monitor.api.errors import NotFound
 from monitor.api.fields import Reason, UtcTime, name_field
+from monitor.events import log_flag_change
 from storage.models import FLAG_SCOPE_GLOBAL
 
 router = APIRouter(tags=["flags"])
@@ -150,6 +151,7 @@ def set_flag(name: Annotated[FlagName, Path()], body: FlagChange, sessions: Sess
         view = _store.set(session, name, body.scope, body.value, reason=body.reason,
                           actor=actor, source="manual", expires_at=body.expires_at)
     _invalidate(provider)
+    log_flag_change("set", name, body.scope, actor, body.reason, view.value)
     return FlagOut.model_validate(view)
 
 
@@ -168,6 +170,7 @@ def clear_flag(
     if not cleared:
         raise NotFound("name", f"no manual override of {name} in scope {scope!r}")
     _invalidate(provider)
+    log_flag_change("cleared", name, scope, actor, reason)
     return Cleared(name=name, scope=scope, cleared=True, actor=actor)
 
 

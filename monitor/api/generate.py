@@ -14,7 +14,14 @@ from engine.errors import (
     RequestTimeout,
 )
 from engine.protocol import BUCKET_OVERFLOW
-from monitor.api.deps import EngineDep, ReaderDep, SettingsDep, SinkDep, TrafficDep
+from monitor.api.deps import (
+    EngineDep,
+    ReaderDep,
+    SamplerDep,
+    SettingsDep,
+    SinkDep,
+    TrafficDep,
+)
 
 router = APIRouter(tags=["serving"])
 
@@ -56,7 +63,8 @@ _REASONS: tuple[tuple[type[EngineError], str], ...] = (
     503: {"description": "Engine not ready; see Retry-After"},
 })
 def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
-             sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep) -> GenerateResponse:
+             sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep,
+             sampler: SamplerDep) -> GenerateResponse:
     """Generate greedily from `text` (a plain def: the model call blocks a worker thread)."""
     cap = settings.engine.max_new_tokens_cap
     if body.max_new_tokens is not None and body.max_new_tokens > cap:
@@ -77,6 +85,8 @@ def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
         raise
     sink.observe(result)
     traffic.record(result)
+    if sampler is not None:  # never waits: a drawn request is queued or counted as dropped
+        sampler.offer(engine, body.text, body.max_new_tokens, result)
     return GenerateResponse(
         text=result.text, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
         bucket=result.bucket, path=result.path, decoding=result.decoding,

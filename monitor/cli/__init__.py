@@ -50,6 +50,8 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tailwatch", prog_name="tailwatch",
+                      message="%(prog)s %(version)s")
 @click.option("--config", "config_file", envvar="TAILWATCH_CONFIG", default=None,
               help="YAML settings file (TAILWATCH_CONFIG).")
 @click.pass_context

@@ -70,6 +70,31 @@ def _connection_options(f: Callable[..., Any]) -> Callable[..., Any]:
                         show_default=True, help="tailwatch base URL (TAILWATCH_URL).")(f)
 
 
+def _override(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # The subcommand shares its group's ctx.obj: a value given here wins.
+    if value is not None and param.name is not None:
+        ctx.ensure_object(dict)[param.name] = value
+
+
+class _Command(click.Command):
+    """A subcommand that also takes --url and --token (`tailwatch flags list --url ...`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(["--url"], default=None, expose_value=False, callback=_override,
+                         help="tailwatch base URL (overrides the group's --url)."),
+            click.Option(["--token"], default=None, expose_value=False, callback=_override,
+                         help="Bearer token (overrides the group's --token)."),
+        ]
+
+
+class _Group(click.Group):
+    """An operator command group whose subcommands accept the connection options too."""
+
+    command_class = _Command
+
+
 def _remember(ctx: click.Context, url: str, token: str | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["url"] = url
@@ -113,7 +138,7 @@ def _parse_value(raw: str) -> Any:
 
 # -- flags -----------------------------------------------------------------------------
 
-@click.group()
+@click.group(cls=_Group)
 @_connection_options
 @click.pass_context
 def flags(ctx: click.Context, url: str, token: str | None) -> None:
@@ -188,7 +213,7 @@ def flags_audit(ctx: click.Context, name: str | None, limit: int, as_json: bool)
 
 # -- alerts ----------------------------------------------------------------------------
 
-@click.group()
+@click.group(cls=_Group)
 @_connection_options
 @click.pass_context
 def alerts(ctx: click.Context, url: str, token: str | None) -> None:
@@ -211,7 +236,7 @@ def alerts_list(ctx: click.Context, state: str, limit: int, as_json: bool) -> No
 
 # -- baselines -------------------------------------------------------------------------
 
-@click.group()
+@click.group(cls=_Group)
 @_connection_options
 @click.pass_context
 def baselines(ctx: click.Context, url: str, token: str | None) -> None:

@@ -15,7 +15,8 @@ class ReportFailed(click.ClickException):
 
 @click.command()
 @click.option("--week", default=None, metavar="YYYY-Www",
-              help="ISO week to review, e.g. 2026-W48 (default: the week that just ended).")
+              help="ISO week to review, e.g. 2026-W48; stored and announced like the "
+                   "scheduled report (default: the last 7 days, written to files only).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Directory for report-<week>.md/.html (default: settings report.out_dir).")
 @click.option("--notify/--no-notify", default=None,
@@ -23,15 +24,17 @@ class ReportFailed(click.ClickException):
 @click.pass_context
 def report(ctx: click.Context, week: str | None, out_dir: str | None,
            notify: bool | None) -> None:
-    """Review this week's optimization assumptions and write the report."""
-    from monitor.report.errors import InvalidWeek, RegistryError
-    from monitor.report.week import parse_week
+    """Review the optimization assumptions over the last 7 days (or --week) and write the report."""
+    from datetime import UTC, datetime
 
-    if week is not None:
-        try:
-            parse_week(week)
-        except InvalidWeek as exc:
-            raise ReportFailed(f"--week: {exc}", 2) from None
+    from monitor.report.errors import InvalidWeek, RegistryError
+    from monitor.report.week import Period, last_seven_days, parse_week
+
+    period: Period
+    try:
+        period = parse_week(week) if week is not None else last_seven_days(datetime.now(UTC))
+    except InvalidWeek as exc:
+        raise ReportFailed(f"--week: {exc}", 2) from None
 
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -45,10 +48,15 @@ def report(ctx: click.Context, week: str | None, out_dir: str | None,
         settings = load_settings(ctx)
     except click.ClickException as exc:
         raise ReportFailed(exc.message, 2) from None
+    missing = _missing_sqlite_file(settings.database_url)
+    if missing is not None:
+        # Connecting would create an empty file that every later command then trips on.
+        raise ReportFailed(f"database or output: {missing} does not exist: run "
+                           f"`tailwatch db upgrade` (or set TAILWATCH_DATABASE_URL)", 1)
     engine = make_engine(settings.database_url)
     try:
         migrate.check_schema(engine)
-        outcome = run_weekly_report(make_sessionmaker(engine), settings, week=week,
+        outcome = run_weekly_report(make_sessionmaker(engine), settings, week=period,
                                     out_dir=out_dir, notify=notify)
     except (RegistryError, WebhookConfigError) as exc:
         raise ReportFailed(_first_line(exc), 2) from None
@@ -60,8 +68,31 @@ def report(ctx: click.Context, week: str | None, out_dir: str | None,
     click.echo(f"{outcome.week}: {counts['violated']} violated, {counts['at risk']} at risk, "
                f"{counts['holds']} hold, {counts['no data']} no data"
                + ("" if outcome.report.has_data else " (no data this week)"))
-    click.echo(f"wrote {outcome.markdown_path} and {outcome.html_path} (report id "
-               f"{outcome.report_id}; summary queued for {outcome.enqueued} webhook targets)")
+    if outcome.report_id is None:
+        click.echo(f"wrote {outcome.markdown_path} and {outcome.html_path} (not stored: "
+                   f"--week YYYY-Www stores and announces a week's report)")
+    else:
+        click.echo(f"wrote {outcome.markdown_path} and {outcome.html_path} (report id "
+                   f"{outcome.report_id}; summary queued for {outcome.enqueued} webhook "
+                   f"targets)")
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """Return the path of a SQLite database file that does not exist, else None."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # make_engine reports it
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:" or \
+            path.startswith("file:"):
+        return None
+    from pathlib import Path
+
+    return None if Path(path).exists() else path
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import logging
+import errno
+import socket
 
 import click
 
 from monitor.cli.config import load_settings
+from monitor.logs import FORMATS, LEVELS, configure_logging
 from monitor.settings import Settings
 
 
@@ -27,11 +29,13 @@ def effective(settings: Settings, *, host: str | None, port: int | None, no_sche
               help="Port (api.port, default 8000).")
 @click.option("--no-scheduler", is_flag=True, help="Serve the API only: no background jobs.")
 @click.option("--no-probes", is_flag=True, help="Run the scheduler without canary probes.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
+@click.option("--log-level", type=click.Choice(LEVELS), default=None,
+              help="Log level (TAILWATCH_LOG_LEVEL, default info).")
+@click.option("--log-format", type=click.Choice(FORMATS), default=None,
+              help="Log lines as text or JSON objects (TAILWATCH_LOG_FORMAT, default text).")
 @click.pass_context
 def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: bool,
-          no_probes: bool, log_level: str) -> None:
+          no_probes: bool, log_level: str | None, log_format: str | None) -> None:
     """Serve the model, the operator API and /metrics until interrupted."""
     import uvicorn
 
@@ -40,8 +44,12 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
 
     settings = effective(load_settings(ctx), host=host, port=port,
                          no_scheduler=no_scheduler, no_probes=no_probes)
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        level, _ = configure_logging(log_level, log_format)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    # uvicorn starts the lifespan (engine, scheduler) before it binds: check the port first.
+    check_port(settings.api.host, settings.api.port)
     try:
         app = create_app(settings)
         # Fail here with one line rather than inside uvicorn's lifespan with a traceback.
@@ -50,5 +58,23 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
         from monitor.secrets import Masker
 
         raise click.ClickException(Masker.from_settings(settings).text(str(exc))) from None
-    uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level=log_level,
-                access_log=log_level == "debug")
+    # log_config=None: uvicorn's lines go through the handler above (text or JSON).
+    uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level=level,
+                log_config=None, access_log=level == "debug")
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise a one-line ClickException when `host:port` cannot be bound (taken, or no such address)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise click.ClickException(f"api.host: cannot resolve {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"({exc.strerror})"
+            raise click.ClickException(
+                f"api.port: cannot listen on {host}:{port}: the address {why}") from None

@@ -17,7 +17,7 @@ from monitor.report.model import (
 )
 from monitor.report.registry import Optimization, Registry
 from monitor.report.shapes import MIN_GAIN, ShapeSummary, summarize
-from monitor.report.verdict import NO_DATA, judge_metric, worst
+from monitor.report.verdict import judge_metric, overall
 
 ACCEPTANCE_METRIC = "acceptance_rate"
 
@@ -56,7 +56,7 @@ def _review(opt: Optimization, data: WeekData, window: str) -> OptimizationRevie
         measured = sp.overall.value
         rows = [SpeedupRow(opt.name, opt.ab_arm, b, opt.expected_speedup, r.value, r.detail)
                 for b, r in sp.per_bucket.items()]
-    status = worst([c.status for c in checks if c.status != NO_DATA])
+    status = overall([c.status for c in checks])
     return OptimizationReview(opt.name, opt.owner, opt.description, status,
                               opt.expected_speedup, measured, tuple(checks), tuple(rows),
                               opt.disable_when)
@@ -82,9 +82,10 @@ def _recommendations(data: WeekData, registry: Registry,
             out.append(Recommendation(
                 "bucket_edges",
                 f"Move bucket edges from {list(shapes.buckets)} to {list(shapes.proposed_edges)}",
-                f"estimated padding waste {shapes.padding_waste:.1%} -> "
+                f"padding waste {shapes.padding_waste:.1%} -> "
                 f"{shapes.proposed_waste:.1%} over {shapes.requests} real requests "
-                f"(edges at equal-count quantiles of observed lengths, top edge at p99)"))
+                f"(exact input lengths; edges chosen to pad the fewest tokens, top edge at "
+                f"p99)"))
         cap = _round8(shapes.p99)
         out.append(Recommendation(
             "context_cap",

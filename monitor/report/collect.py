@@ -28,7 +28,8 @@ from monitor.report.data import (
     WeekData,
 )
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
-from monitor.report.week import Week
+from monitor.report.quality import collect_quality
+from monitor.report.week import Period
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -53,7 +54,7 @@ class CollectOptions:
     warmup_s: float = 1800.0
 
 
-def collect_week(session: Session, week: Week, options: CollectOptions) -> WeekData:
+def collect_week(session: Session, week: Period, options: CollectOptions) -> WeekData:
     """Return every measurement of `week` the report needs."""
     start, end = week.start, week.end
     p99, p99_week = _p99(session, start, end)
@@ -75,6 +76,7 @@ def collect_week(session: Session, week: Week, options: CollectOptions) -> WeekD
         alerts=_alerts(session, start, end),
         flag_changes=_flags(session, start, end),
         kv_budget_bytes=options.kv_budget_bytes,
+        quality=collect_quality(session, start, end),
         window_note=f"{start.isoformat()} <= at < {end.isoformat()}",
     )
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from monitor.report.week import Week
+from monitor.report.week import Period
+
+if TYPE_CHECKING:
+    from monitor.report.quality import QualityRow
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class FlagChange:
 class WeekData:
     """Every measurement the report needs for one week."""
 
-    week: Week
+    week: Period
     buckets: tuple[int, ...]
     p99: tuple[BucketDay, ...] = ()
     p99_week: Mapping[str, float] = field(default_factory=dict)
@@ -144,6 +148,8 @@ class WeekData:
     alerts: tuple[AlertEntry, ...] = ()
     flag_changes: tuple[FlagChange, ...] = ()
     kv_budget_bytes: int | None = None
+    # Outputs vs the reference path per (source, bucket, arm) (monitor.report.quality).
+    quality: tuple[QualityRow, ...] = ()
     window_note: str = ""  # how the queries selected rows, shown as evidence
 
     @property

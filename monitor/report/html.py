@@ -8,6 +8,7 @@ from html import escape
 from monitor.report.markdown import NO_DATA_LINE
 from monitor.report.model import WeeklyReport
 from monitor.report.plots import Plot, render_plots
+from monitor.report.quality import quality_table
 from monitor.report.tables import (
     Table,
     alert_table,
@@ -66,6 +67,7 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
     out.append("<h2>Alerts</h2>" + _table(alert_table(report)))
     out.append("<h2>Flag changes</h2>" + _table(flag_table(report)))
     out.append("<h2>Real-traffic shapes</h2>" + _table(shape_table(report)))
+    out.append("<h2>Quality</h2>" + _table(quality_table(report.data.quality)))
     out.append("<h2>Recommendations</h2>")
     if report.recommendations:
         out.append("<ul>" + "".join(f"<li><strong>{e(r.text)}</strong> ({e(r.evidence)})</li>"

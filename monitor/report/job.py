@@ -26,7 +26,7 @@ from monitor.report.markdown import render_markdown
 from monitor.report.model import WeeklyReport
 from monitor.report.registry import Registry, load_registry
 from monitor.report.verdict import AT_RISK, VIOLATED
-from monitor.report.week import Week, last_complete_week, parse_week
+from monitor.report.week import Period, Week, last_complete_week, parse_week
 from monitor.settings import Settings
 from storage.models import Report
 from storage.queries.reports import report_for_week
@@ -40,13 +40,13 @@ class ReportOutcome:
 
     week: str
     report: WeeklyReport
-    report_id: int
+    report_id: int | None  # None: a by-hand window review, written but not stored
     markdown_path: Path
     html_path: Path
     enqueued: int  # webhook outbox rows added for the summary
 
 
-def build_report(session: Session, week: str | Week, now: datetime,
+def build_report(session: Session, week: str | Period, now: datetime,
                  registry: Registry | None = None,
                  settings: Settings | None = None) -> WeeklyReport:
     """Read `week` from the database and judge every assumption in `registry`."""
@@ -66,11 +66,16 @@ def collect_options(settings: Settings) -> CollectOptions:
 
 
 def run_weekly_report(sessions: sessionmaker[Session], settings: Settings,
-                      now: datetime | None = None, *, week: str | Week | None = None,
+                      now: datetime | None = None, *, week: str | Period | None = None,
                       out_dir: str | Path | None = None,
                       notify: bool | None = None) -> ReportOutcome:
-    """Build the report of `week` (default: the ISO week that ended before `now`) and publish it."""
+    """Build the report of `week` (default: the ISO week that ended before `now`) and publish it.
+
+    An ISO week is stored (one row per week) and announced to the webhook targets; a
+    `Window` (the last seven days, reviewed by hand) is only written to files.
+    """
     now = now or datetime.now(UTC)
+    w: Period
     if week is None:
         w = last_complete_week(now)
     else:
@@ -82,10 +87,14 @@ def run_weekly_report(sessions: sessionmaker[Session], settings: Settings,
     html = render_html(report)
     notify = settings.report.notify if notify is None else notify
     webhooks = settings.alerts.webhooks if notify else None
-    report_id, enqueued = _store(sessions, report, markdown, html, webhooks)
+    report_id: int | None = None
+    enqueued = 0
+    if isinstance(w, Week):
+        report_id, enqueued = _store(sessions, report, markdown, html, webhooks)
     md_path, html_path = write_files(report.week, markdown, html,
                                      out_dir or settings.report.out_dir)
-    log.info("weekly report %s stored as id %s and written to %s", report.week, report_id,
+    log.info("report %s %s and written to %s", report.week,
+             f"stored as id {report_id}" if report_id is not None else "not stored (by hand)",
              md_path.parent)
     return ReportOutcome(report.week, report, report_id, md_path, html_path, enqueued)
 

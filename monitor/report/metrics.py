@@ -253,6 +253,31 @@ def p99_vs_baseline(data: WeekData, opt: Optimization) -> MetricReading:
                                  worst[1].n), per_bucket)
 
 
+# The A/B arm that switches an optimization back on while its fallback flag is off.
+_REVERSE_ARM = {"float32": "quantized", "eager": "compiled", "direct": "speculative"}
+
+
+def output_agreement(data: WeekData, opt: Optimization) -> MetricReading:
+    """Mean token agreement with the reference path per bucket (canaries), worst bucket first.
+
+    Reads the optimized arm and, when the optimization's fallback was on, the arm that
+    switched it back on (int8: `quantized`), so a bucket turned off still gets judged.
+    """
+    arms = {ARM_OPTIMIZED, _REVERSE_ARM.get(opt.ab_arm or "", ARM_OPTIMIZED)}
+    sums: dict[str, tuple[float, int]] = {}
+    for row in data.quality:
+        if row.source == "canary" and row.arm in arms and row.agreement is not None:
+            total, n = sums.get(row.bucket, (0.0, 0))
+            sums[row.bucket] = (total + row.agreement * row.compared, n + row.compared)
+    per_bucket = {b: Reading(t / n, f"{t / n:.4f} over {n} outputs", n)
+                  for b, (t, n) in sorted(sums.items(), key=lambda kv: _bucket_key(kv[0])) if n}
+    if not per_bucket:
+        return MetricReading(Reading(None, "no outputs compared with reference outputs"))
+    worst = min(per_bucket.items(), key=lambda kv: kv[1].value or 0.0)
+    return MetricReading(Reading(worst[1].value, f"worst bucket {worst[0]}: {worst[1].detail}",
+                                 worst[1].n), per_bucket)
+
+
 def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Return (slope, intercept) of the least-squares line through `points`."""
     n = len(points)
@@ -294,5 +319,7 @@ METRICS: dict[str, MetricSpec] = {
                    True, speedup_vs_expected, needs_ab=True, needs_expected=True),
         MetricSpec("p99_vs_baseline", "week p99 / baseline p99", "ratio", True,
                    p99_vs_baseline),
+        MetricSpec("output_agreement", "mean token agreement with the reference path",
+                   "share", True, output_agreement),
     )
 }

@@ -23,7 +23,7 @@ from monitor.report.metrics import METRICS
 
 SHIPPED_FILE = Path(__file__).with_name("assumptions.yaml")
 COMPARATORS = ("<=", "<", ">=", ">")
-AB_ARMS = ("eager", "direct", "exact")
+AB_ARMS = ("eager", "direct", "exact", "float32")
 
 
 @dataclass(frozen=True)

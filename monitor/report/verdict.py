@@ -18,6 +18,7 @@ HOLDS = "holds"
 AT_RISK = "at risk"
 VIOLATED = "violated"
 NO_DATA = "no data"
+PARTIALLY_CHECKED = "partially checked"  # an optimization's status only, never a check's
 SEVERITY = {NO_DATA: 0, HOLDS: 1, AT_RISK: 2, VIOLATED: 3}
 
 NEAR_SHARE = 0.10  # "within 10% of the threshold"
@@ -101,3 +102,19 @@ def project(daily: tuple[float | None, ...]) -> float | None:
 def worst(statuses: list[str]) -> str:
     """Return the most severe of `statuses` (no data when empty)."""
     return max(statuses, key=SEVERITY.__getitem__, default=NO_DATA)
+
+
+def overall(statuses: list[str]) -> str:
+    """Return an optimization's status from its checks' statuses.
+
+    A violated or at-risk check decides. Otherwise every check must have data for the
+    optimization to hold: with some checks lacking data it is "partially checked" (what
+    was measured holds, the rest is unknown), and with none measured it has no data.
+    """
+    measured = [s for s in statuses if s != NO_DATA]
+    if not measured:
+        return NO_DATA
+    status = worst(measured)
+    if status == HOLDS and len(measured) < len(statuses):
+        return PARTIALLY_CHECKED
+    return status

@@ -1,4 +1,9 @@
-"""ISO weeks as UTC half-open intervals."""
+"""ISO weeks, and the last seven days, as UTC half-open intervals.
+
+The scheduled job reviews the ISO week that ended (`Week`, stored once per week); a
+review run by hand defaults to the last seven days up to today (`Window`), so a fresh
+install has data to show on day one.
+"""
 
 from __future__ import annotations
 
@@ -72,3 +77,40 @@ def week_of(moment: datetime) -> Week:
 def last_complete_week(now: datetime) -> Week:
     """Return the ISO week that ended most recently before `now`."""
     return week_of(now).previous()
+
+
+@dataclass(frozen=True)
+class Window:
+    """Seven whole UTC days ending with the day of `end` - 1 s: [start, end)."""
+
+    start: datetime
+    end: datetime
+
+    @property
+    def label(self) -> str:
+        """Return the window as first..last day, e.g. 2026-11-24..2026-11-30."""
+        last = self.end - timedelta(days=1)
+        return f"{self.start.date().isoformat()}..{last.date().isoformat()}"
+
+    def days(self) -> tuple[datetime, ...]:
+        """Return the start of each of the seven days."""
+        return tuple(self.start + timedelta(days=i) for i in range(7))
+
+    def previous(self) -> Window:
+        """Return the seven days before this window."""
+        return Window(self.start - timedelta(days=7), self.start)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+Period = Week | Window
+
+
+def last_seven_days(now: datetime) -> Window:
+    """Return the seven UTC days that end with today (today's data so far included)."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    today = now.astimezone(UTC).date()
+    end = datetime(today.year, today.month, today.day, tzinfo=UTC) + timedelta(days=1)
+    return Window(end - timedelta(days=7), end)

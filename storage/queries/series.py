@@ -94,6 +94,13 @@ def chunk_starts(session: Session, rule: str, start: datetime, end: datetime) ->
         c.rule == rule, c.scope_key == "", c.start >= start, c.start < end)))
 
 
+def chunk_count(session: Session, rule: str, start: datetime, end: datetime) -> int:
+    """Return how many hours in [start, end) are chunked for `rule` (one cheap count)."""
+    c = SeriesChunk
+    return int(session.scalar(select(func.count()).select_from(c).where(
+        c.rule == rule, c.scope_key == "", c.start >= start, c.start < end)) or 0)
+
+
 def chunks(session: Session, rule: str, scope_keys: Iterable[str], cohorts: Iterable[Cohort],
            start: datetime, end: datetime) -> list[Chunk]:
     """Return the chunks of `rule` in those scopes and cohorts for hours in [start, end)."""

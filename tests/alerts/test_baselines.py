@@ -139,7 +139,7 @@ def test_daily_peak_with_hour_of_week_baseline_does_not_page(sessionmaker: sessi
             t += timedelta(minutes=10)
     with sessionmaker.begin() as s:
         rep = evaluate(s, [seasonal, plain], T0 + timedelta(hours=2, minutes=41),
-                       baseline_config=BaselineConfig(warm_in_s=0))
+                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
     assert rep.errors == ()
     res = {r.rule: r for r in rep.results}
     assert res["plain"].fired  # against the week's median the peak pages
@@ -186,3 +186,21 @@ def test_pinned_baseline_keeps_the_spread_measured_at_pin_time(
     assert b.origin == "pinned" and b.stats is not None
     assert b.stats.spread == pytest.approx(pinned.spread)
     assert NO_COHORT not in out[(("bucket", "64"),)]
+
+
+def test_backfill_is_spread_over_evaluations_newest_hours_first(
+        sessionmaker: sessionmaker[Session]):
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
+                       "min_samples": 2, "baseline_window": "6h"})
+    fill(sessionmaker, -360, 2, 0.1)
+    step = BaselineConfig(warm_in_s=0, backfill_hours=2)
+
+    def hours() -> list[int]:
+        with sessionmaker() as s:
+            starts = s.scalars(select(SeriesChunk.start).where(SeriesChunk.scope_key == ""))
+            return sorted(int((t - T0).total_seconds() // 3600) for t in starts)
+
+    run(sessionmaker, 0, rules=[rule], baseline_config=step)
+    assert hours() == [-2, -1]
+    run(sessionmaker, 1, rules=[rule], baseline_config=step)
+    assert hours() == [-4, -3, -2, -1]

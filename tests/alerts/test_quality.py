@@ -24,6 +24,9 @@ from engine.protocol import RuntimeFlags
 from probes.canaries import CanarySuite
 from probes.prober import Prober
 from probes.reference import OutputChecker
+from monitor.report.job import build_report
+from monitor.report.markdown import render_markdown
+from monitor.report.week import week_of
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.writer import Writer
@@ -108,7 +111,19 @@ def test_noisy_int8_arm_fires_in_its_bucket_only_and_is_turned_off(tmp_path: Pat
             assert canary_recovery(s, "32", T0, T0 + timedelta(minutes=6), variant="quantized",
                                    floor=0.99, min_samples=2) is None
             stored = FlagStore().runtime_flags(s)
+            report = build_report(s, week_of(T0), T0 + timedelta(minutes=6))
         assert stored.quantized == {"32": False}
+        # The weekly report lists the bucket, its agreement and where outputs diverged.
+        rows = {(r.bucket, r.arm): r for r in report.data.quality}
+        assert rows["32", "quantized"].agreement < 0.5 and rows["16", "optimized"].exact == 10
+        text = render_markdown(report)
+        section = text.split("## Quality", 1)[1].split("\n## ", 1)[0]
+        line = next(ln for ln in section.splitlines()
+                    if "| quantized | canary | 32 |" in ln)
+        assert "int8 weights" in line and rows["32", "quantized"].worst
+        check = next(c for o in report.optimizations if o.name == "int8 weights"
+                     for c in o.checks if c.assumption.id == "int8-agreement")
+        assert check.status == "violated"
     finally:
         writer.close()
         engine.close()

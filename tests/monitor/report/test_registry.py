@@ -15,7 +15,7 @@ from monitor.report.registry import load_registry, parse_registry
 def test_shipped_registry_covers_the_four_optimizations() -> None:
     reg = load_registry()
     assert reg.names() == ("torch.compile", "bucketing", "static KV cache",
-                           "speculative decoding")
+                           "speculative decoding", "int8 weights")
     acc = reg.get("speculative decoding").assumptions[0]
     assert (acc.metric, acc.op, acc.threshold, acc.per_bucket) == (
         "acceptance_rate", ">=", 0.6, True)

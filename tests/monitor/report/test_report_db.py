@@ -35,8 +35,9 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
 
     status = {o.name: o.status for o in report.optimizations}
     assert status == {"torch.compile": "holds", "bucketing": "violated",
-                      "static KV cache": "at risk", "speculative decoding": "violated"}
-    assert report.counts() == {"holds": 4, "at risk": 1, "violated": 3, "no data": 1}
+                      "static KV cache": "at risk", "speculative decoding": "violated",
+                      "int8 weights": "no data"}  # the synthetic week has no int8 rows
+    assert report.counts() == {"holds": 4, "at risk": 1, "violated": 3, "no data": 3}
 
     acc = _check(report, "speculative decoding", "acceptance")
     assert acc.status == "violated"
@@ -82,12 +83,13 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
         ("speculative[64]", "auto-fallback (auto)", "acceptance_drop fired in bucket 64")]
 
     assert report.shapes is not None
-    assert (report.shapes.p50, report.shapes.p99, report.shapes.requests) == (64, 64, 1401)
-    assert report.shapes.padding_waste == pytest.approx(11900 / 56000)
+    # Exact lengths (6 and 50 tokens): waste from the data, (700*10 + 700*14) / 56000.
+    assert (report.shapes.p50, report.shapes.p99, report.shapes.requests) == (50, 50, 1401)
+    assert report.shapes.padding_waste == pytest.approx(16800 / 56000)
     recs = {r.kind: r for r in report.recommendations}
-    assert recs["bucket_edges"].text.endswith("to [8, 64]")
-    assert "21.2% -> 12.5%" in recs["bucket_edges"].evidence
-    assert recs["context_cap"].text.startswith("Cap the context at 64 tokens")
+    assert recs["bucket_edges"].text.endswith("to [8, 56]")  # pads 12.5%, the least
+    assert "30.0% -> 12.5%" in recs["bucket_edges"].evidence
+    assert recs["context_cap"].text.startswith("Cap the context at 56 tokens")
     assert recs["speculation_off"].text == "Keep speculation off in bucket 64"
 
     md = render_markdown(report)
@@ -124,7 +126,7 @@ def test_run_weekly_report_stores_and_writes(sessionmaker, report_settings: Sett
         assert [r.week for r in rows] == ["2026-W48"]
         assert rows[0].markdown == first.markdown_path.read_text()
         assert rows[0].summary["counts"] == {"holds": 4, "at risk": 1, "violated": 3,
-                                             "no data": 1}
+                                             "no data": 3}
         assert rows[0].summary["costly"] == ["speculative decoding"]
     title, text = summary_text(first.report)
     assert "2026-W48: 3 violated, 1 at risk, 4 hold" in text
