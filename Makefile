@@ -25,7 +25,9 @@ run: install
 	    chmod 600 var/api-token; echo "API token written to var/api-token"; }
 	$(BIN)/tailwatch db upgrade
 	$(BIN)/tailwatch engine precompile
-	TAILWATCH_API_TOKEN="$${TAILWATCH_API_TOKEN:-$$(cat var/api-token)}" $(BIN)/tailwatch serve
+	@# Ctrl-C or a TERM ends the server by its signal (exit 130/143): a normal stop, not a make error.
+	TAILWATCH_API_TOKEN="$${TAILWATCH_API_TOKEN:-$$(cat var/api-token)}" $(BIN)/tailwatch serve; \
+	  rc=$$?; case $$rc in 0|130|143) exit 0;; *) exit $$rc;; esac
 
 # System packages some tests drive for real: Prometheus (promtool) and headless Chromium.
 test-deps:

@@ -101,7 +101,7 @@ def cohort_label(cohort: Cohort) -> str:
 def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
                   backfill_hours: int = 6) -> int:
     """Store finished hours of `rule`'s series not stored yet (at most `backfill_hours`,
-    newest first); return the chunks written."""
+    newest first); return how many hours were missing before this call."""
     end = hour_start(now)
     start = hour_start(now - timedelta(seconds=rule.baseline_window_s))
     hour = timedelta(seconds=CHUNK_S)
@@ -109,8 +109,8 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
     if series_queries.chunk_count(session, rule.name, start, end) >= hours:
         return 0
     have = series_queries.chunk_starts(session, rule.name, start, end)
-    missing = [h for h in (end - (i + 1) * hour for i in range(hours)) if h not in have]
-    missing = sorted(missing[:max(backfill_hours, 1)])
+    todo = [h for h in (end - (i + 1) * hour for i in range(hours)) if h not in have]
+    missing = sorted(todo[:max(backfill_hours, 1)])
     out: list[Chunk] = []
     for run_start, run_end in _runs(missing, hour):
         by_hour: dict[tuple[str, Cohort, datetime], list[list[Any]]] = {}
@@ -124,7 +124,8 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
         out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
     out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
     series_queries.delete_chunks_before(session, rule.name, start)
-    return series_queries.add_chunks(session, out)
+    series_queries.add_chunks(session, out)
+    return len(todo)
 
 
 def _runs(hours: list[datetime], step: timedelta) -> list[tuple[datetime, datetime]]:
@@ -162,7 +163,9 @@ def baselines_for_rule(
 
     `serving`: the cohorts with data per scope in the detector's window.
     """
-    ensure_chunks(session, rule, cache, now, config.backfill_hours)
+    # While chunks are backfilled (more than the one hour that ends each hour), every
+    # baseline rests on part of its window: refresh them until the window is complete.
+    backfilling = ensure_chunks(session, rule, cache, now, config.backfill_hours) > 1
     by_scope = baseline_queries.active_by_scope(session, rule.metric)
     season = hour_of_week(now) if rule.seasonality == HOUR_OF_WEEK else None
     needs: list[_Need] = []
@@ -180,7 +183,7 @@ def baselines_for_rule(
                 if k is None:
                     continue
                 old = decide_in_force(by_scope.get(k, []), cohort).rolling
-                if start < now and _stale(old, rule, now, config, k):
+                if start < now and (backfilling or _stale(old, rule, now, config, k)):
                     sc = scope if s is None else {**scope, "season": f"how{s}"}
                     needs.append(_Need(labels, cohort, sc, k, key, start, s, old))
             plan.append((labels, cohort, key, skey))
@@ -211,8 +214,8 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         if seasonal is not None and seasonal.samples >= n and seasonal.spread is not None:
             return CohortBaseline(BaselineStats(seasonal.value, seasonal.spread, seasonal.samples),
                                   HOUR_OF_WEEK)
-    if force.inherited is not None and force.inherited.spread is not None:
-        b = force.inherited
+    b = force.inherited
+    if b is not None and b.spread is not None:
         return CohortBaseline(BaselineStats(b.value, b.spread, b.samples),
                               f"inherited from {cohort_label((b.model_version, b.config_hash))}")
     if rolling is not None and rolling.spread is not None:

@@ -217,15 +217,16 @@ def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
             if key is not None and full in grouped:  # no series starts from older rows
                 grouped[full][cycle_start(row.at, rule.window_s)].append(row)
     out: dict[_Key, list[Point]] = {}
-    for key, by_cycle in grouped.items():
+    for full_key, by_cycle in grouped.items():
         pts = []
+        parsed: dict[datetime, Sketch] = {}
         for s in starts:
             if quantile is not None:
-                value, n = pooled_quantile(rule, by_cycle, s, step)
+                value, n = pooled_quantile(rule, by_cycle, s, step, parsed)
             else:
                 value, n = aggregate(rule.metric, kind, by_cycle.get(s, []))
             pts.append(Point(at=s, value=value, samples=n))
-        out[key] = pts
+        out[full_key] = pts
     return out
 
 
@@ -244,20 +245,28 @@ def _short(grouped: Mapping[_Key, Mapping[datetime, list[Row]]], field: str, nee
 
 
 def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datetime,
-                    step: timedelta) -> tuple[float | None, int]:
+                    step: timedelta,
+                    parsed: dict[datetime, Sketch] | None = None) -> tuple[float | None, int]:
     """Return (quantile, samples) of cycle `s` pooled with the scope's previous cycles.
 
     Cycles are merged newest first until the merged sketch holds the samples the
     quantile needs (storage.sketches.min_samples: 100 for a p99) or rule.pool_cycles are
     in; the caller's rule reads `samples` and says insufficient_samples when short.
+    `parsed`: the cycles' merged sketches, kept across the calls of one series (each
+    cycle's stored sketches are then read once, not once per cycle pooling it).
     """
     field, q = _SKETCH_METRICS[rule.metric]
     need = quantile_samples(rule.metric)
     if not by_cycle.get(s):
         return None, 0
+    cache = {} if parsed is None else parsed
     pool = Sketch()
     for i in range(rule.pool_cycles):
-        pool.merge(merged(r.values.get(field) for r in by_cycle.get(s - i * step, ())))
+        t = s - i * step
+        one = cache.get(t)
+        if one is None:
+            one = cache[t] = merged(r.values.get(field) for r in by_cycle.get(t, ()))
+        pool.merge(one)
         if pool.count >= need:
             break
     return pool.quantile(q), pool.count
@@ -286,7 +295,7 @@ def _sliding(rule: Rule, cache: RowCache, starts: list[datetime], step: timedelt
         if key is not None:
             grouped[key, row.cohort if split else NO_COHORT].append(row)
     out: dict[_Key, list[Point]] = {}
-    for key, items in grouped.items():
+    for full_key, items in grouped.items():
         items.sort(key=lambda r: r.at)
         times = [r.at for r in items]
         pts = []
@@ -294,7 +303,7 @@ def _sliding(rule: Rule, cache: RowCache, starts: list[datetime], step: timedelt
             end = s + step
             inside = items[bisect_left(times, end - hour):bisect_left(times, end)]
             pts.append(Point(s, *_sliding_value(rule.metric, inside)))
-        out[key] = pts
+        out[full_key] = pts
     return out
 
 

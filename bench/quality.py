@@ -35,15 +35,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
 
-    from engine import load_engine
     from engine.config import BUILTIN_DIR, EngineConfig
     from engine.protocol import REFERENCE, FlagOverride
+    from engine.runtime import Runtime
     from probes.quality import compare
 
     config = EngineConfig(model_dir=args.model_dir, use_draft=False, quantization="int8",
                           buckets=tuple(int(b) for b in args.buckets.split(",")),
                           compile_mode=args.compile_mode, flags_file="")
-    engine = load_engine(config)
+    engine = Runtime(config)
     start = time.perf_counter()
     engine.warm_up(background=False)
     model_dir = args.model_dir or str(BUILTIN_DIR / "target")

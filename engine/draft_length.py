@@ -50,18 +50,21 @@ def expected_tokens(a: float, k: int) -> float:
 class DraftLength:
     """Per-bucket k from acceptance counters and measured costs; thread-safe.
 
-    Counters decay by `decay` per request so the choice follows a drift within tens of
-    requests; `margin` keeps a bucket speculating only when it expects to be faster than
-    direct by that factor.
+    Acceptance counters decay by half every `half_life` proposals (not per request: one
+    long request carries as much evidence as many short ones), so the choice follows a
+    drift within a request or two; costs decay by `decay` per request. `margin` keeps a
+    bucket speculating only when it expects to be faster than direct by that factor.
     """
 
     def __init__(self, *, k_max: int, k_initial: int, decay: float = 0.9,
-                 probe_every: int = 16, margin: float = 1.05, min_trials: float = 8.0) -> None:
+                 half_life: float = 64.0, probe_every: int = 16, margin: float = 1.05,
+                 min_trials: float = 8.0) -> None:
         if not 1 <= k_initial <= k_max:
             raise ValueError(f"speculative_k: must be between 1 and {k_max}, got {k_initial}")
         self.k_max = k_max
         self.k_initial = k_initial
         self._decay = decay
+        self._half_life = half_life
         self._probe_every = probe_every
         self._margin = margin
         self._min_trials = min_trials
@@ -81,8 +84,9 @@ class DraftLength:
         trials = spec.drafts + sum(per[:-1])
         with self._lock:
             b = self._buckets.setdefault(bucket, _Bucket())
-            b.accepted = self._decay * b.accepted + spec.accepted_tokens
-            b.trials = self._decay * b.trials + trials
+            keep = 0.5 ** (trials / self._half_life)
+            b.accepted = keep * b.accepted + spec.accepted_tokens
+            b.trials = keep * b.trials + trials
             if draft_steps:
                 b.draft_s = self._ewma(b.draft_s, draft_s / draft_steps)
             if verifies:

@@ -61,7 +61,11 @@ def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Te
                         else nn.Parameter(new, requires_grad=False))
     head = fn(out.lm_head)
     del out.lm_head
-    out.lm_head = head if isinstance(head, nn.Module) else nn.Parameter(head, requires_grad=False)
+    # LeanT5 declares lm_head a Parameter; an Int8Weight module takes its place here.
+    if isinstance(head, nn.Module):
+        out.add_module("lm_head", head)
+    else:
+        out.register_parameter("lm_head", nn.Parameter(head, requires_grad=False))
     return out
 
 

@@ -332,6 +332,9 @@ class Runtime:
                 self._warm.add(edge)
                 self.bucket_compile_s[edge] = time.perf_counter() - started
                 self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
+                warm = len(self._warm)
+            log.info("engine: bucket %d warm in %.1f s (%d of %d)", edge,
+                     self.bucket_compile_s[edge], warm, len(self.config.buckets))
         with self._lock:
             self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
             self._warm_done = True

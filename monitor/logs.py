@@ -52,10 +52,10 @@ def resolve(level: str | None, fmt: str | None) -> tuple[str, str]:
     return level, fmt
 
 
-class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class StderrHandler(logging.StreamHandler):
     """Write to whatever sys.stderr is at each record (it may be replaced after start-up)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         """Return the current sys.stderr."""
         return sys.stderr

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -82,7 +83,7 @@ class OutputChecker:
                 bucket=r.bucket, output_ids=list(r.output_ids),
                 text=r.text if self.store_text else None))
         if new and self.writer is not None:
-            self.writer.submit(lambda s, rows=tuple(new): add_references(s, rows))
+            self.writer.submit(partial(add_references, rows=tuple(new)))
         return {k: self._refs[k] for k in wanted if k in self._refs}
 
     def _load(self, cohort: Cohort) -> dict[str, tuple[int, ...]]:

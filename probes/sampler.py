@@ -18,10 +18,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
+
+from sqlalchemy.orm import Session
 
 from engine.protocol import REFERENCE, Engine, GenerateResult
 from probes.quality import Compared, compare, prompt_key, summarize
 from probes.reference import agreement_row
+from storage.models import OutputAgreement
 from storage.writer import Writer
 from vocab import Source, Variant, utcnow
 
@@ -47,6 +51,10 @@ class _Item:
     max_new_tokens: int | None
     served: GenerateResult
     at: datetime
+
+
+def _add(session: Session, row: OutputAgreement) -> None:
+    session.add(row)
 
 
 class TrafficSampler:
@@ -140,7 +148,7 @@ class TrafficSampler:
                             config_hash=info.config_hash)
         if self.store_text:
             row.text = s.text
-        self.writer.submit(lambda session, row=row: session.add(row))
+        self.writer.submit(partial(_add, row=row))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop taking requests; let the worker finish the one it runs (queued ones drop)."""

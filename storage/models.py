@@ -235,7 +235,7 @@ class TrafficRollup(Base):
     probation_requests: Mapped[int] = mapped_column(Integer, default=0)
     probation_draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
     probation_accepted: Mapped[int] = mapped_column(Integer, default=0)
-    # storage.sketches (1% relative accuracy, merged over any window): request latency,
+    # storage.sketches (0.35% relative accuracy, merged over any window): request latency,
     # TTFT, and each request's mean per-token time weighted by its tokens after the first.
     latency_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
     ttft_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)

@@ -5,7 +5,7 @@ Revises: 0005
 Create Date: 2026-11-30 19:30:00
 
 traffic_rollups gains latency_sketch, ttft_sketch, per_token_sketch (storage.sketches,
-1% relative accuracy) and input_lens / output_lens (exact sparse counts) and loses
+0.35% relative accuracy) and input_lens / output_lens (exact sparse counts) and loses
 latency_hist, input_len_hist and output_len_hist (21 / 17 fixed bins). probe_results
 gains the same three sketches and `samples` (the successful requests its quantiles rest on).
 memory_samples gains kv_static_bytes and kv_request_peak_bytes (0 for older samples).
@@ -13,7 +13,7 @@ memory_samples gains kv_static_bytes and kv_request_peak_bytes (0 for older samp
 Backfill (the cut-over, documented in the README): a minute stored before this revision
 has only its fixed bins, so each bin's count is put at the bin's upper edge (the overflow
 bin just above the last edge, a lower bound): those minutes keep bin resolution, minutes written
-after it have 1%. TTFT and per-token sketches cannot be rebuilt (only sums were kept) and
+after it have 0.35%. TTFT and per-token sketches cannot be rebuilt (only sums were kept) and
 start empty; canary rows get samples = count - errors and empty sketches (their pooled
 quantiles start at the upgrade). Downgrade rebuilds the fixed bins from the sketches and
 counts (each value into the bin it falls in) and drops the new columns.
@@ -39,7 +39,7 @@ depends_on: str | Sequence[str] | None = None
 _LATENCY_EDGES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 60.0)
 _TOKEN_EDGES = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-_GAMMA = 1.01 / 0.99
+_GAMMA = 1.0035 / 0.9965  # storage.sketches.RELATIVE_ACCURACY 0.0035
 _SKETCHES = ('latency_sketch', 'ttft_sketch', 'per_token_sketch')
 _EMPTY = sa.text("'{}'")
 _EMPTY_LIST = sa.text("'[]'")
@@ -74,7 +74,7 @@ def _bins_of_sketch(sketch: dict[str, Any] | None) -> list[int]:
     hist[0] += int((sketch or {}).get("z") or 0)
     for k, c in ((sketch or {}).get("b") or {}).items():
         # Bin k holds (gamma^(k-1), gamma^k]: an edge inside it takes its counts (values
-        # backfilled at that edge round-trip; others move by at most the 1% bin width).
+        # backfilled at that edge round-trip; others move by at most one bin width).
         hist[bisect_right(_LATENCY_EDGES_S, _GAMMA ** (int(k) - 1))] += int(c)
     return hist
 

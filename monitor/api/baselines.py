@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alerts import baselines
 from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
-from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Note, check_label_value, name_field
+from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Name64, Note, check_label_value
 from storage.models import scope_key
 
 router = APIRouter(tags=["baselines"])
-Metric = name_field(64)  # baselines.metric
+Metric = Name64  # baselines.metric
 
 
 class BaselineOut(BaseModel):

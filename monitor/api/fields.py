@@ -37,10 +37,8 @@ Reason = Annotated[str, StringConstraints(min_length=1, max_length=REASON_MAX_CH
 Note = Annotated[str, StringConstraints(max_length=NOTE_MAX_CHARS, pattern=NO_NUL)]
 
 
-def name_field(max_length: int) -> type[str]:
-    """Return a NUL-free string type of at most `max_length` characters (its column's size)."""
-    return Annotated[str, StringConstraints(min_length=1, max_length=max_length,  # type: ignore[return-value]
-                                            pattern=NO_NUL)]
+# A name stored in a String(64) column (flag name and scope, metric, suite): NUL-free.
+Name64 = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
 
 
 def check_label_value(key: str, value: str) -> str:

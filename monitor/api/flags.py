@@ -19,14 +19,14 @@ from monitor.api.deps import (
     WriterDep,
 )
 from monitor.api.errors import NotFound
-from monitor.api.fields import Reason, UtcTime, name_field
+from monitor.api.fields import Name64, Reason, UtcTime
 from monitor.events import log_flag_change
 from storage.models import FLAG_SCOPE_GLOBAL
 
 router = APIRouter(tags=["flags"])
 _store = FlagStore()
-FlagName = name_field(64)  # flags.name; alerts.flags refuses unknown names (422)
-FlagScope = name_field(64)  # flags.scope; alerts.flags refuses scopes a flag lacks (422)
+FlagName = Name64  # flags.name; alerts.flags refuses unknown names (422)
+FlagScope = Name64  # flags.scope; alerts.flags refuses scopes a flag lacks (422)
 
 
 class FlagOut(BaseModel):

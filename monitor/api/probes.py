@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from monitor.api.deps import ProbeRunnerDep, ReaderDep, SessionsDep, WriterDep
-from monitor.api.fields import name_field
+from monitor.api.fields import Name64
 from storage.queries import runs as queries
 
 router = APIRouter(tags=["probes"])
@@ -41,7 +41,7 @@ class ProbeRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["cycle", "burst"] = "cycle"
-    suite: name_field(64) | None = None  # type: ignore[valid-type]  # probe_runs.suite
+    suite: Name64 | None = None  # probe_runs.suite
     ab: StrictBool | None = None
 
 

@@ -43,6 +43,10 @@ class ServiceClient:
         """Return alerts in `state` (open, firing, resolved, all), newest first."""
         return self._get("/v1/alerts", state=state, limit=1000)
 
+    def probe_cycles(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Return the latest canary cycle runs, newest first."""
+        return self._get("/v1/probes/runs", kind="cycle", limit=limit)
+
     def flags(self) -> dict[str, Any]:
         """Return GET /v1/flags: stored rows and the effective flags."""
         return self._get("/v1/flags")

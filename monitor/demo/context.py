@@ -19,6 +19,9 @@ from monitor.demo.receiver import WebhookReceiver
 from monitor.demo.traffic import TrafficGenerator
 
 Probe = Callable[[], tuple[bool, str]]
+# A paced wait also gives up when its cycles took this many times the measured cycle
+# time (probes that stop finishing must not hang the demo).
+HARD_CAP_CYCLES = 3.0
 
 
 def epoch(iso: str | None) -> float:
@@ -53,6 +56,47 @@ class StepContext:
     def wait_for(self, check: str, expected: str, probe: Probe, timeout_s: float) -> str:
         """Poll `probe` until it holds; raise CheckFailed (expected vs seen) at the timeout."""
         deadline = time.monotonic() + timeout_s
+        return self._poll(check, expected, probe, lambda: deadline - time.monotonic())
+
+    def wait_cycles(self, check: str, expected: str, probe: Probe, cycles: int,
+                    min_s: float) -> str:
+        """Poll `probe` until it holds, for at least `min_s` and `cycles` canary cycles.
+
+        Canary rules judge cycles, so on a loaded machine, where a cycle takes longer, the
+        wait lasts as many cycles rather than as many seconds: it fails once `min_s` has
+        passed and `cycles` cycles have finished without the condition, or after
+        HARD_CAP_CYCLES x `cycles` x the measured cycle time if cycles stop finishing.
+        """
+        start_wall, start = time.time(), time.monotonic()
+        paced = {"finished": 0, "period": self.profile.probe_interval_s}
+
+        def left() -> float:
+            try:
+                paced["finished"], period = self.cycle_stats(start_wall)
+                paced["period"] = period or paced["period"]
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass  # keep the last reading; the condition's probe reports the error
+            elapsed = time.monotonic() - start
+            cap = max(min_s, HARD_CAP_CYCLES * cycles * paced["period"])
+            if paced["finished"] < cycles and elapsed < cap:
+                # Cycles still owed: the time left is what they take at the measured pace.
+                return max(min_s - elapsed,
+                           (cycles - paced["finished"]) * paced["period"], 0.001)
+            return min_s - elapsed
+
+        seen = self._poll(check, expected, probe, left)
+        return seen
+
+    def cycle_stats(self, since: float) -> tuple[int, float | None]:
+        """Return (canary cycles finished since `since`, median seconds between cycle starts)."""
+        runs = self.api.probe_cycles(limit=50)
+        n = sum(1 for r in runs if r.get("finished_at") and epoch(r["finished_at"]) >= since)
+        starts = sorted(epoch(r["started_at"]) for r in runs)[-9:]
+        gaps = sorted(b - a for a, b in zip(starts, starts[1:], strict=False))
+        return n, (gaps[len(gaps) // 2] if gaps else None)
+
+    def _poll(self, check: str, expected: str, probe: Probe,
+              left_s: Callable[[], float]) -> str:
         seen = "nothing yet"
         while True:
             try:
@@ -62,7 +106,7 @@ class StepContext:
             if ok:
                 self.say.ok(check, seen)
                 return seen
-            left = deadline - time.monotonic()
+            left = left_s()
             if left <= 0:
                 self.say.fail(check, expected, seen)
                 raise CheckFailed(self.step_name, check, expected, seen)

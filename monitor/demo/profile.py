@@ -63,12 +63,23 @@ class DemoProfile:
     regression_timeout_s: float = 90.0
     churn_timeout_s: float = 120.0
     report_timeout_s: float = 120.0
+    # Canary-judged waits also last at least this many canary cycles (see
+    # StepContext.wait_cycles): a slow machine gets more seconds, not fewer chances.
+    # Firing or resolving takes about (for + cusum min_cycles + 2) windows of
+    # window_s / probe_interval_s cycles each: 12 here, doubled.
+    regression_cycles: int = 24
 
     def __post_init__(self) -> None:
         if self.shift_bucket not in self.buckets:
             raise ValueError(f"shift_bucket: {self.shift_bucket} is not one of {self.buckets}")
         if self.window_s < 2 * self.probe_interval_s:
             raise ValueError("window_s: must hold at least two probe intervals")
+
+    @property
+    def baseline_cycles(self) -> int:
+        """Return the canary cycles a baseline of min_baseline_cycles windows takes, doubled."""
+        per_window = max(1, round(self.window_s / self.probe_interval_s))
+        return 2 * (self.min_baseline_cycles + 1) * per_window
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -41,9 +41,9 @@ def warm_up_and_baseline(ctx: StepContext) -> None:
                            for lb in ctx.labels())
         return len(done) == len(ctx.labels()), f"cycles per bucket {cycles}"
 
-    seen = ctx.wait_for("canary p99 baselines",
-                        f">= {p.min_baseline_cycles} canary cycles in every bucket",
-                        canary_baselines, p.baseline_timeout_s)
+    seen = ctx.wait_cycles("canary p99 baselines",
+                           f">= {p.min_baseline_cycles} canary cycles in every bucket",
+                           canary_baselines, p.baseline_cycles, p.baseline_timeout_s)
     ctx.event(f"canary p99 baselines ready ({seen})")
     ctx.headline = f"engine warm; canary p99 baselines in {len(ctx.labels())} buckets"
 
@@ -169,8 +169,9 @@ def latency_regression(ctx: StepContext) -> None:
         return not missing, (f"firing in {order(ids) or 'none'}; "
                              f"waiting for {missing or 'none'}")
 
-    ctx.wait_for("p99 alert fires in every bucket", "p99_latency_regression firing for "
-                 f"buckets {list(ctx.labels())}", fired, p.regression_timeout_s)
+    ctx.wait_cycles("p99 alert fires in every bucket", "p99_latency_regression firing for "
+                    f"buckets {list(ctx.labels())}", fired, p.regression_cycles,
+                    p.regression_timeout_s)
     ctx.event(f"p99_latency_regression fired in every bucket ({len(ids)} alerts)")
 
     def paged() -> tuple[bool, str]:
@@ -188,8 +189,8 @@ def latency_regression(ctx: StepContext) -> None:
         open_ = [b for b, i in ids.items() if states.get(i) != "resolved"]
         return not open_, f"still open in {order(open_) or 'none'}"
 
-    ctx.wait_for("p99 alerts resolve", "every p99 alert of this step resolved", resolved,
-                 p.regression_timeout_s)
+    ctx.wait_cycles("p99 alerts resolve", "every p99 alert of this step resolved", resolved,
+                    p.regression_cycles, p.regression_timeout_s)
     ctx.event("p99 back inside the band: every p99 alert resolved")
 
     def resolved_hooks() -> tuple[bool, str]:
@@ -241,8 +242,8 @@ def shape_churn(ctx: StepContext) -> None:
         state = "recompiles_per_hour firing" if now_firing else "no recompiles_per_hour alert yet"
         return bool(now_firing), f"{n:.0f} recompiles so far; {state}"
 
-    ctx.wait_for("recompile alert fires", "recompiles_per_hour firing", alert,
-                 p.churn_timeout_s)
+    ctx.wait_cycles("recompile alert fires", "recompiles_per_hour firing", alert,
+                    p.regression_cycles, p.churn_timeout_s)
     a = ctx.memo["compile_alert"]
 
     def eager() -> tuple[bool, str]:

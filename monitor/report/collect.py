@@ -29,6 +29,7 @@ from monitor.report.data import (
 )
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
 from monitor.report.quality import collect_quality
+from monitor.report.rollouts import collect_rollouts
 from monitor.report.week import Period
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
@@ -77,6 +78,7 @@ def collect_week(session: Session, week: Period, options: CollectOptions) -> Wee
         flag_changes=_flags(session, start, end),
         kv_budget_bytes=options.kv_budget_bytes,
         quality=collect_quality(session, start, end),
+        rollouts=collect_rollouts(session, start, end),
         window_note=f"{start.isoformat()} <= at < {end.isoformat()}",
     )
 

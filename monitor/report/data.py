@@ -15,6 +15,7 @@ from monitor.report.week import Period
 
 if TYPE_CHECKING:
     from monitor.report.quality import QualityRow
+    from monitor.report.rollouts import RolloutRow
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ class WeekData:
     kv_budget_bytes: int | None = None
     # Outputs vs the reference path per (source, bucket, arm) (monitor.report.quality).
     quality: tuple[QualityRow, ...] = ()
+    # New cohorts judged against old ones (monitor.report.rollouts).
+    rollouts: tuple[RolloutRow, ...] = ()
     window_note: str = ""  # how the queries selected rows, shown as evidence
 
     @property

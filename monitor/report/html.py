@@ -9,6 +9,7 @@ from monitor.report.markdown import NO_DATA_LINE
 from monitor.report.model import WeeklyReport
 from monitor.report.plots import Plot, render_plots
 from monitor.report.quality import quality_table
+from monitor.report.rollouts import rollout_table
 from monitor.report.tables import (
     Table,
     alert_table,
@@ -68,6 +69,7 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
     out.append("<h2>Flag changes</h2>" + _table(flag_table(report)))
     out.append("<h2>Real-traffic shapes</h2>" + _table(shape_table(report)))
     out.append("<h2>Quality</h2>" + _table(quality_table(report.data.quality)))
+    out.append("<h2>Rollouts</h2>" + _table(rollout_table(report.data.rollouts)))
     out.append("<h2>Recommendations</h2>")
     if report.recommendations:
         out.append("<ul>" + "".join(f"<li><strong>{e(r.text)}</strong> ({e(r.evidence)})</li>"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from monitor.report.model import WeeklyReport
 from monitor.report.quality import quality_table
+from monitor.report.rollouts import rollout_table
 from monitor.report.tables import (
     Table,
     alert_table,
@@ -46,6 +47,7 @@ def render_markdown(report: WeeklyReport) -> str:
     out += ["## Flag changes", ""] + _table(flag_table(report))
     out += ["## Real-traffic shapes", ""] + _table(shape_table(report))
     out += ["## Quality", ""] + _table(quality_table(report.data.quality))
+    out += ["## Rollouts", ""] + _table(rollout_table(report.data.rollouts))
     out += ["## Recommendations", ""]
     if report.recommendations:
         out += [f"- **{r.text}** ({r.evidence})" for r in report.recommendations]

@@ -69,7 +69,7 @@ def due_rows(session: Session, now: datetime, limit: int,
          .limit(limit))
     if target is not None:
         q = q.where(WebhookDelivery.target == target)
-    return [(r, fp) for r, fp in session.execute(_locked(session, q)).tuples()]
+    return [(r, fp) for r, fp in session.execute(_locked(session, q)).all()]
 
 
 def due_targets(session: Session, now: datetime) -> list[str]:

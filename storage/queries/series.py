@@ -183,10 +183,12 @@ def save_verdict(session: Session, v: Verdict) -> None:
 
 
 def list_verdicts(session: Session, *, since: datetime | None = None,
-                  limit: int = 200) -> list[Verdict]:
-    """Return stored rollout verdicts, most recently updated first."""
+                  until: datetime | None = None, limit: int = 200) -> list[Verdict]:
+    """Return rollout verdicts judged within [since, until), most recently updated first."""
     t = RolloutVerdict
     q = select(t).order_by(t.updated_at.desc(), t.id.desc()).limit(limit)
     if since is not None:
         q = q.where(t.updated_at >= since)
+    if until is not None:
+        q = q.where(t.first_at < until)
     return [_verdict(r) for r in session.scalars(q)]

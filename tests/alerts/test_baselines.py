@@ -204,3 +204,9 @@ def test_backfill_is_spread_over_evaluations_newest_hours_first(
     assert hours() == [-2, -1]
     run(sessionmaker, 1, rules=[rule], baseline_config=step)
     assert hours() == [-4, -3, -2, -1]
+    # Until the window is complete every baseline is refreshed: then it rests on all of it.
+    run(sessionmaker, 2, rules=[rule], baseline_config=step)
+    assert hours() == [-6, -5, -4, -3, -2, -1]
+    with sessionmaker() as s:
+        v = {v.scope["bucket"]: v for v in list_baselines(s, "p99_latency")}["64"]
+        assert v.samples >= 6 * 60 - 2

@@ -21,12 +21,12 @@ from alerts.policy import load_policy
 from alerts.quality import canary_recovery
 from alerts.rules import load_rules
 from engine.protocol import RuntimeFlags
-from probes.canaries import CanarySuite
-from probes.prober import Prober
-from probes.reference import OutputChecker
 from monitor.report.job import build_report
 from monitor.report.markdown import render_markdown
 from monitor.report.week import week_of
+from probes.canaries import CanarySuite
+from probes.prober import Prober
+from probes.reference import OutputChecker
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.writer import Writer
@@ -128,3 +128,45 @@ def test_noisy_int8_arm_fires_in_its_bucket_only_and_is_turned_off(tmp_path: Pat
         writer.close()
         engine.close()
         db.dispose()
+
+
+def test_quantized_flag_is_per_bucket_and_survives_the_flags_file(
+        sessionmaker: sessionmaker[Session], tmp_path: Path) -> None:
+    from alerts.errors import FlagError
+    from alerts.flags import validate
+    from engine.flags import load_flags, save_flags
+
+    store = FlagStore()
+    with sessionmaker.begin() as s:
+        store.set(s, "quantized", "32", False, reason="int8 drifts on logs", actor="ana")
+    with sessionmaker() as s:
+        flags = store.runtime_flags(s)
+    assert flags.quantized == {"32": False}
+    assert flags.quantized_for("16") and not flags.quantized_for("32")
+    with pytest.raises(FlagError):
+        validate("quantized", "instance:a", True)
+    save_flags(tmp_path / "flags.json", flags)
+    assert load_flags(tmp_path / "flags.json").quantized == {"32": False}
+
+
+def test_canary_recovery_needs_the_quantized_arm_at_the_floor(
+        sessionmaker: sessionmaker[Session]) -> None:
+    from storage.models import OutputAgreement
+
+    def row(minute: int, agreement: float, variant: str = "quantized") -> OutputAgreement:
+        return OutputAgreement(at=T0 + timedelta(minutes=minute), source="canary",
+                               bucket="32", path="compiled", decoding="direct",
+                               variant=variant, count=4, exact=4 if agreement == 1 else 0,
+                               agreement_sum=4 * agreement, length_diff_sum=0)
+
+    with sessionmaker.begin() as s:
+        s.add_all([row(1, 0.9), row(2, 1.0), row(3, 1.0), row(4, 0.2, "optimized")])
+    end = T0 + timedelta(minutes=5)
+    with sessionmaker() as s:
+        assert canary_recovery(s, "32", T0, end, variant="quantized", floor=0.99,
+                               min_samples=8) is None  # 0.9667 over 12 outputs
+        why = canary_recovery(s, "32", T0 + timedelta(minutes=2), end, variant="quantized",
+                              floor=0.99, min_samples=8)
+        assert why is not None and "agreement 1.0000 >= floor 0.99 over 8 outputs" in why
+        assert canary_recovery(s, "32", T0 + timedelta(minutes=2), end, variant="quantized",
+                               floor=0.99, min_samples=9) is None

@@ -72,3 +72,15 @@ def test_medium_acceptance_picks_a_middle_k():
 def test_invalid_initial_k():
     with pytest.raises(ValueError, match="speculative_k"):
         DraftLength(k_max=4, k_initial=5)
+
+
+def test_a_drift_flips_the_choice_within_two_long_requests():
+    dl = DraftLength(k_max=8, k_initial=4)
+    _feed(dl, "32", _spec(12, 8, accept_first=12), draft_s=0.0005, verify_s=0.004,
+          step_s=0.003)
+    assert dl.view()["32"].k == 8
+    # Shifted text: ~100 rounds of k=1, almost nothing accepted.
+    _feed(dl, "32", _spec(100, 1, accept_first=3), draft_s=0.0005, verify_s=0.004,
+          step_s=0.003, times=2)
+    view = dl.view()["32"]
+    assert view.acceptance < 0.2 and view.fallback and view.k == 0

@@ -39,6 +39,11 @@ def test_instances_lists_live_and_stale_ones(client: TestClient) -> None:
     assert r.status_code == 422 and "lookback_s" in r.text
 
 
+def test_flags_say_where_the_engine_got_them(client: TestClient) -> None:
+    assert client.get("/v1/flags").json()["effective"]["source"] == "live"
+    assert 'tailwatch_flag_source{source="live"} 1.0' in client.get("/metrics").text
+
+
 def test_default_instance_id_is_stable_across_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TAILWATCH_INSTANCE_ID", raising=False)
     monkeypatch.delenv("TAILWATCH_CONFIG", raising=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -17,7 +18,10 @@ def test_dashboard_panels_are_well_formed() -> None:
         dash = json.loads(path.read_text())
         assert dash["uid"] and dash["title"]
         names = {v["name"] for v in dash["templating"]["list"]}
-        assert {"datasource", "bucket"} <= names
+        assert {"datasource", "job", "instance", "bucket"} <= names
+        bucket = next(v for v in dash["templating"]["list"] if v["name"] == "bucket")
+        # Canary-only buckets (no real traffic yet) are listed too.
+        assert "tailwatch_(request|canary)_duration_seconds_count" in bucket["definition"]
         panels = [p for p in dash["panels"] if p["type"] != "row"]
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"
@@ -26,9 +30,18 @@ def test_dashboard_panels_are_well_formed() -> None:
             assert p["targets"], p["title"]
             for t in p["targets"]:
                 assert t["expr"].strip() and t["refId"], p["title"]
+                # Every tailwatch series follows the job and instance variables.
+                for selector in re.findall(r"tailwatch_[a-z0-9_]+(?:\{[^}]*\})?", t["expr"]):
+                    assert 'job=~"$job",instance=~"$instance"' in selector, (p["title"], selector)
             g = p["gridPos"]
             assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+        # Gauges read from SQL are the same on every replica: collapsed with max, not summed.
+        for sql_gauge in ("tailwatch_flag_override", "tailwatch_alerts{",
+                          "tailwatch_probe_success", "tailwatch_probe_duration_seconds",
+                          "tailwatch_probe_last_run_timestamp_seconds"):
+            for t in (t for p in panels for t in p["targets"] if sql_gauge in t["expr"]):
+                assert "max by (" in t["expr"], t["expr"]
         for needed in ("offset 1d", "offset 7d", "histogram_quantile(0.99",
                        "tailwatch_spec_decode_num_accepted_tokens_per_pos_total",
                        "tailwatch_compile_recompiles_total", "tailwatch_memory_bytes",

@@ -79,3 +79,61 @@ def test_fast_demo_passes_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyP
     # The CLI maps a bad option to one line and a non-zero exit code.
     (tmp_path / "file").write_text("")
     assert main(["demo", "--fast", "--keep", str(tmp_path / "file")]) != 0
+
+
+class _SlowCycles:
+    """A demo API whose canary cycles finish every `period_s` (a loaded machine)."""
+
+    def __init__(self, period_s: float) -> None:
+        import time
+
+        self.t0 = time.time()
+        self.period_s = period_s
+
+    def probe_cycles(self, limit: int = 50) -> list[dict[str, str]]:
+        import time
+        from datetime import UTC, datetime
+
+        def iso(t: float) -> str:
+            return datetime.fromtimestamp(t, UTC).isoformat()
+
+        n = int((time.time() - self.t0) / self.period_s)
+        return [{"started_at": iso(self.t0 + (i - 1) * self.period_s),
+                 "finished_at": iso(self.t0 + i * self.period_s)} for i in range(n, 0, -1)]
+
+
+def _context(api: object):  # type: ignore[no-untyped-def]
+    import io
+
+    from monitor.demo.context import StepContext
+    from monitor.demo.narration import Narrator
+
+    say = Narrator(Console(file=io.StringIO()), steps=1)
+    return StepContext(profile=FAST, api=api, traffic=None, receiver=None,  # type: ignore[arg-type]
+                       engine=lambda: None, say=say, run_report=lambda: ("", ""))
+
+
+def test_a_paced_wait_lasts_its_cycles_on_a_slow_machine() -> None:
+    import time
+
+    ctx = _context(_SlowCycles(period_s=0.4))
+    start = time.monotonic()
+    # Holds after ~1.5 s: a plain 0.2 s timeout would fail, 4 slow cycles (1.6 s) do not.
+    seen = ctx.wait_cycles("condition", "true", lambda: (time.monotonic() - start > 1.5,
+                                                         "not yet"), cycles=4, min_s=0.2)
+    assert seen == "not yet"
+
+
+def test_a_paced_wait_fails_once_its_cycles_have_passed() -> None:
+    import time
+
+    from monitor.demo.errors import CheckFailed
+
+    api = _SlowCycles(period_s=0.3)
+    ctx = _context(api)
+    since = time.time()
+    with pytest.raises(CheckFailed):
+        ctx.wait_cycles("condition", "true", lambda: (False, "never"), cycles=3, min_s=0.1)
+    finished, period = ctx.cycle_stats(since)
+    assert finished >= 3
+    assert period == pytest.approx(0.3)

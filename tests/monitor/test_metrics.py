@@ -48,8 +48,9 @@ def test_sink_turns_a_result_into_histograms_and_counters() -> None:
     key = {"bucket": "16", "path": "compiled", "decoding": "speculative"}
     get = registry.get_sample_value
     assert get("tailwatch_request_duration_seconds_sum", key) == 0.05
-    assert get("tailwatch_request_duration_seconds_bucket", {**key, "le": "0.05"}) == 1
-    assert get("tailwatch_request_duration_seconds_bucket", {**key, "le": "0.025"}) == 0
+    # 0.05 s lies between two of the 10%-spaced bucket bounds (0.0464 < 0.05 <= 0.0511).
+    assert get("tailwatch_request_duration_seconds_bucket", {**key, "le": "0.0511"}) == 1
+    assert get("tailwatch_request_duration_seconds_bucket", {**key, "le": "0.0464"}) == 0
     assert get("tailwatch_request_ttft_seconds_sum", key) == 0.02
     # One per-token sample per decoded token after the first.
     assert get("tailwatch_request_time_per_output_token_seconds_count", key) == 2
@@ -253,3 +254,13 @@ def test_every_exported_metric_is_documented_in_the_readme(client: TestClient) -
 
     assert exported, "no tailwatch_ metric exported"
     assert sorted(n for n in exported if not covered(n)) == []
+
+
+def test_latency_buckets_step_about_ten_percent() -> None:
+    from monitor.metrics import DURATION_BUCKETS
+
+    steps = [b / a for a, b in zip(DURATION_BUCKETS, DURATION_BUCKETS[1:], strict=False)]
+    assert DURATION_BUCKETS[0] == 0.001 and DURATION_BUCKETS[-1] >= 60.0
+    assert min(steps) > 1.09 and max(steps) < 1.11
+    # +15% at 0.17 s crosses at least one bound: the relative-change panels can see it.
+    assert any(0.17 < b <= 0.17 * 1.15 for b in DURATION_BUCKETS)

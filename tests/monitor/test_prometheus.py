@@ -34,7 +34,7 @@ DASHBOARDS = ROOT / "dashboards" / "grafana" / "dashboards"
 RULES = ROOT / "dashboards" / "prometheus" / "rules.yml"
 RULES_TEST = ROOT / "dashboards" / "prometheus" / "rules_test.yml"
 # Grafana variables, as the dashboard's "All" selection expands them.
-VARIABLES = {"$__rate_interval": "1m", "$bucket": ".*"}
+VARIABLES = {"$__rate_interval": "1m", "$bucket": ".*", "$job": ".*", "$instance": ".*"}
 
 pytestmark = [
     pytest.mark.slow,

@@ -68,3 +68,29 @@ def test_unmigrated_database_exits_1_naming_the_fix(sqlite_url: str, tmp_path: P
     assert main(["report", "--week", "2026-W48", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tailwatch db upgrade" in err
+
+
+def test_a_failed_report_leaves_no_empty_database_file(sqlite_url: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TAILWATCH_DATABASE_URL", sqlite_url)
+    assert main(["report", "--out", str(tmp_path / "out")]) == 1
+    path = sqlite_url.removeprefix("sqlite:///")
+    assert not Path(path).exists()
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: database or output: {path} does not exist")
+
+
+def test_report_by_hand_reviews_the_last_seven_days(migrated_url: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    monkeypatch.setenv("TAILWATCH_DATABASE_URL", migrated_url)
+    assert main(["report", "--out", str(tmp_path)]) == 0
+    today = datetime.now(UTC).date()
+    label = f"{(today - timedelta(days=6)).isoformat()}..{today.isoformat()}"
+    assert (tmp_path / f"report-{label}.md").exists()
+    out = capsys.readouterr().out
+    assert out.startswith(f"{label}: ")
+    assert "not stored" in out

@@ -148,3 +148,23 @@ def test_summary_goes_to_the_outbox_once_per_week(sessionmaker, report_settings:
         assert [(r.target, r.idempotency_key, r.state) for r in rows] == [
             ("ops", "report-2026-W48", "pending")]
         assert "3 violated, 1 at risk" in json.dumps(rows[0].payload)
+
+
+def test_the_last_seven_days_on_day_one_have_data_and_are_not_stored(
+        sessionmaker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The synthetic week ends Sunday 2026-11-29: on Monday its days are the last seven.
+    from monitor.report.week import last_seven_days
+
+    with sessionmaker.begin() as session:
+        fill_week(session)
+    now = datetime(2026, 11, 30, 9, tzinfo=UTC)
+    window = last_seven_days(now)
+    assert (window.start, window.end) == (datetime(2026, 11, 24, tzinfo=UTC),
+                                          datetime(2026, 12, 1, tzinfo=UTC))
+    outcome = run_weekly_report(sessionmaker, Settings(database_url="sqlite://"), now,
+                                week=window, out_dir=tmp_path, notify=False)
+    assert outcome.week == "2026-11-24..2026-11-30"
+    assert outcome.report.has_data
+    assert outcome.report_id is None
+    with sessionmaker() as session:
+        assert session.scalars(select(Report)).all() == []

@@ -6,7 +6,7 @@ import pytest
 
 from monitor.report.metrics import MetricReading, Reading
 from monitor.report.registry import Assumption
-from monitor.report.verdict import judge, judge_metric, project
+from monitor.report.verdict import judge, judge_metric, overall, project
 
 LE = Assumption("w", "waste", "padding_waste", "<=", 0.25)
 GE_SHARE = Assumption("fit", "fit", "largest_bucket_fit", ">=", 0.99)
@@ -41,3 +41,17 @@ def test_worst_bucket_decides_and_is_named() -> None:
     assert verdict.status == "violated" and verdict.value == 0.4
     assert verdict.reason.startswith("bucket 64:")
     assert [(b.bucket, b.verdict.status) for b in buckets] == [("16", "holds"), ("64", "violated")]
+
+
+@pytest.mark.parametrize(("statuses", "status"), [
+    (["holds", "holds"], "holds"),
+    (["holds", "no data"], "partially checked"),
+    (["holds", "no data", "no data", "holds"], "partially checked"),
+    (["at risk", "no data"], "at risk"),
+    (["violated", "holds", "no data"], "violated"),
+    (["no data", "no data"], "no data"),
+    ([], "no data"),
+])
+def test_an_optimization_with_unchecked_assumptions_is_partially_checked(
+        statuses: list[str], status: str) -> None:
+    assert overall(statuses) == status
