@@ -114,10 +114,13 @@ class LatencyNoise:
             med = statistics.median(x for c in cycles for x in c)
             self.cycles += [[x / med for x in c] for c in cycles if c]
 
+    def cycle(self, rng: random.Random) -> list[float]:
+        """Return one recorded cycle's (scaled) latencies."""
+        return self.cycles[rng.randrange(len(self.cycles))]
+
     def p99(self, rng: random.Random, shift: float = 0.0) -> float:
         """Return one cycle's p99, the latencies scaled by (1 + shift)."""
-        c = self.cycles[rng.randrange(len(self.cycles))]
-        return percentile([x * (1 + shift) for x in c], 99)
+        return percentile([x * (1 + shift) for x in self.cycle(rng)], 99)
 
 
 class PooledP99:
@@ -128,7 +131,8 @@ class PooledP99:
     and returns the sketch p99 of the pooled latest cycles, as alerts.series does.
     """
 
-    def __init__(self, noise: LatencyNoise, per_cycle: int = 4, need: int = 100) -> None:
+    def __init__(self, noise: LatencyNoise | ParametricLatency, per_cycle: int = 4,
+                 need: int = 100) -> None:
         self.noise, self.per_cycle = noise, per_cycle
         self.pool_cycles = math.ceil(need / per_cycle)
         self.samples = self.pool_cycles * per_cycle
@@ -140,7 +144,7 @@ class PooledP99:
         """Return one cycle's latencies, scaled by 1 + shift."""
         out: list[float] = []
         while len(out) < self.per_cycle:
-            out += self.noise.cycles[rng.randrange(len(self.noise.cycles))]
+            out += self.noise.cycle(rng)
         return [x * (1 + shift) for x in out[:self.per_cycle]]
 
     def __call__(self, rng: random.Random, shift: float = 0.0) -> float:
@@ -168,12 +172,15 @@ class ParametricLatency:
         self.what = (f"assumed dedicated host: per-request lognormal CV {cv:.0%}, "
                      f"{stall_share:.1%} of requests stalled x{stall:g}")
 
+    def cycle(self, rng: random.Random) -> list[float]:
+        """Return `per_cycle` request latencies."""
+        return [rng.lognormvariate(0.0, self.sigma)
+                * (self.stall if rng.random() < self.stall_share else 1.0)
+                for _ in range(self.per_cycle)]
+
     def p99(self, rng: random.Random, shift: float = 0.0) -> float:
         """Return one cycle's p99 of `per_cycle` requests, scaled by (1 + shift)."""
-        xs = [rng.lognormvariate(0.0, self.sigma)
-              * (self.stall if rng.random() < self.stall_share else 1.0)
-              for _ in range(self.per_cycle)]
-        return percentile([x * (1 + shift) for x in xs], 99)
+        return percentile([x * (1 + shift) for x in self.cycle(rng)], 99)
 
 
 class RecordedAcceptance:
@@ -313,8 +320,10 @@ def main() -> None:
          (0.05, 0.10, 0.20, 0.50), False),
         *((f"p99 latency, recorded noise, now: {p.what}", p99_rule, p, p.samples,
            (0.05, 0.10, 0.20, 0.50), True) for p in pooled.values()),
-        (f"p99 latency, {assumed.what}", old_rule, assumed.p99, 4,
-         (0.05, 0.10, 0.20, 0.50), False),
+        (f"p99 latency, {assumed.what}, before: per-cycle 4-sample p99", old_rule,
+         assumed.p99, 4, (0.05, 0.10, 0.20, 0.50), False),
+        (f"p99 latency, {assumed.what}, now: pooled", p99_rule,
+         PooledP99(assumed, per_cycle=4, need=need), 100, (0.05, 0.10, 0.20, 0.50), True),
         (f"traffic acceptance, {acc_what}", rules["acceptance_drop"], acc_draw,
          TRAFFIC_REQUESTS, (-0.10, -0.30), True),
     ]

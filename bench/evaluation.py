@@ -15,7 +15,8 @@ and the shipped policy, as the scheduler calls it each minute:
 Each line shows wall seconds, this process's CPU seconds (the database server's time is
 in the wall figure only) and the measurement rows read (EvaluationReport.rows_read).
 
-    taskset -c 1 python -m bench.evaluation [--days 7] [--replicas 4] [--no-postgres]
+    taskset -c 1 python -m bench.evaluation [--days 7] [--replicas 4]
+        [--databases sqlite,postgres] [--no-postgres]
 
 The last line reads `seconds per full evaluation: 0.123` (steady, the slower database;
 target < 0.5 s).
@@ -101,10 +102,17 @@ def run(name: str, db: Callable[[], AbstractContextManager[Engine]], days: float
         return statistics.median(steady)
 
 
-def _dbs(postgres: bool) -> Iterator[tuple[str, Callable[[], AbstractContextManager[Engine]]]]:
-    yield "sqlite", _sqlite
-    if postgres:
-        yield "postgres", _postgres
+_DBS: dict[str, Callable[[], AbstractContextManager[Engine]]] = {
+    "sqlite": _sqlite, "postgres": _postgres}
+
+
+def _dbs(names: str, postgres: bool) -> Iterator[
+        tuple[str, Callable[[], AbstractContextManager[Engine]]]]:
+    for name in names.split(","):
+        if name not in _DBS:
+            raise SystemExit(f"--databases: unknown database {name!r} (sqlite, postgres)")
+        if postgres or name != "postgres":
+            yield name, _DBS[name]
 
 
 def main() -> None:
@@ -112,9 +120,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--databases", default="sqlite,postgres")
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()
-    worst = max(run(name, db, args.days, args.replicas) for name, db in _dbs(not args.no_postgres))
+    worst = max(run(name, db, args.days, args.replicas)
+                for name, db in _dbs(args.databases, not args.no_postgres))
     print(f"seconds per full evaluation: {worst:.3f}")
 
 

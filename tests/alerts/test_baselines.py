@@ -210,3 +210,19 @@ def test_backfill_is_spread_over_evaluations_newest_hours_first(
     with sessionmaker() as s:
         v = {v.scope["bucket"]: v for v in list_baselines(s, "p99_latency")}["64"]
         assert v.samples >= 6 * 60 - 2
+
+
+def test_a_young_baseline_is_refreshed_as_its_data_doubles(sessionmaker: sessionmaker[Session]):
+    """A slow start (caches, neighbours) must not set the level for an hour (demo step 2)."""
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+50%", "for": 2,
+                       "min_samples": 2, "lookback": 10, "min_baseline_cycles": 5,
+                       "cusum": {"min_cycles": 2}})
+    fill(sessionmaker, 0, 6, 0.2)  # the first minutes after start are slow
+    fill(sessionmaker, 6, 40, 0.1)
+    fill(sessionmaker, 40, 45, 0.2)  # then a real 2x regression
+    fired = [i for i in range(6, 46)
+             if any(t.to_state == "firing" for t in run(sessionmaker, i, rules=[rule]).transitions)]
+    assert fired[:1] == [44]  # against 0.1; the frozen 0.2 of the first cycles never fired
+    with sessionmaker() as s:
+        v = {v.scope["bucket"]: v for v in list_baselines(s, "p99_latency")}["64"]
+        assert v.value == pytest.approx(0.1, rel=0.05) and v.samples > 20

@@ -31,9 +31,11 @@ class AdmittedEngine:
 
     def generate(self, text: str, **kw: Any) -> Any:
         timeout_s = kw.get("timeout_s")
-        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        entered = time.perf_counter()
+        deadline = None if timeout_s is None else entered + timeout_s
         with self.admission.slot(deadline):
-            return self.inner.generate(text, **kw)
+            waited = time.perf_counter() - entered  # the engine reports it as queue_wait_s
+            return replace(self.inner.generate(text, **kw), queue_wait_s=waited)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
