@@ -277,7 +277,7 @@ class RuleEntry(Entry):
     source: str = "canary"
     per: tuple[str, ...] = ("bucket",)
     match: dict[str, str] = Field(default_factory=dict)
-    change: tuple[int, float] = Field(None, validate_default=True)  # type: ignore[assignment]
+    change: tuple[int, float] = Field(None, validate_default=True)
     resolve_change: tuple[int, float] | None = None
     for_: StrictInt = Field(3, alias="for", ge=2)
     resolve_for: StrictInt = Field(5, ge=1)
@@ -373,8 +373,9 @@ class RuleEntry(Entry):
         if not isinstance(raw, dict) or set(raw) - {"h", "min_cycles", "min_spread_rel"}:
             raise ValueError(f"must map h, min_cycles, min_spread_rel to numbers, got {v!r}")
         try:
-            return Cusum(**{k: (int(x) if k == "min_cycles" else float(x))
-                            for k, x in raw.items()})
+            fields: dict[str, Any] = {k: (int(x) if k == "min_cycles" else float(x))
+                                      for k, x in raw.items()}
+            return Cusum(**fields)
         except TypeError as e:
             raise ValueError(str(e)) from None
 

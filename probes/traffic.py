@@ -42,6 +42,20 @@ class _Acc:
 
     __slots__ = tuple(f.name for f in fields(RollupDelta))
     _SKETCHES = ("latency_sketch", "ttft_sketch", "per_token_sketch")
+    requests: int
+    errors: int
+    rejections: int
+    overflow: int
+    input_tokens_sum: int
+    padded_tokens_sum: int
+    output_tokens_sum: int
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: tuple[int, ...]
+    probation_requests: int
+    probation_draft_tokens: int
+    probation_accepted: int
 
     def __init__(self) -> None:
         for name in self.__slots__:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import CursorResult, Delete, delete, select
+from sqlalchemy import CursorResult, Delete, delete, select, update
 from sqlalchemy.orm import Session
 
 from storage.errors import InvalidQuery
@@ -68,7 +68,7 @@ def prune(session: Session, now: datetime, raw_days: int, rollup_days: int) -> P
     results += run(delete(ProbeResult).where(ProbeResult.run_id.in_(old_runs)))
     compile_events = run(delete(CompileEvent).where(CompileEvent.at < rollup_cut))
     session.execute(
-        CompileEvent.__table__.update().where(CompileEvent.run_id.in_(old_runs)).values(run_id=None)
+        update(CompileEvent).where(CompileEvent.run_id.in_(old_runs)).values(run_id=None)
     )
     return PruneResult(
         probe_results=results,

@@ -44,7 +44,7 @@ class DeliveryOut(BaseModel):
     @classmethod
     def of(cls, row: WebhookDelivery) -> DeliveryOut:
         """Return the API view of `row`."""
-        return cls(id=row.id, target=row.target, state=shown_state(row.state),  # type: ignore[arg-type]
+        return cls(id=row.id, target=row.target, state=shown_state(row.state),
                    attempts=row.attempts, last_status=row.last_status,
                    last_error=row.last_error, alert_id=row.alert_id,
                    idempotency_key=row.idempotency_key, created_at=row.created_at,

@@ -10,7 +10,8 @@ class ReportFailed(click.ClickException):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click declares exit_code a class attribute; this failure carries its own.
+        self.exit_code = exit_code  # type: ignore[misc]
 
 
 @click.command()

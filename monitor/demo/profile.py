@@ -89,10 +89,10 @@ class DemoProfile:
 
 # One canary per bucket (and one past the largest): during the injected slowdown a cycle
 # must still fit in a rule cycle, or the p99 series goes empty.
-FULL = DemoProfile(name="full", buckets=(16, 32, 64, 128, 256), canaries_per_bucket=1,
+FULL = DemoProfile(name="full", buckets=(16, 32, 64, 128, 256), canaries_per_bucket=2,
                    probe_interval_s=2.5, window_s=5.0, min_baseline_cycles=5, delay_s=0.8,
                    traffic_rate_per_s=3.0)
-FAST = DemoProfile(name="fast", buckets=(16, 32, 64), canaries_per_bucket=1,
+FAST = DemoProfile(name="fast", buckets=(16, 32, 64), canaries_per_bucket=2,
                    probe_interval_s=2.0, window_s=4.0, min_baseline_cycles=5, delay_s=0.8,
                    traffic_rate_per_s=3.0)
 
@@ -101,9 +101,11 @@ def demo_rules(profile: DemoProfile) -> dict[str, Any]:
     """Return the rule overrides (same names as the shipped rules, accelerated)."""
     w = f"{profile.window_s:g}s"
     return {"rules": [
-        {"name": "p99_latency_regression",
-         "description": "Canary p99 per bucket rose against its baseline (demo pace).",
-         "metric": "p99_latency", "source": "canary", "per": ["bucket"],
+        # The median, not the p99: a demo cycle runs 2 canaries per bucket, and a p99
+        # needs 100 samples (pooling 50 cycles would outlast the step).
+        {"name": "canary_latency_regression",
+         "description": "Canary median latency per bucket rose against its baseline (demo pace).",
+         "metric": "p50_latency", "source": "canary", "per": ["bucket"],
          # Wide band: a 2-core machine shared with other work moves canary latency by
          # 2x for minutes; the injected slowdown is 4x-10x.
          "change": "+200%", "resolve_change": "+100%", "for": 2, "resolve_for": 2,

@@ -68,7 +68,7 @@ def _costly(reviews: tuple[OptimizationReview, ...]) -> tuple[CostlyOptimization
         slower = tuple((s.bucket, s.measured) for s in r.speedups
                        if s.measured is not None and s.measured < 1.0)
         if (r.measured_speedup is not None and r.measured_speedup < 1.0) or slower:
-            out.append(CostlyOptimization(r.name, r.measured_speedup, slower))  # type: ignore[arg-type]
+            out.append(CostlyOptimization(r.name, r.measured_speedup, slower))
     return tuple(out)
 
 

@@ -39,7 +39,7 @@ def render_plots(data: WeekData, acceptance_threshold: float | None = None) -> t
     return tuple(out)
 
 
-def _figure():  # type: ignore[no-untyped-def]
+def _figure():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -48,7 +48,7 @@ def _figure():  # type: ignore[no-untyped-def]
     return fig, fig.add_subplot(1, 1, 1)
 
 
-def _png(fig) -> bytes:  # type: ignore[no-untyped-def]
+def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

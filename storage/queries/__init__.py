@@ -5,7 +5,8 @@ dataclasses, or a pandas DataFrame (read with pandas.read_sql on the session's
 connection) where the caller analyses a window. Windows are half-open:
 start <= at < end, timezone-aware UTC. Ratios are None where their denominator is
 zero: "no data" is not "zero". Modules by subject: alerts, baselines (and which one
-is in force), deliveries, export, flags, measurements, reports, runs, traffic
+is in force), deliveries, export, flags, latency (window quantiles merged from
+sketches), measurements, reports, runs, traffic
 (acceptance), week (DataFrames for the weekly report).
 """
 

@@ -94,16 +94,17 @@ def test_recompile_limit_hit_turns_compile_off_then_expires(sessionmaker: sessio
     (r,) = rep.firing
     assert r.rule == "compile_failures" and r.labels == {"instance": "i1"}
     assert [(a.kind, a.flag, a.scope, a.value) for a in rep.actions] == [
-        ("set", "compiled", "global", False)]
+        ("set", "compiled", "instance:i1", False)]  # the storm's instance only
     with sessionmaker() as s:
-        assert FlagStore(lambda: minute(23)).runtime_flags(s).compiled is False
+        assert FlagStore(lambda: minute(23)).runtime_flags(s, "i1").compiled is False
+        assert FlagStore(lambda: minute(23)).runtime_flags(s, "i2").compiled is True
     # No canary A/B arm measures the compiled path here, so it stays off until expiry (6 h),
     # and is not re-applied for the same alert afterwards.
     later = minute(22) + timedelta(hours=6, seconds=1)
     with sessionmaker.begin() as s:
         rep = evaluate(s, rules, later, policy=policy, baseline_config=cfg)
         assert [a.kind for a in rep.actions] == ["expire", "skip"]
-        assert FlagStore(lambda: later).runtime_flags(s).compiled is True
+        assert FlagStore(lambda: later).runtime_flags(s, "i1").compiled is True
 
 
 def test_compile_counts_are_zero_not_missing_while_probes_run(sessionmaker: sessionmaker[Session]):

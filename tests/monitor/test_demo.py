@@ -40,7 +40,7 @@ def test_demo_rule_and_policy_overrides_are_valid(tmp_path: Path):
     rules_file.write_text(yaml.safe_dump(demo_rules(FAST)))
     policy_file.write_text(yaml.safe_dump(demo_policy()))
     rules = {r.name: r for r in load_rules(str(rules_file))}
-    assert rules["p99_latency_regression"].window_s == FAST.window_s
+    assert rules["canary_latency_regression"].window_s == FAST.window_s
     assert rules["acceptance_drop"].window_s == 60.0  # traffic rollups are per minute
     policy = load_policy(str(policy_file))
     assert policy.revert_on == ()
@@ -68,7 +68,7 @@ def test_fast_demo_passes_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyP
     fired = {(a["rule"], a["labels"].get("bucket")) for a in outcome.alerts if a["fired_at"]}
     assert ("acceptance_drop", "32") in fired
     assert not {b for r, b in fired if r == "acceptance_drop"} - {"32"}
-    assert {("p99_latency_regression", b) for b in FAST.labels} <= fired
+    assert {("canary_latency_regression", b) for b in FAST.labels} <= fired
     assert any(r == "recompiles_per_hour" for r, _ in fired)
     changes = {(c["name"], c["scope"], c["source"], c["actor"]) for c in outcome.flag_changes}
     assert ("speculative", "32", "auto", "policy") in changes
@@ -137,3 +137,20 @@ def test_a_paced_wait_fails_once_its_cycles_have_passed() -> None:
     finished, period = ctx.cycle_stats(since)
     assert finished >= 3
     assert period == pytest.approx(0.3)
+
+
+def test_the_injected_delay_clears_the_band_over_slow_baselines() -> None:
+    from types import SimpleNamespace
+
+    from monitor.demo.steps import regression_delay
+
+    def baselines(values: dict[str, float]) -> object:
+        rows = [{"value": v, "scope": {"bucket": b, "window": "4s", "source": "canary"}}
+                for b, v in values.items()]
+        return SimpleNamespace(baselines=lambda metric: rows)
+
+    fast = _context(baselines({"16": 0.05, "32": 0.08, "64": 0.1}))
+    assert regression_delay(fast) == FAST.delay_s  # 0.8 s is 8x the slowest baseline
+    loaded = _context(baselines({"16": 0.8, "32": 0.92, "64": 0.69, "overflow": 5.0}))
+    # 3x the slowest bucket's baseline (overflow is no bucket of the rule's check).
+    assert regression_delay(loaded) == pytest.approx(3 * 0.92)
