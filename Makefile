@@ -36,6 +36,7 @@ test-deps:
 
 test: install test-deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 lint: install

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,7 +95,7 @@ class ModelRunner:
 
     def _compile(self, fn: Callable, tag: str) -> Callable:
         assert self._options is not None
-        kwargs: dict[str, object] = {"dynamic": False, "backend": self._options.backend,
+        kwargs: dict[str, Any] = {"dynamic": False, "backend": self._options.backend,
                                      "recompile_limit": self._options.recompile_limit}
         if self._options.backend == "inductor":
             if self._options.mode != "default":

@@ -16,6 +16,8 @@ tensor it mutates can be marked static (CUDA graphs need mutated inputs at fixed
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,7 +59,11 @@ def relative_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: in
 class LeanT5(nn.Module):
     """T5 weights rearranged for a tight forward (frozen, inference only)."""
 
-    def __init__(self, hf_model: nn.Module, *, dtype: torch.dtype, device: torch.device):
+    # Per-layer weight bags (nn.Module used as a namespace): attribute types vary by layer.
+    enc_layers: Any
+    dec_layers: Any
+
+    def __init__(self, hf_model: Any, *, dtype: torch.dtype, device: torch.device):
         super().__init__()
         cfg = hf_model.config
         self.d_model = cfg.d_model
@@ -116,7 +122,7 @@ class LeanT5(nn.Module):
             self._ff(layer, ff, w)
             self.dec_layers.append(layer)
 
-    def _ff(self, layer: nn.Module, ff: nn.Module, w) -> None:
+    def _ff(self, layer: Any, ff: Any, w: Callable[[torch.Tensor], Any]) -> None:
         layer.ln_ff = w(ff.layer_norm.weight)
         d = ff.DenseReluDense
         if self.gated:
@@ -170,7 +176,7 @@ class LeanT5(nn.Module):
         return self.self_cache_bytes(length)
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor | nn.Module) -> torch.Tensor:
+def _linear(x: torch.Tensor, w: Any) -> torch.Tensor:
     # A weight is a float tensor, or an engine.quantize.Int8Weight (engine.quantization: int8).
     return F.linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
 
@@ -180,7 +186,7 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(var + eps)).to(weight.dtype)
 
 
-def _ff(m: LeanT5, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _ff(m: LeanT5, layer: Any, x: torch.Tensor) -> torch.Tensor:
     h = _norm(x, layer.ln_ff, m.eps)
     h = _linear(h, layer.wi)
     if m.gated:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from engine.errors import Overloaded, RequestTimeout
 from engine.protocol import (
@@ -173,7 +174,7 @@ class ProbeCycle:
         draw = self.rng.random() < self.ab_share
         ab = draw if ab is None else ab
         info = self.engine.info
-        base = {"suite": suite, "instance_id": self.instance_id, "started_at": started,
+        base: dict[str, Any] = {"suite": suite, "instance_id": self.instance_id, "started_at": started,
                 "ab": ab, "model_version": info.model_version, "config_hash": info.config_hash}
         if self._stuck is not None and self._stuck.is_alive():
             return CycleResult(**base, finished_at=self.clock(), status=STATUS_TIMEOUT,
@@ -185,7 +186,7 @@ class ProbeCycle:
         worker.start()
         worker.join(self.timeout_s)
         pairs = list(progress.pairs)
-        fields = {
+        fields: dict[str, Any] = {
             **base, "groups": group(pairs), "rejected": progress.rejected,
             "missing_buckets": missing_buckets(self._plans.get(suite, {}), self.engine)
             if suite in self._plans else (),

@@ -28,8 +28,8 @@ def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | N
     """
     from dataclasses import replace
 
-    from engine import load_engine
     from engine.errors import EngineError
+    from engine.runtime import Runtime  # the concrete runtime: artifacts are its business
 
     settings = load_settings(ctx)
     config = settings.engine
@@ -42,11 +42,14 @@ def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | N
         return
     start = time.perf_counter()
     try:
-        runtime = load_engine(config)
+        runtime = Runtime(config)
     except (EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     try:
         path = runtime.artifacts_path
+        if path is None:  # compile off for this model: nothing to keep
+            click.echo("no compiled functions: nothing to precompile")
+            return
         if runtime.cache_hit and not force:
             click.echo(f"artifacts up to date: {path}")
             return

@@ -6,7 +6,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -73,7 +73,8 @@ class TrafficGenerator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-traffic", daemon=True)
 
-    def set_lanes(self, lanes: Sequence[Lane], *, lengths: dict[str, tuple[int, ...]] | None = None
+    def set_lanes(self, lanes: Sequence[Lane], *,
+                  lengths: Mapping[str, tuple[int, ...]] | None = None
                   ) -> None:
         """Send these lanes from now on (empty: pause); `lengths` pins a lane's sizes."""
         with self._lock:
