@@ -27,7 +27,10 @@ class EngineConfig:
     kv_headroom: extra decoder cache slots beyond max_new_tokens (speculative look-ahead).
     compile_mode: one of COMPILE_MODES; compile_backend: torch.compile backend.
     num_threads: intra-op threads per decode stream (1 wins on small CPUs).
-    speculative_k: tokens the draft proposes per verification step.
+    speculative_k: tokens the draft proposes per verification step (the first choice; the
+        engine then picks k per bucket from measured acceptance and costs).
+    speculative_fallback: run a bucket direct where measured speculation would be slower
+        (1 request in 16 still speculates, to notice recovery); off: the flags alone decide.
     max_concurrency: decode streams running at once; max_queue: callers allowed to wait.
     flags_file: where the last flags read from the provider are kept, so a restart while
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
@@ -50,6 +53,7 @@ class EngineConfig:
     recompile_limit: int = 64
     num_threads: int = 1
     speculative_k: int = 4
+    speculative_fallback: bool = True
     max_concurrency: int = 1
     max_queue: int = 16
     flag_timeout_s: float = 0.05

@@ -421,7 +421,8 @@ class Runtime:
         # The measured draft length; 0 when speculation would be slower than direct here,
         # unless the caller asked for speculation explicitly (A/B arms, benchmarks).
         forced = override is not None and override.speculative is True
-        k = self.draft_length.choose(label, fallback=not forced) if speculate else 0
+        fallback = self.config.speculative_fallback and not forced
+        k = self.draft_length.choose(label, fallback=fallback) if speculate else 0
         speculate = k > 0
         probation = probation and speculate
         quantized = self.target_q is not None and flags.quantized_for(label)

@@ -81,7 +81,9 @@ def tiny_config(dirs: dict[str, Path], **changes: object) -> EngineConfig:
     """Return an EngineConfig for the tiny models (dynamo-level compile, no inductor)."""
     base = dict(model_dir=str(dirs["target"]), draft_dir=str(dirs["draft"]), buckets=BUCKETS,
                 max_input_tokens=MAX_INPUT, max_new_tokens=16, max_new_tokens_cap=CAP,
-                compile_backend="aot_eager", speculative_k=3, kv_headroom=4)
+                compile_backend="aot_eager", speculative_k=3, kv_headroom=4,
+                # Random weights draft badly: keep speculation where the flags say so.
+                speculative_fallback=False)
     base.update(changes)
     return EngineConfig(**base)  # type: ignore[arg-type]
 
