@@ -420,7 +420,8 @@ class Runtime:
         speculate, probation = self._speculate(flags, label)
         # The measured draft length; 0 when speculation would be slower than direct here,
         # unless the caller asked for speculation explicitly (A/B arms, benchmarks).
-        forced = override is not None and override.speculative is True
+        # Probation requests are the policy's measurement of recovery: they speculate too.
+        forced = (override is not None and override.speculative is True) or probation
         fallback = self.config.speculative_fallback and not forced
         k = self.draft_length.choose(label, fallback=fallback) if speculate else 0
         speculate = k > 0

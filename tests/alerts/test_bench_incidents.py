@@ -13,6 +13,7 @@ import pytest
 
 from bench.incidents import (
     NOISE_FILE,
+    POOLED,
     BlockNoise,
     Sim,
     _rules,
@@ -44,7 +45,7 @@ def test_noise_keeps_the_recorded_autocorrelation(noise: BlockNoise) -> None:
 
 def test_a_shift_pages_once_and_resolves(template: Path, noise: BlockNoise,
                                          tmp_path: Path, capsys) -> None:
-    sim = Sim(template, tmp_path, "step", _rules("p99_latency_regression"), None, noise, 3)
+    sim = Sim(template, tmp_path, "step", _rules("p99_latency_regression", **POOLED), None, noise, 3)
     first, start, end = step_shift(sim, 0.30, 15, 45)
     out = sim.outcome("step", (start, end), True, first)
     assert len(out.pages) == 1 and out.false_pages == 0
