@@ -24,10 +24,11 @@ import yaml
 from engine.errors import Overloaded
 from monitor.services import services_of
 from monitor.settings import Settings
-from storage.models import Alert, WebhookDelivery
+from storage.models import Alert, RolloutVerdict, WebhookDelivery
 from tests.monitor.conftest import TOKEN, start, wait_for
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
+from vocab import utcnow
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards" / "grafana" / "dashboards"
@@ -170,7 +171,11 @@ def test_prometheus_scrapes_and_every_query_returns_data(
                          state="firing"),
                    Alert(fingerprint="f2", rule="acceptance_down", state="pending"),
                    WebhookDelivery(target="t", url="http://x", payload={},
-                                   idempotency_key="k", state="pending")])
+                                   idempotency_key="k", state="pending"),
+                   RolloutVerdict(new_model_version="m2", new_config_hash="c2",
+                                  old_model_version="m1", old_config_hash="c1",
+                                  metric="p50_latency", bucket="64", verdict="pass",
+                                  threshold=0.1, window_start=utcnow())])
     assert httpx.put(server.url + "/v1/flags/speculative", headers=auth, json={
         "scope": "64", "value": False, "reason": "integration test"}).status_code == 200
     traffic = Traffic(server.url)
