@@ -26,7 +26,7 @@ Which stored baseline is in force is decided in one place:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -99,14 +99,23 @@ def cohort_label(cohort: Cohort) -> str:
 
 
 def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
-                  backfill_hours: int = 6) -> int:
+                  backfill_hours: int = 6, rules: Sequence[Rule] = ()) -> int:
     """Store finished hours of `rule`'s series not stored yet (at most `backfill_hours`,
-    newest first); return how many hours were missing before this call."""
+    newest first); return how many hours were missing before this call.
+
+    `rules`: every rule of the evaluation; the hours chunked are then counted in one query
+    (kept on `cache`), not one per rule.
+    """
     end = hour_start(now)
     start = hour_start(now - timedelta(seconds=rule.baseline_window_s))
     hour = timedelta(seconds=CHUNK_S)
     hours = round((end - start) / hour)
-    if series_queries.chunk_count(session, rule.name, start, end) >= hours:
+    # The rules whose window starts with this one's: their counts in one grouped read.
+    names = tuple(sorted({r.name for r in rules if r.baseline_window_s == rule.baseline_window_s}
+                         | {rule.name}))
+    counts = cache.once(("chunk_counts", start, end, names),
+                        lambda: series_queries.chunk_counts(session, names, start, end))
+    if counts.get(rule.name, 0) >= hours:
         return 0
     have = series_queries.chunk_starts(session, rule.name, start, end)
     todo = [h for h in (end - (i + 1) * hour for i in range(hours)) if h not in have]
@@ -165,9 +174,15 @@ def baselines_for_rule(
     """
     # While chunks are backfilled (more than the one hour that ends each hour), every
     # baseline rests on part of its window: refresh them until the window is complete.
-    backfilling = ensure_chunks(session, rule, cache, now, config.backfill_hours) > 1
-    by_scope = baseline_queries.active_by_scope(session, rule.metric)
-    season = hour_of_week(now) if rule.seasonality == HOUR_OF_WEEK else None
+    backfilling = ensure_chunks(session, rule, cache, now, config.backfill_hours, rules) > 1
+    # Every rule's metrics in one read per evaluation, kept current below.
+    metrics = tuple(sorted({r.metric for r in rules} | {rule.metric}))
+    active = cache.once(("active_baselines", metrics),
+                        lambda: baseline_queries.active_by_metric(session, metrics))[rule.metric]
+    by_scope = dict(active)
+    # The hour of the latest finished cycle (the one judged), not of `now`.
+    season = (hour_of_week(now - timedelta(seconds=rule.window_s))
+              if rule.seasonality == HOUR_OF_WEEK else None)
     needs: list[_Need] = []
     plan: list[tuple[Labels, Cohort, str, str | None]] = []
     for labels, cohorts in serving.items():
@@ -191,6 +206,11 @@ def baselines_for_rule(
         fresh = _refresh(session, rule, rules, now, cache, needs)
         for k, rows in fresh.items():
             by_scope[k] = by_scope.get(k, []) + rows
+        # What the next rule of this metric would read: the replaced rows are inactive.
+        gone = {n.old.id for n in needs if n.old is not None and any(
+            (b.model_version, b.config_hash) == n.cohort for b in fresh.get(n.key, ()))}
+        for k, rows in fresh.items():
+            active[k] = [b for b in active.get(k, []) if b.id not in gone] + rows
     out: dict[Labels, dict[Cohort, CohortBaseline]] = {}
     for labels, cohort, key, skey in plan:
         out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skey)
@@ -209,17 +229,22 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
             rolling.spread if rolling is not None and rolling.spread is not None else 0.0)
         return CohortBaseline(BaselineStats(center=p.value, spread=spread,
                                             cycles=max(p.samples, n), pinned=True), "pinned")
+    fallback = ""
     if skey is not None:
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
         if seasonal is not None and seasonal.samples >= n and seasonal.spread is not None:
             return CohortBaseline(BaselineStats(seasonal.value, seasonal.spread, seasonal.samples),
                                   HOUR_OF_WEEK)
+        # Said, not silent: this hour of the week has too little history of its own yet.
+        have = seasonal.samples if seasonal is not None else 0
+        fallback = f"plain ({HOUR_OF_WEEK}: {have} of {n} cycles)"
     b = force.inherited
     if b is not None and b.spread is not None:
         return CohortBaseline(BaselineStats(b.value, b.spread, b.samples),
                               f"inherited from {cohort_label((b.model_version, b.config_hash))}")
     if rolling is not None and rolling.spread is not None:
-        return CohortBaseline(BaselineStats(rolling.value, rolling.spread, rolling.samples))
+        return CohortBaseline(BaselineStats(rolling.value, rolling.spread, rolling.samples),
+                              fallback)
     return CohortBaseline(None)
 
 

@@ -8,6 +8,11 @@ scope gets one result, so one alert per scope as before:
     breaching   if any cohort breaches
     recovered   only when every cohort with data has recovered
     no_data     only when no cohort has data
+
+A seasonal baseline (hour_of_week) is the baseline of the current hour only: cycles of
+the previous hour were judged against their own hour's baseline, so the detector reads
+only this hour's cycles (a regular peak ending at the hour would otherwise be re-scored,
+29 cycles at once, against the quieter next hour and page).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from alerts.baselines import CohortBaseline, cohort_label
+from alerts.baselines import HOUR_OF_WEEK, CohortBaseline, cohort_label, hour_start
 from alerts.rules import Point, Rule, RuleResult, evaluate_rule
 from storage.queries.series import Cohort
 
@@ -30,6 +35,9 @@ def judge(rule: Rule, labels: Mapping[str, str], points: Mapping[Cohort, Sequenc
         if since is not None:
             pts = [p for p in pts if p.at >= since]
         base = baselines.get(cohort, CohortBaseline(None))
+        if base.origin == HOUR_OF_WEEK and pts:
+            hour = hour_start(pts[-1].at)
+            pts = [p for p in pts if p.at >= hour]
         results.append((cohort, base, evaluate_rule(rule, labels, base.stats, pts)))
     if not results:
         return evaluate_rule(rule, labels, None, [])

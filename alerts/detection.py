@@ -13,6 +13,16 @@ confirms when S >= h. Why this design (see alerts/README.md, `python -m bench.de
   one-minute cycles, about two years.
 * Spikes are bounded: one cycle contributes at most cap = h / min_cycles, so a single
   spike (or min_cycles - 1 consecutive ones) can never confirm a change.
+
+Pooled quantiles (a canary p99 resting on the latest 25 cycles of 4 canaries) are not
+independent from cycle to cycle: one slow request sits in 25 consecutive values. Scoring
+each pooled value would count that request 25 times (43-410 false alerts per 30 days,
+`bench.detection`). There the evidence of a cycle comes from its NEW samples only: a
+Bernoulli CUSUM on how many of them exceed the baseline quantile q0 (the baseline of the
+pooled q-quantile). Without a change a sample exceeds q0 with p0 = 1 - q by the
+quantile's definition, whatever the latency distribution; the alternative is p1 =
+EXCEEDANCE_RATIO x p0 (a shift of the rule's threshold pushes a whole canary's samples
+past the old p99). Each sample counts once; the same cap per cycle applies.
 """
 
 from __future__ import annotations
@@ -22,10 +32,14 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from storage.sketches import Sketch, bin_of
+
 # 1.4826 * MAD estimates sigma for normal data and ignores outliers.
 _MAD_TO_SIGMA = 1.4826
 # The 5-95% range of a normal sample spans 2 * 1.645 sigma.
 _Q05_Q95_TO_SIGMA = 3.29
+# Design alternative of the exceedance CUSUM: p1 = 10 x p0 (p99: 1% -> 10%), capped at 1/2.
+EXCEEDANCE_RATIO = 10.0
 
 
 @dataclass(frozen=True)
@@ -113,3 +127,27 @@ def cusum_path(increments: Sequence[float], params: Cusum) -> list[float]:
         s = max(0.0, s + min(inc, params.cap))
         out.append(s)
     return out
+
+
+def count_above(sketch: Sketch, level: float) -> int:
+    """Return how many of the sketch's samples lie above `level`'s bin (a sample in the same
+    bin is within the sketch's accuracy of it: not known to exceed it)."""
+    if level <= 0:
+        return sketch.count - sketch.zeros if level == 0 else sketch.count
+    top = bin_of(level)
+    return sum(c for k, c in sketch.bins.items() if k > top)
+
+
+def exceedance_llr(above: int, n: int, q: float) -> float:
+    """Return the LLR of n new samples, `above` of them over the baseline q-quantile.
+
+    H0: each exceeds it with p0 = 1 - q (the quantile's definition); H1: with
+    p1 = min(EXCEEDANCE_RATIO x p0, 1/2).
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q: must lie in (0, 1), got {q}")
+    if not 0 <= above <= n:
+        raise ValueError(f"above: must lie in 0..n ({n}), got {above}")
+    p0 = 1.0 - q
+    p1 = min(EXCEEDANCE_RATIO * p0, 0.5)
+    return above * math.log(p1 / p0) + (n - above) * math.log((1.0 - p1) / (1.0 - p0))

@@ -6,12 +6,17 @@
 Reads baselines and per-cycle series, moves alerts (`alerts.lifecycle`), queues
 notifications in the same transaction, then lets the auto-fallback policy act on the
 alerts now firing. One rule failing (bad data) is reported and does not stop the others.
+
+Cost: every rule's window is planned first, so each row kind is read once per evaluation
+and sliced per rule (`alerts.series.RowCache`); what every rule needs (stored baselines,
+chunked hours, resolved alerts) is read once too. The reads of a steady evaluation do not
+grow with the rules or scopes (tests/alerts/test_evaluator_cost.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -23,10 +28,10 @@ from alerts.baselines import BaselineConfig, baselines_for_rule
 from alerts.cohorts import judge
 from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint, open_alerts
 from alerts.rules import Rule, RuleResult
-from alerts.series import RowCache, cohort_series
+from alerts.series import RowCache, cohort_series, plan_rules
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert
-from storage.queries.alerts import last_resolved_fired
+from storage.queries.alerts import last_resolved_fired_by_rule
 from storage.queries.instances import last_seen
 
 if TYPE_CHECKING:
@@ -53,26 +58,28 @@ class EvaluationReport:
         return [r for r in self.results if r.fired]
 
 
-def _stale_instances(session: Session, alerts: Iterable[Alert], now: datetime,
+def _seen(session: Session, now: datetime, stale_after_s: float | None) -> dict[str, datetime]:
+    """Return instance -> its newest row within twice the stale limit (read once)."""
+    if stale_after_s is None:
+        return {}
+    # Look back a little further than the limit: older rows are just as stale.
+    return last_seen(session, now - timedelta(seconds=2 * stale_after_s))
+
+
+def _stale_instances(seen: Mapping[str, datetime], now: datetime,
                      stale_after_s: float | None) -> Callable[[str | None], bool]:
     """Return a test: has this instance written nothing for stale_after_s (None: never)?"""
     if stale_after_s is None:
         return lambda instance: False
-    # Instances seen in twice the limit, or named by an open alert, are the ones to judge.
-    seen = last_seen(session, now - timedelta(seconds=2 * stale_after_s))
     limit = now - timedelta(seconds=stale_after_s)
     return lambda instance: instance is not None and (
         instance not in seen or seen[instance] < limit)
 
 
-def _retire_stale(session: Session, life: Lifecycle, alerts: Iterable[Alert], now: datetime,
-                  stale_after_s: float) -> list[Transition]:
+def _retire_stale(seen: Mapping[str, datetime], life: Lifecycle, alerts: Iterable[Alert],
+                  now: datetime, stale_after_s: float) -> list[Transition]:
     """Resolve open alerts of instances that stopped reporting (reason "stale ...")."""
     mine = [a for a in alerts if a.state != "resolved" and (a.labels or {}).get("instance")]
-    if not mine:
-        return []
-    # Look back a little further than the limit: older rows are just as stale.
-    seen = last_seen(session, now - timedelta(seconds=2 * stale_after_s))
     limit = now - timedelta(seconds=stale_after_s)
     out = []
     for a in mine:
@@ -107,6 +114,8 @@ def evaluate(
         raise ValueError("now: must be timezone-aware")
     config = baseline_config or BaselineConfig()
     cache = RowCache(session)
+    # One read per row kind for every rule's window (then sliced in memory per rule).
+    plan_rules(cache, rules, now)
     alerts = open_alerts(session)
     life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s)
     results: list[RuleResult] = []
@@ -114,7 +123,10 @@ def evaluate(
     errors: list[str] = []
     # A stale instance cannot be judged: its sliding series (trailing-hour counts) would
     # keep showing its last hour and re-open the alert that went stale.
-    stale = _stale_instances(session, alerts.values(), now, stale_after_s)
+    seen = _seen(session, now, stale_after_s)
+    stale = _stale_instances(seen, now, stale_after_s)
+    # Alerts only move for their own rule below: one read serves every rule.
+    resolved_by_rule = last_resolved_fired_by_rule(session, [r.name for r in rules])
     for rule in rules:
         try:
             with session.begin_nested():
@@ -126,7 +138,7 @@ def evaluate(
                 scopes = set(per_scope)
                 scopes |= {tuple((k, a.labels.get(k, "")) for k in rule.per)
                            for a in alerts.values() if a.rule == rule.name}
-                resolved = last_resolved_fired(session, rule.name)
+                resolved = resolved_by_rule.get(rule.name, {})
                 for labels in sorted(scopes):
                     if stale(dict(labels).get("instance")):
                         continue
@@ -138,6 +150,7 @@ def evaluate(
                     transitions += life.apply(rule, r, alerts.get(fp))
         except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
             log.exception("rule %s failed", rule.name)
+            cache.forget()  # its savepoint rolled back: re-read what the next rules share
             errors.append(f"{rule.name}: {type(e).__name__}: {e}")
     try:
         with session.begin_nested():
@@ -151,7 +164,7 @@ def evaluate(
         if a.rule not in names and a.state != "resolved":
             transitions.append(life.retire(a, f"rule {a.rule!r} is no longer configured"))
     if stale_after_s is not None:
-        transitions += _retire_stale(session, life, alerts.values(), now, stale_after_s)
+        transitions += _retire_stale(seen, life, alerts.values(), now, stale_after_s)
     actions: list[PolicyAction] = []
     if policy is not None:
         actions = policy.apply(session, now, actor=actor)

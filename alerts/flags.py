@@ -51,6 +51,16 @@ _INSTANCE_RE = re.compile(r"^instance:[A-Za-z0-9_.:-]{1,55}$")
 def instance_scope(instance_id: str) -> str:
     """Return the flag scope of one instance ("instance:<id>")."""
     return f"{INSTANCE_SCOPE_PREFIX}{instance_id}"
+
+
+def applies_to(scope: str, instance_id: str | None) -> bool:
+    """Return whether a flag scope can apply to the engine of `instance_id`.
+
+    Global and bucket scopes apply to every instance; "instance:<id>" only to that one.
+    """
+    if not scope.startswith(INSTANCE_SCOPE_PREFIX):
+        return True
+    return instance_id is not None and scope == instance_scope(instance_id)
 Clock = Callable[[], datetime]
 
 

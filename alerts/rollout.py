@@ -13,6 +13,10 @@ of their medians against the shipped rule's threshold for that metric:
 Each comparison's verdict is stored (`rollout_verdicts`, one row updated while both
 serve) and a fail raises a `rollout_regression` alert naming the cohorts and the metric
 through the normal lifecycle (so it notifies); a pass, or the rollout ending, resolves it.
+Its severity is `warning`: the page for the same regression comes from the metric's own
+rule, which judges the new cohort against the inherited baseline in the same cycles as
+any other regression (`alerts.cohorts`); two pages for one incident help nobody. The
+verdict often comes first (a pooled p99 of the new cohort needs 100 samples of its own).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from storage.queries import series as series_queries
 from storage.queries.series import Cohort, Verdict
 
 ROLLOUT_RULE = "rollout_regression"
+ROLLOUT_SEVERITY = "warning"
 # (source, metric) pairs compared; each uses the threshold of the first rule measuring it.
 COMPARED = (("canary", "p99_latency"), ("canary", "ttft"), ("canary", "acceptance_rate"),
             ("canary", "output_agreement"), ("traffic", "p99_latency"),
@@ -117,7 +122,7 @@ def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCach
         rule = Rule(name=ROLLOUT_RULE, metric=metric, direction=base_rule.direction,
                     threshold=base_rule.threshold, resolve_threshold=base_rule.resolve_threshold,
                     source=source, per=("bucket",), min_samples=base_rule.min_samples,
-                    window_s=base_rule.window_s, severity="page",
+                    window_s=base_rule.window_s, severity=ROLLOUT_SEVERITY,
                     # Each cycle on its own samples: pooled quantiles of neighbouring
                     # cycles are correlated, and a rank test needs independent values.
                     pool_cycles=1,
@@ -168,4 +173,5 @@ def _result(rule: Rule, v: Verdict) -> RuleResult:
     return RuleResult(rule=ROLLOUT_RULE, labels=labels, baseline=v.old_median,
                       current=v.new_median, relative_change=v.relative_change,
                       threshold=v.threshold, fired=fail, reason=reason, breaching=fail,
-                      recovered=v.verdict == "pass", samples=v.new_cycles, severity="page")
+                      recovered=v.verdict == "pass", samples=v.new_cycles,
+                      severity=ROLLOUT_SEVERITY)

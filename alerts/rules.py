@@ -37,11 +37,19 @@ from pydantic import (
     field_validator,
 )
 
-from alerts.detection import BaselineStats, Cusum, cusum_path, llr, relative_change
+from alerts.detection import (
+    BaselineStats,
+    Cusum,
+    count_above,
+    cusum_path,
+    exceedance_llr,
+    llr,
+    relative_change,
+)
 from alerts.durations import parse_duration
 from alerts.errors import RuleError
 from alerts.schema import Entry, read_layered, validate
-from storage.sketches import min_samples
+from storage.sketches import Sketch, min_samples
 from vocab import Source
 
 DEFAULT_RULES_FILE = Path(__file__).with_name("rules.yaml")
@@ -116,11 +124,21 @@ class Rule:
 
 @dataclass(frozen=True)
 class Point:
-    """One cycle of a series: its start, its value (None when empty) and sample count."""
+    """One cycle of a series: its start, its value (None when empty) and sample count.
+
+    fresh: a quantile's own samples of this cycle (alerts.series), when `value` may pool
+        earlier cycles; the detector then scores only these (see `pooled`).
+    """
 
     at: datetime
     value: float | None
     samples: int
+    fresh: Sketch | None = None
+
+    @property
+    def pooled(self) -> bool:
+        """Return whether `value` rests on earlier cycles' samples too."""
+        return self.fresh is not None and 0 < self.fresh.count < self.samples
 
 
 @dataclass(frozen=True)
@@ -208,27 +226,48 @@ def evaluate_rule(
     n = rule.for_cycles
     stat = 0.0
     run_rels: list[float] = []
+    pooled = valid[-1].pooled
     if usable and baseline is not None and baseline.center != 0:
         sigma = baseline.relative_noise(rule.cusum)
-        known = [r for r in rels if r is not None]
-        path = cusum_path([llr(rule.direction * r, rule.threshold, sigma) for r in known],
-                          rule.cusum)
+        q = QUANTILE_METRICS.get(rule.metric)
+
+        def score(p: Point, r: float) -> float:
+            # A pooled value repeats earlier cycles' samples: score this cycle's new ones.
+            if p.pooled and q is not None and rule.direction > 0 and p.fresh is not None:
+                above = count_above(p.fresh, baseline.center)
+                return exceedance_llr(above, p.fresh.count, q)
+            return llr(rule.direction * r, rule.threshold, sigma)
+
+        known = [(p, r) for p, r in zip(valid, rels, strict=True) if r is not None]
+        path = cusum_path([score(p, r) for p, r in known], rule.cusum)
         stat = path[-1]
         # The current run: cycles since the CUSUM last stood at zero.
         start = max((i + 1 for i, s in enumerate(path) if s == 0.0), default=0)
-        run_rels = known[start:]
+        run_rels = [r for _, r in known[start:]]
     last_n = list(zip(values[-n:], rels[-n:], strict=True))
     enough = len(last_n) >= n
     limit_fire = has_limit and enough and all(over_limit(v) for v, _ in last_n)
     # The median change over the CUSUM's current run (at least `for` cycles) must reach the
     # threshold: the CUSUM alone also confirms changes between threshold/2 and threshold,
     # which the rule does not ask for, and a median cannot be carried over it by one spike.
-    window_rel = statistics.median(run_rels) if len(run_rels) >= n else None
+    # A pooled quantile already aggregates its cycles: the latest one must reach it.
+    window_rel = (run_rels[-1] if pooled else statistics.median(run_rels)) \
+        if len(run_rels) >= n else None
     rel_fire = rel_breach(window_rel) and stat >= rule.cusum.h
     breaching = rel_breach(rel) or over_limit(current)
     m = rule.resolve_for
-    tail = list(zip(values[-m:], rels[-m:], strict=True))
-    recovered = len(tail) >= m and all(rel_inside(r) and not over_limit(v) for v, r in tail)
+    tail = list(zip(valid[-m:], values[-m:], rels[-m:], strict=True))
+
+    def back(p: Point, r: float | None) -> bool:
+        # A pooled value keeps a regression's samples for up to `pool` cycles after it
+        # ended: back under the threshold with none of the cycle's own samples above the
+        # baseline quantile counts as inside the band too.
+        if rel_inside(r) or not (p.pooled and p.fresh is not None and r is not None):
+            return rel_inside(r)
+        return (not rel_breach(r) and rule.direction > 0 and baseline is not None
+                and count_above(p.fresh, baseline.center) == 0)
+
+    recovered = len(tail) >= m and all(back(p, r) and not over_limit(v) for p, v, r in tail)
     fired = limit_fire or rel_fire
     pct = f"{rel:+.1%}" if rel is not None else "n/a"
     if limit_fire:
@@ -237,9 +276,11 @@ def evaluate_rule(
         reason = f"{rule.metric} {current:.4g} beyond absolute {lim} for {n} cycles"
     elif rel_fire:
         wpct = f"{window_rel:+.1%}" if window_rel is not None else "n/a"
-        reason = (f"{rule.metric} {current:.4g} vs baseline {base:.4g} ({pct}; median {wpct} "
-                  f"over {len(run_rels)} cycles, threshold {rule.signed_threshold:+.0%}), "
-                  f"CUSUM {stat:.1f} >= {rule.cusum.h:g}")
+        over = (f"pooled over {samples} samples, new samples' exceedances" if pooled
+                else f"median {wpct} over {len(run_rels)} cycles")
+        reason = (f"{rule.metric} {current:.4g} vs baseline {base:.4g} ({pct}; {over}, "
+                  f"threshold {rule.signed_threshold:+.0%}), "
+                  f"CUSUM {stat:.1f} >= {rule.cusum.h:g} over {len(run_rels)} cycles")
     elif breaching:
         reason = (f"{rule.metric} {current:.4g} breaches ({pct}) but is not confirmed yet "
                   f"(CUSUM {stat:.1f} of {rule.cusum.h:g}, {n} cycles needed)")

@@ -13,23 +13,49 @@ keeps them apart, so a new model version is judged on its own cycles.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.orm import Session
 
 from alerts import quality
 from alerts.rules import Point, Rule, quantile_samples
 from storage.queries import measurements as queries
-from storage.queries.series import NO_COHORT, Cohort, cohort_map, cohort_since
+from storage.queries.series import NO_COHORT, Cohort, CohortMap, cohort_map, cohort_since
 from storage.sketches import Sketch, merged
 
 Labels = tuple[tuple[str, str], ...]
+_Key = tuple[Labels, Cohort]
+_T = TypeVar("_T")
 _HOUR = 3600.0
+
+
+class Stored:
+    """A sketch's stored JSON text, decoded the first time a rule reads it."""
+
+    __slots__ = ("_text", "_data")
+
+    def __init__(self, text: str | None) -> None:
+        self._text = text
+        self._data: Mapping[str, Any] | None = None
+
+    @property
+    def data(self) -> Mapping[str, Any] | None:
+        """Return the decoded sketch (None when stored as NULL)."""
+        if self._data is None and self._text is not None:
+            self._data = json.loads(self._text)
+        return self._data
+
+
+def _sketch(row: Row, field: str) -> Mapping[str, Any] | None:
+    """Return the stored sketch of `field` in `row` (rows read lazily hold `Stored`)."""
+    v = row.values.get(field)
+    return v.data if isinstance(v, Stored) else v
 
 
 @dataclass(frozen=True)
@@ -61,26 +87,151 @@ def cycle_starts(start: datetime, end: datetime, window_s: float) -> list[dateti
     return out
 
 
+@dataclass
+class _Span:
+    """The rows of one kind loaded for [lo, hi), sorted by time (slices are bisected)."""
+
+    lo: datetime
+    hi: datetime
+    rows: list[Row]
+    times: list[datetime]
+
+    def slice(self, start: datetime, end: datetime) -> list[Row]:
+        return self.rows[bisect_left(self.times, start):bisect_left(self.times, end)]
+
+
 class RowCache:
-    """Rows loaded once per (source, window) during one evaluation, tagged with their cohort."""
+    """Rows read during one evaluation, tagged with their cohort: one read per kind.
+
+    The evaluator first `plan`s what every rule will read (`plan_rules`): the first read
+    of a kind then loads the union of the planned windows in one query and every later
+    read inside it is an in-memory slice, so the statements an evaluation issues do not
+    grow with its rules or scopes. `optional` windows (the older cycles a pooled quantile
+    reaches back for only when a cycle is short) are loaded, all at once, in one more
+    query the first time some read needs them. Reads outside the plan (hour chunks
+    backfilled in the past) are loaded as asked and kept by window.
+    """
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self.rows_read = 0  # rows loaded from the database: evaluation cost, for tests and bench
         self._cache: dict[tuple[str, datetime, datetime], list[Row]] = {}
         self._since: dict[Cohort, datetime] | None = None
+        self._planned: dict[str, tuple[datetime, datetime]] = {}
+        self._optional: dict[str, datetime] = {}
+        self._spans: dict[str, _Span] = {}
+        self._map: tuple[datetime, datetime, CohortMap] | None = None  # see _cohorts
+        self._grouped: dict[tuple[Any, ...], dict[_Key, dict[datetime, list[Row]]]] = {}
+        self._sketches: dict[tuple[Any, ...], dict[datetime, Sketch]] = {}
+        self._once: dict[Hashable, object] = {}
+
+    def plan(self, kind: str, start: datetime, end: datetime, *, optional: bool = False) -> None:
+        """Announce a read of `kind` in [start, end) (before the first read of `kind`)."""
+        if start >= end:
+            return
+        old = self._planned.get(kind)
+        if optional:
+            self._optional[kind] = min(start, self._optional.get(kind, start))
+            start = old[0] if old is not None else end
+        if old is not None:
+            start, end = min(start, old[0]), max(end, old[1])
+        self._planned[kind] = (start, end)
 
     def rows(self, kind: str, start: datetime, end: datetime) -> list[Row]:
         """Return rows of `kind` ("canary", "traffic", "burst", "compile", "memory") in range."""
+        planned = self._planned.get(kind)
+        if planned is not None and end <= planned[1] and start < end:
+            lo = min(planned[0], self._optional.get(kind, planned[0]))
+            if start >= lo:
+                return self._planned_rows(kind, start, end, planned)
         key = (kind, start, end)
         if key not in self._cache:
-            rows = _LOADERS[kind](self.session, start, end)
             # An instance's cohort is that of its latest run: look an hour further back.
             m = cohort_map(self.session, start - timedelta(seconds=_HOUR), end)
-            self.rows_read += len(rows) + len(m.spans)
-            self._cache[key] = [Row(r.at, r.labels, r.values,
-                                    m.cohort_of(r.labels["instance"], r.at)) for r in rows]
+            self.rows_read += len(m.spans)
+            self._cache[key] = self._load(kind, start, end, m)
         return self._cache[key]
+
+    def _planned_rows(self, kind: str, start: datetime, end: datetime,
+                      planned: tuple[datetime, datetime]) -> list[Row]:
+        span = self._spans.get(kind)
+        if span is None:
+            lo = planned[0] if start >= planned[0] else min(start, self._optional[kind])
+            rows = self._load(kind, lo, planned[1], self._cohorts(lo, planned[1]))
+            span = self._spans[kind] = _Span(lo, planned[1], rows, [r.at for r in rows])
+        elif start < span.lo:  # the optional stretch, all of it at once
+            lo = min(start, self._optional.get(kind, start))
+            rows = self._load(kind, lo, span.lo, self._cohorts(lo, span.lo)) + span.rows
+            span = self._spans[kind] = _Span(lo, span.hi, rows, [r.at for r in rows])
+        if end > span.hi:  # planned after the first read: load the rest
+            rows = span.rows + self._load(kind, span.hi, planned[1],
+                                          self._cohorts(span.hi, planned[1]))
+            span = self._spans[kind] = _Span(span.lo, planned[1], rows, [r.at for r in rows])
+        return span.slice(start, end)
+
+    def _cohorts(self, start: datetime, end: datetime) -> CohortMap:
+        """Return the cohort map for rows in [start, end): the planned windows' one, read
+        once, when it covers them (an instance's cohort is that of its latest run: an hour
+        further back is read)."""
+        hour = timedelta(seconds=_HOUR)
+        if self._map is None:
+            lo = min([*(s for s, _ in self._planned.values()), *self._optional.values()])
+            hi = max(e for _, e in self._planned.values())
+            self._map = (lo, hi, cohort_map(self.session, lo - hour, hi))
+            self.rows_read += len(self._map[2].spans)
+        lo, hi, m = self._map
+        if lo <= start and end <= hi:
+            return m
+        m = cohort_map(self.session, start - hour, end)  # planned after the first read
+        self.rows_read += len(m.spans)
+        return m
+
+    def _load(self, kind: str, start: datetime, end: datetime, m: CohortMap) -> list[Row]:
+        rows = _LOADERS[kind](self.session, start, end)
+        self.rows_read += len(rows)
+        out = [Row(r.at, r.labels, r.values, m.cohort_of(r.labels["instance"], r.at))
+               for r in rows]
+        out.sort(key=lambda r: r.at)  # stable: rows of one time keep the database's order
+        return out
+
+    def grouped(self, rule: Rule, kind: str, split: bool, start: datetime,
+                end: datetime) -> dict[_Key, dict[datetime, list[Row]]]:
+        """Return scope (and cohort) -> cycle start -> rows of [start, end), for `rule`'s
+        scopes (kept for the rules that group the same rows alike; read-only)."""
+        spec = (kind, rule.window_s, rule.per, tuple(sorted(rule.match.items())), split,
+                start, end)
+        out = self._grouped.get(spec)
+        if out is None:
+            out = {}
+            for row in self.rows(kind, start, end):
+                key = _key(rule, row.labels)
+                if key is not None:
+                    out.setdefault((key, row.cohort if split else NO_COHORT), {}).setdefault(
+                        cycle_start(row.at, rule.window_s), []).append(row)
+            self._grouped[spec] = out
+        return out
+
+    def cycle_sketches(self, rule: Rule, kind: str, split: bool, field: str, key: _Key,
+                       lo: datetime) -> dict[datetime, Sketch]:
+        """Return the memo of merged per-cycle sketches of one scope whose rows were read
+        from `lo` on (shared by the rules grouping alike this evaluation)."""
+        spec = (kind, rule.window_s, rule.per, tuple(sorted(rule.match.items())), split,
+                field, key, lo)
+        return self._sketches.setdefault(spec, {})
+
+    def once(self, key: Hashable, load: Callable[[], _T]) -> _T:
+        """Return `load()` the first time `key` is asked this evaluation, then that value.
+
+        For reads every rule needs (stored baselines, chunked hours): one statement per
+        evaluation instead of one per rule. The caller keeps a mutable value current.
+        """
+        if key not in self._once:
+            self._once[key] = load()
+        return cast(_T, self._once[key])
+
+    def forget(self) -> None:
+        """Drop the `once` values (a rule's savepoint rolled back what they reflected)."""
+        self._once.clear()
 
     def since(self, cohort: Cohort, now: datetime) -> datetime | None:
         """Return when `cohort` first probed (read once per evaluation)."""
@@ -89,17 +240,38 @@ class RowCache:
         return self._since.get(cohort)
 
 
+def plan_rules(cache: RowCache, rules: Iterable[Rule], now: datetime) -> None:
+    """Plan the reads of every rule's detector window at `now` (see RowCache)."""
+    for rule in rules:
+        start = now - timedelta(seconds=rule.window_s * rule.lookback_cycles)
+        starts = cycle_starts(start, now, rule.window_s)
+        if not starts:
+            continue
+        step = timedelta(seconds=rule.window_s)
+        first, end = starts[0], starts[-1] + step
+        if rule.metric in _SLIDING:
+            cache.plan(_SLIDING[rule.metric], first + step - timedelta(seconds=_HOUR), end)
+            if _SLIDING[rule.metric] == "compile":
+                cache.plan("canary", first, end)
+            continue
+        kind = quality.series_kind(rule.metric, rule.source)
+        cache.plan(kind, first, end)
+        if rule.metric in _SKETCH_METRICS and rule.pool_cycles > 1 \
+                and kind in ("canary", "traffic", "burst"):
+            cache.plan(kind, first - (rule.pool_cycles - 1) * step, first, optional=True)
+
+
 def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     out = [
-        Row(r.at, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding, "instance": inst},
+        Row(r.at, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding,
+                   "instance": r.instance_id},
             {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
              "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
-             "lat_sketch": r.latency_sketch, "ttft_sketch": r.ttft_sketch,
-             "pt_sketch": r.per_token_sketch,
+             "lat_sketch": Stored(r.latency_sketch), "ttft_sketch": Stored(r.ttft_sketch),
+             "pt_sketch": Stored(r.per_token_sketch),
              "padding_waste": r.padding_waste, "draft_tokens": r.draft_tokens,
              "accepted": r.accepted_tokens, "overflow": r.count if r.path == "overflow" else 0})
-        for r, inst in ((c.result, c.instance_id)
-                        for c in queries.canary_cycle_results(session, start, end))
+        for r in queries.canary_cycle_results(session, start, end)
     ]
     # Runs that failed as a whole count as one failed probe each.
     out += [Row(at, {"bucket": "", "path": "", "decoding": "", "instance": inst},
@@ -114,8 +286,8 @@ def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]
                        "instance": r.instance_id},
             {"requests": r.requests, "errors": r.errors, "rejections": r.rejections,
              "overflow": r.overflow, "latency_sum": r.latency_sum_s,
-             "lat_sketch": r.latency_sketch, "ttft_sketch": r.ttft_sketch,
-             "pt_sketch": r.per_token_sketch,
+             "lat_sketch": Stored(r.latency_sketch), "ttft_sketch": Stored(r.ttft_sketch),
+             "pt_sketch": Stored(r.per_token_sketch),
              "ttft_sum": r.ttft_sum_s, "input_sum": r.input_tokens_sum,
              "padded_sum": r.padded_tokens_sum, "output_sum": r.output_tokens_sum,
              "draft_tokens": r.draft_tokens, "accepted": r.accepted_tokens,
@@ -184,7 +356,6 @@ def cohort_series(rule: Rule, cache: RowCache, start: datetime,
     return out
 
 
-_Key = tuple[Labels, Cohort]
 
 
 def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
@@ -198,34 +369,33 @@ def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
     kind = quality.series_kind(rule.metric, rule.source)
     quantile = _SKETCH_METRICS.get(rule.metric) if kind in ("canary", "traffic", "burst") \
         else None
-    rows = cache.rows(kind, starts[0], starts[-1] + step)
-    grouped: dict[_Key, dict[datetime, list[Row]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        key = _key(rule, row.labels)
-        if key is not None:
-            grouped[key, row.cohort if split else NO_COHORT][
-                cycle_start(row.at, rule.window_s)].append(row)
-    if quantile is not None and rule.pool_cycles > 1 and _short(grouped, quantile[0],
-                                                              quantile_samples(rule.metric)):
+    end = starts[-1] + step
+    grouped = cache.grouped(rule, kind, split, starts[0], end)
+    lo = starts[0]
+    if quantile is not None and rule.pool_cycles > 1 and _short(
+            cache, rule, kind, split, grouped, lo, quantile[0], quantile_samples(rule.metric)):
         # A quantile pools the scope's latest cycles (at most rule.pool_cycles) until it
         # rests on the samples it needs (p99: 100): reach back for the oldest cycles, but
         # only when some cycle is short (large cycles read no more than the window).
-        reach = (rule.pool_cycles - 1) * step
-        for row in cache.rows(kind, starts[0] - reach, starts[0]):
-            key = _key(rule, row.labels)
-            full = (key, row.cohort if split else NO_COHORT)
-            if key is not None and full in grouped:  # no series starts from older rows
-                grouped[full][cycle_start(row.at, rule.window_s)].append(row)
+        lo = starts[0] - (rule.pool_cycles - 1) * step
+        older = cache.grouped(rule, kind, split, lo, starts[0])
+        # No series starts from older rows: only scopes of the window reach back.
+        grouped = {k: {**older.get(k, {}), **by_cycle} for k, by_cycle in grouped.items()}
     out: dict[_Key, list[Point]] = {}
     for full_key, by_cycle in grouped.items():
         pts = []
-        parsed: dict[datetime, Sketch] = {}
+        # Each cycle's merged sketch, shared by the rules reading the same rows this
+        # evaluation (a p50 and a p99 rule, the rollout check): merged once, never mutated.
+        parsed = cache.cycle_sketches(rule, kind, split, quantile[0], full_key, lo) \
+            if quantile is not None else {}
         for s in starts:
             if quantile is not None:
                 value, n = pooled_quantile(rule, by_cycle, s, step, parsed)
             else:
                 value, n = aggregate(rule.metric, kind, by_cycle.get(s, []))
-            pts.append(Point(at=s, value=value, samples=n))
+            # The cycle's own samples: the detector scores only these (alerts.detection).
+            pts.append(Point(at=s, value=value, samples=n,
+                             fresh=parsed.get(s) if quantile is not None else None))
         out[full_key] = pts
     return out
 
@@ -238,10 +408,19 @@ _SKETCH_METRICS: dict[str, tuple[str, float]] = {
 }
 
 
-def _short(grouped: Mapping[_Key, Mapping[datetime, list[Row]]], field: str, need: int) -> bool:
+def _short(cache: RowCache, rule: Rule, kind: str, split: bool,
+           grouped: Mapping[_Key, Mapping[datetime, list[Row]]], lo: datetime, field: str,
+           need: int) -> bool:
     """Return whether some cycle's rows hold fewer than `need` samples in `field`."""
-    return any(merged(r.values.get(field) for r in rows).count < need
-               for by_cycle in grouped.values() for rows in by_cycle.values())
+    for key, by_cycle in grouped.items():
+        parsed = cache.cycle_sketches(rule, kind, split, field, key, lo)
+        for t, rows in by_cycle.items():
+            one = parsed.get(t)
+            if one is None:
+                one = parsed[t] = merged(_sketch(r, field) for r in rows)
+            if one.count < need:
+                return True
+    return False
 
 
 def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datetime,
@@ -265,7 +444,7 @@ def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datet
         t = s - i * step
         one = cache.get(t)
         if one is None:
-            one = cache[t] = merged(r.values.get(field) for r in by_cycle.get(t, ()))
+            one = cache[t] = merged(_sketch(r, field) for r in by_cycle.get(t, ()))
         pool.merge(one)
         if pool.count >= need:
             break
@@ -274,7 +453,7 @@ def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datet
 
 def _sketch_quantile(metric: str, rows: list[Row]) -> tuple[float | None, int]:
     field, q = _SKETCH_METRICS[metric]
-    pool = merged(r.values.get(field) for r in rows)
+    pool = merged(_sketch(r, field) for r in rows)
     return pool.quantile(q), pool.count
 
 

@@ -13,7 +13,9 @@ and the shipped policy, as the scheduler calls it each minute:
     refresh-all   every baseline refreshed (refresh_s=0): chunks plus the current hour
 
 Each line shows wall seconds, this process's CPU seconds (the database server's time is
-in the wall figure only) and the measurement rows read (EvaluationReport.rows_read).
+in the wall figure only) and the measurement rows read (EvaluationReport.rows_read);
+the steady line also the SELECT statements of its last evaluation (one per row kind and
+per shared read, not per rule or scope: tests/alerts/test_evaluator_cost.py).
 
     taskset -c 1 python -m bench.evaluation [--days 7] [--replicas 4]
         [--databases sqlite,postgres] [--no-postgres]
@@ -32,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import EvaluationReport, evaluate
@@ -54,16 +56,39 @@ def _fill(engine: Engine, days: float, replicas: int) -> int:
     return rows
 
 
+class _Statements:
+    """Count the SELECT statements an engine runs (the evaluation's reads)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.selects = engine, 0
+
+    def __call__(self, conn: object, cursor: object, statement: str, *args: object) -> None:
+        self.selects += statement.lstrip().upper().startswith("SELECT")
+
+    def __enter__(self) -> _Statements:
+        event.listen(self.engine, "before_cursor_execute", self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self)
+
+
+_LAST_SELECTS = [0]  # SELECTs of the latest _timed evaluation
+
+
 def _timed(engine: Engine, now: datetime,
            config: BaselineConfig | None = None) -> tuple[float, float, EvaluationReport]:
     """Return (wall s, CPU s of this process, report) of one evaluation at `now`."""
     rules, policy = load_rules(), load_policy()  # loaded once by the service, not timed
     maker = make_sessionmaker(engine)
-    t0, c0 = time.perf_counter(), time.process_time()
-    with maker.begin() as session:
-        report = evaluate(session, rules, now, policy=policy,
-                          baseline_config=config or BaselineConfig())
-    return time.perf_counter() - t0, time.process_time() - c0, report
+    with _Statements(engine) as count:
+        t0, c0 = time.perf_counter(), time.process_time()
+        with maker.begin() as session:
+            report = evaluate(session, rules, now, policy=policy,
+                              baseline_config=config or BaselineConfig())
+        took, cpu = time.perf_counter() - t0, time.process_time() - c0
+    _LAST_SELECTS[0] = count.selects
+    return took, cpu, report
 
 
 def run(name: str, db: Callable[[], AbstractContextManager[Engine]], days: float,
@@ -93,7 +118,8 @@ def run(name: str, db: Callable[[], AbstractContextManager[Engine]], days: float
             steady.append(took)
             cpus.append(cpu)
         print(f"{name}: steady       {statistics.median(steady):7.3f} s  cpu "
-              f"{statistics.median(cpus):7.3f} s  rows read {rep.rows_read}  (median of 5)")
+              f"{statistics.median(cpus):7.3f} s  rows read {rep.rows_read}  "
+              f"SELECTs {_LAST_SELECTS[0]}  (median of 5)")
         took, cpu, rep = _timed(engine, END - timedelta(hours=1) + timedelta(seconds=30))
         print(f"{name}: hour         {took:7.3f} s  cpu {cpu:7.3f} s  rows read {rep.rows_read}")
         took, cpu, rep = _timed(engine, END - timedelta(hours=1) + timedelta(minutes=1, seconds=30),

@@ -82,7 +82,7 @@ def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max
     done = False
     while not done:
         out = fns.step(m, cur, runner.positions[pos], cache, enc.cross, enc.mask_bias,
-                       runner.dec_bias, steps)
+                       runner.bias_for(pos + steps), steps)
         chunk = out.tolist()
         now = clock()
         for token in chunk:
@@ -134,14 +134,14 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
             tok = (prev if prev is not None and d_pos == len(seq) - 2
                    else torch.tensor([[seq[d_pos]]], device=dm.device_))
             dfns.step(dm, tok, draft.positions[d_pos], dcache, denc.cross, denc.mask_bias,
-                      draft.dec_bias, 1)
+                      draft.bias_for(d_pos + 1), 1)
             d_pos += 1
             draft_steps += 1
         cur = last
         props: list[torch.Tensor] = []
         for _ in range(k):
             nxt = dfns.step(dm, cur, draft.positions[d_pos], dcache, denc.cross,
-                            denc.mask_bias, draft.dec_bias, 1)
+                            denc.mask_bias, draft.bias_for(d_pos + 1), 1)
             d_pos += 1
             # Kept past later calls: under CUDA graphs a call's outputs are overwritten by
             # the next replay, so hold a copy (one int).
@@ -152,7 +152,7 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
         t_pos = len(seq) - 1
         block = torch.cat([last.view(1), *props, pad]).view(1, q)
         choice_t = tfns.verify(tm, block, target.windows[t_pos], tcache, tenc.cross,
-                               tenc.mask_bias, target.dec_bias)
+                               tenc.mask_bias, target.bias_for(t_pos + q))
         both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync per round
         now = clock()
         draft_s += t1 - t0

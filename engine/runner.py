@@ -15,6 +15,9 @@ from engine.compile_watch import specialize
 KIND_ENCODE = "encode"
 KIND_STEP = "step"
 KIND_VERIFY = "verify"
+# Granularity of the attended cache prefix (slots). Finer spans attend fewer stale slots;
+# the span is a dynamic dimension, so the number of graphs does not grow with it.
+SPAN_STEP = 32
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,16 @@ class CompileOptions:
     inductor: tuple[tuple[str, object], ...] = ()
 
 
+def _unguarded_weights(entries: Sequence[Any]) -> list[bool]:
+    """Keep every dynamo guard except those on the model argument `m` and its weights."""
+    # Each compiled copy is only ever called with its own runner's frozen LeanT5, so guards
+    # on its ~80 weight tensors and attributes can never fail; they are per-call overhead
+    # (the gain was not measurable on the loaded 2-core box: README, Benchmarks).
+    # Guard names are source expressions: "m", "m.eps", "m._parameters['qkv']", ...
+    return [not (entry.name == "m" or entry.name.startswith(("m.", "m[")))
+            for entry in entries]
+
+
 class ModelRunner:
     """Hold a LeanT5 with its bias tables and compiled functions per bucket."""
 
@@ -69,8 +82,26 @@ class ModelRunner:
                         for i in range(slots - verify_q + 1)]
         self.start = torch.full((1, 1), lean.decoder_start_id, dtype=torch.long,
                                 device=lean.device_)
+        # The attended prefix of the cache per call, by the slots it must cover: spans are
+        # multiples of SPAN_STEP (the last one all slots), each the corner of dec_bias with
+        # its length marked dynamic, so every span runs the same compiled graph.
+        spans: dict[int, torch.Tensor] = {}
+        self._bias_for: list[torch.Tensor] = []
+        for end in range(1, slots + 1):
+            span = min(slots, -(-end // SPAN_STEP) * SPAN_STEP)
+            if span not in spans:
+                corner = self.dec_bias[:, :span, :span].contiguous()
+                if span > 1:  # a size-1 dimension cannot be dynamic (torch specializes it)
+                    torch._dynamo.mark_dynamic(corner, 1)
+                    torch._dynamo.mark_dynamic(corner, 2)
+                spans[span] = corner
+            self._bias_for.append(spans[span])
         self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy)
         self._compiled: dict[object, Fns] = {}
+
+    def bias_for(self, end: int) -> torch.Tensor:
+        """Return the self-attention bias for a call whose positions all lie below `end`."""
+        return self._bias_for[end - 1]
 
     def encoder_bias(self, length: int) -> torch.Tensor:
         """Return the encoder bias for `length` (precomputed for bucket edges)."""
@@ -97,11 +128,13 @@ class ModelRunner:
         assert self._options is not None
         kwargs: dict[str, Any] = {"dynamic": False, "backend": self._options.backend,
                                      "recompile_limit": self._options.recompile_limit}
-        if self._options.backend == "inductor":
-            if self._options.mode != "default":
-                kwargs["mode"] = self._options.mode
-            elif self._options.inductor:
-                kwargs["options"] = dict(self._options.inductor)
+        if self._options.backend == "inductor" and self._options.mode != "default":
+            kwargs["mode"] = self._options.mode  # torch.compile takes mode or options
+        else:
+            options: dict[str, Any] = {"guard_filter_fn": _unguarded_weights}
+            if self._options.backend == "inductor":
+                options.update(self._options.inductor)
+            kwargs["options"] = options
         return torch.compile(specialize(fn, tag), **kwargs)
 
     def warm(self, edge: int, *, verify: bool) -> None:
@@ -113,7 +146,9 @@ class ModelRunner:
             mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
             cross = fns.encode(m, ids, mask, self.encoder_bias(edge))
             kv = m.new_self_cache(self.slots)
-            fns.step(m, self.start, self.positions[0], kv, cross, mask, self.dec_bias, self.steps)
+            fns.step(m, self.start, self.positions[0], kv, cross, mask,
+                     self.bias_for(self.steps), self.steps)
             if verify:
                 toks = self.start.expand(1, self.verify_q).contiguous()
-                fns.verify(m, toks, self.windows[0], kv, cross, mask, self.dec_bias)
+                fns.verify(m, toks, self.windows[0], kv, cross, mask,
+                           self.bias_for(self.verify_q))

@@ -158,22 +158,28 @@ class LeanT5(nn.Module):
         return torch.where(keep, zero, neg)
 
     def new_self_cache(self, slots: int) -> torch.Tensor:
-        """Allocate a static self-attention cache [L, 2, H, slots, d_kv], marked static."""
-        cache = torch.zeros((len(self.dec_layers), 2, self.n_heads, slots, self.d_kv),
+        """Allocate a static self-attention cache [L, 2, H, slots + 1, d_kv], marked static."""
+        # One spare slot, never written or attended: every attended span is then a strict
+        # prefix of the cache, never the whole of it, so torch.compile keeps the span symbolic
+        # (a prefix as long as the cache is contiguous, which torch would specialize on).
+        cache = torch.zeros((len(self.dec_layers), 2, self.n_heads, slots + 1, self.d_kv),
                             dtype=self.dtype, device=self.device_)
         # Every step writes it in place: a static address (allocated once per stream, never
         # guarded on) lets cudagraph trees capture the step instead of skipping it.
         torch._dynamo.mark_static_address(cache, guard=False)
         return cache
 
-    def self_cache_bytes(self, slots: int) -> int:
-        """Return the bytes of one self-attention cache with `slots` positions."""
+    def _kv_bytes(self, positions: int) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * len(self.dec_layers) * self.n_heads * slots * self.d_kv * elem
+        return 2 * len(self.dec_layers) * self.n_heads * positions * self.d_kv * elem
+
+    def self_cache_bytes(self, slots: int) -> int:
+        """Return the bytes of one self-attention cache with `slots` positions (+1 spare)."""
+        return self._kv_bytes(slots + 1)
 
     def cross_cache_bytes(self, length: int) -> int:
         """Return the bytes of the cross-attention K/V for an input of `length`."""
-        return self.self_cache_bytes(length)
+        return self._kv_bytes(length)
 
 
 def _linear(x: torch.Tensor, w: Any) -> torch.Tensor:
@@ -209,6 +215,16 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
     return out.transpose(1, 2).reshape(1, q.shape[2], -1)
 
 
+def _attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+                   ) -> torch.Tensor:
+    # q [H, q, d], k/v [H, span, d]: a prefix of the cache (span symbolic when compiled),
+    # multiplied as 3-d batches (no broadcast of a leading batch dimension to reshape).
+    scores = torch.bmm(q, k.transpose(1, 2)) + bias
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    out = torch.bmm(probs, v)
+    return out.transpose(0, 1).reshape(1, q.shape[1], -1)
+
+
 def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torch.Tensor
            ) -> torch.Tensor:
     """Run the encoder and return the decoder's cross-attention K/V [L, 2, H, B, d_kv]."""
@@ -235,13 +251,19 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: t
     by `dec_bias`, and they are overwritten before any later query can see them.
     """
     x = F.embedding(tokens, m.embed)
-    self_bias = dec_bias.index_select(1, pos).unsqueeze(0)  # [1, H, q, T]
+    # Only the first `span` slots are attended: `dec_bias` is the [H, span, span] corner of
+    # the full table (span >= every position here), so a step early in the answer reads a
+    # short prefix of the cache instead of all T slots. Under torch.compile the span is a
+    # dynamic dimension (engine.runner.ModelRunner.bias_for): one graph serves every span.
+    span = dec_bias.shape[-1]
+    self_bias = dec_bias.index_select(1, pos)  # [H, q, span]
     q_len = tokens.shape[1]
     for i, layer in enumerate(m.dec_layers):
         h = _norm(x, layer.ln_att, m.eps)
         qkv = _linear(h, layer.qkv).view(q_len, 3, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
         self_kv[i].index_copy_(2, pos, qkv[1:])  # K and V of these positions, one write
-        att = _attend(qkv[0].unsqueeze(0), self_kv[i, 0], self_kv[i, 1], self_bias)
+        att = _attend_prefix(qkv[0], self_kv[i, 0, :, :span], self_kv[i, 1, :, :span],
+                             self_bias)
         x = x + _linear(att, layer.o)
         h = _norm(x, layer.ln_cross, m.eps)
         att = _attend(_heads(m, _linear(h, layer.cq)), cross_kv[i, 0], cross_kv[i, 1],

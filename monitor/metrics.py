@@ -2,7 +2,10 @@
 
 `Metrics` holds the push-style series (latency histograms, speculative-decoding
 counters, rejections, webhook deliveries); `MetricsSink.observe` turns a
-`GenerateResult` into them and serves as a probe observer and for /v1/generate. Values
+`GenerateResult` into them and serves as a probe observer and for /v1/generate. A served
+request only queues its result (no lock, no Prometheus call); queued results are folded
+into the series in bulk when FOLD_AT are waiting and before every collection (a scrape
+or `registry.get_sample_value` always sees every observed result). Values
 owned by something else are read at scrape time by custom collectors: `EngineCollector`
 (compile counters, memory, queue depth, flag-provider errors) and `DatabaseCollector`
 (flags, alerts, latest probe runs, webhook outbox). Every series is listed in
@@ -14,13 +17,16 @@ from __future__ import annotations
 import logging
 import math
 import platform
+import threading
 from bisect import bisect_left
-from collections import Counter as Tally
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib import metadata
+from itertools import chain
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -28,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from engine.protocol import Engine, FlagProvider, GenerateResult
 from monitor.quality_metrics import quality_families
+from probes.measure import add_positions
 from storage.models import DELIVERY_STATES
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -52,6 +59,9 @@ TOKEN_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015
 REJECT_REASONS = ("overloaded", "not_ready", "invalid", "too_long", "timeout", "error")
 SOURCES = ("traffic", "canary")
 DELIVERY_OUTCOMES = ("delivered", "retried", "failed")
+# Results a MetricsSink queues before the observing thread folds them into the series.
+FOLD_AT = 64
+_NUMPY_FROM = 48  # observe_many bins this many values or more with numpy (less: bisect)
 
 
 def _version() -> str:
@@ -83,6 +93,10 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # Registered first: the registry collects in registration order, so queued
+        # observations are folded in before any series below is read.
+        self._before_collect: list[Callable[[], object]] = []
+        registry.register(_BeforeCollect(self._before_collect))
         labels = ("bucket", "path", "decoding")
         self.latency = {
             "traffic": self._latency_set("request", labels),
@@ -137,6 +151,10 @@ class Metrics:
             ("version", "python"), registry=registry)
         build.labels(_version(), platform.python_version()).set(1)
 
+    def before_collect(self, callback: Callable[[], object]) -> None:
+        """Call `callback` at the start of every collection of this registry."""
+        self._before_collect.append(callback)
+
     def _latency_set(self, kind: str, labels: tuple[str, ...]) -> _LatencySet:
         what = "real request" if kind == "request" else "canary probe"
         return _LatencySet(
@@ -168,22 +186,48 @@ def observe_many(child: Histogram, values: Sequence[float]) -> None:
     `_buckets`, `_sum`, stable since 0.4); tests/monitor/test_metrics_bulk.py checks the
     exposition matches per-value observe() so an upgrade that changes them fails there.
     """
-    if not values:
+    n = len(values)
+    if not n:
         return
     bounds = child._upper_bounds  # ends with +Inf: every value finds a bucket
     buckets = child._buckets
-    if len(values) == 1:
+    if n == 1:
         buckets[bisect_left(bounds, values[0])].inc(1)
-    else:
-        for i, n in Tally(bisect_left(bounds, v) for v in values).items():
-            buckets[i].inc(n)
+        child._sum.inc(values[0])
+        return
+    items: Iterable[tuple[int, int]]
+    if n < _NUMPY_FROM:
+        tally: dict[int, int] = {}
+        for v in values:
+            i = bisect_left(bounds, v)
+            tally[i] = tally.get(i, 0) + 1
+        items = tally.items()
+    else:  # one C pass; side="left" is bisect_left: a value on a bound counts in its bucket
+        idx = np.asarray(bounds).searchsorted(np.asarray(values, dtype=float), side="left")
+        counts = np.bincount(idx, minlength=len(bounds))
+        nonzero = np.flatnonzero(counts)
+        items = zip(nonzero.tolist(), counts[nonzero].tolist(), strict=True)
+    for i, c in items:
+        buckets[i].inc(c)
     child._sum.inc(math.fsum(values))
 
 
-def _observe1(child: Histogram, value: float) -> None:
-    """observe(value) on a labelled Histogram without its per-bound Python loop."""
-    child._buckets[bisect_left(child._upper_bounds, value)].inc(1)
-    child._sum.inc(value)
+class _BeforeCollect(Collector):
+    """Run callbacks (fold queued observations) when the registry is collected."""
+
+    def __init__(self, callbacks: list[Callable[[], object]]) -> None:
+        self._callbacks = callbacks
+
+    def describe(self) -> list[Metric]:
+        return []  # no series of its own (and register() must not call collect())
+
+    def collect(self) -> Iterator[Metric]:
+        for callback in self._callbacks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - a scrape must survive a fold bug
+                log.exception("metrics: folding queued observations failed")
+        return iter(())
 
 
 @dataclass(frozen=True)
@@ -201,9 +245,15 @@ class _Children:
 class MetricsSink:
     """Turn generate results into Prometheus observations (a probe observer).
 
-    Labelled children are looked up once per label set and kept (labels() costs a lock
-    and a tuple per call); histograms are filled through observe_many / _observe1 (same
-    exposition as observe(), checked in tests/monitor/test_metrics_bulk.py).
+    `observe` runs on every served request: it appends the result to a queue (a deque:
+    thread-safe without a lock) and nothing else. `fold` (under the sink's one lock)
+    empties the queue into the series in bulk: per label set one bucket increment per
+    distinct histogram bucket and one sum increment per histogram, per-token times of all
+    queued requests binned at once (numpy), speculative counters summed first. It runs on
+    the observing thread once FOLD_AT results wait (bounding the queue) and before every
+    collection of the registry, so what a scrape reads is exactly what one observe() per
+    value would have recorded (tests/monitor/test_metrics_bulk.py). Labelled children
+    are looked up once per label set and kept.
     """
 
     def __init__(self, metrics: Metrics) -> None:
@@ -211,54 +261,99 @@ class MetricsSink:
         self._children: dict[tuple[bool, str, str, str], _Children] = {}
         self._spec: dict[tuple[str, str], tuple[Counter, Counter, Counter]] = {}
         self._per_pos: dict[tuple[str, str, int], Counter] = {}
+        self._pending: deque[GenerateResult] = deque()
+        self._fold_lock = threading.Lock()
+        metrics.before_collect(self.fold)
 
     def __call__(self, result: GenerateResult) -> None:
         self.observe(result)
 
-    def _for(self, result: GenerateResult) -> _Children:
-        key = (result.canary, result.bucket, result.path, result.decoding)
+    def _for(self, key: tuple[bool, str, str, str]) -> _Children:
         c = self._children.get(key)
         if c is None:
             m = self.metrics
-            source = "canary" if result.canary else "traffic"
+            canary, bucket = key[0], key[1]
+            source = "canary" if canary else "traffic"
             hist = m.latency[source]
             labels = key[1:]
             c = _Children(
                 hist.e2e.labels(*labels), hist.ttft.labels(*labels),
                 hist.queue_wait.labels(*labels), hist.per_token.labels(*labels),
-                m.output_tokens.labels(source, result.bucket),
-                None if result.canary else m.padding_waste.labels(result.bucket))
+                m.output_tokens.labels(source, bucket),
+                None if canary else m.padding_waste.labels(bucket))
             self._children[key] = c
         return c
 
+    @property
+    def pending(self) -> int:
+        """Return the results queued for the next fold."""
+        return len(self._pending)
+
     def observe(self, result: GenerateResult) -> None:
-        """Record one generate result (canary or real traffic)."""
-        c = self._for(result)
-        _observe1(c.e2e, result.total_s)
-        _observe1(c.ttft, result.ttft_s)
-        _observe1(c.queue_wait, result.queue_wait_s)
-        observe_many(c.per_token, result.decode_token_s)
-        c.output_tokens.inc(result.output_tokens)
+        """Record one generate result (canary or real traffic): queue it for the next fold."""
+        pending = self._pending
+        pending.append(result)
+        if len(pending) >= FOLD_AT:
+            self.fold()
+
+    def fold(self) -> int:
+        """Fold every queued result into the Prometheus series; return how many."""
+        with self._fold_lock:
+            pending = self._pending
+            batch: list[GenerateResult] = []
+            while pending:  # popleft, not a swap: an append racing the fold is never lost
+                batch.append(pending.popleft())
+            if not batch:
+                return 0
+            groups: dict[tuple[bool, str, str, str], list[GenerateResult]] = {}
+            for r in batch:
+                groups.setdefault((r.canary, r.bucket, r.path, r.decoding), []).append(r)
+            for key, rs in groups.items():
+                self._fold_group(self._for(key), rs)
+            self._fold_spec(batch)
+            return len(batch)
+
+    @staticmethod
+    def _fold_group(c: _Children, rs: list[GenerateResult]) -> None:
+        observe_many(c.e2e, [r.total_s for r in rs])
+        observe_many(c.ttft, [r.ttft_s for r in rs])
+        observe_many(c.queue_wait, [r.queue_wait_s for r in rs])
+        observe_many(c.per_token, list(chain.from_iterable(r.decode_token_s for r in rs)))
+        c.output_tokens.inc(sum(r.output_tokens for r in rs))
         if c.padding_waste is not None:
-            _observe1(c.padding_waste, result.padding_waste)
-        spec = result.spec
-        if spec.drafts or spec.draft_tokens:
-            m = self.metrics
-            source = "canary" if result.canary else "traffic"
-            key = (source, result.bucket)
+            observe_many(c.padding_waste, [r.padding_waste for r in rs])
+
+    def _fold_spec(self, batch: list[GenerateResult]) -> None:
+        sums: dict[tuple[str, str], list[int]] = {}
+        positions: dict[tuple[str, str], tuple[int, ...]] = {}
+        for r in batch:
+            spec = r.spec
+            if not (spec.drafts or spec.draft_tokens):
+                continue
+            key = ("canary" if r.canary else "traffic", r.bucket)
+            acc = sums.get(key)
+            if acc is None:
+                acc = sums[key] = [0, 0, 0]
+            acc[0] += spec.drafts
+            acc[1] += spec.draft_tokens
+            acc[2] += spec.accepted_tokens
+            positions[key] = add_positions(positions.get(key, ()), spec.accepted_per_position)
+        m = self.metrics
+        for key, (drafts, draft_tokens, accepted) in sums.items():
             counters = self._spec.get(key)
             if counters is None:
                 counters = self._spec[key] = (m.spec_drafts.labels(*key),
                                               m.spec_draft_tokens.labels(*key),
                                               m.spec_accepted.labels(*key))
-            counters[0].inc(spec.drafts)
-            counters[1].inc(spec.draft_tokens)
-            counters[2].inc(spec.accepted_tokens)
-            for pos, n in enumerate(spec.accepted_per_position):
-                child = self._per_pos.get((source, result.bucket, pos))
+            counters[0].inc(drafts)
+            counters[1].inc(draft_tokens)
+            counters[2].inc(accepted)
+            source, bucket = key
+            for pos, n in enumerate(positions[key]):
+                child = self._per_pos.get((source, bucket, pos))
                 if child is None:
-                    child = self._per_pos[source, result.bucket, pos] = \
-                        m.spec_accepted_per_pos.labels(source, result.bucket, str(pos))
+                    child = self._per_pos[source, bucket, pos] = \
+                        m.spec_accepted_per_pos.labels(source, bucket, str(pos))
                 child.inc(n)
 
     def reject(self, reason: str) -> None:

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine as DbEngine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.config import EngineConfig
 from engine.errors import NotReady
 from engine.protocol import Engine, FlagProvider
 from monitor.metrics import DatabaseCollector, EngineCollector
+from monitor.secrets import mask_url
 from monitor.services import (
     EngineFactory,
     Services,
@@ -46,6 +48,7 @@ from probes.reference import OutputChecker
 from probes.sampler import TrafficSampler
 from probes.traffic import TrafficRecorder
 from storage.db import make_engine, make_sessionmaker
+from storage.errors import DatabaseUnavailable
 from storage.migrate import check_schema, upgrade
 from storage.writer import Writer
 
@@ -55,7 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["FAILED", "LOADING", "READY", "WARMING", "EngineFactory", "EngineHolder",
-           "ProbeRunner", "default_engine_factory", "lifespan", "preflight",
+           "ProbeRunner", "default_engine_factory", "lifespan", "one_line", "preflight",
            "prepare_database", "scheduled_jobs", "start_scheduler"]
 
 LOADING = "loading"
@@ -197,18 +200,32 @@ def prepare_database(settings: Settings) -> DbEngine:
     """Return a DB engine whose schema is at head (migrating when auto_migrate).
 
     Raises storage.SchemaBehind (naming `tailwatch db upgrade`) when the schema is
-    behind and auto_migrate is off.
+    behind and auto_migrate is off, storage.DatabaseUnavailable (one line, password
+    masked) when the database cannot be reached or refuses the connection.
     """
     db = make_engine(settings.database_url)
     try:
         if settings.auto_migrate:
             upgrade(db)
         check_schema(db)
+    except DBAPIError as exc:
+        db.dispose()
+        # The driver's message spans lines and SQLAlchemy appends a link: keep the reason.
+        raise DatabaseUnavailable(
+            # Quoted: a masker scanning text for URLs stops at the quote, not at the colon.
+            f"database: cannot connect to '{mask_url(db.url.render_as_string())}': "
+            f"{one_line(str(exc.orig))}") from exc
     except Exception:
         # Not logged here: `serve` prints it as its one error line, uvicorn logs a lifespan failure.
         db.dispose()
         raise
     return db
+
+
+def one_line(text: str) -> str:
+    """Return `text` as one line: its lines joined, SQLAlchemy's "Background on" link dropped."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    return " ".join(ln for ln in lines if ln and not ln.startswith("(Background on this error"))
 
 
 def preflight(settings: Settings) -> None:

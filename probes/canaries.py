@@ -22,6 +22,15 @@ float32, direct decoding, exact shape), and the suite's `reference` cohort:
         prompts:
           - {text: "...", tokens: 14, bucket: "16", reference_ids: [52, 9, 1],
              reference_text: "..."}
+
+Golden answers: any canary mapping may carry `expected`, the output the user expects
+(compared with the served text after stripping surrounding whitespace; see
+probes.quality.golden_match). Every cycle stores, next to the agreement with the reference
+output, how many outputs had an expected answer and how many equal it (exact-match
+accuracy, `output_agreements.golden_count` / `golden_exact`):
+
+        prompts:
+          - {text: "translate: guten morgen", expected: "good morning"}
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SUITES_FILE = Path(__file__).parent / "suites" / "default.yaml"
 _KEYS = {"name", "domain", "prompts", "max_new_tokens", "reference"}
-_CANARY_KEYS = {"text", "tokens", "bucket", "reference_ids", "reference_text"}
+_CANARY_KEYS = {"text", "tokens", "bucket", "reference_ids", "reference_text", "expected"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class Canary:
     bucket: str | None = None
     reference_ids: tuple[int, ...] | None = None
     reference_text: str | None = None
+    expected: str | None = None  # the golden answer, when the user gave one
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,11 @@ class CanarySuite:
     # Built suites: per-prompt records (same order as prompts) and the reference cohort.
     canaries: tuple[Canary, ...] = ()
     reference: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def expected(self) -> dict[str, str]:
+        """Return prompt -> golden answer of the canaries that carry one."""
+        return {c.text: c.expected for c in self.canaries if c.expected is not None}
 
 
 def load_suites(user_file: str | Path | None = None) -> dict[str, CanarySuite]:
@@ -117,7 +132,13 @@ def _parse_suite(raw: Any, path: Path, where: str) -> CanarySuite:
         raise SuiteError(file, f"{where}.reference", "must be a mapping of strings")
     canaries = _parse_prompts(raw.get("prompts"), path, f"{where}.prompts")
     prompts = tuple(c.text for c in canaries)
-    recorded = canaries if any(c.tokens is not None for c in canaries) else ()
+    recorded = canaries if any(c.tokens is not None or c.expected is not None
+                               for c in canaries) else ()
+    golden: dict[str, str] = {}
+    for c in canaries:
+        if c.expected is not None and golden.setdefault(c.text, c.expected) != c.expected:
+            raise SuiteError(file, f"{where}.prompts", f"canary {_label(c.text)}: two"
+                                                       " different expected answers")
     return CanarySuite(raw["name"], raw["domain"], prompts, mnt, file, recorded, dict(reference))
 
 
@@ -144,12 +165,13 @@ def _parse_prompts(raw: Any, path: Path, where: str) -> tuple[Canary, ...]:
 
 
 def _parse_canary(item: Mapping[str, Any], file: str, where: str) -> Canary:
-    unknown = set(item) - _CANARY_KEYS
-    if unknown:
-        raise SuiteError(file, f"{where}.{sorted(unknown)[0]}", "unknown field")
     text, tokens, bucket = item.get("text"), item.get("tokens"), item.get("bucket")
     if not isinstance(text, str) or not text.strip():
         raise SuiteError(file, f"{where}.text", "must be a non-empty string")
+    unknown = set(item) - _CANARY_KEYS
+    if unknown:
+        raise SuiteError(file, f"{where}.{sorted(unknown)[0]}",
+                         f"canary {_label(text)}: unknown field")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
                                or tokens < 1):
         raise SuiteError(file, f"{where}.tokens", f"must be a positive integer, got {tokens!r}")
@@ -162,8 +184,18 @@ def _parse_canary(item: Mapping[str, Any], file: str, where: str) -> Canary:
     ref_text = item.get("reference_text")
     if ref_text is not None and not isinstance(ref_text, str):
         raise SuiteError(file, f"{where}.reference_text", "must be a string")
+    expected = item.get("expected")
+    if "expected" in item and (not isinstance(expected, str) or not expected.strip()):
+        raise SuiteError(file, f"{where}.expected", f"canary {_label(text)}: must be a"
+                                                    f" non-empty string, got {expected!r}")
     return Canary(text, tokens, None if bucket is None else str(bucket),
-                  None if ids is None else tuple(ids), ref_text)
+                  None if ids is None else tuple(ids), ref_text, expected)
+
+
+def _label(text: str, width: int = 40) -> str:
+    """Return a canary's text shortened to one line, quoted, to name it in an error."""
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= width else flat[:width - 3] + "...")
 
 
 def _read_prompts_file(p: Path, file: str, where: str) -> list[str]:

@@ -209,7 +209,8 @@ def suites_yaml(suites: Iterable[CanarySuite], header: str = "") -> str:
             entry["reference"] = dict(suite.reference)
         entry["prompts"] = [
             {"text": c.text, "tokens": c.tokens, "bucket": c.bucket,
-             "reference_ids": Ids(c.reference_ids or ()), "reference_text": c.reference_text}
+             "reference_ids": Ids(c.reference_ids or ()), "reference_text": c.reference_text,
+             **({"expected": c.expected} if c.expected is not None else {})}
             for c in suite.canaries]
         data.append(entry)
     body = yaml.dump({"suites": data}, Dumper=Dumper, sort_keys=False, allow_unicode=True,

@@ -104,8 +104,9 @@ class Prober:
     def _check(self, result: CycleResult) -> tuple[AgreementGroup, ...]:
         assert self.checker is not None
         try:
-            return self.checker.check(
-                result, max_new_tokens=self.suites[result.suite].max_new_tokens)
+            suite = self.suites[result.suite]
+            return self.checker.check(result, max_new_tokens=suite.max_new_tokens,
+                                      expected=suite.expected)
         except Exception:  # a quality-check bug must not lose the cycle's measurements
             log.exception("output agreement check failed")
             return ()

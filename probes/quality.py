@@ -10,6 +10,10 @@ cohort (model_version, config_hash). Every arm's output is compared with it:
     length_diff: len(output) - len(reference).
     first_divergence: the first position where the two differ (a position past the
         shorter one when one is a prefix of the other), None when exact.
+
+A canary may also carry a golden answer (`expected` in a suites file, probes.canaries):
+its output text is then checked against it too (golden_match), and each group counts
+the outputs that had one (golden_count) and those equal to it (golden_exact).
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ def compare(output: Sequence[int], reference: Sequence[int]) -> Comparison:
                       first_divergence=first)
 
 
+def golden_match(output_text: str, expected: str) -> bool:
+    """Return whether an output equals its golden answer, surrounding whitespace aside."""
+    return output_text.strip() == expected.strip()
+
+
 def prompt_key(prompt: str, max_new_tokens: int | None) -> str:
     """Return the key of a reference: sha256 of the token budget and the prompt."""
     return hashlib.sha256(f"{max_new_tokens}\x00{prompt}".encode()).hexdigest()
@@ -60,6 +69,7 @@ class Compared:
     decoding: str
     variant: str
     comparison: Comparison
+    golden: bool | None = None  # equal to the golden answer; None: the canary has none
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,8 @@ class AgreementGroup:
     length_diff_sum: int
     first_divergence_min: int | None
     worst: tuple[Worst, ...] = ()
+    golden_count: int = 0  # outputs whose canary has a golden answer
+    golden_exact: int = 0  # those equal to it
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -101,6 +113,11 @@ class AgreementGroup:
     def exact_share(self) -> float | None:
         """Return the share of outputs equal to their reference, or None."""
         return self.exact / self.count if self.count else None
+
+    @property
+    def golden_accuracy(self) -> float | None:
+        """Return the share of golden answers matched, or None when no canary had one."""
+        return self.golden_exact / self.golden_count if self.golden_count else None
 
 
 def summarize(items: Iterable[Compared]) -> tuple[AgreementGroup, ...]:
@@ -121,5 +138,7 @@ def summarize(items: Iterable[Compared]) -> tuple[AgreementGroup, ...]:
             length_diff_sum=sum(abs(c.comparison.length_diff) for c in cs),
             first_divergence_min=min(divergences) if divergences else None,
             worst=tuple(Worst(c.key, c.comparison.agreement, c.comparison.first_divergence,
-                              c.comparison.length_diff) for c in worst)))
+                              c.comparison.length_diff) for c in worst),
+            golden_count=sum(1 for c in cs if c.golden is not None),
+            golden_exact=sum(1 for c in cs if c.golden)))
     return tuple(out)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
 
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.errors import EngineError
 from engine.protocol import REFERENCE, Engine
 from probes.cycle import CycleResult
-from probes.quality import AgreementGroup, Compared, compare, prompt_key, summarize
+from probes.quality import AgreementGroup, Compared, compare, golden_match, prompt_key, summarize
 from probes.sink import add_cycle
 from storage.models import CanaryReference, OutputAgreement, ProbeRun
 from storage.queries import quality as queries
@@ -97,8 +97,14 @@ class OutputChecker:
             return {}
         return {k: tuple(v) for k, v in stored.items()}
 
-    def check(self, cycle: CycleResult, *, max_new_tokens: int | None) -> tuple[AgreementGroup, ...]:
-        """Compare every output of `cycle` with its reference; return the groups."""
+    def check(self, cycle: CycleResult, *, max_new_tokens: int | None,
+              expected: Mapping[str, str] | None = None) -> tuple[AgreementGroup, ...]:
+        """Compare every output of `cycle` with its reference (and golden answer); return the groups.
+
+        `expected`: prompt -> golden answer (CanarySuite.expected); an output is checked
+        against it when it is compared with its reference.
+        """
+        golden = expected or {}
         if not cycle.outputs or not cycle.model_version:
             return ()
         info = self.engine.info
@@ -111,8 +117,9 @@ class OutputChecker:
         for prompt, variant, r in cycle.outputs:
             key = prompt_key(prompt, max_new_tokens)
             if key in refs:
-                compared.append(Compared(key, r.bucket, r.path, r.decoding, variant,
-                                         compare(r.output_ids, refs[key])))
+                compared.append(Compared(
+                    key, r.bucket, r.path, r.decoding, variant, compare(r.output_ids, refs[key]),
+                    golden_match(r.text, golden[prompt]) if prompt in golden else None))
         return summarize(compared)
 
 
@@ -142,6 +149,7 @@ def agreement_row(g: AgreementGroup, *, at: datetime, source: str, instance_id: 
         decoding=g.decoding, variant=g.variant, count=g.count, exact=g.exact,
         agreement_sum=g.agreement_sum, length_diff_sum=g.length_diff_sum,
         first_divergence_min=g.first_divergence_min,
+        golden_count=g.golden_count, golden_exact=g.golden_exact,
         worst=[{"key": w.key[:16], "agreement": w.agreement,
                 "first_divergence": w.first_divergence, "length_diff": w.length_diff}
                for w in g.worst])

@@ -4,6 +4,10 @@ Every served (non-canary) GenerateResult adds to the rollup of its minute x inst
 bucket x path x decoding; canary results are ignored. Rejections and failures have no
 path: they are recorded under path "rejected"/"failed" and decoding "none".
 Keys and deltas are storage.rollups' RollupKey/RollupDelta.
+`record` runs on every served request and only queues (minute, result) on a deque (no
+lock); the queue is folded into the rollups, under the recorder's one lock, once FOLD_AT
+results wait and before anything reads them (`drain`, `flush`, `len`, `dropped`), so a
+request's minute is the one it was served in and nothing recorded is lost or weakened.
 Memory is bounded by `buffer_max` rollups: a request that would open a new rollup past
 the bound is dropped and counted (`dropped`). `flush(writer)` hands the rollups to the
 storage Writer (the one write path), which adds them to the stored rows and retries
@@ -14,8 +18,10 @@ dropped and counted in `writer.stats.dropped`.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 PATH_REJECTED = "rejected"
 PATH_FAILED = "failed"
 DECODING_NONE = "none"
+FOLD_AT = 64  # queued requests the recording thread folds into the rollups at once
 
 
 Rollup = tuple[RollupKey, RollupDelta]
@@ -97,16 +104,34 @@ class TrafficRecorder:
         # Plain-tuple keys (minute, bucket, path, decoding): record() runs on every request.
         self._accs: dict[tuple[datetime, str, str, str], _Acc] = {}
         self._minute_cache: tuple[int, datetime] = (-1, datetime.min.replace(tzinfo=UTC))
-        self.dropped = 0  # requests lost because the buffer was full
+        self._pending: deque[tuple[datetime | float, GenerateResult]] = deque()
+        self._dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        """Return the requests lost because the buffer was full."""
+        with self._lock:
+            self._fold()
+            return self._dropped
+
+    @property
+    def pending(self) -> int:
+        """Return the served requests queued for the next fold."""
+        return len(self._pending)
 
     def __len__(self) -> int:
         with self._lock:
+            self._fold()
             return len(self._accs)
 
     def _minute(self) -> datetime:
-        if self.clock is not None:
-            return self.clock().replace(second=0, microsecond=0)
-        epoch_minute = int(time.time() // 60)
+        return self._minute_of(self.clock() if self.clock is not None else time.time())
+
+    def _minute_of(self, stamp: datetime | float) -> datetime:
+        """Return the minute of a clock reading or a time.time() stamp."""
+        if isinstance(stamp, datetime):
+            return stamp.replace(second=0, microsecond=0)
+        epoch_minute = int(stamp // 60)
         cached = self._minute_cache  # one tuple: read and replaced atomically
         if cached[0] != epoch_minute:
             cached = (epoch_minute, datetime.fromtimestamp(epoch_minute * 60, UTC))
@@ -120,37 +145,60 @@ class TrafficRecorder:
         acc = self._accs.get(key)
         if acc is None:
             if len(self._accs) >= self.buffer_max:
-                self.dropped += 1
+                self._dropped += 1
                 return None
             acc = self._accs[key] = _Acc()
         return acc
 
     def record(self, r: GenerateResult) -> None:
-        """Add one served request; canary results are ignored."""
+        """Add one served request (queued for the next fold); canary results are ignored."""
         if r.canary:
             return
-        key = self._key(r.bucket, r.path, r.decoding)
-        in_k, out_k = str(r.input_tokens), str(r.output_tokens)
-        decode = r.decode_token_s
-        spec = r.spec
-        with self._lock:
+        pending = self._pending
+        # The time it was served (its minute is worked out at the fold): one C call here.
+        pending.append((self.clock() if self.clock is not None else time.time(), r))
+        if len(pending) >= FOLD_AT:
+            with self._lock:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Add every queued request to its rollup (the caller holds the lock)."""
+        pending = self._pending
+        groups: dict[tuple[datetime, str, str, str], list[GenerateResult]] = {}
+        while pending:  # popleft, not a swap: an append racing the fold is never lost
+            stamp, r = pending.popleft()
+            key = (self._minute_of(stamp), r.bucket, r.path, r.decoding)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = []
+            group.append(r)
+        for key, rs in groups.items():
             a = self._acc(key)
             if a is None:
-                return
-            a.requests += 1
-            a.overflow += r.path == PATH_OVERFLOW
-            a.latency_sum_s += r.total_s
-            a.latency_sketch.add(r.total_s)
-            a.ttft_sum_s += r.ttft_s
-            a.ttft_sketch.add(r.ttft_s)
+                self._dropped += len(rs) - 1  # _acc counted one
+                continue
+            self._add(a, key[2], rs)
+
+    @staticmethod
+    def _add(a: _Acc, path: str, rs: list[GenerateResult]) -> None:
+        """Add requests of one key to its counters and sketches (each value, in bulk)."""
+        a.requests += len(rs)
+        if path == PATH_OVERFLOW:
+            a.overflow += len(rs)
+        add_latency, add_ttft = a.latency_sketch.add, a.ttft_sketch.add
+        add_per_token = a.per_token_sketch.add
+        in_lens, out_lens = a.input_lens, a.output_lens
+        for r in rs:
+            add_latency(r.total_s)
+            add_ttft(r.ttft_s)
+            decode = r.decode_token_s
             if decode:
                 # One update per request: its mean per-token time, weighted by its tokens.
-                a.per_token_sketch.add(sum(decode) / len(decode), len(decode))
-            a.input_tokens_sum += r.input_tokens
-            a.padded_tokens_sum += r.padded_length
-            a.output_tokens_sum += r.output_tokens
-            a.input_lens[in_k] = a.input_lens.get(in_k, 0) + 1
-            a.output_lens[out_k] = a.output_lens.get(out_k, 0) + 1
+                add_per_token(sum(decode) / len(decode), len(decode))
+            in_k, out_k = str(r.input_tokens), str(r.output_tokens)
+            in_lens[in_k] = in_lens.get(in_k, 0) + 1
+            out_lens[out_k] = out_lens.get(out_k, 0) + 1
+            spec = r.spec
             if spec.drafts or spec.draft_tokens:
                 a.drafts += spec.drafts
                 a.draft_tokens += spec.draft_tokens
@@ -161,6 +209,11 @@ class TrafficRecorder:
                 a.probation_requests += 1
                 a.probation_draft_tokens += spec.draft_tokens
                 a.probation_accepted += spec.accepted_tokens
+        a.latency_sum_s += math.fsum(r.total_s for r in rs)
+        a.ttft_sum_s += math.fsum(r.ttft_s for r in rs)
+        a.input_tokens_sum += sum(r.input_tokens for r in rs)
+        a.padded_tokens_sum += sum(r.padded_length for r in rs)
+        a.output_tokens_sum += sum(r.output_tokens for r in rs)
 
     def record_rejection(self, bucket: str) -> None:
         """Count a request the engine refused (Overloaded) in `bucket`."""
@@ -177,8 +230,9 @@ class TrafficRecorder:
                 a.errors += 1
 
     def drain(self) -> list[Rollup]:
-        """Return and forget every rollup held."""
+        """Return and forget every rollup held (queued requests folded in first)."""
         with self._lock:
+            self._fold()
             accs, self._accs = self._accs, {}
         return [(RollupKey(k[0], self.instance_id, k[1], k[2], k[3]), a.freeze())
                 for k, a in accs.items()]

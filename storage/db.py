@@ -32,8 +32,11 @@ def normalize_url(url: str | URL) -> URL:
             url = "postgresql://" + url[len("postgres://"):]
         try:
             parsed = make_url(url)
-        except ArgumentError as exc:
-            raise InvalidQuery("database_url", f"cannot parse {url!r}", value=url) from exc
+        except (ArgumentError, ValueError) as exc:  # ValueError: a non-numeric port
+            # Not echoed: an unparsable URL may hold a password where no masker finds it.
+            raise InvalidQuery("database_url", "cannot parse the URL (not shown); expected e.g. "
+                               "postgresql://user@host:5432/db or sqlite:///path/to.db",
+                               value=url) from exc
     else:
         parsed = url
     if parsed.drivername in ("postgresql", "postgres"):

@@ -492,6 +492,8 @@ class OutputAgreement(Base):
     shorter length); length_diff_sum: sum of |len(output) - len(reference)|;
     first_divergence_min: the earliest first divergence (None: every output matched);
     worst: up to 3 {key, agreement, first_divergence, length_diff}, lowest agreement first.
+    golden_count: outputs whose canary carries a golden answer (`expected` in a suites
+    file); golden_exact: those equal to it (exact-match accuracy, probes.quality).
     """
 
     __tablename__ = "output_agreements"
@@ -518,6 +520,8 @@ class OutputAgreement(Base):
     first_divergence_min: Mapped[int | None] = mapped_column(Integer)
     worst: Mapped[list[dict[str, Any]]] = mapped_column(_json(), default=list)
     text: Mapped[str | None] = mapped_column(Text)
+    golden_count: Mapped[int] = mapped_column(Integer, default=0)
+    golden_exact: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class SeriesChunk(Base):

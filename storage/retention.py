@@ -1,9 +1,14 @@
 """Delete data past its retention (the daily retention job calls `prune`).
 
-Raw canary data (probe runs and results, memory samples) is kept `raw_days`;
-per-minute rollups, compile events, delivered or failed webhooks, resolved alerts
-and superseded rolling baselines are kept `rollup_days`. Flag audits and reports
-are never pruned. Measured size: see bench.storage and tests/storage/test_retention.py
+Raw canary data (probe runs and results, memory samples) and output agreements (per run
+or per sampled request) are kept `raw_days`; per-minute rollups, compile events,
+delivered or failed webhooks, resolved alerts (with their transitions), superseded
+rolling baselines, hour chunks of the rule series (`series_chunks`, by hour) and rollout
+verdicts (by their last update) are kept `rollup_days`. The evaluator already drops the
+chunks older than each configured rule's baseline window; retention also removes those
+of rules no longer configured. Flag audits, reports, flags and canary references (one
+per cohort and prompt: what agreement is measured against when a cohort comes back) are
+never pruned. Measured size: see bench.storage and tests/storage/test_retention.py
 (30 days of 1-minute cycles on 5 buckets, 14 raw days: well under 200 MB on SQLite).
 """
 
@@ -18,11 +23,15 @@ from sqlalchemy.orm import Session
 from storage.errors import InvalidQuery
 from storage.models import (
     Alert,
+    AlertTransition,
     Baseline,
     CompileEvent,
     MemorySample,
+    OutputAgreement,
     ProbeResult,
     ProbeRun,
+    RolloutVerdict,
+    SeriesChunk,
     TrafficRollup,
     WebhookDelivery,
 )
@@ -39,7 +48,11 @@ class PruneResult:
     traffic_rollups: int = 0
     webhook_deliveries: int = 0
     alerts: int = 0
+    alert_transitions: int = 0
     baselines: int = 0
+    output_agreements: int = 0
+    series_chunks: int = 0
+    rollout_verdicts: int = 0
 
     @property
     def total(self) -> int:
@@ -63,9 +76,14 @@ def prune(session: Session, now: datetime, raw_days: int, rollup_days: int) -> P
         return result.rowcount
 
     old_runs = select(ProbeRun.id).where(ProbeRun.started_at < raw_cut).scalar_subquery()
-    # Results first: do not rely on ON DELETE CASCADE being enforced.
+    # Children first: do not rely on ON DELETE CASCADE being enforced.
     results = run(delete(ProbeResult).where(ProbeResult.at < raw_cut))
     results += run(delete(ProbeResult).where(ProbeResult.run_id.in_(old_runs)))
+    agreements = run(delete(OutputAgreement).where(OutputAgreement.at < raw_cut))
+    agreements += run(delete(OutputAgreement).where(OutputAgreement.run_id.in_(old_runs)))
+    old_alerts = select(Alert.id).where(Alert.state == "resolved",
+                                        Alert.resolved_at < rollup_cut).scalar_subquery()
+    transitions = run(delete(AlertTransition).where(AlertTransition.alert_id.in_(old_alerts)))
     compile_events = run(delete(CompileEvent).where(CompileEvent.at < rollup_cut))
     session.execute(
         update(CompileEvent).where(CompileEvent.run_id.in_(old_runs)).values(run_id=None)
@@ -80,8 +98,12 @@ def prune(session: Session, now: datetime, raw_days: int, rollup_days: int) -> P
             WebhookDelivery.state.in_(("delivered", "failed")),
             WebhookDelivery.created_at < rollup_cut,
         )),
+        alert_transitions=transitions,
         alerts=run(delete(Alert).where(Alert.state == "resolved", Alert.resolved_at < rollup_cut)),
         baselines=run(delete(Baseline).where(
             Baseline.kind == "rolling", Baseline.active.is_(False), Baseline.created_at < rollup_cut
         )),
+        output_agreements=agreements,
+        series_chunks=run(delete(SeriesChunk).where(SeriesChunk.start < rollup_cut)),
+        rollout_verdicts=run(delete(RolloutVerdict).where(RolloutVerdict.updated_at < rollup_cut)),
     )

@@ -10,12 +10,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from alerts.flags import FlagStore
+from alerts.flags import FlagStore, applies_to
 from monitor.api.deps import (
     EngineHolderDep,
     FlagProviderDep,
     ReaderDep,
     SessionsDep,
+    SettingsDep,
     WriterDep,
 )
 from monitor.api.errors import NotFound
@@ -30,7 +31,8 @@ FlagScope = Name64  # flags.scope; alerts.flags refuses scopes a flag lacks (422
 
 
 class FlagOut(BaseModel):
-    """One stored flag row; `in_force` marks the row the engine uses (manual wins)."""
+    """One stored flag row; `in_force` marks the row this instance's engine uses (manual
+    wins; another instance's "instance:<id>" rows are never in force here)."""
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -48,7 +50,8 @@ class FlagOut(BaseModel):
 
 
 class FlagsOut(BaseModel):
-    """Stored rows and the flags the engine reads now (defaults filled in)."""
+    """Stored rows (every instance's) and the flags this instance's engine reads now
+    (defaults filled in, its own "instance:<id>" scope applied; `effective.instance_id`)."""
 
     flags: list[FlagOut]
     effective: dict[str, Any]
@@ -107,15 +110,20 @@ class Cleared(BaseModel):
 
 
 @router.get("/v1/flags")
-def list_flags(sessions: SessionsDep, holder: EngineHolderDep, _actor: ReaderDep) -> FlagsOut:
-    """Return every stored flag row and the effective runtime flags."""
+def list_flags(sessions: SessionsDep, holder: EngineHolderDep, settings: SettingsDep,
+               _actor: ReaderDep) -> FlagsOut:
+    """Return every stored flag row and this instance's effective runtime flags."""
+    here = settings.instance_id
     with sessions() as session:
         rows = _store.list(session)
-        in_force = {(f.name, f.scope, f.source) for f in _store.effective(session).values()}
-        effective = _store.runtime_flags(session)
+        in_force = {(f.name, f.scope, f.source) for f in _store.effective(session).values()
+                    if applies_to(f.scope, here)}
+        # The engine's own provider reads with its instance id (alerts.flags.SqlFlagProvider).
+        effective = _store.runtime_flags(session, here)
     out = [FlagOut.model_validate(r).model_copy(
         update={"in_force": (r.name, r.scope, r.source) in in_force}) for r in rows]
     eff = asdict(effective)
+    eff["instance_id"] = here
     eff["speculative"] = dict(effective.speculative)
     eff["manual_off"] = sorted(effective.manual_off)
     # Whether a draft is loaded at all (a user model without draft_dir decodes directly).

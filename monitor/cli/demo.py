@@ -9,7 +9,7 @@ import click
 
 @click.command()
 @click.option("--fast", is_flag=True,
-              help="Shortened form (3 buckets instead of 5, 4 s rule cycles): the end-to-end test.")
+              help="Shortened form (3 buckets instead of 5, 10 s rule cycles): the end-to-end test.")
 @click.option("--keep", "keep_dir", default=None, type=click.Path(path_type=Path),
               metavar="DIR", help="Keep the database, webhook log, demo log and report in DIR.")
 @click.option("--fake-engine", is_flag=True, hidden=True,

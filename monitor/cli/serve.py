@@ -55,12 +55,23 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
         # Fail here with one line rather than inside uvicorn's lifespan with a traceback.
         preflight(settings)
     except Exception as exc:
-        from monitor.secrets import Masker
-
-        raise click.ClickException(Masker.from_settings(settings).text(str(exc))) from None
+        raise click.ClickException(startup_error(settings, exc)) from None
     # log_config=None: uvicorn's lines go through the handler above (text or JSON).
     uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level=level,
                 log_config=None, access_log=level == "debug")
+
+
+def startup_error(settings: Settings, exc: Exception) -> str:
+    """Return the one line `serve` prints for a start-up failure, every secret masked."""
+    from monitor.secrets import UNPARSABLE_URL, Masker, mask_url
+    from monitor.service import one_line
+
+    text = one_line(str(exc)) or type(exc).__name__
+    url = settings.database_url
+    if url and mask_url(url) == UNPARSABLE_URL:
+        # Its password cannot be located, so the masker does not know it: hide it whole.
+        text = text.replace(url, UNPARSABLE_URL)
+    return Masker.from_settings(settings).text(text)
 
 
 def check_port(host: str, port: int) -> None:

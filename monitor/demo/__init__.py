@@ -2,8 +2,9 @@
 
 Starts the service on a loopback port with a throw-away SQLite database, the built-in
 models and accelerated schedules, plus a loopback webhook receiver, then plays a
-scenario (baseline, traffic shift, latency regression, shape churn, operator override,
-weekly report) and checks each step's outcome through the public API.
+scenario (baseline, latency regression, a faulty int8 build in one bucket, shape churn,
+operator override, traffic shift, weekly report) and checks each step's outcome through
+the public API.
 
 Exceptions:
 

@@ -77,13 +77,14 @@ class ServiceClient:
         r.raise_for_status()
         return r.json()
 
-    def metric(self, name: str) -> float:
-        """Return the sum of every sample of metric `name` (a counter's total) from /metrics."""
+    def metric_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Return (labels, value) of every sample of metric `name` from /metrics."""
         r = self._http.get("/metrics")
         r.raise_for_status()
-        total = 0.0
-        for family in text_string_to_metric_families(r.text):
-            for sample in family.samples:
-                if sample.name == name:
-                    total += sample.value
-        return total
+        return [(dict(sample.labels), sample.value)
+                for family in text_string_to_metric_families(r.text)
+                for sample in family.samples if sample.name == name]
+
+    def metric(self, name: str) -> float:
+        """Return the sum of every sample of metric `name` (a counter's total) from /metrics."""
+        return sum(value for _, value in self.metric_samples(name))

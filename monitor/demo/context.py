@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from monitor.demo.client import ServiceClient
-from monitor.demo.engine import SlowableEngine
+from monitor.demo.engine import Int8Rollout, SlowableEngine
 from monitor.demo.errors import CheckFailed
 from monitor.demo.narration import Narrator
 from monitor.demo.profile import DemoProfile
@@ -43,6 +43,7 @@ class StepContext:
     engine: Callable[[], SlowableEngine | None]
     say: Narrator
     run_report: Callable[[], tuple[str, str]]
+    rollout: Callable[[], Int8Rollout | None] = lambda: None
     step_name: str = ""
     headline: str = ""
     events: list[str] = field(default_factory=list)
@@ -57,6 +58,20 @@ class StepContext:
         """Poll `probe` until it holds; raise CheckFailed (expected vs seen) at the timeout."""
         deadline = time.monotonic() + timeout_s
         return self._poll(check, expected, probe, lambda: deadline - time.monotonic())
+
+    def wait_progress(self, check: str, expected: str, probe: Probe, stall_s: float) -> str:
+        """Poll `probe` until it holds; raise CheckFailed once what it reports stood still
+        for `stall_s` (a slow machine takes longer per step; only a stuck wait fails)."""
+        mark: dict[str, Any] = {"seen": None, "at": time.monotonic()}
+
+        def tracked() -> tuple[bool, str]:
+            ok, seen = probe()
+            if seen != mark["seen"]:
+                mark.update(seen=seen, at=time.monotonic())
+            return ok, seen
+
+        return self._poll(check, expected, tracked,
+                          lambda: stall_s - (time.monotonic() - mark["at"]))
 
     def wait_cycles(self, check: str, expected: str, probe: Probe, cycles: int,
                     min_s: float) -> str:
@@ -94,6 +109,12 @@ class StepContext:
         starts = sorted(epoch(r["started_at"]) for r in runs)[-9:]
         gaps = sorted(b - a for a, b in zip(starts, starts[1:], strict=False))
         return n, (gaps[len(gaps) // 2] if gaps else None)
+
+    def cycle_seconds(self) -> float | None:
+        """Return the median duration of the latest finished canary cycles (None: none yet)."""
+        took = sorted(epoch(r["finished_at"]) - epoch(r["started_at"])
+                      for r in self.api.probe_cycles(limit=9) if r.get("finished_at"))
+        return took[len(took) // 2] if took else None
 
     def _poll(self, check: str, expected: str, probe: Probe,
               left_s: Callable[[], float]) -> str:

@@ -15,8 +15,14 @@ from engine.protocol import (
     FlagProvider,
     GenerateResult,
     MemorySnapshot,
+    RuntimeFlags,
     WarmupStatus,
 )
+
+# Relative noise (x each weight matrix's std) the demo's faulty int8 build adds to the
+# target's weights (engine.quantize.noisy, the runtime's quantizer seam): enough to change
+# most outputs of the built-in model, whose real int8 weights agree with float32.
+FAULTY_INT8_NOISE = 0.5
 
 
 def models_present() -> bool:
@@ -103,20 +109,60 @@ class SlowableEngine:
         self.inner.close()
 
 
+class Int8Rollout:
+    """The service's flags, with int8 weights served only in the buckets rolled out to.
+
+    Stands for a staged rollout written in config: the int8 target is loaded
+    (engine.quantization: int8) but served nowhere until `roll_out(bucket)`. A stored
+    per-bucket `quantized` row (the policy's fallback, an operator's override) still wins
+    in that bucket, so the production flag path turns it off again.
+    """
+
+    def __init__(self, inner: FlagProvider) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self._buckets: frozenset[str] = frozenset()
+
+    def roll_out(self, bucket: str) -> None:
+        """Serve int8 weights in `bucket` from the next request on."""
+        with self._lock:
+            self._buckets = self._buckets | {bucket}
+
+    @property
+    def buckets(self) -> frozenset[str]:
+        """Return the buckets int8 is rolled out to."""
+        with self._lock:
+            return self._buckets
+
+    def flags(self) -> RuntimeFlags:
+        stored = self.inner.flags()
+        rolled = dict.fromkeys(self.buckets, True)
+        return replace(stored, quantized_default=False, quantized={**rolled, **stored.quantized})
+
+    def invalidate(self) -> None:
+        self.inner.invalidate()
+
+
 class DemoEngineFactory:
     """The service's engine factory: builds the engine, wraps it, and keeps the wrapper.
 
     fake: serve probes.fake.FakeEngine (no torch; latencies slept) instead of the
-        built-in models, for developing the scenario quickly.
+        built-in models, for developing the scenario quickly (it has no int8 path).
+    int8_noise: with engine.quantization int8, build the int8 target with noisy float
+        weights instead (engine.quantize.noisy): a faulty int8 build whose outputs drift.
     """
 
-    def __init__(self, *, fake: bool = False) -> None:
+    def __init__(self, *, fake: bool = False, int8_noise: float = FAULTY_INT8_NOISE) -> None:
         self.fake = fake
+        self.int8_noise = int8_noise
         self.engine: SlowableEngine | None = None
+        self.rollout: Int8Rollout | None = None
         self.built = threading.Event()
 
     def __call__(self, config: EngineConfig, flags: FlagProvider) -> SlowableEngine:
         inner: Engine
+        self.rollout = Int8Rollout(flags)
+        flags = self.rollout
         if self.fake:
             from probes.fake import FakeEngine, FakeTimings
 
@@ -126,6 +172,11 @@ class DemoEngineFactory:
                                # speculating is then slower than decoding directly.
                                acceptance={"in_domain": 0.8, "shifted": 0.02},
                                timings=FakeTimings(sleep_scale=1.0))
+        elif config.quantization == "int8":
+            from engine.quantize import noisy
+            from engine.runtime import Runtime
+
+            inner = Runtime(config, flags, quantizer=noisy(self.int8_noise))
         else:
             from engine import load_engine
 

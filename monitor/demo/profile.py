@@ -4,7 +4,11 @@ Shipped defaults are untouched: the demo writes its own rule and policy files (w
 replace the shipped entries of the same name) into its work directory and builds a
 `Settings` object for the service. Two limits set the pace:
 
-* Canary rules use `window_s`-second cycles (a few seconds) and short baselines.
+* Canary rules use `window_s`-second cycles (a few seconds) and short baselines. A
+  probe cycle's rows are stamped with its start, so a probe cycle that outlasts a rule
+  cycle is never in the newest finished rule cycle when the evaluator reads it: the rule
+  sees "empty window" on every evaluation. The slowed probe cycle of the latency step
+  must therefore fit in a rule cycle (`steps.regression_delay` checks it).
 * Traffic rules cannot go below one minute: real traffic is stored as per-minute rollups
   (`storage.rollups.RollupKey` truncates to the minute), so the acceptance alert needs
   two whole minutes of shifted traffic. That step dominates the demo's run time.
@@ -32,6 +36,9 @@ from monitor.settings import (
 
 OPERATOR = "oncall-alice"
 RECEIVER_NAME = "demo-receiver"
+# The demo latency rule's `for` and CUSUM min_cycles (the waits are sized from them).
+DEMO_FOR = 2
+DEMO_CUSUM_CYCLES = 2
 
 
 @dataclass(frozen=True)
@@ -39,9 +46,12 @@ class DemoProfile:
     """How big and how fast the demo runs.
 
     window_s: cycle length of the canary rules; probes run every probe_interval_s, so
-        each cycle holds about two canary cycles.
+        each rule cycle holds about window_s / probe_interval_s canary cycles.
+    canaries_per_bucket: canaries per bucket per probe cycle: 2, the samples a p50 needs,
+        so every rule cycle with one probe cycle in it can be judged on its own.
     delay_s: latency injected into every engine call during the regression step.
     shift_bucket: the bucket whose real traffic moves to the shifted domain.
+    int8_bucket: the bucket a faulty int8 build is rolled out to in the quality step.
     compile_backend: torch.compile backend. "eager" keeps dynamo's graphs, guards and
         recompile counters real while skipping inductor's code generation, which costs
         minutes per shape on a 2-core CPU (the shape-churn step compiles many shapes).
@@ -56,30 +66,42 @@ class DemoProfile:
     delay_s: float
     traffic_rate_per_s: float
     shift_bucket: int = 32
+    int8_bucket: int = 64
     compile_backend: str = "eager"
-    warmup_timeout_s: float = 240.0
+    warmup_timeout_s: float = 240.0  # without a bucket getting warm (wait_progress)
     baseline_timeout_s: float = 150.0
     shift_timeout_s: float = 240.0
     regression_timeout_s: float = 90.0
     churn_timeout_s: float = 120.0
     report_timeout_s: float = 120.0
-    # Canary-judged waits also last at least this many canary cycles (see
-    # StepContext.wait_cycles): a slow machine gets more seconds, not fewer chances.
-    # Firing or resolving takes about (for + cusum min_cycles + 2) windows of
-    # window_s / probe_interval_s cycles each: 12 here, doubled.
-    regression_cycles: int = 24
 
     def __post_init__(self) -> None:
         if self.shift_bucket not in self.buckets:
             raise ValueError(f"shift_bucket: {self.shift_bucket} is not one of {self.buckets}")
+        if self.int8_bucket not in self.buckets:
+            raise ValueError(f"int8_bucket: {self.int8_bucket} is not one of {self.buckets}")
         if self.window_s < 2 * self.probe_interval_s:
             raise ValueError("window_s: must hold at least two probe intervals")
 
     @property
+    def per_window(self) -> int:
+        """Return the canary cycles one rule cycle holds at the nominal pace."""
+        return max(1, round(self.window_s / self.probe_interval_s))
+
+    @property
     def baseline_cycles(self) -> int:
         """Return the canary cycles a baseline of min_baseline_cycles windows takes, doubled."""
-        per_window = max(1, round(self.window_s / self.probe_interval_s))
-        return 2 * (self.min_baseline_cycles + 1) * per_window
+        return 2 * (self.min_baseline_cycles + 1) * self.per_window
+
+    @property
+    def regression_cycles(self) -> int:
+        """Return the canary cycles a canary-judged wait lasts at least (StepContext.wait_cycles).
+
+        Firing or resolving takes about (for + cusum min_cycles + 2) rule cycles of
+        per_window canary cycles each; doubled, so a slow machine gets more seconds, not
+        fewer chances.
+        """
+        return 2 * (DEMO_FOR + DEMO_CUSUM_CYCLES + 2) * self.per_window
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -87,13 +109,15 @@ class DemoProfile:
         return tuple(str(b) for b in self.buckets)
 
 
-# One canary per bucket (and one past the largest): during the injected slowdown a cycle
-# must still fit in a rule cycle, or the p99 series goes empty.
+# Two canaries per bucket (and past the largest): the p50 rule judges each rule cycle on
+# its own samples (pool: 1), and a p50 needs 2. During the injected slowdown the probe
+# cycle (every canary + the delay each) must still fit in a rule cycle, or the newest rule
+# cycle is always empty when judged: FAST ~2 s probe cycles + 8 x 0.8 s delay in 10 s.
 FULL = DemoProfile(name="full", buckets=(16, 32, 64, 128, 256), canaries_per_bucket=2,
-                   probe_interval_s=2.5, window_s=5.0, min_baseline_cycles=5, delay_s=0.8,
+                   probe_interval_s=3.0, window_s=15.0, min_baseline_cycles=5, delay_s=0.8,
                    traffic_rate_per_s=3.0)
 FAST = DemoProfile(name="fast", buckets=(16, 32, 64), canaries_per_bucket=2,
-                   probe_interval_s=2.0, window_s=4.0, min_baseline_cycles=5, delay_s=0.8,
+                   probe_interval_s=2.5, window_s=10.0, min_baseline_cycles=5, delay_s=0.8,
                    traffic_rate_per_s=3.0)
 
 
@@ -101,17 +125,28 @@ def demo_rules(profile: DemoProfile) -> dict[str, Any]:
     """Return the rule overrides (same names as the shipped rules, accelerated)."""
     w = f"{profile.window_s:g}s"
     return {"rules": [
-        # The median, not the p99: a demo cycle runs 2 canaries per bucket, and a p99
-        # needs 100 samples (pooling 50 cycles would outlast the step).
+        # The median, not the p99: a demo rule cycle holds a few canaries per bucket, and
+        # a p99 needs 100 samples (pooling 50 cycles would outlast the step). A p50 needs
+        # 2, which every probe cycle brings: judged on each cycle's own (pool: 1), never on
+        # values that repeat earlier cycles' samples.
         {"name": "canary_latency_regression",
          "description": "Canary median latency per bucket rose against its baseline (demo pace).",
          "metric": "p50_latency", "source": "canary", "per": ["bucket"],
          # Wide band: a 2-core machine shared with other work moves canary latency by
          # 2x for minutes; the injected slowdown is 4x-10x.
-         "change": "+200%", "resolve_change": "+100%", "for": 2, "resolve_for": 2,
+         "change": "+200%", "resolve_change": "+100%", "for": DEMO_FOR, "resolve_for": 2,
          "min_samples": 1, "window": w, "lookback": 12, "baseline_window": "30m",
-         "min_baseline_cycles": profile.min_baseline_cycles, "cusum": {"min_cycles": 2},
-         "severity": "page"},
+         "min_baseline_cycles": profile.min_baseline_cycles,
+         "cusum": {"min_cycles": DEMO_CUSUM_CYCLES}, "pool": 1, "severity": "page"},
+        # The shipped floor (0.99: float32 optimizations are exact here) at demo pace.
+        {"name": "output_agreement_drop",
+         "description": "The optimized canaries' outputs in a bucket stopped matching the "
+                        "reference path (demo pace).",
+         "metric": "output_agreement", "source": "canary", "per": ["bucket", "variant"],
+         "match": {"variant": "optimized"}, "change": "-2%", "resolve_change": "-0.5%",
+         "for": DEMO_FOR, "resolve_for": 2, "min_samples": 1, "floor": 0.99, "window": w,
+         "lookback": 12, "baseline_window": "30m",
+         "min_baseline_cycles": profile.min_baseline_cycles, "severity": "page"},
         {"name": "acceptance_drop",
          "description": "Real-traffic acceptance per bucket fell (demo pace; minute rollups).",
          "metric": "acceptance_rate", "source": "traffic", "per": ["bucket"],
@@ -165,6 +200,14 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
         engine=EngineSettings(
             buckets=profile.buckets, compile_mode="default",
             compile_backend=profile.compile_backend, num_threads=1,
+            # Loaded, served nowhere until the quality step rolls it out to one bucket
+            # (demo.engine.Int8Rollout); the demo builds it faulty (noisy weights).
+            quantization="int8",
+            # The engine's own fallback (engine.speculative_fallback) would stop
+            # speculating in the shifted bucket within seconds, leaving the acceptance rule
+            # too few speculative requests per minute to judge: off, so the step shows the
+            # monitored path (alert, policy flag, webhook).
+            speculative_fallback=False,
             # Two decode streams: canaries do not queue behind real traffic.
             max_concurrency=2, max_queue=16,
             cache_dir=str(Path("var/compile-cache").resolve())),

@@ -185,7 +185,8 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
         api = ServiceClient(service.url, token=token)
         traffic = TrafficGenerator(service.url, rate_per_s=profile.traffic_rate_per_s)
         ctx = StepContext(profile=profile, api=api, traffic=traffic, receiver=receiver,
-                          engine=lambda: factory.engine, say=say, run_report=run_report)
+                          engine=lambda: factory.engine, say=say, run_report=run_report,
+                          rollout=lambda: factory.rollout)
         try:
             failed = False
             for number, (name, story, play) in enumerate(STEPS, start=1):

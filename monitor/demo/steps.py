@@ -1,4 +1,4 @@
-"""The six scripted steps (`STEPS`, in order): act through the API, check with timeouts."""
+"""The seven scripted steps (`STEPS`, in order): act through the API, check with timeouts."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def warm_up_and_baseline(ctx: StepContext) -> None:
         code, body = ctx.api.readyz()
         return code == 200, f"{body.get('status')}: {body.get('engine')}"
 
-    ctx.wait_for("engine ready", "GET /readyz 200 (every bucket compiled)", ready,
-                 p.warmup_timeout_s)
+    # Bucket by bucket: only a warm-up that stopped making progress fails.
+    ctx.wait_progress("engine ready", "GET /readyz 200 (every bucket compiled)", ready,
+                      p.warmup_timeout_s)
     ctx.traffic.set_lanes(bucket_lanes(p.buckets, "in_domain"))
     ctx.traffic.start()
     ctx.event(f"real traffic: in-domain requests in every bucket, {p.traffic_rate_per_s:g}/s")
@@ -152,14 +153,47 @@ def traffic_shift(ctx: StepContext) -> None:
 # slowest bucket's canary p50 baseline, so a loaded machine (baselines of ~1 s instead of
 # ~0.2 s) still sees a change past the band rather than +60%.
 DELAY_PER_BASELINE = 3.0
+# A probe cycle's rows count in the rule cycle it started in, and the evaluator judges
+# the newest finished rule cycle. A slowed probe cycle no longer than a rule cycle is
+# always judged (it ends before the next rule cycle does); one up to two rule cycles long
+# only when it started early in its rule cycle; a longer one never.
+FIT_CYCLES = 1.0
+MAX_CYCLES = 2.0
 
 
 def regression_delay(ctx: StepContext) -> float:
-    """Return the delay to inject: the profile's, or more where baselines are slow."""
-    window = f"{ctx.profile.window_s:g}s"
+    """Return the delay to inject: past the band over the slowest baseline, fitting a rule cycle.
+
+    The profile's delay where the slowed probe cycle fits in a rule cycle, less where it
+    would not (never less than the band needs). Where even the band's delay stretches the
+    probe cycle past one rule cycle the step says so and goes on; past two, a check fails
+    (naming the numbers): the rule could never see a slowed cycle.
+    """
+    p = ctx.profile
+    window = f"{p.window_s:g}s"
     values = [b["value"] for b in ctx.api.baselines("p50_latency")
               if b["scope"].get("window") == window and b["scope"].get("bucket") in ctx.labels()]
-    return max([ctx.profile.delay_s, *(DELAY_PER_BASELINE * v for v in values)])
+    band = max((DELAY_PER_BASELINE * v for v in values), default=0.0)
+    want = max(p.delay_s, band)
+    took = ctx.cycle_seconds()
+    if took is None:
+        return want
+    calls = (len(p.buckets) + 1) * p.canaries_per_bucket  # and one bucket past the largest
+    slowed = took + calls * band
+    ctx.expect("slowed probe cycle can be judged",
+               f"{took:.1f}s probe cycle + {calls} x {band:.2f}s (3x the slowest p50 baseline) "
+               f"<= {MAX_CYCLES:g} x the {window} rule cycle", slowed <= MAX_CYCLES * p.window_s,
+               f"{slowed:.1f}s" + (
+                   "" if slowed <= MAX_CYCLES * p.window_s else
+                   f": this machine is too slow for the {p.name} profile's rule cycle"))
+    room = (FIT_CYCLES * p.window_s - took) / calls
+    delay = max(band, min(want, room))
+    ctx.event(f"probe cycles take {took:.1f}s; slowed by {calls} x {delay:.2f}s: "
+              f"~{took + calls * delay:.1f}s against the {window} rule cycle")
+    if slowed > FIT_CYCLES * p.window_s:
+        ctx.event(f"note: the slowed probe cycle (~{slowed:.1f}s) outlasts the {window} rule "
+                  "cycle: only those that start early in a rule cycle are judged (slower)")
+    return delay
 
 
 def latency_regression(ctx: StepContext) -> None:
@@ -176,13 +210,16 @@ def latency_regression(ctx: StepContext) -> None:
     ids: dict[str, int] = {}
 
     def fired() -> tuple[bool, str]:
-        for a in firing(ctx, "canary_latency_regression"):
+        open_ = [a for a in ctx.api.alerts("open") if a["rule"] == "canary_latency_regression"]
+        for a in open_:
             b = a["labels"].get("bucket")
-            if b in ctx.labels() and epoch(a["fired_at"]) >= started - 1:
+            if (a["state"] == "firing" and b in ctx.labels()
+                    and epoch(a["fired_at"]) >= started - 1):
                 ids.setdefault(b, a["id"])
         missing = [b for b in ctx.labels() if b not in ids]
-        return not missing, (f"firing in {order(ids) or 'none'}; "
-                             f"waiting for {missing or 'none'}")
+        pending = order({a["labels"].get("bucket") for a in open_ if a["state"] == "pending"})
+        return not missing, (f"firing in {order(ids) or 'none'}; pending in "
+                             f"{pending or 'none'}; waiting for {missing or 'none'}")
 
     ctx.wait_cycles("latency alert fires in every bucket", "canary_latency_regression firing for "
                     f"buckets {list(ctx.labels())}", fired, p.regression_cycles,
@@ -218,6 +255,86 @@ def latency_regression(ctx: StepContext) -> None:
                  resolved_hooks, 20.0)
     ctx.headline = (f"+{delay_s * 1000:.0f} ms injected: canary_latency_regression fired in "
                     f"{len(ids)} buckets, resolved after the injection stopped")
+
+
+def canary_agreement(ctx: StepContext) -> dict[str, float]:
+    """Return bucket -> the optimized canaries' agreement with the reference (last hour)."""
+    return {labels["bucket"]: value
+            for labels, value in ctx.api.metric_samples("tailwatch_output_agreement_ratio")
+            if labels.get("source") == "canary" and labels.get("arm") == "optimized"}
+
+
+def _agreements(values: dict[str, float]) -> str:
+    return ", ".join(f"{b}:{values[b]:.2f}" for b in order(values)) or "none yet"
+
+
+def int8_quality(ctx: StepContext) -> None:
+    """Roll a faulty int8 build out to one bucket: check the agreement alert and float32 there."""
+    p = ctx.profile
+    bucket = str(p.int8_bucket)
+    engine, rollout = ctx.engine(), ctx.rollout()
+    if engine is None or rollout is None or engine.info.quantization != "int8":
+        ctx.event("no int8 weights loaded (the fake engine has none): nothing to roll out")
+        ctx.headline = "skipped: the engine has no int8 path"
+        return
+    before = canary_agreement(ctx)
+    ctx.expect("outputs agree before", f"canary agreement 1.00 in bucket {bucket}",
+               before.get(bucket) == 1.0, f"agreement per bucket {_agreements(before)}")
+    started = time.time()
+    rollout.roll_out(bucket)
+    ctx.event(f"int8 weights rolled out to bucket {bucket} only (a faulty build: the quantizer "
+              "adds noise to the weights); other buckets keep float32")
+
+    def alert() -> tuple[bool, str]:
+        open_ = [a for a in ctx.api.alerts("open") if a["rule"] == "output_agreement_drop"]
+        mine = [a for a in open_ if a["labels"].get("bucket") == bucket
+                and a["state"] == "firing" and epoch(a["fired_at"]) >= started - 1]
+        if mine:
+            ctx.memo["agreement_alert"] = mine[0]
+        states = ", ".join(f"{a['labels'].get('bucket')}:{a['state']}" for a in open_) or "none"
+        return bool(mine), (f"agreement (last hour) {_agreements(canary_agreement(ctx))}; "
+                            f"output_agreement_drop {states}")
+
+    ctx.wait_cycles("output_agreement_drop fires", f"output_agreement_drop firing for "
+                    f"bucket={bucket}, variant=optimized", alert, p.regression_cycles,
+                    p.regression_timeout_s)
+    a = ctx.memo["agreement_alert"]
+    value = a["value"]
+    ctx.event(f"output_agreement_drop fired for bucket {bucket}: the optimized canaries' "
+              f"outputs agree {value:.2f} with the reference path (floor 0.99)"
+              if value is not None else f"output_agreement_drop fired for bucket {bucket}")
+    others = sorted(x["labels"].get("bucket") for x in firing(ctx, "output_agreement_drop")
+                    if x["labels"].get("bucket") != bucket)
+    ctx.expect("only that bucket alerted", "no output_agreement_drop in other buckets",
+               not others, f"other buckets firing: {others or 'none'}")
+
+    def fallback() -> tuple[bool, str]:
+        body = ctx.api.flags()
+        rows = [r for r in body["flags"] if r["name"] == "quantized" and r["scope"] == bucket
+                and r["source"] == "auto" and r["value"] is False]
+        off = sorted(b for b, v in body["effective"]["quantized"].items() if v is False)
+        ok = bool(rows) and rows[0]["alert_id"] == a["id"] and off == [bucket]
+        return ok, (f"quantized off in buckets {off or 'none'}; auto row alert_id "
+                    f"{rows[0]['alert_id'] if rows else '-'}")
+
+    ctx.wait_for("float32 in that bucket", f"GET /v1/flags: quantized[{bucket}]=false, source "
+                 f"auto, alert {a['id']}", fallback, 30.0)
+    ctx.event(f"flag quantized[{bucket}] = false (policy float32_on_agreement_drop, source "
+              f"auto, alert {a['id']}): bucket {bucket} serves float32 weights again")
+
+    def resolved() -> tuple[bool, str]:
+        state = {x["id"]: x["state"] for x in ctx.api.alerts("all")}.get(a["id"])
+        return state == "resolved", (f"alert {a['id']} {state}; agreement (last hour) "
+                                     f"{_agreements(canary_agreement(ctx))}")
+
+    ctx.wait_cycles("outputs agree again", f"output_agreement_drop for bucket {bucket} resolved "
+                    "(its canaries match the reference again)", resolved, p.regression_cycles,
+                    p.regression_timeout_s)
+    ctx.event(f"bucket {bucket}'s canaries match the reference again: alert {a['id']} resolved")
+    shown = f"{value:.2f}" if value is not None else "below 0.99"
+    ctx.headline = (f"faulty int8 in bucket {bucket}: agreement {shown}, "
+                    f"output_agreement_drop fired there only; quantized[{bucket}]=false "
+                    f"(auto, alert {a['id']}); resolved on float32")
 
 
 def shape_churn(ctx: StepContext) -> None:
@@ -340,6 +457,10 @@ STEPS: tuple[tuple[str, str, Callable[[StepContext], None]], ...] = (
     ("latency regression",
      "A slowed path adds latency to every call: the relative latency alert fires in every "
      "bucket, and resolves once the slowdown is gone.", latency_regression),
+    ("int8 quality in one bucket",
+     "A faulty int8 build is rolled out to one bucket: its canaries' outputs stop matching "
+     "the reference path, the agreement alert fires there only and the policy serves that "
+     "bucket float32 weights again.", int8_quality),
     ("shape churn",
      "An operator turns bucketing off and traffic arrives in odd lengths: torch.compile "
      "recompiles, the recompile alert fires and the eager fallback engages.", shape_churn),

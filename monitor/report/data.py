@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from monitor.report.week import Period
 
 if TYPE_CHECKING:
+    from monitor.report.deliveries import DeadLetterRow
     from monitor.report.quality import QualityRow
     from monitor.report.rollouts import RolloutRow
 
@@ -153,6 +154,8 @@ class WeekData:
     quality: tuple[QualityRow, ...] = ()
     # New cohorts judged against old ones (monitor.report.rollouts).
     rollouts: tuple[RolloutRow, ...] = ()
+    # Webhook notifications of the week given up on, per target (monitor.report.deliveries).
+    dead_letters: tuple[DeadLetterRow, ...] = ()
     window_note: str = ""  # how the queries selected rows, shown as evidence
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from monitor.report.deliveries import DEAD_LETTER_HOWTO, dead_letter_table
 from monitor.report.markdown import NO_DATA_LINE
 from monitor.report.model import WeeklyReport
 from monitor.report.plots import Plot, render_plots
@@ -70,6 +71,10 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
     out.append("<h2>Real-traffic shapes</h2>" + _table(shape_table(report)))
     out.append("<h2>Quality</h2>" + _table(quality_table(report.data.quality)))
     out.append("<h2>Rollouts</h2>" + _table(rollout_table(report.data.rollouts)))
+    out.append("<h2>Webhook dead letters</h2>"
+               + _table(dead_letter_table(report.data.dead_letters)))
+    if report.data.dead_letters:
+        out.append(f"<p>{e(DEAD_LETTER_HOWTO)}</p>")
     out.append("<h2>Recommendations</h2>")
     if report.recommendations:
         out.append("<ul>" + "".join(f"<li><strong>{e(r.text)}</strong> ({e(r.evidence)})</li>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from monitor.report.deliveries import DEAD_LETTER_HOWTO, dead_letter_table
 from monitor.report.model import WeeklyReport
 from monitor.report.quality import quality_table
 from monitor.report.rollouts import rollout_table
@@ -48,6 +49,9 @@ def render_markdown(report: WeeklyReport) -> str:
     out += ["## Real-traffic shapes", ""] + _table(shape_table(report))
     out += ["## Quality", ""] + _table(quality_table(report.data.quality))
     out += ["## Rollouts", ""] + _table(rollout_table(report.data.rollouts))
+    out += ["## Webhook dead letters", ""] + _table(dead_letter_table(report.data.dead_letters))
+    if report.data.dead_letters:
+        out += [DEAD_LETTER_HOWTO, ""]
     out += ["## Recommendations", ""]
     if report.recommendations:
         out += [f"- **{r.text}** ({r.evidence})" for r in report.recommendations]

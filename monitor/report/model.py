@@ -132,6 +132,7 @@ class WeeklyReport:
             ],
             "alerts": len(self.alerts),
             "flag_changes": len(self.flag_changes),
+            "dead_letters": {r.target: r.count for r in self.data.dead_letters},
             "costly": [c.name for c in self.costly],
             "recommendations": [{"kind": r.kind, "text": r.text} for r in self.recommendations],
         }

@@ -36,12 +36,14 @@ class QualityRow:
     agreement: float | None
     first_divergence: int | None
     worst: tuple[dict[str, Any], ...] = ()
+    golden_compared: int = 0  # outputs checked against a golden answer (`expected`)
+    golden_exact: int = 0
 
 
 def collect_quality(session: Session, start: datetime, end: datetime) -> tuple[QualityRow, ...]:
     """Return the week's agreement per (source, bucket, arm)."""
     return tuple(QualityRow(r.source, r.bucket, r.variant, r.count, r.exact, r.agreement,
-                            r.first_divergence_min, r.worst)
+                            r.first_divergence_min, r.worst, r.golden_count, r.golden_exact)
                  for r in queries.agreement_rollups(session, start, end))
 
 
@@ -61,7 +63,10 @@ def quality_table(rows: tuple[QualityRow, ...]) -> Table:
         out.append((OPTIMIZATION_OF_ARM.get(r.arm, r.arm), r.arm, r.source, r.bucket,
                     str(r.compared), f"{r.exact / r.compared:.1%}" if r.compared else "-",
                     f"{r.agreement:.4f}" if r.agreement is not None else "-",
-                    str(r.first_divergence) if r.first_divergence is not None else "-", worst))
+                    str(r.first_divergence) if r.first_divergence is not None else "-", worst,
+                    f"{r.golden_exact}/{r.golden_compared} ({r.golden_exact / r.golden_compared:.1%})"
+                    if r.golden_compared else "-"))
     return Table(("Optimization", "Arm", "Source", "Bucket", "Compared", "Exact",
-                  "Agreement", "First divergence", "Worst canaries (key agreement @position)"),
+                  "Agreement", "First divergence", "Worst canaries (key agreement @position)",
+                  "Golden answers matched"),
                  tuple(out), "No outputs were compared with reference outputs this week.")

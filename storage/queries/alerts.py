@@ -47,6 +47,23 @@ def last_resolved_fired(session: Session, rule: str) -> dict[str, datetime]:
     return {fp: at for fp, at in rows if at is not None}
 
 
+def last_resolved_fired_by_rule(session: Session,
+                                rules: Collection[str]) -> dict[str, dict[str, datetime]]:
+    """Return rule -> last_resolved_fired of that rule, for many rules in one query."""
+    out: dict[str, dict[str, datetime]] = {name: {} for name in rules}
+    if not out:
+        return out
+    rows = session.execute(
+        select(Alert.rule, Alert.fingerprint, func.max(Alert.resolved_at))
+        .where(Alert.rule.in_(tuple(out)), Alert.state == "resolved",
+               Alert.fired_at.is_not(None))
+        .group_by(Alert.rule, Alert.fingerprint))
+    for rule, fp, at in rows:
+        if at is not None:
+            out[rule][fp] = at
+    return out
+
+
 def list_alerts(session: Session, state: str = "open", *, limit: int = 100) -> list[Alert]:
     """Return alerts in `state` (one of ALERT_FILTERS), newest first."""
     q = select(Alert).order_by(Alert.started_at.desc(), Alert.id.desc()).limit(limit)

@@ -104,6 +104,20 @@ def active_by_scope(session: Session, metric: str) -> dict[str, list[StoredBasel
     return by_key
 
 
+def active_by_metric(session: Session,
+                     metrics: Iterable[str]) -> dict[str, dict[str, list[StoredBaseline]]]:
+    """Return metric -> scope_key -> its active baselines, for many metrics in one query."""
+    out: dict[str, dict[str, list[StoredBaseline]]] = {m: {} for m in metrics}
+    if not out:
+        return out
+    rows = session.scalars(select(Baseline).where(Baseline.metric.in_(tuple(out)),
+                                                  Baseline.active.is_(True)))
+    for r in rows:
+        b = stored(r)
+        out[b.metric].setdefault(b.scope_key, []).append(b)
+    return out
+
+
 @dataclass(frozen=True)
 class AlertPeriod:
     """When an alert of a scope was open: from pending (started_at) to resolved (or now)."""

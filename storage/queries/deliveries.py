@@ -41,6 +41,18 @@ def list_deliveries(session: Session, *, state: str = "dead", target: str | None
     return list(session.scalars(q))
 
 
+def dead_letter_reasons(session: Session, since: datetime,
+                        until: datetime) -> list[tuple[str, str | None, int, datetime]]:
+    """Return (target, reason, count, oldest) of dead letters created in [since, until)."""
+    q = (select(WebhookDelivery.target, WebhookDelivery.last_error, func.count(),
+                func.min(WebhookDelivery.created_at))
+         .where(WebhookDelivery.state == _STORED["dead"], WebhookDelivery.created_at >= since,
+                WebhookDelivery.created_at < until)
+         .group_by(WebhookDelivery.target, WebhookDelivery.last_error)
+         .order_by(WebhookDelivery.target))
+    return [(t, e, int(n), oldest) for t, e, n, oldest in session.execute(q)]
+
+
 _S = TypeVar("_S", bound=Select)
 
 

@@ -50,6 +50,8 @@ class AgreementRow:
     length_diff_sum: int
     first_divergence_min: int | None
     worst: tuple[dict[str, Any], ...]
+    golden_count: int = 0
+    golden_exact: int = 0
 
     @property
     def agreement(self) -> float | None:
@@ -75,7 +77,8 @@ def agreements(session: Session, start: datetime, end: datetime, *,
                          exact=r.exact, agreement_sum=r.agreement_sum,
                          length_diff_sum=r.length_diff_sum,
                          first_divergence_min=r.first_divergence_min,
-                         worst=tuple(r.worst or ()))
+                         worst=tuple(r.worst or ()), golden_count=r.golden_count or 0,
+                         golden_exact=r.golden_exact or 0)
             for r in session.scalars(q.order_by(a.at, a.id))]
 
 
@@ -91,6 +94,13 @@ class AgreementRollup:
     agreement: float | None
     first_divergence_min: int | None
     worst: tuple[dict[str, Any], ...]
+    golden_count: int = 0  # outputs checked against a golden answer
+    golden_exact: int = 0  # those equal to it
+
+    @property
+    def golden_accuracy(self) -> float | None:
+        """Return the exact-match accuracy against golden answers, or None without any."""
+        return self.golden_exact / self.golden_count if self.golden_count else None
 
 
 def agreement_rollups(session: Session, start: datetime, end: datetime,
@@ -116,7 +126,9 @@ def agreement_rollups(session: Session, start: datetime, end: datetime,
             exact=sum(r.exact for r in rows),
             agreement=sum(r.agreement_sum for r in rows) / count if count else None,
             first_divergence_min=min(firsts) if firsts else None,
-            worst=tuple(kept[:keep_worst])))
+            worst=tuple(kept[:keep_worst]),
+            golden_count=sum(r.golden_count for r in rows),
+            golden_exact=sum(r.golden_exact for r in rows)))
     return out
 
 
@@ -129,12 +141,16 @@ class AgreementTotal:
     variant: str
     count: int
     exact: int
+    golden_count: int = 0
+    golden_exact: int = 0
 
 
 def agreement_totals(session: Session) -> list[AgreementTotal]:
-    """Return compared and exact-match counts per (source, bucket, variant), all rows kept."""
+    """Return compared, exact-match and golden counts per (source, bucket, variant)."""
     a = OutputAgreement
     rows = session.execute(
-        select(a.source, a.bucket, a.variant, func.sum(a.count), func.sum(a.exact))
+        select(a.source, a.bucket, a.variant, func.sum(a.count), func.sum(a.exact),
+               func.sum(a.golden_count), func.sum(a.golden_exact))
         .group_by(a.source, a.bucket, a.variant).order_by(a.source, a.bucket, a.variant))
-    return [AgreementTotal(s, b, v, int(n or 0), int(e or 0)) for s, b, v, n, e in rows]
+    return [AgreementTotal(s, b, v, int(n or 0), int(e or 0), int(gn or 0), int(ge or 0))
+            for s, b, v, n, e, gn, ge in rows]

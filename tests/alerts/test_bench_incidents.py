@@ -13,11 +13,12 @@ import pytest
 
 from bench.incidents import (
     NOISE_FILE,
-    POOLED,
     BlockNoise,
     Sim,
+    _rollout_note,
     _rules,
     report,
+    rollout,
     step_shift,
     storm,
 )
@@ -45,7 +46,7 @@ def test_noise_keeps_the_recorded_autocorrelation(noise: BlockNoise) -> None:
 
 def test_a_shift_pages_once_and_resolves(template: Path, noise: BlockNoise,
                                          tmp_path: Path, capsys) -> None:
-    sim = Sim(template, tmp_path, "step", _rules("p99_latency_regression", **POOLED), None, noise, 3)
+    sim = Sim(template, tmp_path, "step", _rules("p99_latency_regression"), None, noise, 3)
     first, start, end = step_shift(sim, 0.30, 15, 45)
     out = sim.outcome("step", (start, end), True, first)
     assert len(out.pages) == 1 and out.false_pages == 0
@@ -69,3 +70,30 @@ def test_a_recompile_storm_keeps_eager_on_the_storming_instance(
     out = sim.outcome("storm", (0, sim.i), True, 0)
     assert len(out.pages) == 1
     assert all("instance:i1" in f for f in out.flags)  # never the fleet, never i2
+
+
+def test_a_regression_of_the_new_version_in_a_rollout_pages_once(
+        template: Path, noise: BlockNoise, tmp_path: Path) -> None:
+    from alerts.baselines import BaselineConfig
+
+    sim = Sim(template, tmp_path, "rollout", _rules("p99_latency_regression"), None, noise, 5)
+    sim.config = BaselineConfig()  # m2 warms in on m1's baseline
+    first, start, end = rollout(sim, 0.50, 30, 30)
+    out = sim.outcome("rollout", (start, end), True, first)
+    assert len(out.pages) == 1 and out.false_pages == 0
+    fired, resolved, _ = out.pages[0]
+    assert start < fired <= start + 30 and resolved is not None
+    # The rollout verdict notifies first, as a warning; the page is the cohort's rule.
+    note = _rollout_note(sim, start)
+    assert "rollout_regression (warning)" in note and "p99_latency_regression (page)" in note
+
+
+def test_a_peak_without_seasonality_is_shown_but_not_counted(capsys) -> None:
+    from bench.incidents import Outcome
+
+    seasonal = Outcome("daily peak (hour_of_week)", None, False, 270, false_pages=1, daily=True)
+    flat = Outcome("daily peak (7-day)", None, False, 270, false_pages=1, daily=True,
+                   counted=False)
+    assert report([flat]) == (0, 0.0)
+    assert "not counted" in capsys.readouterr().out
+    assert report([seasonal, flat]) == (0, 30.0)  # a daily false page counts every day

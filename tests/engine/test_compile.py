@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride  # noqa: E402
-from tests.engine.conftest import BUCKETS, random_texts, tiny_config  # noqa: E402
+from tests.engine.conftest import BUCKETS, CAP, random_texts, tiny_config  # noqa: E402
 
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
@@ -30,6 +30,51 @@ def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     assert delta.recompiles == 0 and delta.graphs == 0, delta
     assert delta.recompile_limit_hits == 0 and delta.compile_failures == 0
     assert after.graph_breaks == before.graph_breaks
+
+
+def test_answers_crossing_attention_spans_compile_nothing(warm_engine, flags):
+    """The attended cache span grows with the answer; every span runs the warm graphs."""
+    spans = {warm_engine.target.bias_for(end).shape[-1]
+             for end in range(1, warm_engine.target.slots + 1)}
+    assert len(spans) > 1
+    before = warm_engine.compile_snapshot()
+    crossed = 0
+    for text in random_texts(8, seed=21, overflow=False):
+        for spec in (False, True):
+            r = warm_engine.generate(text, max_new_tokens=CAP,
+                                     override=FlagOverride(speculative=spec))
+            ref = warm_engine.generate(text, max_new_tokens=CAP,
+                                       override=FlagOverride(speculative=spec, compiled=False))
+            assert r.path == PATH_COMPILED and ref.path == PATH_EAGER
+            assert r.output_ids == ref.output_ids, text
+            crossed += r.output_tokens > min(spans)
+    assert crossed > 0  # some answers ran past the first span
+    delta = warm_engine.compile_snapshot().diff(before)
+    assert delta.recompiles == 0 and delta.graphs == 0, delta
+
+
+def test_compiled_step_does_not_guard_on_the_model(warm_engine, flags):
+    """Dynamo's guards on the model argument (weights, attributes) are not checked per call.
+
+    A copy of the model with a different attribute would fail such a guard and recompile;
+    each runner only ever passes its own model, so the compiled step skips those checks.
+    """
+    import copy
+
+    runner = warm_engine.target
+    edge = BUCKETS[0]
+    fns = runner.compiled(edge)
+    other = copy.copy(runner.m)
+    other.eps = runner.m.eps * 2  # a guarded constant of the traced model
+    before = warm_engine.compile_snapshot()
+    with torch.no_grad():
+        ids = torch.full((1, edge), other.eos_id, dtype=torch.long)
+        mask = other.mask_bias(torch.ones((1, edge), dtype=torch.long))
+        cross = fns.encode(runner.m, ids, mask, runner.encoder_bias(edge))
+        fns.step(other, runner.start, runner.positions[0], runner.m.new_self_cache(runner.slots),
+                 cross, mask, runner.bias_for(1), runner.steps)
+    delta = warm_engine.compile_snapshot().diff(before)
+    assert delta.recompiles == 0 and delta.graphs == 0, delta
 
 
 def test_exact_shapes_recompile_with_reasons(warm_engine, flags):

@@ -58,10 +58,11 @@ def test_result_fields_and_reports(warm_engine, flags):
     mem = warm_engine.memory_snapshot()
     assert mem.rss_bytes > 0 and mem.cuda_allocated_bytes is None
     # Bytes of tensors actually allocated, per position: 2 layers x K and V x 2 heads x 16
-    # dims x 4 bytes. Static: both models' self caches (40 + 4 slots); per request: the
-    # cross K/V of the 8-token bucket, for the draft too when the request speculated.
+    # dims x 4 bytes. Static: both models' self caches (40 + 4 slots + 1 spare slot that
+    # keeps every attended span a strict prefix); per request: the cross K/V of the 8-token
+    # bucket, for the draft too when the request speculated.
     per_position = 2 * 2 * 2 * 16 * 4
-    assert mem.kv_static_bytes == 2 * per_position * (CAP + 4)
+    assert mem.kv_static_bytes == 2 * per_position * (CAP + 4 + 1)
     assert r.kv_request_bytes == (2 if r.spec_k else 1) * per_position * 8
     assert mem.kv_request_bytes == 0 and mem.kv_cache_bytes == mem.kv_static_bytes
     assert mem.kv_request_peak_bytes >= r.kv_request_bytes

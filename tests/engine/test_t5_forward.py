@@ -19,6 +19,14 @@ def models(tiny_dirs):
     return hf, tok, lean
 
 
+@pytest.fixture(scope="module")
+def eager_runner(models):
+    from engine.runner import ModelRunner
+
+    # The tiny engine's shape: 40 new tokens + 4 slots of headroom (spans 32 and 44).
+    return ModelRunner(models[2], edges=(8,), slots=44, verify_q=5, options=None, name="t")
+
+
 @pytest.mark.parametrize("pad_to", [None, 32])
 def test_lean_logits_match_hf(models, pad_to):
     hf, tok, m = models
@@ -85,3 +93,33 @@ def test_multi_token_step_equals_single_steps(models):
                                  mask_bias, dec_bias, 3)
     assert first.tolist() + second.tolist() == singles
     torch.testing.assert_close(one[:, :, :, :6], many[:, :, :, :6])
+
+
+def test_step_attends_only_its_span(eager_runner):
+    """Slots past the span are never read: NaN there reaches the logits only with all slots."""
+    runner = eager_runner
+    m = runner.m
+    span = runner.bias_for(1).shape[-1]
+    assert span < runner.slots  # the first step attends a short prefix, not the whole cache
+    ids = torch.tensor([[40, 41, 42, 1]])
+    with torch.no_grad():
+        mask_bias = m.mask_bias(torch.ones_like(ids))
+        cross = t5.encode(m, ids, mask_bias, m.encoder_bias(4))
+        clean, poisoned = m.new_self_cache(runner.slots), m.new_self_cache(runner.slots)
+        poisoned[:, :, :, span:] = float("nan")
+        start, pos = runner.start, runner.positions[0]
+        a = t5.decode_logits(m, start, pos, clean, cross, mask_bias, runner.bias_for(1))
+        b = t5.decode_logits(m, start, pos, poisoned, cross, mask_bias, runner.bias_for(1))
+        full = t5.decode_logits(m, start, pos, poisoned, cross, mask_bias, runner.dec_bias)
+    torch.testing.assert_close(a, b)
+    assert torch.isnan(full).all()  # the old full-cache attention did read them
+
+
+def test_bias_for_covers_every_position(eager_runner):
+    """Each span covers the positions it serves and is the corner of the full table."""
+    runner = eager_runner
+    for end in range(1, runner.slots + 1):
+        bias = runner.bias_for(end)
+        span = bias.shape[-1]
+        assert end <= span <= runner.slots and bias.shape[1] == span
+        torch.testing.assert_close(bias, runner.dec_bias[:, :span, :span])

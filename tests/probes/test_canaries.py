@@ -81,3 +81,50 @@ def test_shipped_suites_cover_every_bucket() -> None:
         plan = by_bucket(suite, engine, per_bucket=4)
         assert missing_buckets(plan, engine) == (), suite.name
         assert all(len(p) == 4 for b, p in plan.items() if b != "overflow"), suite.name
+
+
+def test_golden_answers_load_with_their_canaries(tmp_path: Path) -> None:
+    f = tmp_path / "golden.yaml"
+    f.write_text("suites:\n  - name: g\n    domain: d\n    prompts:\n"
+                 "      - {text: 'guten morgen', expected: good morning}\n"
+                 "      - plain prompt\n")
+    suite = load_suites_file(f)["g"]
+    assert suite.prompts == ("guten morgen", "plain prompt")
+    assert suite.expected == {"guten morgen": "good morning"}
+    assert load_suites_file(DEFAULT_SUITES_FILE)["in_domain"].expected == {}
+
+
+@pytest.mark.parametrize(("prompts", "field", "message"), [
+    ("[{text: guten morgen, expected: 3}]", "suites[0].prompts[0].expected",
+     "canary 'guten morgen': must be a non-empty string, got 3"),
+    ("[{text: guten morgen, expected: ''}]", "suites[0].prompts[0].expected",
+     "canary 'guten morgen': must be a non-empty string"),
+    ("[x, {text: guten morgen, expectd: hi}]", "suites[0].prompts[1].expectd",
+     "canary 'guten morgen': unknown field"),
+    ("[{text: guten morgen, expected: a}, {text: guten morgen, expected: b}]",
+     "suites[0].prompts", "canary 'guten morgen': two different expected answers"),
+])
+def test_golden_answer_errors_name_the_canary(tmp_path: Path, prompts: str, field: str,
+                                              message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"suites:\n  - name: a\n    domain: d\n    prompts: {prompts}\n")
+    with pytest.raises(SuiteError) as info:
+        load_suites_file(f)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{f}: {field}: {message}")
+    assert "\n" not in str(info.value)
+
+
+def test_written_suites_keep_their_golden_answers(tmp_path: Path) -> None:
+    from probes.canaries import Canary, CanarySuite
+    from probes.canary_builder import suites_yaml
+
+    canaries = (Canary("guten morgen", 3, "16", (1, 2), "gm", "good morning"),
+                Canary("hallo", 2, "16", (4,), "hi"))
+    suite = CanarySuite("own", "own", tuple(c.text for c in canaries), 8, "", canaries,
+                        {"model_version": "m"})
+    f = tmp_path / "built.yaml"
+    f.write_text(suites_yaml([suite]))
+    again = load_suites_file(f)["own"]
+    assert again.expected == {"guten morgen": "good morning"}
+    assert again.canaries[1].expected is None

@@ -100,3 +100,39 @@ def test_references_per_cohort_and_agreement_rows(sessionmaker: sessionmaker[Ses
     worst = [r for r in rows if r.bucket == "32" and r.exact == 0]
     assert worst and worst[-1].worst[0]["first_divergence"] == 1
     assert all(r.run_id is not None and r.source == "canary" for r in rows)
+
+
+def test_golden_answers_are_counted_per_bucket_and_arm(
+        sessionmaker: sessionmaker[Session], tmp_path: Any) -> None:
+    from probes.canaries import load_suites_file
+    from tests.probes.fakes import prompt_of
+
+    engine = FakeEngine(model_version="model-g")
+    right = [prompt_of(10 - i, seed=i) for i in range(2)]  # bucket 16
+    wrong = [prompt_of(25 - i, seed=i) for i in range(2)]  # bucket 32
+    lines = [f"      - {{text: '{p}', expected: '{engine.generate(p, max_new_tokens=16).text}'}}"
+             for p in right]
+    lines += [f"      - {{text: '{wrong[0]}', expected: 'not what it says'}}",
+              f"      - '{wrong[1]}'", f"      - '{prompt_of(50)}'"]
+    f = tmp_path / "golden.yaml"
+    f.write_text("suites:\n  - name: g\n    domain: d\n    max_new_tokens: 16\n"
+                 "    prompts:\n" + "\n".join(lines) + "\n")
+    suites = load_suites_file(f)
+    writer = Writer(sessionmaker)
+    try:
+        checker = OutputChecker(engine, sessions=sessionmaker, writer=writer)
+        prober = Prober(engine, writer, suites, instance_id="a", suite="g",
+                        canaries_per_bucket=2, ab_share=0.0, rng=random.Random(0),
+                        checker=checker)
+        prober.run_cycle(ab=True)
+        assert writer.flush(timeout=30) and writer.stats.failed == 0
+    finally:
+        writer.close()
+    with sessionmaker() as s:
+        rows = s.scalars(select(OutputAgreement)).all()
+    got = {(r.bucket, r.variant): (r.golden_count, r.golden_exact) for r in rows}
+    assert got[("16", "optimized")] == (2, 2)
+    assert got[("32", "optimized")] == (1, 0)  # one canary has no golden answer
+    assert got[("64", "optimized")] == (0, 0)
+    assert got[("16", "eager")] == (2, 2)  # A/B arms are checked too
+    assert {g.bucket: g.golden_accuracy for g in prober.agreements}["32"] == 0.0

@@ -128,3 +128,45 @@ def test_a_full_writer_drops_and_counts_the_flush(sessionmaker: sessionmaker[Ses
         writer.close()
     with sessionmaker() as s:
         assert s.scalars(select(TrafficRollup)).one().requests == 1
+
+
+def test_requests_keep_the_minute_they_were_served_in_until_the_fold() -> None:
+    from probes.traffic import FOLD_AT
+
+    clock = Clock()
+    rec = TrafficRecorder("a", clock=clock)
+    rec.record(served(0.03))
+    assert rec.pending == 1  # queued, not folded: the request path took no lock
+    clock.now = T0 + timedelta(minutes=5)  # folded later, counted in its own minute
+    for _ in range(FOLD_AT - 1):
+        rec.record(served(0.05))
+    assert rec.pending == 0  # the FOLD_AT-th request folded the queue: it stays bounded
+    rollups = {k.minute: d for k, d in rec.drain()}
+    assert rollups[T0.replace(second=0)].requests == 1
+    assert rollups[T0.replace(second=0) + timedelta(minutes=5)].requests == FOLD_AT - 1
+
+
+def test_concurrent_records_are_all_counted() -> None:
+    rec = TrafficRecorder("a", clock=Clock())
+    stop = threading.Event()
+    drained: list[int] = []
+
+    def drainer() -> None:
+        while not stop.is_set():
+            drained.extend(d.requests for _, d in rec.drain())
+
+    def worker() -> None:
+        for _ in range(1000):
+            rec.record(served())
+
+    reader = threading.Thread(target=drainer)
+    reader.start()
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    reader.join()
+    drained.extend(d.requests for _, d in rec.drain())
+    assert sum(drained) == 4000

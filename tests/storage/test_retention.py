@@ -16,10 +16,14 @@ from storage.models import (
     Alert,
     AlertTransition,
     Baseline,
+    CanaryReference,
     FlagAudit,
     MemorySample,
+    OutputAgreement,
     ProbeResult,
     ProbeRun,
+    RolloutVerdict,
+    SeriesChunk,
     TrafficRollup,
     WebhookDelivery,
 )
@@ -61,12 +65,49 @@ def test_prune_keeps_each_kind_for_its_days(sessionmaker: sessionmaker[Session])
         result = prune(s, NOW, raw_days=14, rollup_days=90)
     assert (result.probe_runs, result.probe_results, result.memory_samples) == (1, 2, 1)
     assert (result.traffic_rollups, result.webhook_deliveries, result.alerts) == (1, 1, 1)
-    assert result.baselines == 1 and result.total == 8
+    assert result.baselines == 1 and result.alert_transitions == 1 and result.total == 9
     with sessionmaker() as s:
         assert _count(s, ProbeRun) == 1 and _count(s, ProbeResult) == 2
         assert _count(s, TrafficRollup) == 1 and _count(s, WebhookDelivery) == 2
         assert _count(s, AlertTransition) == 0 and _count(s, Alert) == 1
         assert _count(s, FlagAudit) == 1 and _count(s, Baseline) == 1
+
+
+def _verdict(age_days: int, new: str) -> RolloutVerdict:
+    at = NOW - age_days * DAY
+    return RolloutVerdict(new_model_version=new, new_config_hash="c", old_model_version="m0",
+                          old_config_hash="c", source="canary", metric="p99_latency",
+                          bucket="64", verdict="pass", threshold=0.15, window_start=at,
+                          first_at=at, updated_at=at)
+
+
+def test_prune_covers_agreements_chunks_and_verdicts(sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        for age in (20, 10):
+            at = NOW - age * DAY
+            run = probe_run(at, [{"bucket": "64"}])
+            s.add(run)
+            s.flush()
+            # A canary comparison (with its run) and a sampled request's (no run).
+            for run_id, source in ((run.id, "canary"), (None, "traffic")):
+                s.add(OutputAgreement(run_id=run_id, at=at, source=source, bucket="64",
+                                      path="compiled", decoding="speculative", count=1))
+        for age in (95, 30):
+            at = NOW - age * DAY
+            s.add(SeriesChunk(rule="gone_rule", scope_key="", start=at, values=[]))
+            s.add(SeriesChunk(rule="p99", scope_key="bucket=64", start=at, values=[[0, 1.0, 4]]))
+            s.add(_verdict(age, f"m{age}"))
+        s.add(CanaryReference(model_version="m0", config_hash="c", prompt_key="k",
+                              created_at=NOW - 400 * DAY))
+    with sessionmaker.begin() as s:
+        result = prune(s, NOW, raw_days=14, rollup_days=90)
+    assert (result.output_agreements, result.series_chunks, result.rollout_verdicts) == (2, 2, 1)
+    with sessionmaker() as s:
+        kept = s.scalars(select(OutputAgreement.at)).all()
+        assert sorted(kept) == [NOW - 10 * DAY] * 2
+        assert set(s.scalars(select(SeriesChunk.start))) == {NOW - 30 * DAY}
+        assert s.scalars(select(RolloutVerdict.new_model_version)).all() == ["m30"]
+        assert _count(s, CanaryReference) == 1  # references stay: a cohort may come back
 
 
 def test_prune_refuses_bad_retention(sessionmaker: sessionmaker[Session]) -> None:

@@ -1,0 +1,80 @@
+"""A pooled quantile's detector scores each cycle's new samples once (issue 13).
+
+Scoring every pooled value counted one slow cycle in up to 25 consecutive values (43-410
+false alerts per 30 days in bench.detection); these tests fail if it comes back.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.detection import BaselineStats
+from alerts.rules import Point, RuleResult, evaluate_rule, parse_rule
+from alerts.series import RowCache, series
+from storage.sketches import Sketch
+from tests.alerts.builders import add_cycle
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+RULE = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%", "for": 3,
+                   "min_samples": 2, "min_baseline_cycles": 5})
+SCOPE = (("bucket", "64"),)
+
+
+def minute(i: float) -> datetime:
+    return T0 + timedelta(minutes=i)
+
+
+def judged(sm: sessionmaker[Session], levels: list[float]) -> list[RuleResult]:
+    """Write one 4-canary cycle per level; return the rule's result after each of the last
+    40, read through the production series (pooled to 100 samples)."""
+    with sm.begin() as s:
+        for i, v in enumerate(levels):
+            add_cycle(s, minute(i) + timedelta(seconds=2), {"64": v}, count=4)
+    base = BaselineStats.of([0.1] * 60)
+    out = []
+    with sm() as s:
+        cache = RowCache(s)
+        for end in range(len(levels) - 39, len(levels) + 1):
+            pts = series(RULE, cache, minute(end - 30), minute(end))[SCOPE]
+            out.append(evaluate_rule(RULE, dict(SCOPE), base, pts))
+    return out
+
+
+def test_one_slow_cycle_in_the_pool_never_fires(sessionmaker: sessionmaker[Session]) -> None:
+    results = judged(sessionmaker, [0.1] * 70 + [0.3] + [0.1] * 29)
+    # The stall sits in the pooled p99 for 25 cycles (+140%) ...
+    assert sum(r.relative_change is not None and r.relative_change > 1.0 for r in results) >= 20
+    # ... but its 4 samples count once: the CUSUM never confirms.
+    assert not any(r.fired for r in results)
+    assert max(r.statistic for r in results) <= RULE.cusum.cap + 1e-9
+
+
+def test_a_sustained_shift_fires_from_the_new_samples(sessionmaker: sessionmaker[Session]):
+    results = judged(sessionmaker, [0.1] * 70 + [0.13] * 30)
+    fired = [i for i, r in enumerate(results) if r.fired]
+    assert fired and fired[0] - 10 <= 3  # the shift starts at the 11th result
+    r = results[fired[0]]
+    assert r.samples == 100 and "new samples" in r.reason
+    assert abs(r.current - 0.13) / 0.13 < 0.01  # type: ignore[operator]  # the pooled p99
+
+
+def _cycle(i: int, value: float, fresh: list[float]) -> Point:
+    return Point(minute(i), value, 100, fresh=Sketch.of(fresh))
+
+
+def test_pooled_recovery_reads_the_cycles_own_samples() -> None:
+    base = BaselineStats.of([1.0] * 40)
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
+                       "resolve_change": "+5%", "resolve_for": 5, "min_baseline_cycles": 5})
+    # The pooled p99 is still +10% (the regression's samples leave the pool slowly), but
+    # every new canary is back under the baseline p99: recovered.
+    back = [_cycle(i, 1.10, [0.8, 0.85, 0.9, 0.95]) for i in range(10)]
+    assert evaluate_rule(rule, {}, base, back).recovered
+    # One of the last cycles' own samples still above it: not yet.
+    still = back[:-1] + [_cycle(10, 1.10, [0.8, 0.85, 0.9, 1.2])]
+    assert not evaluate_rule(rule, {}, base, still).recovered
+    # Over the threshold: never recovered, whatever the new samples say.
+    over = [_cycle(i, 1.20, [0.8, 0.85, 0.9, 0.95]) for i in range(10)]
+    assert not evaluate_rule(rule, {}, base, over).recovered
