@@ -40,6 +40,8 @@ _MAD_TO_SIGMA = 1.4826
 _Q05_Q95_TO_SIGMA = 3.29
 # Design alternative of the exceedance CUSUM: p1 = 10 x p0 (p99: 1% -> 10%), capped at 1/2.
 EXCEEDANCE_RATIO = 10.0
+# Quantiles from here up are scored by exceedances when pooled (alerts.rules).
+TAIL_QUANTILE = 0.9
 
 
 @dataclass(frozen=True)

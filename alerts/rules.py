@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from alerts.detection import (
+    TAIL_QUANTILE,
     BaselineStats,
     Cusum,
     count_above,
@@ -226,14 +227,18 @@ def evaluate_rule(
     n = rule.for_cycles
     stat = 0.0
     run_rels: list[float] = []
-    pooled = valid[-1].pooled
+    q = QUANTILE_METRICS.get(rule.metric)
+    # Exceedance scoring is for tail quantiles only: at the median p1 would equal p0 (no
+    # evidence at all), and one slow request barely moves a pooled median anyway.
+    tail_q = q is not None and q >= TAIL_QUANTILE
+    pooled = valid[-1].pooled and tail_q
     if usable and baseline is not None and baseline.center != 0:
         sigma = baseline.relative_noise(rule.cusum)
-        q = QUANTILE_METRICS.get(rule.metric)
 
         def score(p: Point, r: float) -> float:
             # A pooled value repeats earlier cycles' samples: score this cycle's new ones.
-            if p.pooled and q is not None and rule.direction > 0 and p.fresh is not None:
+            if p.pooled and tail_q and q is not None and rule.direction > 0 \
+                    and p.fresh is not None:
                 above = count_above(p.fresh, baseline.center)
                 return exceedance_llr(above, p.fresh.count, q)
             return llr(rule.direction * r, rule.threshold, sigma)
@@ -262,7 +267,8 @@ def evaluate_rule(
         # A pooled value keeps a regression's samples for up to `pool` cycles after it
         # ended: back under the threshold with none of the cycle's own samples above the
         # baseline quantile counts as inside the band too.
-        if rel_inside(r) or not (p.pooled and p.fresh is not None and r is not None):
+        if rel_inside(r) or not (tail_q and p.pooled and p.fresh is not None
+                                 and r is not None):
             return rel_inside(r)
         return (not rel_breach(r) and rule.direction > 0 and baseline is not None
                 and count_above(p.fresh, baseline.center) == 0)

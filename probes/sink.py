@@ -101,7 +101,10 @@ def add_cycle(session: Session, c: CycleResult, *, device: str = "") -> ProbeRun
         details={"ab": c.ab, "rejected": c.rejected, "missing_buckets": list(c.missing_buckets),
                  "rss_growth_bytes": c.rss_growth_bytes, "ab_compile": _delta_dict(c.ab_compile)},
     )
-    run.results = [result_row(g, c.started_at) for g in c.groups]
+    # Results are stamped when the cycle finished, i.e. when they are known: stamped at its
+    # start, a cycle slowed past a rule cycle lands in a window already judged, and the
+    # canary rules would see an empty window for exactly as long as the slowdown lasts.
+    run.results = [result_row(g, c.finished_at) for g in c.groups]
     session.add(run)
     session.flush()  # run.id for the compile event
     if c.compile is not None and compile_changed(c.compile):

@@ -78,3 +78,19 @@ def test_pooled_recovery_reads_the_cycles_own_samples() -> None:
     # Over the threshold: never recovered, whatever the new samples say.
     over = [_cycle(i, 1.20, [0.8, 0.85, 0.9, 0.95]) for i in range(10)]
     assert not evaluate_rule(rule, {}, base, over).recovered
+
+
+def test_a_pooled_median_still_fires_on_its_relative_change() -> None:
+    # One canary per cycle: the p50 pools earlier cycles. Exceedance scoring would give a
+    # median no evidence (p1 = p0 = 1/2): it is scored on its relative change instead.
+    base = BaselineStats.of([1.0] * 40)
+    rule = parse_rule({"name": "p50", "metric": "p50_latency", "change": "+50%",
+                       "resolve_change": "+10%", "for": 2, "min_baseline_cycles": 5})
+    before = [_cycle(i, 1.0, [1.0]) for i in range(10)]
+    slowed = [_cycle(10 + i, 3.0, [3.0]) for i in range(6)]
+    result = evaluate_rule(rule, {}, base, before + slowed)
+    assert result.fired and "median" in result.reason
+    # Back to normal: half the new samples sit above the baseline median by definition,
+    # which must not hold the alert open.
+    after = [_cycle(16 + i, 1.0, [1.05]) for i in range(10)]
+    assert evaluate_rule(rule, {}, base, before + slowed + after).recovered

@@ -66,3 +66,19 @@ def test_burst_stored_as_burst_run(sessionmaker: sessionmaker[Session],
         assert run.details["completed"] == burst.completed > 0
         n = s.scalar(select(func.sum(ProbeResult.count)).where(ProbeResult.run_id == run_id))
         assert n == burst.completed
+
+
+def test_results_are_stamped_when_the_cycle_finished(sessionmaker: sessionmaker[Session],
+                                                     engine: FakeEngine, suites: dict) -> None:
+    # A slowed cycle that outlasts a rule cycle must land in a window not yet judged.
+    from datetime import UTC, datetime, timedelta
+    ticks = iter(datetime(2026, 12, 1, 0, 0, tzinfo=UTC) + timedelta(seconds=90 * i)
+                 for i in range(1000))
+    cycle = ProbeCycle(engine, suites, instance_id="a", rng=random.Random(0),
+                       clock=lambda: next(ticks))
+    run_id = store(sessionmaker, cycle.run("in_domain"))
+    with sessionmaker() as s:
+        run = s.get(ProbeRun, run_id)
+        ats = set(s.scalars(select(ProbeResult.at).where(ProbeResult.run_id == run_id)))
+        assert run.finished_at > run.started_at
+        assert ats == {run.finished_at}
