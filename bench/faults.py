@@ -31,7 +31,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from bench.proxy import TcpProxy, free_port
 
 PG_ADMIN_URL = os.environ.get(
     "TAILWATCH_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -110,13 +111,6 @@ class SimClock:
         """Move the clock forward by `seconds`."""
         with self._lock:
             self._now += timedelta(seconds=seconds)
-
-
-def free_port() -> int:
-    """Return a loopback port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- a webhook receiver whose behaviour the run switches ---------------------------------
@@ -189,63 +183,6 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-
-# -- a loopback TCP proxy that takes the database away -----------------------------------
-
-class TcpProxy:
-    """Forward 127.0.0.1:port to `target`; `stop()` cuts every connection and refuses new ones."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = free_port()
-        self._server: socket.socket | None = None
-        self._conns: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Accept and forward connections."""
-        server = socket.create_server(("127.0.0.1", self.port))
-        self._server = server
-        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
-
-    def _accept(self, server: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = server.accept()
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                return
-            with self._lock:
-                self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        """Cut: close the listener (shutdown wakes accept()) and every open connection."""
-        if self._server is not None:
-            with contextlib.suppress(OSError):
-                self._server.shutdown(socket.SHUT_RDWR)
-            self._server.close()
-            self._server = None
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
-            c.close()
 
 
 # -- the service on a fake engine ---------------------------------------------------------

@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from bench.proxy import TcpProxy
 from monitor.service import scheduled_jobs
 from monitor.services import services_of
 from storage.db import make_engine, make_sessionmaker
 from storage.models import MemorySample, ProbeRun, TrafficRollup
 from tests.monitor.conftest import make_settings, start, wait_for
-from tests.utils.proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
 

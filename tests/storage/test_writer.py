@@ -7,12 +7,12 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.proxy import TcpProxy as _Proxy
 from storage import migrate
 from storage.db import make_engine, make_sessionmaker
 from storage.models import MemorySample
 from storage.writer import Writer
 from tests.storage.builders import T0, minutes
-from tests.utils.proxy import TcpProxy as _Proxy
 
 
 def _sample(i: int):

@@ -1,4 +1,6 @@
-"""A loopback TCP proxy that takes a database down and brings it back (outage tests).
+"""A loopback TCP proxy that takes a database away and brings it back (outage runs).
+
+bench.faults and the outage tests share it (bench is installed; tests are not).
 
 Example:
     proxy = TcpProxy(("127.0.0.1", 5432))
@@ -13,20 +15,26 @@ import socket
 import threading
 
 
+def free_port() -> int:
+    """Return a loopback port nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class TcpProxy:
-    """A loopback TCP proxy to PostgreSQL that can be taken down and brought back."""
+    """Forward 127.0.0.1:port to `target`; `stop()` cuts every connection and refuses new ones."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()
         self._server: socket.socket | None = None
         self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
 
     def start(self) -> None:
-        server = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        """Accept and forward connections."""
+        server = socket.create_server(("127.0.0.1", self.port))
         self._server = server
         threading.Thread(target=self._accept, args=(server,), daemon=True).start()
 
@@ -34,10 +42,11 @@ class TcpProxy:
         while True:
             try:
                 client, _ = server.accept()
+                upstream = socket.create_connection(self.target)
             except OSError:
                 return
-            upstream = socket.create_connection(self.target)
-            self._conns += [client, upstream]
+            with self._lock:
+                self._conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -54,14 +63,18 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
 
     def stop(self) -> None:
+        """Cut: close the listener (shutdown wakes accept()) and every open connection."""
         if self._server is not None:
-            # shutdown wakes the blocked accept(); close alone would leave it listening.
             with contextlib.suppress(OSError):
                 self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
             self._server = None
-        for c in self._conns:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
-        self._conns.clear()
+
+
+# -- the service on a fake engine ---------------------------------------------------------
