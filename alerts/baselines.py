@@ -16,7 +16,11 @@ Cohorts: a cohort's window starts at its first run plus `warm_in_s`. While its o
 baseline warms in, it is judged against the newest warmed-in baseline of another cohort
 (inherited), so a rollout has no blind window and the old cohort's rules stay live.
 Seasonality (`seasonality: hour_of_week`): the baseline is built from the same hour of
-the week only, once that has `min_baseline_cycles` cycles (until then the plain one).
+the week only, once that hour has been seen in at least two weeks (one hour of pooled
+quantiles is a handful of independent values: its median is too noisy a centre, and a
+daily peak paged once a day against it). Until then it is built from the same hour of the
+day (seen on two days or more, so from the second day on), and before that the plain
+baseline is used; the reason names the fallback.
 
 A pinned baseline fixes the centre and keeps the spread measured when it was pinned.
 Which stored baseline is in force is decided in one place:
@@ -48,6 +52,7 @@ _SCOPE_KEYS = (*SCOPE_LABELS, "source", "window")
 BaselineView = StoredBaseline  # what the CLI and API show
 CHUNK_S = 3600.0
 HOUR_OF_WEEK = "hour_of_week"
+HOUR_OF_DAY = "hour_of_day"
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ class BaselineConfig:
 class CohortBaseline:
     """What one cohort's series is judged against; origin says where it came from.
 
-    origin: "" (the cohort's own rolling baseline), "pinned", "hour_of_week", or
+    origin: "" (the cohort's own rolling baseline), "pinned", "hour_of_week",
+    "hour_of_day" (the hour of week's fallback), or
     "inherited from <model_version>/<config_hash>" while the cohort warms in.
     """
 
@@ -91,6 +97,15 @@ def hour_of_week(t: datetime) -> int:
     """Return 0..167: Monday 00h UTC is 0."""
     u = t.astimezone(UTC)
     return u.weekday() * 24 + u.hour
+
+
+def hour_of_day(t: datetime) -> int:
+    """Return 0..23, the UTC hour."""
+    return t.astimezone(UTC).hour
+
+
+# season kind -> (the scope's season label prefix, the function giving a time's season)
+_SEASONS = {HOUR_OF_WEEK: ("how", hour_of_week), HOUR_OF_DAY: ("hod", hour_of_day)}
 
 
 def cohort_label(cohort: Cohort) -> str:
@@ -152,10 +167,10 @@ class _Need:
     labels: Labels
     cohort: Cohort
     scope: dict[str, str]
-    key: str  # the stored row's key (seasonal rows carry the hour of week)
+    key: str  # the stored row's key (seasonal rows carry their season)
     series_key: str  # the chunks' key
     start: datetime
-    season: int | None
+    season: tuple[str, int] | None  # (HOUR_OF_WEEK or HOUR_OF_DAY, its value)
     old: StoredBaseline | None
 
 
@@ -181,27 +196,28 @@ def baselines_for_rule(
                         lambda: baseline_queries.active_by_metric(session, metrics))[rule.metric]
     by_scope = dict(active)
     # The hour of the latest finished cycle (the one judged), not of `now`.
-    season = (hour_of_week(now - timedelta(seconds=rule.window_s))
-              if rule.seasonality == HOUR_OF_WEEK else None)
+    judged = now - timedelta(seconds=rule.window_s)
+    seasons: list[tuple[str, int]] = [(kind, _SEASONS[kind][1](judged))
+                                      for kind in (HOUR_OF_WEEK, HOUR_OF_DAY)] \
+        if rule.seasonality == HOUR_OF_WEEK else []
     needs: list[_Need] = []
-    plan: list[tuple[Labels, Cohort, str, str | None]] = []
+    plan: list[tuple[Labels, Cohort, str, list[str]]] = []
     for labels, cohorts in serving.items():
         scope = rule_scope(rule, dict(labels))
         key = scope_key(scope)
-        skey = scope_key({**scope, "season": f"how{season}"}) if season is not None else None
+        scoped = [({**scope, "season": f"{_SEASONS[kind][0]}{v}"}, (kind, v))
+                  for kind, v in seasons]
+        skeys = [scope_key(sc) for sc, _ in scoped]
         for cohort in cohorts:
             since = cache.since(cohort, now)
             start = now - timedelta(seconds=rule.baseline_window_s)
             if since is not None:
                 start = max(start, since + timedelta(seconds=config.warm_in_s))
-            for k, s in ((key, None), (skey, season)):
-                if k is None:
-                    continue
+            for k, (sc, s) in zip([key, *skeys], [(scope, None), *scoped], strict=True):
                 old = decide_in_force(by_scope.get(k, []), cohort).rolling
                 if start < now and (backfilling or _stale(old, rule, now, config, k)):
-                    sc = scope if s is None else {**scope, "season": f"how{s}"}
                     needs.append(_Need(labels, cohort, sc, k, key, start, s, old))
-            plan.append((labels, cohort, key, skey))
+            plan.append((labels, cohort, key, skeys))
     if needs:
         fresh = _refresh(session, rule, rules, now, cache, needs)
         for k, rows in fresh.items():
@@ -212,13 +228,13 @@ def baselines_for_rule(
         for k, rows in fresh.items():
             active[k] = [b for b in active.get(k, []) if b.id not in gone] + rows
     out: dict[Labels, dict[Cohort, CohortBaseline]] = {}
-    for labels, cohort, key, skey in plan:
-        out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skey)
+    for labels, cohort, key, skeys in plan:
+        out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skeys)
     return out
 
 
 def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Cohort, key: str,
-            skey: str | None) -> CohortBaseline:
+            skeys: Sequence[str]) -> CohortBaseline:
     n = rule.min_baseline_cycles
     force = decide_in_force(by_scope.get(key, []), cohort, min_cycles=n)
     rolling = force.rolling
@@ -230,14 +246,20 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         return CohortBaseline(BaselineStats(center=p.value, spread=spread,
                                             cycles=max(p.samples, n), pinned=True), "pinned")
     fallback = ""
-    if skey is not None:
+    # A season is used once it holds more cycles than one hour can: seen twice at least.
+    per_hour = int(CHUNK_S // rule.window_s)
+    need = max(n, per_hour + 1)
+    why: list[str] = []
+    for kind, skey in zip((HOUR_OF_WEEK, HOUR_OF_DAY), skeys, strict=False):
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
-        if seasonal is not None and seasonal.samples >= n and seasonal.spread is not None:
+        if seasonal is not None and seasonal.samples >= need and seasonal.spread is not None:
             return CohortBaseline(BaselineStats(seasonal.value, seasonal.spread, seasonal.samples),
-                                  HOUR_OF_WEEK)
-        # Said, not silent: this hour of the week has too little history of its own yet.
+                                  kind)
+        # Said, not silent: this season has too little history of its own yet.
         have = seasonal.samples if seasonal is not None else 0
-        fallback = f"plain ({HOUR_OF_WEEK}: {have} of {n} cycles)"
+        why.append(f"{kind}: {have} of {need} cycles")
+    if why:
+        fallback = f"plain ({', '.join(why)})"
     b = force.inherited
     if b is not None and b.spread is not None:
         return CohortBaseline(BaselineStats(b.value, b.spread, b.samples),
@@ -287,8 +309,8 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
         lo = need.start.timestamp()
         kept = [v for t, v, n in pts
                 if t >= lo and n >= rule.min_samples
-                and (need.season is None
-                     or hour_of_week(datetime.fromtimestamp(t, UTC)) == need.season)
+                and (need.season is None or _SEASONS[need.season[0]][1](
+                    datetime.fromtimestamp(t, UTC)) == need.season[1])
                 and not any(a <= t < b for a, b in excluded)]
         stats = BaselineStats.of(kept)
         if stats is None:

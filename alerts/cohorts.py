@@ -9,7 +9,7 @@ scope gets one result, so one alert per scope as before:
     recovered   only when every cohort with data has recovered
     no_data     only when no cohort has data
 
-A seasonal baseline (hour_of_week) is the baseline of the current hour only: cycles of
+A seasonal baseline (hour_of_week, or its fallback hour_of_day) is the baseline of the current hour only: cycles of
 the previous hour were judged against their own hour's baseline, so the detector reads
 only this hour's cycles (a regular peak ending at the hour would otherwise be re-scored,
 29 cycles at once, against the quieter next hour and page).
@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from alerts.baselines import HOUR_OF_WEEK, CohortBaseline, cohort_label, hour_start
+from alerts.baselines import HOUR_OF_DAY, HOUR_OF_WEEK, CohortBaseline, cohort_label, hour_start
 from alerts.rules import Point, Rule, RuleResult, evaluate_rule
 from storage.queries.series import Cohort
 
@@ -35,7 +35,7 @@ def judge(rule: Rule, labels: Mapping[str, str], points: Mapping[Cohort, Sequenc
         if since is not None:
             pts = [p for p in pts if p.at >= since]
         base = baselines.get(cohort, CohortBaseline(None))
-        if base.origin == HOUR_OF_WEEK and pts:
+        if base.origin in (HOUR_OF_WEEK, HOUR_OF_DAY) and pts:
             hour = hour_start(pts[-1].at)
             pts = [p for p in pts if p.at >= hour]
         results.append((cohort, base, evaluate_rule(rule, labels, base.stats, pts)))

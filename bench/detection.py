@@ -8,9 +8,9 @@ be resampled. It also holds per-request (accepted, proposed) draft tokens of ran
 in-domain traffic, resampled 20 per minute for the traffic-acceptance series (greedy
 canaries repeat the same prompts, so their acceptance barely moves; real traffic is what
 drifts); without them an assumed distribution is used and printed. `--record` measures a
-new sample (a few minutes on this machine). A second latency series uses an assumed
-dedicated-host noise (printed), because latency recorded on a shared 2-core machine
-mostly measures the neighbours.
+new sample (a few minutes on this machine; record pinned to an otherwise idle core: a
+recording made while other jobs share the core measures the neighbours). A second latency
+series uses an assumed dedicated-host noise (printed).
 
 The CUSUM of a pooled quantile scores each cycle's new samples only (alerts.detection:
 a Bernoulli CUSUM on exceedances of the baseline p99); the pooled p99 is what the rule

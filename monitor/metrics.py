@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from engine.protocol import Engine, FlagProvider, GenerateResult
 from monitor.quality_metrics import quality_families
 from probes.measure import add_positions
+from probes.sampler import SamplerStats
 from storage.models import DELIVERY_STATES
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -488,6 +489,33 @@ class EngineCollector(_SafeCollector):
         for name in ("live", "file", "defaults"):
             source.add_metric([name], 1.0 if name == current else 0.0)
         yield source
+
+
+class SamplerCollector(_SafeCollector):
+    """Export the traffic sampler's counters: what it drew, replayed, dropped and failed."""
+
+    name = "sampler"
+
+    def __init__(self, metrics: Metrics, stats: Callable[[], SamplerStats | None]) -> None:
+        self._stats = stats
+        super().__init__(metrics)
+
+    def _collect(self) -> Iterable[Metric]:
+        stats = self._stats()
+        if stats is None:
+            return
+        # Dropped is the one to alert on: drawn requests that were never checked because
+        # the reference replays fell behind (queue full) or the service was closing.
+        family = CounterMetricFamily(
+            f"{PREFIX}_sampler_requests",
+            "Real-traffic requests drawn for an output-quality check, by outcome "
+            "(offered: drawn; replayed: checked; dropped: queue full or closing; "
+            "failed: the reference replay raised).", labels=("outcome",))
+        for outcome in ("offered", "replayed", "dropped", "failed"):
+            family.add_metric([outcome], getattr(stats, outcome))
+        yield family
+        yield _gauge("sampler_pending", "Drawn requests waiting for their reference replay.",
+                     {}, stats.pending)
 
 
 class DatabaseCollector(_SafeCollector):

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.config import EngineConfig
 from engine.errors import NotReady
 from engine.protocol import Engine, FlagProvider
-from monitor.metrics import DatabaseCollector, EngineCollector
+from monitor.metrics import DatabaseCollector, EngineCollector, SamplerCollector
 from monitor.secrets import mask_url
 from monitor.services import (
     EngineFactory,
@@ -315,6 +315,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             EngineCollector(metrics, holder.get),
             DatabaseCollector(metrics, sessions, flags, tuple(settings.engine.buckets)),
         ]
+        if sampler is not None:
+            collectors.append(SamplerCollector(metrics, lambda s=sampler: s.stats))
         holder.start()
         if settings.scheduler.enabled:
             scheduler = (seams.scheduler_factory or start_scheduler)(services)

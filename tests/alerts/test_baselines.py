@@ -123,12 +123,13 @@ def test_evaluation_reads_a_bounded_amount_not_the_history(sessionmaker: session
 
 
 def test_daily_peak_with_hour_of_week_baseline_does_not_page(sessionmaker: sessionmaker[Session]):
-    """Finding 8: a regular peak (here weekly: Monday 14h) against its own hour of week."""
+    """Finding 8: a regular peak (here weekly: Monday 14h) against its own hour of week
+    (two weeks of history: a season counts once it was seen twice)."""
     raw = {"metric": "p99_latency", "change": "+30%", "for": 3, "min_samples": 2,
-           "window": "10m", "lookback": 6, "baseline_window": "8d", "min_baseline_cycles": 5}
+           "window": "10m", "lookback": 6, "baseline_window": "15d", "min_baseline_cycles": 5}
     seasonal = parse_rule({"name": "seasonal", "seasonality": "hour_of_week", **raw})
     plain = parse_rule({"name": "plain", **raw})
-    start = T0 - timedelta(days=7, hours=12)
+    start = T0 - timedelta(days=14, hours=12)
     rng = random.Random(3)
     with sessionmaker.begin() as s:
         t = start

@@ -27,7 +27,34 @@ def test_a_young_hour_of_week_falls_back_to_the_plain_baseline_and_says_so(
     assert rep.errors == ()
     (r,) = rep.results
     assert r.baseline is not None and not r.no_data
-    assert "baseline plain (hour_of_week: 5 of 30 cycles)" in r.reason, r.reason
+    # One hour holds 60 one-minute cycles: a season counts once it was seen twice (61+).
+    assert "baseline plain (hour_of_week: 5 of 61 cycles, hour_of_day: 5 of 61 cycles)" \
+        in r.reason, r.reason
+
+
+def test_a_daily_peak_in_the_first_week_is_judged_against_its_hour_of_day(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Three days of history: each hour of the week was seen once, each hour of day thrice."""
+    raw = {"metric": "p50_latency", "change": "+30%", "for": 3, "min_samples": 2,
+           "window": "10m", "lookback": 6, "baseline_window": "7d", "min_baseline_cycles": 5}
+    seasonal = parse_rule({"name": "seasonal", "seasonality": "hour_of_week", **raw})
+    plain = parse_rule({"name": "plain", **raw})
+    now = T0 + timedelta(hours=2, minutes=41)  # 14:41, in the daily peak (14h-15h)
+    with sessionmaker.begin() as s:
+        t = T0 - timedelta(days=3)
+        while t < now - timedelta(minutes=1):
+            add_cycle(s, t + timedelta(seconds=2), {"64": 0.2 if t.hour == 14 else 0.1})
+            t += timedelta(minutes=10)
+    with sessionmaker.begin() as s:
+        rep = evaluate(s, [seasonal, plain], now,
+                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
+    assert rep.errors == ()
+    res = {r.rule: r for r in rep.results}
+    assert res["plain"].breaching  # against the three days' median the peak is +100%
+    assert not res["seasonal"].breaching, res["seasonal"].reason
+    # The hour's own level (its pooled p50 reaches into 13h's last cycles), not the days'.
+    assert res["seasonal"].baseline > 1.5 * res["plain"].baseline, res["seasonal"].baseline
+    assert "baseline hour_of_day" in res["seasonal"].reason, res["seasonal"].reason
 
 
 def test_an_hourly_baseline_judges_only_the_cycles_of_its_hour() -> None:

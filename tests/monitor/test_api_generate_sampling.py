@@ -73,6 +73,9 @@ def _run(migrated_url: str, *, store_text: bool) -> tuple[list[OutputAgreement],
         assert not engine.gate.is_set()
         stats = sampler.stats
         assert (stats.offered, stats.pending, stats.dropped) == (5, 2, 2)  # queue_max 2
+        scrape = client.get("/metrics").text
+        assert 'tailwatch_sampler_requests_total{outcome="dropped"} 2.0' in scrape
+        assert "tailwatch_sampler_pending 2.0" in scrape
         engine.gate.set()
         wait_for(lambda: sampler.stats.replayed == 3)
         assert sampler.stats.failed == 0 and engine.reference_calls == 3
