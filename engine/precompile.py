@@ -7,6 +7,10 @@ weights, the optimization config, the torch version and the device type. A runti
 loads that file before warming (`load_cache_artifacts`), so its warm-up only
 re-traces and every inductor compile is a cache hit, even on a machine whose local
 inductor cache is empty (a fresh clone, a new container).
+
+Next to the artifacts (`<key>.fns/`), precompile also saves each bucket's compiled
+functions (engine.aot): a restart loads those instead of re-tracing with dynamo, and
+falls back to the artifacts path when one cannot serve.
 """
 
 from __future__ import annotations
@@ -76,3 +80,8 @@ def save_artifacts(path: Path) -> int:
     tmp.write_bytes(blob)
     tmp.replace(path)  # readers never see half a file
     return len(blob)
+
+
+def saved_dir(path: Path) -> Path:
+    """Return the directory of the compiled functions saved with the artifacts at `path`."""
+    return path.with_suffix(".fns")

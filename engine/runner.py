@@ -5,16 +5,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine import t5
+from engine import aot, t5
 from engine.compile_watch import specialize
 
 KIND_ENCODE = "encode"
 KIND_STEP = "step"
 KIND_VERIFY = "verify"
+# Suffixes of the compiled functions' tags (and of their saved files).
+ENC, STEP, VERIFY = "enc", "step", "verify"
 # Granularity of the attended cache prefix (slots). Finer spans attend fewer stale slots;
 # the span is a dynamic dimension, so the number of graphs does not grow with it.
 SPAN_STEP = 32
@@ -116,39 +119,122 @@ class ModelRunner:
         with self._lock:
             fns = self._compiled.get(key)
             if fns is None:
-                encode = (self._compile(t5.encode, f"{self.name}_{key}_enc")
+                encode = (self._compile(t5.encode, self._tag(key, ENC))
                           if self.compile_encoder else t5.encode)
                 fns = Fns(encode,
-                          self._compile(t5.decode_steps, f"{self.name}_{key}_step"),
-                          self._compile(t5.decode_greedy, f"{self.name}_{key}_verify"))
+                          self._compile(t5.decode_steps, self._tag(key, STEP)),
+                          self._compile(t5.decode_greedy, self._tag(key, VERIFY)))
                 self._compiled[key] = fns
             return fns
 
-    def _compile(self, fn: Callable, tag: str) -> Callable:
+    def _tag(self, key: int | str, kind: str) -> str:
+        return f"{self.name}_{key}_{kind}"
+
+    def _compile_kwargs(self, *, saved: bool) -> dict[str, Any]:
         assert self._options is not None
         kwargs: dict[str, Any] = {"dynamic": False, "backend": self._options.backend,
-                                     "recompile_limit": self._options.recompile_limit}
+                                  "recompile_limit": self._options.recompile_limit}
+        guards = aot.guard_filter(_unguarded_weights) if saved else _unguarded_weights
         if self._options.backend == "inductor" and self._options.mode != "default":
-            kwargs["mode"] = self._options.mode  # torch.compile takes mode or options
-        else:
-            options: dict[str, Any] = {"guard_filter_fn": _unguarded_weights}
-            if self._options.backend == "inductor":
-                options.update(self._options.inductor)
-            kwargs["options"] = options
-        return torch.compile(specialize(fn, tag), **kwargs)
+            if not saved:
+                kwargs["mode"] = self._options.mode  # torch.compile takes mode or options
+                return kwargs
+            # A saved function needs the guard filter: the mode's own options carry it.
+            from torch._inductor import list_mode_options
+
+            kwargs["options"] = {**list_mode_options(self._options.mode),
+                                 "guard_filter_fn": guards}
+            return kwargs
+        options: dict[str, Any] = {"guard_filter_fn": guards}
+        if self._options.backend == "inductor":
+            options.update(self._options.inductor)
+        kwargs["options"] = options
+        return kwargs
+
+    def _compile(self, fn: Callable, tag: str) -> Callable:
+        return torch.compile(specialize(fn, tag), **self._compile_kwargs(saved=False))
+
+    def _examples(self, edge: int, encode: Callable) -> dict[str, tuple[Any, ...]]:
+        """Return dummy inputs of bucket `edge` per function (runs `encode` for the rest)."""
+        m = self.m
+        ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
+        mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
+        enc = (m, ids, mask, self.encoder_bias(edge))
+        cross = encode(*enc)
+        kv = m.new_self_cache(self.slots)
+        toks = self.start.expand(1, self.verify_q).contiguous()
+        return {ENC: enc,
+                STEP: (m, self.start, self.positions[0], kv, cross, mask,
+                       self.bias_for(self.steps), self.steps),
+                VERIFY: (m, toks, self.windows[0], kv, cross, mask,
+                         self.bias_for(self.verify_q))}
+
+    def _saved_kinds(self, verify: bool) -> dict[str, Callable]:
+        kinds: dict[str, Callable] = {ENC: t5.encode} if self.compile_encoder else {}
+        kinds[STEP] = t5.decode_steps
+        if verify:
+            kinds[VERIFY] = t5.decode_greedy
+        return kinds
+
+    def saved_path(self, directory: Path, edge: int, kind: str) -> Path:
+        """Return where bucket `edge`'s saved `kind` function lives under `directory`."""
+        # The shapes it was traced for are in the name: another cache size is another file.
+        shape = f"s{self.slots}q{self.verify_q}n{self.steps}"
+        return directory / f"{self._tag(edge, kind)}_{shape}{aot.SUFFIX}"
+
+    def has_saved(self, edge: int, directory: Path, *, verify: bool) -> bool:
+        """Return whether every function bucket `edge` needs was saved under `directory`."""
+        return all(self.saved_path(directory, edge, kind).is_file()
+                   for kind in self._saved_kinds(verify))
+
+    def save(self, edge: int, directory: Path, *, verify: bool) -> int:
+        """Trace bucket `edge`'s functions once more and save them; return how many."""
+        with torch.no_grad():
+            examples = self._examples(edge, t5.encode)
+        kinds = self._saved_kinds(verify)
+        for kind, fn in kinds.items():
+            compiled = torch.compile(specialize(fn, self._tag(edge, kind)), fullgraph=True,
+                                     **self._compile_kwargs(saved=True))
+            aot.save(compiled, examples[kind], self.saved_path(directory, edge, kind))
+        return len(kinds)
+
+    def load_saved(self, edge: int, directory: Path, *, verify: bool) -> None:
+        """Serve bucket `edge` from saved functions, without tracing; raise AOTLoadError."""
+        kinds = self._saved_kinds(verify)
+        loaded: dict[str, Callable] = {}
+        with torch.no_grad():
+            if ENC in kinds:
+                # The encoder's output feeds the other examples: load and check it first.
+                enc = self._examples(edge, t5.encode)[ENC]
+                loaded[ENC] = aot.load(self.saved_path(directory, edge, ENC), enc)
+            examples = self._examples(edge, loaded.get(ENC, t5.encode))
+            for kind in kinds:
+                if kind not in loaded:
+                    loaded[kind] = aot.load(self.saved_path(directory, edge, kind),
+                                            examples[kind])
+            try:  # one call each, as a warm-up would: the first call may still load code
+                loaded[STEP](*examples[STEP])
+                if VERIFY in loaded:
+                    loaded[VERIFY](*examples[VERIFY])
+            except Exception as exc:  # noqa: BLE001 - the caller compiles instead
+                raise aot.AOTLoadError(f"bucket {edge}: first call failed: "
+                                       f"{type(exc).__name__}: {exc}"[:500]) from exc
+        encode = loaded.get(ENC, t5.encode)
+        # A function not saved (verify without a draft) compiles on first use, as before.
+        verify_fn = loaded.get(VERIFY) or self._compile(t5.decode_greedy, self._tag(edge, VERIFY))
+        with self._lock:
+            self._compiled[edge] = Fns(encode, loaded[STEP], verify_fn)
+
+    def forget(self, edge: int) -> None:
+        """Drop bucket `edge`'s functions (a failed load), so the next use compiles."""
+        with self._lock:
+            self._compiled.pop(edge, None)
 
     def warm(self, edge: int, *, verify: bool) -> None:
         """Compile bucket `edge` by running each function once on dummy inputs."""
         fns = self.compiled(edge)
-        m = self.m
         with torch.no_grad():
-            ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
-            mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
-            cross = fns.encode(m, ids, mask, self.encoder_bias(edge))
-            kv = m.new_self_cache(self.slots)
-            fns.step(m, self.start, self.positions[0], kv, cross, mask,
-                     self.bias_for(self.steps), self.steps)
+            examples = self._examples(edge, fns.encode)
+            fns.step(*examples[STEP])
             if verify:
-                toks = self.start.expand(1, self.verify_q).contiguous()
-                fns.verify(m, toks, self.windows[0], kv, cross, mask,
-                           self.bias_for(self.verify_q))
+                fns.verify(*examples[VERIFY])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from engine import decoding, precompile, quantize, t5
+from engine import aot, decoding, precompile, quantize, t5
 from engine.admission import Admission
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
@@ -171,10 +171,14 @@ class Runtime:
         self._closed = False
         self._info = self._make_info()
         self.artifacts_path: Path | None = None
+        self.saved_dir: Path | None = None  # compiled functions saved by precompile
+        self.saved_buckets = 0  # buckets this warm-up loaded from saved functions
+        self.saved_failures = 0  # buckets whose saved functions failed to load (compiled)
         if self._compile_on:
             # Before any compile: precompiled artifacts turn every inductor compile into a hit.
             self.artifacts_path = precompile.artifacts_path(config, self._info.model_version,
                                                             self.device.type)
+            self.saved_dir = precompile.saved_dir(self.artifacts_path)
             self.cache_hit = precompile.load_artifacts(self.artifacts_path).hit
             self._traffic_before = self._load_traffic()
 
@@ -289,8 +293,12 @@ class Runtime:
 
     # --- warm-up -----------------------------------------------------------------------
 
-    def warm_up(self, *, background: bool = True) -> None:
-        """Compile every bucket of the target and the draft (in a thread when background)."""
+    def warm_up(self, *, background: bool = True, load_saved: bool = True) -> None:
+        """Compile every bucket of the target and the draft (in a thread when background).
+
+        With `load_saved`, buckets whose functions `tailwatch engine precompile` saved are
+        loaded from those files instead (no tracing); precompile itself compiles.
+        """
         with self._lock:
             running = self._warm_thread
             if self._warm_started is None:
@@ -301,6 +309,7 @@ class Runtime:
                     return
                 if background:
                     self._warm_thread = threading.Thread(target=self._warm_all,
+                                                         args=(load_saved,),
                                                          name="engine-warmup", daemon=True)
                     self._warm_thread.start()
                     return
@@ -310,19 +319,72 @@ class Runtime:
         if running is not None:
             running.join()  # a blocking call waits for the warm-up already under way
         else:
-            self._warm_all()
+            self._warm_all(load_saved)
 
-    def _warm_all(self) -> None:
+    def _runners(self) -> list[tuple[ModelRunner, bool]]:
+        """Return each compiled runner with whether it needs its verify function."""
+        verify = self.draft is not None
+        runners = [(self.target, verify)]
+        if self.target_q is not None:
+            runners.append((self.target_q, verify))
+        if self.draft is not None:
+            runners.append((self.draft, False))
+        return runners
+
+    def precompiled(self) -> bool:
+        """Return whether the artifacts loaded and every bucket's functions are saved."""
+        saved = self.saved_dir
+        return bool(self.cache_hit) and saved is not None and all(
+            runner.has_saved(edge, saved, verify=verify)
+            for edge in self.config.buckets for runner, verify in self._runners())
+
+    def save_compiled(self) -> int:
+        """Save every bucket's functions for later starts (precompile); return how many."""
+        assert self.saved_dir is not None
+        saved = 0
+        for edge in self.config.buckets:
+            for runner, verify in self._runners():
+                try:
+                    saved += runner.save(edge, self.saved_dir, verify=verify)
+                except Exception as exc:  # noqa: BLE001 - starts then compile, as before
+                    log.warning("engine: %s bucket %d: compiled functions not saved: %s: %s",
+                                runner.name, edge, type(exc).__name__, str(exc)[:300])
+        return saved
+
+    def _load_saved(self, edge: int) -> bool:
+        """Serve bucket `edge` from saved functions; False when it must be compiled."""
+        saved = self.saved_dir
+        runners = self._runners()
+        if saved is None or not all(runner.has_saved(edge, saved, verify=verify)
+                                    for runner, verify in runners):
+            return False  # never precompiled (or another shape): the usual compile
+        try:
+            for runner, verify in runners:
+                runner.load_saved(edge, saved, verify=verify)
+        except aot.AOTLoadError as exc:
+            for runner, _verify in runners:
+                runner.forget(edge)
+            with self._lock:
+                self.saved_failures += 1
+                first = self.saved_failures == 1
+            # Once at warning: every bucket usually fails for the same reason.
+            (log.warning if first else log.info)(
+                "engine: bucket %d: saved compiled functions not used, compiling: %s",
+                edge, exc)
+            return False
+        with self._lock:
+            self.saved_buckets += 1
+        return True
+
+    def _warm_all(self, load_saved: bool = True) -> None:
         for edge in self.warm_order():
             if self._closed:
                 break
             started = time.perf_counter()
             try:
-                self.target.warm(edge, verify=self.draft is not None)
-                if self.target_q is not None:
-                    self.target_q.warm(edge, verify=self.draft is not None)
-                if self.draft is not None:
-                    self.draft.warm(edge, verify=False)
+                if not (load_saved and self._load_saved(edge)):
+                    for runner, verify in self._runners():
+                        runner.warm(edge, verify=verify)
             except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
                 self._watch.record_failure()
                 with self._lock:

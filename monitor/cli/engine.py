@@ -50,18 +50,20 @@ def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | N
         if path is None:  # compile off for this model: nothing to keep
             click.echo("no compiled functions: nothing to precompile")
             return
-        if runtime.cache_hit and not force:
+        if runtime.precompiled() and not force:
             click.echo(f"artifacts up to date: {path}")
             return
-        runtime.warm_up(background=False)
+        runtime.warm_up(background=False, load_saved=False)  # compile, to save it all
         status = runtime.warmup_status()
         if status.error:
             raise click.ClickException(f"warm-up failed: {status.error}")
         from engine.precompile import save_artifacts
 
         size = save_artifacts(path)
+        saved = runtime.save_compiled()  # loaded at start without tracing
     finally:
         runtime.close()
     snap = runtime.compile_snapshot()
-    click.echo(f"precompiled {status.warm_buckets} buckets ({snap.graphs} graphs) in "
+    click.echo(f"precompiled {status.warm_buckets} buckets ({snap.graphs} graphs, "
+               f"{saved} saved functions) in "
                f"{time.perf_counter() - start:.1f} s: {path} ({size / 2**20:.1f} MiB)")

@@ -29,6 +29,8 @@ status = engine.warmup_status()
 print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
+                  "graphs": counters["stats"]["unique_graphs"],
+                  "saved": engine.saved_buckets, "saved_failures": engine.saved_failures,
                   "cache_hit": status.cache_hit, "warm": status.warm_buckets,
                   "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds)}))
 """
@@ -61,12 +63,18 @@ def test_precompiled_artifacts_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     again = subprocess.run(cli, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "artifacts up to date" in again.stdout, again.stderr[-2000:]
 
+    # A restart on this machine serves from the saved functions: nothing traced or compiled.
+    restart = _fresh_process({**engine, "cache_dir": str(built)}, built)
+    assert restart["saved"] == 1 and restart["saved_failures"] == 0, restart
+    assert restart["graphs"] == 0 and restart["fxgraph_miss"] == 0, restart
+    assert restart["warm"] == 1 and restart["cache_hit"] is True, restart
+
     # Another machine: an empty inductor cache, only the artifacts file copied over.
     fresh = tmp_path / "fresh"
     (fresh / "precompiled").mkdir(parents=True)
     shutil.copy(artifacts[0], fresh / "precompiled" / artifacts[0].name)
     warm = _fresh_process({**engine, "cache_dir": str(fresh)}, fresh)
-    assert warm["cache_hit"] is True and warm["warm"] == 1
+    assert warm["cache_hit"] is True and warm["warm"] == 1 and warm["saved"] == 0
     assert warm["fxgraph_miss"] == 0 and warm["aot_miss"] == 0, warm
     assert warm["fxgraph_hit"] >= 2, warm  # encode and step came from the artifacts
     assert warm["ready_s"] is not None and set(warm["buckets"]) == {"8"}

@@ -1,0 +1,83 @@
+"""Compiled functions saved ahead of time and loaded at start without dynamo.
+
+`tailwatch engine precompile` traces each bucket's functions once more with
+`torch.compile(fullgraph=True).aot_compile` and saves them next to the cache
+artifacts. A restart loads those files instead of calling torch.compile: no dynamo
+trace, no fake-tensor propagation, no guard building from the model; only the
+inductor modules are imported (their kernels come from the local inductor cache).
+
+Two torch 2.13 limits shape this module:
+- Only tensor-metadata, shape and global-state guards survive saving. The loader
+  rebuilds every other guard against the saved frame, which has no `m` (the
+  LeanT5 argument) and fails on guards that walk its module tree; `guard_filter`
+  keeps just the portable guards on the non-model arguments.
+- Saved tensor guards keep a tensor's metadata but not its Python attributes, so
+  the rebuilt dimension-marking guard rejects every tensor given `mark_dynamic`
+  (the runner's self-attention bias corners): "_has_dynamo_dim_marking is present
+  on runtime tensor but was absent at compile time". `load` checks the guards once
+  on the warm-up inputs with unmarked views, then turns per-call guard checks off:
+  each function is only ever called by its runner with the shapes it was saved for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".aot"
+
+
+class AOTLoadError(EngineError):
+    """A saved compiled function cannot serve this runtime."""
+
+
+def guard_filter(keep: Callable[[Sequence[Any]], list[bool]]
+                 ) -> Callable[[Sequence[Any]], list[bool]]:
+    """Return a guard filter that keeps what `keep` keeps, and only portable guards."""
+    def _filter(entries: Sequence[Any]) -> list[bool]:
+        portable = torch.compiler.keep_portable_guards_unsafe(entries)
+        return [a and b for a, b in zip(keep(entries), portable, strict=True)]
+
+    return _filter
+
+
+def _unmarked(args: Sequence[Any]) -> tuple[Any, ...]:
+    # A view is a new Python object: same storage and metadata, no dynamo markings.
+    return tuple(a.view(a.shape) if isinstance(a, torch.Tensor)
+                 and hasattr(a, "_dynamo_dynamic_indices") else a for a in args)
+
+
+def save(compiled: Any, example: Sequence[Any], path: Path) -> None:
+    """AOT-compile `compiled` (a fullgraph torch.compile wrapper) on `example`; save it."""
+    with torch.no_grad():  # the runtime calls every function under no_grad
+        fn = compiled.aot_compile((tuple(example), {}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fn.save_compiled_function(str(path))
+
+
+def load(path: Path, example: Sequence[Any]) -> Callable[..., Any]:
+    """Load a saved function and check its guards once on `example`; raise AOTLoadError."""
+    try:
+        with path.open("rb") as file:
+            fn: Any = torch.compiler.load_compiled_function(file)  # an AOTCompiledFunction
+        args = _unmarked(example)
+        with torch.no_grad():
+            ok = fn.guard_check(*args)
+            if not ok:
+                reason = fn._artifacts.guard_manager.check_verbose(fn.prepare_f_locals(*args))
+                raise AOTLoadError(f"{path.name}: guards fail on this runtime's inputs: "
+                                   f"{getattr(reason, 'verbose_code_parts', reason)}")
+    except AOTLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any torch error means: compile instead
+        raise AOTLoadError(f"{path.name}: {type(exc).__name__}: {exc}"[:500]) from exc
+    fn.disable_guard_check()  # checked above; see the module docstring
+    return fn
