@@ -184,7 +184,14 @@ class LeanT5(nn.Module):
 
 def _linear(x: torch.Tensor, w: Any) -> torch.Tensor:
     # A weight is a float tensor, or an engine.quantize.Int8Weight (engine.quantization: int8).
-    return F.linear(x, w) if isinstance(w, torch.Tensor) else w.linear(x)
+    if not isinstance(w, torch.Tensor):
+        return w.linear(x)
+    if torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() == x.shape[-1]:
+        # One row compiled on CPU: a reduction inductor fuses with its neighbours. As an
+        # MKL call each 1-row product cost ~30-50 us here (37 per token); fused, the whole
+        # step runs in ~0.5 ms (README, Benchmarks). Eager and multi-row calls keep MKL.
+        return (x.unsqueeze(-2) * w).sum(-1)
+    return F.linear(x, w)
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -261,7 +268,12 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: t
     for i, layer in enumerate(m.dec_layers):
         h = _norm(x, layer.ln_att, m.eps)
         qkv = _linear(h, layer.qkv).view(q_len, 3, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
-        self_kv[i].index_copy_(2, pos, qkv[1:])  # K and V of these positions, one write
+        # K and V of these positions, one write into the cache tensor itself: written through
+        # the view self_kv[i], inductor copied the whole layer's cache and wrote the whole
+        # cache back on every call (~10 MB per token at 264 slots); an index_put_ on the base
+        # (the layer as a tensor index) is done in place.
+        layer_ix = torch.full((1,), i, dtype=torch.long, device=self_kv.device)
+        self_kv[layer_ix, :, :, pos] = qkv[1:].permute(2, 0, 1, 3)
         att = _attend_prefix(qkv[0], self_kv[i, 0, :, :span], self_kv[i, 1, :, :span],
                              self_bias)
         x = x + _linear(att, layer.o)
