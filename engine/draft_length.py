@@ -5,7 +5,10 @@ proposes k tokens emits E(k) = (1 - a^(k+1)) / (1 - a) tokens and costs
 k * draft_step + verify seconds; direct decoding costs one target step per token.
 The chosen k maximizes E(k) / cost(k); when even the best k emits fewer tokens per
 second than direct decoding, the bucket falls back to direct decoding (k = 0), and
-one request in `probe_every` still speculates so a recovery is seen. The choice only
+a few requests still speculate so a recovery is seen: the first after `probe_every`
+requests, then the gap doubles after each probe that confirms the fallback (up to
+`max_probe_every`), since on a fast direct path a failing speculative request costs
+several direct ones; it resets once speculation pays again. The choice only
 changes speed: every k gives the target's own greedy output.
 """
 
@@ -38,6 +41,8 @@ class _Bucket:
         self.verify_s: float | None = None
         self.step_s: float | None = None
         self.requests = 0
+        self.probe_gap = 0  # requests between fallback probes now (0: not falling back)
+        self.since_probe = 0
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -57,7 +62,8 @@ class DraftLength:
     """
 
     def __init__(self, *, k_max: int, k_initial: int, decay: float = 0.9,
-                 half_life: float = 64.0, probe_every: int = 16, margin: float = 1.05,
+                 half_life: float = 64.0, probe_every: int = 16, max_probe_every: int = 256,
+                 margin: float = 1.05,
                  min_trials: float = 8.0) -> None:
         if not 1 <= k_initial <= k_max:
             raise ValueError(f"speculative_k: must be between 1 and {k_max}, got {k_initial}")
@@ -66,6 +72,7 @@ class DraftLength:
         self._decay = decay
         self._half_life = half_life
         self._probe_every = probe_every
+        self._max_probe_every = max(max_probe_every, probe_every)
         self._margin = margin
         self._min_trials = min_trials
         self._lock = threading.Lock()
@@ -124,7 +131,14 @@ class DraftLength:
             k, _, speedup = self._best(b)
             if fallback and speedup is not None and speedup < self._margin:
                 # Keep measuring acceptance on a few requests so a recovery is noticed.
-                return k if b.requests % self._probe_every == 0 else 0
+                b.probe_gap = b.probe_gap or self._probe_every
+                b.since_probe += 1
+                if b.since_probe < b.probe_gap:
+                    return 0
+                b.since_probe = 0
+                b.probe_gap = min(2 * b.probe_gap, self._max_probe_every)
+                return k
+            b.probe_gap = b.since_probe = 0
             return k
 
     def view(self) -> dict[str, DraftLengthView]:

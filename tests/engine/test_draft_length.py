@@ -47,13 +47,15 @@ def test_high_acceptance_and_cheap_draft_picks_a_long_draft():
 
 
 def test_low_acceptance_falls_back_to_direct_and_keeps_probing():
-    dl = DraftLength(k_max=8, k_initial=4, probe_every=4)
+    dl = DraftLength(k_max=8, k_initial=4, probe_every=4, max_probe_every=16)
     _feed(dl, "64", _spec(10, 4, accept_first=0), draft_s=0.0005, verify_s=0.004,
           step_s=0.003)
     view = dl.view()["64"]
     assert view.fallback and view.k == 0 and view.acceptance == pytest.approx(0.0)
-    picks = [dl.choose("64") for _ in range(8)]
-    assert picks.count(0) == 6 and all(p >= 1 for p in picks if p)
+    picks = [dl.choose("64") for _ in range(4 + 8 + 16 + 16 + 16)]
+    probes = [i + 1 for i, p in enumerate(picks) if p]
+    # Each failed probe doubles the gap (4, 8, 16), capped at max_probe_every (16 here).
+    assert probes == [4, 12, 28, 44, 60] and all(picks[i - 1] >= 1 for i in probes)
     # Asked for explicitly, speculation still runs (with the best k).
     assert dl.choose("64", fallback=False) >= 1
 
@@ -84,3 +86,20 @@ def test_a_drift_flips_the_choice_within_two_long_requests():
           step_s=0.003, times=2)
     view = dl.view()["32"]
     assert view.acceptance < 0.2 and view.fallback and view.k == 0
+
+
+def test_probing_backs_off_and_resets_once_speculation_pays():
+    dl = DraftLength(k_max=8, k_initial=4, probe_every=4)
+    _feed(dl, "64", _spec(10, 4, accept_first=0), draft_s=0.0005, verify_s=0.004,
+          step_s=0.003)
+    for _ in range(12):  # probes at 4 and 12: the gap is 16 now
+        dl.choose("64")
+    # The traffic is back in domain: every proposal accepted (the counters decay in 64).
+    _feed(dl, "64", _spec(10, 4, accept_first=10), draft_s=0.0005, verify_s=0.004,
+          step_s=0.003)
+    assert not dl.view()["64"].fallback
+    assert dl.choose("64") >= 1
+    _feed(dl, "64", _spec(10, 4, accept_first=0), draft_s=0.0005, verify_s=0.004,
+          step_s=0.003)
+    picks = [dl.choose("64") for _ in range(4)]
+    assert picks == [0, 0, 0, picks[3]] and picks[3] >= 1  # back to the first gap
