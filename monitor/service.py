@@ -316,7 +316,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             DatabaseCollector(metrics, sessions, flags, tuple(settings.engine.buckets)),
         ]
         if sampler is not None:
-            collectors.append(SamplerCollector(metrics, lambda s=sampler: s.stats))
+            live = sampler  # narrowed: the closure reads a non-None sampler
+            collectors.append(SamplerCollector(metrics, lambda: live.stats))
         holder.start()
         if settings.scheduler.enabled:
             scheduler = (seams.scheduler_factory or start_scheduler)(services)
