@@ -104,7 +104,8 @@ def hour_of_day(t: datetime) -> int:
     return t.astimezone(UTC).hour
 
 
-# season kind -> (the scope's season label prefix, the function giving a time's season)
+# season kind -> (the scope's season label prefix, the function giving a time's season),
+# in the order a seasonal rule tries them (the hour of day stands in for a young week).
 _SEASONS = {HOUR_OF_WEEK: ("how", hour_of_week), HOUR_OF_DAY: ("hod", hour_of_day)}
 
 
@@ -197,8 +198,8 @@ def baselines_for_rule(
     by_scope = dict(active)
     # The hour of the latest finished cycle (the one judged), not of `now`.
     judged = now - timedelta(seconds=rule.window_s)
-    seasons: list[tuple[str, int]] = [(kind, _SEASONS[kind][1](judged))
-                                      for kind in (HOUR_OF_WEEK, HOUR_OF_DAY)] \
+    seasons: list[tuple[str, int]] = [(kind, season(judged))
+                                      for kind, (_, season) in _SEASONS.items()] \
         if rule.seasonality == HOUR_OF_WEEK else []
     needs: list[_Need] = []
     plan: list[tuple[Labels, Cohort, str, list[str]]] = []
@@ -250,7 +251,7 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
     per_hour = int(CHUNK_S // rule.window_s)
     need = max(n, per_hour + 1)
     why: list[str] = []
-    for kind, skey in zip((HOUR_OF_WEEK, HOUR_OF_DAY), skeys, strict=False):
+    for kind, skey in zip(_SEASONS, skeys, strict=False):
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
         if seasonal is not None and seasonal.samples >= need and seasonal.spread is not None:
             return CohortBaseline(BaselineStats(seasonal.value, seasonal.spread, seasonal.samples),

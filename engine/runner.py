@@ -154,12 +154,18 @@ class ModelRunner:
     def _compile(self, fn: Callable, tag: str) -> Callable:
         return torch.compile(specialize(fn, tag), **self._compile_kwargs(saved=False))
 
-    def _examples(self, edge: int, encode: Callable) -> dict[str, tuple[Any, ...]]:
-        """Return dummy inputs of bucket `edge` per function (runs `encode` for the rest)."""
+    def _encode_example(self, edge: int) -> tuple[Any, ...]:
+        """Return dummy encoder inputs of bucket `edge`."""
         m = self.m
         ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
         mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
-        enc = (m, ids, mask, self.encoder_bias(edge))
+        return (m, ids, mask, self.encoder_bias(edge))
+
+    def _examples(self, edge: int, encode: Callable) -> dict[str, tuple[Any, ...]]:
+        """Return dummy inputs of bucket `edge` per function (runs `encode` for the rest)."""
+        m = self.m
+        enc = self._encode_example(edge)
+        mask = enc[2]
         cross = encode(*enc)
         kv = m.new_self_cache(self.slots)
         toks = self.start.expand(1, self.verify_q).contiguous()
@@ -205,8 +211,8 @@ class ModelRunner:
         with torch.no_grad():
             if ENC in kinds:
                 # The encoder's output feeds the other examples: load and check it first.
-                enc = self._examples(edge, t5.encode)[ENC]
-                loaded[ENC] = aot.load(self.saved_path(directory, edge, ENC), enc)
+                loaded[ENC] = aot.load(self.saved_path(directory, edge, ENC),
+                                       self._encode_example(edge))
             examples = self._examples(edge, loaded.get(ENC, t5.encode))
             for kind in kinds:
                 if kind not in loaded:
