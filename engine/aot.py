@@ -1,10 +1,11 @@
 """Compiled functions saved ahead of time and loaded at start without dynamo.
 
-`tailwatch engine precompile` traces each bucket's functions once more with
-`torch.compile(fullgraph=True).aot_compile` and saves them next to the cache
-artifacts. A restart loads those files instead of calling torch.compile: no dynamo
+`tailwatch engine precompile` compiles each function the buckets share once, with
+`torch.compile(fullgraph=True).aot_compile`, and saves it (engine.precompile says
+where). A restart loads those files instead of calling torch.compile: no dynamo
 trace, no fake-tensor propagation, no guard building from the model; only the
-inductor modules are imported (their kernels come from the local inductor cache).
+inductor modules are imported (their C++ kernels come from the local inductor cache,
+or are rebuilt from the saved source when it is empty).
 
 Two torch 2.13 limits shape this module:
 - Only tensor-metadata, shape and global-state guards survive saving. The loader

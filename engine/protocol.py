@@ -208,7 +208,8 @@ class WarmupStatus:
     """Progress of compiling every bucket.
 
     bucket_seconds: str(bucket edge) -> seconds that bucket's warm-up took.
-    cache_hit: whether precompiled artifacts were loaded (None: none were found).
+    cache_hit: whether the warm-up served every bucket from the compiled functions
+      `tailwatch engine precompile` saved (None: not known yet, or compile off).
     ready_seconds: engine construction -> every bucket warm (None until then).
     """
 

@@ -18,6 +18,12 @@ KIND_STEP = "step"
 KIND_VERIFY = "verify"
 # Suffixes of the compiled functions' tags (and of their saved files).
 ENC, STEP, VERIFY = "enc", "step", "verify"
+# Key of the compiled functions every bucket edge shares: the input length (encoder) and
+# the cross-attention length (decoder) are dynamic dimensions, so one graph per function
+# serves every bucket. Per-bucket graphs were as fast per call (same-process A/B, pinned:
+# ratios 0.7-1.3 around 1.0 per bucket, no trend) and cost one compile each: 20 graphs,
+# ~16 s each on one core, against 4 for the built-in target and draft.
+SHARED = "buckets"
 # Granularity of the attended cache prefix (slots). Finer spans attend fewer stale slots;
 # the span is a dynamic dimension, so the number of graphs does not grow with it.
 SPAN_STEP = 32
@@ -61,7 +67,7 @@ def _unguarded_weights(entries: Sequence[Any]) -> list[bool]:
 
 
 class ModelRunner:
-    """Hold a LeanT5 with its bias tables and compiled functions per bucket."""
+    """Hold a LeanT5 with its bias tables and the compiled functions its buckets share."""
 
     def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
                  options: CompileOptions | None, name: str, steps: int = 1,
@@ -79,6 +85,7 @@ class ModelRunner:
         with torch.no_grad():
             self.dec_bias = lean.decoder_bias(slots)
             self._enc_bias = {edge: lean.encoder_bias(edge) for edge in edges}
+        self.edges = tuple(edges)
         # Built once: the loop indexes these instead of making tensors per token.
         self.positions = [torch.tensor([i], device=lean.device_) for i in range(slots)]
         self.windows = [torch.arange(i, i + verify_q, device=lean.device_)
@@ -101,6 +108,7 @@ class ModelRunner:
             self._bias_for.append(spans[span])
         self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy)
         self._compiled: dict[object, Fns] = {}
+        self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
 
     def bias_for(self, end: int) -> torch.Tensor:
         """Return the self-attention bias for a call whose positions all lie below `end`."""
@@ -116,6 +124,8 @@ class ModelRunner:
 
     def compiled(self, key: int | str) -> Fns:
         """Return the compiled functions for bucket edge `key` (or "exact"), creating them."""
+        if isinstance(key, int):
+            key = SHARED  # every bucket edge runs the same (length-dynamic) graphs
         with self._lock:
             fns = self._compiled.get(key)
             if fns is None:
@@ -155,11 +165,18 @@ class ModelRunner:
         return torch.compile(specialize(fn, tag), **self._compile_kwargs(saved=False))
 
     def _encode_example(self, edge: int) -> tuple[Any, ...]:
-        """Return dummy encoder inputs of bucket `edge`."""
+        """Return dummy encoder inputs of bucket `edge`, the input length marked dynamic."""
         m = self.m
         ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
         mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
-        return (m, ids, mask, self.encoder_bias(edge))
+        # Marked on fresh tensors and a view (markings live on the Python object): the
+        # cached bias table itself stays unmarked for the exact-shape path's static graphs.
+        bias = self.encoder_bias(edge)
+        enc_bias = bias.view(bias.shape)  # [.., length, length]
+        for tensor, dims in ((ids, (1,)), (mask, (3,)), (enc_bias, (bias.dim() - 2, bias.dim() - 1))):
+            for dim in dims:
+                torch._dynamo.mark_dynamic(tensor, dim)
+        return (m, ids, mask, enc_bias)
 
     def _examples(self, edge: int, encode: Callable) -> dict[str, tuple[Any, ...]]:
         """Return dummy inputs of bucket `edge` per function (runs `encode` for the rest)."""
@@ -167,6 +184,7 @@ class ModelRunner:
         enc = self._encode_example(edge)
         mask = enc[2]
         cross = encode(*enc)
+        torch._dynamo.mark_dynamic(cross, 3)  # [L, 2, H, length, d_kv]
         kv = m.new_self_cache(self.slots)
         toks = self.start.expand(1, self.verify_q).contiguous()
         return {ENC: enc,
@@ -182,42 +200,46 @@ class ModelRunner:
             kinds[VERIFY] = t5.decode_greedy
         return kinds
 
-    def saved_path(self, directory: Path, edge: int, kind: str) -> Path:
-        """Return where bucket `edge`'s saved `kind` function lives under `directory`."""
+    def saved_path(self, directory: Path, kind: str) -> Path:
+        """Return where the saved `kind` function (shared by every bucket) lives."""
         # The shapes it was traced for are in the name: another cache size is another file.
         shape = f"s{self.slots}q{self.verify_q}n{self.steps}"
-        return directory / f"{self._tag(edge, kind)}_{shape}{aot.SUFFIX}"
+        return directory / f"{self._tag(SHARED, kind)}_{shape}{aot.SUFFIX}"
 
-    def has_saved(self, edge: int, directory: Path, *, verify: bool) -> bool:
-        """Return whether every function bucket `edge` needs was saved under `directory`."""
-        return all(self.saved_path(directory, edge, kind).is_file()
+    def has_saved(self, directory: Path, *, verify: bool) -> bool:
+        """Return whether every function the buckets need was saved under `directory`."""
+        return all(self.saved_path(directory, kind).is_file()
                    for kind in self._saved_kinds(verify))
 
-    def save(self, edge: int, directory: Path, *, verify: bool) -> int:
-        """Trace bucket `edge`'s functions once more and save them; return how many."""
+    def save(self, directory: Path, *, verify: bool) -> int:
+        """AOT-compile the shared functions and save them; return how many."""
         with torch.no_grad():
-            examples = self._examples(edge, t5.encode)
+            examples = self._examples(self.edges[0], t5.encode)
         kinds = self._saved_kinds(verify)
         for kind, fn in kinds.items():
-            compiled = torch.compile(specialize(fn, self._tag(edge, kind)), fullgraph=True,
+            compiled = torch.compile(specialize(fn, self._tag(SHARED, kind)), fullgraph=True,
                                      **self._compile_kwargs(saved=True))
-            aot.save(compiled, examples[kind], self.saved_path(directory, edge, kind))
+            aot.save(compiled, examples[kind], self.saved_path(directory, kind))
         return len(kinds)
 
     def load_saved(self, edge: int, directory: Path, *, verify: bool) -> None:
-        """Serve bucket `edge` from saved functions, without tracing; raise AOTLoadError."""
+        """Serve bucket `edge` from saved functions, without tracing; raise AOTLoadError.
+
+        The files are read once (for the first bucket); each bucket then checks the
+        guards and makes one call on its own shapes.
+        """
         kinds = self._saved_kinds(verify)
-        loaded: dict[str, Callable] = {}
+        with self._lock:
+            loaded = dict(self._loaded)
         with torch.no_grad():
-            if ENC in kinds:
+            if ENC in kinds and ENC not in loaded:
                 # The encoder's output feeds the other examples: load and check it first.
-                loaded[ENC] = aot.load(self.saved_path(directory, edge, ENC),
+                loaded[ENC] = aot.load(self.saved_path(directory, ENC),
                                        self._encode_example(edge))
             examples = self._examples(edge, loaded.get(ENC, t5.encode))
             for kind in kinds:
                 if kind not in loaded:
-                    loaded[kind] = aot.load(self.saved_path(directory, edge, kind),
-                                            examples[kind])
+                    loaded[kind] = aot.load(self.saved_path(directory, kind), examples[kind])
             try:  # one call each, as a warm-up would: the first call may still load code
                 loaded[STEP](*examples[STEP])
                 if VERIFY in loaded:
@@ -225,16 +247,20 @@ class ModelRunner:
             except Exception as exc:  # noqa: BLE001 - the caller compiles instead
                 raise aot.AOTLoadError(f"bucket {edge}: first call failed: "
                                        f"{type(exc).__name__}: {exc}"[:500]) from exc
-        encode = loaded.get(ENC, t5.encode)
-        # A function not saved (verify without a draft) compiles on first use, as before.
-        verify_fn = loaded.get(VERIFY) or self._compile(t5.decode_greedy, self._tag(edge, VERIFY))
         with self._lock:
-            self._compiled[edge] = Fns(encode, loaded[STEP], verify_fn)
+            if not self._loaded:
+                encode = loaded.get(ENC, t5.encode)
+                # A function not saved (verify without a draft) compiles on first use.
+                verify_fn = (loaded.get(VERIFY)
+                             or self._compile(t5.decode_greedy, self._tag(SHARED, VERIFY)))
+                self._compiled[SHARED] = Fns(encode, loaded[STEP], verify_fn)
+                self._loaded = loaded
 
-    def forget(self, edge: int) -> None:
-        """Drop bucket `edge`'s functions (a failed load), so the next use compiles."""
+    def forget(self) -> None:
+        """Drop the shared functions (a failed load), so the next use compiles."""
         with self._lock:
-            self._compiled.pop(edge, None)
+            self._compiled.pop(SHARED, None)
+            self._loaded = {}
 
     def warm(self, edge: int, *, verify: bool) -> None:
         """Compile bucket `edge` by running each function once on dummy inputs."""

@@ -161,7 +161,7 @@ class Runtime:
         # warm-up compiles the busiest buckets first.
         self._traffic: dict[str, int] = {}
         self._traffic_before: dict[str, int] = {}
-        self.cache_hit: bool | None = None  # set by engine.precompile when artifacts load
+        self.cache_hit: bool | None = None  # set once the warm-up knows (see WarmupStatus)
         self.bucket_compile_s: dict[int, float] = {}
         self._warm_thread: threading.Thread | None = None
         self._warm_started: float | None = None
@@ -170,16 +170,12 @@ class Runtime:
         self._warm_error: str | None = None
         self._closed = False
         self._info = self._make_info()
-        self.artifacts_path: Path | None = None
         self.saved_dir: Path | None = None  # compiled functions saved by precompile
         self.saved_buckets = 0  # buckets this warm-up loaded from saved functions
         self.saved_failures = 0  # buckets whose saved functions failed to load (compiled)
         if self._compile_on:
-            # Before any compile: precompiled artifacts turn every inductor compile into a hit.
-            self.artifacts_path = precompile.artifacts_path(config, self._info.model_version,
-                                                            self.device.type)
-            self.saved_dir = precompile.saved_dir(self.artifacts_path)
-            self.cache_hit = precompile.load_artifacts(self.artifacts_path).hit
+            self.saved_dir = precompile.saved_dir(config, self._info.model_version,
+                                                  self.device.type)
             self._traffic_before = self._load_traffic()
 
     def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
@@ -293,11 +289,11 @@ class Runtime:
 
     # --- warm-up -----------------------------------------------------------------------
 
-    def warm_up(self, *, background: bool = True, load_saved: bool = True) -> None:
+    def warm_up(self, *, background: bool = True) -> None:
         """Compile every bucket of the target and the draft (in a thread when background).
 
-        With `load_saved`, buckets whose functions `tailwatch engine precompile` saved are
-        loaded from those files instead (no tracing); precompile itself compiles.
+        Functions that `tailwatch engine precompile` saved are loaded from those files
+        instead (no tracing); the buckets share them, so the first bucket pays the load.
         """
         with self._lock:
             running = self._warm_thread
@@ -309,7 +305,6 @@ class Runtime:
                     return
                 if background:
                     self._warm_thread = threading.Thread(target=self._warm_all,
-                                                         args=(load_saved,),
                                                          name="engine-warmup", daemon=True)
                     self._warm_thread.start()
                     return
@@ -319,7 +314,7 @@ class Runtime:
         if running is not None:
             running.join()  # a blocking call waits for the warm-up already under way
         else:
-            self._warm_all(load_saved)
+            self._warm_all()
 
     def _runners(self) -> list[tuple[ModelRunner, bool]]:
         """Return each compiled runner with whether it needs its verify function."""
@@ -332,30 +327,30 @@ class Runtime:
         return runners
 
     def precompiled(self) -> bool:
-        """Return whether the artifacts loaded and every bucket's functions are saved."""
+        """Return whether every function the buckets need is saved for this runtime."""
         saved = self.saved_dir
-        return bool(self.cache_hit) and saved is not None and all(
-            runner.has_saved(edge, saved, verify=verify)
-            for edge in self.config.buckets for runner, verify in self._runners())
+        return saved is not None and all(
+            runner.has_saved(saved, verify=verify) for runner, verify in self._runners())
 
     def save_compiled(self) -> int:
         """Save every bucket's functions for later starts (precompile); return how many."""
         assert self.saved_dir is not None
         saved = 0
-        for edge in self.config.buckets:
-            for runner, verify in self._runners():
-                try:
-                    saved += runner.save(edge, self.saved_dir, verify=verify)
-                except Exception as exc:  # noqa: BLE001 - starts then compile, as before
-                    log.warning("engine: %s bucket %d: compiled functions not saved: %s: %s",
-                                runner.name, edge, type(exc).__name__, str(exc)[:300])
+        for runner, verify in self._runners():
+            try:
+                saved += runner.save(self.saved_dir, verify=verify)
+            except Exception as exc:  # noqa: BLE001 - starts then compile, as before
+                log.warning("engine: %s: compiled functions not saved: %s: %s",
+                            runner.name, type(exc).__name__, str(exc)[:300])
         return saved
 
     def _load_saved(self, edge: int) -> bool:
         """Serve bucket `edge` from saved functions; False when it must be compiled."""
         saved = self.saved_dir
         runners = self._runners()
-        if saved is None or not all(runner.has_saved(edge, saved, verify=verify)
+        if self.saved_failures:
+            return False  # the buckets share the files: one failure stands for all
+        if saved is None or not all(runner.has_saved(saved, verify=verify)
                                     for runner, verify in runners):
             return False  # never precompiled (or another shape): the usual compile
         try:
@@ -363,7 +358,7 @@ class Runtime:
                 runner.load_saved(edge, saved, verify=verify)
         except aot.AOTLoadError as exc:
             for runner, _verify in runners:
-                runner.forget(edge)
+                runner.forget()
             with self._lock:
                 self.saved_failures += 1
                 first = self.saved_failures == 1
@@ -376,13 +371,13 @@ class Runtime:
             self.saved_buckets += 1
         return True
 
-    def _warm_all(self, load_saved: bool = True) -> None:
+    def _warm_all(self) -> None:
         for edge in self.warm_order():
             if self._closed:
                 break
             started = time.perf_counter()
             try:
-                if not (load_saved and self._load_saved(edge)):
+                if not self._load_saved(edge):
                     for runner, verify in self._runners():
                         runner.warm(edge, verify=verify)
             except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
@@ -402,6 +397,7 @@ class Runtime:
             self._warm_done = True
             if len(self._warm) == len(self.config.buckets):
                 self._ready_seconds = time.perf_counter() - self._t_created
+            self.cache_hit = self.saved_buckets == len(self.config.buckets)
 
     def warmup_status(self) -> WarmupStatus:
         with self._lock:

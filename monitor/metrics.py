@@ -426,7 +426,7 @@ class EngineCollector(_SafeCollector):
         yield per_bucket
         if warm.cache_hit is not None:
             yield _gauge("engine_compile_cache_hit",
-                         "1 when precompiled artifacts were loaded at start.", {}, warm.cache_hit)
+                         "1 when the warm-up served every bucket from saved compiled functions.", {}, warm.cache_hit)
         if warm.ready_seconds is not None:
             yield _gauge("engine_ready_seconds", "Engine start to every bucket warm.", {},
                          warm.ready_seconds)

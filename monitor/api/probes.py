@@ -8,11 +8,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from monitor.api.deps import ProbeRunnerDep, ReaderDep, SessionsDep, WriterDep
+from monitor.api.deps import ProbeRunnerDep, ReaderDep, ServicesDep, SessionsDep, WriterDep
 from monitor.api.fields import Name64
 from storage.queries import runs as queries
 
 router = APIRouter(tags=["probes"])
+
+# How long a requested run waits for its rows to be committed before answering anyway.
+STORE_WAIT_S = 10.0
 
 
 class ProbeRunOut(BaseModel):
@@ -54,6 +57,9 @@ class ProbeRunDone(BaseModel):
     error: str | None
     duration_s: float
     actor: str
+    # True when the run's rows were committed before this response (GET /v1/probes/runs
+    # lists it); False while the database is slow or down: the rows stay queued, not lost.
+    stored: bool
 
 
 @router.get("/v1/probes/runs")
@@ -70,11 +76,16 @@ def list_runs(
 
 
 @router.post("/v1/probes/run")
-def run_probe(body: ProbeRunRequest, probes: ProbeRunnerDep, actor: WriterDep) -> ProbeRunDone:
+def run_probe(body: ProbeRunRequest, probes: ProbeRunnerDep, services: ServicesDep,
+              actor: WriterDep) -> ProbeRunDone:
     """Run one canary cycle or burst now and store it (blocks until it finishes)."""
     result = probes.run(body.kind, suite=body.suite, ab=body.ab)
+    # The prober hands its rows to the background writer: wait for them so that a
+    # caller who lists runs next sees this one.
+    stored = services.writer.flush(timeout=STORE_WAIT_S)
     return ProbeRunDone(kind=body.kind, suite=result.suite, status=result.status,
-                        error=result.error, duration_s=_duration(result), actor=actor)
+                        error=result.error, duration_s=_duration(result), actor=actor,
+                        stored=stored)
 
 
 def _duration(result: object) -> float:

@@ -21,10 +21,10 @@ def engine() -> None:
 @click.pass_context
 def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | None,
                    force: bool) -> None:
-    """Compile every bucket once and save the artifacts the server loads at start.
+    """Compile the functions every bucket shares once and save them for the server.
 
     Keyed on the weights, the optimization settings, torch and the device: when the
-    artifacts for that key exist it returns at once (unless --force).
+    functions for that key are saved it returns at once (unless --force).
     """
     from dataclasses import replace
 
@@ -46,21 +46,23 @@ def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | N
     except (EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        path = runtime.artifacts_path
+        path = runtime.saved_dir
         if path is None:  # compile off for this model: nothing to keep
             click.echo("no compiled functions: nothing to precompile")
             return
         if runtime.precompiled() and not force:
-            click.echo(f"artifacts up to date: {path}")
+            click.echo(f"compiled functions up to date: {path}")
             return
-        runtime.warm_up(background=False, load_saved=False)  # compile, to save it all
+        # Each shared function is compiled once, ahead of time, and saved; the warm-up
+        # then serves from those files (a function that could not be saved compiles).
+        saved = runtime.save_compiled()
+        runtime.warm_up(background=False)
         status = runtime.warmup_status()
         if status.error:
             raise click.ClickException(f"warm-up failed: {status.error}")
-        from engine.precompile import save_artifacts
+        from engine.precompile import dir_bytes
 
-        size = save_artifacts(path)
-        saved = runtime.save_compiled()  # loaded at start without tracing
+        size = dir_bytes(path)
     finally:
         runtime.close()
     snap = runtime.compile_snapshot()

@@ -79,10 +79,11 @@ def test_saved_functions_serve_a_fresh_process_without_tracing(tiny_dirs, tmp_pa
     cache = tmp_path / "cache"
     engine = _engine(tiny_dirs, cache)
     said = _precompile(engine, tmp_path)
-    # Per bucket: the target's encode, step and verify, the draft's step (its encoder is eager).
-    assert f"{4 * len(BUCKETS)} saved functions" in said, said
-    saved = list(cache.glob("precompiled/*.fns/*.aot"))
-    assert len(saved) == 4 * len(BUCKETS)
+    # The target's encode, step and verify, the draft's step (its encoder is eager), each
+    # shared by every bucket.
+    assert "4 saved functions" in said, said
+    saved = list(cache.glob("precompiled/*/*.aot"))
+    assert len(saved) == 4
 
     warm = _fresh(engine, cache)
     assert warm["saved_buckets"] == len(BUCKETS) and warm["saved_failures"] == 0, warm
@@ -96,8 +97,8 @@ def test_saved_functions_serve_a_fresh_process_without_tracing(tiny_dirs, tmp_pa
     for path in saved:
         path.unlink()
     cold = _fresh(engine, cache)
-    assert cold["saved_buckets"] == 0 and cold["graphs"] >= 4 * len(BUCKETS), cold
-    assert cold["frames"]["ok"] >= 4 * len(BUCKETS), cold
+    assert cold["saved_buckets"] == 0 and cold["graphs"] >= 4, cold
+    assert cold["frames"]["ok"] >= 4, cold
     assert cold["same"] == {"direct": True, "spec": True}, cold
 
 
@@ -105,7 +106,7 @@ def test_a_saved_function_that_does_not_fit_falls_back_to_compiling(tiny_dirs, t
     cache = tmp_path / "cache"
     engine = {**_engine(tiny_dirs, cache), "buckets": [8], "use_draft": False}
     _precompile(engine, tmp_path)
-    saved = sorted(cache.glob("precompiled/*.fns/*.aot"))
+    saved = sorted(cache.glob("precompiled/*/*.aot"))
     assert len(saved) == 2  # the target's encode and step
     saved[0].write_bytes(b"not a compiled function")
 

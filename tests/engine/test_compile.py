@@ -14,8 +14,9 @@ from tests.engine.conftest import BUCKETS, CAP, random_texts, tiny_config  # noq
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     before = warm_engine.compile_snapshot()
-    # target encode/step/verify + draft step, per bucket (the draft's encoder runs eager)
-    assert before.graphs >= 4 * len(BUCKETS)
+    # target encode/step/verify + draft step (the draft's encoder runs eager): one graph
+    # each, shared by every bucket (the lengths are dynamic dimensions)
+    assert before.graphs == 4, before
     texts = random_texts(210, seed=5)
     rng = random.Random(5)
     paths = set()

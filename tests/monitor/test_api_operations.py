@@ -29,6 +29,7 @@ def test_probe_run_is_stored_listed_and_scraped(client: TestClient, auth: dict[s
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "ok"
     assert r.json()["actor"] == "api-token"
+    assert r.json()["stored"] is True  # committed before the answer: listed right away
     runs = client.get("/v1/probes/runs").json()
     assert len(runs) == 1
     assert runs[0]["kind"] == "cycle" and runs[0]["status"] == "ok"
@@ -40,6 +41,25 @@ def test_probe_run_is_stored_listed_and_scraped(client: TestClient, auth: dict[s
         "bucket": "16", "path": "compiled", "decoding": "speculative"}) is None
     assert registry.get_sample_value("tailwatch_probe_success",
                                      {"kind": "cycle", "suite": "in_domain"}) == 1
+
+
+def test_probe_run_answers_unstored_while_the_writer_is_held(
+        client: TestClient, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from monitor.api import probes as probes_api
+
+    monkeypatch.setattr(probes_api, "STORE_WAIT_S", 0.2)
+    writer = services_of(client.app).writer  # type: ignore[arg-type]
+    release = threading.Event()
+    # A write that does not finish stands in for a database that does not answer.
+    writer.submit(lambda _session: release.wait(30))
+    r = client.post("/v1/probes/run", json={"kind": "cycle", "ab": False}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json()["stored"] is False
+    release.set()
+    assert writer.flush(timeout=30)  # delayed, not lost
+    assert [run["kind"] for run in client.get("/v1/probes/runs").json()] == ["cycle"]
 
 
 def test_probe_run_validates_its_body(client: TestClient, auth: dict[str, str]) -> None:
@@ -119,6 +139,8 @@ def test_scheduler_runs_the_wired_jobs(migrated_url: str) -> None:
         jobs["probe"]()
         jobs["evaluate"]()
         jobs["delivery"]()
+        # Scheduled jobs hand rows to the background writer and do not wait for it.
+        assert services_of(app).writer.flush(timeout=30)
         assert len(client.get("/v1/probes/runs").json()) == 1
     from sqlalchemy import func, select
 
