@@ -1,8 +1,9 @@
 """Change detection: our rules (CUSUM-confirmed, sustained) next to a naive threshold.
 
 Synthetic per-cycle series whose noise comes from real canary cycles of the engine:
-bench/data/canary_noise.json holds recorded cycles (4 fixed prompts per bucket, the
-probes' default) of the built-in models when present, else of a tiny random T5; each
+bench/data/canary_noise.json holds recorded cycles (10 fixed prompts per bucket, the
+probes' default, on the compiled path the probes time) of the built-in models when
+present, else of a tiny random T5; each
 cycle's latencies are divided by their bucket's median so cycles from every bucket can
 be resampled. It also holds per-request (accepted, proposed) draft tokens of random
 in-domain traffic, resampled 20 per minute for the traffic-acceptance series (greedy
@@ -46,6 +47,7 @@ from pathlib import Path
 
 from alerts.detection import BaselineStats
 from alerts.rules import Point, Rule, evaluate_rule, load_rules, quantile_samples
+from probes.cycle import CANARIES_PER_BUCKET
 from probes.stats import percentile
 from storage.sketches import Sketch
 
@@ -65,7 +67,7 @@ ACCEPT_MEAN = 0.75
 ACCEPT_SD = 0.12
 
 
-def record(cycles: int = 50, per_bucket: int = 4, traffic: int = 150) -> dict:
+def record(cycles: int = 50, per_bucket: int = CANARIES_PER_BUCKET, traffic: int = 150) -> dict:
     """Measure canary cycles (and, with a draft, traffic acceptance); return the sample."""
     from engine import EngineConfig, load_engine
     from engine.builtin.task import make_input, random_input_bytes
@@ -73,8 +75,10 @@ def record(cycles: int = 50, per_bucket: int = 4, traffic: int = 150) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         if (BUILTIN_DIR / "target").is_dir():
-            engine = load_engine(EngineConfig(device="cpu", compile_mode="off"))
-            what = "built-in models, eager, CPU"
+            # Compiled, as the probes run (precompiled functions load in seconds).
+            engine = load_engine(EngineConfig(device="cpu"))
+            engine.warm_up(background=False)
+            what = "built-in models, compiled, CPU"
         else:
             from tests.engine.conftest import build_tiny_t5
 
@@ -146,15 +150,15 @@ class LatencyNoise:
         return self._left.pop(0)
 
     def p99(self, rng: random.Random, shift: float = 0.0) -> float:
-        """Return one cycle's p99, the latencies scaled by (1 + shift)."""
-        return percentile([x * (1 + shift) for x in self.cycle(rng)], 99)
+        """Return the p99 of 4 of one cycle's canaries (the old rule), scaled by 1 + shift."""
+        return percentile([x * (1 + shift) for x in self.cycle(rng)[:4]], 99)
 
 
 class PooledP99:
     """The canary p99 a rule reads now: the latest cycles pooled until 100 samples.
 
     Each call draws one new cycle of `per_cycle` latencies (from the recorded cycles,
-    scaled by 1 + shift; a cycle larger than the recorded 4 joins several recorded cycles)
+    scaled by 1 + shift; a cycle larger than the recorded one joins several recorded cycles)
     and returns the sketch p99 of the pooled latest cycles, as alerts.series does.
     """
 
@@ -373,7 +377,8 @@ def main() -> None:
         f"{robust_cv([p(rng)[0] for _ in range(2000)]):.1%}" for k, p in pooled.items()))
     cases: list[tuple[str, Rule, Draw, int, tuple[float, ...], bool]] = [
         (f"p99 latency, recorded noise ({noise.what}; "
-         f"{sum(len(s) for s in noise.series)} cycles of 4), before: per-cycle 4-sample p99",
+         f"{sum(len(s) for s in noise.series)} cycles of {sample['per_bucket']}), before: "
+         "per-cycle 4-sample p99",
          old_rule, noise.p99, 4, (0.05, 0.10, 0.20, 0.50), False),
         *((f"p99 latency, recorded noise, now: {p.what}", p99_rule, p, p.samples,
            (0.05, 0.10, 0.20, 0.50), True) for p in pooled.values()),

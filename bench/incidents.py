@@ -10,10 +10,10 @@ instance would read).
 Noise: per-cycle canary p99s recorded from the engine (bench/data/canary_noise.json,
 each bucket's cycles divided by its median), resampled in moving blocks of 5 cycles so
 their autocorrelation stays (i.i.d. resampling hides flapping and false alarms). The
-recording was made pinned to one core of the quiet 2-core development VM (robust CV of a
-cycle's 4-canary p99 ~25%: occasional +50% stalls on a ~14%-CV base); by default the
-log-deviations are scaled to a 10% robust CV, a dedicated host; `--raw` keeps them as
-recorded.
+recording (10 canaries per bucket on the compiled path, of which each cycle here takes
+the probes' `canaries_per_bucket`, 4) was made pinned to one core of the quiet 2-core
+development VM (robust CV of a cycle's 4-canary p99 18%); by default the log-deviations
+are scaled to a 10% robust CV, a dedicated host; `--raw` keeps them as recorded.
 
 Scenarios: step shifts of +10/+20/+30/+50% lasting 5, 15 and 60 minutes (the canary p99
 rule, threshold +15%); slow ramps; an instance that dies with an alert open; a 6-hour
@@ -57,6 +57,7 @@ from alerts.flags import FlagStore
 from alerts.policy import Policy, load_policy
 from alerts.rules import Rule, load_rules
 from alerts.webhooks import WebhookTarget
+from probes.cycle import CANARIES_PER_BUCKET
 from storage import migrate
 from storage.db import make_engine, make_sessionmaker
 from storage.models import (
@@ -83,11 +84,13 @@ STORM_RECOMPILES_PER_MIN = 3  # real traffic's shape churn while compiled is on
 class BlockNoise:
     """Moving-block bootstrap of recorded canary cycles (per-request latency factors)."""
 
-    def __init__(self, sample: dict, *, cv: float | None, block: int = 5) -> None:
+    def __init__(self, sample: dict, *, cv: float | None, block: int = 5,
+                 per_cycle: int = CANARIES_PER_BUCKET) -> None:
         self.block = block
         logs: list[list[list[float]]] = []  # bucket -> cycle -> log(latency / cycle-p99 median)
         for cycles in sample["latency_s"].values():
-            cycles = [c for c in cycles if c]
+            # The probes' canaries of one recorded cycle (a recording may hold more).
+            cycles = [c[:per_cycle] for c in cycles if c]
             centre = statistics.median(math.log(max(c)) for c in cycles)
             logs.append([[math.log(x) - centre for x in c] for c in cycles])
         flat = [max(c) for s in logs for c in s]
@@ -159,7 +162,7 @@ class Sim:
 
     def canary(self, s: Session, level: float = 1.0, instance: str = "i1",
                version: str = "m1") -> None:
-        """Add one canary cycle of bucket 64: the probes' 4 requests, latencies x level."""
+        """Add one canary cycle of bucket 64: the probes' requests, latencies x level."""
         at = minute(self.i) + timedelta(seconds=2)
         run = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=3), status="ok",
                        instance_id=instance, model_version=version, config_hash="c1",

@@ -17,7 +17,7 @@ from functools import partial
 from engine.protocol import CompileDelta, Engine
 from probes.burst import BurstResult, run_burst
 from probes.canaries import CanarySuite
-from probes.cycle import ARMS, CycleResult, Observer, ProbeCycle
+from probes.cycle import ARMS, CANARIES_PER_BUCKET, CycleResult, Observer, ProbeCycle
 from probes.quality import AgreementGroup
 from probes.reference import OutputChecker, add_checked_cycle
 from probes.settings import ProbeSettings
@@ -46,7 +46,7 @@ class Prober:
         *,
         instance_id: str,
         suite: str = "in_domain",
-        canaries_per_bucket: int = 4,
+        canaries_per_bucket: int = CANARIES_PER_BUCKET,
         ab_share: float = 0.25,
         ab_arms: Sequence[str] = tuple(ARMS),
         cycle_timeout_s: float = 120.0,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from probes.cycle import CANARIES_PER_BUCKET
+
 
 class ProbeSettings(BaseModel):
     """Canary and burst probes (probes package); `prober_from_settings` reads it."""
 
     suites_file: str | None = None  # user YAML added to the shipped suites
     suite: str = "in_domain"
-    canaries_per_bucket: int = 4
+    canaries_per_bucket: int = Field(CANARIES_PER_BUCKET, ge=1)
     ab_share: float = Field(0.25, ge=0.0, le=1.0)
     cycle_timeout_s: float = 120.0
     # The burst must exercise admission control: client threads (burst_concurrency) above
