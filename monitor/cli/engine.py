@@ -1,4 +1,4 @@
-"""`tailwatch engine precompile`: build portable compile artifacts before serving."""
+"""`tailwatch engine precompile`: compile and save the engine's functions before serving."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def engine() -> None:
 @engine.command("precompile")
 @click.option("--model-dir", default=None, help="Local HF T5 directory (default: configured).")
 @click.option("--draft-dir", default=None, help="Draft model directory (default: configured).")
-@click.option("--force", is_flag=True, help="Rebuild even when artifacts for this key exist.")
+@click.option("--force", is_flag=True, help="Rebuild even when functions for this key are saved.")
 @click.pass_context
 def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | None,
                    force: bool) -> None:
@@ -29,7 +29,7 @@ def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | N
     from dataclasses import replace
 
     from engine.errors import EngineError
-    from engine.runtime import Runtime  # the concrete runtime: artifacts are its business
+    from engine.runtime import Runtime  # the concrete runtime: saved functions are its business
 
     settings = load_settings(ctx)
     config = settings.engine

@@ -1,4 +1,4 @@
-"""`tailwatch engine precompile` artifacts make a fresh process compile nothing new."""
+"""`tailwatch engine precompile` saves compiled functions a fresh process serves without tracing."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ pytest.importorskip("torch")
 
 from monitor.cli import main  # noqa: E402
 
-# A fresh process: loads the artifacts (if any) into an empty inductor cache, warms every
-# bucket, prints torch's own cache counters and the engine's warm-up status.
+# A fresh process: loads the saved functions (if any), warms every bucket, prints torch's own
+# cache counters and the engine's warm-up status.
 _PROBE = """
 import json, sys
 from engine import load_engine
@@ -44,7 +44,7 @@ def _fresh_process(engine: dict, inductor_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_precompiled_artifacts_load_with_zero_new_compiles(tiny_dirs, tmp_path, monkeypatch):
+def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, monkeypatch):
     engine = {"model_dir": str(tiny_dirs["target"]), "use_draft": False, "buckets": [8],
               "max_input_tokens": 16, "max_new_tokens": 4, "max_new_tokens_cap": 8,
               "kv_headroom": 4, "compile_backend": "inductor"}
