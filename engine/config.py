@@ -65,8 +65,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.buckets or list(self.buckets) != sorted(set(self.buckets)):
             raise ValueError(f"buckets: must be ascending and unique, got {self.buckets}")
-        if self.buckets[0] < 1:
-            raise ValueError("buckets: edges must be positive")
+        if self.buckets[0] < 2:
+            # The buckets share graphs whose length is a dynamic dimension, and torch
+            # specializes a dimension of size 1.
+            raise ValueError(f"buckets: the smallest edge must be >= 2, got {self.buckets[0]}")
         if self.max_input_tokens < self.buckets[-1]:
             raise ValueError("max_input_tokens: must be >= the largest bucket")
         if self.compile_mode not in COMPILE_MODES:

@@ -92,3 +92,14 @@ def test_variables_that_are_not_settings_are_allowed(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv(name, "x")
     monkeypatch.setenv("TAILWATCH_SCHEDULER__PROBE_INTERVAL_S", "5")
     assert get_settings().scheduler.probe_interval_s == 5.0
+
+
+def test_a_bucket_of_one_token_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The buckets share graphs whose length is dynamic; torch specializes a length of 1.
+    config = tmp_path / "tailwatch.yaml"
+    config.write_text("engine:\n  buckets: [1, 16]\n  max_input_tokens: 64\n")
+    code, err = _config_show(capsys, "--config", str(config))
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert "buckets: the smallest edge must be >= 2, got 1" in err
