@@ -28,17 +28,22 @@ def cache_root(config: EngineConfig) -> Path:
     return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "var/compile-cache")).resolve()
 
 
-def saved_key(model_version: str, config_hash: str, device_type: str) -> str:
+def saved_key(model_version: str, config_hash: str, device_type: str,
+              compile_options: str = "") -> str:
     """Return the key of the saved functions for a model, an optimization config, a device."""
     import torch
 
-    blob = f"{model_version}|{config_hash}|{torch.__version__}|{device_type}"
+    blob = f"{model_version}|{config_hash}|{torch.__version__}|{device_type}|{compile_options}"
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def saved_dir(config: EngineConfig, model_version: str, device_type: str) -> Path:
-    """Return where the saved functions for this model, config and device live."""
-    key = saved_key(model_version, config.config_hash(), device_type)
+def saved_dir(config: EngineConfig, model_version: str, device_type: str,
+              compile_options: str = "") -> Path:
+    """Return where the saved functions for this model, config and device live.
+
+    compile_options: the engine's own inductor options (a new release may change them).
+    """
+    key = saved_key(model_version, config.config_hash(), device_type, compile_options)
     return cache_root(config) / "precompiled" / key
 
 
