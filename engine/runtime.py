@@ -118,7 +118,7 @@ class Runtime:
         (log.info if quiet else log.warning)("speculative decoding %s", self.speculative_reason)
         self.tokenizer = self._target_loaded.tokenizer
         self.slots = config.max_new_tokens_cap + config.kv_headroom
-        # Verification covers k_max + 1 positions whatever k is chosen (one shape per bucket).
+        # Verification covers k_max + 1 positions whatever k is chosen (one verification shape).
         self.k_max = max(config.speculative_k, min(K_MAX, config.kv_headroom))
         # A step call may run past max_new by steps - 1 positions: they must fit the slots.
         steps = max(1, min(STEPS_PER_CALL, config.kv_headroom + 1))
@@ -336,7 +336,7 @@ class Runtime:
             runner.has_saved(saved, verify=verify) for runner, verify in self._runners())
 
     def save_compiled(self) -> int:
-        """Save every bucket's functions for later starts (precompile); return how many."""
+        """Compile the shared functions ahead of time and save them (precompile); return how many."""
         assert self.saved_dir is not None
         saved = 0
         for runner, verify in self._runners():
