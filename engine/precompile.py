@@ -29,7 +29,7 @@ def cache_root(config: EngineConfig) -> Path:
 
 
 def saved_key(model_version: str, config_hash: str, device_type: str,
-              compile_options: str = "") -> str:
+              compile_options: str) -> str:
     """Return the key of the saved functions for a model, an optimization config, a device."""
     import torch
 
@@ -38,7 +38,7 @@ def saved_key(model_version: str, config_hash: str, device_type: str,
 
 
 def saved_dir(config: EngineConfig, model_version: str, device_type: str,
-              compile_options: str = "") -> Path:
+              compile_options: str) -> Path:
     """Return where the saved functions for this model, config and device live.
 
     compile_options: the engine's own inductor options (a new release may change them).

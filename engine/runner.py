@@ -225,8 +225,8 @@ class ModelRunner:
     def load_saved(self, edge: int, directory: Path, *, verify: bool) -> None:
         """Serve bucket `edge` from saved functions, without tracing; raise AOTLoadError.
 
-        The files are read once (for the first bucket); each bucket then checks the
-        guards and makes one call on its own shapes.
+        The files are read and their guards checked once (for the first bucket); each
+        later bucket makes one call of each function on its own shapes.
         """
         kinds = self._saved_kinds(verify)
         with self._lock:

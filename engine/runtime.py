@@ -175,7 +175,7 @@ class Runtime:
         self._info = self._make_info()
         self.saved_dir: Path | None = None  # compiled functions saved by precompile
         self.saved_buckets = 0  # buckets this warm-up loaded from saved functions
-        self.saved_failures = 0  # buckets whose saved functions failed to load (compiled)
+        self.saved_failures = 0  # saved functions that failed to load (0 or 1: all compiled)
         if self._compile_on:
             self.saved_dir = precompile.saved_dir(config, self._info.model_version,
                                                   self.device.type, repr(_INDUCTOR_OPTIONS))
