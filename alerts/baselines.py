@@ -14,7 +14,9 @@ rows; a refresh reads those plus the current hour's raw rows, never the raw hist
 
 Cohorts: a cohort's window starts at its first run plus `warm_in_s`. While its own
 baseline warms in, it is judged against the newest warmed-in baseline of another cohort
-(inherited), so a rollout has no blind window and the old cohort's rules stay live.
+(inherited), so a rollout has no blind window and the old cohort's rules stay live. Its
+pooled quantiles borrow the scope's other cohorts' samples until it has enough of its own
+(`alerts.series.pooled_quantile`); such values stay out of its own chunks and baseline.
 Seasonality (`seasonality: hour_of_week`): the baseline is built from the same hour of
 the week only, once that hour has been seen in at least two weeks (one hour of pooled
 quantiles is a handful of independent values: its median is too noisy a centre, and a
@@ -143,7 +145,8 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
             key = scope_key(rule_scope(rule, dict(labels)))
             for cohort, pts in per_cohort.items():
                 for p in pts:
-                    if p.value is not None:
+                    # A value pooled partly from other cohorts is not this cohort's own.
+                    if p.value is not None and not p.borrowed:
                         by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
                             [p.at.timestamp(), p.value, p.samples])
         out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
@@ -305,7 +308,8 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
     for need in needs:
         pts = list(values.get((need.series_key, need.cohort), []))
         pts += [(p.at.timestamp(), p.value, p.samples)
-                for p in live.get(need.labels, {}).get(need.cohort, []) if p.value is not None]
+                for p in live.get(need.labels, {}).get(need.cohort, [])
+                if p.value is not None and not p.borrowed]
         excluded = _excluded(periods, rule, need.labels, now)
         lo = need.start.timestamp()
         kept = [v for t, v, n in pts

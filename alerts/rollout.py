@@ -15,8 +15,9 @@ serve) and a fail raises a `rollout_regression` alert naming the cohorts and the
 through the normal lifecycle (so it notifies); a pass, or the rollout ending, resolves it.
 Its severity is `warning`: the page for the same regression comes from the metric's own
 rule, which judges the new cohort against the inherited baseline in the same cycles as
-any other regression (`alerts.cohorts`); two pages for one incident help nobody. The
-verdict often comes first (a pooled p99 of the new cohort needs 100 samples of its own).
+any other regression (`alerts.cohorts`, with the new cohort's short pools topped up from
+the old one's samples, `alerts.series.pooled_quantile`); two pages for one incident help
+nobody.
 """
 
 from __future__ import annotations

@@ -129,12 +129,15 @@ class Point:
 
     fresh: a quantile's own samples of this cycle (alerts.series), when `value` may pool
         earlier cycles; the detector then scores only these (see `pooled`).
+    borrowed: of `samples`, those pooled from the scope's other cohorts (a cohort new to
+        the scope, alerts.series); such a value stays out of the cohort's own baseline.
     """
 
     at: datetime
     value: float | None
     samples: int
     fresh: Sketch | None = None
+    borrowed: int = 0
 
     @property
     def pooled(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
@@ -388,14 +388,19 @@ def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
         # evaluation (a p50 and a p99 rule, the rollout check): merged once, never mutated.
         parsed = cache.cycle_sketches(rule, kind, split, quantile[0], full_key, lo) \
             if quantile is not None else {}
+        others = [(grouped[k], cache.cycle_sketches(rule, kind, split, quantile[0], k, lo))
+                  for k in grouped if k[0] == full_key[0] and k != full_key] \
+            if quantile is not None and split and rule.pool_cycles > 1 else []
         for s in starts:
+            borrowed = 0
             if quantile is not None:
-                value, n = pooled_quantile(rule, by_cycle, s, step, parsed)
+                value, n, borrowed = pooled_quantile(rule, by_cycle, s, step, parsed, others)
             else:
                 value, n = aggregate(rule.metric, kind, by_cycle.get(s, []))
             # The cycle's own samples: the detector scores only these (alerts.detection).
             pts.append(Point(at=s, value=value, samples=n,
-                             fresh=parsed.get(s) if quantile is not None else None))
+                             fresh=parsed.get(s) if quantile is not None else None,
+                             borrowed=borrowed))
         out[full_key] = pts
     return out
 
@@ -414,41 +419,59 @@ def _short(cache: RowCache, rule: Rule, kind: str, split: bool,
     """Return whether some cycle's rows hold fewer than `need` samples in `field`."""
     for key, by_cycle in grouped.items():
         parsed = cache.cycle_sketches(rule, kind, split, field, key, lo)
-        for t, rows in by_cycle.items():
-            one = parsed.get(t)
-            if one is None:
-                one = parsed[t] = merged(_sketch(r, field) for r in rows)
-            if one.count < need:
+        for t in by_cycle:
+            if _cycle(parsed, by_cycle, t, field).count < need:
                 return True
     return False
 
 
+def _cycle(parsed: dict[datetime, Sketch], by_cycle: Mapping[datetime, list[Row]],
+           t: datetime, field: str) -> Sketch:
+    """Return cycle `t`'s merged sketch of `field`, memoized in `parsed`."""
+    one = parsed.get(t)
+    if one is None:
+        one = parsed[t] = merged(_sketch(r, field) for r in by_cycle.get(t, ()))
+    return one
+
+
+_Other = tuple[Mapping[datetime, list[Row]], dict[datetime, Sketch]]
+
+
 def pooled_quantile(rule: Rule, by_cycle: Mapping[datetime, list[Row]], s: datetime,
-                    step: timedelta,
-                    parsed: dict[datetime, Sketch] | None = None) -> tuple[float | None, int]:
-    """Return (quantile, samples) of cycle `s` pooled with the scope's previous cycles.
+                    step: timedelta, parsed: dict[datetime, Sketch] | None = None,
+                    others: Sequence[_Other] = ()) -> tuple[float | None, int, int]:
+    """Return (quantile, samples, borrowed) of cycle `s` pooled with the scope's previous
+    cycles.
 
     Cycles are merged newest first until the merged sketch holds the samples the
     quantile needs (storage.sketches.min_samples: 100 for a p99) or rule.pool_cycles are
     in; the caller's rule reads `samples` and says insufficient_samples when short.
     `parsed`: the cycles' merged sketches, kept across the calls of one series (each
     cycle's stored sketches are then read once, not once per cycle pooling it).
+    `others`: the same scope's other cohorts (their cycles and memos). A cohort new to
+    the scope (a rollout) has too few cycles of its own: its pool is topped up with their
+    latest samples, newest first, as the merged series would pool them, so a regression
+    of the new version is confirmed after as many cycles as any other; its detector still
+    scores only its own fresh samples. `borrowed` counts the samples so taken.
     """
     field, q = _SKETCH_METRICS[rule.metric]
     need = quantile_samples(rule.metric)
     if not by_cycle.get(s):
-        return None, 0
+        return None, 0, 0
     cache = {} if parsed is None else parsed
     pool = Sketch()
     for i in range(rule.pool_cycles):
-        t = s - i * step
-        one = cache.get(t)
-        if one is None:
-            one = cache[t] = merged(_sketch(r, field) for r in by_cycle.get(t, ()))
-        pool.merge(one)
+        pool.merge(_cycle(cache, by_cycle, s - i * step, field))
         if pool.count >= need:
             break
-    return pool.quantile(q), pool.count
+    own = pool.count
+    if own < need and others:
+        for i in range(rule.pool_cycles):
+            for other, memo in others:
+                pool.merge(_cycle(memo, other, s - i * step, field))
+            if pool.count >= need:
+                break
+    return pool.quantile(q), pool.count, pool.count - own
 
 
 def _sketch_quantile(metric: str, rows: list[Row]) -> tuple[float | None, int]:

@@ -78,6 +78,35 @@ def test_two_cohorts_probing_keep_detection_on_and_the_new_ones_regression_fires
         assert alert.labels == {"bucket": "64"} and alert.state == "firing"
 
 
+@pytest.mark.parametrize("rollout", [False, True])
+def test_a_new_versions_regression_on_few_canaries_fires_as_soon_as_any_other(
+        sessionmaker: sessionmaker[Session], rollout: bool):
+    """No blind window with 4 canaries a cycle: the new cohort's p99 borrows the scope's
+    other samples until it has 100 of its own (it waited 25 cycles for them before)."""
+    cfg = BaselineConfig(warm_in_s=1800)
+    both = [{"instance": "i1"}, {"instance": "i2"}]
+    for kw in both:
+        fill(sessionmaker, -60, 50, 0.1, count=4, **kw)
+    run(sessionmaker, 50, baseline_config=cfg)
+    slow = {"instance": "i2", "model_version": "m2" if rollout else "m1"}
+    fill(sessionmaker, 50, 70, 0.1, count=4, instance="i1")
+    fill(sessionmaker, 50, 70, 0.2, count=4, **slow)  # 2x on i2 (its new version or not)
+    fired_at = None
+    for i in range(51, 70):
+        rep = run(sessionmaker, i, baseline_config=cfg)
+        assert rep.errors == ()
+        r64 = by_bucket(rep, "64")
+        assert "insufficient_samples" not in r64.reason, (i, r64.reason)
+        if fired_at is None and any(t.to_state == "firing" and t.rule == RULE.name
+                                    for t in rep.transitions):
+            fired_at = i
+            assert ("m2/c1" in r64.reason) == rollout
+    assert fired_at == 53  # cycles 50-52 are the for=3 cycles, rollout or not
+    with sessionmaker() as s:
+        # Values pooled partly from m1's samples stay out of m2's own baseline chunks.
+        assert not s.scalars(select(SeriesChunk).where(SeriesChunk.model_version == "m2")).all()
+
+
 def test_new_cohort_warms_in_on_its_own_while_the_old_stays_in_force(
         sessionmaker: sessionmaker[Session]):
     fill(sessionmaker, -60, 80, 0.1, model_version="m1")
