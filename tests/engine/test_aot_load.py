@@ -29,20 +29,27 @@ engine = load_engine(EngineConfig(**json.loads(sys.argv[1])))
 engine.warm_up(background=False)
 texts = random_texts(24, seed=5, overflow=False)
 runs = {}
-for name, over in [("direct", FlagOverride(speculative=False)),
-                   ("spec", FlagOverride(speculative=True))]:
+overrides = [("direct", FlagOverride(speculative=False)),
+             ("spec", FlagOverride(speculative=True))]
+if engine.config.quantization == "int8":
+    overrides.append(("int8", FlagOverride(speculative=False, quantized=True)))
+for name, over in overrides:
     runs[name] = [engine.generate(t, max_new_tokens=16, override=over) for t in texts]
 frames = dict(counters["frames"])
 graphs = counters["stats"]["unique_graphs"]
 eager = [engine.generate(t, max_new_tokens=16, override=FlagOverride(compiled=False,
          speculative=False)).output_ids for t in texts]
+if "int8" in runs:
+    eager_int8 = [engine.generate(t, max_new_tokens=16, override=FlagOverride(
+        compiled=False, speculative=False, quantized=True)).output_ids for t in texts]
 status = engine.warmup_status()
 print(json.dumps({
     "frames": frames, "graphs": graphs, "warm": status.warm_buckets,
     "saved_buckets": engine.saved_buckets, "saved_failures": engine.saved_failures,
     "paths": sorted({r.path for rs in runs.values() for r in rs}),
-    "same": {k: [list(r.output_ids) for r in rs] == [list(e) for e in eager]
-             for k, rs in runs.items()}}))
+    "quantized": sorted({(k, r.quantized) for k, rs in runs.items() for r in rs}),
+    "same": {k: [list(r.output_ids) for r in rs] == [list(e) for e in (
+        eager_int8 if k == "int8" else eager)] for k, rs in runs.items()}}))
 """
 
 
@@ -115,3 +122,18 @@ def test_a_saved_function_that_does_not_fit_falls_back_to_compiling(tiny_dirs, t
     assert warm["saved_failures"] == 1 and warm["saved_buckets"] == 0, warm
     assert warm["warm"] == 1 and warm["graphs"] >= 2, warm  # compiled, as without them
     assert warm["same"]["direct"] is True, warm
+
+
+def test_an_int8_target_is_saved_and_served_without_tracing(tiny_dirs, tmp_path):
+    cache = tmp_path / "cache"
+    engine = {**_engine(tiny_dirs, cache), "quantization": "int8"}
+    said = _precompile(engine, tmp_path)
+    # The int8 copy of the target has its own encode, step and verify.
+    assert "(7 graphs, 7 saved functions)" in said, said
+    assert len(list(cache.glob("precompiled/*/target-int8_*.aot"))) == 3
+
+    warm = _fresh(engine, cache)
+    assert warm["saved_buckets"] == len(BUCKETS) and warm["saved_failures"] == 0, warm
+    assert warm["graphs"] == 0 and warm["frames"].get("ok", 0) == 0, warm
+    assert ["int8", True] in warm["quantized"], warm
+    assert warm["same"]["int8"] is True, warm  # the same tokens as int8 eager
