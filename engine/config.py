@@ -36,6 +36,9 @@ class EngineConfig:
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
     quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
         served where the `quantized` flag is on and watched by output agreement.
+    native_step: on the optimized path, decode with the C step (engine.native) where it
+        applies (CPU, float32, float weights, a C compiler found); the encoder and the
+        speculative verification stay compiled. Off: the compiled step graph.
     """
 
     model_dir: str | None = None
@@ -61,6 +64,7 @@ class EngineConfig:
     flags_file: str = "./var/last-flags.json"
     extra: dict[str, str] = field(default_factory=dict)
     quantization: str = "none"
+    native_step: bool = True
 
     def __post_init__(self) -> None:
         if not self.buckets or list(self.buckets) != sorted(set(self.buckets)):
@@ -90,5 +94,7 @@ class EngineConfig:
         data = {k: asdict(self)[k] for k in keys}
         if self.quantization != "none":  # absent when off: earlier hashes stay valid
             data["quantization"] = self.quantization
+        if self.native_step:  # another step implementation: another artifact (cohort)
+            data["step"] = "native"
         blob = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

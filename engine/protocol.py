@@ -248,6 +248,9 @@ class EngineInfo:
     # Why speculation is on or off, said once at start ("off: no engine.draft_dir ...").
     speculative_reason: str = ""
     quantization: str = "none"  # "int8": int8 target weights are loaded (the quantized flag)
+    # Which decode step serves the optimized path: "target native, draft native" (the C
+    # step, engine.native), "compiled (...)" with why, or "eager (compile_mode off)".
+    decode_step: str = ""
 
 
 @dataclass(frozen=True)

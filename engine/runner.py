@@ -109,6 +109,9 @@ class ModelRunner:
         self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy)
         self._compiled: dict[object, Fns] = {}
         self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
+        # The C decode step (engine.native.BoundStep) when it serves this model: then no
+        # step or verify graph is compiled or saved; every bucket calls it instead.
+        self.native: Any = None
 
     def bias_for(self, end: int) -> torch.Tensor:
         """Return the self-attention bias for a call whose positions all lie below `end`."""
@@ -131,9 +134,11 @@ class ModelRunner:
             if fns is None:
                 encode = (self._compile(t5.encode, self._tag(key, ENC))
                           if self.compile_encoder else t5.encode)
-                fns = Fns(encode,
-                          self._compile(t5.decode_steps, self._tag(key, STEP)),
-                          self._compile(t5.decode_greedy, self._tag(key, VERIFY)))
+                if self.native is not None:
+                    fns = Fns(encode, self.native, self.native.verify)
+                else:
+                    fns = Fns(encode, self._compile(t5.decode_steps, self._tag(key, STEP)),
+                              self._compile(t5.decode_greedy, self._tag(key, VERIFY)))
                 self._compiled[key] = fns
             return fns
 
@@ -195,9 +200,10 @@ class ModelRunner:
 
     def _saved_kinds(self, verify: bool) -> dict[str, Callable]:
         kinds: dict[str, Callable] = {ENC: t5.encode} if self.compile_encoder else {}
-        kinds[STEP] = t5.decode_steps
-        if verify:
-            kinds[VERIFY] = t5.decode_greedy
+        if self.native is None:
+            kinds[STEP] = t5.decode_steps
+            if verify:
+                kinds[VERIFY] = t5.decode_greedy
         return kinds
 
     def saved_path(self, directory: Path, kind: str) -> Path:
@@ -240,10 +246,13 @@ class ModelRunner:
             for kind in kinds:
                 if kind not in loaded:
                     loaded[kind] = aot.load(self.saved_path(directory, kind), examples[kind])
+            step = self.native or loaded[STEP]
             try:  # one call each, as a warm-up would: the first call may still load code
-                loaded[STEP](*examples[STEP])
+                step(*examples[STEP])
                 if VERIFY in loaded:
                     loaded[VERIFY](*examples[VERIFY])
+                elif verify and self.native is not None:
+                    self.native.verify(*examples[VERIFY])
             except Exception as exc:  # noqa: BLE001 - the caller compiles instead
                 raise aot.AOTLoadError(f"bucket {edge}: first call failed: "
                                        f"{type(exc).__name__}: {exc}"[:500]) from exc
@@ -251,9 +260,10 @@ class ModelRunner:
             if not self._loaded:
                 encode = loaded.get(ENC, t5.encode)
                 # A function not saved (verify without a draft) compiles on first use.
-                verify_fn = (loaded.get(VERIFY)
+                verify_fn = (self.native.verify if self.native is not None
+                             else loaded.get(VERIFY)
                              or self._compile(t5.decode_greedy, self._tag(SHARED, VERIFY)))
-                self._compiled[SHARED] = Fns(encode, loaded[STEP], verify_fn)
+                self._compiled[SHARED] = Fns(encode, step, verify_fn)
                 self._loaded = loaded
 
     def forget(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from engine import aot, decoding, precompile, quantize, t5
+from engine import aot, decoding, native, precompile, quantize, t5
 from engine.admission import Admission
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
@@ -136,6 +136,7 @@ class Runtime:
                                    compile_encoder=False)
                       if self._draft_loaded is not None else None)
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
+        self.step_kind = self._bind_native_step(config)
         # The lean copies hold the weights now: drop the HF modules so they are resident once.
         self._target_loaded = self._target_loaded.released()
         if self._draft_loaded is not None:
@@ -189,6 +190,31 @@ class Runtime:
                            options=options, name=name, steps=steps,
                            compile_encoder=compile_encoder)
 
+    def _bind_native_step(self, config: EngineConfig) -> str:
+        """Serve the optimized decode step in C where it applies; return what serves, said
+        once in the log ("native" or "compiled (why)")."""
+        if not self._compile_on:
+            return "eager (compile_mode off)"
+        if not config.native_step:
+            return "compiled (native_step off)"
+        lib = native.load(precompile.cache_root(config))
+        if lib is None:
+            kind = "compiled (no C compiler, or its build failed)"
+            log.warning("decode step: %s", kind)
+            return kind
+        kinds = []
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                why = native.applicable(runner.m)
+                if why is None:
+                    runner.native = lib.bind(runner.m)
+                kinds.append(f"{runner.name} " + ("native" if why is None
+                                                  else f"compiled ({why})"))
+        # The int8 target keeps its compiled step (its weights are not float32 tensors).
+        kind = ", ".join(kinds)
+        log.info("decode step: %s", kind)
+        return kind
+
     def _new_caches(self) -> dict[str, torch.Tensor]:
         caches = {"target": self.target.m.new_self_cache(self.slots)}
         if self.draft is not None:
@@ -209,6 +235,7 @@ class Runtime:
             compile_mode=self.config.compile_mode,
             speculative_reason=self.speculative_reason,
             quantization=self.config.quantization,
+            decode_step=self.step_kind,
         )
 
     # --- Engine protocol ---------------------------------------------------------------

@@ -74,6 +74,7 @@ class LeanT5(nn.Module):
         self.eps = cfg.layer_norm_epsilon
         self.gated = bool(cfg.is_gated_act)
         self.act = _activation(cfg.dense_act_fn)
+        self.act_name = str(cfg.dense_act_fn)
         self.num_buckets = cfg.relative_attention_num_buckets
         self.max_distance = cfg.relative_attention_max_distance
         self.decoder_start_id = int(cfg.decoder_start_token_id or 0)

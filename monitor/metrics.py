@@ -444,7 +444,7 @@ class EngineCollector(_SafeCollector):
         yield _gauge("engine_info", "Always 1; labels identify the loaded model.",
                      {"model_version": info.model_version, "config_hash": info.config_hash,
                       "device": info.device, "dtype": info.dtype,
-                      "compile_mode": info.compile_mode}, 1)
+                      "compile_mode": info.compile_mode, "decode_step": info.decode_step}, 1)
         snap = engine.compile_snapshot()
         yield _counter("compile_graphs", "Graphs compiled by torch.compile.", snap.graphs)
         yield _counter("compile_recompiles", "Recompiles (a guard failed).", snap.recompiles)

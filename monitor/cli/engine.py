@@ -66,6 +66,9 @@ def precompile_cmd(ctx: click.Context, model_dir: str | None, draft_dir: str | N
     finally:
         runtime.close()
     snap = runtime.compile_snapshot()
-    click.echo(f"precompiled {status.warm_buckets} buckets ({snap.graphs} graphs, "
-               f"{saved} saved functions) in "
+    def many(n: int, what: str) -> str:
+        return f"{n} {what}" + ("" if n == 1 else "s")
+
+    click.echo(f"precompiled {status.warm_buckets} buckets ({many(snap.graphs, 'graph')}, "
+               f"{many(saved, 'saved function')}; decode step: {runtime.step_kind}) in "
                f"{time.perf_counter() - start:.1f} s: {path} ({size / 2**20:.1f} MiB)")

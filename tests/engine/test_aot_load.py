@@ -86,12 +86,13 @@ def test_saved_functions_serve_a_fresh_process_without_tracing(tiny_dirs, tmp_pa
     cache = tmp_path / "cache"
     engine = _engine(tiny_dirs, cache)
     said = _precompile(engine, tmp_path)
-    # The target's encode, step and verify, the draft's step (its encoder is eager), each
-    # shared by every bucket.
+    # The target's encode, shared by every bucket (the steps and the verification run in
+    # C, engine.native; the draft's encoder is eager).
     # Compiled once: the AOT compile is what serves (no second torch.compile warm-up).
-    assert "(4 graphs, 4 saved functions)" in said, said
+    assert "(1 graph, 1 saved function; decode step: target native, draft native)" in said, \
+        said
     saved = list(cache.glob("precompiled/*/*.aot"))
-    assert len(saved) == 4
+    assert len(saved) == 1
 
     warm = _fresh(engine, cache)
     assert warm["saved_buckets"] == len(BUCKETS) and warm["saved_failures"] == 0, warm
@@ -105,8 +106,8 @@ def test_saved_functions_serve_a_fresh_process_without_tracing(tiny_dirs, tmp_pa
     for path in saved:
         path.unlink()
     cold = _fresh(engine, cache)
-    assert cold["saved_buckets"] == 0 and cold["graphs"] >= 4, cold
-    assert cold["frames"]["ok"] >= 4, cold
+    assert cold["saved_buckets"] == 0 and cold["graphs"] >= 1, cold
+    assert cold["frames"]["ok"] >= 1, cold
     assert cold["same"] == {"direct": True, "spec": True}, cold
 
 
@@ -115,12 +116,12 @@ def test_a_saved_function_that_does_not_fit_falls_back_to_compiling(tiny_dirs, t
     engine = {**_engine(tiny_dirs, cache), "buckets": [8], "use_draft": False}
     _precompile(engine, tmp_path)
     saved = sorted(cache.glob("precompiled/*/*.aot"))
-    assert len(saved) == 2  # the target's encode and step
+    assert len(saved) == 1  # the target's encode (its step runs in C)
     saved[0].write_bytes(b"not a compiled function")
 
     warm = _fresh(engine, cache)
     assert warm["saved_failures"] == 1 and warm["saved_buckets"] == 0, warm
-    assert warm["warm"] == 1 and warm["graphs"] >= 2, warm  # compiled, as without them
+    assert warm["warm"] == 1 and warm["graphs"] >= 1, warm  # compiled, as without them
     assert warm["same"]["direct"] is True, warm
 
 
@@ -128,8 +129,9 @@ def test_an_int8_target_is_saved_and_served_without_tracing(tiny_dirs, tmp_path)
     cache = tmp_path / "cache"
     engine = {**_engine(tiny_dirs, cache), "quantization": "int8"}
     said = _precompile(engine, tmp_path)
-    # The int8 copy of the target has its own encode, step and verify.
-    assert "(7 graphs, 7 saved functions)" in said, said
+    # The int8 copy of the target has its own encode, step and verify (int8 weights keep
+    # the compiled step); the float target saves its encode.
+    assert "(4 graphs, 4 saved functions" in said, said
     assert len(list(cache.glob("precompiled/*/target-int8_*.aot"))) == 3
 
     warm = _fresh(engine, cache)

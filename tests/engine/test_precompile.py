@@ -45,9 +45,10 @@ def _fresh_process(engine: dict, inductor_dir: Path) -> dict:
 
 @pytest.mark.slow
 def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, monkeypatch):
+    # The compiled step (what a GPU or a bfloat16 model runs): the C step is off here.
     engine = {"model_dir": str(tiny_dirs["target"]), "use_draft": False, "buckets": [8],
               "max_input_tokens": 16, "max_new_tokens": 4, "max_new_tokens_cap": 8,
-              "kv_headroom": 4, "compile_backend": "inductor"}
+              "kv_headroom": 4, "compile_backend": "inductor", "native_step": False}
     built = tmp_path / "built"
     config = tmp_path / "tailwatch.yaml"
     config.write_text(yaml.safe_dump({"engine": {**engine, "cache_dir": str(built)}}))

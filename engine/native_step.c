@@ -1,0 +1,234 @@
+/* One greedy T5 decoder step on the CPU, float32: engine/native.py builds and calls it.
+ *
+ * The same arithmetic as engine/t5.py decode_steps with one query and steps = 1 (the
+ * self-attention cache, the cross K/V and both biases are the runtime's own tensors),
+ * in one call: every one-row product streams its weights once with several rows and
+ * accumulators in flight, where inductor's generated loop keeps one accumulator per row
+ * and reaches about half the L3 bandwidth (README, Benchmarks: the decode step).
+ * GCC vector extensions: AVX-512, AVX2 or SSE as -march=native allows.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+
+enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
+
+typedef struct {
+    int64_t layers, d_model, heads, d_kv, inner, d_ff, vocab, gated, act;
+    float eps, out_scale;
+    const float *embed, *lm_head, *final_ln;
+    /* per layer, arrays of `layers` pointers */
+    const float *const *ln_att, *const *qkv, *const *o;
+    const float *const *ln_cross, *const *cq, *const *co;
+    const float *const *ln_ff, *const *wi, *const *wo;
+} Model;
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline float hsum(v16 a) { return _mm512_reduce_add_ps((__m512)a); }
+#else
+static inline float hsum(v16 a) {
+    float s = 0.0f;
+    for (int i = 0; i < 16; i++) s += a[i];
+    return s;
+}
+#endif
+
+static inline v16 load(const float *p) { return *(const v16 *)p; }
+
+/* x . w over n values: one vector accumulator over whole vectors, then the scalar tail.
+ * Every product below is this exact sum, whatever the blocking, so one row decoded alone
+ * (a direct step) and the same row in a verification get bitwise the same logits. */
+static inline float dot(const float *x, const float *w, int64_t n) {
+    v16 a = {0};
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) a += load(x + k) * load(w + k);
+    float s = hsum(a);
+    for (; k < n; k++) s += x[k] * w[k];
+    return s;
+}
+
+/* Y[i, r] = W[r, :] . X[i, :] for r < rows, i < q (W [rows, n], X [q, n], Y [q, ldy]):
+ * four weight rows x two inputs in flight, each weight row read once per two inputs. */
+static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t n,
+                 int64_t q, int64_t ldy) {
+    int64_t r = 0;
+    const int64_t whole = n - n % 16;
+    for (; r + 4 <= rows; r += 4) {
+        const float *w0 = W + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+        int64_t i = 0;
+        for (; i + 2 <= q; i += 2) {
+            const float *x0 = X + i * n, *x1 = x0 + n;
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+            for (int64_t k = 0; k < whole; k += 16) {
+                v16 u = load(x0 + k), v = load(x1 + k);
+                v16 c0 = load(w0 + k), c1 = load(w1 + k), c2 = load(w2 + k), c3 = load(w3 + k);
+                a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
+                b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
+            }
+            float s[8] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3),
+                          hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
+            for (int64_t k = whole; k < n; k++) {
+                s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k];
+                s[2] += x0[k] * w2[k]; s[3] += x0[k] * w3[k];
+                s[4] += x1[k] * w0[k]; s[5] += x1[k] * w1[k];
+                s[6] += x1[k] * w2[k]; s[7] += x1[k] * w3[k];
+            }
+            for (int j = 0; j < 4; j++) {
+                Y[i * ldy + r + j] = s[j];
+                Y[(i + 1) * ldy + r + j] = s[4 + j];
+            }
+        }
+        for (; i < q; i++) {
+            const float *x0 = X + i * n;
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int64_t k = 0; k < whole; k += 16) {
+                v16 u = load(x0 + k);
+                a0 += load(w0 + k) * u; a1 += load(w1 + k) * u;
+                a2 += load(w2 + k) * u; a3 += load(w3 + k) * u;
+            }
+            float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+            for (int64_t k = whole; k < n; k++) {
+                s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k];
+                s[2] += x0[k] * w2[k]; s[3] += x0[k] * w3[k];
+            }
+            for (int j = 0; j < 4; j++) Y[i * ldy + r + j] = s[j];
+        }
+    }
+    for (; r < rows; r++)
+        for (int64_t i = 0; i < q; i++) Y[i * ldy + r] = dot(X + i * n, W + r * n, n);
+}
+
+static void gemv(const float *W, const float *x, float *y, int64_t rows, int64_t n) {
+    gemm(W, x, y, rows, n, 1, rows);
+}
+
+static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+static float activate(float v, int64_t act) {
+    switch (act) {
+    case ACT_RELU: return v > 0.0f ? v : 0.0f;
+    case ACT_GELU_TANH:
+        return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+    default: return v / (1.0f + expf(-v));
+    }
+}
+
+/* out[d] = softmax_j(q . K[j] + bias[j]) V[j][d], K and V [n, d_kv] row-major */
+static void attend(const float *q, const float *K, const float *V, const float *bias,
+                   int64_t n, int64_t d_kv, float *scores, float *out) {
+    gemv(K, q, scores, n, d_kv);
+    float top = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        scores[j] += bias[j];
+        if (scores[j] > top) top = scores[j];
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(scores[j] - top);
+        scores[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    int64_t d = 0;
+    for (; d + 16 <= d_kv; d += 16) {
+        v16 acc = {0};
+        for (int64_t j = 0; j < n; j++) acc += scores[j] * load(V + j * d_kv + d);
+        *(v16 *)(out + d) = acc * inv;
+    }
+    for (; d < d_kv; d++) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < n; j++) acc += scores[j] * V[j * d_kv + d];
+        out[d] = acc * inv;
+    }
+}
+
+/* Decode `q` tokens at positions pos0 .. pos0 + q - 1 in one call (q = 1: a direct step;
+ * q > 1: a speculative verification), write their K/V, and put in out[i] the greedy
+ * next token after tokens[i]. Each row's arithmetic is that of a row decoded alone.
+ *
+ * self_kv [layers, 2, heads, slots1, d_kv]; cross_kv [layers, 2, heads, cross, d_kv];
+ * cross_bias [cross] (the padding mask); dec_bias [heads, span, span] (positions and the
+ * causal mask; rows pos0 .. pos0 + q - 1 are read); scratch: engine.native's size.
+ */
+void tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
+               float *self_kv, int64_t slots1, const float *cross_kv, int64_t cross,
+               const float *cross_bias, const float *dec_bias, int64_t span, float *scratch,
+               int64_t *out) {
+    const int64_t D = m->d_model, H = m->heads, dk = m->d_kv, I = m->inner;
+    const int64_t ff = m->gated ? 2 * m->d_ff : m->d_ff;
+    float *x = scratch, *h = x + q * D, *qkv = h + q * D, *att = qkv + q * 3 * I;
+    float *u = att + q * I;
+    float *scores = u + q * ff;  /* max(span, cross) */
+    float *logits = scores + (span > cross ? span : cross);
+    for (int64_t i = 0; i < q; i++)
+        memcpy(x + i * D, m->embed + tokens[i] * D, (size_t)D * sizeof(float));
+    for (int64_t l = 0; l < m->layers; l++) {
+        /* self-attention over the cache prefix, these positions' K/V written first */
+        for (int64_t i = 0; i < q; i++) rms_norm(x + i * D, m->ln_att[l], h + i * D, D, m->eps);
+        gemm(m->qkv[l], h, qkv, 3 * I, D, q, 3 * I);
+        float *layer_kv = self_kv + l * 2 * H * slots1 * dk;
+        for (int64_t i = 0; i < q; i++)
+            for (int64_t hd = 0; hd < H; hd++) {
+                memcpy(layer_kv + (hd * slots1 + pos0 + i) * dk, qkv + i * 3 * I + I + hd * dk,
+                       (size_t)dk * sizeof(float));
+                memcpy(layer_kv + ((H + hd) * slots1 + pos0 + i) * dk,
+                       qkv + i * 3 * I + 2 * I + hd * dk, (size_t)dk * sizeof(float));
+            }
+        for (int64_t i = 0; i < q; i++) {
+            /* Keys after the query are masked by dec_bias (weight exactly 0): not read. */
+            const int64_t pos = pos0 + i, keys = pos + 1 < span ? pos + 1 : span;
+            for (int64_t hd = 0; hd < H; hd++)
+                attend(qkv + i * 3 * I + hd * dk, layer_kv + hd * slots1 * dk,
+                       layer_kv + (H + hd) * slots1 * dk, dec_bias + (hd * span + pos) * span,
+                       keys, dk, scores, att + i * I + hd * dk);
+        }
+        gemm(m->o[l], att, h, D, I, q, D);
+        for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
+        /* cross-attention over the encoder's K/V */
+        for (int64_t i = 0; i < q; i++)
+            rms_norm(x + i * D, m->ln_cross[l], h + i * D, D, m->eps);
+        gemm(m->cq[l], h, qkv, I, D, q, I);
+        const float *ckv = cross_kv + l * 2 * H * cross * dk;
+        for (int64_t i = 0; i < q; i++)
+            for (int64_t hd = 0; hd < H; hd++)
+                attend(qkv + i * I + hd * dk, ckv + hd * cross * dk, ckv + (H + hd) * cross * dk,
+                       cross_bias, cross, dk, scores, att + i * I + hd * dk);
+        gemm(m->co[l], att, h, D, I, q, D);
+        for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
+        /* feed-forward */
+        for (int64_t i = 0; i < q; i++) rms_norm(x + i * D, m->ln_ff[l], h + i * D, D, m->eps);
+        gemm(m->wi[l], h, u, ff, D, q, ff);
+        /* Row i's d_ff activations go to u + i * d_ff (a gated row is twice as wide: the
+         * destination never passes the source, so in place is safe). */
+        for (int64_t i = 0; i < q; i++) {
+            const float *ui = u + i * ff;
+            float *vi = u + i * m->d_ff;
+            for (int64_t j = 0; j < m->d_ff; j++)
+                vi[j] = m->gated ? activate(ui[j], m->act) * ui[m->d_ff + j]
+                                 : activate(ui[j], m->act);
+        }
+        gemm(m->wo[l], u, h, D, m->d_ff, q, D);
+        for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
+    }
+    for (int64_t i = 0; i < q; i++) {
+        rms_norm(x + i * D, m->final_ln, h + i * D, D, m->eps);
+        for (int64_t j = 0; j < D; j++) h[i * D + j] *= m->out_scale;
+    }
+    gemm(m->lm_head, h, logits, m->vocab, D, q, m->vocab);
+    for (int64_t i = 0; i < q; i++) {
+        const float *li = logits + i * m->vocab;
+        int64_t best = 0;
+        for (int64_t v = 1; v < m->vocab; v++)
+            if (li[v] > li[best]) best = v;
+        out[i] = best;
+    }
+}
