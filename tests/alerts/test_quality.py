@@ -31,7 +31,9 @@ from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.writer import Writer
 
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+# The policy's flag expires 24 h after it is set and the engine reads flags on the wall
+# clock: a fixed date would let the flag expire a day after this was written.
+T0 = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
 
 
 class RolloutFlags:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 from fastapi.testclient import TestClient
@@ -13,7 +13,9 @@ from monitor.services import services_of
 from storage.models import Alert
 from tests.alerts.receiver import Receiver, serve
 
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+# Notifications go through the service's real deliverer, whose clock is the wall clock:
+# a fixed date would turn into a dead letter (max age 24 h) a day after it was written.
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
 
 
 def note(i: int) -> Notification:

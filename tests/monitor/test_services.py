@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,7 +17,9 @@ from storage.models import WebhookDelivery
 from tests.alerts.receiver import Receiver, serve
 from tests.monitor.conftest import make_settings, start, wait_for
 
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+# Notifications go through the service's real deliverer, whose clock is the wall clock:
+# a fixed date would turn into a dead letter (max age 24 h) a day after it was written.
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
 
 
 @pytest.fixture
