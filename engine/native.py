@@ -141,6 +141,8 @@ class BoundStep:
 
     def __init__(self, fn: Any, lean: t5.LeanT5) -> None:
         self._fn = fn
+        # The C side holds raw pointers into these weights: keep the model alive with them.
+        self._lean = lean
         layers = list(lean.dec_layers)
         self._keep: list[Any] = []  # the pointer arrays must outlive the struct
 
