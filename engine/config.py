@@ -36,9 +36,9 @@ class EngineConfig:
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
     quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
         served where the `quantized` flag is on and watched by output agreement.
-    native_step: on the optimized path, decode with the C step (engine.native) where it
-        applies (CPU, float32, float weights, a C compiler found); the encoder and the
-        speculative verification stay compiled. Off: the compiled step graph.
+    native_step: on the optimized path, run the decode steps and the speculative
+        verification in C (engine.native) where it applies (CPU, float32, float weights, a
+        C compiler found); the encoder stays compiled. Off: the compiled graphs.
     """
 
     model_dir: str | None = None

@@ -5,12 +5,14 @@ built-in target) stream from L3 each token. Inductor's generated loop keeps one
 accumulator per output row and reaches ~35 GB/s here; the C step keeps four rows and
 their accumulators in flight and reaches the cache's bandwidth (~65 GB/s), all of the
 step in one call (README, Benchmarks: the decode step). It computes what
-`engine.t5.decode_steps` computes, on the same cache, cross K/V and bias tensors, so
-the two are interchangeable per call; greedy tokens are tested equal to Hugging Face.
+`engine.t5.decode_steps` and `decode_greedy` compute, on the same cache, cross K/V and
+bias tensors, so they are interchangeable per call; greedy tokens are tested equal to
+Hugging Face.
 
-    step = native.load(cache_dir)          # None when no compiler or not applicable
-    fn = step.bind(lean)                   # a Fns.step for this model
-    tokens = fn(m, token, pos, self_kv, cross_kv, mask_bias, dec_bias, steps)
+    lib = native.load(cache_dir)           # None: no compiler, or the build failed
+    if native.applicable(lean) is None:    # else a reason: CUDA, bf16, int8 weights, ...
+        fn = lib.bind(lean)                # Fns.step; fn.verify is Fns.verify
+        tokens = fn(m, token, pos, self_kv, cross_kv, mask_bias, dec_bias, steps)
 
 Built once per source, compiler and CPU into <cache_dir>/native/ (-O3 -march=native;
 about a second); a build failure is logged once and the compiled graph serves instead.
@@ -168,7 +170,6 @@ class BoundStep:
         self._per_row = 2 * lean.d_model + 4 * lean.inner + (2 if lean.gated else 1) * d_ff \
             + lean.lm_head.shape[0]
         self._local = threading.local()  # scratch per thread: concurrent requests
-        self.eos_id = lean.eos_id
 
     def _scratch(self, floats: int) -> int:
         buf = getattr(self._local, "buf", None)
