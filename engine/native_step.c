@@ -11,7 +11,18 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+/* One vector register: 16 floats with AVX-512, 8 with AVX/AVX2, 4 otherwise. A wider
+ * vector than the machine's would be split in two, and the 4 x 2 block below would need
+ * 16 accumulators: more than AVX2's 16 registers hold with the loads (measured: a step
+ * 6-9x slower on an AVX2-only EPYC before the width followed the machine). */
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vec __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 
 enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
 
@@ -27,24 +38,32 @@ typedef struct {
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-static inline float hsum(v16 a) { return _mm512_reduce_add_ps((__m512)a); }
+static inline float hsum(vec a) { return _mm512_reduce_add_ps((__m512)a); }
+#elif defined(__AVX__)
+#include <immintrin.h>
+static inline float hsum(vec a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)a), _mm256_extractf128_ps((__m256)a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 #else
-static inline float hsum(v16 a) {
+static inline float hsum(vec a) {
     float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += a[i];
+    for (int i = 0; i < VW; i++) s += a[i];
     return s;
 }
 #endif
 
-static inline v16 load(const float *p) { return *(const v16 *)p; }
+static inline vec load(const float *p) { return *(const vec *)p; }
 
 /* x . w over n values: one vector accumulator over whole vectors, then the scalar tail.
  * Every product below is this exact sum, whatever the blocking, so one row decoded alone
  * (a direct step) and the same row in a verification get bitwise the same logits. */
 static inline float dot(const float *x, const float *w, int64_t n) {
-    v16 a = {0};
+    vec a = {0};
     int64_t k = 0;
-    for (; k + 16 <= n; k += 16) a += load(x + k) * load(w + k);
+    for (; k + VW <= n; k += VW) a += load(x + k) * load(w + k);
     float s = hsum(a);
     for (; k < n; k++) s += x[k] * w[k];
     return s;
@@ -55,16 +74,16 @@ static inline float dot(const float *x, const float *w, int64_t n) {
 static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t n,
                  int64_t q, int64_t ldy) {
     int64_t r = 0;
-    const int64_t whole = n - n % 16;
+    const int64_t whole = n - n % VW;
     for (; r + 4 <= rows; r += 4) {
         const float *w0 = W + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
         int64_t i = 0;
         for (; i + 2 <= q; i += 2) {
             const float *x0 = X + i * n, *x1 = x0 + n;
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-            for (int64_t k = 0; k < whole; k += 16) {
-                v16 u = load(x0 + k), v = load(x1 + k);
-                v16 c0 = load(w0 + k), c1 = load(w1 + k), c2 = load(w2 + k), c3 = load(w3 + k);
+            vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+            for (int64_t k = 0; k < whole; k += VW) {
+                vec u = load(x0 + k), v = load(x1 + k);
+                vec c0 = load(w0 + k), c1 = load(w1 + k), c2 = load(w2 + k), c3 = load(w3 + k);
                 a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
                 b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
             }
@@ -83,9 +102,9 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
         }
         for (; i < q; i++) {
             const float *x0 = X + i * n;
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int64_t k = 0; k < whole; k += 16) {
-                v16 u = load(x0 + k);
+            vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int64_t k = 0; k < whole; k += VW) {
+                vec u = load(x0 + k);
                 a0 += load(w0 + k) * u; a1 += load(w1 + k) * u;
                 a2 += load(w2 + k) * u; a3 += load(w3 + k) * u;
             }
@@ -139,10 +158,10 @@ static void attend(const float *q, const float *K, const float *V, const float *
     }
     float inv = 1.0f / sum;
     int64_t d = 0;
-    for (; d + 16 <= d_kv; d += 16) {
-        v16 acc = {0};
+    for (; d + VW <= d_kv; d += VW) {
+        vec acc = {0};
         for (int64_t j = 0; j < n; j++) acc += scores[j] * load(V + j * d_kv + d);
-        *(v16 *)(out + d) = acc * inv;
+        *(vec *)(out + d) = acc * inv;
     }
     for (; d < d_kv; d++) {
         float acc = 0.0f;

@@ -20,9 +20,21 @@ def _runtime(tmp_path, model_dir, **changes) -> Runtime:
                                **changes))
 
 
-# d_model 24: rows and lengths that are no multiple of the vector width (the scalar tails).
-@pytest.mark.parametrize("d_model", [32, 24])
-def test_native_step_writes_the_same_cache_and_picks_the_same_token(tmp_path, d_model):
+# d_model 20 and 18: rows and lengths that are no multiple of the vector width (the scalar
+# tails). "sse": built without AVX, so the 4-float width is tested on any x86 machine (the
+# 16-float AVX-512 or 8-float AVX2 width is the machine's own).
+@pytest.mark.parametrize(("d_model", "isa"), [(32, "native"), (20, "native"), (18, "sse")])
+def test_native_step_writes_the_same_cache_and_picks_the_same_token(
+        tmp_path, monkeypatch, d_model, isa):
+    if isa == "sse":
+        import platform
+
+        if platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip("x86 only: -mno-avx")
+        cc = tmp_path / "cc-sse"
+        cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" -mno-avx -mno-avx2 -mno-avx512f\n')
+        cc.chmod(0o755)
+        monkeypatch.setenv("CC", str(cc))
     model = build_tiny_t5(tmp_path / "m", seed=3, d_model=d_model, heads=2)
     rt = _runtime(tmp_path, model)
     assert rt.step_kind == "target native" and rt.info.decode_step == "target native"
