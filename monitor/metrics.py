@@ -15,10 +15,8 @@ the README (tests/monitor/test_metrics.py keeps the two in step).
 from __future__ import annotations
 
 import logging
-import math
 import platform
 import threading
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,13 +24,13 @@ from datetime import timedelta
 from importlib import metadata
 from itertools import chain
 
-import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
-from engine.protocol import Engine, FlagProvider, GenerateResult
+from engine.protocol import Engine, FlagProvider, GenerateResult, SpecStats
+from monitor.histogram import BulkHistogram
 from monitor.quality_metrics import quality_families
 from probes.measure import add_positions
 from probes.sampler import SamplerStats
@@ -62,7 +60,6 @@ SOURCES = ("traffic", "canary")
 DELIVERY_OUTCOMES = ("delivered", "retried", "failed")
 # Results a MetricsSink queues before the observing thread folds them into the series.
 FOLD_AT = 64
-_NUMPY_FROM = 48  # observe_many bins this many values or more with numpy (less: bisect)
 
 
 def _version() -> str:
@@ -76,10 +73,10 @@ def _version() -> str:
 class _LatencySet:
     """The latency histograms of one traffic source."""
 
-    e2e: Histogram
-    ttft: Histogram
-    per_token: Histogram
-    queue_wait: Histogram
+    e2e: BulkHistogram
+    ttft: BulkHistogram
+    per_token: BulkHistogram
+    queue_wait: BulkHistogram
 
 
 class Metrics:
@@ -106,10 +103,10 @@ class Metrics:
         self.output_tokens = Counter(
             f"{PREFIX}_output_tokens", "Output tokens generated.",
             ("source", "bucket"), registry=registry)
-        self.padding_waste = Histogram(
+        self.padding_waste = BulkHistogram(
             f"{PREFIX}_request_padding_ratio",
             "Share of the padded input that is padding (real traffic).",
-            ("bucket",), buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=registry)
+            ("bucket",), (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry)
         spec = ("source", "bucket")
         self.spec_drafts = Counter(
             f"{PREFIX}_spec_decode_num_drafts",
@@ -159,58 +156,23 @@ class Metrics:
     def _latency_set(self, kind: str, labels: tuple[str, ...]) -> _LatencySet:
         what = "real request" if kind == "request" else "canary probe"
         return _LatencySet(
-            e2e=Histogram(
+            e2e=BulkHistogram(
                 f"{PREFIX}_{kind}_duration_seconds",
                 f"End-to-end latency of a {what}: engine entry to result.",
-                labels, buckets=DURATION_BUCKETS, registry=self.registry),
-            ttft=Histogram(
+                labels, DURATION_BUCKETS, self.registry),
+            ttft=BulkHistogram(
                 f"{PREFIX}_{kind}_ttft_seconds",
                 f"Time to first token of a {what}: slot granted to first token chosen.",
-                labels, buckets=LATENCY_BUCKETS, registry=self.registry),
-            per_token=Histogram(
+                labels, LATENCY_BUCKETS, self.registry),
+            per_token=BulkHistogram(
                 f"{PREFIX}_{kind}_time_per_output_token_seconds",
                 f"Time between consecutive output tokens of a {what} (one sample per token).",
-                labels, buckets=TOKEN_BUCKETS, registry=self.registry),
-            queue_wait=Histogram(
+                labels, TOKEN_BUCKETS, self.registry),
+            queue_wait=BulkHistogram(
                 f"{PREFIX}_{kind}_queue_wait_seconds",
                 f"Time a {what} waited for a decode slot.",
-                labels, buckets=LATENCY_BUCKETS, registry=self.registry),
+                labels, LATENCY_BUCKETS, self.registry),
         )
-
-
-def observe_many(child: Histogram, values: Sequence[float]) -> None:
-    """Add `values` to a labelled Histogram as one observe() each would, in bulk.
-
-    One bucket increment per distinct bucket and one sum increment per call instead of a
-    lock round-trip per value: a request's per-token times cost one pass, not one
-    observe() per token. Uses prometheus_client's Histogram internals (`_upper_bounds`,
-    `_buckets`, `_sum`, stable since 0.4); tests/monitor/test_metrics_bulk.py checks the
-    exposition matches per-value observe() so an upgrade that changes them fails there.
-    """
-    n = len(values)
-    if not n:
-        return
-    bounds = child._upper_bounds  # ends with +Inf: every value finds a bucket
-    buckets = child._buckets
-    if n == 1:
-        buckets[bisect_left(bounds, values[0])].inc(1)
-        child._sum.inc(values[0])
-        return
-    items: Iterable[tuple[int, int]]
-    if n < _NUMPY_FROM:
-        tally: dict[int, int] = {}
-        for v in values:
-            i = bisect_left(bounds, v)
-            tally[i] = tally.get(i, 0) + 1
-        items = tally.items()
-    else:  # one C pass; side="left" is bisect_left: a value on a bound counts in its bucket
-        idx = np.asarray(bounds).searchsorted(np.asarray(values, dtype=float), side="left")
-        counts = np.bincount(idx, minlength=len(bounds))
-        nonzero = np.flatnonzero(counts)
-        items = zip(nonzero.tolist(), counts[nonzero].tolist(), strict=True)
-    for i, c in items:
-        buckets[i].inc(c)
-    child._sum.inc(math.fsum(values))
 
 
 class _BeforeCollect(Collector):
@@ -235,12 +197,10 @@ class _BeforeCollect(Collector):
 class _Children:
     """The labelled series one (source, bucket, path, decoding) result touches."""
 
-    e2e: Histogram
-    ttft: Histogram
-    queue_wait: Histogram
-    per_token: Histogram
+    histograms: _LatencySet
+    row: int  # of the label set in each of `histograms`
     output_tokens: Counter
-    padding_waste: Histogram | None
+    padding: tuple[BulkHistogram, int] | None  # Metrics.padding_waste and the bucket's row
 
 
 class MetricsSink:
@@ -248,13 +208,12 @@ class MetricsSink:
 
     `observe` runs on every served request: it appends the result to a queue (a deque:
     thread-safe without a lock) and nothing else. `fold` (under the sink's one lock)
-    empties the queue into the series in bulk: per label set one bucket increment per
-    distinct histogram bucket and one sum increment per histogram, per-token times of all
-    queued requests binned at once (numpy), speculative counters summed first. It runs on
-    the observing thread once FOLD_AT results wait (bounding the queue) and before every
-    collection of the registry, so what a scrape reads is exactly what one observe() per
-    value would have recorded (tests/monitor/test_metrics_bulk.py). Labelled children
-    are looked up once per label set and kept.
+    empties the queue into the series in bulk: every latency value of the batch goes into
+    its `BulkHistogram` in one numpy pass per histogram (per-token times included), and
+    the speculative counters are summed first. It runs on the observing thread once
+    FOLD_AT results wait (bounding the queue) and before every collection of the
+    registry, so what a scrape reads is exactly what one observe() per value would have
+    recorded (tests/monitor/test_metrics_bulk.py). Label sets are looked up once and kept.
     """
 
     def __init__(self, metrics: Metrics) -> None:
@@ -275,13 +234,13 @@ class MetricsSink:
             m = self.metrics
             canary, bucket = key[0], key[1]
             source = "canary" if canary else "traffic"
-            hist = m.latency[source]
-            labels = key[1:]
-            c = _Children(
-                hist.e2e.labels(*labels), hist.ttft.labels(*labels),
-                hist.queue_wait.labels(*labels), hist.per_token.labels(*labels),
-                m.output_tokens.labels(source, bucket),
-                None if canary else m.padding_waste.labels(bucket))
+            hists = m.latency[source]
+            row = hists.e2e.row(*key[1:])
+            for h in (hists.ttft, hists.queue_wait, hists.per_token):
+                if h.row(*key[1:]) != row:  # created together, so they share a row
+                    raise RuntimeError(f"metrics: rows of {key} diverged")
+            c = _Children(hists, row, m.output_tokens.labels(source, bucket),
+                          None if canary else (m.padding_waste, m.padding_waste.row(bucket)))
             self._children[key] = c
         return c
 
@@ -309,48 +268,50 @@ class MetricsSink:
             groups: dict[tuple[bool, str, str, str], list[GenerateResult]] = {}
             for r in batch:
                 groups.setdefault((r.canary, r.bucket, r.path, r.decoding), []).append(r)
+            adds: dict[BulkHistogram, tuple[list[int], list[Sequence[float]]]] = {}
             for key, rs in groups.items():
-                self._fold_group(self._for(key), rs)
+                c = self._for(key)
+                for hist, row, values in self._observations(c, rs):
+                    entry = adds.get(hist)
+                    if entry is None:
+                        entry = adds[hist] = ([], [])
+                    entry[0].append(row)
+                    entry[1].append(values)
+            for hist, (rows, seqs) in adds.items():
+                hist.add(rows, seqs)
             self._fold_spec(batch)
             return len(batch)
 
     @staticmethod
-    def _fold_group(c: _Children, rs: list[GenerateResult]) -> None:
-        observe_many(c.e2e, [r.total_s for r in rs])
-        observe_many(c.ttft, [r.ttft_s for r in rs])
-        observe_many(c.queue_wait, [r.queue_wait_s for r in rs])
-        observe_many(c.per_token, list(chain.from_iterable(r.decode_token_s for r in rs)))
+    def _observations(c: _Children, rs: list[GenerateResult]
+                      ) -> Iterator[tuple[BulkHistogram, int, Sequence[float]]]:
+        h, row = c.histograms, c.row
+        yield h.e2e, row, [r.total_s for r in rs]
+        yield h.ttft, row, [r.ttft_s for r in rs]
+        yield h.queue_wait, row, [r.queue_wait_s for r in rs]
+        yield h.per_token, row, list(chain.from_iterable(r.decode_token_s for r in rs))
         c.output_tokens.inc(sum(r.output_tokens for r in rs))
-        if c.padding_waste is not None:
-            observe_many(c.padding_waste, [r.padding_waste for r in rs])
+        if c.padding is not None:
+            yield c.padding[0], c.padding[1], [r.padding_waste for r in rs]
 
     def _fold_spec(self, batch: list[GenerateResult]) -> None:
-        sums: dict[tuple[str, str], list[int]] = {}
-        positions: dict[tuple[str, str], tuple[int, ...]] = {}
+        specs: dict[tuple[str, str], list[SpecStats]] = {}
         for r in batch:
             spec = r.spec
-            if not (spec.drafts or spec.draft_tokens):
-                continue
-            key = ("canary" if r.canary else "traffic", r.bucket)
-            acc = sums.get(key)
-            if acc is None:
-                acc = sums[key] = [0, 0, 0]
-            acc[0] += spec.drafts
-            acc[1] += spec.draft_tokens
-            acc[2] += spec.accepted_tokens
-            positions[key] = add_positions(positions.get(key, ()), spec.accepted_per_position)
+            if spec.drafts or spec.draft_tokens:
+                specs.setdefault(("canary" if r.canary else "traffic", r.bucket), []).append(spec)
         m = self.metrics
-        for key, (drafts, draft_tokens, accepted) in sums.items():
+        for key, ss in specs.items():
             counters = self._spec.get(key)
             if counters is None:
                 counters = self._spec[key] = (m.spec_drafts.labels(*key),
                                               m.spec_draft_tokens.labels(*key),
                                               m.spec_accepted.labels(*key))
-            counters[0].inc(drafts)
-            counters[1].inc(draft_tokens)
-            counters[2].inc(accepted)
+            counters[0].inc(sum(s.drafts for s in ss))
+            counters[1].inc(sum(s.draft_tokens for s in ss))
+            counters[2].inc(sum(s.accepted_tokens for s in ss))
             source, bucket = key
-            for pos, n in enumerate(positions[key]):
+            for pos, n in enumerate(add_positions(*(s.accepted_per_position for s in ss))):
                 child = self._per_pos.get((source, bucket, pos))
                 if child is None:
                     child = self._per_pos[source, bucket, pos] = \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 from engine.protocol import GenerateResult
@@ -59,10 +60,9 @@ class GroupResult:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
 
-def add_positions(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
-    """Return the element-wise sum of two per-position counters of any lengths."""
-    n = max(len(a), len(b))
-    return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
+def add_positions(*counters: Sequence[int]) -> tuple[int, ...]:
+    """Return the element-wise sum of per-position counters of any lengths (one C pass)."""
+    return tuple(map(sum, zip_longest(*counters, fillvalue=0)))
 
 
 def summarize(variant: str, results: Sequence[GenerateResult]) -> GroupResult:
@@ -70,9 +70,7 @@ def summarize(variant: str, results: Sequence[GenerateResult]) -> GroupResult:
     if not results:
         raise ValueError("results: must not be empty")
     first = results[0]
-    positions: tuple[int, ...] = ()
-    for r in results:
-        positions = add_positions(positions, r.spec.accepted_per_position)
+    positions = add_positions(*(r.spec.accepted_per_position for r in results))
     per_token = [r.per_token_s for r in results if r.per_token_s is not None]
     per_token_sketch = Sketch()
     for r in results:

@@ -73,14 +73,17 @@ class _Acc:
         self.latency_sketch = Sketch()
         self.ttft_sketch = Sketch()
         self.per_token_sketch = Sketch()
-        self.input_lens: dict[str, int] = {}
-        self.output_lens: dict[str, int] = {}
+        # Keyed by int while the minute fills (no str() per request); JSON keys at freeze().
+        self.input_lens: dict[int, int] = {}
+        self.output_lens: dict[int, int] = {}
         self.accepted_per_position = ()
 
     def freeze(self) -> RollupDelta:
         values = {n: getattr(self, n) for n in self.__slots__}
         for n in self._SKETCHES:
             values[n] = values[n].to_json()
+        for n in ("input_lens", "output_lens"):
+            values[n] = {str(k): c for k, c in values[n].items()}
         return RollupDelta(**values)
 
 
@@ -185,32 +188,35 @@ class TrafficRecorder:
         a.requests += len(rs)
         if path == PATH_OVERFLOW:
             a.overflow += len(rs)
-        add_latency, add_ttft = a.latency_sketch.add, a.ttft_sketch.add
+        latencies, ttfts = [r.total_s for r in rs], [r.ttft_s for r in rs]
+        a.latency_sketch.add_many(latencies)
+        a.ttft_sketch.add_many(ttfts)
         add_per_token = a.per_token_sketch.add
         in_lens, out_lens = a.input_lens, a.output_lens
+        specs = []
         for r in rs:
-            add_latency(r.total_s)
-            add_ttft(r.ttft_s)
             decode = r.decode_token_s
             if decode:
                 # One update per request: its mean per-token time, weighted by its tokens.
                 add_per_token(sum(decode) / len(decode), len(decode))
-            in_k, out_k = str(r.input_tokens), str(r.output_tokens)
+            in_k, out_k = r.input_tokens, r.output_tokens
             in_lens[in_k] = in_lens.get(in_k, 0) + 1
             out_lens[out_k] = out_lens.get(out_k, 0) + 1
             spec = r.spec
             if spec.drafts or spec.draft_tokens:
-                a.drafts += spec.drafts
-                a.draft_tokens += spec.draft_tokens
-                a.accepted_tokens += spec.accepted_tokens
-                a.accepted_per_position = add_positions(a.accepted_per_position,
-                                                        spec.accepted_per_position)
+                specs.append(spec)
             if r.probation:
                 a.probation_requests += 1
                 a.probation_draft_tokens += spec.draft_tokens
                 a.probation_accepted += spec.accepted_tokens
-        a.latency_sum_s += math.fsum(r.total_s for r in rs)
-        a.ttft_sum_s += math.fsum(r.ttft_s for r in rs)
+        if specs:
+            a.drafts += sum(s.drafts for s in specs)
+            a.draft_tokens += sum(s.draft_tokens for s in specs)
+            a.accepted_tokens += sum(s.accepted_tokens for s in specs)
+            a.accepted_per_position = add_positions(
+                a.accepted_per_position, *(s.accepted_per_position for s in specs))
+        a.latency_sum_s += math.fsum(latencies)
+        a.ttft_sum_s += math.fsum(ttfts)
         a.input_tokens_sum += sum(r.input_tokens for r in rs)
         a.padded_tokens_sum += sum(r.padded_length for r in rs)
         a.output_tokens_sum += sum(r.output_tokens for r in rs)

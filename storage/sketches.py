@@ -74,8 +74,7 @@ class Sketch:
     def of(cls, values: Iterable[float]) -> Sketch:
         """Return the sketch of `values`."""
         s = cls()
-        for v in values:
-            s.add(v)
+        s.add_many(values)
         return s
 
     def add(self, x: float, weight: int = 1) -> None:
@@ -89,6 +88,20 @@ class Sketch:
         k = math.ceil(math.log(x) * _INV_LOG_GAMMA)
         bins = self.bins
         bins[k] = bins.get(k, 0) + weight
+
+    def add_many(self, values: Iterable[float]) -> None:
+        """Add each of `values` once (as add() would, without a method call per value)."""
+        bins, log, ceil = self.bins, math.log, math.ceil
+        n = zeros = 0
+        for x in values:
+            n += 1
+            if x <= MIN_VALUE:
+                zeros += 1
+                continue
+            k = ceil(log(x) * _INV_LOG_GAMMA)
+            bins[k] = bins.get(k, 0) + 1
+        self.count += n
+        self.zeros += zeros
 
     def merge(self, other: Sketch) -> Sketch:
         """Add every observation of `other` to this sketch; return self."""

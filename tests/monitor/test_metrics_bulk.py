@@ -1,4 +1,4 @@
-"""Bulk per-token observations expose exactly what one observe() per token would."""
+"""Bulk histograms expose exactly what one prometheus_client observe() per value would."""
 
 from __future__ import annotations
 
@@ -6,32 +6,57 @@ import random
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.exposition import generate_latest
 
-from monitor.metrics import TOKEN_BUCKETS, observe_many
+from monitor.histogram import BulkHistogram
+from monitor.metrics import DURATION_BUCKETS, TOKEN_BUCKETS
+
+_RNG = random.Random(1)
 
 
-def _hist(registry: CollectorRegistry) -> Histogram:
-    return Histogram("t_seconds", "t", ("bucket",), buckets=TOKEN_BUCKETS, registry=registry)
-
-
+@pytest.mark.parametrize("buckets", [TOKEN_BUCKETS, DURATION_BUCKETS])
 @pytest.mark.parametrize("values", [
     (), (0.003,), (0.0, 0.0, 0.0, 0.004),  # a speculative round: tokens confirmed together
-    tuple(TOKEN_BUCKETS) + (5.0,),  # on every edge (upper-inclusive) and above the last
-    tuple(random.Random(1).lognormvariate(-6, 1) for _ in range(300)),
+    tuple(TOKEN_BUCKETS) + tuple(DURATION_BUCKETS[::7]) + (500.0,),  # on edges, above the last
+    tuple(_RNG.lognormvariate(-6, 1) for _ in range(300)),
 ])
-def test_observe_many_matches_one_observe_per_value(values: tuple[float, ...]) -> None:
-    bulk, each = CollectorRegistry(), CollectorRegistry()
-    observe_many(_hist(bulk).labels("64"), values)
-    h = _hist(each).labels("64")
-    for v in values:
-        h.observe(v)
-    names = ["t_seconds_bucket", "t_seconds_count", "t_seconds_sum"]
-    for name in names:
-        for le in [*(str(b) for b in TOKEN_BUCKETS), "+Inf"] if name.endswith("bucket") \
-                else [None]:
-            labels = {"bucket": "64", **({"le": le} if le else {})}
-            got, want = bulk.get_sample_value(name, labels), each.get_sample_value(name, labels)
-            assert got == pytest.approx(want), (name, le)
+def test_bulk_histogram_matches_one_observe_per_value(
+        buckets: tuple[float, ...], values: tuple[float, ...]) -> None:
+    bulk_registry, each_registry = CollectorRegistry(), CollectorRegistry()
+    bulk = BulkHistogram("t_seconds", "t", ("bucket",), buckets, bulk_registry)
+    each = Histogram("t_seconds", "t", ("bucket",), buckets=buckets, registry=each_registry)
+    # Two label sets in one add(), values split unevenly between them and over two calls.
+    split = len(values) // 3
+    bulk.add([bulk.row("64"), bulk.row("16")], [values[:split], values[split:2 * split]])
+    bulk.add([bulk.row("64")], [values[2 * split:]])
+    each.labels("64"), each.labels("16")  # both label sets exist, as rows do
+    for v in values[:split] + values[2 * split:]:
+        each.labels("64").observe(v)
+    for v in values[split:2 * split]:
+        each.labels("16").observe(v)
+    for name in ("t_seconds_bucket", "t_seconds_count", "t_seconds_sum"):
+        for labels in ({"bucket": "64"}, {"bucket": "16"}):
+            les = [*(str(float(b)) for b in buckets), "+Inf"] if name.endswith("bucket") else [None]
+            for le in les:
+                key = {**labels, **({"le": le} if le else {})}
+                got = bulk_registry.get_sample_value(name, key)
+                want = each_registry.get_sample_value(name, key)
+                assert got == pytest.approx(want), (name, key)
+    # The same text a scrape reads, bar the _created series prometheus_client adds.
+    want_text = [line for line in generate_latest(each_registry).decode().splitlines()
+                 if "_created" not in line]
+    assert generate_latest(bulk_registry).decode().splitlines() == want_text
+
+
+def test_bulk_histogram_rows_grow_and_labels_are_checked() -> None:
+    registry = CollectorRegistry()
+    h = BulkHistogram("t_seconds", "t", ("bucket", "path"), TOKEN_BUCKETS, registry)
+    rows = [h.row(str(b), "compiled") for b in range(40)]  # past the initial capacity
+    assert rows == list(range(40)) and h.row("3", "compiled") == 3
+    h.add(rows, [[0.001 * (i + 1)] for i in range(40)])
+    assert registry.get_sample_value("t_seconds_count", {"bucket": "39", "path": "compiled"}) == 1
+    with pytest.raises(ValueError, match="labels"):
+        h.row("16")
 
 
 def test_sink_queues_folds_in_bulk_and_loses_nothing_under_concurrency() -> None:

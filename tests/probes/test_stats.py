@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.protocol import GenerateResult, SpecStats
-from probes.measure import group, summarize
+from probes.measure import add_positions, group, summarize
 from probes.stats import Distribution, percentile
 
 
@@ -62,3 +62,9 @@ def test_group_splits_by_bucket_decoding_and_variant() -> None:
                     ("64", "compiled", "speculative", "optimized"),
                     ("32", "compiled", "direct", "direct")]
     assert group(pairs)[2].acceptance_rate is None
+
+
+def test_add_positions_sums_counters_of_any_lengths() -> None:
+    assert add_positions() == ()
+    assert add_positions((2, 1)) == (2, 1)
+    assert add_positions((), (1,), (3, 2, 1), (0, 4)) == (4, 6, 1)

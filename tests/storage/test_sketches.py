@@ -69,3 +69,15 @@ def test_lengths_are_exact_sparse_counts() -> None:
     a = lengths_of([36, 40, 40])
     assert a == {"36": 1, "40": 2}
     assert lengths_items(lengths_add(a, {"40": 1, "7": 3})) == [(7, 3), (36, 1), (40, 3)]
+
+
+def test_add_many_is_add_per_value_zeros_included() -> None:
+    values = [0.0, 1e-7, 0.003, 0.003, 0.05, 2.5] + _stalled(random.Random(3), 200)
+    one_by_one = Sketch()
+    for v in values:
+        one_by_one.add(v)
+    bulk = Sketch()
+    bulk.add_many(values[:50])
+    bulk.add_many(iter(values[50:]))  # any iterable, counted as it goes
+    assert bulk.to_json() == one_by_one.to_json()
+    assert (bulk.count, bulk.zeros) == (len(values), 2)
