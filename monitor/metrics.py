@@ -197,10 +197,13 @@ class _BeforeCollect(Collector):
 class _Children:
     """The labelled series one (source, bucket, path, decoding) result touches."""
 
-    histograms: _LatencySet
-    row: int  # of the label set in each of `histograms`
+    # (histogram, the label set's row in it): end to end, TTFT, queue wait, per token.
+    e2e: tuple[BulkHistogram, int]
+    ttft: tuple[BulkHistogram, int]
+    queue_wait: tuple[BulkHistogram, int]
+    per_token: tuple[BulkHistogram, int]
     output_tokens: Counter
-    padding: tuple[BulkHistogram, int] | None  # Metrics.padding_waste and the bucket's row
+    padding: tuple[BulkHistogram, int] | None  # Metrics.padding_waste (real traffic only)
 
 
 class MetricsSink:
@@ -234,13 +237,12 @@ class MetricsSink:
             m = self.metrics
             canary, bucket = key[0], key[1]
             source = "canary" if canary else "traffic"
-            hists = m.latency[source]
-            row = hists.e2e.row(*key[1:])
-            for h in (hists.ttft, hists.queue_wait, hists.per_token):
-                if h.row(*key[1:]) != row:  # created together, so they share a row
-                    raise RuntimeError(f"metrics: rows of {key} diverged")
-            c = _Children(hists, row, m.output_tokens.labels(source, bucket),
-                          None if canary else (m.padding_waste, m.padding_waste.row(bucket)))
+            h, labels = m.latency[source], key[1:]
+            c = _Children(
+                (h.e2e, h.e2e.row(*labels)), (h.ttft, h.ttft.row(*labels)),
+                (h.queue_wait, h.queue_wait.row(*labels)),
+                (h.per_token, h.per_token.row(*labels)), m.output_tokens.labels(source, bucket),
+                None if canary else (m.padding_waste, m.padding_waste.row(bucket)))
             self._children[key] = c
         return c
 
@@ -271,7 +273,7 @@ class MetricsSink:
             adds: dict[BulkHistogram, tuple[list[int], list[Sequence[float]]]] = {}
             for key, rs in groups.items():
                 c = self._for(key)
-                for hist, row, values in self._observations(c, rs):
+                for (hist, row), values in self._observations(c, rs):
                     entry = adds.get(hist)
                     if entry is None:
                         entry = adds[hist] = ([], [])
@@ -284,15 +286,14 @@ class MetricsSink:
 
     @staticmethod
     def _observations(c: _Children, rs: list[GenerateResult]
-                      ) -> Iterator[tuple[BulkHistogram, int, Sequence[float]]]:
-        h, row = c.histograms, c.row
-        yield h.e2e, row, [r.total_s for r in rs]
-        yield h.ttft, row, [r.ttft_s for r in rs]
-        yield h.queue_wait, row, [r.queue_wait_s for r in rs]
-        yield h.per_token, row, list(chain.from_iterable(r.decode_token_s for r in rs))
+                      ) -> Iterator[tuple[tuple[BulkHistogram, int], Sequence[float]]]:
+        yield c.e2e, [r.total_s for r in rs]
+        yield c.ttft, [r.ttft_s for r in rs]
+        yield c.queue_wait, [r.queue_wait_s for r in rs]
+        yield c.per_token, list(chain.from_iterable(r.decode_token_s for r in rs))
         c.output_tokens.inc(sum(r.output_tokens for r in rs))
         if c.padding is not None:
-            yield c.padding[0], c.padding[1], [r.padding_waste for r in rs]
+            yield c.padding, [r.padding_waste for r in rs]
 
     def _fold_spec(self, batch: list[GenerateResult]) -> None:
         specs: dict[tuple[str, str], list[SpecStats]] = {}

@@ -104,3 +104,27 @@ def test_sink_queues_folds_in_bulk_and_loses_nothing_under_concurrency() -> None
                {"source": "traffic", "bucket": "16", "position": "0"}) == 2 * 4001
     assert get("tailwatch_request_duration_seconds_sum", key) == pytest.approx(
         0.05 + 4 * sum(0.01 * (1 + i % 7) for i in range(1000)))
+
+
+def test_sinks_find_each_histograms_own_row_of_a_label_set() -> None:
+    from monitor.metrics import Metrics, MetricsSink
+    from tests.monitor.test_metrics import result
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    a, b = MetricsSink(metrics), MetricsSink(metrics)
+    # A label set one histogram already has (made there by anything): its rows differ
+    # from the others' from now on, and each histogram keeps its own.
+    metrics.latency["traffic"].ttft.row("64", "eager", "direct")
+    a.observe(result(bucket="16", total_s=0.01))
+    b.observe(result(bucket="32", total_s=0.02, ttft_s=0.002))
+    b.fold()
+    a.observe(result(bucket="32", total_s=0.03, ttft_s=0.004))
+    a.fold()
+    get = registry.get_sample_value
+    key32 = {"bucket": "32", "path": "compiled", "decoding": "speculative"}
+    key16 = {**key32, "bucket": "16"}
+    assert get("tailwatch_request_duration_seconds_count", key32) == 2
+    assert get("tailwatch_request_duration_seconds_sum", key32) == pytest.approx(0.05)
+    assert get("tailwatch_request_ttft_seconds_sum", key32) == pytest.approx(0.006)
+    assert get("tailwatch_request_duration_seconds_sum", key16) == pytest.approx(0.01)
