@@ -273,6 +273,7 @@ class MetricsSink:
             adds: dict[BulkHistogram, tuple[list[int], list[Sequence[float]]]] = {}
             for key, rs in groups.items():
                 c = self._for(key)
+                c.output_tokens.inc(sum(r.output_tokens for r in rs))
                 for (hist, row), values in self._observations(c, rs):
                     entry = adds.get(hist)
                     if entry is None:
@@ -291,7 +292,6 @@ class MetricsSink:
         yield c.ttft, [r.ttft_s for r in rs]
         yield c.queue_wait, [r.queue_wait_s for r in rs]
         yield c.per_token, list(chain.from_iterable(r.decode_token_s for r in rs))
-        c.output_tokens.inc(sum(r.output_tokens for r in rs))
         if c.padding is not None:
             yield c.padding, [r.padding_waste for r in rs]
 

@@ -98,7 +98,7 @@ class Sketch:
             if x <= MIN_VALUE:
                 zeros += 1
                 continue
-            k = ceil(log(x) * _INV_LOG_GAMMA)
+            k = ceil(log(x) * _INV_LOG_GAMMA)  # bin_of(x), inlined: this loop runs per value
             bins[k] = bins.get(k, 0) + 1
         self.count += n
         self.zeros += zeros
