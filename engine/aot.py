@@ -23,6 +23,7 @@ Two torch 2.13 limits shape this module:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,47 @@ SUFFIX = ".aot"
 
 class AOTLoadError(EngineError):
     """A saved compiled function cannot serve this runtime."""
+
+
+_isa_probe: threading.Thread | None = None
+_isa_lock = threading.Lock()
+
+
+def start_isa_probe() -> None:
+    """Run inductor's CPU vector-ISA probe in a thread, overlapping the start-up that follows.
+
+    The first inductor kernel loaded on a CPU asks which vector ISA the machine and the
+    compiler support: a cached test library dlopened in a child Python, ~0.7 s of waiting
+    on another process (the answer is cached for the process). Run here, it waits on the
+    second core while the main thread loads weights and tokenizers; `load` joins it.
+    """
+    global _isa_probe
+    # Imported on this thread first: two threads importing the same package cycle can see
+    # each other's half-initialized modules.
+    from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401
+
+    with _isa_lock:
+        if _isa_probe is None:
+            _isa_probe = threading.Thread(target=_probe_isa, name="inductor-isa-probe",
+                                          daemon=True)
+            _isa_probe.start()
+
+
+def _probe_isa() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    try:
+        cpu_vec_isa.valid_vec_isa_list()
+    except Exception as exc:  # noqa: BLE001 - the loader probes again and reports it
+        log.debug("inductor ISA probe failed early: %s", exc)
+
+
+def join_isa_probe() -> None:
+    """Wait for the probe `start_isa_probe` started, if any (its answer is then cached)."""
+    with _isa_lock:
+        probe = _isa_probe
+    if probe is not None:
+        probe.join()
 
 
 def guard_filter(keep: Callable[[Sequence[Any]], list[bool]]
@@ -66,8 +108,14 @@ def save(compiled: Any, example: Sequence[Any], path: Path) -> None:
 
 def load(path: Path, example: Sequence[Any]) -> Callable[..., Any]:
     """Load a saved function and check its guards once on `example`; raise AOTLoadError."""
+    join_isa_probe()
     try:
-        with path.open("rb") as file:
+        # A saved function's kernels are loaded from the inductor cache by their source's
+        # hash; the precompiled header only speeds a rebuild, yet inductor preprocesses
+        # its header (a g++ run, ~0.5 s) to key it before it looks for the library.
+        from torch._inductor import config as inductor_config
+
+        with path.open("rb") as file, inductor_config.patch(cpp_cache_precompile_headers=False):
             fn: Any = torch.compiler.load_compiled_function(file)  # an AOTCompiledFunction
         args = _unmarked(example)
         with torch.no_grad():

@@ -105,6 +105,8 @@ class Runtime:
             dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
         self._watch = shared_watch()
         self._compile_on = config.compile_mode != "off"
+        if self._compile_on and self.device.type == "cpu":
+            aot.start_isa_probe()  # waits on a child process while the weights load
         options = (CompileOptions(config.compile_mode, config.compile_backend,
                                   config.recompile_limit, _INDUCTOR_OPTIONS)
                    if self._compile_on else None)
@@ -402,6 +404,7 @@ class Runtime:
         return True
 
     def _warm_all(self) -> None:
+        aot.join_isa_probe()  # a compile would otherwise run the same probe a second time
         for edge in self.warm_order():
             if self._closed:
                 break
