@@ -300,10 +300,11 @@ class Runtime:
         with self._lock:
             return self._kv_static + self._kv_running
 
-    def _kv_hold(self, nbytes: int) -> None:
+    def _kv_hold(self, nbytes: int, request_bytes: int) -> None:
+        """Count `nbytes` more K/V held by a request that now holds `request_bytes` in all."""
         with self._lock:
             self._kv_running += nbytes
-            self._kv_request_peak = max(self._kv_request_peak, nbytes)
+            self._kv_request_peak = max(self._kv_request_peak, request_bytes)
             self._kv_peak = max(self._kv_peak, self._kv_static + self._kv_running)
 
     def _kv_release(self, nbytes: int) -> None:
@@ -593,13 +594,13 @@ class Runtime:
             tfns = self._fns(target, key)
             tenc = decoding.encode(target, tfns, padded, mask)
             held = tenc.nbytes
-            self._kv_hold(held)
+            self._kv_hold(held, held)
             try:
                 if k > 0 and self.draft is not None:
                     dfns = self._fns(self.draft, key)
                     denc = decoding.encode(self.draft, dfns, padded, mask)
-                    self._kv_hold(denc.nbytes)
                     held += denc.nbytes
+                    self._kv_hold(denc.nbytes, held)  # the peak is per request: both models
                     t_encoded = time.perf_counter()
                     decoded = decoding.speculative(
                         target, tfns, tenc, caches["target"], self.draft, dfns, denc,
