@@ -105,7 +105,7 @@ class Runtime:
             dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
         self._watch = shared_watch()
         self._compile_on = config.compile_mode != "off"
-        if self._compile_on and self.device.type == "cpu":
+        if self._compile_on and config.compile_backend == "inductor" and self.device.type == "cpu":
             aot.start_isa_probe()  # waits on a child process while the weights load
         options = (CompileOptions(config.compile_mode, config.compile_backend,
                                   config.recompile_limit, _INDUCTOR_OPTIONS)

@@ -17,9 +17,19 @@ pytest.importorskip("torch")
 from monitor.cli import main  # noqa: E402
 
 # A fresh process: loads the saved functions (if any), warms every bucket, prints torch's own
-# cache counters and the engine's warm-up status.
+# cache counters, the engine's warm-up status and the child processes inductor ran (on
+# which thread): the vector-ISA probe and any precompiled-header preprocess.
 _PROBE = """
-import json, sys
+import json, subprocess, sys, threading
+children = []
+_run = subprocess.run
+def _recorded(cmd, *args, **kwargs):
+    line = " ".join(map(str, cmd))
+    if "LoadLibrary" in line or "header.hpp" in line:
+        children.append(["isa" if "LoadLibrary" in line else "header",
+                         threading.current_thread().name])
+    return _run(cmd, *args, **kwargs)
+subprocess.run = _recorded
 from engine import load_engine
 from engine.config import EngineConfig
 from torch._dynamo.utils import counters
@@ -32,7 +42,8 @@ print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "graphs": counters["stats"]["unique_graphs"],
                   "saved": engine.saved_buckets, "saved_failures": engine.saved_failures,
                   "cache_hit": status.cache_hit, "warm": status.warm_buckets,
-                  "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds)}))
+                  "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds),
+                  "children": children}))
 """
 
 
@@ -70,6 +81,9 @@ def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     assert restart["saved"] == 1 and restart["saved_failures"] == 0, restart
     assert restart["graphs"] == 0 and restart["fxgraph_miss"] == 0, restart
     assert restart["warm"] == 1 and restart["cache_hit"] is True, restart
+    # The ISA probe ran once, on its own thread while the weights loaded, and loading the
+    # saved kernels did not preprocess a precompiled header (it only speeds a rebuild).
+    assert restart["children"] == [["isa", "inductor-isa-probe"]], restart
 
     # Another machine: an empty inductor cache, only the precompiled directory copied over.
     # The saved functions still serve without tracing (their C++ kernels are rebuilt).
