@@ -51,7 +51,8 @@ def start_isa_probe() -> None:
     The first inductor kernel loaded on a CPU asks which vector ISA the machine and the
     compiler support: a cached test library dlopened in a child Python, ~0.7 s of waiting
     on another process (the answer is cached for the process). Run here, it waits on the
-    second core while the main thread loads weights and tokenizers; `load` joins it.
+    second core while the main thread loads weights and tokenizers; the warm-up
+    joins it before it loads or compiles anything.
     """
     global _isa_probe
     # Imported on this thread first: two threads importing the same package cycle can see
@@ -108,7 +109,6 @@ def save(compiled: Any, example: Sequence[Any], path: Path) -> None:
 
 def load(path: Path, example: Sequence[Any]) -> Callable[..., Any]:
     """Load a saved function and check its guards once on `example`; raise AOTLoadError."""
-    join_isa_probe()
     try:
         # A saved function's kernels are loaded from the inductor cache by their source's
         # hash; the precompiled header only speeds a rebuild, yet inductor preprocesses

@@ -405,7 +405,7 @@ class Runtime:
         return True
 
     def _warm_all(self) -> None:
-        aot.join_isa_probe()  # a compile would otherwise run the same probe a second time
+        aot.join_isa_probe()  # loading or compiling would otherwise run the probe again
         for edge in self.warm_order():
             if self._closed:
                 break
