@@ -22,7 +22,10 @@ the week only, once that hour has been seen in at least two weeks (one hour of p
 quantiles is a handful of independent values: its median is too noisy a centre, and a
 daily peak paged once a day against it). Until then it is built from the same hour of the
 day (seen on two days or more, so from the second day on), and before that the plain
-baseline is used; the reason names the fallback.
+baseline is used; the reason names the fallback. Once both are in force, the more lenient
+of the two in the rule's direction is used (for a rising metric, the higher centre): a
+weekly peak still raises its hour, while an hour of the week that merely reads quiet (the
+noise of two hours of pooled values) cannot page a regular daily peak.
 
 A pinned baseline fixes the centre and keeps the spread measured when it was pinned.
 Which stored baseline is in force is decided in one place:
@@ -254,14 +257,22 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
     per_hour = int(CHUNK_S // rule.window_s)
     need = max(n, per_hour + 1)
     why: list[str] = []
+    ready: list[CohortBaseline] = []
     for kind, skey in zip(_SEASONS, skeys, strict=False):
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
         if seasonal is not None and seasonal.samples >= need and seasonal.spread is not None:
-            return CohortBaseline(BaselineStats(seasonal.value, seasonal.spread, seasonal.samples),
-                                  kind)
+            ready.append(CohortBaseline(
+                BaselineStats(seasonal.value, seasonal.spread, seasonal.samples), kind))
+            continue
         # Said, not silent: this season has too little history of its own yet.
         have = seasonal.samples if seasonal is not None else 0
         why.append(f"{kind}: {have} of {need} cycles")
+    if ready:
+        # The envelope: the hour of the week counts only where it is more lenient than the
+        # hour of the day. A real weekly peak raises it and is used; an hour of the week
+        # that reads quiet rests on two or three hours of pooled values, and its noise
+        # alone paged a daily peak.
+        return max(ready, key=lambda b: rule.direction * (b.stats.center if b.stats else 0.0))
     if why:
         fallback = f"plain ({', '.join(why)})"
     b = force.inherited

@@ -177,6 +177,31 @@ def test_daily_peak_with_hour_of_week_baseline_does_not_page(sessionmaker: sessi
     assert res["seasonal"].baseline == pytest.approx(0.2, rel=0.05)
 
 
+def test_an_hour_of_week_that_read_quiet_does_not_page_the_daily_level(
+        sessionmaker: sessionmaker[Session]):
+    """A daily peak, and the two Mondays 14h of history happened to read low: the hour
+    of the day (the more lenient centre) is in force, not the quiet hour of the week."""
+    raw = {"metric": "p99_latency", "change": "+15%", "for": 3, "min_samples": 2,
+           "window": "10m", "lookback": 6, "baseline_window": "15d", "min_baseline_cycles": 5}
+    seasonal = parse_rule({"name": "seasonal", "seasonality": "hour_of_week", **raw})
+    start = T0 - timedelta(days=14, hours=12)
+    rng = random.Random(5)
+    with sessionmaker.begin() as s:
+        t = start
+        while t < T0 + timedelta(hours=2, minutes=40):
+            level = 0.1 if t.hour != 14 else (0.08 if t.weekday() == 0 and t < T0 else 0.2)
+            add_cycle(s, t + timedelta(seconds=2), {"64": level * (1 + rng.gauss(0, 0.02))})
+            t += timedelta(minutes=10)
+    with sessionmaker.begin() as s:
+        rep = evaluate(s, [seasonal], T0 + timedelta(hours=2, minutes=41),
+                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
+    assert rep.errors == ()
+    res = rep.results[0]
+    assert not res.fired and not res.breaching, res.reason
+    assert res.baseline == pytest.approx(0.2, rel=0.05)
+    assert "hour_of_day" in res.reason
+
+
 def test_pending_and_firing_cycles_stay_out_of_the_baseline(sessionmaker: sessionmaker[Session]):
     fill(sessionmaker, 0, 40, 0.1)
     run(sessionmaker, 40)
