@@ -49,8 +49,9 @@ def start_isa_probe() -> None:
     """Run inductor's CPU vector-ISA probe in a thread, overlapping the start-up that follows.
 
     The first inductor kernel loaded on a CPU asks which vector ISA the machine and the
-    compiler support: a cached test library dlopened in a child Python, ~0.7 s of waiting
-    on another process (the answer is cached for the process). Run here, it waits on the
+    compiler support: a cached test library dlopened in a child Python per candidate ISA
+    (one, ~0.7 s, on an AVX2-only CPU; ten, ~2.5 s, on an AVX-512 one with AMX), waiting
+    on other processes (the answer is cached for the process). Run here, it waits on the
     second core while the main thread loads weights and tokenizers; the warm-up
     joins it before it loads or compiles anything.
     """

@@ -81,9 +81,11 @@ def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     assert restart["saved"] == 1 and restart["saved_failures"] == 0, restart
     assert restart["graphs"] == 0 and restart["fxgraph_miss"] == 0, restart
     assert restart["warm"] == 1 and restart["cache_hit"] is True, restart
-    # The ISA probe ran once, on its own thread while the weights loaded, and loading the
-    # saved kernels did not preprocess a precompiled header (it only speeds a rebuild).
-    assert restart["children"] == [["isa", "inductor-isa-probe"]], restart
+    # The ISA probe ran on its own thread while the weights loaded (one child per candidate
+    # ISA: one on an AVX2-only CPU, ten on an AVX-512 one with AMX), and loading the saved
+    # kernels did not preprocess a precompiled header (it only speeds a rebuild).
+    assert restart["children"], restart
+    assert all(c == ["isa", "inductor-isa-probe"] for c in restart["children"]), restart
 
     # Another machine: an empty inductor cache, only the precompiled directory copied over.
     # The saved functions still serve without tracing (their C++ kernels are rebuilt).
