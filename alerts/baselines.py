@@ -76,7 +76,7 @@ class CohortBaseline:
     """What one cohort's series is judged against; origin says where it came from.
 
     origin: "" (the cohort's own rolling baseline), "pinned", "hour_of_week",
-    "hour_of_day" (the hour of week's fallback), or
+    "hour_of_day" (the hour of week's fallback, or the more lenient of the two), or
     "inherited from <model_version>/<config_hash>" while the cohort warms in.
     """
 
