@@ -151,55 +151,68 @@ def test_evaluation_reads_a_bounded_amount_not_the_history(sessionmaker: session
         assert v.samples >= 6 * 60 - 2  # the whole window, from the chunks
 
 
+_SEASONAL = {"for": 3, "min_samples": 2, "window": "10m", "lookback": 6,
+             "baseline_window": "15d", "min_baseline_cycles": 5}
+
+
+def _two_weeks(sm: sessionmaker[Session], rules, level, *, acceptance: bool = False,
+               seed: int = 3):
+    """Write two weeks and 12 h of 10-minute cycles at `level(t)` (2% noise; p99 seconds,
+    or the acceptance rate), then evaluate `rules` once at Monday 14:41."""
+    rng = random.Random(seed)
+    with sm.begin() as s:
+        t = T0 - timedelta(days=14, hours=12)
+        while t < T0 + timedelta(hours=2, minutes=40):
+            v = level(t) * (1 + rng.gauss(0, 0.02))
+            if acceptance:
+                add_cycle(s, t + timedelta(seconds=2), {"64": 0.1}, acceptance={"64": v})
+            else:
+                add_cycle(s, t + timedelta(seconds=2), {"64": v})
+            t += timedelta(minutes=10)
+    with sm.begin() as s:
+        rep = evaluate(s, rules, T0 + timedelta(hours=2, minutes=41),
+                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
+    assert rep.errors == ()
+    return {r.rule: r for r in rep.results}
+
+
 def test_daily_peak_with_hour_of_week_baseline_does_not_page(sessionmaker: sessionmaker[Session]):
     """Finding 8: a regular peak (here weekly: Monday 14h) against its own hour of week
     (two weeks of history: a season counts once it was seen twice)."""
-    raw = {"metric": "p99_latency", "change": "+30%", "for": 3, "min_samples": 2,
-           "window": "10m", "lookback": 6, "baseline_window": "15d", "min_baseline_cycles": 5}
+    raw = {"metric": "p99_latency", "change": "+30%", **_SEASONAL}
     seasonal = parse_rule({"name": "seasonal", "seasonality": "hour_of_week", **raw})
     plain = parse_rule({"name": "plain", **raw})
-    start = T0 - timedelta(days=14, hours=12)
-    rng = random.Random(3)
-    with sessionmaker.begin() as s:
-        t = start
-        while t < T0 + timedelta(hours=2, minutes=40):
-            peak = t.hour == 14 and t.weekday() == 0
-            add_cycle(s, t + timedelta(seconds=2),
-                      {"64": (0.2 if peak else 0.1) * (1 + rng.gauss(0, 0.02))})
-            t += timedelta(minutes=10)
-    with sessionmaker.begin() as s:
-        rep = evaluate(s, [seasonal, plain], T0 + timedelta(hours=2, minutes=41),
-                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
-    assert rep.errors == ()
-    res = {r.rule: r for r in rep.results}
+    res = _two_weeks(sessionmaker, [seasonal, plain],
+                     lambda t: 0.2 if t.hour == 14 and t.weekday() == 0 else 0.1)
     assert res["plain"].fired  # against the week's median the peak pages
     assert not res["seasonal"].fired and not res["seasonal"].breaching, res["seasonal"].reason
     assert res["seasonal"].baseline == pytest.approx(0.2, rel=0.05)
 
 
-def test_an_hour_of_week_that_read_quiet_does_not_page_the_daily_level(
-        sessionmaker: sessionmaker[Session]):
-    """A daily peak, and the two Mondays 14h of history happened to read low: the hour
-    of the day (the more lenient centre) is in force, not the quiet hour of the week."""
-    raw = {"metric": "p99_latency", "change": "+15%", "for": 3, "min_samples": 2,
-           "window": "10m", "lookback": 6, "baseline_window": "15d", "min_baseline_cycles": 5}
-    seasonal = parse_rule({"name": "seasonal", "seasonality": "hour_of_week", **raw})
-    start = T0 - timedelta(days=14, hours=12)
-    rng = random.Random(5)
-    with sessionmaker.begin() as s:
-        t = start
-        while t < T0 + timedelta(hours=2, minutes=40):
-            level = 0.1 if t.hour != 14 else (0.08 if t.weekday() == 0 and t < T0 else 0.2)
-            add_cycle(s, t + timedelta(seconds=2), {"64": level * (1 + rng.gauss(0, 0.02))})
-            t += timedelta(minutes=10)
-    with sessionmaker.begin() as s:
-        rep = evaluate(s, [seasonal], T0 + timedelta(hours=2, minutes=41),
-                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
-    assert rep.errors == ()
-    res = rep.results[0]
-    assert not res.fired and not res.breaching, res.reason
-    assert res.baseline == pytest.approx(0.2, rel=0.05)
-    assert "hour_of_day" in res.reason
+@pytest.mark.parametrize(("metric", "change", "daily", "mondays", "other"), [
+    # A daily p99 peak at 14h; the two Mondays 14h of history happened to read low.
+    ("p99_latency", "+15%", 0.2, 0.08, 0.1),
+    # Acceptance dips daily at 14h; the two Mondays 14h of history read high.
+    ("acceptance_rate", "-15%", 0.5, 0.7, 0.8),
+])
+def test_the_more_lenient_seasonal_centre_is_in_force(
+        sessionmaker: sessionmaker[Session], metric, change, daily, mondays, other):
+    """Once both seasons are in force, the hour of week counts only where it is more
+    lenient than the hour of day (for a rising metric higher, for a falling one lower):
+    an hour of week that merely read quiet does not page the daily level."""
+    rule = parse_rule({"name": "seasonal", "seasonality": "hour_of_week", "metric": metric,
+                       "change": change, **_SEASONAL})
+
+    def level(t: datetime) -> float:
+        if t.hour != 14:
+            return other
+        return mondays if t.weekday() == 0 and t < T0 else daily
+
+    res = _two_weeks(sessionmaker, [rule], level, acceptance=metric == "acceptance_rate")
+    r = res["seasonal"]
+    assert not r.fired and not r.breaching, r.reason
+    assert r.baseline == pytest.approx(daily, rel=0.05)
+    assert "hour_of_day" in r.reason
 
 
 def test_pending_and_firing_cycles_stay_out_of_the_baseline(sessionmaker: sessionmaker[Session]):
