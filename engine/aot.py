@@ -56,8 +56,11 @@ def start_isa_probe() -> None:
     joins it before it loads or compiles anything.
     """
     global _isa_probe
-    # Imported on this thread first: two threads importing the same package cycle can see
-    # each other's half-initialized modules.
+    # Everything the probe imports is imported on this thread first: two threads importing
+    # the same package cycle can see each other's half-initialized modules, and the
+    # probe's build imports setuptools and packaging (through torch.utils.cpp_extension)
+    # while this thread imports transformers, which imports packaging too.
+    import torch.utils.cpp_extension  # noqa: F401
     from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401
 
     with _isa_lock:

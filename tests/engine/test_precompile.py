@@ -18,10 +18,18 @@ from monitor.cli import main  # noqa: E402
 
 # A fresh process: loads the saved functions (if any), warms every bucket, prints torch's own
 # cache counters, the engine's warm-up status and the child processes inductor ran (on
-# which thread): the vector-ISA probe and any precompiled-header preprocess.
+# which thread): the vector-ISA probe and any precompiled-header preprocess; and the modules
+# the probe's thread imported itself (racing the main thread's imports).
 _PROBE = """
 import json, subprocess, sys, threading
 children = []
+probe_imports = []
+class _Spy:
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread().name == "inductor-isa-probe":
+            probe_imports.append(name)
+        return None
+sys.meta_path.insert(0, _Spy())
 _run = subprocess.run
 def _recorded(cmd, *args, **kwargs):
     line = " ".join(map(str, cmd))
@@ -43,14 +51,15 @@ print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "saved": engine.saved_buckets, "saved_failures": engine.saved_failures,
                   "cache_hit": status.cache_hit, "warm": status.warm_buckets,
                   "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds),
-                  "children": children}))
+                  "children": children, "probe_imports": probe_imports}))
 """
 
 
 def _fresh_process(engine: dict, inductor_dir: Path) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
     out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(engine)], env=env,
-                         capture_output=True, text=True, check=True, timeout=900)
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -86,6 +95,8 @@ def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     # kernels did not preprocess a precompiled header (it only speeds a rebuild).
     assert restart["children"], restart
     assert all(c == ["isa", "inductor-isa-probe"] for c in restart["children"]), restart
+    # Its thread imports nothing: every module it needs was imported before it started.
+    assert restart["probe_imports"] == [], restart
 
     # Another machine: an empty inductor cache, only the precompiled directory copied over.
     # The saved functions still serve without tracing (their C++ kernels are rebuilt).
