@@ -257,12 +257,11 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
     per_hour = int(CHUNK_S // rule.window_s)
     need = max(n, per_hour + 1)
     why: list[str] = []
-    ready: list[CohortBaseline] = []
+    ready: list[tuple[BaselineStats, str]] = []
     for kind, skey in zip(_SEASONS, skeys, strict=False):
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
         if seasonal is not None and seasonal.samples >= need and seasonal.spread is not None:
-            ready.append(CohortBaseline(
-                BaselineStats(seasonal.value, seasonal.spread, seasonal.samples), kind))
+            ready.append((BaselineStats(seasonal.value, seasonal.spread, seasonal.samples), kind))
             continue
         # Said, not silent: this season has too little history of its own yet.
         have = seasonal.samples if seasonal is not None else 0
@@ -272,7 +271,8 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         # hour of the day. A real weekly peak raises it and is used; an hour of the week
         # that reads quiet rests on two or three hours of pooled values, and its noise
         # alone paged a daily peak.
-        return max(ready, key=lambda b: rule.direction * (b.stats.center if b.stats else 0.0))
+        stats, kind = max(ready, key=lambda sk: rule.direction * sk[0].center)
+        return CohortBaseline(stats, kind)
     if why:
         fallback = f"plain ({', '.join(why)})"
     b = force.inherited
