@@ -25,7 +25,7 @@ from engine.errors import ModelLoadError
 SINGLE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
-MODEL_CLASSES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
+MODEL_TYPES = ("t5", "mt5")
 # The activations engine.t5 implements exactly as Hugging Face does.
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu")
 # Generation settings a greedy decode would silently drop: (field, value that is a no-op).
@@ -40,16 +40,18 @@ _GENERATION_NOOPS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A loaded HF model (None once released), its tokenizer and the hash of its weights."""
+    """A checkpoint's config, its tensors by HF name (None once released), its tokenizer
+    and the hash of its weights."""
 
     path: Path
-    model: Any
+    config: Any
+    weights: dict[str, Any] | None
     tokenizer: Any
     weights_hash: str
 
     def released(self) -> LoadedModel:
-        """Return this record without the HF module, so its weights can be freed."""
-        return replace(self, model=None)
+        """Return this record without the checkpoint's tensors, so they can be freed."""
+        return replace(self, weights=None)
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -92,9 +94,9 @@ def check_config(config: Any, path: Path) -> None:
     if model_type == "umt5":
         raise ModelLoadError(f"{path}: model_type 'umt5' is not supported (UMT5 has a relative"
                              " position bias in every layer; tailwatch serves t5 and mt5)")
-    if model_type not in MODEL_CLASSES:
+    if model_type not in MODEL_TYPES:
         raise ModelLoadError(f"{path}: not a T5 model (model_type={model_type!r}; supported:"
-                             f" {', '.join(MODEL_CLASSES)})")
+                             f" {', '.join(MODEL_TYPES)})")
     if not getattr(config, "is_encoder_decoder", True) or getattr(config, "is_decoder", False):
         raise ModelLoadError(f"{path}: config.json: is_encoder_decoder must be true and"
                              " is_decoder false (an encoder-decoder T5)")
@@ -160,13 +162,43 @@ def load_tokenizer(path: str | Path) -> Any:
         raise ModelLoadError(f"{path}: cannot load the tokenizer: {first}") from exc
 
 
+def read_weights(path: Path) -> dict[str, Any]:
+    """Return every tensor of `path`'s weight files by name, on the CPU, as saved."""
+    import torch
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for file in weight_files(path):
+        if file.name in INDEX_FILES:
+            continue
+        try:
+            if file.suffix == ".safetensors":
+                state.update(load_file(file))
+            else:
+                state.update(torch.load(file, map_location="cpu", weights_only=True))
+        except Exception as exc:  # noqa: BLE001 - any failure is a load error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(f"{file}: cannot read the weights: {first}") from exc
+    # Tied embeddings may be saved under one alias only (save_pretrained keeps `shared`).
+    for alias in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if "shared.weight" not in state and alias in state:
+            state["shared.weight"] = state[alias]
+    return state
+
+
 def load_model(path: str | Path) -> LoadedModel:
-    """Load a T5 / mT5 `*ForConditionalGeneration` and its tokenizer from `path`."""
+    """Load a T5 / mT5 checkpoint (config, weights) and its tokenizer from `path`.
+
+    The weights are read as tensors by name, as Hugging Face's `from_pretrained` would
+    place them (a checkpoint's own lm_head, else the tied embedding), without building
+    HF's modules: importing its T5 modeling code alone costs seconds at every start.
+    """
     path = Path(path)
     _check_files(path)
-    import transformers
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
+
+    from engine.t5 import required_weights
 
     hf_logging.disable_progress_bar()
     try:
@@ -175,20 +207,14 @@ def load_model(path: str | Path) -> LoadedModel:
         raise ModelLoadError(f"{path}: unreadable config.json: {exc}") from exc
     check_config(config, path)
     check_generation_config(path)
-    model_class = getattr(transformers, MODEL_CLASSES[config.model_type])
-    try:
-        # The saved dtype (float32, bfloat16, float16): the lean forward casts once.
-        model, info = model_class.from_pretrained(path, local_files_only=True, dtype="auto",
-                                                  output_loading_info=True)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"{path}: cannot load the weights: {exc}") from exc
-    missing = sorted(info.get("missing_keys") or ())
+    weights = read_weights(path)
+    missing = [name for name in required_weights(config) if name not in weights]
     if missing:
         # from_pretrained would initialize them randomly: serving that is never right.
         raise ModelLoadError(f"{path}: the checkpoint lacks {len(missing)} weights"
                              f" (e.g. {missing[0]})")
     tokenizer = load_tokenizer(path)
-    return LoadedModel(path=path, model=model.eval(), tokenizer=tokenizer,
+    return LoadedModel(path=path, config=config, weights=weights, tokenizer=tokenizer,
                        weights_hash=weights_hash(path))
 
 
@@ -248,7 +274,7 @@ def pair_draft(config: Any, target: LoadedModel) -> tuple[LoadedModel | None, st
             return None, "off: the built-in draft is not installed; direct decoding"
         return load_model(builtin), f"on: built-in draft {builtin}"
     draft = load_model(config.draft_dir)
-    why = tokenizer_mismatch(target, draft, target.model.config, draft.model.config)
+    why = tokenizer_mismatch(target, draft, target.config, draft.config)
     if why is not None:
         raise ModelLoadError(
             f"draft_dir: the draft's vocabulary ({describe_tokenizer(draft.tokenizer, draft.path)})"

@@ -139,7 +139,7 @@ class Runtime:
                       if self._draft_loaded is not None else None)
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
         self.step_kind = self._bind_native_step(config)
-        # The lean copies hold the weights now: drop the HF modules so they are resident once.
+        # The lean copies hold the weights now: drop the checkpoint's so they are resident once.
         self._target_loaded = self._target_loaded.released()
         if self._draft_loaded is not None:
             self._draft_loaded = self._draft_loaded.released()
@@ -186,8 +186,9 @@ class Runtime:
 
     def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
                 k: int, steps: int, *, compile_encoder: bool = True) -> ModelRunner:
+        assert loaded.weights is not None, "runners are built before the weights are released"
         with torch.no_grad():
-            lean = t5.LeanT5(loaded.model, dtype=self.dtype, device=self.device)
+            lean = t5.LeanT5(loaded.config, loaded.weights, dtype=self.dtype, device=self.device)
         return ModelRunner(lean, edges=self.config.buckets, slots=self.slots, verify_q=k + 1,
                            options=options, name=name, steps=steps,
                            compile_encoder=compile_encoder)

@@ -1,4 +1,4 @@
-"""A lean T5 forward built from a Hugging Face model's weights.
+"""A lean T5 forward built from a Hugging Face T5 checkpoint's weights.
 
 HF's T5 spends most of a small model's decode step in Python dispatch (cache
 objects, mask builders, kwargs plumbing). These functions take the weights, the
@@ -16,7 +16,7 @@ tensor it mutates can be marked static (CUDA graphs need mutated inputs at fixed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -56,6 +56,29 @@ def relative_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: in
     return buckets + torch.where(is_small, relative, large)
 
 
+def decoder_layers(cfg: Any) -> int:
+    """Return the decoder's layer count (num_decoder_layers, else num_layers)."""
+    return int(getattr(cfg, "num_decoder_layers", None) or cfg.num_layers)
+
+
+class _NameRecorder(dict):
+    """Record the names LeanT5 reads, answering each with an empty meta tensor."""
+
+    def __contains__(self, name: object) -> bool:
+        return False  # an optional weight (the untied lm_head) counts as absent
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        self[name] = torch.empty((1, 1), device="meta")
+        return self[name]
+
+
+def required_weights(cfg: Any) -> list[str]:
+    """Return the checkpoint names LeanT5 needs for `cfg` (an untied lm_head is optional)."""
+    names = _NameRecorder()
+    LeanT5(cfg, names, dtype=torch.float32, device=torch.device("meta"))
+    return list(names)
+
+
 class LeanT5(nn.Module):
     """T5 weights rearranged for a tight forward (frozen, inference only)."""
 
@@ -63,9 +86,11 @@ class LeanT5(nn.Module):
     enc_layers: Any
     dec_layers: Any
 
-    def __init__(self, hf_model: Any, *, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: Any, weights: Mapping[str, torch.Tensor], *,
+                 dtype: torch.dtype, device: torch.device):
+        """Build from a T5 / mT5 config and its checkpoint's tensors by HF name."""
         super().__init__()
-        cfg = hf_model.config
+        cfg = config
         self.d_model = cfg.d_model
         self.n_heads = cfg.num_heads
         self.d_kv = cfg.d_kv
@@ -86,51 +111,49 @@ class LeanT5(nn.Module):
         self.dtype = dtype
         self.device_ = device
 
-        def w(t: torch.Tensor) -> nn.Parameter:
+        def w(*names: str) -> nn.Parameter:
+            t = torch.cat([weights[n] for n in names], 0) if len(names) > 1 else weights[names[0]]
             return nn.Parameter(t.detach().to(device=device, dtype=dtype).contiguous(),
                                 requires_grad=False)
 
-        enc, dec = hf_model.encoder, hf_model.decoder
-        self.embed = w(hf_model.shared.weight)
-        self.lm_head = w(hf_model.lm_head.weight)
-        self.enc_rel = w(enc.block[0].layer[0].SelfAttention.relative_attention_bias.weight)
-        self.dec_rel = w(dec.block[0].layer[0].SelfAttention.relative_attention_bias.weight)
-        self.enc_final = w(enc.final_layer_norm.weight)
-        self.dec_final = w(dec.final_layer_norm.weight)
+        self.embed = w("shared.weight")
+        # As HF loads it: the checkpoint's own lm_head, else the tied embedding.
+        self.lm_head = w("lm_head.weight" if "lm_head.weight" in weights else "shared.weight")
+        self.enc_rel = w("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+        self.dec_rel = w("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+        self.enc_final = w("encoder.final_layer_norm.weight")
+        self.dec_final = w("decoder.final_layer_norm.weight")
         self.enc_layers = nn.ModuleList()
-        for block in enc.block:
-            att, ff = block.layer[0], block.layer[1]
+        for i in range(cfg.num_layers):
+            att, ff = f"encoder.block.{i}.layer.0.", f"encoder.block.{i}.layer.1."
             layer = nn.Module()
-            layer.ln_att = w(att.layer_norm.weight)
-            a = att.SelfAttention
-            layer.qkv = w(torch.cat([a.q.weight, a.k.weight, a.v.weight], 0))
-            layer.o = w(a.o.weight)
+            layer.ln_att = w(att + "layer_norm.weight")
+            a = att + "SelfAttention."
+            layer.qkv = w(a + "q.weight", a + "k.weight", a + "v.weight")
+            layer.o = w(a + "o.weight")
             self._ff(layer, ff, w)
             self.enc_layers.append(layer)
         self.dec_layers = nn.ModuleList()
-        for block in dec.block:
-            att, cross, ff = block.layer[0], block.layer[1], block.layer[2]
+        for i in range(decoder_layers(cfg)):
+            att, cross, ff = (f"decoder.block.{i}.layer.{j}." for j in range(3))
             layer = nn.Module()
-            layer.ln_att = w(att.layer_norm.weight)
-            a = att.SelfAttention
-            layer.qkv = w(torch.cat([a.q.weight, a.k.weight, a.v.weight], 0))
-            layer.o = w(a.o.weight)
-            c = cross.EncDecAttention
-            layer.ln_cross = w(cross.layer_norm.weight)
-            layer.cq = w(c.q.weight)
-            layer.ckv = w(torch.cat([c.k.weight, c.v.weight], 0))
-            layer.co = w(c.o.weight)
+            layer.ln_att = w(att + "layer_norm.weight")
+            a = att + "SelfAttention."
+            layer.qkv = w(a + "q.weight", a + "k.weight", a + "v.weight")
+            layer.o = w(a + "o.weight")
+            c = cross + "EncDecAttention."
+            layer.ln_cross = w(cross + "layer_norm.weight")
+            layer.cq = w(c + "q.weight")
+            layer.ckv = w(c + "k.weight", c + "v.weight")
+            layer.co = w(c + "o.weight")
             self._ff(layer, ff, w)
             self.dec_layers.append(layer)
 
-    def _ff(self, layer: Any, ff: Any, w: Callable[[torch.Tensor], Any]) -> None:
-        layer.ln_ff = w(ff.layer_norm.weight)
-        d = ff.DenseReluDense
-        if self.gated:
-            layer.wi = w(torch.cat([d.wi_0.weight, d.wi_1.weight], 0))
-        else:
-            layer.wi = w(d.wi.weight)
-        layer.wo = w(d.wo.weight)
+    def _ff(self, layer: Any, ff: str, w: Callable[..., Any]) -> None:
+        layer.ln_ff = w(ff + "layer_norm.weight")
+        d = ff + "DenseReluDense."
+        layer.wi = w(d + "wi_0.weight", d + "wi_1.weight") if self.gated else w(d + "wi.weight")
+        layer.wo = w(d + "wo.weight")
 
     # --- precomputed tables -------------------------------------------------------
 

@@ -18,8 +18,9 @@ from monitor.cli import main  # noqa: E402
 
 # A fresh process: loads the saved functions (if any), warms every bucket, prints torch's own
 # cache counters, the engine's warm-up status and the child processes inductor ran (on
-# which thread): the vector-ISA probe and any precompiled-header preprocess; and the modules
-# the probe's thread imported itself (racing the main thread's imports).
+# which thread): the vector-ISA probe and any precompiled-header preprocess; the modules
+# the probe's thread imported itself (racing the main thread's imports); and any of HF's
+# T5 modeling modules imported (seconds of a restart, for weights the engine reads itself).
 _PROBE = """
 import json, subprocess, sys, threading
 children = []
@@ -51,7 +52,9 @@ print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "saved": engine.saved_buckets, "saved_failures": engine.saved_failures,
                   "cache_hit": status.cache_hit, "warm": status.warm_buckets,
                   "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds),
-                  "children": children, "probe_imports": probe_imports}))
+                  "children": children, "probe_imports": probe_imports,
+                  "hf_modeling": sorted(m for m in sys.modules
+                                        if m.endswith((".modeling_t5", ".modeling_mt5")))}))
 """
 
 
@@ -97,6 +100,7 @@ def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     assert all(c == ["isa", "inductor-isa-probe"] for c in restart["children"]), restart
     # Its thread imports nothing: every module it needs was imported before it started.
     assert restart["probe_imports"] == [], restart
+    assert restart["hf_modeling"] == [], restart
 
     # Another machine: an empty inductor cache, only the precompiled directory copied over.
     # The saved functions still serve without tracing (their C++ kernels are rebuilt).

@@ -30,7 +30,7 @@ from engine.loader import load_model
 
 loaded = load_model(sys.argv[1])
 with torch.no_grad():
-    m = t5.LeanT5(loaded.model, dtype=torch.float32, device=torch.device("cpu"))
+    m = t5.LeanT5(loaded.config, loaded.weights, dtype=torch.float32, device=torch.device("cpu"))
     slots = 32
     ids = torch.full((1, 16), m.eos_id, dtype=torch.long)
     mask = m.mask_bias(torch.ones((1, 16), dtype=torch.long))

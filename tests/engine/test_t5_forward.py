@@ -13,9 +13,13 @@ from engine import t5  # noqa: E402
 def models(tiny_dirs):
     from transformers import AutoTokenizer, T5ForConditionalGeneration
 
+    from engine.loader import load_model
+
     hf = T5ForConditionalGeneration.from_pretrained(tiny_dirs["target"]).eval()
     tok = AutoTokenizer.from_pretrained(tiny_dirs["target"])
-    lean = t5.LeanT5(hf, dtype=torch.float32, device=torch.device("cpu"))
+    loaded = load_model(tiny_dirs["target"])
+    lean = t5.LeanT5(loaded.config, loaded.weights, dtype=torch.float32,
+                     device=torch.device("cpu"))
     return hf, tok, lean
 
 
