@@ -36,6 +36,10 @@ def report(ctx: click.Context, week: str | None, out_dir: str | None,
         period = parse_week(week) if week is not None else last_seven_days(datetime.now(UTC))
     except InvalidWeek as exc:
         raise ReportFailed(f"--week: {exc}", 2) from None
+    if out_dir is not None and out_dir.lower().endswith((".md", ".html", ".htm")):
+        # --out report.md would create a directory of that name: say what it takes instead.
+        raise ReportFailed(f"--out: {out_dir!r} looks like a file name; --out takes a "
+                           "directory (both report-<week>.md and .html are written there)", 2)
 
     from sqlalchemy.exc import SQLAlchemyError
 

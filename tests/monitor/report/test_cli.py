@@ -50,6 +50,14 @@ def test_bad_week_exits_2_with_one_line(week: str, tmp_path: Path,
     assert not list(tmp_path.iterdir())
 
 
+def test_out_naming_a_file_exits_2_and_writes_nothing(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--out", str(tmp_path / "report.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("Error: --out:") and "directory" in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_bad_week_exit_code_from_the_console(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "monitor.cli", "report", "--week", "W48"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path.parent,
