@@ -137,20 +137,26 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
                       draft.bias_for(d_pos + 1), 1)
             d_pos += 1
             draft_steps += 1
-        cur = last
-        props: list[torch.Tensor] = []
-        for _ in range(k):
-            nxt = dfns.step(dm, cur, draft.positions[d_pos], dcache, denc.cross,
-                            denc.mask_bias, draft.bias_for(d_pos + 1), 1)
-            d_pos += 1
-            # Kept past later calls: under CUDA graphs a call's outputs are overwritten by
-            # the next replay, so hold a copy (one int).
-            props.append(nxt.clone())
-            cur = nxt.view(1, 1)
+        if dfns.chain:
+            # The whole round in one call: each proposal feeds the next inside it.
+            props = dfns.step(dm, last, draft.positions[d_pos], dcache, denc.cross,
+                              denc.mask_bias, draft.bias_for(d_pos + k), k)
+            d_pos += k
+        else:
+            cur, proposed_one = last, []
+            for _ in range(k):
+                nxt = dfns.step(dm, cur, draft.positions[d_pos], dcache, denc.cross,
+                                denc.mask_bias, draft.bias_for(d_pos + 1), 1)
+                d_pos += 1
+                # Kept past later calls: under CUDA graphs a call's outputs are overwritten
+                # by the next replay, so hold a copy (one int).
+                proposed_one.append(nxt.clone())
+                cur = nxt.view(1, 1)
+            props = torch.cat(proposed_one)
         draft_steps += k
         t1 = clock()
         t_pos = len(seq) - 1
-        block = torch.cat([last.view(1), *props, pad]).view(1, q)
+        block = torch.cat([last.view(1), props, pad]).view(1, q)
         choice_t = tfns.verify(tm, block, target.windows[t_pos], tcache, tenc.cross,
                                tenc.mask_bias, target.bias_for(t_pos + q))
         both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync per round
@@ -175,7 +181,7 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
         seq.extend(emitted)
         d_pos = min(d_pos, len(seq) - 1)
         last = choice_t[n:n + 1].clone().view(1, 1)
-        prev = props[-1].view(1, 1) if n == k else None
+        prev = props[-1:].view(1, 1) if n == k else None
         stamps.extend([now] * len(emitted))  # confirmed together, by this verification
         tokens.extend(emitted)
         if not done:

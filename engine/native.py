@@ -123,16 +123,16 @@ class NativeStep:
     def __init__(self, path: Path) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
-        fn = lib.tw_decode
-        fn.restype = None
-        p = ctypes.c_void_p
-        fn.argtypes = [ctypes.POINTER(_Model), p, ctypes.c_int64, ctypes.c_int64, p,
-                       ctypes.c_int64, p, ctypes.c_int64, p, p, ctypes.c_int64, p, p]
-        self._fn = fn
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        # tw_decode takes a pointer to q tokens; tw_chain one token and a step count.
+        self._fn, self._chain = lib.tw_decode, lib.tw_chain
+        for fn, first in ((self._fn, [p, i64]), (self._chain, [i64, i64])):
+            fn.restype = None
+            fn.argtypes = [ctypes.POINTER(_Model), *first, i64, p, i64, p, i64, p, p, i64, p, p]
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
         """Return the step function for `lean` (see `applicable` first)."""
-        return BoundStep(self._fn, lean)
+        return BoundStep(self._fn, self._chain, lean)
 
 
 class BoundStep:
@@ -141,8 +141,8 @@ class BoundStep:
     is its `Fns.verify` (engine.t5.decode_greedy). A row verified gets bitwise the logits
     of the same row decoded alone, so speculation stays exact."""
 
-    def __init__(self, fn: Any, lean: t5.LeanT5) -> None:
-        self._fn = fn
+    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5) -> None:
+        self._fn, self._chain = fn, chain
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
         layers = list(lean.dec_layers)
@@ -181,11 +181,14 @@ class BoundStep:
                  cross_kv: torch.Tensor, mask_bias: torch.Tensor, dec_bias: torch.Tensor,
                  steps: int) -> torch.Tensor:
         out = torch.empty(steps, dtype=torch.long)
-        tok = token.reshape(1)
-        p = int(pos)
-        for i in range(steps):
-            self._decode(tok, p + i, self_kv, cross_kv, mask_bias, dec_bias, out[i:i + 1])
-            tok = out[i:i + 1]
+        if not cross_kv.is_contiguous():
+            cross_kv = cross_kv.contiguous()
+        span, cross = dec_bias.shape[-1], cross_kv.shape[-2]
+        scratch = self._scratch(self._per_row + max(span, cross))
+        # Every step in one C call: a draft proposes a whole round without a call per token.
+        self._chain(self._ref, int(token), steps, int(pos), self_kv.data_ptr(),
+                    self_kv.shape[-2], cross_kv.data_ptr(), cross, mask_bias.data_ptr(),
+                    dec_bias.data_ptr(), span, scratch, out.data_ptr())
         return out
 
     def verify(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,

@@ -41,6 +41,9 @@ class Fns:
     encode: Callable
     step: Callable
     verify: Callable
+    # step takes any `steps` (eager, the C step): a draft proposes a round in one call. A
+    # compiled step is specialized to its `steps`.
+    chain: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class ModelRunner:
                     torch._dynamo.mark_dynamic(corner, 2)
                 spans[span] = corner
             self._bias_for.append(spans[span])
-        self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy)
+        self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy, chain=True)
         self._compiled: dict[object, Fns] = {}
         self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
         # The C decode step (engine.native.BoundStep) when it serves this model: then no
@@ -135,7 +138,7 @@ class ModelRunner:
                 encode = (self._compile(t5.encode, self._tag(key, ENC))
                           if self.compile_encoder else t5.encode)
                 if self.native is not None:
-                    fns = Fns(encode, self.native, self.native.verify)
+                    fns = Fns(encode, self.native, self.native.verify, chain=True)
                 else:
                     fns = Fns(encode, self._compile(t5.decode_steps, self._tag(key, STEP)),
                               self._compile(t5.decode_greedy, self._tag(key, VERIFY)))
@@ -263,7 +266,8 @@ class ModelRunner:
                 verify_fn = (self.native.verify if self.native is not None
                              else loaded.get(VERIFY)
                              or self._compile(t5.decode_greedy, self._tag(SHARED, VERIFY)))
-                self._compiled[SHARED] = Fns(encode, step, verify_fn)
+                self._compiled[SHARED] = Fns(encode, step, verify_fn,
+                                             chain=self.native is not None)
                 self._loaded = loaded
 
     def forget(self) -> None:

@@ -60,6 +60,19 @@ def test_native_step_writes_the_same_cache_and_picks_the_same_token(
         torch.testing.assert_close(cache_native, cache, rtol=1e-5, atol=1e-5)
     assert len(set(picked)) > 1  # the inputs steer the token: not a constant
 
+    # Several steps in one call (a draft's round): the tokens and the cache of one call per
+    # step, each step's choice fed to the next.
+    chained, single = cache_native.clone(), cache_native.clone()
+    tok, singles = torch.tensor([[7]]), []
+    with torch.no_grad():
+        got = r.native(m, tok, r.positions[30], chained, cross, mask, r.bias_for(34), 4)
+        for i in range(4):
+            singles.append(r.native(m, tok, r.positions[30 + i], single, cross, mask,
+                                    r.bias_for(31 + i), 1).item())
+            tok = torch.tensor([[singles[-1]]])
+    assert got.tolist() == singles
+    assert torch.equal(chained, single) and not torch.equal(chained, cache_native)
+
     # A verification of q consecutive positions: torch's choices and K/V, and bitwise the
     # tokens of the same rows decoded one at a time (speculation stays exact).
     q = r.verify_q
