@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,18 +23,25 @@ def _runtime(tmp_path, model_dir, **changes) -> Runtime:
 
 
 # d_model 20 and 18: rows and lengths that are no multiple of the vector width (the scalar
-# tails). "sse": built without AVX, so the 4-float width is tested on any x86 machine (the
-# 16-float AVX-512 or 8-float AVX2 width is the machine's own).
-@pytest.mark.parametrize(("d_model", "isa"), [(32, "native"), (20, "native"), (18, "sse")])
+# tails). "sse": built without AVX, so the 4-float width is tested on any x86 machine;
+# "avx2": built without AVX-512, the 8-float width on any AVX2 machine (the machine's own
+# width is "native").
+_NO = {"sse": "-mno-avx -mno-avx2 -mno-avx512f", "avx2": "-mno-avx512f"}
+
+
+@pytest.mark.parametrize(("d_model", "isa"), [(32, "native"), (20, "native"), (18, "sse"),
+                                              (20, "avx2")])
 def test_native_step_writes_the_same_cache_and_picks_the_same_token(
         tmp_path, monkeypatch, d_model, isa):
-    if isa == "sse":
+    if isa in _NO:
         import platform
 
         if platform.machine() not in ("x86_64", "AMD64"):
-            pytest.skip("x86 only: -mno-avx")
-        cc = tmp_path / "cc-sse"
-        cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" -mno-avx -mno-avx2 -mno-avx512f\n')
+            pytest.skip(f"x86 only: {_NO[isa]}")
+        if isa == "avx2" and " avx2" not in Path("/proc/cpuinfo").read_text():
+            pytest.skip("no AVX2 on this CPU")
+        cc = tmp_path / f"cc-{isa}"
+        cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" {_NO[isa]}\n')
         cc.chmod(0o755)
         monkeypatch.setenv("CC", str(cc))
     model = build_tiny_t5(tmp_path / "m", seed=3, d_model=d_model, heads=2)
