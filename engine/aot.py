@@ -7,7 +7,13 @@ trace, no fake-tensor propagation, no guard building from the model; only the
 inductor modules are imported (their C++ kernels come from the local inductor cache,
 or are rebuilt from the saved source when it is empty).
 
-Two torch 2.13 limits shape this module:
+On the CPU the encoder is saved as an AOTInductor package instead (`save_package`,
+`load_package`): exported with its input length dynamic, compiled to one shared library
+with its weights, and loaded by torch's C++ loader, so a warm start imports neither
+dynamo nor inductor (~2.5 s of a restart). Its code is built for this CPU's vector ISA:
+the file name carries the CPU's tag (`cpu_tag`), so another machine compiles its own.
+
+Two torch 2.13 limits shape the `.aot` functions:
 - Only tensor-metadata, shape and global-state guards survive saving. The loader
   rebuilds every other guard against the saved frame, which has no `m` (the
   LeanT5 argument) and fails on guards that walk its module tree; `guard_filter`
@@ -22,8 +28,11 @@ Two torch 2.13 limits shape this module:
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import platform
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +44,7 @@ from engine.errors import EngineError
 log = logging.getLogger(__name__)
 
 SUFFIX = ".aot"
+PACKAGE_SUFFIX = ".pt2"
 
 
 class AOTLoadError(EngineError):
@@ -134,3 +144,64 @@ def load(path: Path, example: Sequence[Any]) -> Callable[..., Any]:
         raise AOTLoadError(f"{path.name}: {type(exc).__name__}: {exc}"[:500]) from exc
     fn.disable_guard_check()  # checked above; see the module docstring
     return fn
+
+
+def cpu_tag() -> str:
+    """Return what compiled CPU code depends on besides its source: machine and CPU flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{flags}"
+
+
+def cpu_key() -> str:
+    """Return a short hash of `cpu_tag` for file names."""
+    return hashlib.sha256(cpu_tag().encode()).hexdigest()[:8]
+
+
+class _Bound(torch.nn.Module):
+    """`fn(m, *tensors)` as a module holding `m`, for torch.export."""
+
+    def __init__(self, fn: Callable[..., Any], m: torch.nn.Module) -> None:
+        super().__init__()
+        self.fn, self.m = fn, m
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        return self.fn(self.m, *tensors)
+
+
+def save_package(fn: Callable[..., Any], example: Sequence[Any], dynamic: Sequence[Any],
+                 path: Path, options: dict[str, Any]) -> None:
+    """Export `fn(m, *tensors)` on `example` (m first) with `dynamic` shapes and save it as an
+    AOTInductor package (weights included) at `path`."""
+    from torch._inductor import aoti_compile_and_package
+
+    m, *tensors = example
+    with torch.no_grad(), warnings.catch_warnings():
+        # torch's own deprecation notices from export's pytree (nothing the user can act on).
+        warnings.simplefilter("ignore", FutureWarning)
+        # forward(*tensors): one positional group, so the shapes nest once more.
+        exported = torch.export.export(_Bound(fn, m).eval(), tuple(tensors),
+                                       dynamic_shapes=(tuple(dynamic),))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        aoti_compile_and_package(exported, package_path=str(path),
+                                 inductor_configs=dict(options))
+
+
+def load_package(path: Path) -> Callable[..., Any]:
+    """Load a package `save_package` wrote: `fn(m, *tensors)` -> its one output; raise
+    AOTLoadError. torch's C++ loader only: neither dynamo nor inductor is imported."""
+    try:
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    except Exception as exc:  # noqa: BLE001 - any torch error means: compile instead
+        raise AOTLoadError(f"{path.name}: {type(exc).__name__}: {exc}"[:500]) from exc
+
+    def run(m: Any, *tensors: torch.Tensor) -> torch.Tensor:
+        return loader.boxed_run(list(tensors))[0]
+
+    return run

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 import time
 import types
@@ -71,14 +72,26 @@ class CompileWatch:
     """Process-wide compile counters (torch keeps them per process, so do we)."""
 
     def __init__(self) -> None:
-        import torch._dynamo.callback as callback
-
         self._lock = threading.Lock()
         self._recompiles = 0
         self._seconds = 0.0
         self._limit_hits = 0
         self._failures = 0
         self._starts: dict[str, float] = {}
+        self._attached = False
+
+    def attach(self) -> None:
+        """Install the torch hooks (idempotent); call before anything is compiled.
+
+        Not at construction: importing torch._dynamo costs ~1.5 s of a start, and a warm
+        CPU start serves saved packages and the C step without it (nothing to watch).
+        """
+        with self._lock:
+            if self._attached:
+                return
+            self._attached = True
+        import torch._dynamo.callback as callback
+
         callback.on_compile_start(self._on_start)
         callback.on_compile_end(self._on_end)
         logging.getLogger(_LIMIT_LOGGER).addHandler(_LimitHandler(self))
@@ -109,6 +122,12 @@ class CompileWatch:
 
     def snapshot(self) -> CompileSnapshot:
         """Return the cumulative counters now."""
+        if "torch._dynamo" not in sys.modules:  # nothing was ever compiled in this process
+            with self._lock:
+                return CompileSnapshot(graphs=0, recompiles=0, recompile_reasons={},
+                                       graph_breaks=0, graph_break_reasons={},
+                                       compile_seconds=0.0, recompile_limit_hits=0,
+                                       compile_failures=self._failures)
         from torch._dynamo.utils import counters, guard_failures
 
         reasons: dict[str, int] = {}
@@ -135,7 +154,7 @@ _shared_lock = threading.Lock()
 
 
 def shared_watch() -> CompileWatch:
-    """Return the process's CompileWatch, installing torch hooks on first use."""
+    """Return the process's CompileWatch (its hooks are installed by `attach`)."""
     global _shared
     with _shared_lock:
         if _shared is None:

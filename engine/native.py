@@ -24,7 +24,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from engine import t5
+from engine import aot, t5
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +58,6 @@ class _Model(ctypes.Structure):
     _fields_ = _FIELDS
 
 
-def _cpu_tag() -> str:
-    """Return what the build depends on besides the source: compiler and CPU flags."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line
-                break
-    except OSError:
-        pass
-    return f"{platform.machine()}|{flags}"
-
-
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
@@ -82,7 +68,7 @@ def build(cache_dir: str | Path) -> Path | None:
     if cc is None:
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + cc.encode() + _cpu_tag().encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + cc.encode() + aot.cpu_tag().encode()).hexdigest()[:16]
     out = Path(cache_dir) / "native" / f"step-{key}.so"
     if out.exists():
         return out

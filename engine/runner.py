@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from engine import aot, t5
-from engine.compile_watch import specialize
+from engine.compile_watch import shared_watch, specialize
 
 KIND_ENCODE = "encode"
 KIND_STEP = "step"
@@ -24,6 +24,7 @@ ENC, STEP, VERIFY = "enc", "step", "verify"
 # ratios 0.7-1.3 around 1.0 per bucket, no trend) and cost one compile each: 20 graphs,
 # ~16 s each on one core, against 4 for the built-in target and draft.
 SHARED = "buckets"
+_prepare_lock = threading.Lock()
 # Granularity of the attended cache prefix (slots). Finer spans attend fewer stale slots;
 # the span is a dynamic dimension, so the number of graphs does not grow with it.
 SPAN_STEP = 32
@@ -98,17 +99,16 @@ class ModelRunner:
         # The attended prefix of the cache per call, by the slots it must cover: spans are
         # multiples of SPAN_STEP (the last one all slots), each the corner of dec_bias with
         # its length marked dynamic, so every span runs the same compiled graph.
+        # (Marked when something is first compiled: see _prepare_compile.)
         spans: dict[int, torch.Tensor] = {}
         self._bias_for: list[torch.Tensor] = []
         for end in range(1, slots + 1):
             span = min(slots, -(-end // SPAN_STEP) * SPAN_STEP)
             if span not in spans:
-                corner = self.dec_bias[:, :span, :span].contiguous()
-                if span > 1:  # a size-1 dimension cannot be dynamic (torch specializes it)
-                    torch._dynamo.mark_dynamic(corner, 1)
-                    torch._dynamo.mark_dynamic(corner, 2)
-                spans[span] = corner
+                spans[span] = self.dec_bias[:, :span, :span].contiguous()
             self._bias_for.append(spans[span])
+        self._corners = list(spans.values())
+        self._prepared = False
         self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy, chain=True)
         self._compiled: dict[object, Fns] = {}
         self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
@@ -169,11 +169,38 @@ class ModelRunner:
         kwargs["options"] = options
         return kwargs
 
+    def _prepare_compile(self) -> None:
+        """Set up what dynamo needs, once, before this runner first compiles anything.
+
+        Not at construction: importing torch._dynamo costs ~1.5 s of a start, and a warm
+        CPU start (saved encoder package, C step) never compiles.
+        """
+        with _prepare_lock:  # not self._lock: compiled() holds it while compiling
+            if self._prepared:
+                return
+            self._prepared = True
+        import torch._dynamo as dynamo
+
+        shared_watch().attach()
+        # Static shapes cost one cache entry per shape; the default limit (8) would
+        # silently turn the exact-shape path eager after 8 lengths. The per-function limit
+        # goes to torch.compile (CompileOptions); this one is thread-local and covers the
+        # compiling thread.
+        limit = self._options.recompile_limit if self._options is not None else 8
+        dynamo.config.accumulated_recompile_limit = max(
+            dynamo.config.accumulated_recompile_limit, 4 * limit)
+        for corner in self._corners:
+            if corner.shape[-1] > 1:  # a size-1 dimension cannot be dynamic (specialized)
+                dynamo.mark_dynamic(corner, 1)
+                dynamo.mark_dynamic(corner, 2)
+
     def _compile(self, fn: Callable, tag: str) -> Callable:
+        self._prepare_compile()
         return torch.compile(specialize(fn, tag), **self._compile_kwargs(saved=False))
 
-    def _encode_example(self, edge: int) -> tuple[Any, ...]:
-        """Return dummy encoder inputs of bucket `edge`, the input length marked dynamic."""
+    def _encode_example(self, edge: int, *, mark: bool = True) -> tuple[Any, ...]:
+        """Return dummy encoder inputs of bucket `edge`, the input length marked dynamic
+        (`mark`: for torch.compile; a saved function's inputs need no marks)."""
         m = self.m
         ids = torch.full((1, edge), m.eos_id, dtype=torch.long, device=m.device_)
         mask = m.mask_bias(torch.ones((1, edge), dtype=torch.long, device=m.device_))
@@ -181,19 +208,23 @@ class ModelRunner:
         # cached bias table itself stays unmarked for the exact-shape path's static graphs.
         bias = self.encoder_bias(edge)
         enc_bias = bias.view(bias.shape)  # [.., length, length]
-        for tensor, dims in ((ids, (1,)), (mask, (3,)), (enc_bias, (bias.dim() - 2, bias.dim() - 1))):
-            for dim in dims:
-                torch._dynamo.mark_dynamic(tensor, dim)
+        if mark:
+            for tensor, dims in ((ids, (1,)), (mask, (3,)),
+                                 (enc_bias, (bias.dim() - 2, bias.dim() - 1))):
+                for dim in dims:
+                    torch._dynamo.mark_dynamic(tensor, dim)
         return (m, ids, mask, enc_bias)
 
-    def _examples(self, edge: int, encode: Callable) -> dict[str, tuple[Any, ...]]:
+    def _examples(self, edge: int, encode: Callable, *, mark: bool = True
+                  ) -> dict[str, tuple[Any, ...]]:
         """Return dummy inputs of bucket `edge` per function (runs `encode` for the rest)."""
         m = self.m
-        enc = self._encode_example(edge)
+        enc = self._encode_example(edge, mark=mark)
         mask = enc[2]
         cross = encode(*enc)
-        torch._dynamo.mark_dynamic(cross, 3)  # [L, 2, H, length, d_kv]
-        kv = m.new_self_cache(self.slots)
+        if mark:
+            torch._dynamo.mark_dynamic(cross, 3)  # [L, 2, H, length, d_kv]
+        kv = m.new_self_cache(self.slots, static=self.native is None)
         toks = self.start.expand(1, self.verify_q).contiguous()
         return {ENC: enc,
                 STEP: (m, self.start, self.positions[0], kv, cross, mask,
@@ -209,10 +240,20 @@ class ModelRunner:
                 kinds[VERIFY] = t5.decode_greedy
         return kinds
 
+    def _packaged(self, kind: str) -> bool:
+        """Return whether `kind` is saved as an AOTInductor package (the CPU encoder)."""
+        o = self._options
+        return (kind == ENC and self.m.device_.type == "cpu" and o is not None
+                and o.backend == "inductor" and o.mode == "default")
+
     def saved_path(self, directory: Path, kind: str) -> Path:
         """Return where the saved `kind` function (shared by every bucket) lives."""
         # The shapes it was traced for are in the name: another cache size is another file.
         shape = f"s{self.slots}q{self.verify_q}n{self.steps}"
+        if self._packaged(kind):
+            # Machine code for this CPU's vector ISA: another CPU looks for its own file.
+            return directory / f"{self._tag(SHARED, kind)}_{shape}_{aot.cpu_key()}" \
+                               f"{aot.PACKAGE_SUFFIX}"
         return directory / f"{self._tag(SHARED, kind)}_{shape}{aot.SUFFIX}"
 
     def has_saved(self, directory: Path, *, verify: bool) -> bool:
@@ -222,13 +263,23 @@ class ModelRunner:
 
     def save(self, directory: Path, *, verify: bool) -> int:
         """AOT-compile the shared functions and save them; return how many."""
+        self._prepare_compile()
         with torch.no_grad():
             examples = self._examples(self.edges[0], t5.encode)
         kinds = self._saved_kinds(verify)
         for kind, fn in kinds.items():
+            path = self.saved_path(directory, kind)
+            if self._packaged(kind):
+                assert self._options is not None
+                length = torch.export.Dim("length", min=2, max=max(max(self.edges), 2))
+                # ids [1, B], mask bias [1, 1, 1, B], encoder bias [1, H, B, B]
+                aot.save_package(fn, self._encode_example(self.edges[0], mark=False),
+                                 ({1: length}, {3: length}, {2: length, 3: length}), path,
+                                 dict(self._options.inductor))
+                continue
             compiled = torch.compile(specialize(fn, self._tag(SHARED, kind)), fullgraph=True,
                                      **self._compile_kwargs(saved=True))
-            aot.save(compiled, examples[kind], self.saved_path(directory, kind))
+            aot.save(compiled, examples[kind], path)
         return len(kinds)
 
     def load_saved(self, edge: int, directory: Path, *, verify: bool) -> None:
@@ -243,9 +294,11 @@ class ModelRunner:
         with torch.no_grad():
             if ENC in kinds and ENC not in loaded:
                 # The encoder's output feeds the other examples: load and check it first.
-                loaded[ENC] = aot.load(self.saved_path(directory, ENC),
-                                       self._encode_example(edge))
-            examples = self._examples(edge, loaded.get(ENC, t5.encode))
+                path = self.saved_path(directory, ENC)
+                loaded[ENC] = (aot.load_package(path) if self._packaged(ENC)
+                               else aot.load(path, self._encode_example(edge, mark=False)))
+            # Saved functions are called with their guards off: no dynamo marks needed.
+            examples = self._examples(edge, loaded.get(ENC, t5.encode), mark=False)
             for kind in kinds:
                 if kind not in loaded:
                     loaded[kind] = aot.load(self.saved_path(directory, kind), examples[kind])

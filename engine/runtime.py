@@ -80,6 +80,18 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+
+def _package_only(config: EngineConfig) -> bool:
+    """Return whether a start will likely load only the CPU encoder package and the C step,
+    so inductor's ISA probe is not needed (a guess before the model is loaded: a wrong one
+    costs only the probe's overlap, inductor then probes when it loads)."""
+    if not config.native_step or config.quantization == "int8" or config.dtype not in (
+            "float32", "auto"):
+        return False
+    root = precompile.cache_root(config) / "precompiled"
+    return any(root.glob(f"*/*_{aot.cpu_key()}{aot.PACKAGE_SUFFIX}"))
+
+
 class Runtime:
     """The torch-backed Engine (see engine.protocol.Engine); thread-safe."""
 
@@ -95,17 +107,13 @@ class Runtime:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir).resolve())
         else:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
-        import torch._dynamo as dynamo
-
-        # Static shapes cost one cache entry per shape; the default limit (8) would
-        # silently turn the exact-shape path eager after 8 lengths. The per-function limit
-        # goes to torch.compile (CompileOptions); this global one is thread-local and only
-        # covers compiles on this thread.
-        dynamo.config.accumulated_recompile_limit = max(
-            dynamo.config.accumulated_recompile_limit, 4 * config.recompile_limit)
+        # Dynamo is imported (its recompile limit raised, the watch's hooks installed) by
+        # the first runner that compiles: a warm CPU start serving the saved encoder package
+        # and the C step never does.
         self._watch = shared_watch()
         self._compile_on = config.compile_mode != "off"
-        if self._compile_on and config.compile_backend == "inductor" and self.device.type == "cpu":
+        if (self._compile_on and config.compile_backend == "inductor"
+                and self.device.type == "cpu" and not _package_only(config)):
             aot.start_isa_probe()  # waits on a child process while the weights load
         options = (CompileOptions(config.compile_mode, config.compile_backend,
                                   config.recompile_limit, _INDUCTOR_OPTIONS)
@@ -219,9 +227,12 @@ class Runtime:
         return kind
 
     def _new_caches(self) -> dict[str, torch.Tensor]:
-        caches = {"target": self.target.m.new_self_cache(self.slots)}
+        # Marked static only for a compiled step (the C step and eager need no mark).
+        caches = {"target": self.target.m.new_self_cache(
+            self.slots, static=self._compile_on and self.target.native is None)}
         if self.draft is not None:
-            caches["draft"] = self.draft.m.new_self_cache(self.slots)
+            caches["draft"] = self.draft.m.new_self_cache(
+                self.slots, static=self._compile_on and self.draft.native is None)
         return caches
 
     def _make_info(self) -> EngineInfo:

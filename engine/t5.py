@@ -62,20 +62,21 @@ def decoder_layers(cfg: Any) -> int:
 
 
 class _NameRecorder(dict):
-    """Record the names LeanT5 reads, answering each with an empty meta tensor."""
+    """Record the names LeanT5 reads, answering each with a one-element tensor (not on the
+    meta device: torch.cat's meta kernel imports torch._dynamo, ~1.5 s of a start)."""
 
     def __contains__(self, name: object) -> bool:
         return False  # an optional weight (the untied lm_head) counts as absent
 
     def __missing__(self, name: str) -> torch.Tensor:
-        self[name] = torch.empty((1, 1), device="meta")
+        self[name] = torch.zeros((1, 1))
         return self[name]
 
 
 def required_weights(cfg: Any) -> list[str]:
     """Return the checkpoint names LeanT5 needs for `cfg` (an untied lm_head is optional)."""
     names = _NameRecorder()
-    LeanT5(cfg, names, dtype=torch.float32, device=torch.device("meta"))
+    LeanT5(cfg, names, dtype=torch.float32, device=torch.device("cpu"))
     return list(names)
 
 
@@ -181,8 +182,9 @@ class LeanT5(nn.Module):
         neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device_)
         return torch.where(keep, zero, neg)
 
-    def new_self_cache(self, slots: int) -> torch.Tensor:
-        """Allocate a static self-attention cache [L, 2, H, slots + 1, d_kv], marked static."""
+    def new_self_cache(self, slots: int, *, static: bool = True) -> torch.Tensor:
+        """Allocate a self-attention cache [L, 2, H, slots + 1, d_kv]; `static`: marked as a
+        static input for compiled steps (the C step needs no mark, nor torch._dynamo)."""
         # One spare slot, never written or attended: every attended span is then a strict
         # prefix of the cache, never the whole of it, so torch.compile keeps the span symbolic
         # (a prefix as long as the cache is contiguous, which torch would specialize on).
@@ -190,7 +192,8 @@ class LeanT5(nn.Module):
                             dtype=self.dtype, device=self.device_)
         # Every step writes it in place: a static address (allocated once per stream, never
         # guarded on) lets cudagraph trees capture the step instead of skipping it.
-        torch._dynamo.mark_static_address(cache, guard=False)
+        if static:
+            torch._dynamo.mark_static_address(cache, guard=False)
         return cache
 
     def _kv_bytes(self, positions: int) -> int:

@@ -41,10 +41,13 @@ def _recorded(cmd, *args, **kwargs):
 subprocess.run = _recorded
 from engine import load_engine
 from engine.config import EngineConfig
-from torch._dynamo.utils import counters
+from engine.protocol import FlagOverride
 engine = load_engine(EngineConfig(**json.loads(sys.argv[1])))
 engine.warm_up(background=False)
 status = engine.warmup_status()
+out = engine.generate("hello there", max_new_tokens=6, override=FlagOverride(speculative=False))
+imported = {"dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules}
+from torch._dynamo.utils import counters
 print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
@@ -53,6 +56,7 @@ print(json.dumps({"fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "cache_hit": status.cache_hit, "warm": status.warm_buckets,
                   "ready_s": status.ready_seconds, "buckets": dict(status.bucket_seconds),
                   "children": children, "probe_imports": probe_imports,
+                  "imported": imported, "output": list(out.output_ids),
                   "hf_modeling": sorted(m for m in sys.modules
                                         if m.endswith((".modeling_t5", ".modeling_mt5")))}))
 """
@@ -82,8 +86,11 @@ def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     first = subprocess.run(cli, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "precompiled 1 buckets" in first.stdout
-    saved = list((built / "precompiled").glob("*/*.aot"))
-    assert len(saved) == 2 and all(p.stat().st_size > 0 for p in saved)  # encode, step
+    # The step as a saved function, the encoder as an AOTInductor package for this CPU.
+    saved = sorted((built / "precompiled").glob("*/*_enc_*.pt2")) + sorted(
+        (built / "precompiled").glob("*/*.aot"))
+    assert [p.suffix for p in saved] == [".pt2", ".aot"], saved
+    assert all(p.stat().st_size > 0 for p in saved)
     again = subprocess.run(cli, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "compiled functions up to date" in again.stdout, again.stdout
@@ -116,6 +123,43 @@ def test_precompiled_functions_load_with_zero_new_compiles(tiny_dirs, tmp_path, 
     cold = tmp_path / "cold"
     none = _fresh_process({**engine, "cache_dir": str(cold)}, cold)
     assert none["cache_hit"] is False and none["fxgraph_miss"] >= 2, none
+
+
+@pytest.mark.slow
+def test_a_warm_cpu_restart_imports_neither_dynamo_nor_inductor(tiny_dirs, tmp_path):
+    """The C step and the encoder's package: a restart serves without torch.compile's
+    machinery (importing torch._dynamo and inductor cost ~2.5 s of every restart)."""
+    engine = {"model_dir": str(tiny_dirs["target"]), "use_draft": False, "buckets": [8],
+              "max_input_tokens": 16, "max_new_tokens": 6, "max_new_tokens_cap": 8,
+              "kv_headroom": 4, "compile_backend": "inductor", "cache_dir": str(tmp_path)}
+    config = tmp_path / "tailwatch.yaml"
+    config.write_text(yaml.safe_dump({"engine": engine}))
+    cli = [sys.executable, "-c", "import sys; from monitor.cli import main; "
+           "sys.exit(main(sys.argv[1:]))", "--config", str(config), "engine", "precompile"]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((tmp_path / "precompiled").glob("*/*_enc_*.pt2"))) == 1
+
+    restart = _fresh_process(engine, tmp_path)
+    assert restart["imported"] == {"dynamo": False, "inductor": False}, restart
+    assert restart["saved"] == 1 and restart["saved_failures"] == 0, restart
+    assert restart["cache_hit"] is True and restart["warm"] == 1, restart
+    assert restart["children"] == [], restart  # no ISA probe: nothing of inductor's loads
+    assert restart["graphs"] == 0 and restart["fxgraph_miss"] == 0, restart
+
+    # The same tokens as the eager path.
+    from engine import load_engine
+    from engine.config import EngineConfig
+    from engine.protocol import FlagOverride
+
+    eager = load_engine(EngineConfig(**{**engine, "compile_mode": "off"}))
+    try:
+        want = eager.generate("hello there", max_new_tokens=6,
+                              override=FlagOverride(speculative=False))
+    finally:
+        eager.close()
+    assert restart["output"] == list(want.output_ids)
 
 
 def test_precompile_with_compile_off_says_so(tmp_path):

@@ -22,6 +22,7 @@ def _double(x):
 
 def test_same_recompile_in_several_frames_counts_more_than_once():
     watch = shared_watch()
+    watch.attach()  # as a runner does before it first compiles
     before = watch.snapshot()
     # Three compiled copies (one frame each, like the per-bucket functions), each
     # recompiling for the same reason: a new input length.
