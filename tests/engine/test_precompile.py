@@ -162,6 +162,15 @@ def test_a_warm_cpu_restart_imports_neither_dynamo_nor_inductor(tiny_dirs, tmp_p
     assert restart["output"] == list(want.output_ids)
 
 
+def test_an_unreadable_package_is_a_load_error_not_a_crash(tmp_path):
+    from engine import aot
+
+    bad = tmp_path / f"target_buckets_enc_s8q5n1_{aot.cpu_key()}{aot.PACKAGE_SUFFIX}"
+    bad.write_bytes(b"not a package")
+    with pytest.raises(aot.AOTLoadError, match=bad.name):
+        aot.load_package(bad)
+
+
 def test_precompile_with_compile_off_says_so(tmp_path):
     config = tmp_path / "tailwatch.yaml"
     config.write_text(yaml.safe_dump({"engine": {"compile_mode": "off"}}))
