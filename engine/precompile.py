@@ -4,8 +4,10 @@
 once and saves it under a directory keyed on what changes it: the weights, the
 optimization config, the torch version and the device type. A runtime loads those files
 instead of calling torch.compile: no dynamo trace, no inductor lowering. On another
-machine (the directory copied, the inductor cache empty) the files still load without
-tracing; only their C++ kernels are rebuilt.
+machine (the directory copied, the inductor cache empty) the `.aot` files still load
+without tracing; only their C++ kernels are rebuilt. The CPU encoder is an AOTInductor
+package (engine.aot.save_package), machine code for the CPU it was built on: its name
+carries the CPU's flags, so another CPU compiles its own.
 
 torch's portable cache artifacts (`torch.compiler.save_cache_artifacts`) were saved
 here before; they serve only the torch.compile path and gave no cache hit for functions
