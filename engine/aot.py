@@ -28,6 +28,7 @@ Two torch 2.13 limits shape the `.aot` functions:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import platform
@@ -146,8 +147,10 @@ def load(path: Path, example: Sequence[Any]) -> Callable[..., Any]:
     return fn
 
 
+@functools.cache
 def cpu_tag() -> str:
-    """Return what compiled CPU code depends on besides its source: machine and CPU flags."""
+    """Return what compiled CPU code depends on besides its source: machine and CPU flags
+    (read once: every saved-file lookup names it)."""
     flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

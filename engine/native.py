@@ -167,14 +167,9 @@ class BoundStep:
                  cross_kv: torch.Tensor, mask_bias: torch.Tensor, dec_bias: torch.Tensor,
                  steps: int) -> torch.Tensor:
         out = torch.empty(steps, dtype=torch.long)
-        if not cross_kv.is_contiguous():
-            cross_kv = cross_kv.contiguous()
-        span, cross = dec_bias.shape[-1], cross_kv.shape[-2]
-        scratch = self._scratch(self._per_row + max(span, cross))
+        tail, _keep = self._tail(1, self_kv, cross_kv, mask_bias, dec_bias, out)
         # Every step in one C call: a draft proposes a whole round without a call per token.
-        self._chain(self._ref, int(token), steps, int(pos), self_kv.data_ptr(),
-                    self_kv.shape[-2], cross_kv.data_ptr(), cross, mask_bias.data_ptr(),
-                    dec_bias.data_ptr(), span, scratch, out.data_ptr())
+        self._chain(self._ref, int(token), steps, int(pos), *tail)
         return out
 
     def verify(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,
@@ -186,23 +181,22 @@ class BoundStep:
         if int(positions[-1]) - first != q - 1:
             raise ValueError("native verify: positions must be consecutive")
         out = torch.empty(q, dtype=torch.long)
-        self._decode(tokens.reshape(q), first, self_kv, cross_kv, mask_bias, dec_bias, out)
+        flat = tokens.reshape(q).to(torch.long).contiguous()
+        tail, _keep = self._tail(q, self_kv, cross_kv, mask_bias, dec_bias, out)
+        self._fn(self._ref, flat.data_ptr(), q, first, *tail)
         return out
 
-    def _decode(self, tokens: torch.Tensor, pos: int, self_kv: torch.Tensor,
-                cross_kv: torch.Tensor, mask_bias: torch.Tensor, dec_bias: torch.Tensor,
-                out: torch.Tensor) -> None:
-        if not tokens.is_contiguous() or tokens.dtype != torch.long:
-            tokens = tokens.to(torch.long).contiguous()
-        if not cross_kv.is_contiguous():
-            cross_kv = cross_kv.contiguous()
-        q = tokens.numel()
+    def _tail(self, rows: int, self_kv: torch.Tensor, cross_kv: torch.Tensor,
+              mask_bias: torch.Tensor, dec_bias: torch.Tensor, out: torch.Tensor
+              ) -> tuple[tuple[Any, ...], torch.Tensor]:
+        """Return the arguments both C entry points end with (caches, biases, scratch for
+        `rows` rows, out) and the cross K/V they point into (keep it alive for the call)."""
+        cross_kv = cross_kv.contiguous()
         span, cross = dec_bias.shape[-1], cross_kv.shape[-2]
-        scratch = self._scratch(q * self._per_row + max(span, cross))
-        self._fn(self._ref, tokens.data_ptr(), q, pos, self_kv.data_ptr(), self_kv.shape[-2],
-                 cross_kv.data_ptr(), cross, mask_bias.data_ptr(), dec_bias.data_ptr(), span,
-                 scratch, out.data_ptr())
-
+        scratch = self._scratch(rows * self._per_row + max(span, cross))
+        return ((self_kv.data_ptr(), self_kv.shape[-2], cross_kv.data_ptr(), cross,
+                 mask_bias.data_ptr(), dec_bias.data_ptr(), span, scratch, out.data_ptr()),
+                cross_kv)
 
 _lock = threading.Lock()
 _loaded: dict[str, NativeStep | None] = {}

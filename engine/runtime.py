@@ -80,7 +80,6 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-
 def _package_only(config: EngineConfig) -> bool:
     """Return whether a start will likely load only the CPU encoder package and the C step,
     so inductor's ISA probe is not needed (a guess before the model is loaded: a wrong one
@@ -228,12 +227,9 @@ class Runtime:
 
     def _new_caches(self) -> dict[str, torch.Tensor]:
         # Marked static only for a compiled step (the C step and eager need no mark).
-        caches = {"target": self.target.m.new_self_cache(
-            self.slots, static=self._compile_on and self.target.native is None)}
-        if self.draft is not None:
-            caches["draft"] = self.draft.m.new_self_cache(
-                self.slots, static=self._compile_on and self.draft.native is None)
-        return caches
+        return {r.name: r.m.new_self_cache(self.slots,
+                                           static=self._compile_on and r.native is None)
+                for r in (self.target, self.draft) if r is not None}
 
     def _make_info(self) -> EngineInfo:
         h = hashlib.sha256(self._target_loaded.weights_hash.encode())
