@@ -1,17 +1,19 @@
 """Change detection: our rules (CUSUM-confirmed, sustained) next to a naive threshold.
 
 Synthetic per-cycle series whose noise comes from real canary cycles of the engine:
-bench/data/canary_noise.json holds recorded cycles (10 fixed prompts per bucket, the
-probes' default, on the compiled path the probes time) of the built-in models when
-present, else of a tiny random T5; each
-cycle's latencies are divided by their bucket's median so cycles from every bucket can
-be resampled. It also holds per-request (accepted, proposed) draft tokens of random
-in-domain traffic, resampled 20 per minute for the traffic-acceptance series (greedy
-canaries repeat the same prompts, so their acceptance barely moves; real traffic is what
-drifts); without them an assumed distribution is used and printed. `--record` measures a
-new sample (a few minutes on this machine; record pinned to an otherwise idle core: a
-recording made while other jobs share the core measures the neighbours). A second latency
-series uses an assumed dedicated-host noise (printed).
+bench/data/canary_noise.json holds recorded cycles (10 fixed prompts per bucket, of
+which the 4-canary rows take the probes' default 4, on the compiled path the probes time)
+of the built-in models when present, else of a tiny random T5; each cycle's latencies are
+divided by their bucket's median so cycles from every bucket can be resampled.
+canary_noise_quiet.json is the same recording on 2026-12-02 (the C decode step, a host
+with no CPU steal; `--noise` picks it). It also holds per-request (accepted, proposed)
+draft tokens of random in-domain traffic, resampled 20 per minute for the
+traffic-acceptance series (greedy canaries repeat the same prompts, so their acceptance
+barely moves; real traffic is what drifts); without them an assumed distribution is used
+and printed. `--record` measures a new sample into the `--noise` file (a minute or two
+on this machine; record pinned to an otherwise idle core: a recording made while other
+jobs share the core measures the neighbours). A second latency series uses an assumed
+dedicated-host noise (printed).
 
 The CUSUM of a pooled quantile scores each cycle's new samples only (alerts.detection:
 a Bernoulli CUSUM on exceedances of the baseline p99); the pooled p99 is what the rule
@@ -28,7 +30,7 @@ canaries per cycle. Targets: p99 +20% within 10 cycles (p95) on the pooled p99,
 acceptance -30% within 3 cycles, no false alert in 30 days. The last line is our rules'
 false alerts per 30 days.
 
-    python -m bench.detection [--record] [--trials 200] [--seed 0]
+    python -m bench.detection [--record] [--trials 200] [--seed 0] [--noise FILE]
 """
 
 from __future__ import annotations
@@ -47,11 +49,16 @@ from pathlib import Path
 
 from alerts.detection import BaselineStats
 from alerts.rules import Point, Rule, evaluate_rule, load_rules, quantile_samples
-from probes.cycle import CANARIES_PER_BUCKET
 from probes.stats import percentile
 from storage.sketches import Sketch
 
 NOISE_FILE = Path(__file__).parent / "data" / "canary_noise.json"
+# The same recording on 2026-12-02: the C decode step (canaries ~3x faster), a host with
+# no CPU steal (the 2026-12-01 one had ~33%): README, "How a change is confirmed".
+QUIET_NOISE_FILE = NOISE_FILE.with_name("canary_noise_quiet.json")
+# Canaries per bucket and recorded cycle: the 10-canary rows then read real cycles (a
+# cycle of 10 joined from several recorded cycles of 4 would lack their shared noise).
+RECORD_PER_BUCKET = 10
 CYCLES_30_DAYS = 30 * 24 * 60
 BASELINE_CYCLES = 7 * 24 * 60
 PRE_CYCLES = 40
@@ -67,7 +74,7 @@ ACCEPT_MEAN = 0.75
 ACCEPT_SD = 0.12
 
 
-def record(cycles: int = 50, per_bucket: int = CANARIES_PER_BUCKET, traffic: int = 150) -> dict:
+def record(cycles: int = 50, per_bucket: int = RECORD_PER_BUCKET, traffic: int = 150) -> dict:
     """Measure canary cycles (and, with a draft, traffic acceptance); return the sample."""
     from engine import EngineConfig, load_engine
     from engine.builtin.task import make_input, random_input_bytes
@@ -133,6 +140,7 @@ class LatencyNoise:
         recorded = 1.4826 * statistics.median(abs(m) for m in medians)
         self.scale = 1.0 if cv is None else math.log(1 + cv) / recorded
         self.lag1 = _lag1([[statistics.median(c) for c in s] for s in self.series])
+        self.per_cycle = min(len(c) for s in self.series for c in s)
         self.what = (f"{sample['engine']}, recorded cycles in blocks of {BLOCK} (lag-1 "
                      f"autocorrelation {self.lag1:.2f}), "
                      + ("as recorded" if cv is None else
@@ -168,7 +176,10 @@ class PooledP99:
         self.pool_cycles = math.ceil(need / per_cycle)
         self.samples = self.pool_cycles * per_cycle
         self.recent: list[list[float]] = []
-        self.what = (f"{noise.what}; {per_cycle} canaries per cycle, p99 pooled over "
+        recorded = getattr(noise, "per_cycle", per_cycle)
+        joined = (f", each joined from recorded cycles of {recorded} (optimistic: they lack "
+                  "one cycle's shared noise)" if per_cycle > recorded else "")
+        self.what = (f"{noise.what}; {per_cycle} canaries per cycle{joined}, p99 pooled over "
                      f"{self.pool_cycles} cycles ({self.samples} samples)")
 
     def cycle(self, rng: random.Random, shift: float) -> list[float]:
@@ -342,12 +353,15 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--days", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", type=Path, default=NOISE_FILE, metavar="FILE",
+                    help=f"recorded canary cycles to resample (default {NOISE_FILE.name}; "
+                    f"also {QUIET_NOISE_FILE.name}); --record writes it")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    if args.record or not NOISE_FILE.is_file():
-        NOISE_FILE.parent.mkdir(parents=True, exist_ok=True)
-        NOISE_FILE.write_text(json.dumps(record(), indent=1))
-    sample = json.loads(NOISE_FILE.read_text())
+    if args.record or not args.noise.is_file():
+        args.noise.parent.mkdir(parents=True, exist_ok=True)
+        args.noise.write_text(json.dumps(record(), indent=1))
+    sample = json.loads(args.noise.read_text())
     noise = LatencyNoise(sample)
     acc_draw: Draw = traffic_acceptance
     acc_what = (f"assumed: {TRAFFIC_REQUESTS} requests/min per bucket, {DRAFT_TOKENS} draft "

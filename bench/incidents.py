@@ -88,7 +88,10 @@ class BlockNoise:
                  per_cycle: int = CANARIES_PER_BUCKET) -> None:
         self.block = block
         logs: list[list[list[float]]] = []  # bucket -> cycle -> log(latency / cycle-p99 median)
-        for cycles in sample["latency_s"].values():
+        for bucket, cycles in sample["latency_s"].items():
+            if any(0 < len(c) < per_cycle for c in cycles):
+                raise ValueError(f"per_cycle: the recording holds fewer than {per_cycle} "
+                                 f"canaries in a cycle of bucket {bucket}")
             # The probes' canaries of one recorded cycle (a recording may hold more).
             cycles = [c[:per_cycle] for c in cycles if c]
             centre = statistics.median(math.log(max(c)) for c in cycles)
@@ -348,8 +351,7 @@ def daily_peak(sim: Sim, days: int) -> tuple[int, int, int]:
     return first, first, first
 
 
-def run(args: argparse.Namespace) -> list[Outcome]:
-    noise = BlockNoise(json.loads(NOISE_FILE.read_text()), cv=None if args.raw else 0.10)
+def run(args: argparse.Namespace, noise: BlockNoise) -> list[Outcome]:
     print(f"noise: {noise.what}")
     p99 = _rules("p99_latency_regression")
     compile_rules = _rules("recompiles_per_hour", "compile_failures")
@@ -466,10 +468,9 @@ def report(outcomes: list[Outcome]) -> tuple[int, float]:
     return max(incidents, default=0), per_30
 
 
-def daily_seeds(args: argparse.Namespace) -> int:
+def daily_seeds(args: argparse.Namespace, noise: BlockNoise) -> int:
     """Replay the 14-day hour-of-week daily peak for `args.daily_seeds` seeds; return how
     many of them paged falsely (a seasonal baseline's rare false page shows only over seeds)."""
-    noise = BlockNoise(json.loads(NOISE_FILE.read_text()), cv=None if args.raw else 0.10)
     print(f"noise: {noise.what}")
     seasonal = _rules("p99_latency_regression", seasonality="hour_of_week",
                       baseline_window_s=14 * 86400.0)
@@ -495,14 +496,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few scenarios (smoke test)")
     parser.add_argument("--daily-seeds", type=int, default=0, metavar="N",
                         help="only the 14-day hour-of-week daily peak, for N seeds from --seed")
+    parser.add_argument("--canaries", type=int, default=CANARIES_PER_BUCKET, metavar="N",
+                        help="canaries per cycle (probes.canaries_per_bucket; the recording "
+                        "holds 10)")
+    parser.add_argument("--noise", type=Path, default=NOISE_FILE, metavar="FILE",
+                        help="recorded canary cycles to resample (default "
+                        f"{NOISE_FILE.name}; also {NOISE_FILE.stem}_quiet.json)")
     args = parser.parse_args()
+    if args.canaries < 1:
+        parser.error(f"--canaries: must be >= 1, got {args.canaries}")
+    if not args.noise.is_file():
+        parser.error(f"--noise: no such file: {args.noise}")
+    try:
+        noise = BlockNoise(json.loads(args.noise.read_text()), cv=None if args.raw else 0.10,
+                           per_cycle=args.canaries)
+    except (ValueError, KeyError) as e:  # a recording too small, or not one
+        parser.error(f"--noise: {args.noise}: {e}")
     t = time.perf_counter()
     if args.daily_seeds > 0:
-        paged = daily_seeds(args)
+        paged = daily_seeds(args, noise)
         print(f"daily peak (hour_of_week, 14 days): false pages in {paged} of "
               f"{args.daily_seeds} seeds ({time.perf_counter() - t:.0f} s)")
         return
-    outcomes = run(args)
+    outcomes = run(args, noise)
     worst, per_30 = report(outcomes)
     print(f"({time.perf_counter() - t:.0f} s; a daily peak's false page counts 30 times)")
     print(f"pages per incident: max {worst}, false pages per 30 days: {per_30:.0f}")
