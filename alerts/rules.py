@@ -265,16 +265,26 @@ def evaluate_rule(
     breaching = rel_breach(rel) or over_limit(current)
     m = rule.resolve_for
     tail = list(zip(valid[-m:], values[-m:], rels[-m:], strict=True))
+    came_down: list[bool] = []  # computed once, when the lenient path below needs it
 
     def back(p: Point, r: float | None) -> bool:
         # A pooled value keeps a regression's samples for up to `pool` cycles after it
         # ended: back under the threshold with none of the cycle's own samples above the
-        # baseline quantile counts as inside the band too.
+        # baseline quantile counts as inside the band too, once the canaries themselves
+        # came down (canaries_came_down) where the series breached.
         if rel_inside(r) or not (tail_q and p.pooled and p.fresh is not None
                                  and r is not None):
             return rel_inside(r)
-        return (not rel_breach(r) and rule.direction > 0 and baseline is not None
-                and count_above(p.fresh, baseline.center) == 0)
+        if not (not rel_breach(r) and rule.direction > 0 and baseline is not None
+                and count_above(p.fresh, baseline.center) == 0):
+            return False
+        if not came_down:
+            # Only a series that breached since the detector's start (for a firing alert:
+            # since it fired) must show its canaries coming down; one that never did (a
+            # scope's other cohort, say) was not the regression.
+            came_down.append(not any(rel_breach(x) for x in rels)
+                             or canaries_came_down(valid, m, rule.threshold))
+        return came_down[0]
 
     recovered = len(tail) >= m and all(back(p, r) and not over_limit(v) for p, v, r in tail)
     fired = limit_fire or rel_fire
@@ -299,6 +309,32 @@ def evaluate_rule(
         reason = f"{rule.metric} {current:.4g} within threshold ({pct})"
     return result(current=current, relative_change=rel, fired=fired, reason=reason,
                   breaching=breaching, recovered=recovered, statistic=stat, samples=samples)
+
+
+def canaries_came_down(points: Sequence[Point], recent: int, threshold: float) -> bool:
+    """Return whether the median of the last `recent` cycles' own samples lies at least
+    threshold / 2 below the median of the earlier cycles' (at least 2 of them).
+
+    The points are the detector's: for a firing alert, the cycles since it fired. Where a
+    few slow cycles set the baseline p99, a regression of the other canaries can go on
+    below it, with no new sample above it and a pool without a slow cycle reading under
+    the threshold (bench.incidents on the 2026-12-02 recording: a +30% ramp read +13% and
+    resolved mid-incident). Without this check the lenient recovery resolved such an alert
+    and it fired again; an ended regression shows as its canaries coming down.
+    """
+    if len(points) < recent + 2:
+        return False
+    last = [p.fresh for p in points[-recent:] if p.fresh is not None and p.fresh.count]
+    before = [p.fresh for p in points[:-recent] if p.fresh is not None and p.fresh.count]
+    if len(last) < recent or len(before) < 2:
+        return False
+    now, then = Sketch(), Sketch()
+    for f in last:
+        now.merge(f)
+    for f in before:
+        then.merge(f)
+    a, b = now.quantile(0.5), then.quantile(0.5)
+    return a is not None and b is not None and a * (1.0 + threshold / 2.0) <= b
 
 
 def quantile_samples(metric: str) -> int:
