@@ -312,10 +312,10 @@ def evaluate_rule(
 
 
 def canaries_came_down(points: Sequence[Point], recent: int, threshold: float) -> bool:
-    """Return whether the median of the last `recent` cycles' own samples lies at least
-    threshold / 2 below the median of the earlier cycles' (at least 2 of them).
+    """Return whether the last `recent` cycles' own samples came down from the earlier ones.
 
-    The points are the detector's: for a firing alert, the cycles since it fired. Where a
+    Down: their median at least threshold / 2 under that of the earlier cycles' samples
+    (at least 2 such cycles). The points are the detector's: for a firing alert, the cycles since it fired. Where a
     few slow cycles set the baseline p99, a regression of the other canaries can go on
     below it, with no new sample above it and a pool without a slow cycle reading under
     the threshold (bench.incidents on the 2026-12-02 recording: a +30% ramp read +13% and
