@@ -357,6 +357,8 @@ def main() -> None:
                     help=f"recorded canary cycles to resample (default {NOISE_FILE.name}; "
                     f"also {QUIET_NOISE_FILE.name}); --record writes it")
     args = ap.parse_args()
+    if not args.record and args.noise != NOISE_FILE and not args.noise.is_file():
+        ap.error(f"--noise: no such file: {args.noise} (--record writes one)")
     t_start = time.perf_counter()
     if args.record or not args.noise.is_file():
         args.noise.parent.mkdir(parents=True, exist_ok=True)

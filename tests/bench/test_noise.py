@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 
 import pytest
 
@@ -36,3 +37,16 @@ def test_detection_says_when_a_cycle_is_joined_from_smaller_recorded_ones() -> N
     assert len(joined.cycle(random.Random(0), 0.0)) == 10
     real = PooledP99(LatencyNoise(sample), per_cycle=10)
     assert "joined" not in real.what
+
+
+@pytest.mark.parametrize("module", ["bench.detection", "bench.incidents"])
+def test_a_missing_noise_file_is_one_line_and_exit_2(module, monkeypatch, capsys, tmp_path):
+    import importlib
+
+    main = importlib.import_module(module).main
+    monkeypatch.setattr(sys, "argv", [module, "--noise", str(tmp_path / "typo.json")])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--noise: no such file" in err[-1]
