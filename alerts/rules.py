@@ -265,9 +265,10 @@ def evaluate_rule(
     breaching = rel_breach(rel) or over_limit(current)
     m = rule.resolve_for
     tail = list(zip(valid[-m:], values[-m:], rels[-m:], strict=True))
-    came_down: list[bool] = []  # computed once, when the lenient path below needs it
+    came_down: bool | None = None  # computed once, when the lenient path below needs it
 
     def back(p: Point, r: float | None) -> bool:
+        nonlocal came_down
         # A pooled value keeps a regression's samples for up to `pool` cycles after it
         # ended: back under the threshold with none of the cycle's own samples above the
         # baseline quantile counts as inside the band too, once the canaries themselves
@@ -278,13 +279,13 @@ def evaluate_rule(
         if not (not rel_breach(r) and rule.direction > 0 and baseline is not None
                 and count_above(p.fresh, baseline.center) == 0):
             return False
-        if not came_down:
+        if came_down is None:
             # Only a series that breached since the detector's start (for a firing alert:
             # since it fired) must show its canaries coming down; one that never did (a
             # scope's other cohort, say) was not the regression.
-            came_down.append(not any(rel_breach(x) for x in rels)
-                             or canaries_came_down(valid, m, rule.threshold))
-        return came_down[0]
+            came_down = (not any(rel_breach(x) for x in rels)
+                         or canaries_came_down(valid, m, rule.threshold))
+        return came_down
 
     recovered = len(tail) >= m and all(back(p, r) and not over_limit(v) for p, v, r in tail)
     fired = limit_fire or rel_fire
@@ -315,12 +316,13 @@ def canaries_came_down(points: Sequence[Point], recent: int, threshold: float) -
     """Return whether the last `recent` cycles' own samples came down from the earlier ones.
 
     Down: their median at least threshold / 2 under that of the earlier cycles' samples
-    (at least 2 such cycles). The points are the detector's: for a firing alert, the cycles since it fired. Where a
-    few slow cycles set the baseline p99, a regression of the other canaries can go on
-    below it, with no new sample above it and a pool without a slow cycle reading under
-    the threshold (bench.incidents on the 2026-12-02 recording: a +30% ramp read +13% and
-    resolved mid-incident). Without this check the lenient recovery resolved such an alert
-    and it fired again; an ended regression shows as its canaries coming down.
+    (at least 2 such cycles). The points are the detector's: for a firing alert, the
+    cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
+    the other canaries can go on below it, with no new sample above it and a pool without
+    a slow cycle reading under the threshold (bench.incidents on the 2026-12-02 recording:
+    a +30% ramp read +13% and resolved mid-incident). Without this check the lenient
+    recovery resolved such an alert and it fired again; an ended regression shows as its
+    canaries coming down.
     """
     if len(points) < recent + 2:
         return False

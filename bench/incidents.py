@@ -501,7 +501,7 @@ def main() -> None:
                         "holds 10)")
     parser.add_argument("--noise", type=Path, default=NOISE_FILE, metavar="FILE",
                         help="recorded canary cycles to resample (default "
-                        f"{NOISE_FILE.name}; also {NOISE_FILE.stem}_quiet.json)")
+                        f"{NOISE_FILE.name}; also canary_noise_quiet.json)")
     args = parser.parse_args()
     if args.canaries < 1:
         parser.error(f"--canaries: must be >= 1, got {args.canaries}")

@@ -72,8 +72,8 @@ class DemoProfile:
     baseline_timeout_s: float = 150.0
     # acceptance_drop reads minute rollups and needs `for` = 3 minute cycles of shifted
     # traffic: the shift starts anywhere in a minute, so up to 60 s pass before the first
-    # whole one, then 180 s, plus the 1 s flush and the evaluation. 240 s failed when the shift began late in a
-    # minute (a flaky step 6); 300 s covers the worst case with margin.
+    # whole one, then 180 s, plus the 1 s flush and the evaluation. 240 s failed when the
+    # shift began late in a minute (a flaky step 6); 300 s covers the worst case.
     shift_timeout_s: float = 300.0
     regression_timeout_s: float = 90.0
     churn_timeout_s: float = 120.0
