@@ -25,7 +25,9 @@ day (seen on two days or more, so from the second day on), and before that the p
 baseline is used; the reason names the fallback. Once both are in force, the more lenient
 of the two in the rule's direction is used (for a rising metric, the higher centre): a
 weekly peak still raises its hour, while an hour of the week that merely reads quiet (the
-noise of two hours of pooled values) cannot page a regular daily peak.
+noise of two hours of pooled values) cannot page a regular daily peak. A young season
+(each seen on fewer than `YOUNG_SEASON_HOURS` days) may only relax the plain baseline: one
+that reads under the plain centre (for a rising metric) gives way to it.
 
 A pinned baseline fixes the centre and keeps the spread measured when it was pinned.
 Which stored baseline is in force is decided in one place:
@@ -58,6 +60,8 @@ BaselineView = StoredBaseline  # what the CLI and API show
 CHUNK_S = 3600.0
 HOUR_OF_WEEK = "hour_of_week"
 HOUR_OF_DAY = "hour_of_day"
+# A season seen on fewer hours than this may only relax the plain baseline, not tighten it.
+YOUNG_SEASON_HOURS = 7
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,16 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         # that reads quiet rests on two or three hours of pooled values, and its noise
         # alone paged a daily peak.
         stats, kind = max(ready, key=lambda sk: rule.direction * sk[0].center)
+        plain = rolling if rolling is not None and rolling.spread is not None else None
+        young = all(st.cycles < YOUNG_SEASON_HOURS * per_hour for st, _ in ready)
+        if (young and plain is not None
+                and rule.direction * plain.value > rule.direction * stats.center):
+            # A young season (each seen on fewer than a week of days) may only relax the
+            # plain baseline: its centre rests on a few hours of pooled values, and an
+            # hour that read low by their noise alone paged an ordinary hour against it.
+            return CohortBaseline(BaselineStats(plain.value, plain.spread, plain.samples),
+                                  f"plain ({kind} young: {stats.cycles} cycles, reads "
+                                  f"{(stats.center / plain.value - 1) * 100:+.1f}%)")
         return CohortBaseline(stats, kind)
     if why:
         fallback = f"plain ({', '.join(why)})"

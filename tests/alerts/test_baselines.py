@@ -156,12 +156,12 @@ _SEASONAL = {"for": 3, "min_samples": 2, "window": "10m", "lookback": 6,
 
 
 def _two_weeks(sm: sessionmaker[Session], rules, level, *, acceptance: bool = False,
-               seed: int = 3):
-    """Write two weeks and 12 h of 10-minute cycles at `level(t)` (2% noise; p99 seconds,
+               seed: int = 3, days: int = 14):
+    """Write `days` days and 12 h of 10-minute cycles at `level(t)` (2% noise; p99 seconds,
     or the acceptance rate), then evaluate `rules` once at Monday 14:41."""
     rng = random.Random(seed)
     with sm.begin() as s:
-        t = T0 - timedelta(days=14, hours=12)
+        t = T0 - timedelta(days=days, hours=12)
         while t < T0 + timedelta(hours=2, minutes=40):
             v = level(t) * (1 + rng.gauss(0, 0.02))
             if acceptance:
@@ -213,6 +213,26 @@ def test_the_more_lenient_seasonal_centre_is_in_force(
     assert not r.fired and not r.breaching, r.reason
     assert r.baseline == pytest.approx(daily, rel=0.05)
     assert "hour_of_day" in r.reason
+
+
+@pytest.mark.parametrize(("days", "pages"), [(2, False), (8, True)])
+def test_a_young_season_only_relaxes_the_plain_baseline(
+        sessionmaker: sessionmaker[Session], days: int, pages: bool):
+    """Hour 14 read 20% low on each earlier day. Seen on two days that is a few hours of
+    noise: the ordinary level today does not page against it (the plain baseline is in
+    force, and the reason says why). Seen on eight days it is the hour's level: the same
+    reading is +25% for that hour and pages."""
+    rule = parse_rule({"name": "seasonal", "seasonality": "hour_of_week",
+                       "metric": "p99_latency", "change": "+15%", **_SEASONAL})
+    res = _two_weeks(sessionmaker, [rule],
+                     lambda t: 0.08 if t.hour == 14 and t < T0 else 0.1, days=days)
+    r = res["seasonal"]
+    assert r.fired == pages, r.reason
+    if pages:
+        assert r.baseline == pytest.approx(0.08, rel=0.05) and "baseline hour_of_" in r.reason
+    else:
+        assert r.baseline == pytest.approx(0.1, rel=0.05)
+        assert "hour_of_day young" in r.reason and not r.breaching
 
 
 def test_pending_and_firing_cycles_stay_out_of_the_baseline(sessionmaker: sessionmaker[Session]):
