@@ -276,16 +276,15 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         # that reads quiet rests on two or three hours of pooled values, and its noise
         # alone paged a daily peak.
         stats, kind = max(ready, key=lambda sk: rule.direction * sk[0].center)
-        plain = rolling if rolling is not None and rolling.spread is not None else None
         young = all(st.cycles < YOUNG_SEASON_HOURS * per_hour for st, _ in ready)
-        if (young and plain is not None
-                and rule.direction * plain.value > rule.direction * stats.center):
+        if (young and rolling is not None and rolling.spread is not None
+                and rule.direction * rolling.value > rule.direction * stats.center):
             # A young season (each seen on fewer than a week of days) may only relax the
             # plain baseline: its centre rests on a few hours of pooled values, and an
             # hour that read low by their noise alone paged an ordinary hour against it.
-            return CohortBaseline(BaselineStats(plain.value, plain.spread, plain.samples),
+            return CohortBaseline(BaselineStats(rolling.value, rolling.spread, rolling.samples),
                                   f"plain ({kind} young: {stats.cycles} cycles, reads "
-                                  f"{(stats.center / plain.value - 1) * 100:+.1f}%)")
+                                  f"{(stats.center / rolling.value - 1) * 100:+.1f}%)")
         return CohortBaseline(stats, kind)
     if why:
         fallback = f"plain ({', '.join(why)})"
