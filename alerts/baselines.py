@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 
 from alerts.detection import BaselineStats
 from alerts.errors import BaselineError
-from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Rule
+from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Point, Rule
 from alerts.series import Labels, RowCache, cohort_series, cycle_start
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries
@@ -155,12 +155,23 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
                     # A value pooled partly from other cohorts is not this cohort's own.
                     if p.value is not None and not p.borrowed:
                         by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
-                            [p.at.timestamp(), p.value, p.samples])
+                            [p.at.timestamp(), p.value, p.samples, *_body(p)])
         out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
     out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
     series_queries.delete_chunks_before(session, rule.name, start)
     series_queries.add_chunks(session, out)
     return len(todo)
+
+
+def _median(p: Point) -> float | None:
+    """Return the median of the cycle's own samples (a quantile's fresh ones), or None."""
+    return p.fresh.quantile(0.5) if p.fresh is not None and p.fresh.count else None
+
+
+def _body(p: Point) -> list[float]:
+    """Return a chunk entry's optional 4th element: [the cycle's median], or []."""
+    m = _median(p)
+    return [] if m is None else [m]
 
 
 def _runs(hours: list[datetime], step: timedelta) -> list[tuple[datetime, datetime]]:
@@ -254,8 +265,10 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         # The spread measured when it was pinned; else today's rolling one.
         spread = p.spread if p.spread is not None else (
             rolling.spread if rolling is not None and rolling.spread is not None else 0.0)
+        body = p.body if p.body is not None else (rolling.body if rolling is not None else None)
         return CohortBaseline(BaselineStats(center=p.value, spread=spread,
-                                            cycles=max(p.samples, n), pinned=True), "pinned")
+                                            cycles=max(p.samples, n), pinned=True, body=body),
+                              "pinned")
     fallback = ""
     # A season is used once it holds more cycles than one hour can: seen twice at least.
     per_hour = int(CHUNK_S // rule.window_s)
@@ -265,7 +278,7 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
     for kind, skey in zip(_SEASONS, skeys, strict=False):
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
         if seasonal is not None and seasonal.samples >= need and seasonal.spread is not None:
-            ready.append((BaselineStats(seasonal.value, seasonal.spread, seasonal.samples), kind))
+            ready.append((_stats(seasonal, seasonal.spread), kind))
             continue
         # Said, not silent: this season has too little history of its own yet.
         have = seasonal.samples if seasonal is not None else 0
@@ -282,7 +295,7 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
             # A young season (each seen on fewer than a week of days) may only relax the
             # plain baseline: its centre rests on a few hours of pooled values, and an
             # hour that read low by their noise alone paged an ordinary hour against it.
-            return CohortBaseline(BaselineStats(rolling.value, rolling.spread, rolling.samples),
+            return CohortBaseline(_stats(rolling, rolling.spread),
                                   f"plain ({kind} young: {stats.cycles} cycles, reads "
                                   f"{(stats.center / rolling.value - 1) * 100:+.1f}%)")
         return CohortBaseline(stats, kind)
@@ -290,12 +303,16 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         fallback = f"plain ({', '.join(why)})"
     b = force.inherited
     if b is not None and b.spread is not None:
-        return CohortBaseline(BaselineStats(b.value, b.spread, b.samples),
+        return CohortBaseline(_stats(b, b.spread),
                               f"inherited from {cohort_label((b.model_version, b.config_hash))}")
     if rolling is not None and rolling.spread is not None:
-        return CohortBaseline(BaselineStats(rolling.value, rolling.spread, rolling.samples),
-                              fallback)
+        return CohortBaseline(_stats(rolling, rolling.spread), fallback)
     return CohortBaseline(None)
+
+
+def _stats(b: StoredBaseline, spread: float) -> BaselineStats:
+    """Return a stored rolling row (with its `spread`) as the detector's summary."""
+    return BaselineStats(b.value, spread, b.samples, body=b.body)
 
 
 def _stale(old: StoredBaseline | None, rule: Rule, now: datetime, config: BaselineConfig,
@@ -321,27 +338,31 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
     first = min(n.start for n in needs)
     stored = series_queries.chunks(session, rule.name, {n.series_key for n in needs},
                                    {n.cohort for n in needs}, hour_start(first), this_hour)
-    values: dict[tuple[str, Cohort], list[tuple[float, float, int]]] = {}
+    # (cycle start, value, samples, body or None): chunks before 0008 hold no body.
+    values: dict[tuple[str, Cohort], list[tuple[float, float, int, float | None]]] = {}
     for ch in stored:
         values.setdefault((ch.scope_key, ch.cohort), []).extend(
-            (float(t), v, int(n)) for t, v, n in ch.values if v is not None)
+            (float(c[0]), c[1], int(c[2]), c[3] if len(c) > 3 else None)
+            for c in ch.values if c[1] is not None)
     live = cohort_series(rule, cache, max(this_hour, first), now)
     same = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
     periods = baseline_queries.alert_periods(session, same, first)
     out: dict[str, list[StoredBaseline]] = {}
     for need in needs:
         pts = list(values.get((need.series_key, need.cohort), []))
-        pts += [(p.at.timestamp(), p.value, p.samples)
+        pts += [(p.at.timestamp(), p.value, p.samples, _median(p))
                 for p in live.get(need.labels, {}).get(need.cohort, [])
                 if p.value is not None and not p.borrowed]
         excluded = _excluded(periods, rule, need.labels, now)
         lo = need.start.timestamp()
-        kept = [v for t, v, n in pts
+        kept = [(v, m) for t, v, n, m in pts
                 if t >= lo and n >= rule.min_samples
                 and (need.season is None or _SEASONS[need.season[0]][1](
                     datetime.fromtimestamp(t, UTC)) == need.season[1])
                 and not any(a <= t < b for a, b in excluded)]
-        stats = BaselineStats.of(kept)
+        # A body from a few cycles (hours chunked before 0008 have none) is no reference.
+        stats = BaselineStats.of((v for v, _ in kept), bodies=(m for _, m in kept),
+                                 min_bodies=rule.min_baseline_cycles)
         if stats is None:
             continue
         if need.old is not None:
@@ -351,7 +372,7 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
                        value=stats.center, samples=stats.cycles, window_start=need.start,
                        window_end=now, kind="rolling", model_version=need.cohort[0],
                        config_hash=need.cohort[1], created_at=now, spread=stats.spread,
-                       active=True)
+                       body=stats.body, active=True)
         session.add(row)
         session.flush()
         out.setdefault(need.key, []).append(baseline_queries.stored(row))
@@ -416,13 +437,15 @@ def pin(session: Session, metric: str, scope: Mapping[str, Any] | str, actor: st
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BaselineError("value", "must be a number", value=value)
     spread = rolling.spread if rolling is not None else None
+    body = rolling.body if rolling is not None else None
     _deactivate(session, metric, key, "pinned")
     kw = {"created_at": now} if now is not None else {}
     row = Baseline(metric=metric, scope=sc, scope_key=key, value=float(value),
                    samples=rolling.samples if rolling is not None else 0, kind="pinned",
                    model_version=rolling.model_version if rolling is not None else "",
                    config_hash=rolling.config_hash if rolling is not None else "",
-                   pinned_by=actor, note=note or None, spread=spread, active=True, **kw)
+                   pinned_by=actor, note=note or None, spread=spread, body=body, active=True,
+                   **kw)
     session.add(row)
     session.flush()
     return baseline_queries.stored(row)

@@ -85,10 +85,20 @@ class BaselineStats:
     spread: float
     cycles: int
     pinned: bool = False
+    # Quantile rules: the median of the cycles' own median samples, where the canaries'
+    # body sits (recovery reads it: alerts.rules.canaries_came_down); None: unknown.
+    body: float | None = None
 
     @classmethod
-    def of(cls, values: Iterable[float], *, pinned: bool = False) -> BaselineStats | None:
-        """Summarize per-cycle values; None when there are none."""
+    def of(cls, values: Iterable[float], *, pinned: bool = False,
+           bodies: Iterable[float | None] = (), min_bodies: int = 1) -> BaselineStats | None:
+        """Summarize per-cycle values; None when there are none.
+
+        bodies: the cycles' own median samples (a quantile's); the body is their median
+        where at least `min_bodies` are known.
+        """
+        known = [float(m) for m in bodies if m is not None and math.isfinite(m)]
+        body = statistics.median(known) if known and len(known) >= min_bodies else None
         xs = [float(v) for v in values if v is not None and math.isfinite(v)]
         if not xs:
             return None
@@ -100,7 +110,7 @@ class BaselineStats:
             xs.sort()
             q05, q95 = xs[int(0.05 * (len(xs) - 1))], xs[int(0.95 * (len(xs) - 1))]
             spread = max(spread, (q95 - q05) / _Q05_Q95_TO_SIGMA)
-        return cls(center=center, spread=spread, cycles=len(xs), pinned=pinned)
+        return cls(center=center, spread=spread, cycles=len(xs), pinned=pinned, body=body)
 
     def relative_noise(self, params: Cusum) -> float:
         """Return spread / |centre|, floored at params.min_spread_rel (inf for a zero centre)."""

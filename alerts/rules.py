@@ -284,7 +284,7 @@ def evaluate_rule(
             # since it fired) must show its canaries coming down; one that never did (a
             # scope's other cohort, say) was not the regression.
             came_down = (not any(rel_breach(x) for x in rels)
-                         or canaries_came_down(valid, m, rule.threshold))
+                         or canaries_came_down(valid, m, rule.threshold, baseline.body))
         return came_down
 
     recovered = len(tail) >= m and all(back(p, r) and not over_limit(v) for p, v, r in tail)
@@ -312,31 +312,41 @@ def evaluate_rule(
                   breaching=breaching, recovered=recovered, statistic=stat, samples=samples)
 
 
-def canaries_came_down(points: Sequence[Point], recent: int, threshold: float) -> bool:
-    """Return whether the last `recent` cycles' own samples came down from the earlier ones.
+def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,
+                       body: float | None = None) -> bool:
+    """Return whether the last `recent` cycles' own samples came down.
 
-    Down: their median at least threshold / 2 under that of the earlier cycles' samples
+    Down: their median within threshold / 2 of the baseline's `body` (the median of its
+    cycles' medians), or at least threshold / 2 under that of the earlier cycles' samples
     (at least 2 such cycles). The points are the detector's: for a firing alert, the
     cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
     the other canaries can go on below it, with no new sample above it and a pool without
     a slow cycle reading under the threshold (bench.incidents on the 2026-12-02 recording:
     a +30% ramp read +13% and resolved mid-incident). Without this check the lenient
     recovery resolved such an alert and it fired again; an ended regression shows as its
-    canaries coming down.
+    canaries coming down. The body answers where the earlier cycles cannot: an alert that
+    fired near an incident's end has mostly normal cycles since, which the canaries never
+    come down from.
     """
-    if len(points) < recent + 2:
-        return False
     last = [p.fresh for p in points[-recent:] if p.fresh is not None and p.fresh.count]
-    before = [p.fresh for p in points[:-recent] if p.fresh is not None and p.fresh.count]
-    if len(last) < recent or len(before) < 2:
+    if len(last) < recent:
         return False
-    now, then = Sketch(), Sketch()
+    now = Sketch()
     for f in last:
         now.merge(f)
+    a = now.quantile(0.5)
+    if a is None:
+        return False
+    if body is not None and a <= body * (1.0 + threshold / 2.0):
+        return True
+    before = [p.fresh for p in points[:-recent] if p.fresh is not None and p.fresh.count]
+    if len(before) < 2:
+        return False
+    then = Sketch()
     for f in before:
         then.merge(f)
-    a, b = now.quantile(0.5), then.quantile(0.5)
-    return a is not None and b is not None and a * (1.0 + threshold / 2.0) <= b
+    b = then.quantile(0.5)
+    return b is not None and a * (1.0 + threshold / 2.0) <= b
 
 
 def quantile_samples(metric: str) -> int:

@@ -313,6 +313,9 @@ class Baseline(Base):
     note: Mapped[str | None] = mapped_column(Text)
     # Robust sigma of the per-cycle values (pinned rows copy the rolling one's); None: unknown.
     spread: Mapped[float | None] = mapped_column(Float)
+    # Quantile rules: median of the cycles' own sample medians (the canaries' body, beside a
+    # tail quantile's centre); pinned rows copy the rolling one's; None: unknown.
+    body: Mapped[float | None] = mapped_column(Float)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
 
 

@@ -28,6 +28,8 @@ class BaselineOut(BaseModel):
     kind: str
     value: float
     spread: float | None
+    body: float | None = Field(None, description="quantile rules: the median of the cycles' "
+                               "own median samples (where the canaries' body sits)")
     samples: int
     window_start: datetime | None
     window_end: datetime | None

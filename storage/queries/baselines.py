@@ -14,7 +14,8 @@ from storage.models import Alert, Baseline, scope_key
 
 @dataclass(frozen=True)
 class StoredBaseline:
-    """One stored baseline row (value = centre, spread = robust sigma, None when unknown)."""
+    """One stored baseline row (value = centre, spread = robust sigma, body = the cycles'
+    median sample for a quantile; None when unknown)."""
 
     id: int
     metric: str
@@ -32,6 +33,7 @@ class StoredBaseline:
     pinned_by: str | None
     note: str | None
     active: bool
+    body: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,4 +177,5 @@ def stored(b: Baseline) -> StoredBaseline:
         id=b.id, metric=b.metric, scope=dict(b.scope or {}), scope_key=b.scope_key, kind=b.kind,
         value=b.value, spread=b.spread, samples=b.samples, window_start=b.window_start,
         window_end=b.window_end, model_version=b.model_version, config_hash=b.config_hash,
-        created_at=b.created_at, pinned_by=b.pinned_by, note=b.note, active=b.active)
+        created_at=b.created_at, pinned_by=b.pinned_by, note=b.note, active=b.active,
+        body=b.body)

@@ -151,6 +151,35 @@ def test_evaluation_reads_a_bounded_amount_not_the_history(sessionmaker: session
         assert v.samples >= 6 * 60 - 2  # the whole window, from the chunks
 
 
+def test_a_quantile_baseline_keeps_its_body_from_the_chunks_and_a_pin_copies_it(
+        sessionmaker: sessionmaker[Session]):
+    """The body (median of the cycles' own median samples; the canaries sit at 0.8 x the
+    p99 in these cycles) is stored beside the p99's centre, from the hourly chunks and the
+    current hour, and a pin keeps the one measured when it was pinned."""
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%", "for": 3,
+                       "min_samples": 2, "lookback": 10, "baseline_window": "6h",
+                       "min_baseline_cycles": 20})
+    fill(sessionmaker, -360, 0, 0.1)
+    run(sessionmaker, 0, rules=[rule])
+    with sessionmaker() as s:
+        chunk = s.scalars(select(SeriesChunk).where(SeriesChunk.scope_key != "")).first()
+        assert chunk is not None and all(len(c) == 4 for c in chunk.values)
+        v = {v.scope["bucket"]: v for v in list_baselines(s, "p99_latency")}["64"]
+    assert v.value == pytest.approx(0.1, rel=0.03)
+    assert v.body == pytest.approx(0.08, rel=0.03)
+    with sessionmaker.begin() as s:
+        pinned = pin(s, "p99_latency", "bucket=64", "ana", value=0.12, now=minute(1))
+    assert pinned.body == pytest.approx(v.body)
+    now = minute(1) + timedelta(seconds=30)
+    with sessionmaker.begin() as s:
+        cache = RowCache(s)
+        per = cohort_series(rule, cache, now - timedelta(minutes=10), now)
+        out = baselines_for_rule(s, rule, [rule], now, cache,
+                                 {k: list(x) for k, x in per.items()}, BaselineConfig(warm_in_s=0))
+    b = out[(("bucket", "64"),)][("m1", "c1")]
+    assert b.origin == "pinned" and b.stats is not None and b.stats.body == pytest.approx(v.body)
+
+
 _SEASONAL = {"for": 3, "min_samples": 2, "window": "10m", "lookback": 6,
              "baseline_window": "15d", "min_baseline_cycles": 5}
 

@@ -6,6 +6,7 @@ false alerts per 30 days in bench.detection); these tests fail if it comes back.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -88,7 +89,8 @@ def test_a_regression_under_a_p99_that_slow_cycles_set_stays_firing() -> None:
     # cycle reads under the threshold (+10%). Not recovered: the canaries did not come
     # down since the alert fired (bench.incidents, 2026-12-02 recording: a +30% ramp
     # resolved mid-incident and fired again 12 minutes later).
-    base = BaselineStats.of([1.0] * 40)
+    # The baseline's body (its cycles' median canary) is where the canaries were: 0.65.
+    base = replace(BaselineStats.of([1.0] * 40), body=0.65)  # type: ignore[type-var]
     rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
                        "resolve_change": "+5%", "resolve_for": 5, "min_baseline_cycles": 5})
     # Since it fired, a pool holding a slow cycle read +30%; then one without it +10%.
@@ -104,6 +106,27 @@ def test_a_regression_under_a_p99_that_slow_cycles_set_stays_firing() -> None:
     # A series that never breached since the detector's start (a scope's other cohort,
     # while the one that regressed is gone) recovers as before.
     assert evaluate_rule(rule, {}, base, going_on[1:]).recovered
+
+
+def test_an_alert_that_fired_near_the_end_recovers_against_the_baseline_body() -> None:
+    """A short incident: the alert fired on its last two cycles, and the pool kept their
+    samples for 20 more; now it reads +10% (outside resolve_change) with every new canary
+    back. The cycles since firing are mostly normal, so the canaries never came down from
+    them; against the baseline's body they are back (it waited for the pool to fall
+    inside +5% before: 46 minutes after a 5-minute +30% shift in bench.incidents)."""
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
+                       "resolve_change": "+5%", "resolve_for": 5, "min_baseline_cycles": 5})
+    normal = [0.8, 0.85, 0.9, 0.95]
+    pts = ([_cycle(i, 1.30, [1.1, 1.15, 1.2, 1.3]) for i in range(2)]
+           + [_cycle(2 + i, 1.25, normal) for i in range(20)]
+           + [_cycle(22 + i, 1.10, normal) for i in range(5)])
+    base = BaselineStats.of([1.0] * 40)
+    assert base is not None and base.body is None
+    assert not evaluate_rule(rule, {}, base, pts).recovered  # no body: only the pool
+    with_body = replace(base, body=0.86)
+    assert evaluate_rule(rule, {}, with_body, pts).recovered
+    # Canaries still ~15% above the body (a regression going on): not recovered.
+    assert not evaluate_rule(rule, {}, replace(base, body=0.75), pts).recovered
 
 
 def test_a_pooled_median_still_fires_on_its_relative_change() -> None:
