@@ -93,6 +93,8 @@ def test_baselines_pin_list_unpin(client: TestClient, auth: dict[str, str]) -> N
     listed = client.get("/v1/baselines").json()
     assert [(b["metric"], b["kind"], b["value"]) for b in listed] == [
         ("p99_latency", "pinned", 0.3)]
+    # No rolling baseline to copy a spread or a body from yet: both shown, unknown.
+    assert (listed[0]["spread"], listed[0]["body"]) == (None, None)
     r = client.post("/v1/baselines", headers=auth, json={
         "action": "unpin", "metric": "p99_latency", "scope": "bucket=64"})
     assert r.json()["unpinned"] == 1
