@@ -104,16 +104,19 @@ def evaluate(
     resend_s: float = 120.0,
     actor: str = "policy",
     stale_after_s: float | None = None,
+    settle: Mapping[str, float] | None = None,
 ) -> EvaluationReport:
     """Evaluate `rules` at `now`, move alerts, queue notifications, apply the policy.
 
     stale_after_s: open alerts of an instance that has not reported for this long are
     resolved with reason "stale" (None: never).
+    settle: row kind ("traffic", ...) -> seconds after a cycle's end before it is judged
+    (its rows still arriving; alerts.series.RowCache).
     """
     if now.tzinfo is None:
         raise ValueError("now: must be timezone-aware")
     config = baseline_config or BaselineConfig()
-    cache = RowCache(session)
+    cache = RowCache(session, settle)
     # One read per row kind for every rule's window (then sliced in memory per rule).
     plan_rules(cache, rules, now)
     alerts = open_alerts(session)

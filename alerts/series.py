@@ -110,10 +110,16 @@ class RowCache:
     reaches back for only when a cycle is short) are loaded, all at once, in one more
     query the first time some read needs them. Reads outside the plan (hour chunks
     backfilled in the past) are loaded as asked and kept by window.
+
+    settle: row kind -> seconds after a cycle's end before it counts as finished. Real
+    traffic reaches the database in rollup flushes (every `traffic_flush_interval_s`, per
+    replica), so a minute read just after it ended lacks its last requests: judged then, a
+    shift that began late in the minute read as a mild dip and went into the baseline.
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, settle: Mapping[str, float] | None = None) -> None:
         self.session = session
+        self.settle = dict(settle or {})
         self.rows_read = 0  # rows loaded from the database: evaluation cost, for tests and bench
         self._cache: dict[tuple[str, datetime, datetime], list[Row]] = {}
         self._since: dict[Cohort, datetime] | None = None
@@ -360,13 +366,15 @@ def cohort_series(rule: Rule, cache: RowCache, start: datetime,
 
 def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
             split: bool) -> dict[_Key, list[Point]]:
-    starts = cycle_starts(start, end, rule.window_s)
+    kind = _SLIDING.get(rule.metric) or quality.series_kind(rule.metric, rule.source)
+    # A cycle counts once its rows have all arrived (RowCache.settle).
+    starts = cycle_starts(start, end - timedelta(seconds=cache.settle.get(kind, 0.0)),
+                          rule.window_s)
     if not starts:
         return {}
     step = timedelta(seconds=rule.window_s)
     if rule.metric in _SLIDING:
         return _sliding(rule, cache, starts, step, split)
-    kind = quality.series_kind(rule.metric, rule.source)
     quantile = _SKETCH_METRICS.get(rule.metric) if kind in ("canary", "traffic", "burst") \
         else None
     end = starts[-1] + step
