@@ -155,7 +155,7 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
                     # A value pooled partly from other cohorts is not this cohort's own.
                     if p.value is not None and not p.borrowed:
                         by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
-                            [p.at.timestamp(), p.value, p.samples, *_body(p)])
+                            [p.at.timestamp(), p.value, p.samples, _median(p)])
         out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
     out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
     series_queries.delete_chunks_before(session, rule.name, start)
@@ -166,12 +166,6 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
 def _median(p: Point) -> float | None:
     """Return the median of the cycle's own samples (a quantile's fresh ones), or None."""
     return p.fresh.quantile(0.5) if p.fresh is not None and p.fresh.count else None
-
-
-def _body(p: Point) -> list[float]:
-    """Return a chunk entry's optional 4th element: [the cycle's median], or []."""
-    m = _median(p)
-    return [] if m is None else [m]
 
 
 def _runs(hours: list[datetime], step: timedelta) -> list[tuple[datetime, datetime]]:

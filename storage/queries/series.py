@@ -80,8 +80,8 @@ def cohort_since(session: Session, end: datetime) -> dict[Cohort, datetime]:
 @dataclass(frozen=True)
 class Chunk:
     """One stored hour of a series: [cycle start epoch s, value or None, samples, body]
-    per cycle; body (a quantile's own samples' median that cycle) is absent in hours
-    stored before 0008 and where the cycle had none."""
+    per cycle; body (a quantile's own samples' median that cycle, None where it had none)
+    is absent in hours stored before 0008."""
 
     rule: str
     scope_key: str  # "" marks the hour done for the rule (written even when it had no data)
