@@ -128,3 +128,75 @@ def test_sinks_find_each_histograms_own_row_of_a_label_set() -> None:
     assert get("tailwatch_request_duration_seconds_sum", key32) == pytest.approx(0.05)
     assert get("tailwatch_request_ttft_seconds_sum", key32) == pytest.approx(0.006)
     assert get("tailwatch_request_duration_seconds_sum", key16) == pytest.approx(0.01)
+
+
+def test_a_mixed_batch_folds_to_what_one_update_per_value_records() -> None:
+    """Canary and traffic results, several label sets, ragged tokens and positions, folded once."""
+    from prometheus_client import Counter
+
+    from engine.protocol import SpecStats
+    from monitor.metrics import FOLD_AT, LATENCY_BUCKETS, Metrics, MetricsSink
+    from tests.monitor.test_metrics import result
+
+    rng = random.Random(7)
+    results = []
+    for _ in range(FOLD_AT - 1):  # one fold, at the scrape below
+        k = rng.choice((0, 0, 3, 5, 8))
+        positions = tuple(rng.randrange(3) for _ in range(rng.randrange(1, k + 1))) if k else ()
+        results.append(result(
+            canary=rng.random() < 0.3, bucket=rng.choice(("16", "32", "64")),
+            path=rng.choice(("compiled", "eager")), decoding="speculative" if k else "direct",
+            total_s=rng.lognormvariate(-3, 1), ttft_s=rng.lognormvariate(-5, 1),
+            queue_wait_s=rng.choice((0.0, rng.random() * 0.01)),
+            decode_token_s=tuple(rng.random() * 0.01 for _ in range(rng.randrange(0, 20))),
+            input_tokens=rng.randrange(1, 17), padded_length=16, output_tokens=rng.randrange(1, 40),
+            spec=SpecStats(drafts=len(positions), draft_tokens=k * len(positions),
+                           accepted_tokens=sum(positions), accepted_per_position=positions)))
+    registry = CollectorRegistry()
+    sink = MetricsSink(Metrics(registry))
+    for r in results:
+        sink.observe(r)
+    assert sink.pending == FOLD_AT - 1
+    # The reference: prometheus_client's own series, one update per value.
+    ref = CollectorRegistry()
+    labels = ("bucket", "path", "decoding")
+    hist = {(kind, name): Histogram(f"tailwatch_{kind}_{name}", "r", labels, registry=ref,
+                                    buckets=buckets)
+            for kind in ("request", "canary")
+            for name, buckets in (("duration_seconds", DURATION_BUCKETS),
+                                  ("ttft_seconds", LATENCY_BUCKETS),
+                                  ("queue_wait_seconds", LATENCY_BUCKETS),
+                                  ("time_per_output_token_seconds", TOKEN_BUCKETS))}
+    padding = Histogram("tailwatch_request_padding_ratio", "r", ("bucket",), registry=ref,
+                        buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0))
+    out = Counter("tailwatch_output_tokens", "r", ("source", "bucket"), registry=ref)
+    spec = {name: Counter(f"tailwatch_spec_decode_num_{name}", "r", ("source", "bucket"),
+                          registry=ref) for name in ("drafts", "draft_tokens", "accepted_tokens")}
+    per_pos = Counter("tailwatch_spec_decode_num_accepted_tokens_per_pos", "r",
+                      ("source", "bucket", "position"), registry=ref)
+    for r in results:
+        kind, source = ("canary", "canary") if r.canary else ("request", "traffic")
+        key = (r.bucket, r.path, r.decoding)
+        hist[kind, "duration_seconds"].labels(*key).observe(r.total_s)
+        hist[kind, "ttft_seconds"].labels(*key).observe(r.ttft_s)
+        hist[kind, "queue_wait_seconds"].labels(*key).observe(r.queue_wait_s)
+        for v in r.decode_token_s:
+            hist[kind, "time_per_output_token_seconds"].labels(*key).observe(v)
+        if not r.canary:
+            padding.labels(r.bucket).observe(r.padding_waste)
+        out.labels(source, r.bucket).inc(r.output_tokens)
+        if r.spec.drafts:
+            spec["drafts"].labels(source, r.bucket).inc(r.spec.drafts)
+            spec["draft_tokens"].labels(source, r.bucket).inc(r.spec.draft_tokens)
+            spec["accepted_tokens"].labels(source, r.bucket).inc(r.spec.accepted_tokens)
+            for pos, n in enumerate(r.spec.accepted_per_position):
+                per_pos.labels(source, r.bucket, str(pos)).inc(n)
+    want = {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in ref.collect() for s in m.samples if not s.name.endswith("_created")}
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for m in registry.collect() for s in m.samples
+           if (s.name, tuple(sorted(s.labels.items()))) in want}
+    assert sink.pending == 0  # the collection folded the batch
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-12), k
