@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -41,11 +42,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench.proxy import TcpProxy, free_port
+from bench.proxy import TcpProxy
+from monitor.loopback import WebhookReceiver, wait_for
 
 PG_ADMIN_URL = os.environ.get(
     "TAILWATCH_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -113,78 +114,6 @@ class SimClock:
             self._now += timedelta(seconds=seconds)
 
 
-# -- a webhook receiver whose behaviour the run switches ---------------------------------
-
-class Receiver:
-    """A loopback HTTP receiver: "ok" answers 200, "hang" stalls then answers 503.
-
-    Counts 2xx answers per idempotency key and checks every signature
-    (alerts.webhooks.verify_signature). Not listening at all = connections refused.
-    """
-
-    def __init__(self, port: int, secret: str, hang_s: float) -> None:
-        self.port = port
-        self.secret = secret
-        self.hang_s = hang_s
-        self.mode = "ok"
-        self.accepted: Counter[str] = Counter()
-        self.bad_signatures = 0
-        self.requests = 0
-        self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        """Return the URL the target posts to."""
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def handle(self, headers: Any, body: bytes) -> int:
-        """Answer one POST; return its status."""
-        from alerts.webhooks import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify_signature
-
-        with self._lock:
-            self.requests += 1
-            mode = self.mode
-        if mode == "hang":
-            time.sleep(self.hang_s)  # the sender gave up long ago
-            return 503
-        if not verify_signature(self.secret, body, headers.get(SIGNATURE_HEADER)):
-            with self._lock:
-                self.bad_signatures += 1
-            return 401
-        with self._lock:
-            self.accepted[headers.get(IDEMPOTENCY_HEADER) or ""] += 1
-        return 200
-
-    def start(self) -> None:
-        """Listen on the port (until now connections were refused)."""
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status = receiver.handle(self.headers, body)
-                with contextlib.suppress(OSError):  # the sender may have hung up
-                    self.send_response(status)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                return
-
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        self._server = server
-
-    def stop(self) -> None:
-        """Stop listening."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
 # -- the service on a fake engine ---------------------------------------------------------
 
 class _GuardedProvider:
@@ -245,11 +174,8 @@ def service(settings: Any, clock: Callable[[], datetime] | None = None) -> Itera
     app = create_app(settings, engine_factory=engine_factory, registry=CollectorRegistry(),
                      suites=suites(), clock=clock)
     with TestClient(app) as client:
-        deadline = time.monotonic() + 30
-        while client.get("/readyz").status_code != 200:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the service did not become ready in 30 s")
-            time.sleep(0.02)
+        wait_for(lambda: client.get("/readyz").status_code == 200, 30, interval_s=0.02,
+                 what="the service ready")
         yield client, services_of(app)
 
 
@@ -275,8 +201,8 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
     from storage.queries.deliveries import pending_count
 
     out = Outcome("webhooks")
-    flaky = Receiver(free_port(), SECRET, cfg.hang_s)
-    healthy = Receiver(free_port(), SECRET, cfg.hang_s)
+    flaky = WebhookReceiver(secret=SECRET)  # refuses connections until started
+    healthy = WebhookReceiver(secret=SECRET)
     healthy.start()
     hooks = [{"name": name, "url": rx.url, "format": "alertmanager", "secret": SECRET,
               "timeout": cfg.hook_timeout_s, "messages": True}
@@ -310,7 +236,7 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
         i = 0
         for phase, n in (("refuse", cfg.refuse_rounds), ("hang", cfg.hang_rounds)):
             if phase == "hang":
-                flaky.mode = "hang"
+                flaky.default = ("sleep", cfg.hang_s)  # accepts, answers past the timeout
                 flaky.start()
             for _ in range(n):
                 produce(i)
@@ -318,7 +244,7 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
                 clock.advance(cfg.step_s)
                 deliver()
                 rounds[phase] += 1
-        flaky.mode = "ok"  # recovered: new notifications keep coming for a few rounds
+        flaky.default = 200  # recovered: new notifications keep coming for a few rounds
         for r in range(cfg.drain_rounds):
             if r < 3:
                 produce(i)
@@ -330,9 +256,8 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
                 if r >= 3 and pending_count(s) == 0:
                     break
             time.sleep(0.01)
-        deadline = time.monotonic() + 10  # a hanging drain from before may still be running
-        while services.deliverer._running and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with contextlib.suppress(TimeoutError):  # a hanging drain may still be running
+            wait_for(lambda: not services.deliverer._running, 10, interval_s=0.05)
         with services.sessions() as s:
             rows = s.execute(select(WebhookDelivery.target, WebhookDelivery.idempotency_key,
                                     WebhookDelivery.state)).all()
@@ -350,11 +275,11 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
         out.duplicated += dup
         out.say(f"{name:8} sent {len(mine)}, received {received}, superseded {superseded} "
                 f"(a resolved replaced its undelivered firing), lost {lost}, duplicated {dup}, "
-                f"bad signatures {rx.bad_signatures}, requests {rx.requests}; "
+                f"bad signatures {rx.bad_signatures}, requests {len(rx.deliveries())}; "
                 f"outbox states {dict(states)}")
         out.lost += rx.bad_signatures  # an unverifiable notification is as good as lost
         out.counts.update({f"{name}_sent": len(mine), f"{name}_received": received,
-                           f"{name}_requests": rx.requests})
+                           f"{name}_requests": len(rx.deliveries())})
     out.counts["max_attempts"] = max_attempts
     out.say(f"rounds of {cfg.step_s:g} simulated s: refused {rounds['refuse']}, hanging "
             f"{rounds['hang']} (each attempt a real {cfg.hook_timeout_s:g} s timeout), then "
@@ -505,6 +430,10 @@ def child_writer(url: str, instance: str) -> None:
             print("ack", result.started_at.isoformat(), flush=True)
 
 
+def _acked_or_gone(proc: subprocess.Popen[str], lines: list[str]) -> bool:
+    return any(ln.startswith("ack ") for ln in lines) or proc.poll() is not None
+
+
 def run_kill9(cfg: Config, workdir: Path) -> Outcome:
     """kill -9 a process writing probe cycles to SQLite `cfg.kills` times; check the file."""
     from sqlalchemy import func, select, text
@@ -527,10 +456,8 @@ def run_kill9(cfg: Config, workdir: Path) -> Outcome:
         reader.start()
         # Killed at a random moment after its first acknowledged cycle (each kill then
         # has something to lose), mid-cycle or mid-commit as it falls.
-        deadline = time.monotonic() + 60
-        while (not any(ln.startswith("ack ") for ln in lines) and proc.poll() is None
-               and time.monotonic() < deadline):
-            time.sleep(0.01)
+        with contextlib.suppress(TimeoutError):  # a child that never acks is killed anyway
+            wait_for(functools.partial(_acked_or_gone, proc, lines), 60)
         time.sleep(rng.uniform(*cfg.kill_after_s))
         proc.send_signal(signal.SIGKILL)
         proc.wait()

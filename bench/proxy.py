@@ -14,12 +14,7 @@ import contextlib
 import socket
 import threading
 
-
-def free_port() -> int:
-    """Return a loopback port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from monitor.loopback import free_port
 
 
 class TcpProxy:

@@ -15,8 +15,8 @@ from monitor.demo.engine import Int8Rollout, SlowableEngine
 from monitor.demo.errors import CheckFailed
 from monitor.demo.narration import Narrator
 from monitor.demo.profile import DemoProfile
-from monitor.demo.receiver import WebhookReceiver
 from monitor.demo.traffic import TrafficGenerator
+from monitor.loopback import WebhookReceiver
 
 Probe = Callable[[], tuple[bool, str]]
 # A paced wait also gives up when its cycles took this many times the measured cycle

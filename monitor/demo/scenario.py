@@ -21,10 +21,10 @@ from monitor.demo.engine import DemoEngineFactory, models_present
 from monitor.demo.errors import CheckFailed, DemoOptionError, DemoSetupError
 from monitor.demo.narration import Narrator
 from monitor.demo.profile import FULL, DemoProfile, demo_settings
-from monitor.demo.receiver import WebhookReceiver
 from monitor.demo.server import ServiceThread
 from monitor.demo.steps import STEPS
 from monitor.demo.traffic import TrafficGenerator
+from monitor.loopback import WebhookReceiver
 
 log = logging.getLogger(__name__)
 DB_NAME = "tailwatch-demo.db"
@@ -133,7 +133,7 @@ def run_demo(options: DemoOptions | None = None, console: Console | None = None)
     handler, old_level = _log_to(workdir / "demo.log")
     started = time.monotonic()
     try:
-        with WebhookReceiver(workdir / "webhooks.jsonl") as receiver:
+        with WebhookReceiver(log_file=workdir / "webhooks.jsonl") as receiver:
             outcome = _play(options, console, workdir, report_dir, receiver, started)
     finally:
         logging.getLogger().removeHandler(handler)

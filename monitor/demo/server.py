@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from types import TracebackType
 
 import uvicorn
 from fastapi import FastAPI
 
 from monitor.demo.errors import DemoSetupError
+from monitor.loopback import wait_for
 
 
 class ServiceThread:
@@ -37,15 +37,16 @@ class ServiceThread:
 
     def __enter__(self) -> ServiceThread:
         self._thread.start()
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive():
-                self._sock.close()
-                raise DemoSetupError("the service exited during start-up (see the demo log)")
-            if time.monotonic() > deadline:
-                self.__exit__(None, None, None)
-                raise DemoSetupError(f"the service did not start in {self.start_timeout_s:g} s")
-            time.sleep(0.02)
+        try:
+            wait_for(lambda: self._server.started or not self._thread.is_alive(),
+                     self.start_timeout_s, interval_s=0.02)
+        except TimeoutError:
+            self.__exit__(None, None, None)
+            raise DemoSetupError(
+                f"the service did not start in {self.start_timeout_s:g} s") from None
+        if not self._server.started:
+            self._sock.close()
+            raise DemoSetupError("the service exited during start-up (see the demo log)")
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -22,7 +22,7 @@ from alerts.policy import Policy, parse_policy
 from alerts.rules import parse_rule
 from alerts.webhooks import WebhookTarget
 from engine.config import BUILTIN_DIR
-from tests.alerts.receiver import Receiver, serve
+from monitor.loopback import WebhookReceiver
 
 pytestmark = [
     pytest.mark.slow,
@@ -71,7 +71,7 @@ def test_shifted_traffic_turns_speculation_off_for_one_bucket_and_back(
     items, _ = parse_policy(POLICY)
     policy = Policy(items)
     rng = random.Random(7)
-    rx = Receiver()
+    rx = WebhookReceiver()
 
     def serve_minute(i: int, plan: list[tuple[str, str, int]]) -> list:
         now[0] = T0 + timedelta(minutes=i, seconds=5)
@@ -93,7 +93,8 @@ def test_shifted_traffic_turns_speculation_off_for_one_bucket_and_back(
                             policy=policy, baseline_config=BaselineConfig(warm_in_s=0))
 
     try:
-        with serve(rx) as url:
+        with rx:
+            url = rx.url
             target = WebhookTarget(name="ops", url=url, format="generic")
             for i in range(5):  # in-domain baseline in both buckets
                 serve_minute(i, [("in_domain", "64", 2), ("in_domain", "32", 2)])

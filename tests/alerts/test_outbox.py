@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.outbox import Deliverer, enqueue, enqueue_message, retry_dead
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget
+from monitor.loopback import WebhookReceiver, free_port
 from storage.models import Alert, WebhookDelivery
 from storage.queries.deliveries import pending_count
-from tests.alerts.receiver import Receiver, free_port, serve
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -89,8 +89,8 @@ def test_flaky_receiver_gets_every_notification_exactly_once(sessionmaker: sessi
         assert d.run_once().claimed == 0
     clock.advance(1000)
     # Phase 2: the receiver comes up but answers 503, then stalls past the timeout, then heals.
-    rx = Receiver(secret="s3cret", script=[503, 503, ("sleep", 0.8), 502])
-    with serve(rx, port):
+    rx = WebhookReceiver(port=port, secret="s3cret", script=[503, 503, ("sleep", 0.8), 502])
+    with rx:
         rounds = deliver_until_done(make, clock)
     assert rounds == 5  # one failure per round (the target is down), then all at once
     assert rx.bad_signatures == 0
@@ -108,9 +108,10 @@ def test_flaky_receiver_gets_every_notification_exactly_once(sessionmaker: sessi
 
 
 def test_timeout_is_retried_and_recorded(sessionmaker: sessionmaker[Session]):
-    rx = Receiver(script=[("sleep", 0.6)])
+    rx = WebhookReceiver(script=[("sleep", 0.6)])
     clock = Clock()
-    with serve(rx) as url:
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="slow", url=url, timeout_s=0.2)
         with sessionmaker.begin() as s:
             enqueue(s, note(1), [tgt])
@@ -126,9 +127,10 @@ def test_timeout_is_retried_and_recorded(sessionmaker: sessionmaker[Session]):
 
 
 def test_4xx_is_failed_without_retry(sessionmaker: sessionmaker[Session]):
-    rx = Receiver(default=400)
+    rx = WebhookReceiver(default=400)
     clock = Clock()
-    with serve(rx) as url:
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="strict", url=url, format="slack")
         with sessionmaker.begin() as s:
             enqueue(s, note(1), [tgt])
@@ -136,16 +138,17 @@ def test_4xx_is_failed_without_retry(sessionmaker: sessionmaker[Session]):
             with Deliverer(sessionmaker, [tgt], clock=clock) as d:
                 d.run_once()
             clock.advance(1000)
-    assert len(rx.requests) == 1
+    assert len(rx.deliveries()) == 1
     with sessionmaker() as s:
         row = s.scalars(select(WebhookDelivery)).one()
         assert row.state == "failed" and row.last_status == 400 and row.attempts == 1
 
 
 def test_429_and_5xx_are_retried(sessionmaker: sessionmaker[Session]):
-    rx = Receiver(script=[429, 500])
+    rx = WebhookReceiver(script=[429, 500])
     clock = Clock()
-    with serve(rx) as url:
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="t", url=url)
         with sessionmaker.begin() as s:
             enqueue(s, note(1), [tgt])
@@ -211,9 +214,11 @@ def test_a_hanging_target_costs_only_itself(sessionmaker: sessionmaker[Session])
     # The hung receiver holds each request until the healthy one has taken all three of its
     # notifications: it can only answer 200 if both targets are served at the same time.
     release = threading.Event()
-    hung = Receiver(hold=release, hold_s=3.0)
-    healthy = Receiver(after_accept=lambda rx: release.set() if len(rx.accepted) == 3 else None)
-    with serve(hung) as hung_url, serve(healthy) as ok_url:
+    hung = WebhookReceiver(hold=release, hold_s=3.0)
+    healthy = WebhookReceiver(after_accept=lambda rx: release.set() if len(rx.accepted) == 3 else None)
+    with hung, healthy:
+        hung_url = hung.url
+        ok_url = healthy.url
         slow = WebhookTarget(name="a-hung", url=hung_url, timeout_s=30)
         ok = WebhookTarget(name="b-ok", url=ok_url)
         with sessionmaker.begin() as s:
@@ -231,11 +236,13 @@ def test_a_hanging_target_does_not_hold_up_later_runs(sessionmaker: sessionmaker
     # run_wait_s bounds each run: the hung target's drain goes on in its thread, later runs
     # skip it and serve the healthy target, and its counts come with the run it ends in.
     release = threading.Event()
-    hung = Receiver(hold=release, hold_s=20.0)
-    healthy = Receiver()
+    hung = WebhookReceiver(hold=release, hold_s=20.0)
+    healthy = WebhookReceiver()
     clock = Clock()
     reports = []
-    with serve(hung) as hung_url, serve(healthy) as ok_url:
+    with hung, healthy:
+        hung_url = hung.url
+        ok_url = healthy.url
         slow = WebhookTarget(name="a-hung", url=hung_url, timeout_s=30)
         ok = WebhookTarget(name="b-ok", url=ok_url)
         with sessionmaker.begin() as s:
@@ -262,9 +269,10 @@ def test_a_hanging_target_does_not_hold_up_later_runs(sessionmaker: sessionmaker
 
 
 def test_resolved_waits_for_its_firing(sessionmaker: sessionmaker[Session]):
-    rx = Receiver(script=[503])
+    rx = WebhookReceiver(script=[503])
     clock = Clock()
-    with serve(rx) as url:
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="t", url=url)
         with sessionmaker.begin() as s:
             aid = alert_row(s)
@@ -291,8 +299,8 @@ def test_resolved_replaces_a_firing_never_delivered(sessionmaker: sessionmaker[S
         clock.advance(60)
         with sessionmaker.begin() as s:
             enqueue(s, transition(aid, "resolved", clock.now), [tgt], alert_id=aid)
-        rx = Receiver()
-        with serve(rx, port):
+        rx = WebhookReceiver(port=port)
+        with rx:
             report = d.run_once()
             clock.advance(1000)
             d.run_once()  # nothing left: the firing never follows its resolved
@@ -316,8 +324,8 @@ def test_backoff_resets_when_the_target_answers(sessionmaker: sessionmaker[Sessi
         clock.advance(30)
         with sessionmaker.begin() as s:
             enqueue_message(s, "news", "t", [tgt], now=clock.now, key="m-new")
-        rx = Receiver()
-        with serve(rx, port):
+        rx = WebhookReceiver(port=port)
+        with rx:
             report = d.run_once()  # the new message is answered: the waiting ones go now
     assert report.delivered == 4
     assert rx.order() == ["m-new"] + [f"tw-alert-{i}-firing" for i in range(3)]
@@ -327,9 +335,10 @@ def test_backoff_resets_when_the_target_answers(sessionmaker: sessionmaker[Sessi
 
 def test_dead_letters_are_counted_and_rows_past_max_age_give_up(
         sessionmaker: sessionmaker[Session]):
-    rx = Receiver(default=410)
+    rx = WebhookReceiver(default=410)
     clock = Clock()
-    with serve(rx) as url:
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="strict", url=url)
         down = WebhookTarget(name="down", url=f"http://127.0.0.1:{free_port()}/x")
         with sessionmaker.begin() as s:
@@ -350,9 +359,10 @@ def test_dead_letters_are_counted_and_rows_past_max_age_give_up(
 
 def test_a_retried_dead_letter_is_delivered_and_its_age_restarts(
         sessionmaker: sessionmaker[Session]):
-    rx = Receiver(script=[400])
+    rx = WebhookReceiver(script=[400])
     clock = Clock()
-    with serve(rx) as url:
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="t", url=url)
         with sessionmaker.begin() as s:
             (row,) = enqueue(s, note(1), [tgt])

@@ -8,12 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-pytest.importorskip("torch")
-
-from tests.engine.conftest import BUCKETS, CAP, MAX_INPUT  # noqa: E402
+from tests.engine.conftest import BUCKETS, CAP, MAX_INPUT
 
 # A fresh process: warms up (loading saved functions when there are any), then serves
 # texts compiled (direct and speculative) and eager, and prints torch's own counters

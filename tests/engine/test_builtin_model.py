@@ -35,7 +35,8 @@ def heldout_sample() -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def one_thread():
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -7,9 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("torch")
-
-from monitor.cli.generate import generate  # noqa: E402
+from monitor.cli.generate import generate
 
 
 def test_generate_json_from_argument_and_stdin(tiny_dirs):

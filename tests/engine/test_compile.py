@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import random
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride  # noqa: E402
-from tests.engine.conftest import BUCKETS, CAP, random_texts, tiny_config  # noqa: E402
+from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride
+from tests.engine.conftest import BUCKETS, CAP, random_texts, tiny_config
 
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):

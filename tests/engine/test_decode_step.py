@@ -6,14 +6,13 @@ import itertools
 import random
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import decoding, t5  # noqa: E402
-from engine.compile_watch import specialize  # noqa: E402
-from engine.protocol import PATH_COMPILED, FlagOverride  # noqa: E402
-from engine.runner import Fns  # noqa: E402
-from tests.engine.conftest import BUCKETS, random_texts, tiny_config  # noqa: E402
+from engine import decoding, t5
+from engine.compile_watch import specialize
+from engine.protocol import PATH_COMPILED, FlagOverride
+from engine.runner import Fns
+from tests.engine.conftest import BUCKETS, random_texts, tiny_config
 
 MAX_NEW = 16
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
-
-from engine.config import BUILTIN_DIR, EngineConfig  # noqa: E402
-from engine.protocol import FlagOverride  # noqa: E402
+from engine.config import BUILTIN_DIR, EngineConfig
+from engine.protocol import FlagOverride
 
 pytestmark = pytest.mark.skipif(
     not (BUILTIN_DIR / "target" / "config.json").is_file()

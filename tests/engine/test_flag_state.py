@@ -5,13 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("torch")
-
-from engine.flags import GuardedFlags  # noqa: E402
-from engine.protocol import DECODING_DIRECT, PATH_EAGER, RuntimeFlags  # noqa: E402
-from tests.engine.test_flags import TEXT, FlakyProvider  # noqa: E402
+from engine.flags import GuardedFlags
+from engine.protocol import DECODING_DIRECT, PATH_EAGER, RuntimeFlags
+from tests.engine.test_flags import TEXT, FlakyProvider
 
 
 def test_guard_saves_the_last_good_flags_and_starts_from_them(tmp_path: Path):

@@ -5,12 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
-pytest.importorskip("torch")
-
-from engine.flags import GuardedFlags  # noqa: E402
-from engine.protocol import (  # noqa: E402
+from engine.flags import GuardedFlags
+from engine.protocol import (
     DECODING_DIRECT,
     DECODING_SPECULATIVE,
     PATH_COMPILED,
@@ -18,6 +14,7 @@ from engine.protocol import (  # noqa: E402
     PATH_EXACT,
     RuntimeFlags,
 )
+from monitor.loopback import wait_for
 
 TEXT = "x" * 12  # 13 tokens: bucket 16
 
@@ -65,9 +62,20 @@ class FlakyProvider:
         return self.current
 
 
+class ManualClock:
+    """A monotonic clock the test moves: a hang is declared without waiting it out."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_guarded_flags_keep_last_known_on_error_and_hang():
     provider = FlakyProvider()
-    guarded = GuardedFlags(provider, timeout_s=0.05, hang_s=0.2)
+    clock = ManualClock()
+    guarded = GuardedFlags(provider, timeout_s=0.05, hang_s=0.2, monotonic=clock)
     try:
         assert guarded.read() == RuntimeFlags()
         provider.current = RuntimeFlags(compiled=False)
@@ -79,13 +87,13 @@ def test_guarded_flags_keep_last_known_on_error_and_hang():
         provider.mode = "hang"
         assert guarded.read() == RuntimeFlags(compiled=False)
         assert guarded.errors == 1  # slow so far, not failed
-        time.sleep(0.25)  # past hang_s: the read in flight now counts, once
+        clock.now += 0.25  # past hang_s: the read in flight now counts, once
         assert guarded.read() == RuntimeFlags(compiled=False)
         assert guarded.read() == RuntimeFlags(compiled=False)  # still hung: not re-called
         assert guarded.errors == 2
         provider.mode = "ok"
         provider.release.set()
-        time.sleep(0.1)
+        wait_for(lambda: guarded.last == RuntimeFlags(bucketing=False))  # the hung read lands
         assert guarded.read() == RuntimeFlags(bucketing=False)
         assert guarded.errors == 2
     finally:
@@ -131,8 +139,8 @@ def test_32_concurrent_reads_of_a_slow_healthy_provider_count_no_error(caplog):
         assert not [r for r in caplog.records if r.name == "engine.flags"]
         # Readers shared reads: far fewer provider calls than requests.
         assert provider.calls < 20
-        # The slow reads completed: later requests see their flags.
-        time.sleep(0.3)
+        # The slow reads complete: later requests see their flags.
+        wait_for(lambda: guarded.last == RuntimeFlags(compiled=False))
         assert guarded.read() == RuntimeFlags(compiled=False)
     finally:
         guarded.close()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine.protocol import FlagOverride  # noqa: E402
-from tests.engine.conftest import random_texts, tiny_config  # noqa: E402
+from engine.protocol import FlagOverride
+from tests.engine.conftest import random_texts, tiny_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

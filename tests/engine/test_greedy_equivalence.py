@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride  # noqa: E402
-from tests.engine.conftest import BUCKETS, random_texts  # noqa: E402
+from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride
+from tests.engine.conftest import BUCKETS, random_texts
 
 MAX_NEW = 24
 DIRECT = FlagOverride(speculative=False)

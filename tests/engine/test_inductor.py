@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
-
-from engine.protocol import PATH_COMPILED, FlagOverride  # noqa: E402
-from tests.engine.conftest import random_texts, tiny_config  # noqa: E402
+from engine.protocol import PATH_COMPILED, FlagOverride
+from tests.engine.conftest import random_texts, tiny_config
 
 
 @pytest.mark.slow

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
-
-from engine.errors import InputTooLong  # noqa: E402
-from tests.engine.conftest import MAX_INPUT, tiny_config  # noqa: E402
+from engine.errors import InputTooLong
+from tests.engine.conftest import MAX_INPUT, tiny_config
 
 
 def test_text_over_32_chars_per_token_is_refused_before_tokenizing(tiny_dirs):

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import native, t5  # noqa: E402
-from engine.protocol import FlagOverride  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
-from tests.engine.conftest import build_tiny_t5, random_texts, tiny_config  # noqa: E402
+from engine import native, t5
+from engine.protocol import FlagOverride
+from engine.runtime import Runtime
+from tests.engine.conftest import build_tiny_t5, random_texts, tiny_config
 
 pytestmark = pytest.mark.skipif(native._compiler() is None, reason="no C compiler")
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import re
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine.compile_watch import (  # noqa: E402
+from engine.compile_watch import (
     normalize_reason,
     shared_watch,
     specialize,

@@ -6,18 +6,16 @@ import threading
 
 import pytest
 
-pytest.importorskip("torch")
-
-from engine import load_engine  # noqa: E402
-from engine.errors import (  # noqa: E402
+from engine import load_engine
+from engine.errors import (
     InputTooLong,
     InvalidRequest,
     ModelLoadError,
     Overloaded,
     RequestTimeout,
 )
-from engine.protocol import PATH_OVERFLOW, Engine  # noqa: E402
-from tests.engine.conftest import CAP, MAX_INPUT, tiny_config  # noqa: E402
+from engine.protocol import PATH_OVERFLOW, Engine
+from tests.engine.conftest import CAP, MAX_INPUT, tiny_config
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("torch")
-
-from engine.protocol import DECODING_DIRECT, DECODING_SPECULATIVE, FlagOverride  # noqa: E402
-from tests.engine.conftest import BUCKETS, random_texts  # noqa: E402
+from engine.protocol import DECODING_DIRECT, DECODING_SPECULATIVE, FlagOverride
+from tests.engine.conftest import BUCKETS, random_texts
 
 MAX_NEW = 20
 

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
 SCRIPT = r'''
 import json, re, sys
 import torch

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import t5  # noqa: E402
+from engine import t5
 
 
 @pytest.fixture(scope="module")

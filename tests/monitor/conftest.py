@@ -7,8 +7,7 @@ tests share this directory).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from monitor.app import create_app
+from monitor.loopback import wait_for
 from monitor.settings import Settings
 from probes.canaries import CanarySuite
 from tests.monitor.fakes import FakeFactory
@@ -56,15 +56,6 @@ def factory() -> FakeFactory:
 def registry() -> CollectorRegistry:
     """Return a fresh Prometheus registry for one app."""
     return CollectorRegistry()
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll `predicate` until it holds; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        time.sleep(0.01)
 
 
 def suites() -> dict[str, CanarySuite]:

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 
 from alerts.outbox import Deliverer, enqueue
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget, format_payload
+from monitor.loopback import WebhookReceiver
 from monitor.services import services_of
 from storage.models import Alert
-from tests.alerts.receiver import Receiver, serve
 
 # Notifications go through the service's real deliverer, whose clock is the wall clock:
 # a fixed date would turn into a dead letter (max age 24 h) a day after it was written.
@@ -25,8 +25,9 @@ def note(i: int) -> Notification:
 def test_dead_letters_are_listed_counted_and_retried(client: TestClient, auth: dict[str, str]):
     app = client.app
     sessions = services_of(app).sessions
-    rx = Receiver(script=[422])
-    with serve(rx) as url:
+    rx = WebhookReceiver(script=[422])
+    with rx:
+        url = rx.url
         tgt = WebhookTarget(name="strict", url=url)
         with sessions.begin() as s:
             (row,) = enqueue(s, note(1), [tgt])

@@ -8,11 +8,12 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from monitor.loopback import wait_for
 from monitor.service import scheduled_jobs
 from monitor.services import services_of
 from monitor.settings import Settings
 from storage.models import Alert, Report
-from tests.monitor.conftest import make_settings, start, wait_for
+from tests.monitor.conftest import make_settings, start
 
 T0 = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
 

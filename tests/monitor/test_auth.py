@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from monitor.app import create_app
 from monitor.auth import ANONYMOUS, Authenticator, AuthError
-from tests.monitor.conftest import OTHER_TOKEN, TOKEN, make_settings, wait_for
+from monitor.loopback import wait_for
+from tests.monitor.conftest import OTHER_TOKEN, TOKEN, make_settings
 from tests.monitor.fakes import FakeFactory
 
 

@@ -10,8 +10,9 @@ import psutil
 import pytest
 
 from monitor.api.limits import default_max_body_bytes
+from monitor.loopback import wait_for
 from monitor.settings import Settings
-from tests.monitor.conftest import start, wait_for
+from tests.monitor.conftest import start
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
 

@@ -10,7 +10,6 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -22,10 +21,11 @@ import pytest
 import yaml
 
 from engine.errors import Overloaded
+from monitor.loopback import free_port, wait_for
 from monitor.services import services_of
 from monitor.settings import Settings
 from storage.models import Alert, RolloutVerdict, WebhookDelivery
-from tests.monitor.conftest import TOKEN, start, wait_for
+from tests.monitor.conftest import TOKEN, start
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
 from vocab import utcnow
@@ -78,12 +78,6 @@ def dashboard_exprs() -> list[str]:
 def rule_exprs() -> list[str]:
     data = yaml.safe_load(RULES.read_text())
     return [r["expr"] for g in data["groups"] for r in g["rules"]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

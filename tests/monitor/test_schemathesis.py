@@ -23,8 +23,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from monitor.loopback import wait_for
 from monitor.settings import Settings
-from tests.monitor.conftest import TOKEN, start, wait_for
+from tests.monitor.conftest import TOKEN, start
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
 

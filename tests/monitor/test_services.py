@@ -11,11 +11,11 @@ from sqlalchemy import select
 
 from alerts.outbox import enqueue
 from alerts.webhooks import Notification
+from monitor.loopback import WebhookReceiver, wait_for
 from monitor.service import scheduled_jobs
 from monitor.services import Services, parts_of, services_of
 from storage.models import WebhookDelivery
-from tests.alerts.receiver import Receiver, serve
-from tests.monitor.conftest import make_settings, start, wait_for
+from tests.monitor.conftest import make_settings, start
 
 # Notifications go through the service's real deliverer, whose clock is the wall clock:
 # a fixed date would turn into a dead letter (max age 24 h) a day after it was written.
@@ -45,8 +45,9 @@ def test_lifespan_builds_one_frozen_hub_and_clears_it(migrated_url: str) -> None
 
 
 def test_delivery_job_uses_the_hubs_deliverer_and_targets(migrated_url: str) -> None:
-    rx = Receiver()
-    with serve(rx) as url:
+    rx = WebhookReceiver()
+    with rx:
+        url = rx.url
         settings = make_settings(migrated_url, alerts={"webhooks": [{"name": "ops", "url": url}]})
         app = start(settings)
         with TestClient(app) as client:

@@ -31,9 +31,12 @@ def test_compare_exact_prefix_and_divergence() -> None:
     assert (empty.agreement, empty.first_divergence) == (0.0, 0)
 
 
-def test_prompt_key_depends_on_the_token_budget() -> None:
+def test_prompt_key_depends_on_the_token_budget_and_the_text() -> None:
     assert prompt_key("a b", 16) != prompt_key("a b", 32)
-    assert prompt_key("a b", 16) == prompt_key("a b", 16)
+    assert prompt_key("a b", 16) != prompt_key("a c", 16)
+    # Stored references are found again by a later process or release: the key is pinned.
+    assert prompt_key("a b", 16) == (
+        "36f8f05f20fc02f909ab3a88bede9ecbfb1d8a0ff31638d776edae541991b294")
 
 
 class SpyEngine(FakeEngine):

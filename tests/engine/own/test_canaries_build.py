@@ -8,11 +8,9 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-pytest.importorskip("torch")
-
-from monitor.cli import main  # noqa: E402
-from probes.canaries import CanarySuite, by_bucket, load_suites_file  # noqa: E402
-from tests.engine.own.conftest import BUCKETS, MAX_INPUT, own_config, sample_lines  # noqa: E402
+from monitor.cli import main
+from probes.canaries import CanarySuite, by_bucket, load_suites_file
+from tests.engine.own.conftest import BUCKETS, MAX_INPUT, own_config, sample_lines
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("torch")
-
-from engine.errors import ModelLoadError  # noqa: E402
-from engine.protocol import FlagOverride  # noqa: E402
-from tests.engine.own.conftest import own_config, texts_across_buckets  # noqa: E402
+from engine.errors import ModelLoadError
+from engine.protocol import FlagOverride
+from tests.engine.own.conftest import own_config, texts_across_buckets
 
 
 def test_user_model_without_draft_dir_runs_direct_and_says_why(own_models, caplog):

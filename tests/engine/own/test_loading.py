@@ -8,11 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine.errors import ModelLoadError  # noqa: E402
-from tests.engine.own.conftest import BUCKETS, own_config, texts_across_buckets  # noqa: E402
+from engine.errors import ModelLoadError
+from tests.engine.own.conftest import BUCKETS, own_config, texts_across_buckets
 
 MAX_NEW = 12
 

@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import yaml
 from sqlalchemy import select
 
-pytest.importorskip("torch")
-
-from monitor.cli import main  # noqa: E402
-from tests.engine.own.conftest import BUCKETS, MAX_INPUT, sample_lines  # noqa: E402
+from monitor.cli import main
+from monitor.loopback import free_port, wait_for
+from tests.engine.own.conftest import BUCKETS, MAX_INPUT, sample_lines
 
 TOKEN = "tw-own-model-token-5c1e"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -36,7 +27,7 @@ def test_serve_user_model_and_run_one_probe_cycle(tmp_path, own_models, sqlite_u
 
     for var in [v for v in os.environ if v.startswith("TAILWATCH_")]:
         monkeypatch.delenv(var)
-    port = _free_port()
+    port = free_port()
     suites = tmp_path / "suites.yaml"
     config = tmp_path / "tailwatch.yaml"
     config.write_text(yaml.safe_dump({
@@ -61,16 +52,17 @@ def test_serve_user_model_and_run_one_probe_cycle(tmp_path, own_models, sqlite_u
     url = f"http://127.0.0.1:{port}"
     auth = {"authorization": f"Bearer {TOKEN}"}
     try:
-        deadline = time.monotonic() + 240
-        while True:
+        def ready() -> bool:
             assert proc.poll() is None, log.read_text()
             try:
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    break
+                return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
+                return False
+
+        try:
+            wait_for(ready, 240, interval_s=0.5)
+        except TimeoutError as exc:
+            pytest.fail(f"{exc}: {log.read_text()}")
         flags = httpx.get(f"{url}/v1/flags", headers=auth, timeout=10).json()["effective"]
         assert flags["speculative_available"] is False
         assert "draft_dir" in flags["speculative_reason"]
