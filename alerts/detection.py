@@ -4,7 +4,7 @@ Each cycle's relative change x (in the alert direction) is scored against two
 hypotheses with the baseline's relative noise sigma: "no change" N(0, sigma) and "a
 change of exactly the threshold tau" N(tau, sigma). The log-likelihood ratio of one
 cycle is tau * (x - tau / 2) / sigma**2; the CUSUM S_t = max(0, S_{t-1} + min(llr_t, cap))
-confirms when S >= h. Why this design (see alerts/README.md, `python -m bench.detection`):
+confirms when S >= h. Why this design (see docs/detection.md#why-this-detector, `python -m bench.detection`):
 
 * It adapts to noise by itself: on a quiet series (sigma 5%) a +20% step confirms in the
   minimum number of cycles; on a noisy one (sigma 38%) it keeps collecting evidence

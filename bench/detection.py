@@ -53,8 +53,8 @@ from probes.stats import percentile
 from storage.sketches import Sketch
 
 NOISE_FILE = Path(__file__).parent / "data" / "canary_noise.json"
-# The same recording on 2026-12-02: the C decode step (canaries ~3x faster), a host with
-# no CPU steal (the 2026-12-01 one had ~33%): README, "How a change is confirmed".
+# A second recording, from a host without CPU steal and with the C decode step, where slow
+# canaries come a whole cycle at a time: docs/benchmarks.md#benchdetection.
 QUIET_NOISE_FILE = NOISE_FILE.with_name("canary_noise_quiet.json")
 # Canaries per bucket and recorded cycle: the 10-canary rows then read real cycles (a
 # cycle of 10 joined from several recorded cycles of 4 would lack their shared noise).

@@ -4,7 +4,7 @@ On the CPU a direct decode step is ~50 one-row products whose weights (10 MB for
 built-in target) stream from L3 each token. Inductor's generated loop keeps one
 accumulator per output row and reaches ~35 GB/s here; the C step keeps four rows and
 their accumulators in flight and reaches the cache's bandwidth (~65 GB/s), all of the
-step in one call (README, Benchmarks: the decode step). It computes what
+step in one call (docs/engine.md#the-c-decode-step). It computes what
 `engine.t5.decode_steps` and `decode_greedy` compute, on the same cache, cross K/V and
 bias tensors, so they are interchangeable per call; greedy tokens are tested equal to
 Hugging Face.

@@ -7,7 +7,7 @@ embeddings, layer norms and position biases stay float. The forward computes
 other op, so it composes with the lean forward, the static cache and the bucketed
 compiled graphs. `torch.ao.quantization.quantize_dynamic` was measured too: it only swaps
 `nn.Linear` modules (the lean forward has none), is deprecated in this torch (it warns),
-and at this model's size it was slower than float32 at batch 1 (README, Quality).
+and at this model's size it was slower than float32 at batch 1 (docs/benchmarks.md#benchquality).
 
 `Quantizer` is the seam: the runtime builds its int8 target with `int8` unless given
 another one (tests pass `noisy`, float weights with noise, to make outputs disagree).

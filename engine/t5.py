@@ -216,7 +216,7 @@ def _linear(x: torch.Tensor, w: Any) -> torch.Tensor:
     if torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() == x.shape[-1]:
         # One row compiled on CPU: a reduction inductor fuses with its neighbours. As an
         # MKL call each 1-row product cost ~30-50 us here (37 per token); fused, the whole
-        # step runs in ~0.5 ms (README, Benchmarks). Eager and multi-row calls keep MKL.
+        # step runs in ~0.5 ms (docs/engine.md#torchcompile). Eager and multi-row calls keep MKL.
         return (x.unsqueeze(-2) * w).sum(-1)
     return F.linear(x, w)
 

@@ -9,7 +9,7 @@ or `registry.get_sample_value` always sees every observed result). Values
 owned by something else are read at scrape time by custom collectors: `EngineCollector`
 (compile counters, memory, queue depth, flag-provider errors) and `DatabaseCollector`
 (flags, alerts, latest probe runs, webhook outbox). Every series is listed in
-the README (tests/monitor/test_metrics.py keeps the two in step).
+docs/metrics.md (tests/monitor/test_metrics.py keeps the two in step).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ Observer = Callable[[GenerateResult], None]
 # cycles instead of 39) for ~0.7 s more per cycle, but a cycle's canaries share the
 # machine's noise (design effect 2.4 at the p99 on the compiled recording), the
 # exceedance CUSUM counts them as independent, and it gave 28 false alerts per 30 days
-# against 3 with 4 (README, Detection).
+# against 3 with 4 (docs/detection.md#limits).
 CANARIES_PER_BUCKET = 4
 
 

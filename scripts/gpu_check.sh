@@ -11,7 +11,7 @@
 # 3. bench.engine and bench.speculative per compile mode (their own tables, logged).
 #
 # Everything is logged under OUT_DIR; the summary table is printed last and written to
-# OUT_DIR/summary.md, ready for the README (add the date and the GPU model).
+# OUT_DIR/summary.md, ready for docs/benchmarks.md#gpu (add the date and the GPU model).
 # Env: PYTHON (default .venv/bin/python), MODES, BUCKETS, STEP_TIMEOUT_S (per step).
 set -u -o pipefail
 

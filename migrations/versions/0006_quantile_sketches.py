@@ -10,7 +10,7 @@ latency_hist, input_len_hist and output_len_hist (21 / 17 fixed bins). probe_res
 gains the same three sketches and `samples` (the successful requests its quantiles rest on).
 memory_samples gains kv_static_bytes and kv_request_peak_bytes (0 for older samples).
 
-Backfill (the cut-over, documented in the README): a minute stored before this revision
+Backfill (the cut-over, documented in docs/operations.md#upgrades): a minute stored before this revision
 has only its fixed bins, so each bin's count is put at the bin's upper edge (the overflow
 bin just above the last edge, a lower bound): those minutes keep bin resolution, minutes written
 after it have 0.35%. TTFT and per-token sketches cannot be rebuilt (only sums were kept) and

@@ -1,7 +1,7 @@
 """bench.incidents' replay: one page per incident, a storm's fallback holds (issue 14, 1 and 4).
 
 The bench drives the production evaluator, lifecycle, policy and outbox; these tests run
-small pieces of it so a regression shows in the suite, not only in the README's table.
+small pieces of it so a regression shows in the suite, not only in docs/benchmarks.md#benchincidents.
 """
 
 from __future__ import annotations

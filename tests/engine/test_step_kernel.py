@@ -4,7 +4,7 @@ Two regressions made the CPU step 4x slower without changing a single token: eac
 1-row linear as an MKL call (~40 us each, 37 per token on the built-in model), and the
 KV-cache write through a view, which inductor turned into a copy of every layer's cache
 and a write-back of the whole cache on each call. Both are visible in inductor's
-generated code, which this test reads (README, Benchmarks: the decode step). It runs in
+generated code, which this test reads (docs/engine.md#torchcompile). It runs in
 a subprocess: `run_and_get_code` resets dynamo, which would drop the process-wide
 compile counters' callbacks (engine.compile_watch) for every later test.
 """
