@@ -34,8 +34,8 @@ test-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v chromium >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium >/dev/null; }
 
-# Two worker processes (pytest-xdist), one per core here: ~11 minutes instead of ~17 in
-# one process on a 2-core machine. PYTEST_WORKERS=0 runs it in one process.
+# Two worker processes (pytest-xdist), one per core of the development machine; each
+# builds its own tiny models and PostgreSQL database. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 
 test: install test-deps

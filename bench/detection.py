@@ -5,8 +5,8 @@ bench/data/canary_noise.json holds recorded cycles (10 fixed prompts per bucket,
 which the 4-canary rows take the probes' default 4, on the compiled path the probes time)
 of the built-in models when present, else of a tiny random T5; each cycle's latencies are
 divided by their bucket's median so cycles from every bucket can be resampled.
-canary_noise_quiet.json is the same recording on 2026-12-02 (the C decode step, a host
-with no CPU steal; `--noise` picks it). It also holds per-request (accepted, proposed)
+canary_noise_quiet.json is a second recording, from a host without CPU steal and with the
+C decode step (`--noise` picks it). It also holds per-request (accepted, proposed)
 draft tokens of random in-domain traffic, resampled 20 per minute for the
 traffic-acceptance series (greedy canaries repeat the same prompts, so their acceptance
 barely moves; real traffic is what drifts); without them an assumed distribution is used
@@ -24,8 +24,9 @@ consecutive cycles (its autocorrelation kept), as recorded and scaled to a 10% r
 Reported per injected shift: how many of the trials fired within 60 cycles and the
 detection delay in cycles after the shift began (median / p95 / max); and false alerts
 over 30 stationary days of one-minute cycles (43,200 cycles; an alert counts once until
-it resolves). Canary p99 is shown before (the per-cycle p99 of 4 canaries) and now (the
-latest cycles pooled until the p99 rests on 100 samples, alerts.series), at 4 and 10
+it resolves). Canary p99 is shown as the per-cycle p99 of 4 canaries (what the rules refuse
+as `insufficient_samples`) and as shipped (the latest cycles pooled until the p99 rests on
+100 samples, alerts.series), at 4 and 10
 canaries per cycle. Targets: p99 +20% within 10 cycles (p95) on the pooled p99,
 acceptance -30% within 3 cycles, no false alert in 30 days. The last line is our rules'
 false alerts per 30 days.

@@ -11,9 +11,9 @@ Noise: per-cycle canary p99s recorded from the engine (bench/data/canary_noise.j
 each bucket's cycles divided by its median), resampled in moving blocks of 5 cycles so
 their autocorrelation stays (i.i.d. resampling hides flapping and false alarms). The
 recording (10 canaries per bucket on the compiled path, of which each cycle here takes
-the probes' `canaries_per_bucket`, 4) was made pinned to one core of the quiet 2-core
-development VM (robust CV of a cycle's 4-canary p99 18%); by default the log-deviations
-are scaled to a 10% robust CV, a dedicated host; `--raw` keeps them as recorded.
+the probes' `canaries_per_bucket`, 4) was made pinned to an otherwise idle core; by
+default the log-deviations are scaled to a 10% robust CV, a dedicated host; `--raw` keeps
+them as recorded.
 
 Scenarios: step shifts of +10/+20/+30/+50% lasting 5, 15 and 60 minutes (the canary p99
 rule, threshold +15%); slow ramps; an instance that dies with an alert open; a 6-hour

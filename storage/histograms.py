@@ -1,8 +1,7 @@
 """Element-wise count lists (accepted tokens per draft position) stored as JSON lists.
 
 Latency, TTFT and per-token distributions are quantile sketches (storage.sketches) and
-lengths exact counts; the fixed-bin latency and length histograms these replaced (21 and 17
-bins, interpolated quantiles) are gone since migration 0006.
+lengths exact counts (fixed bins interpolate quantiles and cannot merge without error).
 """
 
 from __future__ import annotations

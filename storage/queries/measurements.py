@@ -47,9 +47,9 @@ TRAFFIC_COLUMNS = (TrafficRollup.minute, TrafficRollup.bucket, TrafficRollup.pat
 def canary_cycle_results(session: Session, start: datetime, end: datetime) -> list[Row[Any]]:
     """Return CANARY_COLUMNS + instance_id of the optimized-variant results of "cycle" runs
     in [start, end) (A/B arms left out)."""
-    # The run looked up per result row (its primary key), not joined: a join let both
-    # SQLite and PostgreSQL drive it from every cycle run ever (~0.3-0.7 s at 7 days) when
-    # the window's results come from their `at` index in milliseconds.
+    # The run looked up per result row (its primary key), not joined: a join lets both
+    # SQLite and PostgreSQL drive it from every cycle run ever, when the window's results
+    # come cheaply from their `at` index.
     inst = (select(ProbeRun.instance_id)
             .where(ProbeRun.id == ProbeResult.run_id, ProbeRun.kind == RunKind.CYCLE.value)
             .scalar_subquery().label("instance_id"))

@@ -1,4 +1,4 @@
-"""bench.incidents' replay: one page per incident, a storm's fallback holds (issue 14, 1 and 4).
+"""bench.incidents' replay: one page per incident, a storm's fallback holds.
 
 The bench drives the production evaluator, lifecycle, policy and outbox; these tests run
 small pieces of it so a regression shows in the suite, not only in docs/benchmarks.md#benchincidents.
@@ -76,7 +76,7 @@ def test_a_recompile_storm_keeps_eager_on_the_storming_instance(
               load_policy(), noise, 4)
     storm(sim, 90, 0)
     on = sim.compiled_minutes.get("i1", 0)
-    # Before: compile came back after the hold and stayed on (330 of 360 minutes).
+    # Each restore is a trial: while the alert still fires, eager comes straight back.
     assert on <= 10, sim.notes
     out = sim.outcome("storm", (0, sim.i), True, 0)
     assert len(out.pages) == 1

@@ -1,4 +1,4 @@
-"""relative_change: the one definition (storage no longer keeps a twin)."""
+"""relative_change: the one definition every rule and report uses."""
 
 from __future__ import annotations
 

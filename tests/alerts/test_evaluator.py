@@ -160,7 +160,7 @@ def test_rolling_baseline_stored_pinned_and_excludes_firing(sessionmaker: sessio
 
 
 def test_model_version_change_is_judged_against_the_old_baseline(sessionmaker: sessionmaker[Session]):
-    """No blind window (issue 14): the new cohort inherits the old baseline while warming in."""
+    """No blind window: the new cohort inherits the old baseline while warming in."""
     fill(sessionmaker, 0, 40, 0.1)
     run(sessionmaker, 40)
     fill(sessionmaker, 40, 70, 0.2, model_version="m2")  # the new model is 2x slower

@@ -1,4 +1,4 @@
-"""A pooled quantile's detector scores each cycle's new samples once (issue 13).
+"""A pooled quantile's detector scores each cycle's new samples once.
 
 Scoring every pooled value counted one slow cycle in up to 25 consecutive values (43-410
 false alerts per 30 days in bench.detection); these tests fail if it comes back.
@@ -87,8 +87,8 @@ def test_a_regression_under_a_p99_that_slow_cycles_set_stays_firing() -> None:
     # The baseline p99 (1.0) is set by a few slow cycles; the other canaries regressed from
     # ~0.65 to ~0.85 and go on there: no new sample above 1.0, and a pool without a slow
     # cycle reads under the threshold (+10%). Not recovered: the canaries did not come
-    # down since the alert fired (bench.incidents, 2026-12-02 recording: a +30% ramp
-    # resolved mid-incident and fired again 12 minutes later).
+    # down since the alert fired (otherwise such an alert resolves mid-incident and fires
+    # again: two pages for one incident).
     # The baseline's body (its cycles' median canary) is where the canaries were: 0.65.
     base = replace(BaselineStats.of([1.0] * 40), body=0.65)  # type: ignore[type-var]
     rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
@@ -112,8 +112,8 @@ def test_an_alert_that_fired_near_the_end_recovers_against_the_baseline_body() -
     """A short incident: the alert fired on its last two cycles, and the pool kept their
     samples for 20 more; now it reads +10% (outside resolve_change) with every new canary
     back. The cycles since firing are mostly normal, so the canaries never came down from
-    them; against the baseline's body they are back (it waited for the pool to fall
-    inside +5% before: 46 minutes after a 5-minute +30% shift in bench.incidents)."""
+    them; against the baseline's body they are back, without waiting for the pool to
+    fall inside +5%."""
     rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
                        "resolve_change": "+5%", "resolve_for": 5, "min_baseline_cycles": 5})
     normal = [0.8, 0.85, 0.9, 0.95]

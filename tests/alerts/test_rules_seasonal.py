@@ -1,4 +1,4 @@
-"""A seasonal rule whose hour of the week lacks history says it falls back (issue 14, 8)."""
+"""A seasonal rule whose hour of the week lacks history says it falls back."""
 
 from __future__ import annotations
 

@@ -91,10 +91,10 @@ def test_a_traffic_minute_is_judged_once_every_flush_is_in(
 
 def test_evaluation_settles_traffic_minutes_before_judging_them(
         sessionmaker: sessionmaker[Session]):
-    """The demo's flaky step, replayed: the shift begins late in minute 30. Judged at once,
-    minute 30 read as normal on its first flush and went into the baseline with its late
-    rows (spread 30%), and the alert needed 5 minutes; settled, it is the first breaching
-    cycle and the alert fires on the next, as the rule's `for: 2` says."""
+    """A shift that begins late in minute 30. Judged at once, minute 30 would read normal on
+    its first flush and enter the baseline with its late rows, widening its spread and
+    delaying the alert; settled, it is the first breaching cycle and the alert fires on the
+    next, as the rule's `for: 2` says."""
     acc = parse_rule({"name": "acceptance_drop", "metric": "acceptance_rate",
                       "source": "traffic", "change": "-40%", "resolve_change": "-15%",
                       "for": 2, "resolve_for": 2, "min_samples": 3, "window": "1m",

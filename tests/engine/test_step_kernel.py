@@ -1,8 +1,8 @@
 """The compiled decode step is one fused kernel: no per-row MKL calls, no cache copies.
 
-Two regressions made the CPU step 4x slower without changing a single token: each
-1-row linear as an MKL call (~40 us each, 37 per token on the built-in model), and the
-KV-cache write through a view, which inductor turned into a copy of every layer's cache
+Two mistakes slow the CPU step several-fold without changing a single token: each 1-row
+linear as an MKL call (a fixed per-call cost, dozens of calls per token), and the
+KV-cache write through a view, which inductor turns into a copy of every layer's cache
 and a write-back of the whole cache on each call. Both are visible in inductor's
 generated code, which this test reads (docs/engine.md#torchcompile). It runs in
 a subprocess: `run_and_get_code` resets dynamo, which would drop the process-wide

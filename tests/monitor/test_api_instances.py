@@ -1,4 +1,4 @@
-"""GET /v1/instances and the stable default instance id (issue 14, finding 3)."""
+"""GET /v1/instances and the stable default instance id."""
 
 from __future__ import annotations
 

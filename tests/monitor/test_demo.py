@@ -1,10 +1,10 @@
 """`tailwatch demo --fast` end to end: every scripted step must behave as scripted.
 
 Real service (uvicorn on loopback), SQLite, the built-in models, a loopback webhook
-receiver and the accelerated schedules. Takes 8-9 minutes pinned to one core of a busy
-2-core machine: the traffic-shift step needs two whole minutes of shifted traffic (traffic
-is stored in minute rollups), and the canary waits last as many probe cycles as the rules
-need at the measured cycle time (a slow machine waits longer rather than failing).
+receiver and the accelerated schedules. Takes minutes: the traffic-shift step needs two
+whole minutes of shifted traffic (traffic is stored in minute rollups), and the canary
+waits last as many probe cycles as the rules need at the measured cycle time (a slow
+machine waits longer rather than failing).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def test_traffic_just_under_an_edge_reports_its_small_waste_and_proposes_nothing
     assert s is not None
     assert s.padding_waste == pytest.approx(0.05, abs=1e-9)  # (4+3+2+1+0)/5/40
     assert s.proposed_waste is not None and s.proposed_waste <= s.padding_waste
-    assert 40 in s.proposed_edges  # the old fixed bins proposed 48: worse
+    assert 40 in s.proposed_edges  # exact counts find the edge that removes the waste
 
 
 def test_the_dynamic_program_finds_the_least_padding_edges():
