@@ -27,7 +27,7 @@ def test_readyz_reports_warming_until_every_bucket_is_warm(settings: Settings) -
     app = create_app(settings, engine_factory=factory, registry=CollectorRegistry())
     with TestClient(app) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
-        wait_for(factory.built.is_set)
+        assert factory.built.wait(10)
         wait_for(lambda: services_of(app).engine_holder.get() is not None)
         r = client.get("/readyz")
         assert r.status_code == 503
