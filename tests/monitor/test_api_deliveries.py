@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from alerts.outbox import Deliverer, enqueue
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget, format_payload
-from monitor.services import services_of
+from monitor.hub import services_of
 from storage.models import Alert
 from tests.alerts.receiver import Receiver, serve
 

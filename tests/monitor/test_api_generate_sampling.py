@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from engine.config import EngineConfig
 from engine.protocol import REFERENCE, FlagOverride, FlagProvider, GenerateResult
-from monitor.services import services_of
+from monitor.hub import services_of
 from storage.models import OutputAgreement
 from tests.monitor.conftest import make_settings, start, wait_for
 from tests.monitor.fakes import FakeFactory, ServiceFakeEngine

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from monitor.app import create_app
 from monitor.cli import main
 from monitor.cli.serve import effective
-from monitor.services import parts_of
+from monitor.hub import parts_of
 from monitor.settings import Settings
 from tests.monitor.conftest import OTHER_TOKEN, TOKEN, make_settings, wait_for
 from tests.monitor.fakes import FakeFactory

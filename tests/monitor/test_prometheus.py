@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from engine.errors import Overloaded
-from monitor.services import services_of
+from monitor.hub import services_of
 from monitor.settings import Settings
 from storage.models import Alert, RolloutVerdict, WebhookDelivery
 from tests.monitor.conftest import TOKEN, start, wait_for

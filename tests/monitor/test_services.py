@@ -11,8 +11,8 @@ from sqlalchemy import select
 
 from alerts.outbox import enqueue
 from alerts.webhooks import Notification
-from monitor.service import scheduled_jobs
-from monitor.services import Services, parts_of, services_of
+from monitor.hub import Services, parts_of, services_of
+from monitor.jobs import scheduled_jobs
 from storage.models import WebhookDelivery
 from tests.alerts.receiver import Receiver, serve
 from tests.monitor.conftest import make_settings, start, wait_for
