@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import builtins
+import logging
 import re
 import threading
 import time
@@ -34,11 +35,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.errors import FlagError
+from alerts.errors import AlertsError, FlagError
 from engine.protocol import RuntimeFlags
 from storage.models import FLAG_SCOPE_GLOBAL, FLAG_SOURCES, Flag, FlagAudit
 from storage.queries import flags as queries
 from vocab import utcnow
+
+log = logging.getLogger(__name__)
 
 FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation", "quantized")
 PER_BUCKET_FLAGS = ("speculative", "quantized")
@@ -300,3 +303,103 @@ class SqlFlagProvider:
         """Forget the cached flags (the API calls this after a change in-process)."""
         with self._lock:
             self._loaded_at = float("-inf")
+
+
+class FlagsUnavailable(AlertsError):
+    """No flag snapshot yet: the first read of the flag tables has not succeeded."""
+
+
+class FlagSnapshot:
+    """engine.protocol.FlagProvider that never touches SQL on the caller's thread.
+
+    `flags()` returns the last snapshot read; a background thread re-reads the flag
+    tables every `ttl_s` and at once after `invalidate()`. A failed refresh (database
+    locked or down) keeps the last snapshot, is counted in `refresh_failures` and logged
+    once per outage. Before the first successful read `flags()` raises FlagsUnavailable
+    at once (the engine's guard then keeps its last known flags).
+
+    Example:
+        snapshot = FlagSnapshot(sessions, ttl_s=1.0, instance_id="replica-a")
+        snapshot.start()                 # first read, then the refresh thread
+        engine.load_engine(cfg, flags=snapshot)
+        snapshot.close()
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], ttl_s: float = 1.0, *,
+                 store: FlagStore | None = None, instance_id: str | None = None) -> None:
+        self.source = SqlFlagProvider(sessions, ttl_s=0.0, store=store, instance_id=instance_id)
+        # ttl 0 would spin the thread; a change still applies at once through invalidate().
+        self.ttl_s = max(ttl_s, 0.05)
+        self._flags: RuntimeFlags | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._refreshed = threading.Condition()
+        self._generation = 0  # refresh attempts finished
+        self._thread: threading.Thread | None = None
+        self._failing = False
+        self.refresh_failures = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        """Read once now (a failure is counted, not raised), then refresh in the background."""
+        self._refresh()
+        self._thread = threading.Thread(target=self._loop, name="tailwatch-flag-snapshot",
+                                        daemon=True)
+        self._thread.start()
+
+    def flags(self) -> RuntimeFlags:
+        """Return the snapshot; raise FlagsUnavailable when no read has succeeded yet."""
+        flags = self._flags
+        if flags is None:
+            raise FlagsUnavailable(self.last_error or "flags not read yet")
+        return flags
+
+    def invalidate(self) -> None:
+        """Ask the refresh thread for a new snapshot now (returns at once)."""
+        self._wake.set()
+
+    def wait_refreshed(self, timeout_s: float) -> bool:
+        """Wait until a refresh that started after this call has finished; return whether it did."""
+        with self._refreshed:
+            target = self._generation + 2  # one maybe in flight, then a whole new one
+            self._wake.set()
+            return self._refreshed.wait_for(lambda: self._generation >= target, timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the refresh thread."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.ttl_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            flags = self.source.flags()
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
+            self._failed(exc)
+        else:
+            self._flags = flags
+            if self._failing:
+                log.info("flags: snapshot refreshed again after %d failed read(s)",
+                         self.refresh_failures)
+            self._failing = False
+        with self._refreshed:
+            self._generation += 1
+            self._refreshed.notify_all()
+
+    def _failed(self, exc: Exception) -> None:
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        self.last_error = f"{type(exc).__name__}: {first[0] if first else ''}"
+        self.refresh_failures += 1
+        if not self._failing:
+            log.warning("flags: cannot refresh the flag snapshot (%s); serving the last one "
+                        "until the database answers", self.last_error)
+        self._failing = True

@@ -169,7 +169,7 @@ def service(settings: Any, clock: Callable[[], datetime] | None = None) -> Itera
     from prometheus_client import CollectorRegistry
 
     from monitor.app import create_app
-    from monitor.services import services_of
+    from monitor.hub import services_of
 
     app = create_app(settings, engine_factory=engine_factory, registry=CollectorRegistry(),
                      suites=suites(), clock=clock)
@@ -196,7 +196,7 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
     from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
     from alerts.outbox import enqueue_message
     from alerts.rules import RuleResult
-    from monitor.service import scheduled_jobs
+    from monitor.jobs import scheduled_jobs
     from storage.models import WebhookDelivery
     from storage.queries.deliveries import pending_count
 
@@ -332,7 +332,7 @@ def run_database(cfg: Config, admin_url: str = PG_ADMIN_URL) -> Outcome:
 def _database_run(cfg: Config, real_url: str, out: Outcome, make_url: Any) -> None:
     from sqlalchemy import func, select
 
-    from monitor.service import scheduled_jobs
+    from monitor.jobs import scheduled_jobs
     from probes.cycle import CycleResult
     from storage.db import make_engine, make_sessionmaker
     from storage.migrate import upgrade

@@ -16,19 +16,14 @@ from monitor.api.limits import BodyLimit, max_body_bytes
 from monitor.api.openapi import install_openapi
 from monitor.api.rollouts import router as rollouts_router
 from monitor.auth import Authenticator
+from monitor.engine_holder import EngineFactory, default_engine_factory
+from monitor.hub import AppParts, Seams, Services
+from monitor.lifespan import lifespan
 from monitor.metrics import Metrics, MetricsSink
 from monitor.scheduler import JobScheduler
-from monitor.service import lifespan
-from monitor.services import (
-    AppParts,
-    EngineFactory,
-    Seams,
-    Services,
-    default_engine_factory,
-    utcnow,
-)
 from monitor.settings import Settings
 from probes.canaries import CanarySuite
+from vocab import utcnow
 
 
 def create_app(
@@ -40,6 +35,7 @@ def create_app(
     suites: Mapping[str, CanarySuite] | None = None,
     clock: Callable[[], datetime] | None = None,
     transport: httpx.BaseTransport | None = None,
+    analysis_in_process: bool = True,
 ) -> FastAPI:
     """Build the tailwatch service; nothing runs until the lifespan starts.
 
@@ -49,7 +45,9 @@ def create_app(
             torch runtime. Tests pass a fake.
         registry: the Prometheus registry the app owns; a fresh one by default.
         scheduler_factory, suites, clock, transport: the other seams (see
-            `monitor.services.Seams`); production leaves them unset.
+            `monitor.hub.Seams`); production leaves them unset.
+        analysis_in_process: the scheduler runs evaluation, delivery, retention and the
+            report here too; `tailwatch serve` passes False and runs `tailwatch worker`.
 
     Raises:
         monitor.auth.AuthConfigError: auth is on and no token is configured.
@@ -66,7 +64,8 @@ def create_app(
                   scheduler_factory=scheduler_factory, suites=suites,
                   clock=clock or utcnow, transport=transport)
     app.state.parts = AppParts(settings=settings, authenticator=authenticator,
-                               metrics=metrics, sink=MetricsSink(metrics), seams=seams)
+                               metrics=metrics, sink=MetricsSink(metrics), seams=seams,
+                               analysis_in_process=analysis_in_process)
     errors.install_error_handlers(app)
     for module in (health, generate, flags, alerts, probes, baselines, reports):
         app.include_router(module.router)

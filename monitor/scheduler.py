@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from storage.errors import DatabaseUnavailable
 from vocab import utcnow
 
 if TYPE_CHECKING:
+    from monitor.job_metrics import JobMetrics
     from monitor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,23 +54,38 @@ class JobStats:
 
     name: str
     singleton: bool
-    runs: int = 0
+    runs: int = 0  # runs finished
     failures: int = 0
     not_leader: int = 0  # triggers skipped because another replica leads
     running: bool = False
     last_started_at: datetime | None = None
     last_finished_at: datetime | None = None
     last_error: str | None = None
+    started: int = 0  # runs started (a running one included)
+    last_duration_s: float | None = None
+    last_success_at: datetime | None = None
+    leader: bool | None = None  # singletons: whether this process led at the last trigger
+
+
+def job_table(stats: Mapping[str, JobStats]) -> list[dict[str, object]]:
+    """Return one JSON-ready row per job: runs, failures, last success and duration, leader."""
+    return [{"name": s.name, "runs": s.runs, "failures": s.failures,
+             "last_success": s.last_success_at.isoformat() if s.last_success_at else None,
+             "last_duration_s": s.last_duration_s, "running": s.running,
+             "singleton": s.singleton, "leader": s.leader, "not_leader": s.not_leader,
+             "last_error": s.last_error}
+            for s in sorted(stats.values(), key=lambda s: s.name)]
 
 
 class JobScheduler:
     """A BackgroundScheduler with the leader lock and per-job stats."""
 
     def __init__(self, aps: BackgroundScheduler, leader: LeaderLock,
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], metrics: JobMetrics | None = None) -> None:
         self.aps = aps
         self.leader = leader
         self.clock = clock
+        self.metrics = metrics
         self._stats: dict[str, JobStats] = {}
         self._lock = threading.Lock()
 
@@ -77,6 +94,8 @@ class JobScheduler:
         """Schedule `fn` under `name` (singletons only run while this replica leads)."""
         with self._lock:
             self._stats[name] = JobStats(name, singleton)
+        if self.metrics is not None:
+            self.metrics.track(name)
         self.aps.add_job(self._wrap(name, fn, singleton), trigger, id=name, name=name,
                          max_instances=1, coalesce=True, misfire_grace_time=misfire_grace_s,
                          replace_existing=True)
@@ -90,22 +109,23 @@ class JobScheduler:
         kinds: set[str] = set()  # failures already logged in this streak
 
         def run() -> None:
-            if singleton and not self.leader.is_leader():
-                with self._lock:
-                    s = self._stats[name]
-                    self._stats[name] = replace(s, not_leader=s.not_leader + 1)
+            if singleton and not self._leads(name):
                 return
-            self._update(name, running=True, last_started_at=self.clock())
+            with self._lock:
+                s = self._stats[name]
+                self._stats[name] = replace(s, running=True, started=s.started + 1,
+                                            last_started_at=self.clock())
+            began = time.perf_counter()
+            ok = False
             try:
                 result = fn()
             except Exception as exc:
-                with self._lock:
-                    s = self._stats[name]
-                    streak[0] += 1
-                    self._stats[name] = replace(
-                        s, failures=s.failures + 1, last_error=f"{type(exc).__name__}: {exc}")
+                streak[0] += 1
+                self._update(name, failures=self._stats[name].failures + 1,
+                             last_error=f"{type(exc).__name__}: {exc}")
                 _log_failure(name, exc, streak, kinds)
             else:
+                ok = True
                 if streak[0]:
                     log.info("scheduled job %s: recovered after %d failed run(s)", name,
                              streak[0])
@@ -113,13 +133,37 @@ class JobScheduler:
                 kinds.clear()
                 _log_outcome(name, result)
             finally:
-                with self._lock:
-                    s = self._stats[name]
-                    self._stats[name] = replace(s, runs=s.runs + 1, running=False,
-                                                last_finished_at=self.clock())
+                self._finished(name, time.perf_counter() - began, ok)
 
         run.__name__ = f"job_{name}"
         return run
+
+    def _leads(self, name: str) -> bool:
+        leads = self.leader.is_leader()
+        with self._lock:
+            s = self._stats[name]
+            self._stats[name] = replace(s, leader=leads,
+                                        not_leader=s.not_leader + (0 if leads else 1))
+        return leads
+
+    def _finished(self, name: str, duration_s: float, ok: bool) -> None:
+        now = self.clock()
+        with self._lock:
+            s = self._stats[name]
+            self._stats[name] = replace(
+                s, runs=s.runs + 1, running=False, last_finished_at=now,
+                last_duration_s=duration_s, last_success_at=now if ok else s.last_success_at)
+        if self.metrics is not None:
+            self.metrics.observe(name, duration_s, ok=ok, finished_at=now.timestamp())
+
+    def activity(self) -> Mapping[str, tuple[int, bool]]:
+        """Return job name -> (runs started so far, running now).
+
+        A prober compares two readings to learn whether any job ran in this process
+        while it measured.
+        """
+        with self._lock:
+            return {n: (s.started, s.running) for n, s in self._stats.items()}
 
     def stats(self) -> dict[str, JobStats]:
         """Return a snapshot of every job's stats."""
@@ -139,6 +183,9 @@ class JobScheduler:
         if self.aps.running:
             self.aps.shutdown(wait=wait)
         self.leader.release()
+        if self.metrics is not None:
+            metrics, self.metrics = self.metrics, None
+            metrics.unregister()
 
 
 def _is_database_down(exc: BaseException) -> bool:
@@ -209,6 +256,7 @@ def build_scheduler(
     leader: LeaderLock,
     *,
     clock: Callable[[], datetime] = utcnow,
+    metrics: JobMetrics | None = None,
 ) -> JobScheduler:
     """Return a JobScheduler (not started) with every given job that settings enable."""
     unknown = set(jobs) - set(EVERY_REPLICA) - set(SINGLETONS)
@@ -216,7 +264,7 @@ def build_scheduler(
         raise ValueError(f"jobs: unknown job {sorted(unknown)[0]!r}")
     trig = triggers(settings)
     aps = BackgroundScheduler(timezone=UTC)
-    js = JobScheduler(aps, leader, clock)
+    js = JobScheduler(aps, leader, clock, metrics)
     for name, fn in jobs.items():
         if name not in trig:
             log.info("job %s disabled by settings", name)

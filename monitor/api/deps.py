@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.errors import NotReady
 from engine.protocol import Engine, FlagProvider
 from monitor.auth import Authenticator
+from monitor.engine_holder import EngineHolder
+from monitor.hub import Services, services_of
 from monitor.metrics import Metrics, MetricsSink
-from monitor.service import EngineHolder, ProbeRunner
-from monitor.services import Services, services_of
+from monitor.probe_runner import ProbeRunner
 from monitor.settings import Settings
 from probes.sampler import TrafficSampler
 from probes.traffic import TrafficRecorder

@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from monitor.api.deps import EngineHolderDep, MetricsDep, ReaderDep, SessionsDep
-from monitor.service import READY
+from monitor.api.deps import EngineHolderDep, MetricsDep, ReaderDep, ServicesDep, SessionsDep
+from monitor.engine_holder import READY
+from monitor.scheduler import job_table
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,12 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses={503: {"description": "Warming, failed or DB unreachable"}})
-def readyz(holder: EngineHolderDep, sessions: SessionsDep) -> JSONResponse:
-    """Return 200 when the engine is warm and the database answers, else 503 with a reason."""
+def readyz(holder: EngineHolderDep, sessions: SessionsDep, services: ServicesDep) -> JSONResponse:
+    """Return 200 when the engine is warm and the database answers, else 503 with a reason.
+
+    `jobs` lists this process's scheduled jobs: runs, failures, last success and duration,
+    running now, and for leader-only jobs whether this process leads.
+    """
     state, reason = holder.state()
     try:
         with sessions() as session:
@@ -34,7 +39,10 @@ def readyz(holder: EngineHolderDep, sessions: SessionsDep) -> JSONResponse:
     except Exception as exc:
         log.warning("readyz: database unreachable: %s", type(exc).__name__)
         database = "unreachable"
-    body = {"status": state, "engine": reason, "database": database}
+    scheduler = services.scheduler
+    body: dict[str, object] = {
+        "status": state, "engine": reason, "database": database,
+        "jobs": job_table(scheduler.stats()) if scheduler is not None else []}
     if database != "ok":
         body.update(status="unavailable", reason="database unreachable")
         return JSONResponse(body, status_code=503)

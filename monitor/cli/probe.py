@@ -41,9 +41,9 @@ def probe(ctx: click.Context, once: bool, suite: str | None, ab: bool | None,
 
     from engine.errors import EngineError
     from monitor.cli.config import load_settings
+    from monitor.prober import build_prober
     from probes.canaries import load_suites
     from probes.errors import ProbeError
-    from probes.prober import prober_from_settings
     from storage import make_engine, make_sessionmaker
     from storage.errors import StorageError
     from storage.migrate import check_schema
@@ -72,11 +72,13 @@ def probe(ctx: click.Context, once: bool, suite: str | None, ab: bool | None,
         except (EngineError, ValueError, OSError) as exc:
             raise click.ClickException(f"engine: {_one_line(exc)}") from exc
         # The service's write path: the cycle's rows go through the storage Writer.
-        writer = Writer(make_sessionmaker(db), initial_backoff_s=0.05, max_backoff_s=0.5)
+        sessions = make_sessionmaker(db)
+        writer = Writer(sessions, initial_backoff_s=0.05, max_backoff_s=0.5)
         try:
-            prober = prober_from_settings(settings.probes.model_copy(update={"suite": name}),
-                                          eng, writer,
-                                          instance_id=settings.instance_id, suites=suites)
+            # The service's composition: the same output checker compares outputs.
+            probes = settings.probes.model_copy(update={"suite": name})
+            prober = build_prober(settings.model_copy(update={"probes": probes}), eng, writer,
+                                  sessions, suites=suites)
             result = prober.run_cycle(name, ab=ab)
         finally:
             eng.close()

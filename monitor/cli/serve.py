@@ -40,7 +40,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
     import uvicorn
 
     from monitor.app import create_app
-    from monitor.service import preflight
+    from monitor.database import preflight
 
     settings = effective(load_settings(ctx), host=host, port=port,
                          no_scheduler=no_scheduler, no_probes=no_probes)
@@ -63,8 +63,8 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
 
 def startup_error(settings: Settings, exc: Exception) -> str:
     """Return the one line `serve` prints for a start-up failure, every secret masked."""
+    from monitor.database import one_line
     from monitor.secrets import UNPARSABLE_URL, Masker, mask_url
-    from monitor.service import one_line
 
     text = one_line(str(exc)) or type(exc).__name__
     url = settings.database_url

@@ -148,9 +148,9 @@ def run_demo(options: DemoOptions | None = None, console: Console | None = None)
 def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Path,
           receiver: WebhookReceiver, started: float) -> DemoOutcome:
     from monitor.app import create_app
+    from monitor.hub import services_of
     from monitor.report.job import run_weekly_report
     from monitor.report.week import week_of
-    from monitor.services import services_of
 
     profile = options.profile
     token = secrets.token_urlsafe(24)

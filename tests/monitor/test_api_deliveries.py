@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 
 from alerts.outbox import Deliverer, enqueue
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget, format_payload
+from monitor.hub import services_of
 from monitor.loopback import WebhookReceiver
-from monitor.services import services_of
 from storage.models import Alert
 
 # Notifications go through the service's real deliverer, whose clock is the wall clock:

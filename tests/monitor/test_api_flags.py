@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from monitor.services import services_of
+from monitor.hub import services_of
 from storage.models import FlagAudit
 from tests.monitor.conftest import OTHER_TOKEN, TOKEN
 

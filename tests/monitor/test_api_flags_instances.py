@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from alerts.flags import FlagStore, instance_scope
-from monitor.services import services_of
+from monitor.hub import services_of
 
 HERE = "test-instance"  # tests.monitor.conftest.make_settings' instance_id
 

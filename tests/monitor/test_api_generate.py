@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from engine.errors import Overloaded, RequestTimeout
-from monitor.services import services_of
+from monitor.hub import services_of
 from tests.monitor.fakes import FakeFactory
 
 

@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from engine.config import EngineConfig
 from engine.protocol import REFERENCE, FlagOverride, FlagProvider, GenerateResult
+from monitor.hub import services_of
 from monitor.loopback import wait_for
-from monitor.services import services_of
 from storage.models import OutputAgreement
 from tests.monitor.conftest import make_settings, start
 from tests.monitor.fakes import FakeFactory, ServiceFakeEngine

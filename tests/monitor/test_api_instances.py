@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from monitor.services import services_of
+from monitor.hub import services_of
 from monitor.settings import Settings
 from storage.models import Alert, ProbeRun, TrafficRollup
 

@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from monitor.hub import services_of
+from monitor.jobs import scheduled_jobs
 from monitor.loopback import wait_for
-from monitor.service import scheduled_jobs
-from monitor.services import services_of
 from monitor.settings import Settings
 from storage.models import Alert, Report
 from tests.monitor.conftest import make_settings, start

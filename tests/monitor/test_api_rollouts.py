@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
+from monitor.hub import services_of
 from monitor.metrics import DatabaseCollector, Metrics
-from monitor.services import services_of
 from storage.models import RolloutVerdict
 from vocab import utcnow
 

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from monitor.app import create_app
 from monitor.cli import main
 from monitor.cli.serve import effective
+from monitor.hub import parts_of
 from monitor.loopback import wait_for
-from monitor.services import parts_of
 from monitor.settings import Settings
 from tests.monitor.conftest import OTHER_TOKEN, TOKEN, make_settings
 from tests.monitor.fakes import FakeFactory

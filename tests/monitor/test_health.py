@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from monitor.app import create_app
 from monitor.auth import AuthConfigError
+from monitor.hub import services_of
 from monitor.loopback import wait_for
-from monitor.services import services_of
 from monitor.settings import Settings
 from storage.errors import SchemaBehind
 from tests.monitor.conftest import make_settings

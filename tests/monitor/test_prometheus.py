@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from engine.errors import Overloaded
+from monitor.hub import services_of
 from monitor.loopback import free_port, wait_for
-from monitor.services import services_of
 from monitor.settings import Settings
 from storage.models import Alert, RolloutVerdict, WebhookDelivery
 from tests.monitor.conftest import TOKEN, start

@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from alerts.outbox import enqueue
 from alerts.webhooks import Notification
+from monitor.hub import Services, parts_of, services_of
+from monitor.jobs import scheduled_jobs
 from monitor.loopback import WebhookReceiver, wait_for
-from monitor.service import scheduled_jobs
-from monitor.services import Services, parts_of, services_of
 from storage.models import WebhookDelivery
 from tests.monitor.conftest import make_settings, start
 

@@ -19,9 +19,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from bench.proxy import TcpProxy
+from monitor.hub import services_of
+from monitor.jobs import scheduled_jobs
 from monitor.loopback import wait_for
-from monitor.service import scheduled_jobs
-from monitor.services import services_of
 from storage.db import make_engine, make_sessionmaker
 from storage.models import MemorySample, ProbeRun, TrafficRollup
 from tests.monitor.conftest import make_settings, start

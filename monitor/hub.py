@@ -1,9 +1,9 @@
 """The Services hub: every long-lived object of one running app, built by the lifespan.
 
 `create_app` takes typed seams (`Seams`: engine factory, scheduler factory, canary
-suites, clock, webhook transport) and the lifespan builds one frozen `Services` from
-settings and seams. Routes receive its parts through `monitor.api.deps`; jobs close
-over it; tests read it with `services_of(app)`.
+suites, clock, webhook transport) and the lifespan (`monitor.lifespan`) builds one frozen
+`Services` from settings and seams. Routes receive its parts through `monitor.api.deps`;
+jobs (`monitor.jobs`) close over it; tests read it with `services_of(app)`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from fastapi import FastAPI
 from sqlalchemy import Engine as DbEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from engine.config import EngineConfig
-from engine.protocol import Engine, FlagProvider
+from engine.protocol import FlagProvider
+from monitor.engine_holder import EngineFactory, EngineHolder, default_engine_factory
+from monitor.probe_runner import ProbeRunner
 from probes.canaries import CanarySuite
 from vocab import utcnow
 
@@ -29,20 +30,10 @@ if TYPE_CHECKING:
     from monitor.auth import Authenticator
     from monitor.metrics import Metrics, MetricsSink
     from monitor.scheduler import JobScheduler
-    from monitor.service import EngineHolder, ProbeRunner
     from monitor.settings import Settings
     from probes.sampler import TrafficSampler
     from probes.traffic import TrafficRecorder
     from storage.writer import Writer
-
-EngineFactory = Callable[[EngineConfig, FlagProvider], Engine]
-
-
-def default_engine_factory(config: EngineConfig, flags: FlagProvider) -> Engine:
-    """Load the torch-backed engine (imports torch)."""
-    from engine import load_engine
-
-    return load_engine(config, flags=flags)
 
 
 @dataclass(frozen=True)
@@ -51,7 +42,7 @@ class Seams:
 
     engine_factory: builds the engine (default loads the torch runtime).
     scheduler_factory: builds and starts the job scheduler from the services
-        (default `monitor.service.start_scheduler`).
+        (default `monitor.lifespan.start_scheduler`).
     suites: canary suites (default: shipped plus probes.suites_file).
     clock: "now" for evaluation, retention and webhook deliveries.
     transport: the webhook deliveries' httpx transport (default: real network).
@@ -66,13 +57,19 @@ class Seams:
 
 @dataclass(frozen=True)
 class AppParts:
-    """What `create_app` builds before the lifespan (settings, auth, metrics, seams)."""
+    """What `create_app` builds before the lifespan (settings, auth, metrics, seams).
+
+    analysis_in_process: the scheduler also runs the analysis jobs (evaluate, delivery,
+        retention, report) beside the engine; `tailwatch serve` turns it off and leaves
+        them to `tailwatch worker`.
+    """
 
     settings: Settings
     authenticator: Authenticator
     metrics: Metrics
     sink: MetricsSink
     seams: Seams
+    analysis_in_process: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,6 +93,7 @@ class Services:
     scheduler: JobScheduler | None = None
     # Replays a sample of real requests on the reference path (None: share 0 or built by hand).
     sampler: TrafficSampler | None = None
+    analysis_in_process: bool = True  # see AppParts
 
 
 def parts_of(app: FastAPI) -> AppParts:

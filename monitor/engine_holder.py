@@ -1,0 +1,100 @@
+"""The engine, loaded in a background thread, and how far loading and warm-up got."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from engine.config import EngineConfig
+from engine.protocol import Engine, FlagProvider
+
+log = logging.getLogger(__name__)
+
+LOADING = "loading"
+WARMING = "warming"
+READY = "ready"
+FAILED = "failed"
+
+EngineFactory = Callable[[EngineConfig, FlagProvider], Engine]
+
+
+def default_engine_factory(config: EngineConfig, flags: FlagProvider) -> Engine:
+    """Load the torch-backed engine (imports torch)."""
+    from engine import load_engine
+
+    return load_engine(config, flags=flags)
+
+
+class EngineHolder:
+    """Load the engine in a background thread and say how far it got.
+
+    Example:
+        holder = EngineHolder(factory, config, flags)
+        holder.start()
+        holder.get()      # None until loaded; serves (eager) while buckets warm
+        holder.state()    # ("warming", "3/5 buckets warm")
+    """
+
+    def __init__(self, factory: EngineFactory, config: EngineConfig,
+                 flags: FlagProvider) -> None:
+        self._factory = factory
+        self._config = config
+        self._flags = flags
+        self._engine: Engine | None = None
+        self._error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def start(self) -> None:
+        """Begin loading and warming in a daemon thread."""
+        self._thread = threading.Thread(target=self._load, name="tailwatch-engine-load",
+                                        daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        started = time.perf_counter()
+        try:
+            engine = self._factory(self._config, self._flags)
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.error("engine: failed to load: %s", self._error)
+            return
+        if self._closed.is_set():
+            engine.close()
+            return
+        self._engine = engine
+        log.info("engine: loaded in %.1f s; warming buckets", time.perf_counter() - started)
+        try:
+            engine.warm_up(background=False)
+        except Exception as exc:
+            # The engine still serves (eager for cold buckets); readiness reports it.
+            self._error = f"warm-up failed: {type(exc).__name__}: {exc}"
+            log.error("engine: %s", self._error)
+
+    def get(self) -> Engine | None:
+        """Return the engine once loaded, else None."""
+        return self._engine
+
+    def state(self) -> tuple[str, str]:
+        """Return (one of LOADING, WARMING, READY, FAILED, a human reason)."""
+        engine = self._engine
+        if engine is None:
+            if self._error is not None:
+                return FAILED, f"engine failed to load: {self._error}"
+            return LOADING, "engine loading"
+        status = engine.warmup_status()
+        if status.error is not None or self._error is not None:
+            return FAILED, f"engine warm-up failed: {status.error or self._error}"
+        if not status.done:
+            return WARMING, f"{status.warm_buckets}/{status.total_buckets} buckets warm"
+        return READY, "ready"
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop waiting for the load and close the engine if it exists."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._engine is not None:
+            self._engine.close()

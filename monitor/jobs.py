@@ -1,0 +1,114 @@
+"""The scheduled job bodies: what each job name runs, in the serving process or the worker.
+
+Every replica's serving process runs the measurement jobs (probe, burst, traffic_flush:
+they need its engine). The analysis jobs (evaluate, delivery, retention, report) read
+only SQL: `tailwatch worker` runs them in a process of its own, so their Python work never
+shares the GIL with the engine; an app built with `analysis_in_process` (the demo, tests)
+runs them beside the engine as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from engine.protocol import FlagProvider
+from monitor import scheduler as names
+from monitor.hub import Services
+from monitor.settings import Settings
+
+if TYPE_CHECKING:
+    from alerts.config import AlertsConfig
+    from alerts.outbox import Deliverer
+    from monitor.metrics import MetricsSink
+
+# Seconds past a replica's traffic flush interval before a minute of traffic is judged.
+TRAFFIC_SETTLE_MARGIN_S = 5.0
+
+Job = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class AnalysisParts:
+    """What the analysis jobs read: settings, SQL, the alerts config and the deliverer."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    clock: Callable[[], datetime]
+    alerts: AlertsConfig
+    deliverer: Deliverer
+    flags: FlagProvider  # told after an evaluation (the policy may have flipped flags)
+    sink: MetricsSink  # delivery outcomes become counters
+
+
+def analysis_parts(s: Services) -> AnalysisParts:
+    """Return the analysis jobs' parts of a running app."""
+    return AnalysisParts(settings=s.settings, sessions=s.sessions, clock=s.seams.clock,
+                         alerts=s.alerts, deliverer=s.deliverer, flags=s.flags, sink=s.sink)
+
+
+def replica_jobs(s: Services) -> dict[str, Job]:
+    """Return the jobs every replica's serving process runs (they measure its engine)."""
+    return {
+        names.PROBE: s.probes.job("cycle"),
+        names.BURST: s.probes.job("burst"),
+        names.TRAFFIC_FLUSH: lambda: (s.traffic.flush(s.writer), s.probes.record_compiles()),
+    }
+
+
+def analysis_jobs(a: AnalysisParts) -> dict[str, Job]:
+    """Return the leader-only jobs (evaluation, delivery, retention, the weekly report)."""
+    return {
+        names.RETENTION: lambda: _prune(a),
+        names.EVALUATE: lambda: _evaluate(a),
+        names.DELIVERY: lambda: _deliver(a),
+        names.REPORT: lambda: _report(a),
+    }
+
+
+def scheduled_jobs(services: Services) -> dict[str, Job]:
+    """Return every job callable of a running app (the scheduler drops those settings disable)."""
+    return {**replica_jobs(services), **analysis_jobs(analysis_parts(services))}
+
+
+def _prune(s: AnalysisParts) -> object:
+    from storage.retention import prune
+
+    with s.sessions.begin() as session:
+        return prune(session, s.clock(), s.settings.retention.raw_days,
+                     s.settings.retention.rollup_days)
+
+
+def _evaluate(s: AnalysisParts) -> object:
+    from alerts.evaluator import evaluate
+    from monitor.events import log_evaluation
+
+    a = s.alerts
+    # Every replica flushes its traffic rollups on its own schedule: a minute is judged
+    # once each has flushed it (the interval, plus a margin for the write itself).
+    settle = {"traffic": s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S}
+    with s.sessions.begin() as session:
+        report = evaluate(session, a.rules, s.clock(), targets=a.targets,
+                          policy=a.policy, baseline_config=a.baselines,
+                          external_url=a.external_url, resend_s=a.resend_s,
+                          stale_after_s=a.stale_after_s, settle=settle)
+    # The policy may have flipped flags: let the engine see them on its next request.
+    s.flags.invalidate()
+    log_evaluation(report)  # alert fired/resolved, flags the policy changed
+    return report
+
+
+def _deliver(s: AnalysisParts) -> object:
+    report = s.deliverer.run_once()
+    s.sink.deliveries(report)
+    return report
+
+
+def _report(s: AnalysisParts) -> object:
+    from monitor.report import run_weekly_report
+
+    return run_weekly_report(s.sessions, s.settings)

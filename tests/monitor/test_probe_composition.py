@@ -1,0 +1,59 @@
+"""One prober composition: `tailwatch probe --once` checks outputs as the service does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from monitor.cli import main
+from storage import make_engine, make_sessionmaker
+from storage.migrate import upgrade
+from storage.models import CanaryReference, OutputAgreement
+from tests.probes.fakes import FakeEngine, placeholder_suites
+
+
+@pytest.fixture
+def db_kind() -> str:
+    """SQLite: the CLI's composition is the same on both databases."""
+    return "sqlite"
+
+
+@pytest.fixture
+def fresh_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    suites_file = tmp_path / "suites.yaml"
+    lines = ["suites:"]
+    for s in placeholder_suites(2).values():
+        lines.append(f"  - name: {s.name}\n    domain: {s.domain}\n    prompts:")
+        lines += [f"      - {json.dumps(p)}" for p in s.prompts]
+    suites_file.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr("probes.canaries.DEFAULT_SUITES_FILE", suites_file)
+    monkeypatch.setenv("TAILWATCH_DATABASE_URL", url)
+    monkeypatch.setenv("TAILWATCH_PROBES__CANARIES_PER_BUCKET", "2")
+    monkeypatch.delenv("TAILWATCH_CONFIG", raising=False)
+
+    def fake_load(settings: object) -> FakeEngine:
+        engine = FakeEngine()
+        engine.warm_up()
+        return engine
+
+    monkeypatch.setattr("monitor.cli.probe.load_engine", fake_load)
+    upgrade(url)
+    return url
+
+
+def test_two_cli_cycles_store_references_and_agreements(fresh_url: str) -> None:
+    assert main(["probe", "--once", "--no-ab"]) == 0
+    assert main(["probe", "--once", "--no-ab"]) == 0
+    db = make_engine(fresh_url)
+    try:
+        with make_sessionmaker(db)() as s:
+            references = s.scalar(select(func.count()).select_from(CanaryReference))
+            agreements = s.scalar(select(func.count()).select_from(OutputAgreement))
+    finally:
+        db.dispose()
+    assert references and references > 0
+    assert agreements and agreements > 0
