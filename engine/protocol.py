@@ -125,6 +125,33 @@ class CompileDelta:
     recompile_limit_hits: int
     compile_failures: int
 
+    @classmethod
+    def none(cls) -> CompileDelta:
+        """Return the delta of an interval in which nothing compiled."""
+        return cls(graphs=0, recompiles=0, recompile_reasons={}, graph_breaks=0,
+                   graph_break_reasons={}, compile_seconds=0.0, recompile_limit_hits=0,
+                   compile_failures=0)
+
+    def plus(self, other: CompileDelta) -> CompileDelta:
+        """Return both deltas together (the intervals of the two must not overlap).
+
+        Probe cycles sum the deltas of single calls this way, so what compiled between
+        two calls (real traffic) is left out of either sum.
+        """
+
+        def add(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+        return CompileDelta(
+            graphs=self.graphs + other.graphs,
+            recompiles=self.recompiles + other.recompiles,
+            recompile_reasons=add(self.recompile_reasons, other.recompile_reasons),
+            graph_breaks=self.graph_breaks + other.graph_breaks,
+            graph_break_reasons=add(self.graph_break_reasons, other.graph_break_reasons),
+            compile_seconds=self.compile_seconds + other.compile_seconds,
+            recompile_limit_hits=self.recompile_limit_hits + other.recompile_limit_hits,
+            compile_failures=self.compile_failures + other.compile_failures,
+        )
 
     def minus(self, other: CompileDelta) -> CompileDelta:
         """Return what this delta holds beyond `other` (never below zero)."""

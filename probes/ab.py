@@ -1,76 +1,161 @@
-"""Measured speedup of each optimization per bucket, from A/B probe rows.
+"""Measured speedup of each optimization: paired per prompt within A/B cycles.
 
-A/B cycles store, in the same run, variant "optimized" (the engine's current flags)
-and one row per fallback arm: "eager" (compile off), "direct" (speculation off),
-"exact" (bucketing off); when a bucket's speculation is already off, the arm is
-"speculative" (speculation forced on for the canary). Pairing rows of the same run
-and bucket cancels slow drifts of the machine; the speedup is the median over runs.
+The one definition the report, the API and anything else that speaks of a measured
+speedup use. An A/B cycle runs each canary prompt's optimized request and its fallback
+arms back to back in a random order (probes.cycle) and stores them as
+`ProbeRun.details["pairs"]`. Each (prompt, arm) of a cycle gives one ratio:
 
-speedup > 1 means the optimization is faster than going without it:
-    eager/direct/exact arms:  arm p50 / optimized p50
-    speculative arm:          optimized p50 / arm p50 (what turning speculation back on gains)
+    eager/direct/exact/float32 arms:        arm latency / optimized latency
+    speculative/compiled/quantized arms:    optimized latency / arm latency
+    (reverse arms run the optimization while its flag is off, so the ratio is inverted)
+
+speedup > 1 means the optimization is faster than going without it. Per bucket x arm,
+and over all buckets together (bucket "all"), the speedup is the median of the ratios
+(taken on their logarithms, so with an even count it is the geometric mean of the two
+middle ratios) with the number of pairs and a distribution-free 95% confidence interval
+for that median: the order statistics x_(k) and x_(n+1-k) of the sorted ratios, with k
+the largest rank whose binomial(n, 1/2) tail P(B <= k-1) is at most 2.5% (coverage at
+least 95%; none under 6 pairs).
+
+Cycles stored before pairs were recorded (details without "pairs") are ignored: their
+arms ran minutes after the optimized requests and do not pair.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from probes.cycle import ARM_COMPILED, ARM_SPECULATIVE, ARMS
+from probes.cycle import ARM_COMPILED, ARM_FLOAT32, ARM_QUANTIZED, ARM_SPECULATIVE
 from probes.measure import VARIANT_DEFAULT
-from storage.queries.runs import arm_p50s
+from storage.queries.runs import ab_cycle_pairs
 
+ALL_BUCKETS = "all"
+CONFIDENCE = 0.95
 OPTIMIZATION_OF_ARM = {"eager": "compile", "direct": "speculative", "exact": "bucketing",
-                       ARM_SPECULATIVE: "speculative", ARM_COMPILED: "compile"}
+                       ARM_FLOAT32: "int8", ARM_SPECULATIVE: "speculative",
+                       ARM_COMPILED: "compile", ARM_QUANTIZED: "int8"}
 # Reverse arms run the optimization while its flag is off: the ratio is inverted.
-REVERSE_ARMS = (ARM_SPECULATIVE, ARM_COMPILED)
+REVERSE_ARMS = (ARM_SPECULATIVE, ARM_COMPILED, ARM_QUANTIZED)
+
+
+@dataclass(frozen=True)
+class PairRecord:
+    """One stored prompt pair: the latency of each variant of one prompt in one cycle."""
+
+    run_id: int
+    instance_id: str
+    started_at: datetime
+    bucket: str
+    prompt: str
+    latency_s: Mapping[str, float]
 
 
 @dataclass(frozen=True)
 class ArmSpeedup:
-    """Speedup of one optimization in one bucket over a window of A/B runs."""
+    """Speedup of one optimization in one bucket (or ALL_BUCKETS) over a window.
+
+    pairs: prompts where both the optimized request and the arm succeeded; runs: the
+    cycles they came from. speedup: median of the per-pair ratios (module docstring);
+    ci_low/ci_high: its 95% confidence interval (None under 6 pairs).
+    optimized_p50_s / arm_p50_s: median latency of each side over the same pairs.
+    """
 
     bucket: str
     arm: str
     optimization: str
-    runs: int  # runs where both the optimized variant and the arm were measured
-    optimized_p50_s: float  # median over runs
+    pairs: int
+    runs: int
+    speedup: float
+    ci_low: float | None
+    ci_high: float | None
+    optimized_p50_s: float
     arm_p50_s: float
-    speedup: float  # median over runs of the per-run ratio (see module docstring)
 
 
 def ab_speedups(session: Session, start: datetime, end: datetime, *,
                 instance_id: str | None = None) -> list[ArmSpeedup]:
-    """Return the speedup per bucket x arm measured by A/B cycles in [start, end)."""
+    """Return the speedup per bucket x arm, and per arm over all buckets, in [start, end)."""
+    return speedups(load_pairs(session, start, end, instance_id=instance_id))
+
+
+def load_pairs(session: Session, start: datetime, end: datetime, *,
+               instance_id: str | None = None) -> list[PairRecord]:
+    """Return the prompt pairs of the A/B cycles started in [start, end)."""
     if end <= start:
         raise ValueError("end: must be after start")
-    variants = (VARIANT_DEFAULT, *ARMS, *REVERSE_ARMS)
-    # (run, bucket, variant) -> (requests, p50): keep the row with most requests.
-    best: dict[tuple[int, str, str], tuple[int, float]] = {}
-    for row in arm_p50s(session, start, end, variants, instance_id=instance_id):
-        key = (row.run_id, row.bucket, row.variant)
-        if key not in best or row.requests > best[key][0]:
-            best[key] = (row.requests, row.p50_s)
-    pairs: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
-    for (run_id, bucket, variant), (_, p50) in best.items():
-        if variant == VARIANT_DEFAULT:
-            continue
-        opt = best.get((run_id, bucket, VARIANT_DEFAULT))
-        if opt is not None and opt[1] > 0 and p50 > 0:
-            pairs[(bucket, variant)].append((opt[1], p50))
     out = []
-    for (bucket, arm), xs in pairs.items():
-        ratios = [(o / a) if arm in REVERSE_ARMS else (a / o) for o, a in xs]
+    for c in ab_cycle_pairs(session, start, end, instance_id=instance_id):
+        for p in c.pairs:
+            latency = p.get("latency_s")
+            if not isinstance(latency, dict) or not isinstance(p.get("bucket"), str):
+                continue  # not a pair the sink wrote
+            out.append(PairRecord(c.run_id, c.instance_id, c.started_at, p["bucket"],
+                                  str(p.get("prompt", "")),
+                                  {str(k): float(v) for k, v in latency.items()
+                                   if isinstance(v, int | float)}))
+    return out
+
+
+def speedups(pairs: Iterable[PairRecord]) -> list[ArmSpeedup]:
+    """Return the speedup per bucket x arm and per arm over ALL_BUCKETS of `pairs`."""
+    sides: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    for p in pairs:
+        opt = p.latency_s.get(VARIANT_DEFAULT)
+        if opt is None or opt <= 0:
+            continue
+        for arm, lat in p.latency_s.items():
+            if arm in OPTIMIZATION_OF_ARM and lat > 0:
+                sides[(p.bucket, arm)].append((opt, lat, p.run_id))
+                sides[(ALL_BUCKETS, arm)].append((opt, lat, p.run_id))
+    out = []
+    for (bucket, arm), xs in sides.items():
+        ratios = [(o / a) if arm in REVERSE_ARMS else (a / o) for o, a, _ in xs]
+        mid, lo, hi = median_ci(ratios)
         out.append(ArmSpeedup(
-            bucket=bucket, arm=arm, optimization=OPTIMIZATION_OF_ARM[arm], runs=len(xs),
-            optimized_p50_s=statistics.median(o for o, _ in xs),
-            arm_p50_s=statistics.median(a for _, a in xs), speedup=statistics.median(ratios)))
+            bucket=bucket, arm=arm, optimization=OPTIMIZATION_OF_ARM[arm], pairs=len(xs),
+            runs=len({r for _, _, r in xs}), speedup=mid, ci_low=lo, ci_high=hi,
+            optimized_p50_s=statistics.median(o for o, _, _ in xs),
+            arm_p50_s=statistics.median(a for _, a, _ in xs)))
     return sorted(out, key=lambda s: (_bucket_key(s.bucket), s.arm))
 
 
+def median_ci(ratios: Sequence[float],
+              confidence: float = CONFIDENCE) -> tuple[float, float | None, float | None]:
+    """Return (median, low, high) of positive ratios: median of logs, order-statistic CI."""
+    if not ratios:
+        raise ValueError("ratios: must not be empty")
+    xs = sorted(ratios)
+    n = len(xs)
+    logs = [math.log(x) for x in xs]
+    mid = math.exp(statistics.median(logs))
+    k = _rank(n, (1.0 - confidence) / 2)
+    if k == 0:
+        return mid, None, None
+    return mid, xs[k - 1], xs[n - k]
+
+
+def _rank(n: int, tail: float) -> int:
+    """Return the largest k >= 1 with P(Binomial(n, 1/2) <= k-1) <= tail, else 0."""
+    log_half = n * math.log(0.5)
+    cum = 0.0
+    k = 0
+    for j in range(n // 2 + 1):
+        cum += math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
+                        + log_half)
+        if cum > tail:
+            break
+        k = j + 1
+    return k
+
+
 def _bucket_key(bucket: str) -> tuple[int, str]:
+    if bucket == ALL_BUCKETS:
+        return (1 << 31, bucket)
     return (int(bucket), "") if bucket.isdigit() else (1 << 30, bucket)

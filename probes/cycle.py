@@ -4,10 +4,26 @@ The engine calls run in a worker thread; the caller waits at most `timeout_s` an
 returns a `timeout` result, so a hung model call never wedges the scheduler. While a
 timed-out worker is still stuck in the engine, later cycles return `timeout` at once
 instead of stacking more threads on the hung engine.
+
+A/B cycles run each canary prompt's optimized request and its fallback arms back to back,
+in an order drawn per prompt from the cycle's rng, so that anything periodic in the
+process (another job, a GC pause, a flag read) lands on every arm alike and the arms of
+one prompt can be compared pair by pair (`CycleResult.pairs`, `probes.ab`).
+
+Which arms a prompt gets depends on how its optimized request ran (`_arms_for`): a bucket
+whose speculation is off gets the reverse `speculative` arm instead of `direct`, and so
+on. The cycle therefore plans a prompt's arms from the latest optimized result of its
+bucket (this cycle's or an earlier one's, A/B or not), draws the order of the optimized
+request among them, and reconciles once the optimized request has run: an arm it no
+longer calls for is dropped (run, not recorded), an arm it newly calls for runs after it.
+Only the first optimized request a bucket ever sends, or one after a flag change, is
+not placed at random. Compile deltas are taken around each call and summed per side, so
+`compile` covers the optimized requests and `ab_compile` the arms, exactly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import threading
@@ -25,6 +41,7 @@ from engine.protocol import (
     PATH_EAGER,
     PATH_OVERFLOW,
     CompileDelta,
+    CompileSnapshot,
     Engine,
     FlagOverride,
     GenerateResult,
@@ -56,6 +73,9 @@ ARM_FLOAT32 = Variant.FLOAT32.value
 ARM_QUANTIZED = Variant.QUANTIZED.value
 
 Observer = Callable[[GenerateResult], None]
+# Job name -> (runs started so far, running now): what the process's scheduler did, read
+# before and after a cycle so a probe row says which jobs shared the machine with it.
+JobActivity = Callable[[], Mapping[str, tuple[int, bool]]]
 
 
 # Canaries per (bucket, path, decoding) per cycle. 10 would let a p99 rest on 100 samples
@@ -68,13 +88,38 @@ CANARIES_PER_BUCKET = 4
 
 
 @dataclass(frozen=True)
+class PromptPair:
+    """One canary prompt's optimized request and its arms, run back to back (A/B cycles).
+
+    prompt: the first 12 hex digits of the SHA-256 of the prompt text (prompt_id).
+    order: the variants (vocab.Variant values) in the order they ran.
+    latency_s: variant -> GenerateResult.total_s.
+    Both hold successful calls of the arm set the optimized request decided only.
+    """
+
+    bucket: str
+    prompt: str
+    order: tuple[str, ...]
+    latency_s: Mapping[str, float]
+
+
+def prompt_id(prompt: str) -> str:
+    """Return the first 12 hex digits of the SHA-256 of `prompt` (UTF-8)."""
+    return hashlib.sha256(prompt.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
 class CycleResult:
     """Everything one probe cycle measured.
 
     memory_before/after: engine.memory_snapshot() around the whole cycle.
-    compile: compile-counter delta over the default-variant calls; ab_compile: over the
-        A/B arms (an `exact` arm recompiles by design, so it is kept apart).
+    compile: compile-counter delta summed over the optimized calls; ab_compile: over the
+        A/B arm calls (an `exact` arm recompiles by design, so it is kept apart). Each call
+        is measured on its own, so what compiles between two calls belongs to neither.
     rejected: canary calls refused with Overloaded (counted, the cycle goes on).
+    pairs: one per prompt of an A/B cycle with at least one successful call.
+    jobs_during: the scheduler jobs running when the cycle started or started during it
+        (empty without a JobActivity).
     """
 
     suite: str
@@ -96,6 +141,8 @@ class CycleResult:
     config_hash: str = ""
     # (prompt, variant, result) of every call, for the output-quality check (probes.reference).
     outputs: tuple[tuple[str, str, GenerateResult], ...] = ()
+    pairs: tuple[PromptPair, ...] = ()
+    jobs_during: tuple[str, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -126,6 +173,7 @@ class _Progress:
     memory_after: MemorySnapshot | None = None
     compile: CompileDelta | None = None
     ab_compile: CompileDelta | None = None
+    prompt_pairs: list[PromptPair] = field(default_factory=list)
     current: str = ""
     error: BaseException | None = None
 
@@ -151,6 +199,7 @@ class ProbeCycle:
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[Observer] = (),
+        activity: JobActivity | None = None,
     ) -> None:
         if not 0.0 <= ab_share <= 1.0:
             raise ValueError(f"ab_share: must be in [0, 1], got {ab_share}")
@@ -171,8 +220,11 @@ class ProbeCycle:
         self.rng = rng or random.Random()
         self.clock = clock
         self.observers = tuple(observers)
+        self.activity = activity
         self._stuck: threading.Thread | None = None
         self._plans: dict[str, dict[str, tuple[str, ...]]] = {}
+        # bucket -> the latest optimized result there: plans the arms of the next prompt.
+        self._latest: dict[str, GenerateResult] = {}
 
     def run(self, suite: str, *, ab: bool | None = None) -> CycleResult:
         """Run one cycle of `suite`; never raises for engine failures (see status)."""
@@ -188,6 +240,7 @@ class ProbeCycle:
         if self._stuck is not None and self._stuck.is_alive():
             return CycleResult(**base, finished_at=self.clock(), status=STATUS_TIMEOUT,
                                error="previous probe cycle is still waiting on a hung engine call")
+        jobs_before = self._jobs()
         progress = _Progress()
         deadline = time.monotonic() + self.timeout_s
         worker = threading.Thread(target=self._work, args=(suite, ab, deadline, progress),
@@ -201,7 +254,8 @@ class ProbeCycle:
             if suite in self._plans else (),
             "memory_before": progress.memory_before, "memory_after": progress.memory_after,
             "compile": progress.compile, "ab_compile": progress.ab_compile,
-            "outputs": tuple(progress.outputs),
+            "outputs": tuple(progress.outputs), "pairs": tuple(progress.prompt_pairs),
+            "jobs_during": _jobs_during(jobs_before, self._jobs()),
         }
         if worker.is_alive():
             self._stuck = worker
@@ -230,30 +284,70 @@ class ProbeCycle:
             plan = self._plan(suite)
             max_new = self.suites[suite].max_new_tokens
             progress.memory_before = engine.memory_snapshot()
-            snap0 = engine.compile_snapshot()
-            defaults: list[tuple[str, GenerateResult]] = []
+            progress.compile = CompileDelta.none()
+            if ab:
+                progress.ab_compile = CompileDelta.none()
             for bucket, prompts in plan.items():
                 progress.current = bucket
                 for prompt in prompts:
+                    if ab:
+                        self._paired(bucket, prompt, max_new, deadline, progress)
+                        continue
                     r = self._call(prompt, max_new, None, deadline, progress)
                     if r is not None:
-                        defaults.append((prompt, r))
+                        self._latest[bucket] = r
                         progress.pairs.append((VARIANT_DEFAULT, r))
                         progress.outputs.append((prompt, VARIANT_DEFAULT, r))
-            snap1 = engine.compile_snapshot()
-            progress.compile = snap1.diff(snap0)
-            if ab:
-                for prompt, first in defaults:
-                    progress.current = first.bucket
-                    for variant, override in self._arms_for(first):
-                        r = self._call(prompt, max_new, override, deadline, progress)
-                        if r is not None:
-                            progress.pairs.append((variant, r))
-                            progress.outputs.append((prompt, variant, r))
-                progress.ab_compile = engine.compile_snapshot().diff(snap1)
             progress.memory_after = engine.memory_snapshot()
         except BaseException as exc:  # noqa: BLE001 - reported as the cycle's error
             progress.error = exc
+
+    def _paired(self, bucket: str, prompt: str, max_new: int | None, deadline: float,
+                progress: _Progress) -> None:
+        """Run `prompt` optimized and through its arms back to back, in a drawn order."""
+        latest = self._latest.get(bucket)
+        planned = dict(self._arms_for(latest)) if latest is not None else {}
+        queue = [VARIANT_DEFAULT, *planned]
+        self.rng.shuffle(queue)
+        ran: list[tuple[str, GenerateResult]] = []
+        tried: set[str] = set()
+        arms: dict[str, FlagOverride] | None = None  # known once the optimized call ran
+        while queue:
+            variant = queue.pop(0)
+            tried.add(variant)
+            if variant != VARIANT_DEFAULT:
+                override = (arms or planned)[variant]
+                r = self._call(prompt, max_new, override, deadline, progress, arm=True)
+                if r is not None:
+                    ran.append((variant, r))
+                continue
+            first = self._call(prompt, max_new, None, deadline, progress)
+            if first is None:
+                return  # no optimized result: the arms would pair with nothing
+            self._latest[bucket] = first
+            ran.append((VARIANT_DEFAULT, first))
+            arms = dict(self._arms_for(first))
+            # Reconcile the plan with what this call decided (flags changed, first call).
+            new = [v for v in arms if v not in tried and v not in queue]
+            self.rng.shuffle(new)
+            queue = [v for v in queue if v in arms] + new
+        assert arms is not None  # the optimized variant is always queued
+        kept = [(v, r) for v, r in ran if v == VARIANT_DEFAULT or v in arms]
+        for v, r in kept:
+            progress.pairs.append((v, r))
+            progress.outputs.append((prompt, v, r))
+        progress.prompt_pairs.append(PromptPair(
+            bucket=bucket, prompt=prompt_id(prompt), order=tuple(v for v, _ in kept),
+            latency_s={v: r.total_s for v, r in kept}))
+
+    def _jobs(self) -> Mapping[str, tuple[int, bool]]:
+        if self.activity is None:
+            return {}
+        try:
+            return self.activity()
+        except Exception:  # a broken seam must not fail the probe
+            log.exception("job activity read failed")
+            return {}
 
     def _arms_for(self, first: GenerateResult) -> list[tuple[str, FlagOverride]]:
         """Return the fallback arms that differ from how `first` actually ran."""
@@ -284,19 +378,42 @@ class ProbeCycle:
         return arms
 
     def _call(self, prompt: str, max_new: int | None, override: FlagOverride | None,
-              deadline: float, progress: _Progress) -> GenerateResult | None:
+              deadline: float, progress: _Progress, *, arm: bool = False) -> GenerateResult | None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("cycle deadline passed")
+        before = self.engine.compile_snapshot()
         try:
             r = self.engine.generate(prompt, max_new_tokens=max_new, canary=True,
                                      override=override, timeout_s=remaining)
         except Overloaded:
             progress.rejected += 1
             return None
+        finally:
+            self._charge(before, progress, arm=arm)
         for observe in self.observers:
             try:
                 observe(r)
             except Exception:  # an observer bug must not fail the probe
                 log.exception("probe observer %r failed", observe)
         return r
+
+    def _charge(self, before: CompileSnapshot, progress: _Progress, *, arm: bool) -> None:
+        """Add what compiled since `before` to the arms' or the optimized side's delta."""
+        try:
+            delta = self.engine.compile_snapshot().diff(before)
+        except Exception:  # keep the call's own error; its compiles are stored later
+            log.exception("compile snapshot failed")
+            return
+        if arm:
+            progress.ab_compile = (progress.ab_compile or CompileDelta.none()).plus(delta)
+        else:
+            progress.compile = (progress.compile or CompileDelta.none()).plus(delta)
+
+
+def _jobs_during(before: Mapping[str, tuple[int, bool]],
+                 after: Mapping[str, tuple[int, bool]]) -> tuple[str, ...]:
+    """Return the jobs running at the start or started since, sorted by name."""
+    names = {n for n, (_, running) in before.items() if running}
+    names |= {n for n, (started, _) in after.items() if started > before.get(n, (0, False))[0]}
+    return tuple(sorted(names))

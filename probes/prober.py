@@ -17,7 +17,14 @@ from functools import partial
 from engine.protocol import CompileDelta, Engine
 from probes.burst import BurstResult, run_burst
 from probes.canaries import CanarySuite
-from probes.cycle import ARMS, CANARIES_PER_BUCKET, CycleResult, Observer, ProbeCycle
+from probes.cycle import (
+    ARMS,
+    CANARIES_PER_BUCKET,
+    CycleResult,
+    JobActivity,
+    Observer,
+    ProbeCycle,
+)
 from probes.quality import AgreementGroup
 from probes.reference import OutputChecker, add_checked_cycle
 from probes.settings import ProbeSettings
@@ -57,6 +64,7 @@ class Prober:
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[Observer] = (),
         checker: OutputChecker | None = None,
+        activity: JobActivity | None = None,
     ) -> None:
         if suite not in suites:
             raise ValueError(f"probes.suite: unknown suite {suite!r}; known: {sorted(suites)}")
@@ -74,7 +82,7 @@ class Prober:
         self.cycle = ProbeCycle(
             engine, suites, instance_id=instance_id, canaries_per_bucket=canaries_per_bucket,
             ab_share=ab_share, ab_arms=ab_arms, timeout_s=cycle_timeout_s, rng=self.rng,
-            clock=clock, observers=observers)
+            clock=clock, observers=observers, activity=activity)
         self.burst_rate_per_s = burst_rate_per_s
         self.burst_duration_s = burst_duration_s
         self.burst_concurrency = burst_concurrency
@@ -159,7 +167,8 @@ def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer
                          rng: random.Random | None = None,
                          clock: Callable[[], datetime] = utcnow,
                          suites: Mapping[str, CanarySuite] | None = None,
-                         checker: OutputChecker | None = None) -> Prober:
+                         checker: OutputChecker | None = None,
+                         activity: JobActivity | None = None) -> Prober:
     """Return the Prober the `probes` settings section describes."""
     from probes.canaries import load_suites
 
@@ -170,4 +179,4 @@ def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer
         ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
         burst_rate_per_s=p.burst_rate_per_s, burst_duration_s=p.burst_duration_s,
         burst_concurrency=p.burst_concurrency, rng=rng, clock=clock, observers=observers,
-        checker=checker)
+        checker=checker, activity=activity)

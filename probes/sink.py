@@ -2,7 +2,14 @@
 
 Rows written per canary cycle (kind "cycle"):
     ProbeRun        status ok/error/timeout, error message, suite, details:
-                    {ab, rejected, missing_buckets, rss_growth_bytes, ab_compile}
+                    {ab, rejected, missing_buckets, rss_growth_bytes, ab_compile,
+                     jobs_during, and on A/B cycles pairs}
+                    jobs_during: sorted names of the scheduler jobs that ran beside the cycle
+                    pairs: one per canary prompt, its optimized request and arms back to back:
+                    {"bucket": "64", "prompt": "<first 12 hex of sha256 of the prompt>",
+                     "order": ["direct", "optimized", "eager"],
+                     "latency_s": {"optimized": 0.031, "direct": 0.012, "eager": 0.05}}
+                    (variant names as vocab.Variant spells them; successful calls only)
     ProbeResult     one per (bucket, path, decoding, variant); variant "optimized" is the
                     engine's current flags, "eager"/"direct"/"exact" (and "speculative" when a
                     bucket's speculation is off) are the A/B fallback arms
@@ -21,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from engine.protocol import CompileDelta, MemorySnapshot
 from probes.burst import BurstResult
-from probes.cycle import CycleResult
+from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from storage.models import CompileEvent, MemorySample, ProbeResult, ProbeRun
 
@@ -90,6 +97,22 @@ def _delta_dict(d: CompileDelta | None) -> dict[str, Any] | None:
             "recompile_reasons": dict(d.recompile_reasons), "limit_hits": d.recompile_limit_hits}
 
 
+def pair_dict(p: PromptPair) -> dict[str, Any]:
+    """Return the stored form of one prompt's pair (ProbeRun.details["pairs"] items)."""
+    return {"bucket": p.bucket, "prompt": p.prompt, "order": list(p.order),
+            "latency_s": dict(p.latency_s)}
+
+
+def _cycle_details(c: CycleResult) -> dict[str, Any]:
+    details: dict[str, Any] = {
+        "ab": c.ab, "rejected": c.rejected, "missing_buckets": list(c.missing_buckets),
+        "rss_growth_bytes": c.rss_growth_bytes, "ab_compile": _delta_dict(c.ab_compile),
+        "jobs_during": list(c.jobs_during)}
+    if c.ab:
+        details["pairs"] = [pair_dict(p) for p in c.pairs]
+    return details
+
+
 def add_cycle(session: Session, c: CycleResult, *, device: str = "") -> ProbeRun:
     """Add a cycle's rows to `session` (no commit) and return its ProbeRun."""
     run = ProbeRun(
@@ -98,8 +121,7 @@ def add_cycle(session: Session, c: CycleResult, *, device: str = "") -> ProbeRun
         device=device or (c.memory_before.device if c.memory_before else ""),
         suite=c.suite, kind=c.kind, requests=sum(g.requests for g in c.groups),
         rejections=c.rejected,
-        details={"ab": c.ab, "rejected": c.rejected, "missing_buckets": list(c.missing_buckets),
-                 "rss_growth_bytes": c.rss_growth_bytes, "ab_compile": _delta_dict(c.ab_compile)},
+        details=_cycle_details(c),
     )
     # Results are stamped when the cycle finished, i.e. when they are known: stamped at its
     # start, a cycle slowed past a rule cycle lands in a window already judged, and the

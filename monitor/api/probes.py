@@ -66,7 +66,7 @@ class ProbeRunDone(BaseModel):
 def list_runs(
     sessions: SessionsDep,
     _actor: ReaderDep,
-    kind: Annotated[Literal["cycle", "burst", "ab"] | None, Query()] = None,
+    kind: Annotated[Literal["cycle", "burst"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[ProbeRunOut]:
     """Return probe runs, newest first, with their result-row counts."""

@@ -1,8 +1,7 @@
-"""Probe runs: the current cohort, the latest runs, run listings and A/B arm rows."""
+"""Probe runs: the current cohort, the latest runs, run listings and A/B prompt pairs."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from storage.models import ProbeResult, ProbeRun
+from vocab import RunKind
 
 
 @dataclass(frozen=True)
@@ -77,26 +77,26 @@ def list_runs(session: Session, *, kind: str | None = None, limit: int = 50) -> 
 
 
 @dataclass(frozen=True)
-class ArmRow:
-    """The p50 one canary run measured for one bucket in one variant (arm)."""
+class AbCycle:
+    """The prompt pairs one A/B canary cycle stored (details["pairs"], see probes.sink)."""
 
     run_id: int
-    bucket: str
-    variant: str
-    requests: int  # successful requests behind p50_s
-    p50_s: float
+    instance_id: str
+    started_at: datetime
+    pairs: list[dict[str, Any]]
 
 
-def arm_p50s(session: Session, start: datetime, end: datetime, variants: Collection[str], *,
-             instance_id: str | None = None) -> list[ArmRow]:
-    """Return the p50 per cycle run x bucket x variant rows of `variants` in [start, end)."""
-    stmt = (select(ProbeResult.run_id, ProbeResult.bucket, ProbeResult.variant,
-                   ProbeResult.count, ProbeResult.errors, ProbeResult.p50_s)
-            .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
-            .where(ProbeResult.at >= start, ProbeResult.at < end, ProbeRun.kind == "cycle",
-                   ProbeResult.variant.in_(tuple(variants)), ProbeResult.p50_s.is_not(None)))
+def ab_cycle_pairs(session: Session, start: datetime, end: datetime, *,
+                   instance_id: str | None = None) -> list[AbCycle]:
+    """Return the pairs of every cycle run started in [start, end) that stored any."""
+    r = ProbeRun
+    stmt = (select(r.id, r.instance_id, r.started_at, r.details)
+            .where(r.kind == RunKind.CYCLE.value, r.started_at >= start, r.started_at < end)
+            .order_by(r.started_at, r.id))
     if instance_id is not None:
-        stmt = stmt.where(ProbeRun.instance_id == instance_id)
-    return [ArmRow(run_id, bucket, variant, count - errors, p50)
-            for run_id, bucket, variant, count, errors, p50 in session.execute(stmt)
-            if p50 is not None]  # the WHERE clause already says so; this tells the type
+        stmt = stmt.where(r.instance_id == instance_id)
+    # The JSON is filtered here, not in SQL: SQLite and PostgreSQL spell JSON paths apart.
+    return [AbCycle(run_id, inst, at, details["pairs"])
+            for run_id, inst, at, details in session.execute(stmt)
+            if isinstance(details, dict) and isinstance(details.get("pairs"), list)
+            and details["pairs"]]

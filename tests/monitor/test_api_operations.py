@@ -63,6 +63,18 @@ def test_probe_run_answers_unstored_while_the_writer_is_held(
     assert [run["kind"] for run in client.get("/v1/probes/runs").json()] == ["cycle"]
 
 
+def test_probe_run_listing_offers_only_the_kinds_the_prober_writes(client: TestClient) -> None:
+    # A/B arms are rows of `cycle` runs (details.pairs): there is no run of kind "ab".
+    r = client.get("/v1/probes/runs", params={"kind": "ab"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "kind"
+    assert "'cycle' or 'burst'" in r.text
+    assert client.get("/v1/probes/runs", params={"kind": "burst"}).json() == []
+    spec = client.get("/openapi.json").json()
+    kind = next(p for p in spec["paths"]["/v1/probes/runs"]["get"]["parameters"]
+                if p["name"] == "kind")
+    assert "ab" not in str(kind["schema"])
+
+
 def test_probe_run_validates_its_body(client: TestClient, auth: dict[str, str]) -> None:
     r = client.post("/v1/probes/run", json={"kind": "soak"}, headers=auth)
     assert r.status_code == 422 and r.json()["error"]["field"] == "kind"

@@ -1,47 +1,111 @@
-"""A/B rows turn into measured speedups per optimization per bucket."""
+"""Stored prompt pairs turn into measured speedups per optimization per bucket."""
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
-from probes.ab import ab_speedups
+from probes.ab import ALL_BUCKETS, PairRecord, ab_speedups, load_pairs, median_ci, speedups
 from probes.cycle import ProbeCycle
+from storage.models import ProbeRun
 from tests.probes.fakes import FakeEngine, FakeTimings, store
 
+T = datetime(2026, 11, 30, 10, tzinfo=UTC)
+HOUR = timedelta(hours=1)
 
-def test_speedups_from_stored_ab_cycles(sessionmaker: sessionmaker[Session], suites: dict) -> None:
+
+def _pair(bucket: str, run_id: int = 1, **latency: float) -> PairRecord:
+    return PairRecord(run_id, "a", T, bucket, "abc", latency)
+
+
+def test_median_and_ci_on_known_ratios() -> None:
+    # 9 pairs: P(B <= 1) = 10/512 <= 2.5% < P(B <= 2) = 46/512, so the CI is x_(2), x_(8).
+    ratios = [0.5, 0.8, 0.9, 1.0, 1.2, 1.3, 1.5, 2.0, 4.0]
+    assert median_ci(ratios) == (pytest.approx(1.2), 0.8, 2.0)
+    # Even count: the geometric mean of the middle two (the median of the logarithms).
+    mid, lo, hi = median_ci([1.0, 2.0, 8.0, 8.0, 8.0, 8.0])
+    assert mid == pytest.approx(8.0) and (lo, hi) == (1.0, 8.0)  # 6 pairs: k = 1
+    assert median_ci([1.0, 4.0, 9.0, 9.0])[0] == pytest.approx(6.0)
+    assert median_ci([1.5, 2.0, 3.0, 4.0, 5.0]) == (pytest.approx(3.0), None, None)  # < 6
+    # Large n: the CI is the order statistics around n/2 -+ 1.96 sqrt(n)/2 (about).
+    xs = [1 + i / 1000 for i in range(1000)]
+    _, lo, hi = median_ci(xs)
+    assert lo == xs[468] and hi == xs[531]
+    with pytest.raises(ValueError, match="ratios"):
+        median_ci([])
+
+
+def test_speedups_pair_within_prompts_and_orient_reverse_arms() -> None:
+    pairs = [_pair("16", run_id=i, optimized=0.1, eager=0.1 * r, direct=0.05)
+             for i, r in enumerate((1.2, 1.5, 1.6, 1.8, 2.0, 2.5, 3.0), start=1)]
+    pairs += [_pair("64", run_id=9, optimized=0.2, speculative=0.1),  # speculation off there
+              _pair("64", run_id=9, eager=0.3),  # the optimized call failed: no pair
+              _pair("64", run_id=10, optimized=0.2, eager=0.5)]
+    got = {(s.bucket, s.arm): s for s in speedups(pairs)}
+    e16 = got[("16", "eager")]
+    assert (e16.optimization, e16.pairs, e16.runs) == ("compile", 7, 7)
+    assert e16.speedup == pytest.approx(1.8)
+    assert (e16.ci_low, e16.ci_high) == (pytest.approx(1.2), pytest.approx(3.0))  # k = 1
+    assert e16.optimized_p50_s == pytest.approx(0.1) and e16.arm_p50_s == pytest.approx(0.18)
+    assert got[("16", "direct")].speedup == pytest.approx(0.5)  # slower than going direct
+    # The reverse arm measures speculation switched on: optimized (direct) / arm.
+    assert got[("64", "speculative")].speedup == pytest.approx(2.0)
+    assert got[("64", "speculative")].optimization == "speculative"
+    assert got[("64", "eager")].pairs == 1 and got[("64", "eager")].speedup == pytest.approx(2.5)
+    every = got[(ALL_BUCKETS, "eager")]
+    assert every.pairs == 8
+    assert every.speedup == pytest.approx(math.sqrt(1.8 * 2.0))  # median of 8 ratios
+    assert [s.bucket for s in speedups(pairs)][-1] == ALL_BUCKETS
+
+
+# tests/probes has no db pin: sessionmaker runs on SQLite and PostgreSQL.
+def test_speedups_from_pairs_stored_by_the_sink(sessionmaker: sessionmaker[Session],
+                                                suites: dict) -> None:
     flags = InMemoryFlagProvider(RuntimeFlags(speculative={"16": False}))
     engine = FakeEngine(flags=flags, timings=FakeTimings(eager_factor=2.0))
     engine.warm_up()
-    t = datetime(2026, 11, 30, 10, tzinfo=UTC)
     cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
-                       ab_arms=("eager", "direct"), rng=random.Random(0), clock=lambda: t)
-    for _ in range(3):
-        store(sessionmaker, cycle.run("in_domain"))
+                       ab_arms=("eager", "direct"), rng=random.Random(0), clock=lambda: T)
+    results = [cycle.run("in_domain") for _ in range(3)]
+    for r in results:
+        store(sessionmaker, r)
+    store(sessionmaker, ProbeCycle(engine, suites, instance_id="a", ab_share=0.0,
+                                   clock=lambda: T).run("in_domain"))  # no pairs: skipped
     with sessionmaker() as s:
-        got = {(x.bucket, x.arm): x for x in ab_speedups(s, t - timedelta(hours=1),
-                                                          t + timedelta(hours=1))}
-        assert ab_speedups(s, t, t + timedelta(hours=1), instance_id="other") == []
+        got = {(x.bucket, x.arm): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
+        assert ab_speedups(s, T, T + HOUR, instance_id="other") == []
+        assert ab_speedups(s, T + HOUR, T + 2 * HOUR) == []
+        stored = load_pairs(s, T - HOUR, T + HOUR)
+        assert all("pairs" not in (r.details or {}) for r in s.query(ProbeRun)
+                   if not (r.details or {}).get("ab"))
+    assert len(stored) == 30 and {p.prompt for p in stored} == {
+        p.prompt for r in results for p in r.pairs}
+    # What was read back is what the cycles measured, pair by pair.
+    ratios = [p.latency_s["eager"] / p.latency_s["optimized"]
+              for r in results for p in r.pairs if p.bucket == "64"]
     eager = got[("64", "eager")]
-    assert (eager.optimization, eager.runs) == ("compile", 3)
-    assert eager.speedup == pytest.approx(eager.arm_p50_s / eager.optimized_p50_s)
+    assert (eager.optimization, eager.pairs, eager.runs) == ("compile", 6, 3)
+    assert eager.speedup == pytest.approx(math.exp(statistics.median(map(math.log, ratios))))
+    assert eager.ci_low == pytest.approx(min(ratios)) and eager.ci_high == pytest.approx(
+        max(ratios))
     assert eager.speedup > 1.5  # the fake charges 2x per token in eager mode
     assert got[("64", "direct")].optimization == "speculative"
     assert got[("64", "direct")].speedup > 1  # in-domain acceptance 0.8: speculation pays
     # Bucket 16 has speculation off: its arm measures speculation switched back on.
     assert ("16", "direct") not in got
     assert got[("16", "speculative")].speedup > 1
+    assert got[(ALL_BUCKETS, "eager")].pairs == 30
 
 
 def test_empty_window_is_refused(sessionmaker: sessionmaker[Session]) -> None:
-    t = datetime(2026, 11, 30, tzinfo=UTC)
     with sessionmaker() as s, pytest.raises(ValueError, match="end"):
-        ab_speedups(s, t, t)
+        ab_speedups(s, T, T)
 
 
 def test_compiled_off_probes_the_compiled_path_as_a_reverse_arm(
@@ -49,13 +113,11 @@ def test_compiled_off_probes_the_compiled_path_as_a_reverse_arm(
     flags = InMemoryFlagProvider(RuntimeFlags(compiled=False))
     engine = FakeEngine(flags=flags, timings=FakeTimings(eager_factor=2.0))
     engine.warm_up()
-    t = datetime(2026, 11, 30, 10, tzinfo=UTC)
     cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
-                       ab_arms=("eager",), rng=random.Random(0), clock=lambda: t)
+                       ab_arms=("eager",), rng=random.Random(0), clock=lambda: T)
     store(sessionmaker, cycle.run("in_domain"))
     with sessionmaker() as s:
-        got = {(x.bucket, x.arm): x for x in ab_speedups(s, t - timedelta(hours=1),
-                                                          t + timedelta(hours=1))}
+        got = {(x.bucket, x.arm): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
     # The eager fallback is in force, so the arm measures compile switched back on.
     assert ("64", "eager") not in got
     compiled = got[("64", "compiled")]

@@ -7,7 +7,7 @@ import threading
 
 from engine.errors import EngineError, Overloaded
 from engine.protocol import GenerateResult, RuntimeFlags
-from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, ProbeCycle
+from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, ProbeCycle, prompt_id
 from tests.probes.fakes import FakeEngine
 
 BUCKETS = ("16", "32", "64", "128", "256")
@@ -134,3 +134,119 @@ def test_observer_failure_does_not_fail_the_cycle(engine: FakeEngine, suites: di
         raise RuntimeError("metrics down")
 
     assert make_cycle(engine, suites, observers=[broken]).run("in_domain").status == STATUS_OK
+
+
+def _variant_of(r: GenerateResult) -> str:
+    """Return which arm ran `r` (the fake's paths and decodings tell them apart)."""
+    if r.path == "eager":
+        return "eager"
+    return "direct" if r.decoding == "direct" else "optimized"
+
+
+def test_ab_arms_run_back_to_back_in_a_seeded_order_per_prompt(engine: FakeEngine,
+                                                               suites: dict) -> None:
+    calls: list[tuple[int, str]] = []
+    cycle = make_cycle(engine, suites, ab_share=1.0, ab_arms=("eager", "direct"),
+                       observers=[lambda r: calls.append((r.input_tokens, _variant_of(r)))])
+    first, second = cycle.run("in_domain"), cycle.run("in_domain")
+    # A bucket's first prompt ever runs optimized first (its flags decide the arms); every
+    # later prompt draws where the optimized request goes among its arms.
+    assert [p.order for p in first.pairs] == [
+        ("optimized", "eager", "direct"), ("direct", "eager", "optimized"),
+        ("optimized", "eager", "direct"), ("optimized", "direct", "eager"),
+        ("optimized", "eager", "direct"), ("direct", "optimized", "eager"),
+        ("optimized", "direct", "eager"), ("direct", "optimized", "eager"),
+        ("optimized", "direct", "eager"), ("optimized", "eager", "direct")]
+    assert [p.order for p in second.pairs] == [
+        ("eager", "optimized", "direct"), ("direct", "optimized", "eager"),
+        ("eager", "optimized", "direct"), ("optimized", "eager", "direct"),
+        ("direct", "optimized", "eager"), ("optimized", "direct", "eager"),
+        ("direct", "optimized", "eager"), ("optimized", "eager", "direct"),
+        ("optimized", "direct", "eager"), ("eager", "direct", "optimized")]
+    # Back to back: the engine saw each prompt's three calls in a row, in the pair's order.
+    prompts = [tuple(calls[i:i + 3]) for i in range(0, len(calls), 3)]
+    orders = [p.order for p in (*first.pairs, *second.pairs)]
+    assert [tuple(v for _, v in chunk) for chunk in prompts] == orders
+    assert all(len({n for n, _ in chunk}) == 1 for chunk in prompts)
+    pair = second.pairs[0]
+    assert pair.bucket == "16" and len(pair.prompt) == 12
+    assert pair.prompt == prompt_id(suites["in_domain"].prompts[0])
+    assert set(pair.latency_s) == {"optimized", "eager", "direct"}
+    assert pair.latency_s["eager"] > pair.latency_s["optimized"]
+    same = make_cycle(engine, suites, ab_share=1.0, ab_arms=("eager", "direct"))
+    assert [p.order for p in same.run("in_domain").pairs] == [p.order for p in first.pairs]
+
+
+def test_non_ab_cycles_store_no_pairs_and_run_optimized_only(engine: FakeEngine,
+                                                            suites: dict) -> None:
+    result = make_cycle(engine, suites, ab_share=0.0).run("in_domain")
+    assert result.pairs == () and result.ab_compile is None
+    assert {g.variant for g in result.groups} == {"optimized"}
+
+
+def test_compile_attribution_is_exact_per_side(suites: dict) -> None:
+    from engine.protocol import InMemoryFlagProvider
+
+    # Bucketing off on a cold engine: the optimized and the direct arm share each prompt's
+    # exact shape, so whichever of the two runs first compiles it.
+    engine = FakeEngine(flags=InMemoryFlagProvider(RuntimeFlags(bucketing=False)))
+    result = make_cycle(engine, suites, ab_share=1.0, ab_arms=("eager", "direct"),
+                        rng=random.Random(3)).run("in_domain")
+    opt_first = sum(p.order.index("optimized") < p.order.index("direct") for p in result.pairs)
+    assert 0 < opt_first < len(result.pairs)  # both sides compiled something
+    assert result.compile.graphs == 2 * opt_first
+    assert result.ab_compile.graphs == 2 * (len(result.pairs) - opt_first)
+    # Every new length after the very first recompiles, on whichever side ran it.
+    assert result.compile.recompiles + result.ab_compile.recompiles == 9
+    first_by_direct = result.pairs[0].order.index("direct") < result.pairs[0].order.index(
+        "optimized")
+    assert result.compile.recompiles == opt_first - (0 if first_by_direct else 1)
+    assert sum(result.compile.recompile_reasons.values()) == result.compile.recompiles
+
+
+def test_compile_deltas_add_up() -> None:
+    from engine.protocol import CompileDelta
+
+    a = CompileDelta(1, 2, {"x": 2}, 0, {}, 0.5, 0, 0)
+    b = CompileDelta(3, 1, {"x": 1, "y": 1}, 1, {"b": 1}, 0.25, 1, 1)
+    assert a.plus(b) == CompileDelta(4, 3, {"x": 3, "y": 1}, 1, {"b": 1}, 0.75, 1, 1)
+    assert a.plus(CompileDelta.none()) == a
+    assert a.plus(b).minus(b) == a
+
+
+def test_the_optimized_call_decides_the_arms_when_flags_change(engine: FakeEngine,
+                                                               suites: dict) -> None:
+    cycle = make_cycle(engine, suites, ab_share=1.0, ab_arms=("eager", "direct"))
+    cycle.run("in_domain")  # plans direct arms for every bucket
+    engine.flag_provider.update(speculative={"64": False})
+    result = cycle.run("in_domain")
+    p64 = [p for p in result.pairs if p.bucket == "64"]
+    # Speculation is off in 64: its arm is speculation switched back on, never `direct`
+    # (a planned direct call that ran before the optimized one is dropped, not stored).
+    assert [set(p.order) for p in p64] == [{"optimized", "eager", "speculative"}] * 2
+    assert ("64", "direct") not in {(g.bucket, g.variant) for g in result.groups}
+    assert ("64", "speculative") in {(g.bucket, g.variant) for g in result.groups}
+    assert {tuple(sorted(p.order)) for p in result.pairs if p.bucket != "64"} == {
+        ("direct", "eager", "optimized")}
+
+
+def test_jobs_during_a_cycle_come_from_the_activity_seam(engine: FakeEngine,
+                                                         suites: dict) -> None:
+    jobs = {"evaluate": (3, True), "retention": (1, False), "report": (0, False)}
+
+    def job_started(_: GenerateResult) -> None:
+        jobs["retention"] = (2, False)  # started and finished while the cycle ran
+
+    cycle = make_cycle(engine, suites, ab_share=0.0, observers=[job_started],
+                       activity=lambda: dict(jobs))
+    assert cycle.run("in_domain").jobs_during == ("evaluate", "retention")
+    jobs["evaluate"] = (3, False)
+    assert make_cycle(engine, suites, ab_share=0.0,
+                      activity=lambda: dict(jobs)).run("in_domain").jobs_during == ()
+    assert make_cycle(engine, suites).run("in_domain").jobs_during == ()
+
+    def broken() -> dict[str, tuple[int, bool]]:
+        raise RuntimeError("scheduler gone")
+
+    result = make_cycle(engine, suites, activity=broken).run("in_domain")
+    assert result.status == STATUS_OK and result.jobs_during == ()

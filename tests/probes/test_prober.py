@@ -99,3 +99,23 @@ def test_real_traffic_recompiles_reach_sql_once(sessionmaker: sessionmaker[Sessi
         events = s.scalars(select(CompileEvent).order_by(CompileEvent.id)).all()
     assert [(e.run_id is None, e.recompiles) for e in events] == [
         (True, 3), (False, cycle.compile.recompiles)]
+
+
+def test_settings_prober_records_the_jobs_beside_each_cycle(
+        sessionmaker: sessionmaker[Session], writer: Writer, engine: FakeEngine,
+        suites: dict) -> None:
+    from probes.prober import prober_from_settings
+    from probes.settings import ProbeSettings
+
+    jobs = {"evaluate": (1, True), "retention": (4, False)}
+    prober = prober_from_settings(ProbeSettings(ab_share=1.0), engine, writer,
+                                  instance_id="a", suites=suites, rng=random.Random(0),
+                                  activity=lambda: dict(jobs))
+    prober.run_cycle()
+    jobs["evaluate"] = (1, False)
+    prober.run_cycle()
+    assert writer.flush(timeout=30)
+    with sessionmaker() as s:
+        runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
+    assert [r.details["jobs_during"] for r in runs] == [["evaluate"], []]
+    assert all(r.details["ab"] and r.details["pairs"] for r in runs)

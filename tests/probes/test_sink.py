@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,9 +37,23 @@ def test_cycle_stored_with_every_bucket_memory_and_compile(
         assert row.draft_tokens > 0 and len(row.accepted_per_position) == 4
         assert row.input_tokens_min <= row.input_tokens_max <= row.padded_length
         ev = s.scalars(select(CompileEvent).where(CompileEvent.run_id == run_id)).one()
-        # Cold engine: the first shape compiles, each later new length recompiles.
-        assert (ev.graphs, ev.recompiles, ev.instance_id) == (20, 9, "replica-a")
+        # Cold engine: the first shape compiles, each later new length recompiles. A
+        # prompt's shape compiles in whichever of its optimized and direct calls ran first:
+        # the event holds the optimized calls' share, details.ab_compile the arms'.
+        assert (ev.graphs, ev.recompiles, ev.instance_id) == (
+            result.compile.graphs, result.compile.recompiles, "replica-a")
+        arms = run.details["ab_compile"]
+        assert (ev.graphs + arms["graphs"], ev.recompiles + arms["recompiles"]) == (20, 9)
         assert all("size mismatch" in k for k in ev.recompile_reasons)
+        assert run.details["jobs_during"] == []
+        pairs = run.details["pairs"]
+        assert len(pairs) == 10 and pairs[0] == {
+            "bucket": "16", "prompt": result.pairs[0].prompt,
+            "order": list(result.pairs[0].order),
+            "latency_s": pytest.approx(dict(result.pairs[0].latency_s))}
+        assert {frozenset(p["order"]) for p in pairs} == {
+            frozenset({"optimized", "eager", "direct"})}
+        assert all(set(p["latency_s"]) == set(p["order"]) for p in pairs)
         mem = s.scalars(select(MemorySample).order_by(MemorySample.at)).all()
         assert [m.rss_bytes for m in mem] == [result.memory_before.rss_bytes,
                                               result.memory_after.rss_bytes]
