@@ -245,7 +245,7 @@ class Incidents:
             kind, key = "update", notification_key("incident", inc.id, "update",
                                                    self.now.isoformat())
             targets = [t for t in self.life.targets if t.format in self.config.update_formats]
-        elif inc.state == "open" and self._due(inc, self.life.resend_s):
+        elif inc.state == "open" and self._due(inc, self.life.resend_s, resend=True):
             kind, key = "resend", notification_key("incident", inc.id, "resend",
                                                   self.now.isoformat())
             targets = [t for t in self.life.targets if t.format == "alertmanager_api"]
@@ -256,13 +256,18 @@ class Incidents:
                        alert_id=members[0].id)
         self.notifications += len(rows)
         self.life.notifications += len(rows)
-        inc.last_notified_at = self.now
-        if kind != "resend":
+        if kind == "resend":
+            inc.last_resent_at = self.now
+        else:
+            inc.last_notified_at = self.now
             inc.notified_members = ids
         self._event(inc, "notified", None, key)
 
-    def _due(self, inc: Incident, interval_s: float) -> bool:
+    def _due(self, inc: Incident, interval_s: float, *, resend: bool = False) -> bool:
         last = inc.last_notified_at
+        if resend and inc.last_resent_at is not None and (last is None
+                                                          or inc.last_resent_at > last):
+            last = inc.last_resent_at
         return last is None or self.now - last >= timedelta(seconds=interval_s)
 
     def _notification(self, inc: Incident, members: Sequence[Alert], key: str,

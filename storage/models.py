@@ -416,6 +416,7 @@ class Incident(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
     reopened: Mapped[int] = mapped_column(Integer, default=0)
     last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_resent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # alertmanager_api
     notified_members: Mapped[list[int]] = mapped_column(_json(), default=list)
 
     events: Mapped[list[IncidentEvent]] = relationship(

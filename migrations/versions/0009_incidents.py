@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column('evidence', sa.JSON(none_as_null=True), nullable=False),
         sa.Column('reopened', sa.Integer(), nullable=False),
         sa.Column('last_notified_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('last_resent_at', sa.DateTime(timezone=True), nullable=True),
         sa.Column('notified_members', sa.JSON(none_as_null=True), nullable=False),
         sa.CheckConstraint("state IN ('open', 'resolved')", name=op.f('ck_incidents_state')),
         sa.PrimaryKeyConstraint('id', name=op.f('pk_incidents')),
