@@ -328,21 +328,28 @@ def run_over(rule: Rule, points: Sequence[Point], rels: Sequence[float | None],
 
     A run median or a pooled quantile still holds an ended regression's cycles for a
     while; these cycles alone must still breach for the confirmation to page. Plain
-    series: the median change of the cycles is inside the hysteresis band. Pooled tail
-    quantiles: none of the cycles' own samples is above the baseline quantile and their
-    median is back within threshold / 2 of the baseline's body (unknown body: not over).
+    series: the median change of the cycles is inside the hysteresis band. Pooled
+    quantiles: the quantile of the cycles' own samples, merged, is inside the band; for
+    a tail quantile (a few samples say little about it) none of their own samples is above
+    the baseline quantile and their median is back within threshold / 2 of the
+    baseline's body (unknown body: not over).
     """
-    if not pooled:
+    q = QUANTILE_METRICS.get(rule.metric)
+    if q is None or not any(p.pooled for p in points):
         known = [r for r in rels if r is not None]
         return bool(known) and rule.direction * statistics.median(known) < rule.resolve_threshold
     fresh = [p.fresh for p in points if p.fresh is not None and p.fresh.count]
-    if len(fresh) < len(points) or not fresh or baseline.body is None:
-        return False
-    if any(count_above(f, baseline.center) for f in fresh):
+    if len(fresh) < len(points) or not fresh or baseline.center <= 0:
         return False
     merged = Sketch()
     for f in fresh:
         merged.merge(f)
+    if not pooled:
+        own = merged.quantile(q)
+        rel = relative_change(own, baseline.center) if own is not None else None
+        return rel is not None and rule.direction * rel < rule.resolve_threshold
+    if baseline.body is None or any(count_above(f, baseline.center) for f in fresh):
+        return False
     mid = merged.quantile(0.5)
     return mid is not None and mid <= baseline.body * (1.0 + rule.threshold / 2.0)
 
