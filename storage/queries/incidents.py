@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from storage.models import (
     Alert,
+    AlertTransition,
     FlagAudit,
     Incident,
     IncidentEvent,
@@ -141,3 +142,21 @@ def arm_rows(session: Session, start: datetime, end: datetime,
          .order_by(ProbeResult.at, ProbeResult.id))
     return [ArmRow(at, inst, b, v, float(p)) for at, inst, b, v, p in session.execute(q)
             if p is not None]
+
+
+def late_between(session: Session, start: datetime, end: datetime) -> list[tuple[Alert, datetime]]:
+    """Return (alert, when) of the runs confirmed late (nobody paged) in [start, end)."""
+    rows = session.execute(
+        select(Alert, AlertTransition.at)
+        .join(AlertTransition, AlertTransition.alert_id == Alert.id)
+        .where(AlertTransition.to_state == "late", AlertTransition.at >= start,
+               AlertTransition.at < end).order_by(AlertTransition.at, Alert.id))
+    return [(a, at) for a, at in rows]
+
+
+def active_between(session: Session, start: datetime, end: datetime) -> list[Incident]:
+    """Return incidents open at some time in [start, end), oldest first."""
+    return list(session.scalars(
+        select(Incident).where(Incident.started_at < end,
+                               (Incident.resolved_at.is_(None)) | (Incident.resolved_at >= start))
+        .order_by(Incident.started_at, Incident.id)))
