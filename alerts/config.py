@@ -6,9 +6,10 @@ lifespan, `tailwatch serve`'s preflight and the tests call it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from alerts.baselines import BaselineConfig
+from alerts.incidents import IncidentConfig
 from alerts.policy import Policy, load_policy
 from alerts.rules import Rule, load_rules
 from alerts.settings import AlertSettings
@@ -28,6 +29,7 @@ class AlertsConfig:
     flags_ttl_s: float = 1.0
     webhook_max_age_s: float = 86400.0
     stale_after_s: float = 900.0
+    incidents: IncidentConfig = field(default_factory=IncidentConfig)
 
 
 def load_config(settings: AlertSettings) -> AlertsConfig:
@@ -46,4 +48,8 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
         flags_ttl_s=settings.flags_ttl_s,
         webhook_max_age_s=settings.webhook_max_age_s,
         stale_after_s=settings.stale_after_s,
+        incidents=IncidentConfig(
+            window_s=settings.incidents.window_s, hold_s=settings.incidents.hold_s,
+            group_interval_s=settings.incidents.group_interval_s,
+            update_formats=frozenset(settings.incidents.update_formats)),
     )

@@ -3,9 +3,11 @@
     with sessions.begin() as session:
         report = evaluate(session, rules, now, targets=targets, policy=policy)
 
-Reads baselines and per-cycle series, moves alerts (`alerts.lifecycle`), queues
-notifications in the same transaction, then lets the auto-fallback policy act on the
-alerts now firing. One rule failing (bad data) is reported and does not stop the others.
+Reads baselines and per-cycle series, moves alerts (`alerts.lifecycle`), groups the
+alerts that fired or resolved into incidents (`alerts.incidents`) and queues one
+notification per incident in the same transaction, then lets the auto-fallback policy
+act on the alerts now firing (per alert: an incident links the flag changes its members
+caused). One rule failing (bad data) is reported and does not stop the others.
 
 Cost: every rule's window is planned first, so each row kind is read once per evaluation
 and sliced per rule (`alerts.series.RowCache`); what every rule needs (stored baselines,
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session
 from alerts import rollout
 from alerts.baselines import BaselineConfig, baselines_for_rule
 from alerts.cohorts import judge
+from alerts.incidents import IncidentConfig, IncidentReport, group
 from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint, open_alerts
 from alerts.rules import Rule, RuleResult
 from alerts.series import RowCache, cohort_series, plan_rules
@@ -51,6 +54,7 @@ class EvaluationReport:
     errors: tuple[str, ...] = ()
     actions: tuple[PolicyAction, ...] = field(default_factory=tuple)
     rows_read: int = 0  # measurement rows loaded: bounded by the windows read, not by history
+    incidents: IncidentReport = field(default_factory=IncidentReport)
 
     @property
     def firing(self) -> list[RuleResult]:
@@ -105,6 +109,7 @@ def evaluate(
     actor: str = "policy",
     stale_after_s: float | None = None,
     settle: Mapping[str, float] | None = None,
+    incidents: IncidentConfig | None = None,
 ) -> EvaluationReport:
     """Evaluate `rules` at `now`, move alerts, queue notifications, apply the policy.
 
@@ -112,6 +117,7 @@ def evaluate(
     resolved with reason "stale" (None: never).
     settle: row kind ("traffic", ...) -> seconds after a cycle's end before it is judged
     (its rows still arriving; alerts.series.RowCache).
+    incidents: grouping window, hold and notification timings (None: the defaults).
     """
     if now.tzinfo is None:
         raise ValueError("now: must be timezone-aware")
@@ -120,7 +126,8 @@ def evaluate(
     # One read per row kind for every rule's window (then sliced in memory per rule).
     plan_rules(cache, rules, now)
     alerts = open_alerts(session)
-    life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s)
+    life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s,
+                     per_alert=False)
     results: list[RuleResult] = []
     transitions: list[Transition] = []
     errors: list[str] = []
@@ -168,9 +175,13 @@ def evaluate(
             transitions.append(life.retire(a, f"rule {a.rule!r} is no longer configured"))
     if stale_after_s is not None:
         transitions += _retire_stale(seen, life, alerts.values(), now, stale_after_s)
+    # Not in a savepoint: an incident that failed to form would lose its members' pages,
+    # so a failure here fails the evaluation and the transaction (retried next cycle).
+    grouped = group(session, now, life, incidents)
     actions: list[PolicyAction] = []
     if policy is not None:
         actions = policy.apply(session, now, actor=actor)
     return EvaluationReport(at=now, results=tuple(results), transitions=tuple(transitions),
                             notifications=life.notifications, errors=tuple(errors),
-                            actions=tuple(actions), rows_read=cache.rows_read)
+                            actions=tuple(actions), rows_read=cache.rows_read,
+                            incidents=grouped)

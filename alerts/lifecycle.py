@@ -3,9 +3,12 @@
 A rule result for a scope moves that scope's alert:
     (none)  --breaching-->  pending  --fired-->  firing  --recovered-->  resolved
     pending --back inside threshold before confirmation--> resolved (never notified)
+    pending --fired, but its latest cycles no longer breach--> resolved, recorded as a
+            "late" transition (RuleResult.over): the cause has ended, nobody is paged
 Every move is an `AlertTransition` row with the value, baseline and relative change;
-firing and resolved moves add outbox rows in the same transaction. Empty windows move
-nothing (no data is not recovery).
+firing and resolved moves add outbox rows in the same transaction (per alert; the
+evaluator instead groups them into incidents, `alerts.incidents`, and notifies once per
+incident). Empty windows move nothing (no data is not recovery).
 
 No flapping: the detector of a scope restarts from zero when its alert fires and when a
 fired alert resolves (`detector_start`: the evaluator only hands the rule the cycles
@@ -85,13 +88,18 @@ class Lifecycle:
     """Apply rule results to stored alerts and queue their notifications."""
 
     def __init__(self, session: Session, now: datetime, targets: Sequence[WebhookTarget] = (),
-                 *, external_url: str = "", resend_s: float = 120.0) -> None:
+                 *, external_url: str = "", resend_s: float = 120.0,
+                 per_alert: bool = True) -> None:
         self.session = session
         self.now = now
         self.targets = list(targets)
         self.external_url = external_url
         self.resend_s = resend_s
+        # False: notifications are the incidents' (alerts.incidents reads fired/resolved).
+        self.per_alert = per_alert
         self.notifications = 0
+        self.fired: list[Alert] = []
+        self.resolved: list[Alert] = []
 
     def apply(self, rule: Rule, result: RuleResult, alert: Alert | None) -> list[Transition]:
         """Move `alert` (None: no open alert for this scope) according to `result`."""
@@ -111,7 +119,13 @@ class Lifecycle:
             out.append(self._move(alert, None, "pending", result))
         self._update(rule, alert, result)
         if alert.state == "pending":
-            if result.fired:
+            if result.fired and result.over:
+                # Confirmed only after its cause ended: fired_at restarts the detector
+                # after this run (as after a resolved alert), so it is not judged again.
+                alert.fired_at = self.now
+                alert.resolved_at = self.now
+                out.append(self._move(alert, "pending", "late", result, state="resolved"))
+            elif result.fired:
                 alert.fired_at = self.now
                 out.append(self._move(alert, "pending", "firing", result))
                 self._notify(alert, out[-1])
@@ -168,8 +182,8 @@ class Lifecycle:
         }
 
     def _move(self, alert: Alert, old: str | None, new: str, r: RuleResult,
-              reason: str | None = None) -> Transition:
-        alert.state = new
+              reason: str | None = None, *, state: str | None = None) -> Transition:
+        alert.state = state or new
         why = reason or r.reason
         self.session.add(AlertTransition(
             alert_id=alert.id, at=self.now, from_state=old, to_state=new, value=r.current,
@@ -179,6 +193,12 @@ class Lifecycle:
 
     def _notify(self, alert: Alert, t: Transition, targets: Sequence[WebhookTarget] | None = None,
                 key: str | None = None) -> None:
+        if t.to_state == "firing" and t.from_state != "firing":
+            self.fired.append(alert)
+        elif t.to_state == "resolved":
+            self.resolved.append(alert)
+        if not self.per_alert:
+            return
         info = alert_info(alert)
         where = ", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())) or "all"
         title = f"{alert.rule} ({where}) {info.status}"
@@ -192,6 +212,8 @@ class Lifecycle:
         alert.last_notified_at = self.now
 
     def _resend(self, alert: Alert) -> None:
+        if not self.per_alert:
+            return  # the incident re-sends its members (alerts.incidents)
         # Alertmanager resolves a pushed alert after resolve_timeout unless it is re-sent.
         api = [t for t in self.targets if t.format == "alertmanager_api"]
         last = alert.last_notified_at

@@ -155,6 +155,10 @@ class RuleResult:
     breaching: the latest cycle breaches (an alert is pending until fired).
     recovered: the last resolve_for cycles sit inside the hysteresis band.
     no_data: the latest cycle is empty or there is no usable baseline; nothing changes.
+    over: fired, but the latest `for` cycles no longer breach on their own samples (their
+        median change inside the hysteresis band; for a pooled tail quantile, none of their
+        own samples above the baseline and their median back at the baseline's body): a
+        run that confirms only after its cause ended (the lifecycle records it as late).
     """
 
     rule: str
@@ -171,6 +175,7 @@ class RuleResult:
     statistic: float = 0.0
     samples: int = 0
     severity: str = "warning"
+    over: bool = False
 
 
 def evaluate_rule(
@@ -289,6 +294,8 @@ def evaluate_rule(
 
     recovered = len(tail) >= m and all(back(p, r) and not over_limit(v) for p, v, r in tail)
     fired = limit_fire or rel_fire
+    ended = rel_fire and not limit_fire and baseline is not None and run_over(
+        rule, valid[-n:], rels[-n:], baseline, pooled)
     pct = f"{rel:+.1%}" if rel is not None else "n/a"
     if limit_fire:
         lim = f"ceiling {rule.ceiling:g}" if rule.ceiling is not None and current > rule.ceiling \
@@ -308,8 +315,43 @@ def evaluate_rule(
         reason = f"{rule.metric} {current:.4g}: zero baseline, only absolute limits apply"
     else:
         reason = f"{rule.metric} {current:.4g} within threshold ({pct})"
+    if ended:
+        reason += "; over: the latest cycles' own samples no longer breach"
     return result(current=current, relative_change=rel, fired=fired, reason=reason,
-                  breaching=breaching, recovered=recovered, statistic=stat, samples=samples)
+                  breaching=breaching, recovered=recovered, statistic=stat, samples=samples,
+                  over=ended)
+
+
+def run_over(rule: Rule, points: Sequence[Point], rels: Sequence[float | None],
+             baseline: BaselineStats, pooled: bool) -> bool:
+    """Return whether the latest cycles' own samples say a confirmed run has ended.
+
+    A run median or a pooled quantile still holds an ended regression's cycles for a
+    while; these cycles alone must still breach for the confirmation to page. Plain
+    series: the median change of the cycles is inside the hysteresis band. Pooled
+    quantiles: the quantile of the cycles' own samples, merged, is inside the band; for
+    a tail quantile (a few samples say little about it) none of their own samples is above
+    the baseline quantile and their median is back within threshold / 2 of the
+    baseline's body (unknown body: not over).
+    """
+    q = QUANTILE_METRICS.get(rule.metric)
+    if q is None or not any(p.pooled for p in points):
+        known = [r for r in rels if r is not None]
+        return bool(known) and rule.direction * statistics.median(known) < rule.resolve_threshold
+    fresh = [p.fresh for p in points if p.fresh is not None and p.fresh.count]
+    if len(fresh) < len(points) or not fresh or baseline.center <= 0:
+        return False
+    merged = Sketch()
+    for f in fresh:
+        merged.merge(f)
+    if not pooled:
+        own = merged.quantile(q)
+        rel = relative_change(own, baseline.center) if own is not None else None
+        return rel is not None and rule.direction * rel < rule.resolve_threshold
+    if baseline.body is None or any(count_above(f, baseline.center) for f in fresh):
+        return False
+    mid = merged.quantile(0.5)
+    return mid is not None and mid <= baseline.body * (1.0 + rule.threshold / 2.0)
 
 
 def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,

@@ -7,6 +7,27 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 
+class IncidentSettings(BaseModel):
+    """How alerts group into incidents and how often an incident notifies (alerts.incidents)."""
+
+    window_s: float = Field(150.0, ge=0)  # alerts firing this close together group
+    hold_s: float = Field(600.0, ge=0)  # a member firing again this soon reopens it
+    group_interval_s: float = Field(300.0, gt=0)  # at most one update per interval
+    # Formats that get updates while members join or leave (generic/slack: off).
+    update_formats: list[str] = Field(default_factory=lambda: ["alertmanager",
+                                                               "alertmanager_api"])
+
+    @field_validator("update_formats")
+    @classmethod
+    def _formats(cls, v: list[str]) -> list[str]:
+        from alerts.webhooks import FORMATS
+
+        bad = [f for f in v if f not in FORMATS]
+        if bad:
+            raise ValueError(f"must be among {', '.join(FORMATS)}, got {bad[0]!r}")
+        return v
+
+
 class AlertSettings(BaseModel):
     """Alert rules, webhooks and the auto-fallback policy; `alerts.config.load_config` reads it."""
 
@@ -21,6 +42,7 @@ class AlertSettings(BaseModel):
     webhook_max_age_s: float = Field(86400.0, gt=0)  # undelivered this long: a dead letter
     # An instance silent this long is stale: its open alerts resolve (reason "stale").
     stale_after_s: float = Field(900.0, gt=0)
+    incidents: IncidentSettings = Field(default_factory=IncidentSettings)
 
     @field_validator("webhooks")
     @classmethod

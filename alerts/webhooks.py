@@ -1,12 +1,16 @@
 """Webhook targets and the payload formats they receive.
 
-Formats:
+Formats (an incident's notification, `alerts.incidents`, in brackets):
     generic           {"idempotency_key", "kind", "status", "title", "text", "alert"}
+                      [kind "incident"; "incident": id, summary, probable_cause,
+                      evidence, members]
     alertmanager      Alertmanager's webhook payload, version "4" (what a receiver of
                       Alertmanager expects: version, groupKey, truncatedAlerts, status,
                       receiver, groupLabels, commonLabels, commonAnnotations, externalURL,
                       alerts[{status, labels, annotations, startsAt, endsAt, generatorURL,
                       fingerprint}]) plus "idempotencyKey" (receivers ignore unknown fields)
+                      [one group per incident: groupLabels {"incident": id}, every
+                      member in alerts[] with the label incident=<id>]
     slack             an incoming-webhook message {"text", "blocks"}
     alertmanager_api  the JSON array Alertmanager's POST /api/v2/alerts takes; a firing
                       alert is re-sent periodically, or Alertmanager resolves it itself
@@ -75,8 +79,34 @@ class AlertInfo:
 
 
 @dataclass(frozen=True)
+class IncidentInfo:
+    """The incident a notification is about (alerts.incidents): its members and cause.
+
+    kind: firing (opened or reopened), update (members joined or left), resend (for
+    alertmanager_api) or resolved.
+    """
+
+    incident_id: int
+    status: str  # firing | resolved
+    kind: str
+    summary: str
+    cause: str
+    cause_text: str
+    evidence: Mapping[str, Any]
+    severity: str
+    families: tuple[str, ...]
+    started_at: datetime
+    ends_at: datetime | None
+    members: tuple[AlertInfo, ...]
+
+
+@dataclass(frozen=True)
 class Notification:
-    """One thing to tell receivers: an alert transition or a plain message."""
+    """One thing to tell receivers: an alert transition, an incident or a plain message.
+
+    An incident's notification carries its first member as `alert` (status: the
+    incident's) and every member in `incident`.
+    """
 
     key: str
     title: str
@@ -84,6 +114,7 @@ class Notification:
     at: datetime
     alert: AlertInfo | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    incident: IncidentInfo | None = None
 
     @property
     def status(self) -> str:
@@ -260,8 +291,118 @@ def _am_alert(n: Notification, generator_url: str, static: Mapping[str, str]
     }
 
 
+def incident_url(external_url: str, incident_id: int) -> str:
+    """Return the link to an incident (GET /v1/incidents/{id})."""
+    return f"{external_url.rstrip('/')}/v1/incidents/{incident_id}" if external_url else ""
+
+
+def _member_labels(inc: IncidentInfo, a: AlertInfo, static: Mapping[str, str]
+                   ) -> dict[str, str]:
+    return {"alertname": a.rule, "severity": a.severity, **static, **a.labels,
+            "incident": str(inc.incident_id)}
+
+
+def _incident_annotations(inc: IncidentInfo) -> dict[str, str]:
+    return {"summary": inc.summary, "description": inc.summary,
+            "probable_cause": inc.cause_text, "cause": inc.cause}
+
+
+def _member_alert(inc: IncidentInfo, a: AlertInfo, external_url: str,
+                  static: Mapping[str, str]) -> dict[str, Any]:
+    # A member resolved while the incident goes on is resolved; all are, once it is.
+    resolved = inc.status == "resolved" or a.status == "resolved"
+    ends = a.ends_at or inc.ends_at
+    return {
+        "status": "resolved" if resolved else "firing",
+        "labels": _member_labels(inc, a, static),
+        "annotations": {**a.annotations, **_incident_annotations(inc)},
+        "startsAt": rfc3339(a.starts_at),
+        "endsAt": rfc3339(ends if resolved else None),
+        "generatorURL": generator_url(external_url, a.alert_id),
+        "fingerprint": a.fingerprint,
+    }
+
+
+def _incident_payload(target: WebhookTarget, n: Notification, inc: IncidentInfo,
+                      external_url: str) -> Any:
+    static = target.labels
+    # Firing members first: payload_status reads an alertmanager_api payload's first item.
+    members = sorted(inc.members, key=lambda a: (a.status == "resolved", a.alert_id))
+    alerts = [_member_alert(inc, a, external_url, static) for a in members]
+    if target.format == "alertmanager":
+        group = {"incident": str(inc.incident_id)}
+        common = dict(alerts[0]["labels"])
+        for a in alerts[1:]:
+            common = {k: v for k, v in common.items() if a["labels"].get(k) == v}
+        return {
+            "version": "4", "groupKey": group_key(group), "truncatedAlerts": 0,
+            "status": inc.status, "receiver": target.name, "groupLabels": group,
+            "commonLabels": common, "commonAnnotations": _incident_annotations(inc),
+            "externalURL": external_url, "alerts": alerts, "idempotencyKey": n.key,
+        }
+    if target.format == "alertmanager_api":
+        for a in alerts:
+            a.pop("status")
+            a.pop("fingerprint")
+            a["annotations"]["idempotency_key"] = n.key
+            if a["endsAt"] == ZERO_TIME:
+                a.pop("endsAt")  # Alertmanager applies resolve_timeout until re-sent
+        return alerts
+    if target.format == "slack":
+        return _slack_incident(n, inc, incident_url(external_url, inc.incident_id))
+    return {
+        "idempotency_key": n.key, "kind": "incident", "status": inc.status, "title": n.title,
+        "text": n.text, "at": rfc3339(n.at), "labels": {**static, **n.labels},
+        "alert": _generic_alert(n.alert, external_url),
+        "incident": {
+            "id": inc.incident_id, "status": inc.status, "notification": inc.kind,
+            "summary": inc.summary, "cause": inc.cause, "probable_cause": inc.cause_text,
+            "evidence": dict(inc.evidence), "severity": inc.severity,
+            "families": list(inc.families), "startsAt": rfc3339(inc.started_at),
+            "endsAt": rfc3339(inc.ends_at) if inc.ends_at else None,
+            "members": [_generic_alert(a, external_url) for a in inc.members],
+            "url": incident_url(external_url, inc.incident_id) or None,
+        },
+    }
+
+
+def _generic_alert(a: AlertInfo | None, external_url: str) -> dict[str, Any] | None:
+    if a is None:
+        return None
+    gen = generator_url(external_url, a.alert_id)
+    return {
+        "id": a.alert_id, "rule": a.rule, "fingerprint": a.fingerprint,
+        "labels": dict(a.labels), "annotations": dict(a.annotations),
+        "severity": a.severity, "status": a.status, "startsAt": rfc3339(a.starts_at),
+        "endsAt": rfc3339(a.ends_at) if a.ends_at else None, "value": a.value,
+        "baseline": a.baseline, "relative_change": a.relative_change,
+        "threshold": a.threshold, "url": gen or None,
+    }
+
+
+def _slack_incident(n: Notification, inc: IncidentInfo, url: str) -> dict[str, Any]:
+    icon = ":white_check_mark:" if inc.status == "resolved" else ":rotating_light:"
+    head = f"{icon} [{inc.status.upper()}] {n.title}"
+    lines = []
+    for a in inc.members:
+        where = ", ".join(f"{k}={v}" for k, v in sorted(a.labels.items())) or "all"
+        change = f" {a.relative_change:+.1%}" if a.relative_change is not None else ""
+        lines.append(f"• `{a.rule}` ({where}){change} {a.status}")
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": head[:150], "emoji": True}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": n.text[:2900] or " "}},
+        {"type": "section", "text": {"type": "mrkdwn",
+                                     "text": ("*Members:*\n" + "\n".join(lines))[:2900]}},
+    ]
+    ctx = f"tailwatch · key {n.key}" + (f" · <{url}|details>" if url else "")
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": ctx}]})
+    return {"text": head, "blocks": blocks, "idempotency_key": n.key}
+
+
 def format_payload(target: WebhookTarget, n: Notification, *, external_url: str = "") -> Any:
     """Return the JSON payload `target` receives for notification `n`."""
+    if n.incident is not None and n.incident.members:
+        return _incident_payload(target, n, n.incident, external_url)
     gen = generator_url(external_url, n.alert.alert_id if n.alert is not None else None)
     static = target.labels
     if target.format == "alertmanager":
@@ -302,14 +443,7 @@ def format_payload(target: WebhookTarget, n: Notification, *, external_url: str 
         "text": n.text,
         "at": rfc3339(n.at),
         "labels": {**static, **n.labels},
-        "alert": None if a is None else {
-            "id": a.alert_id, "rule": a.rule, "fingerprint": a.fingerprint,
-            "labels": dict(a.labels), "annotations": dict(a.annotations),
-            "severity": a.severity, "status": a.status, "startsAt": rfc3339(a.starts_at),
-            "endsAt": rfc3339(a.ends_at) if a.ends_at else None, "value": a.value,
-            "baseline": a.baseline, "relative_change": a.relative_change,
-            "threshold": a.threshold, "url": gen or None,
-        },
+        "alert": _generic_alert(a, external_url),
     }
 
 

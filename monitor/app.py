@@ -9,7 +9,17 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from monitor.api import alerts, baselines, errors, flags, generate, health, probes, reports
+from monitor.api import (
+    alerts,
+    baselines,
+    errors,
+    flags,
+    generate,
+    health,
+    incidents,
+    probes,
+    reports,
+)
 from monitor.api.deliveries import router as deliveries_router
 from monitor.api.instances import router as instances_router
 from monitor.api.limits import BodyLimit, max_body_bytes
@@ -67,7 +77,7 @@ def create_app(
                                metrics=metrics, sink=MetricsSink(metrics), seams=seams,
                                analysis_in_process=analysis_in_process)
     errors.install_error_handlers(app)
-    for module in (health, generate, flags, alerts, probes, baselines, reports):
+    for module in (health, generate, flags, alerts, incidents, probes, baselines, reports):
         app.include_router(module.router)
     app.include_router(deliveries_router)
     app.include_router(instances_router)

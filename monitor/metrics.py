@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
+from alerts.cause import CAUSES
 from engine.protocol import Engine, FlagProvider, GenerateResult, SpecStats
 from monitor.histogram import BulkHistogram
 from monitor.quality_metrics import quality_families
@@ -37,6 +38,7 @@ from probes.sampler import SamplerStats
 from storage.models import DELIVERY_STATES
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
+from storage.queries import incidents as incident_queries
 from storage.queries import reports as report_queries
 from storage.queries import runs as run_queries
 from storage.queries import series as series_queries
@@ -495,7 +497,7 @@ class DatabaseCollector(_SafeCollector):
     def _collect(self) -> Iterable[Metric]:
         with self._sessions() as session:
             families = [*self._overrides(session), *self._alerts(session),
-                        *self._probes(session), *self._deliveries(session),
+                        *self._incidents(session), *self._probes(session), *self._deliveries(session),
                         *self._rollouts(session), *quality_families(session)]
         if self._flags is not None:
             families.append(_flag_states(self._flags, self._buckets))
@@ -523,6 +525,19 @@ class DatabaseCollector(_SafeCollector):
         firing = sum(c.count for c in rows if c.state == "firing")
         yield GaugeMetricFamily(
             f"{PREFIX}_alerts_firing", "Alerts firing now (all rules).", value=firing)
+
+    def _incidents(self, session: Session) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_incidents_open", "Incidents open now (alerts grouped, alerts.incidents).",
+            value=incident_queries.open_counts(session))
+        family = CounterMetricFamily(
+            f"{PREFIX}_incidents", "Incidents opened, by probable cause (host_or_load, "
+            "optimization, one_instance, some_instances, one_bucket, unknown).",
+            labels=("cause",))
+        counts = incident_queries.counts_by_cause(session)
+        for cause in CAUSES:
+            family.add_metric([cause], counts.get(cause, 0))
+        yield family
 
     def _probes(self, session: Session) -> Iterator[Metric]:
         runs = run_queries.latest_finished_runs(session)

@@ -14,6 +14,8 @@ Tables and their classes:
     compile_events      CompileEvent    compile counter deltas (CompileDelta)
     baselines           Baseline
     alerts              Alert           + alert_transitions AlertTransition
+    incidents           Incident        alerts grouped by time and scope
+                                        + incident_members IncidentMember, incident_events
     webhook_deliveries  WebhookDelivery the outbox
     flags               Flag            + flag_audits FlagAudit
     reports             Report
@@ -66,6 +68,7 @@ VARIANT_OPTIMIZED = Variant.OPTIMIZED.value
 VARIANTS = tuple(v.value for v in Variant)
 BASELINE_KINDS = ("rolling", "pinned")
 ALERT_STATES = ("pending", "firing", "resolved")
+INCIDENT_STATES = ("open", "resolved")
 # failed: a dead letter (4xx or past the max age; listed, retryable); superseded: a firing
 # never delivered whose resolved went instead.
 DELIVERY_STATES = ("pending", "delivered", "failed", "superseded")
@@ -380,6 +383,83 @@ class AlertTransition(Base):
     reason: Mapped[str | None] = mapped_column(Text)
 
     alert: Mapped[Alert] = relationship(back_populates="transitions")
+
+
+class Incident(Base):
+    """Alerts that fired together in a shared scope: one page, one probable cause.
+
+    families/buckets/instances/cohorts: sorted JSON lists of what its members cover;
+    cause: a kind (host_or_load, optimization, one_instance, one_bucket, unknown) with
+    its `cause_text` and `evidence` (the numbers compared, alerts.cause); notified_members:
+    the member alert ids of the last notification (an update goes out when they change).
+    """
+
+    __tablename__ = "incidents"
+    __table_args__ = (
+        CheckConstraint(_in("state", INCIDENT_STATES), name="state"),
+        Index("ix_incidents_state_started_at", "state", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default="open")
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    severity: Mapped[str] = mapped_column(String(16), default="warning")
+    families: Mapped[list[str]] = mapped_column(_json(), default=list)
+    buckets: Mapped[list[str]] = mapped_column(_json(), default=list)
+    instances: Mapped[list[str]] = mapped_column(_json(), default=list)
+    cohorts: Mapped[list[str]] = mapped_column(_json(), default=list)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    cause: Mapped[str] = mapped_column(String(32), default="unknown")
+    cause_text: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    reopened: Mapped[int] = mapped_column(Integer, default=0)
+    last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_resent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # alertmanager_api
+    notified_members: Mapped[list[int]] = mapped_column(_json(), default=list)
+
+    events: Mapped[list[IncidentEvent]] = relationship(
+        back_populates="incident", cascade="all, delete-orphan", passive_deletes=True,
+        order_by="IncidentEvent.id")
+    members: Mapped[list[IncidentMember]] = relationship(
+        back_populates="incident", cascade="all, delete-orphan", passive_deletes=True,
+        order_by="IncidentMember.id")
+
+
+class IncidentMember(Base):
+    """An alert that joined an incident when it fired (an alert joins at most one)."""
+
+    __tablename__ = "incident_members"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(
+        ForeignKey("incidents.id", ondelete="CASCADE"), index=True)
+    alert_id: Mapped[int] = mapped_column(
+        ForeignKey("alerts.id", ondelete="CASCADE"), unique=True)
+    joined_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    incident: Mapped[Incident] = relationship(back_populates="members")
+    alert: Mapped[Alert] = relationship()
+
+
+class IncidentEvent(Base):
+    """One step of an incident's timeline: opened, joined, left, resolved, reopened, notified.
+
+    A "notified" event's detail is the notification's idempotency key (its outbox rows).
+    """
+
+    __tablename__ = "incident_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(
+        ForeignKey("incidents.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16))
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="SET NULL"))
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+    incident: Mapped[Incident] = relationship(back_populates="events")
 
 
 class WebhookDelivery(Base):

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "config": "monitor.cli.config:config",
     "flags": "monitor.cli.operator:flags",
     "alerts": "monitor.cli.operator:alerts",
+    "incidents": "monitor.cli.incidents:incidents",
     "baselines": "monitor.cli.operator:baselines",
     "report": "monitor.cli.report:report",
     "demo": "monitor.cli.demo:demo",

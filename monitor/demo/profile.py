@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from alerts.settings import IncidentSettings
 from monitor.settings import (
     AlertSettings,
     ApiSettings,
@@ -229,7 +230,10 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
                        "timeout": 2}],
             # Canaries only start once every bucket is compiled: no warm-in to skip.
             baseline_refresh_s=3600.0, baseline_warm_in_s=0.0,
-            resend_interval_s=3600.0, flags_ttl_s=0.5),
+            resend_interval_s=3600.0, flags_ttl_s=0.5,
+            # Steps check each bucket's alert at the receiver within seconds: an incident's
+            # members that join or resolve later arrive as updates, so no 5-minute wait.
+            incidents=IncidentSettings(group_interval_s=1.0)),
         api=ApiSettings(auth=True, read_auth=False,
                         tokens=[ApiToken(name=OPERATOR,
                                          token=token or secrets.token_urlsafe(24))]),

@@ -28,6 +28,7 @@ from monitor.report.data import (
     WeekData,
 )
 from monitor.report.deliveries import collect_dead_letters
+from monitor.report.incidents import collect_incidents
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
 from monitor.report.quality import collect_quality
 from monitor.report.rollouts import collect_rollouts
@@ -81,6 +82,7 @@ def collect_week(session: Session, week: Period, options: CollectOptions) -> Wee
         quality=collect_quality(session, start, end),
         rollouts=collect_rollouts(session, start, end),
         dead_letters=collect_dead_letters(session, start, end),
+        incidents=collect_incidents(session, start, end),
         window_note=f"{start.isoformat()} <= at < {end.isoformat()}",
     )
 

@@ -15,6 +15,7 @@ from monitor.report.week import Period
 
 if TYPE_CHECKING:
     from monitor.report.deliveries import DeadLetterRow
+    from monitor.report.incidents import IncidentRow
     from monitor.report.quality import QualityRow
     from monitor.report.rollouts import RolloutRow
 
@@ -156,6 +157,7 @@ class WeekData:
     rollouts: tuple[RolloutRow, ...] = ()
     # Webhook notifications of the week given up on, per target (monitor.report.deliveries).
     dead_letters: tuple[DeadLetterRow, ...] = ()
+    incidents: tuple[IncidentRow, ...] = ()  # alerts grouped (monitor.report.incidents)
     window_note: str = ""  # how the queries selected rows, shown as evidence
 
     @property

@@ -6,6 +6,7 @@ import base64
 from html import escape
 
 from monitor.report.deliveries import DEAD_LETTER_HOWTO, dead_letter_table
+from monitor.report.incidents import incident_table
 from monitor.report.markdown import NO_DATA_LINE
 from monitor.report.model import WeeklyReport
 from monitor.report.plots import Plot, render_plots
@@ -66,7 +67,8 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
     out.append("<h2>Expected vs measured speedup</h2>" + _table(speedup_table(report)))
     out.append("<h2>Optimizations that cost more than they earn</h2>"
                + _table(costly_table(report)))
-    out.append("<h2>Alerts</h2>" + _table(alert_table(report)))
+    out.append("<h2>Alerts</h2>" + _table(incident_table(report.data.incidents))
+               + _table(alert_table(report)))
     out.append("<h2>Flag changes</h2>" + _table(flag_table(report)))
     out.append("<h2>Real-traffic shapes</h2>" + _table(shape_table(report)))
     out.append("<h2>Quality</h2>" + _table(quality_table(report.data.quality)))

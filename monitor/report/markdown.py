@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from monitor.report.deliveries import DEAD_LETTER_HOWTO, dead_letter_table
+from monitor.report.incidents import incident_table
 from monitor.report.model import WeeklyReport
 from monitor.report.quality import quality_table
 from monitor.report.rollouts import rollout_table
@@ -44,7 +45,8 @@ def render_markdown(report: WeeklyReport) -> str:
             out.append("")
     out += ["## Expected vs measured speedup", ""] + _table(speedup_table(report))
     out += ["## Optimizations that cost more than they earn", ""] + _table(costly_table(report))
-    out += ["## Alerts", ""] + _table(alert_table(report))
+    out += ["## Alerts", ""] + _table(incident_table(report.data.incidents))
+    out += _table(alert_table(report))
     out += ["## Flag changes", ""] + _table(flag_table(report))
     out += ["## Real-traffic shapes", ""] + _table(shape_table(report))
     out += ["## Quality", ""] + _table(quality_table(report.data.quality))

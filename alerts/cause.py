@@ -1,0 +1,171 @@
+"""An incident's probable cause, measured from the same-cycle A/B arms and the instances.
+
+The canary cycles run the reference arms (`eager`, `direct`) beside the optimized one on
+the same machine, interleaved: when they slow down alike, the machine (or its load) got
+slower; when only the optimized arm does, an optimization regressed. Every arm's change
+is the median over buckets of (median p50 during the incident / median p50 in the hour
+before it); the instances are compared on their optimized arm the same way.
+
+In order, the first that holds is the cause:
+    one_instance   several instances report and only some slowed (members name them)
+    host_or_load   the optimized arm slowed and the reference arms slowed alike
+    optimization   the optimized arm slowed, the reference arms did not
+    one_bucket     every member is in one bucket (and the arms above did not explain it)
+    unknown        none of these; the numbers are kept all the same
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from storage.queries.incidents import ArmRow, arm_rows
+from vocab import Variant
+
+OPTIMIZED = Variant.OPTIMIZED.value
+REFERENCE = (Variant.EAGER.value, Variant.DIRECT.value)
+CAUSES = ("host_or_load", "optimization", "one_instance", "some_instances", "one_bucket",
+          "unknown")
+# Family -> what the one-bucket cause names ("acceptance in bucket 32 only").
+_WHAT = {"speculation": "acceptance", "latency": "latency", "quality": "output agreement",
+         "memory": "memory", "compile": "recompiles", "probes": "probe failures",
+         "traffic": "traffic"}
+
+
+@dataclass(frozen=True)
+class CauseConfig:
+    """How large a change of an arm counts as slowed, and the windows compared.
+
+    slowed: relative change of an arm's p50 that counts as slowed (below every shipped
+    latency threshold, so an arm that set off the alerts reads as slowed); alike: the
+    reference arms slowed at least this share of the optimized arm's change.
+    """
+
+    slowed: float = 0.10
+    alike: float = 0.5
+    before_s: float = 3600.0
+    lead_s: float = 120.0  # the incident's window opens this long before its first alert
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A probable cause: its kind, the sentence stated, and the numbers compared."""
+
+    kind: str
+    text: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What an incident's members cover (the cause reads buckets, instances, families)."""
+
+    buckets: tuple[str, ...]
+    instances: tuple[str, ...]
+    families: tuple[str, ...]
+
+
+def _change(during: Sequence[float], before: Sequence[float]) -> float | None:
+    if not during or not before:
+        return None
+    b = statistics.median(before)
+    return statistics.median(during) / b - 1.0 if b > 0 else None
+
+
+def _by(rows: Iterable[ArmRow], start: datetime, key: Any) -> dict[Any, tuple[list[float], list[float]]]:
+    out: dict[Any, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for r in rows:
+        out[key(r)][0 if r.at >= start else 1].append(r.p50_s)
+    return out
+
+
+def arm_changes(rows: Sequence[ArmRow], start: datetime,
+                buckets: Sequence[str] = ()) -> dict[str, float]:
+    """Return arm ("optimized", "eager", "direct") -> median over buckets of its p50 change.
+
+    Rows at or after `start` are the incident's, earlier ones the baseline; `buckets`
+    limits the buckets read (empty: all).
+    """
+    per: dict[str, list[float]] = defaultdict(list)
+    groups = _by((r for r in rows if not buckets or r.bucket in buckets), start,
+                 lambda r: (r.variant, r.bucket))
+    for (variant, _), (during, before) in sorted(groups.items()):
+        c = _change(during, before)
+        if c is not None:
+            per[variant].append(c)
+    return {v: statistics.median(cs) for v, cs in per.items()}
+
+
+def instance_changes(rows: Sequence[ArmRow], start: datetime) -> dict[str, float]:
+    """Return instance -> median over buckets of its optimized arm's p50 change."""
+    per: dict[str, list[float]] = defaultdict(list)
+    groups = _by((r for r in rows if r.variant == OPTIMIZED), start,
+                 lambda r: (r.instance, r.bucket))
+    for (instance, _), (during, before) in sorted(groups.items()):
+        c = _change(during, before)
+        if c is not None:
+            per[instance].append(c)
+    return {i: statistics.median(cs) for i, cs in per.items()}
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}"
+
+
+def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, float],
+             config: CauseConfig | None = None) -> Cause:
+    """Return the probable cause of an incident covering `scope` from the measured changes."""
+    cfg = config or CauseConfig()
+    evidence: dict[str, Any] = {"arms": {k: round(v, 4) for k, v in sorted(arms.items())},
+                                "instances": {k: round(v, 4) for k, v in sorted(instances.items())},
+                                "slowed": cfg.slowed, "alike": cfg.alike}
+    slowed = sorted(i for i, c in instances.items() if c >= cfg.slowed)
+    if len(instances) >= 2 and slowed and len(slowed) < len(instances):
+        fine = len(instances) - len(slowed)
+        who = ", ".join(slowed)
+        return Cause("one_instance" if len(slowed) == 1 else "some_instances",
+                     f"one instance ({fine} of {len(instances)} replicas unaffected; slowed: {who})"
+                     if len(slowed) == 1 else
+                     f"some instances ({fine} of {len(instances)} replicas unaffected; "
+                     f"slowed: {who})", evidence)
+    opt = arms.get(OPTIMIZED)
+    refs = [(v, arms[v]) for v in REFERENCE if v in arms]
+    if opt is not None and opt >= cfg.slowed and refs:
+        ref_name = "/".join(v for v, _ in refs)
+        ref = statistics.median([c for _, c in refs])
+        if ref >= cfg.slowed and ref >= cfg.alike * opt:
+            return Cause("host_or_load", f"host or load (optimized and {ref_name} arms slowed "
+                                         f"alike: {_pct(opt)} / {_pct(ref)})", evidence)
+        return Cause("optimization", f"optimization regressed (optimized {_pct(opt)}, "
+                                     f"{ref_name} {_pct(ref)})", evidence)
+    if len(scope.buckets) == 1:
+        fams = [f for f in scope.families if f in _WHAT] or list(scope.families)
+        what = " and ".join(_WHAT.get(f, f) for f in fams) or "alerts"
+        return Cause("one_bucket", f"one bucket's traffic ({what} in bucket "
+                                   f"{scope.buckets[0]} only)", evidence)
+    if opt is not None:
+        ref_text = ", ".join(f"{v} {_pct(c)}" for v, c in refs) or "no reference arm"
+        return Cause("unknown", f"unknown (optimized {_pct(opt)}, {ref_text})", evidence)
+    return Cause("unknown", "unknown (no A/B arm rows in the incident's window)", evidence)
+
+
+def measure(session: Session, scope: Scope, first_start: datetime, now: datetime,
+            config: CauseConfig | None = None) -> Cause:
+    """Read the arms around an incident that started at `first_start` and classify it."""
+    cfg = config or CauseConfig()
+    start = first_start - timedelta(seconds=cfg.lead_s)
+    rows = arm_rows(session, start - timedelta(seconds=cfg.before_s), now,
+                    (OPTIMIZED, *REFERENCE))
+    buckets = [b for b in scope.buckets if any(r.bucket == b for r in rows)]
+    cause = classify(scope, arm_changes(rows, start, buckets), instance_changes(rows, start),
+                     cfg)
+    evidence = {**cause.evidence, "window_start": start.isoformat(), "until": now.isoformat(),
+                "before_s": cfg.before_s, "buckets_read": buckets or "all",
+                "rows": len(rows)}
+    return Cause(cause.kind, cause.text, evidence)

@@ -1,0 +1,302 @@
+"""Incidents: alerts that fire together in a shared scope, paged once with a probable cause.
+
+An alert joins an incident when it fires (pending alerts are no incident's yet):
+    - an open incident sharing its scope (an instance, or a cohort; an alert without an
+      instance label covers every instance, so it shares any instance);
+    - a resolved one that started within `window_s` and shares its scope, or one
+      resolved within `hold_s` that it was a member of (same fingerprint): it reopens;
+    - otherwise a new incident.
+Rule families (latency, speculation, compile, quality, memory, probes, traffic) are labels
+on the incident. It resolves when its last member resolves.
+
+Notifications (one outbox row per target, order kept per incident through its first
+member's alert id): firing once when it opens (or reopens), with its members, a summary
+line and the probable cause (`alerts.cause`); at most one update per `group_interval_s`
+while members join or leave, to the formats in `update_formats` (Alertmanager's by
+default); resolved once. alertmanager_api targets get the members re-sent every
+`resend_s` while it is open (Alertmanager resolves pushed alerts not re-sent).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from alerts.cause import Cause, CauseConfig, Scope, measure
+from alerts.lifecycle import Lifecycle, alert_info
+from alerts.outbox import enqueue, notification_key
+from alerts.webhooks import IncidentInfo, Notification, WebhookTarget
+from storage.models import Alert, Incident, IncidentEvent, IncidentMember
+from storage.queries import incidents as queries
+
+log = logging.getLogger(__name__)
+SEVERITY_ORDER = ("page", "warning", "info")
+# metric -> family; rules are labelled by their metric (rule names are the user's).
+FAMILIES = {
+    "p50_latency": "latency", "p95_latency": "latency", "p99_latency": "latency",
+    "ttft": "latency", "per_token": "latency", "burst_p99": "latency",
+    "acceptance_rate": "speculation", "recompiles_per_hour": "compile",
+    "compile_failures": "compile", "output_agreement": "quality", "memory_growth": "memory",
+    "probe_failures": "probes", "overflow_share": "traffic", "padding_waste": "traffic",
+    "rejections": "traffic",
+}
+COHORT_LABELS = ("model_version", "config_hash")
+
+
+@dataclass(frozen=True)
+class IncidentConfig:
+    """Grouping and notification timings (the `alerts.incidents` settings)."""
+
+    window_s: float = 150.0  # about two evaluation cycles of 60 s
+    hold_s: float = 600.0
+    group_interval_s: float = 300.0
+    update_formats: frozenset[str] = frozenset({"alertmanager", "alertmanager_api"})
+    cause: CauseConfig = field(default_factory=CauseConfig)
+
+
+@dataclass(frozen=True)
+class IncidentReport:
+    """What one evaluation did to incidents."""
+
+    opened: tuple[int, ...] = ()
+    reopened: tuple[int, ...] = ()
+    resolved: tuple[int, ...] = ()
+    notifications: int = 0
+
+
+def family(alert: Alert) -> str:
+    """Return the rule family of an alert (its metric's; "other" when unknown)."""
+    metric = (alert.annotations or {}).get("metric", "")
+    if alert.rule == "rollout_regression":
+        return "rollout"
+    return FAMILIES.get(metric, "other")
+
+
+def _cohort(labels: Mapping[str, str]) -> str | None:
+    if not any(k in labels for k in COHORT_LABELS):
+        return None
+    return "/".join(labels.get(k, "") for k in COHORT_LABELS)
+
+
+def shares(alert: Alert, instances: Sequence[str], cohorts: Sequence[str],
+           everywhere: bool) -> bool:
+    """Return whether `alert` shares an instance or a cohort with an incident's members.
+
+    everywhere: the incident has a member without an instance label (it covers them all).
+    """
+    labels = alert.labels or {}
+    inst = labels.get("instance")
+    if inst is None or everywhere or inst in instances:
+        return True
+    cohort = _cohort(labels)
+    return cohort is not None and cohort in cohorts
+
+
+def _scope(members: Sequence[Alert]) -> tuple[Scope, list[str], bool]:
+    buckets = sorted({m.labels["bucket"] for m in members if "bucket" in (m.labels or {})})
+    instances = sorted({m.labels["instance"] for m in members if "instance" in (m.labels or {})})
+    cohorts = sorted({c for m in members if (c := _cohort(m.labels or {})) is not None})
+    everywhere = any("instance" not in (m.labels or {}) for m in members)
+    fams = sorted({family(m) for m in members})
+    return Scope(tuple(buckets), tuple(instances), tuple(fams)), cohorts, everywhere
+
+
+def summary(members: Sequence[Alert], scope: Scope, cohorts: Sequence[str],
+            cause_text: str) -> str:
+    """Return the incident's summary line: how many alerts, where, which families, why."""
+    firing = sum(m.state == "firing" for m in members)
+    where = [f"{len(scope.buckets)} bucket{'s' if len(scope.buckets) != 1 else ''}"
+             + (f" ({', '.join(scope.buckets)})" if scope.buckets else "")]
+    where.append("instances " + ", ".join(scope.instances) if scope.instances
+                 else "all instances")
+    if cohorts:
+        where.append("cohorts " + ", ".join(cohorts))
+    return (f"{len(members)} alert{'s' if len(members) != 1 else ''} ({firing} firing) "
+            f"in {'; '.join(where)}; families {', '.join(scope.families)}; "
+            f"probable cause: {cause_text}")
+
+
+class Incidents:
+    """Group one evaluation's fired and resolved alerts into incidents and notify them."""
+
+    def __init__(self, session: Session, now: datetime, config: IncidentConfig,
+                 life: Lifecycle) -> None:
+        self.session = session
+        self.now = now
+        self.config = config
+        self.life = life
+        self.notifications = 0
+        horizon = now - timedelta(seconds=max(config.window_s, config.hold_s))
+        self.candidates = queries.recent_incidents(session, horizon)
+        self.members = queries.members_of(session, [i.id for i in self.candidates])
+
+    def run(self) -> IncidentReport:
+        """Join fired alerts, count resolved ones, then notify what changed."""
+        opened: list[Incident] = []
+        reopened: list[Incident] = []
+        touched: dict[int, Incident] = {}
+        for alert in sorted(self.life.fired, key=lambda a: a.id):
+            inc, how = self._join(alert)
+            touched[inc.id] = inc
+            (opened if how == "opened" else reopened if how == "reopened" else []).append(inc)
+        resolved_ids = {a.id for a in self.life.resolved}
+        for inc in self.candidates:
+            mine = [m for m in self.members.get(inc.id, []) if m.id in resolved_ids]
+            for m in mine:
+                self._event(inc, "left", m, f"{m.rule} resolved")
+                touched[inc.id] = inc
+        resolved: list[Incident] = []
+        for inc in touched.values():
+            members = self.members[inc.id]
+            if inc.state == "open" and all(m.state == "resolved" for m in members):
+                inc.state = "resolved"
+                inc.resolved_at = self.now
+                inc.updated_at = self.now
+                self._event(inc, "resolved", None, "its last member resolved")
+                resolved.append(inc)
+            self._describe(inc, members)
+        for inc in self.candidates:
+            self._notify(inc, inc in opened or inc in reopened, inc in resolved)
+        self.session.flush()
+        return IncidentReport(tuple(i.id for i in opened), tuple(i.id for i in reopened),
+                              tuple(i.id for i in resolved), self.notifications)
+
+    def _join(self, alert: Alert) -> tuple[Incident, str]:
+        window = timedelta(seconds=self.config.window_s)
+        hold = timedelta(seconds=self.config.hold_s)
+        best: tuple[Incident, str] | None = None
+        for inc in reversed(self.candidates):
+            members = self.members.get(inc.id, [])
+            scope, cohorts, everywhere = _scope(members)
+            share = shares(alert, scope.instances, cohorts, everywhere)
+            if inc.state == "open" and share:
+                best = (inc, "joined")
+                break
+            was_member = any(m.fingerprint == alert.fingerprint for m in members)
+            recent = inc.resolved_at is not None and self.now - inc.resolved_at <= hold
+            if (share and self.now - inc.started_at <= window) or (was_member and recent):
+                best = best or (inc, "reopened")
+        if best is None:
+            inc = Incident(state="open", started_at=self.now, updated_at=self.now,
+                           severity=alert.severity, families=[], buckets=[], instances=[],
+                           cohorts=[], summary="", cause="unknown", cause_text="",
+                           evidence={}, reopened=0, notified_members=[])
+            self.session.add(inc)
+            self.session.flush()
+            self.candidates.append(inc)
+            self.members[inc.id] = []
+            best = (inc, "opened")
+        inc, how = best
+        if how == "reopened":
+            inc.state = "open"
+            inc.resolved_at = None
+            inc.reopened += 1
+            self._event(inc, "reopened", alert, f"{alert.rule} fired again")
+        self.session.add(IncidentMember(incident_id=inc.id, alert_id=alert.id, joined_at=self.now))
+        self.members[inc.id].append(alert)
+        self._event(inc, "opened" if how == "opened" else "joined", alert,
+                    f"{alert.rule} {_where(alert)}")
+        inc.updated_at = self.now
+        if SEVERITY_ORDER.index(alert.severity if alert.severity in SEVERITY_ORDER else "info") \
+                < SEVERITY_ORDER.index(inc.severity if inc.severity in SEVERITY_ORDER else "info"):
+            inc.severity = alert.severity
+        return inc, how
+
+    def _describe(self, inc: Incident, members: Sequence[Alert]) -> None:
+        scope, cohorts, _ = _scope(members)
+        inc.families = list(scope.families)
+        inc.buckets = list(scope.buckets)
+        inc.instances = list(scope.instances)
+        inc.cohorts = cohorts
+        if inc.state == "open":
+            first = min(m.started_at for m in members)
+            try:
+                with self.session.begin_nested():
+                    cause = measure(self.session, scope, first, self.now, self.config.cause)
+            except Exception as e:  # noqa: BLE001 - a cause we cannot measure still pages
+                log.exception("incident %d: cause not measured", inc.id)
+                cause = Cause("unknown", f"unknown (not measured: {type(e).__name__})")
+            inc.cause, inc.cause_text, inc.evidence = cause.kind, cause.text, dict(cause.evidence)
+        inc.summary = summary(members, scope, cohorts, inc.cause_text)
+
+    def _event(self, inc: Incident, kind: str, alert: Alert | None, detail: str) -> None:
+        self.session.add(IncidentEvent(incident_id=inc.id, at=self.now, kind=kind,
+                                       alert_id=alert.id if alert is not None else None,
+                                       detail=detail))
+
+    def _notify(self, inc: Incident, fire: bool, resolve: bool) -> None:
+        members = self.members.get(inc.id, [])
+        if not members or not self.life.targets:
+            return
+        ids = sorted(m.id for m in members)
+        targets: Sequence[WebhookTarget] = ()
+        if resolve:
+            kind, key, targets = "resolved", notification_key(
+                "incident", inc.id, "resolved", inc.reopened), self.life.targets
+        elif fire:
+            kind, key, targets = "firing", notification_key(
+                "incident", inc.id, "firing", inc.reopened), self.life.targets
+        elif inc.state == "open" and self._due(inc, self.config.group_interval_s) \
+                and ids != sorted(inc.notified_members or []):
+            kind, key = "update", notification_key("incident", inc.id, "update",
+                                                   self.now.isoformat())
+            targets = [t for t in self.life.targets if t.format in self.config.update_formats]
+        elif inc.state == "open" and self._due(inc, self.life.resend_s, resend=True):
+            kind, key = "resend", notification_key("incident", inc.id, "resend",
+                                                  self.now.isoformat())
+            targets = [t for t in self.life.targets if t.format == "alertmanager_api"]
+        if not targets:
+            return
+        n = self._notification(inc, members, key, kind)
+        rows = enqueue(self.session, n, targets, external_url=self.life.external_url,
+                       alert_id=members[0].id)
+        self.notifications += len(rows)
+        self.life.notifications += len(rows)
+        if kind == "resend":
+            inc.last_resent_at = self.now
+        else:
+            inc.last_notified_at = self.now
+            inc.notified_members = ids
+        self._event(inc, "notified", None, key)
+
+    def _due(self, inc: Incident, interval_s: float, *, resend: bool = False) -> bool:
+        last = inc.last_notified_at
+        if resend and inc.last_resent_at is not None and (last is None
+                                                          or inc.last_resent_at > last):
+            last = inc.last_resent_at
+        return last is None or self.now - last >= timedelta(seconds=interval_s)
+
+    def _notification(self, inc: Incident, members: Sequence[Alert], key: str,
+                      kind: str) -> Notification:
+        status = "resolved" if inc.state == "resolved" else "firing"
+        infos = tuple(alert_info(m) for m in members)
+        info = IncidentInfo(
+            incident_id=inc.id, status=status, kind=kind, summary=inc.summary,
+            cause=inc.cause, cause_text=inc.cause_text, evidence=dict(inc.evidence or {}),
+            severity=inc.severity, families=tuple(inc.families), started_at=inc.started_at,
+            ends_at=inc.resolved_at, members=infos)
+        lead = infos[0]
+        title = (f"incident {inc.id}: {len(members)} alert{'s' if len(members) != 1 else ''}"
+                 f" ({', '.join(inc.families)}) {status}")
+        return Notification(key=key, title=title, text=inc.summary, at=self.now,
+                            alert=replace(lead, status=status), incident=info)
+
+
+def _where(alert: Alert) -> str:
+    return "(" + (", ".join(f"{k}={v}" for k, v in sorted((alert.labels or {}).items()))
+                  or "all") + ")"
+
+
+def group(session: Session, now: datetime, life: Lifecycle,
+          config: IncidentConfig | None = None) -> IncidentReport:
+    """Group the alerts `life` fired and resolved into incidents; notify them once each."""
+    return Incidents(session, now, config or IncidentConfig(), life).run()
+
+
+def member_ids(members: Iterable[Alert]) -> list[int]:
+    """Return the ids of `members` (for links to their flag changes)."""
+    return [m.id for m in members]

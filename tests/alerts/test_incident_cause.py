@@ -1,0 +1,127 @@
+"""The probable cause, measured from A/B arm rows written by the production probe sink.
+
+Canary cycles are CycleResult values stored through `probes.sink.add_cycle` (as the
+prober stores them); the incident's cause is read back by `alerts.cause.measure` from
+the evaluation's grouping and stored on the incident with its evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.cause import Scope, classify
+from alerts.incidents import IncidentConfig, group
+from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
+from alerts.rules import Rule, RuleResult, parse_rule
+from probes.cycle import CycleResult
+from probes.measure import GroupResult
+from probes.sink import add_cycle
+from probes.stats import Distribution
+from storage.models import Incident
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+BUCKETS = {"32": 0.20, "64": 0.30, "128": 0.45}
+P99 = parse_rule({"name": "p99_latency_regression", "metric": "p99_latency", "change": "+15%",
+                  "severity": "page"})
+ACCEPT = parse_rule({"name": "acceptance_drop", "metric": "acceptance_rate", "change": "-20%",
+                     "source": "traffic", "severity": "page"})
+
+
+def arm(bucket: str, variant: str, p50: float) -> GroupResult:
+    """One canary group of 4 requests around `p50` seconds."""
+    lat = [p50 * f for f in (0.95, 1.0, 1.0, 1.1)]
+    return GroupResult(bucket=bucket, path="compiled" if variant != "eager" else "eager",
+                       decoding="speculative" if variant != "direct" else "direct",
+                       variant=variant, requests=4, latency=Distribution.of(lat),
+                       ttft=Distribution.of([x / 4 for x in lat]),
+                       per_token=Distribution.of([x / 40 for x in lat]),
+                       queue_wait=Distribution.of([0.0] * 4),
+                       input_tokens=Distribution.of([10.0] * 4), padded_length=16,
+                       padding_waste=0.1, output_tokens=160)
+
+
+def cycles(s: Session, start: int, end: int, slow: Mapping[str, float], *,
+           instance: str = "i1") -> None:
+    """Write one A/B cycle per minute in [start, end): variant -> slowdown factor."""
+    for i in range(start, end):
+        t = T0 + timedelta(minutes=i)
+        groups = tuple(arm(b, v, p * slow.get(v, 1.0))
+                       for b, p in BUCKETS.items() for v in ("optimized", "eager", "direct"))
+        add_cycle(s, CycleResult(suite="in_domain", instance_id=instance, started_at=t,
+                                 finished_at=t + timedelta(seconds=20), status="ok", ab=True,
+                                 groups=groups, model_version="m1", config_hash="c1"))
+
+
+def incident_after(s: Session, fired: list[tuple[Rule, dict[str, str]]]) -> Incident:
+    """Fire `fired` at minute 70 (pending since 64) through the lifecycle, group, return it."""
+    pend, now = T0 + timedelta(minutes=64), T0 + timedelta(minutes=70)
+    for rule, labels in fired:
+        life = Lifecycle(s, pend, per_alert=False)
+        life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
+                                    breaching=True), None)
+    life = Lifecycle(s, now, per_alert=False)
+    for rule, labels in fired:
+        life.apply(rule, RuleResult(rule.name, labels, 1.0, 2.0, 1.0, 0.15, True, "fired",
+                                    breaching=True),
+                   open_alerts(s)[fingerprint(rule.name, labels)])
+    group(s, now, life, IncidentConfig())
+    return s.scalars(select(Incident)).one()
+
+
+def test_host_or_load_when_the_optimized_and_reference_arms_slow_alike(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 64, {})
+        cycles(s, 64, 71, {"optimized": 2.12, "eager": 2.08, "direct": 2.08})
+        inc = incident_after(s, [(P99, {"bucket": b}) for b in BUCKETS])
+        assert inc.cause == "host_or_load"
+        assert inc.cause_text == ("host or load (optimized and eager/direct arms slowed alike: "
+                                  "+112% / +108%)")
+        assert inc.evidence["arms"]["optimized"] == pytest.approx(1.12, abs=0.005)
+        assert inc.evidence["arms"]["eager"] == pytest.approx(1.08, abs=0.005)
+        assert inc.summary.endswith("probable cause: " + inc.cause_text)
+        assert "3 buckets (128, 32, 64)" in inc.summary
+
+
+def test_optimization_regressed_when_only_the_optimized_arm_slows(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 64, {})
+        cycles(s, 64, 71, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "optimization"
+        assert inc.cause_text == "optimization regressed (optimized +80%, eager/direct +2%)"
+        assert inc.evidence["buckets_read"] == ["64"]
+
+
+def test_one_instance_when_the_other_replicas_did_not_slow(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        for name in ("i1", "i2", "i3"):
+            cycles(s, 0, 64, {}, instance=name)
+            cycles(s, 64, 71, {"optimized": 1.9, "eager": 1.9, "direct": 1.9} if name == "i2"
+                   else {}, instance=name)
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "one_instance"
+        assert inc.cause_text.startswith("one instance (2 of 3 replicas unaffected")
+        assert inc.evidence["instances"]["i2"] == pytest.approx(0.9, abs=0.01)
+
+
+def test_one_buckets_traffic_when_the_arms_did_not_move(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 71, {})
+        inc = incident_after(s, [(ACCEPT, {"bucket": "32"})])
+        assert inc.cause == "one_bucket"
+        assert inc.cause_text == "one bucket's traffic (acceptance in bucket 32 only)"
+        assert inc.families == ["speculation"]
+
+
+def test_no_arm_rows_is_an_unknown_cause_that_says_so() -> None:
+    cause = classify(Scope(("32", "64"), (), ("latency",)), {}, {})
+    assert cause.kind == "unknown" and "no A/B arm rows" in cause.text

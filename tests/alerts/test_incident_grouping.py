@@ -1,0 +1,131 @@
+"""Incidents: the grouping window, joins by scope, resolution and reopening (alerts.incidents).
+
+Alerts move through the production Lifecycle (as the evaluator moves them), then
+`alerts.incidents.group` runs on the same Lifecycle, on an injected clock.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.incidents import IncidentConfig, IncidentReport, group
+from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
+from alerts.rules import Rule, RuleResult, parse_rule
+from storage.models import Incident, IncidentEvent, IncidentMember
+from storage.queries import incidents as queries
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+P99 = parse_rule({"name": "p99_latency_regression", "metric": "p99_latency", "change": "+15%",
+                  "severity": "page"})
+P50 = parse_rule({"name": "p50_latency_regression", "metric": "p50_latency", "change": "+15%"})
+RECOMPILES = parse_rule({"name": "recompiles_per_hour", "metric": "recompiles_per_hour",
+                         "change": "+50%", "per": ["instance"], "severity": "page"})
+CONFIG = IncidentConfig(window_s=150.0, hold_s=600.0)
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def fire(s: Session, now: datetime, rule: Rule, labels: dict[str, str]) -> IncidentReport:
+    """Move one scope's alert to firing (pending first, as the lifecycle does), then group."""
+    life = Lifecycle(s, now, per_alert=False)
+    current = open_alerts(s).get(fingerprint(rule.name, labels))
+    if current is None:
+        life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
+                                    breaching=True), None)
+        current = open_alerts(s)[fingerprint(rule.name, labels)]
+    life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, True, "fired",
+                                breaching=True), current)
+    return group(s, now, life, CONFIG)
+
+
+def recover(s: Session, now: datetime, rule: Rule, labels: dict[str, str]) -> IncidentReport:
+    life = Lifecycle(s, now, per_alert=False)
+    current = open_alerts(s)[fingerprint(rule.name, labels)]
+    life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.0, 0.0, 0.15, False, "recovered",
+                                recovered=True), current)
+    return group(s, now, life, CONFIG)
+
+
+def incidents(s: Session) -> list[Incident]:
+    return list(s.scalars(select(Incident).order_by(Incident.id)))
+
+
+def test_alerts_within_the_window_join_one_incident_with_families_as_labels(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        first = fire(s, at(0), P99, {"bucket": "64"})
+        fire(s, at(1), P50, {"bucket": "32"})
+        fire(s, at(2), RECOMPILES, {"instance": "i1"})
+    with sessionmaker() as s:
+        (inc,) = incidents(s)
+        assert first.opened == (inc.id,)
+        assert inc.state == "open" and inc.severity == "page"
+        assert inc.families == ["compile", "latency"] and inc.buckets == ["32", "64"]
+        assert inc.instances == ["i1"]
+        assert len(queries.members(s, inc.id)) == 3
+        kinds = [e.kind for e in queries.events(s, inc.id)]
+        assert kinds == ["opened", "joined", "joined"]
+
+
+def test_an_alert_after_the_window_joins_an_open_incident_and_opens_one_after_it_ended(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        fire(s, at(0), P99, {"bucket": "64"})
+        fire(s, at(30), P50, {"bucket": "32"})  # long after the window, but it is open
+        assert len(incidents(s)) == 1
+        recover(s, at(40), P99, {"bucket": "64"})
+        assert incidents(s)[0].state == "open"  # one member still fires
+        rep = recover(s, at(41), P50, {"bucket": "32"})
+        (inc,) = incidents(s)
+        assert rep.resolved == (inc.id,) and inc.state == "resolved"
+        assert inc.resolved_at == at(41)
+        # Beyond the window and the hold, another rule's alert opens a new incident.
+        fire(s, at(60), P50, {"bucket": "128"})
+        assert [i.state for i in incidents(s)] == ["resolved", "open"]
+
+
+def test_instances_that_share_nothing_are_separate_incidents(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        fire(s, at(0), RECOMPILES, {"instance": "i1"})
+        fire(s, at(1), RECOMPILES, {"instance": "i2"})
+        assert [i.instances for i in incidents(s)] == [["i1"], ["i2"]]
+        # A service-wide alert (no instance label) shares every instance: it joins the
+        # latest open incident rather than opening a third.
+        fire(s, at(1.5), P99, {"bucket": "64"})
+        assert len(incidents(s)) == 2
+
+
+def test_a_member_firing_again_within_the_hold_reopens_its_incident(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        fire(s, at(0), P99, {"bucket": "64"})
+        recover(s, at(10), P99, {"bucket": "64"})
+        rep = fire(s, at(15), P99, {"bucket": "64"})  # 5 minutes later: within the 10-minute hold
+        (inc,) = incidents(s)
+        assert rep.reopened == (inc.id,) and inc.state == "open" and inc.reopened == 1
+        assert len(s.scalars(select(IncidentMember)).all()) == 2
+        recover(s, at(20), P99, {"bucket": "64"})
+        # After the hold: a new incident.
+        fire(s, at(31), P99, {"bucket": "64"})
+        assert [i.state for i in incidents(s)] == ["resolved", "open"]
+        kinds = [e.kind for e in s.scalars(select(IncidentEvent).where(
+            IncidentEvent.incident_id == inc.id).order_by(IncidentEvent.id))]
+        assert kinds == ["opened", "left", "resolved", "reopened", "joined", "left", "resolved"]
+
+
+def test_the_window_comes_from_the_config(sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        fire(s, at(0), RECOMPILES, {"instance": "i1"})
+        recover(s, at(1), RECOMPILES, {"instance": "i1"})
+        # Started within the window (2.5 minutes) and shares i1: joins, though resolved.
+        fire(s, at(2), P50, {"bucket": "32", "instance": "i1"})
+        assert len(incidents(s)) == 1
+        recover(s, at(3), P50, {"bucket": "32", "instance": "i1"})
+        fire(s, at(4), P99, {"bucket": "64", "instance": "i1"})  # outside it, not a member
+        assert len(incidents(s)) == 2

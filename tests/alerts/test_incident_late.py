@@ -1,0 +1,94 @@
+"""No page for an incident that is over: a run confirmed after its cause ended is late.
+
+The production evaluator on canary cycles: a slowdown whose cycles the evaluation did
+not judge while it lasted (the evaluation itself starved, say), confirmed only once its
+cycles were back to normal, records a `late` transition and pages nobody; the same
+slowdown judged while it lasts pages once.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.baselines import BaselineConfig
+from alerts.evaluator import EvaluationReport, evaluate
+from alerts.rules import parse_rule
+from alerts.webhooks import WebhookTarget
+from storage.models import Alert, AlertTransition, Incident, WebhookDelivery
+from tests.alerts.builders import add_cycle
+
+T0 = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
+P50 = parse_rule({"name": "p50", "metric": "p50_latency", "change": "+15%",
+                  "resolve_change": "+5%", "for": 3, "resolve_for": 5, "min_samples": 2,
+                  "baseline_window": "6h", "pool": 1})
+TARGET = WebhookTarget(name="ops", url="http://127.0.0.1:9/hook", format="generic")
+HISTORY = 90
+
+
+def minute(i: int) -> datetime:
+    return T0 + timedelta(minutes=i)
+
+
+def write(sm: sessionmaker[Session], rng: random.Random, start: int, levels: list[float]) -> int:
+    with sm.begin() as s:
+        for k, level in enumerate(levels):
+            noise = max(0.3, 1 + rng.gauss(0, 0.15))  # a noisy host: a normal cycle moves the CUSUM little
+            add_cycle(s, minute(start + k) + timedelta(seconds=2), {"64": 0.1 * level * noise})
+    return start + len(levels)
+
+
+def judge(sm: sessionmaker[Session], i: int) -> EvaluationReport:
+    with sm.begin() as s:
+        return evaluate(s, [P50], minute(i) + timedelta(seconds=30), targets=[TARGET],
+                        baseline_config=BaselineConfig(warm_in_s=0))
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_run_confirmed_after_its_cause_ended_is_late_and_pages_nobody(
+        sessionmaker: sessionmaker[Session]) -> None:
+    rng = random.Random(4)
+    i = write(sessionmaker, rng, 0, [1.0] * HISTORY)
+    judge(sessionmaker, i - 1)
+    i = write(sessionmaker, rng, i, [1.8] * 8)  # not judged while it lasts
+    i = write(sessionmaker, rng, i, [1.0] * 3)
+    report = judge(sessionmaker, i - 1)
+    moved = [(t.from_state, t.to_state) for t in report.transitions]
+    assert moved == [(None, "pending"), ("pending", "late")]
+    assert "over: the latest cycles' own samples no longer breach" in report.transitions[1].reason
+    assert report.notifications == 0 and report.incidents.opened == ()
+    with sessionmaker() as s:
+        (alert,) = s.scalars(select(Alert)).all()
+        assert alert.state == "resolved" and alert.fired_at is not None
+        assert s.scalars(select(WebhookDelivery)).all() == []
+        assert s.scalars(select(Incident)).all() == []
+        late = s.scalars(select(AlertTransition).where(AlertTransition.to_state == "late")).one()
+        assert late.alert_id == alert.id
+    # The detector restarts after the late run: the next cycles do not confirm it again
+    # (a noisy cycle may open a pending alert; none fires or is late).
+    later = []
+    for _ in range(5):
+        i = write(sessionmaker, rng, i, [1.0])
+        later += [t.to_state for t in judge(sessionmaker, i - 1).transitions]
+    assert "late" not in later and "firing" not in later
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_the_same_slowdown_judged_while_it_lasts_pages_once(
+        sessionmaker: sessionmaker[Session]) -> None:
+    rng = random.Random(4)
+    i = write(sessionmaker, rng, 0, [1.0] * HISTORY)
+    judge(sessionmaker, i - 1)
+    states = []
+    for _ in range(8):
+        i = write(sessionmaker, rng, i, [1.8])
+        states += [t.to_state for t in judge(sessionmaker, i - 1).transitions]
+    assert "firing" in states and "late" not in states
+    with sessionmaker() as s:
+        sent = s.scalars(select(WebhookDelivery)).all()
+        assert [d.payload["status"] for d in sent] == ["firing"]
+        assert sent[0].payload["kind"] == "incident"

@@ -1,0 +1,112 @@
+"""Incidents through the real app: GET /v1/incidents, the metrics, and `tailwatch incidents`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.flags import FlagStore
+from alerts.incidents import IncidentConfig, group
+from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
+from alerts.rules import RuleResult, parse_rule
+from alerts.webhooks import WebhookTarget
+from monitor.app import create_app
+from monitor.cli import main
+from monitor.services import services_of
+from monitor.settings import Settings
+from tests.monitor.conftest import TOKEN, wait_for
+from tests.monitor.fakes import FakeFactory
+from tests.monitor.live import LiveServer
+
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
+P99 = parse_rule({"name": "p99_latency_regression", "metric": "p99_latency", "change": "+15%",
+                  "severity": "page"})
+TARGET = WebhookTarget(name="pager", url="http://127.0.0.1:9/hook", format="generic")
+
+
+def make_incident(sessions: sessionmaker[Session]) -> tuple[int, list[int]]:
+    """Two alerts fire together (one incident); the policy flips a flag for one of them."""
+    buckets = ("32", "64")
+    with sessions.begin() as s:
+        life = Lifecycle(s, T0, [TARGET], per_alert=False)
+        for b in buckets:
+            labels = {"bucket": b}
+            life.apply(P99, RuleResult(P99.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
+                                       breaching=True), None)
+            life.apply(P99, RuleResult(P99.name, labels, 1.0, 2.0, 1.0, 0.15, True, "fired",
+                                       breaching=True),
+                       open_alerts(s)[fingerprint(P99.name, labels)])
+        report = group(s, T0, life, IncidentConfig())
+        ids = sorted(a.id for a in life.fired)
+        FlagStore(lambda: T0).set(s, "speculative", "64", False, reason="policy: p99 firing",
+                                  actor="policy", source="auto", alert_id=ids[1])
+    return report.opened[0], ids
+
+
+def test_incidents_are_listed_and_shown_with_members_flags_and_notifications(
+        client: TestClient) -> None:
+    sessions = services_of(client.app).sessions  # type: ignore[arg-type]
+    iid, members = make_incident(sessions)
+    listed = client.get("/v1/incidents", params={"state": "open"}).json()
+    assert [(i["id"], i["members"], i["families"], i["buckets"]) for i in listed] == [
+        (iid, 2, ["latency"], ["32", "64"])]
+    assert listed[0]["cause"] == "unknown"  # no A/B rows: said, not guessed
+    shown = client.get(f"/v1/incidents/{iid}").json()
+    assert [a["id"] for a in shown["member_alerts"]] == members
+    assert [e["kind"] for e in shown["timeline"]] == ["opened", "joined", "notified"]
+    assert [(f["name"], f["scope"], f["alert_id"]) for f in shown["flag_changes"]] == [
+        ("speculative", "64", members[1])]
+    assert [(n["target"], n["status"]) for n in shown["notifications"]] == [("pager", "firing")]
+    assert shown["summary"].startswith("2 alerts (2 firing) in 2 buckets (32, 64)")
+    assert "arms" in shown["evidence"]
+    assert client.get("/v1/incidents", params={"state": "resolved"}).json() == []
+    missing = client.get("/v1/incidents/999999")
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "incident_id"
+    bad = client.get("/v1/incidents", params={"state": "burning"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "state"
+
+
+def test_metrics_count_open_incidents_and_incidents_by_cause(client: TestClient) -> None:
+    sessions = services_of(client.app).sessions  # type: ignore[arg-type]
+    text = client.get("/metrics").text
+    assert "tailwatch_incidents_open 0.0" in text
+    make_incident(sessions)
+    text = client.get("/metrics").text
+    assert "tailwatch_incidents_open 1.0" in text
+    assert 'tailwatch_incidents_total{cause="unknown"} 1.0' in text
+    assert 'tailwatch_incidents_total{cause="host_or_load"} 0.0' in text
+
+
+@pytest.fixture
+def server(settings: Settings) -> Iterator[LiveServer]:
+    app = create_app(settings, engine_factory=FakeFactory(), registry=CollectorRegistry())
+    with LiveServer(app) as live:
+        wait_for(lambda: httpx.get(live.url + "/readyz").status_code == 200)
+        yield live
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_cli_lists_and_shows_incidents_and_fails_in_one_line(
+        server: LiveServer, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAILWATCH_URL", server.url)
+    monkeypatch.setenv("TAILWATCH_API_TOKEN", TOKEN)
+    assert main(["incidents", "list"]) == 0
+    assert capsys.readouterr().out.strip() == "(none)"
+    iid, _ = make_incident(services_of(server.app).sessions)
+    assert main(["incidents", "list", "--state", "open"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:4] == ["ID", "STATE", "SEVERITY", "MEMBERS"]
+    assert out.splitlines()[1].split()[:4] == [str(iid), "open", "page", "2"]
+    assert main(["incidents", "show", str(iid)]) == 0
+    out = capsys.readouterr().out
+    assert "probable cause: unknown" in out and "speculative" in out and "pager" in out
+    assert main(["incidents", "show", "999999"]) == 1
+    err = capsys.readouterr().err
+    assert "incident 999999 does not exist" in err and err.strip().count("\n") == 0
