@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from alerts.baselines import BaselineConfig
 from alerts.policy import Policy, load_policy
 from alerts.rules import Rule, load_rules
+from alerts.sensitivity import SensitivityConfig
 from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget, parse_targets
 
@@ -28,6 +29,8 @@ class AlertsConfig:
     flags_ttl_s: float = 1.0
     webhook_max_age_s: float = 86400.0
     stale_after_s: float = 900.0
+    sensitivity: SensitivityConfig = SensitivityConfig()
+    sensitivity_history_s: float = 86400.0
 
 
 def load_config(settings: AlertSettings) -> AlertsConfig:
@@ -40,10 +43,16 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
         targets=tuple(parse_targets(settings.webhooks)),
         policy=load_policy(settings.policy_file),
         baselines=BaselineConfig(refresh_s=settings.baseline_refresh_s,
-                                 warm_in_s=settings.baseline_warm_in_s),
+                                 warm_in_s=settings.baseline_warm_in_s,
+                                 false_page_budget=settings.false_page_budget_per_30d
+                                 is not None),
         external_url=settings.external_url,
         resend_s=settings.resend_interval_s,
         flags_ttl_s=settings.flags_ttl_s,
         webhook_max_age_s=settings.webhook_max_age_s,
         stale_after_s=settings.stale_after_s,
+        sensitivity=SensitivityConfig(within_cycles=settings.sensitivity_within_cycles,
+                                      budget_per_30d=settings.false_page_budget_per_30d,
+                                      cpu_s=settings.sensitivity_cpu_s),
+        sensitivity_history_s=settings.sensitivity_history_s,
     )

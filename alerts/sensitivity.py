@@ -25,9 +25,14 @@ import math
 import random
 import statistics
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
+from sqlalchemy.orm import Session
+
+from alerts.baselines import hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
     TAIL_QUANTILE,
     BaselineStats,
@@ -37,6 +42,12 @@ from alerts.detection import (
     relative_change,
 )
 from alerts.rules import QUANTILE_METRICS, Point, Rule, evaluate_rule, quantile_samples
+from alerts.series import RowCache, cohort_series
+from storage.models import scope_key
+from storage.queries import baselines as baseline_queries
+from storage.queries import sensitivity as sensitivity_queries
+from storage.queries.baselines import StoredBaseline, decide_in_force
+from storage.queries.sensitivity import StoredSensitivity
 from storage.sketches import GAMMA, Sketch
 
 OK = "ok"
@@ -342,3 +353,126 @@ def _pooled(fresh: list[Sketch | None], samples: int, pool: int, q: float) -> fl
             break
     v = merged.quantile(q)
     return 0.0 if v is None else v
+
+
+# -- the scheduled refresh ----------------------------------------------------------------
+
+TIMED_OUT = "timed out"
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    """What one refresh did: series estimated, left for the next run, CPU spent."""
+
+    estimated: int = 0
+    left: int = 0
+    cpu_s: float = 0.0
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Series:
+    rule: Rule
+    labels: dict[str, str]
+    cohort: tuple[str, str]
+    baseline: StoredBaseline
+    points: list[Point]
+    old: StoredSensitivity | None
+
+
+def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,
+            *, history_s: float = 86400.0, budget_s: float = 30.0,
+            clock: Callable[[], float] = time.process_time) -> RefreshReport:
+    """Re-estimate the series whose baseline, threshold or budget changed, stalest first,
+    until `budget_s` CPU seconds of `clock` are spent (the rest wait for the next run).
+
+    Off the evaluation path: a scheduled job of its own. Each series is judged against
+    the baseline stored for it (its season's, for a seasonal rule) on its cycles of the
+    last `history_s` (a seasonal one: those of its season).
+    """
+    start = clock()
+    todo = sorted(_due(session, rules, config, now, history_s),
+                  key=lambda s: (s.old is not None, s.old.computed_at if s.old else now))
+    done, errors = 0, list[str]()
+    for i, s in enumerate(todo):
+        if clock() - start >= budget_s:
+            return RefreshReport(done, len(todo) - i, clock() - start, tuple(errors))
+        try:
+            _store(session, s, _estimate(s, config, clock), now)
+            done += 1
+        except Exception as e:  # noqa: BLE001 - one bad series must not stop the rest
+            errors.append(f"{s.rule.name} {s.baseline.scope_key}: {type(e).__name__}: {e}")
+    return RefreshReport(done, 0, clock() - start, tuple(errors))
+
+
+def _estimate(s: _Series, config: SensitivityConfig,
+              clock: Callable[[], float]) -> Sensitivity:
+    b = s.baseline
+    stats = BaselineStats(b.value, b.spread or 0.0, b.samples, body=b.body)
+    budget = s.rule.budget_for(s.labels, config.budget_per_30d)
+    cfg = replace(config, budget_per_30d=budget)
+    seed = zlib.crc32(f"{s.rule.name}|{b.scope_key}|{s.cohort}".encode()) ^ config.seed
+    try:
+        return estimate(s.rule, s.points, stats, cfg, budget_on=budget is not None,
+                        rng=random.Random(seed), clock=clock)
+    except Timeout as e:
+        return Sensitivity(rule=s.rule.name, status=TIMED_OUT, cycles=len(s.points),
+                           within_cycles=cfg.within_cycles,
+                           configured_threshold=s.rule.threshold, threshold=s.rule.threshold,
+                           budget_per_30d=budget, reason=f"{e}: configured threshold kept")
+
+
+def _store(session: Session, s: _Series, est: Sensitivity, now: datetime) -> None:
+    b = s.baseline
+    sensitivity_queries.save(session, StoredSensitivity(
+        rule=s.rule.name, metric=s.rule.metric, scope=dict(b.scope), scope_key=b.scope_key,
+        model_version=s.cohort[0], config_hash=s.cohort[1], baseline_id=b.id,
+        computed_at=now, status=est.status, cycles=est.cycles,
+        within_cycles=est.within_cycles, configured_threshold=est.configured_threshold,
+        threshold=est.threshold, detectable_change=est.detectable_change,
+        false_pages_30d=est.false_pages_30d, false_pages_configured=est.false_pages_configured,
+        budget_per_30d=est.budget_per_30d, reason=est.reason, cpu_s=est.cpu_s))
+
+
+def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,
+         history_s: float) -> list[_Series]:
+    """Return the series whose stored estimate is missing or no longer matches."""
+    stored = sensitivity_queries.by_key(session, [r.name for r in rules])
+    active = baseline_queries.active_by_metric(session, {r.metric for r in rules})
+    cache = RowCache(session)
+    out: list[_Series] = []
+    for rule in rules:
+        per_scope = cohort_series(rule, cache, now - timedelta(seconds=history_s), now)
+        rows = active[rule.metric]
+        for labels, cohorts in per_scope.items():
+            key = scope_key(rule_scope(rule, dict(labels)))
+            seasonal = [k for k in rows if "season" in dict(_pairs(k))
+                        and scope_key({x: y for x, y in _pairs(k) if x != "season"}) == key] \
+                if rule.seasonality else []
+            for cohort, pts in cohorts.items():
+                for k in [key, *seasonal]:
+                    b = decide_in_force(rows.get(k, []), cohort).rolling
+                    if b is None or b.spread is None or b.kind != "rolling":
+                        continue
+                    mine = _in_season(pts, dict(_pairs(k)).get("season"))
+                    old = stored.get((rule.name, k, *cohort))
+                    budget = rule.budget_for(dict(labels), config.budget_per_30d)
+                    if old is None or old.baseline_id != b.id \
+                            or old.configured_threshold != rule.threshold \
+                            or old.budget_per_30d != budget \
+                            or old.within_cycles != config.within_cycles:
+                        out.append(_Series(rule, dict(labels), cohort, b, mine, old))
+    return out
+
+
+def _pairs(key: str) -> list[tuple[str, str]]:
+    return [tuple(kv.split("=", 1)) for kv in key.split(",") if "=" in kv]  # type: ignore[misc]
+
+
+def _in_season(pts: list[Point], season: str | None) -> list[Point]:
+    """Return the points of one season ("how<hour of week>" / "hod<hour of day>")."""
+    if season is None:
+        return pts
+    kind, value = season[:3], int(season[3:])
+    of = hour_of_week if kind == "how" else hour_of_day
+    return [p for p in pts if of(p.at) == value]

@@ -134,3 +134,52 @@ def test_widening_reason_reads_as_the_operator_sees_it() -> None:
         "threshold +15% -> +27% (noise: 30 days would page 3 times at +15%)")
     assert widening_reason(-1, 0.2, 0.31, 1) == (
         "threshold -20% -> -31% (noise: 30 days would page 1 time at -20%)")
+
+
+# -- the false-page budget ----------------------------------------------------------------
+
+NOISY = (0.15, 0.5)  # sd, phi: the configured +15% pages a few times a month on this
+
+
+def test_budget_widens_to_the_smallest_threshold_within_it_and_says_why() -> None:
+    pts, base = history(AR1(*NOISY, seed=7), n=3000)
+    cfg = SensitivityConfig(budget_per_30d=0.5)
+    s = estimate(rule(), pts, base, cfg)
+    assert s.widened and s.threshold > 0.15
+    assert s.false_pages_configured is not None and s.false_pages_configured > 0.5
+    assert s.false_pages_30d is not None and s.false_pages_30d <= 0.5
+    assert s.reason == widening_reason(1, 0.15, s.threshold, s.false_pages_configured)
+    # The smallest: a whole percent tighter pages past the budget on the same noise.
+    tighter = estimate(replace(rule(), threshold=s.threshold - 0.01), pts, base,
+                       replace(cfg, budget_per_30d=None))
+    assert tighter.false_pages_configured is not None and tighter.false_pages_configured > 0.5
+
+
+def test_budget_never_tightens_a_quiet_series() -> None:
+    pts, base = history(AR1(0.03, 0.3, seed=8), n=3000)
+    s = estimate(rule(), pts, base)
+    assert s.status == OK and s.threshold == 0.15 and not s.widened and s.reason == ""
+    assert s.false_pages_30d == 0.0
+
+
+def test_budget_off_keeps_the_configured_threshold_and_states_its_cost() -> None:
+    pts, base = history(AR1(*NOISY, seed=7), n=3000)
+    s = estimate(rule(), pts, base, budget_on=False)
+    assert s.threshold == 0.15 and not s.widened and s.budget_per_30d is None
+    assert s.false_pages_30d is not None and s.false_pages_30d > 0.5
+
+
+def test_the_rule_runs_at_the_threshold_in_force_and_every_reason_says_so() -> None:
+    why = "threshold +15% -> +27% (noise: 30 days would page 3 times at +15%)"
+    base = BaselineStats(1.0, 0.02, 1000, threshold=0.27, widened=why)
+    r = rule()
+    for shift, fires in ((0.20, False), (0.35, True)):
+        pts = [Point(T0 + timedelta(minutes=i), 1.0 + (shift if i >= 10 else 0.0), 10)
+               for i in range(30)]
+        res = evaluate_rule(r, {}, base, pts)
+        assert res.fired is fires and res.threshold == 0.27
+        assert res.reason.endswith(f"; {why}")
+    # Never tighter than configured: a stored threshold under it is ignored.
+    res = evaluate_rule(r, {}, BaselineStats(1.0, 0.02, 1000, threshold=0.10, widened="x"),
+                        [Point(T0 + timedelta(minutes=i), 1.12, 10) for i in range(30)])
+    assert not res.fired and res.threshold == 0.15 and not res.reason.endswith("x")
