@@ -36,9 +36,10 @@ Which stored baseline is in force is decided in one place:
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,8 +52,10 @@ from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Point, Rule
 from alerts.series import Labels, RowCache, cohort_series, cycle_start
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries
+from storage.queries import sensitivity as sensitivity_queries
 from storage.queries import series as series_queries
 from storage.queries.baselines import AlertPeriod, StoredBaseline, decide_in_force
+from storage.queries.sensitivity import SensitivityKey, StoredSensitivity
 from storage.queries.series import NO_COHORT, Chunk, Cohort
 
 _SCOPE_KEYS = (*SCOPE_LABELS, "source", "window")
@@ -73,6 +76,8 @@ class BaselineConfig:
     # Hours of raw history turned into chunks per rule per evaluation, newest first: the
     # first evaluations after an upgrade (or an outage) spread the backfill over minutes.
     backfill_hours: int = 6
+    # alerts.false_page_budget_per_30d is set: stored widened thresholds apply.
+    false_page_budget: bool = True
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,8 @@ def baselines_for_rule(
     active = cache.once(("active_baselines", metrics),
                         lambda: baseline_queries.active_by_metric(session, metrics))[rule.metric]
     by_scope = dict(active)
+    # Every rule's stored sensitivity (threshold in force) in one read per evaluation.
+    sens = cache.once(("sensitivities",), lambda: sensitivity_queries.by_key(session))
     # The hour of the latest finished cycle (the one judged), not of `now`.
     judged = now - timedelta(seconds=rule.window_s)
     seasons: list[tuple[str, int]] = [(kind, season(judged))
@@ -245,12 +252,13 @@ def baselines_for_rule(
             active[k] = [b for b in active.get(k, []) if b.id not in gone] + rows
     out: dict[Labels, dict[Cohort, CohortBaseline]] = {}
     for labels, cohort, key, skeys in plan:
-        out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skeys)
+        widen = _widening(rule, dict(labels), sens, config)
+        out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skeys, widen)
     return out
 
 
 def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Cohort, key: str,
-            skeys: Sequence[str]) -> CohortBaseline:
+            skeys: Sequence[str], widen: _Widen = lambda b, st: st) -> CohortBaseline:
     n = rule.min_baseline_cycles
     force = decide_in_force(by_scope.get(key, []), cohort, min_cycles=n)
     rolling = force.rolling
@@ -260,9 +268,9 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         spread = p.spread if p.spread is not None else (
             rolling.spread if rolling is not None and rolling.spread is not None else 0.0)
         body = p.body if p.body is not None else (rolling.body if rolling is not None else None)
-        return CohortBaseline(BaselineStats(center=p.value, spread=spread,
-                                            cycles=max(p.samples, n), pinned=True, body=body),
-                              "pinned")
+        return CohortBaseline(widen(p, BaselineStats(center=p.value, spread=spread,
+                                                     cycles=max(p.samples, n), pinned=True,
+                                                     body=body)), "pinned")
     fallback = ""
     # A season is used once it holds more cycles than one hour can: seen twice at least.
     per_hour = int(CHUNK_S // rule.window_s)
@@ -272,7 +280,7 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
     for kind, skey in zip(_SEASONS, skeys, strict=False):
         seasonal = decide_in_force(by_scope.get(skey, []), cohort, min_cycles=n).rolling
         if seasonal is not None and seasonal.samples >= need and seasonal.spread is not None:
-            ready.append((_stats(seasonal, seasonal.spread), kind))
+            ready.append((widen(seasonal, _stats(seasonal, seasonal.spread)), kind))
             continue
         # Said, not silent: this season has too little history of its own yet.
         have = seasonal.samples if seasonal is not None else 0
@@ -289,7 +297,7 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
             # A young season (each seen on fewer than a week of days) may only relax the
             # plain baseline: its centre rests on a few hours of pooled values, and an
             # hour that read low by their noise alone paged an ordinary hour against it.
-            return CohortBaseline(_stats(rolling, rolling.spread),
+            return CohortBaseline(widen(rolling, _stats(rolling, rolling.spread)),
                                   f"plain ({kind} young: {stats.cycles} cycles, reads "
                                   f"{(stats.center / rolling.value - 1) * 100:+.1f}%)")
         return CohortBaseline(stats, kind)
@@ -297,11 +305,32 @@ def _choose(rule: Rule, by_scope: Mapping[str, list[StoredBaseline]], cohort: Co
         fallback = f"plain ({', '.join(why)})"
     b = force.inherited
     if b is not None and b.spread is not None:
-        return CohortBaseline(_stats(b, b.spread),
+        return CohortBaseline(widen(b, _stats(b, b.spread)),
                               f"inherited from {cohort_label((b.model_version, b.config_hash))}")
     if rolling is not None and rolling.spread is not None:
-        return CohortBaseline(_stats(rolling, rolling.spread), fallback)
+        return CohortBaseline(widen(rolling, _stats(rolling, rolling.spread)), fallback)
     return CohortBaseline(None)
+
+
+_Widen = Callable[[StoredBaseline, BaselineStats], BaselineStats]
+
+
+def _widening(rule: Rule, labels: Mapping[str, str],
+              sens: Mapping[SensitivityKey, StoredSensitivity], config: BaselineConfig) -> _Widen:
+    """Return what sets a chosen baseline's threshold in force from its stored estimate.
+
+    The widened threshold applies while the budget is on for the rule and scope and the
+    estimate was made for the configured threshold (a changed rule waits for the next one).
+    """
+    on = config.false_page_budget and rule.budget_for(labels, 1.0) is not None
+
+    def widen(b: StoredBaseline, stats: BaselineStats) -> BaselineStats:
+        s = sens.get((rule.name, b.scope_key, b.model_version, b.config_hash))
+        if not on or s is None or s.budget_per_30d is None or s.threshold <= rule.threshold \
+                or not math.isclose(s.configured_threshold, rule.threshold):
+            return stats
+        return replace(stats, threshold=s.threshold, widened=s.reason)
+    return widen
 
 
 def _stats(b: StoredBaseline, spread: float) -> BaselineStats:

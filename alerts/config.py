@@ -12,6 +12,7 @@ from alerts.baselines import BaselineConfig
 from alerts.incidents import IncidentConfig
 from alerts.policy import Policy, load_policy
 from alerts.rules import Rule, load_rules
+from alerts.sensitivity import SensitivityConfig
 from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget, parse_targets
 
@@ -30,6 +31,8 @@ class AlertsConfig:
     webhook_max_age_s: float = 86400.0
     stale_after_s: float = 900.0
     incidents: IncidentConfig = field(default_factory=IncidentConfig)
+    sensitivity: SensitivityConfig = SensitivityConfig()
+    sensitivity_history_s: float = 86400.0
 
 
 def load_config(settings: AlertSettings) -> AlertsConfig:
@@ -42,7 +45,9 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
         targets=tuple(parse_targets(settings.webhooks)),
         policy=load_policy(settings.policy_file),
         baselines=BaselineConfig(refresh_s=settings.baseline_refresh_s,
-                                 warm_in_s=settings.baseline_warm_in_s),
+                                 warm_in_s=settings.baseline_warm_in_s,
+                                 false_page_budget=settings.false_page_budget_per_30d
+                                 is not None),
         external_url=settings.external_url,
         resend_s=settings.resend_interval_s,
         flags_ttl_s=settings.flags_ttl_s,
@@ -52,4 +57,8 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
             window_s=settings.incidents.window_s, hold_s=settings.incidents.hold_s,
             group_interval_s=settings.incidents.group_interval_s,
             update_formats=frozenset(settings.incidents.update_formats)),
+        sensitivity=SensitivityConfig(within_cycles=settings.sensitivity_within_cycles,
+                                      budget_per_30d=settings.false_page_budget_per_30d,
+                                      cpu_s=settings.sensitivity_cpu_s),
+        sensitivity_history_s=settings.sensitivity_history_s,
     )

@@ -88,6 +88,10 @@ class BaselineStats:
     # Quantile rules: the median of the cycles' own median samples, where the canaries'
     # body sits (recovery reads it: alerts.rules.canaries_came_down); None: unknown.
     body: float | None = None
+    # The relative threshold in force where the false-page budget widened the rule's on
+    # this series' noise (alerts.sensitivity), and why; None: the configured one.
+    threshold: float | None = None
+    widened: str = ""
 
     @classmethod
     def of(cls, values: Iterable[float], *, pinned: bool = False,

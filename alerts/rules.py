@@ -15,6 +15,8 @@ baseline and returns a `RuleResult`. Example (alerts/rules.yaml holds the defaul
         min_samples: 3          # a cycle with fewer samples counts as empty
         ceiling: 2.0            # optional absolute limit (floor: for downward metrics)
         seasonality: hour_of_week  # optional: baseline from the same hour of the week
+        budget: off             # optional: keep the threshold whatever the noise costs
+        budget_off_for: [{bucket: "256"}]  # optional: scopes that opt out of the budget
         severity: page
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -116,6 +118,19 @@ class Rule:
     # Quantile metrics pool up to this many latest cycles per scope (alerts.series).
     pool_cycles: int = 30
     seasonality: str = ""  # "hour_of_week": baseline from the same hour of the week only
+    # False-page budget (alerts.sensitivity): None takes alerts.false_page_budget_per_30d;
+    # budget_off keeps the configured threshold whatever the noise costs; budget_off_for:
+    # the scopes (label matches) that opt out.
+    budget_per_30d: float | None = None
+    budget_off: bool = False
+    budget_off_for: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    def budget_for(self, labels: Mapping[str, str], default: float | None) -> float | None:
+        """Return the false-page budget of one scope (None: off, keep the threshold)."""
+        if self.budget_off or any(all(labels.get(k) == v for k, v in m)
+                                  for m in self.budget_off_for):
+            return None
+        return default if self.budget_per_30d is None else self.budget_per_30d
 
     @property
     def signed_threshold(self) -> float:
@@ -187,9 +202,17 @@ def evaluate_rule(
     """Check one scope's per-cycle series (oldest first) against its baseline."""
     labels = dict(labels)
     base = baseline.center if baseline is not None else None
+    # The false-page budget may have widened the threshold on this series' noise: the
+    # wider one is in force and every reason says so; never tighter than configured.
+    widened = ""
+    if baseline is not None and baseline.threshold is not None \
+            and baseline.threshold > rule.threshold:
+        rule = replace(rule, threshold=baseline.threshold)
+        widened = f"; {baseline.widened}" if baseline.widened else ""
 
     def result(**kw: Any) -> RuleResult:
         kw.setdefault("baseline", base)
+        kw["reason"] += widened
         return RuleResult(rule=rule.name, labels=labels, threshold=rule.signed_threshold,
                           severity=rule.severity, **kw)
 
@@ -433,6 +456,30 @@ class RuleEntry(Entry):
     cusum: Cusum = Field(default_factory=Cusum)
     pool: StrictInt = Field(30, ge=1)
     seasonality: Literal["", "hour_of_week"] = ""
+    # `off` (YAML reads it as false), `on` / true, or this rule's false pages per 30 days.
+    budget: bool | float | None = None
+    budget_off_for: tuple[dict[str, str], ...] = ()
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget(cls, v: object) -> bool | float | None:
+        if v is None or isinstance(v, bool):
+            return v
+        if v in ("off", "on"):
+            return v == "on"
+        if isinstance(v, int | float) and v >= 0:
+            return float(v)
+        raise ValueError(f"must be off, on or false pages per 30 days (>= 0), got {v!r}")
+
+    @field_validator("budget_off_for", mode="before")
+    @classmethod
+    def _budget_off_for(cls, v: object) -> object:
+        items = v or []
+        if not isinstance(items, list) or not all(
+                isinstance(m, dict) and m and all(k in SCOPE_LABELS for k in m) for m in items):
+            raise ValueError(f"must be a list of label matches ({', '.join(SCOPE_LABELS)}), "
+                             f"got {v!r}")
+        return tuple({str(k): str(x) for k, x in m.items()} for m in items)
 
     @field_validator("metric")
     @classmethod
@@ -533,6 +580,9 @@ class RuleEntry(Entry):
             baseline_window_s=self.baseline_window,
             min_baseline_cycles=self.min_baseline_cycles, description=self.description,
             cusum=self.cusum, seasonality=self.seasonality, pool_cycles=self.pool,
+            budget_off=self.budget is False,
+            budget_per_30d=None if isinstance(self.budget, bool) else self.budget,
+            budget_off_for=tuple(tuple(sorted(m.items())) for m in self.budget_off_for),
         )
 
 

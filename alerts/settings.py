@@ -43,6 +43,14 @@ class AlertSettings(BaseModel):
     # An instance silent this long is stale: its open alerts resolve (reason "stale").
     stale_after_s: float = Field(900.0, gt=0)
     incidents: IncidentSettings = Field(default_factory=IncidentSettings)
+    # Per series: where a rule's threshold would page more often on its measured noise,
+    # the smallest threshold within this is used (alerts.sensitivity); null: off.
+    false_page_budget_per_30d: float | None = Field(0.5, ge=0)
+    sensitivity_within_cycles: int = Field(10, ge=1)  # N: the detectable shift's deadline
+    # Recent history each estimate resamples (raw cycles: a pooled quantile needs its
+    # cycles' own samples), and the CPU one series' estimate may take.
+    sensitivity_history_s: float = Field(86400.0, gt=0)
+    sensitivity_cpu_s: float = Field(2.0, gt=0)
 
     @field_validator("webhooks")
     @classmethod

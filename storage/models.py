@@ -23,6 +23,7 @@ Tables and their classes:
     output_agreements   OutputAgreement outputs vs references per run x bucket x path x ... x variant
     series_chunks       SeriesChunk     an hour of a baseline series' per-cycle values per cohort
     rollout_verdicts    RolloutVerdict  a new cohort judged against the old one per metric x bucket
+    rule_sensitivities  RuleSensitivity what a rule can see on one series, and its threshold in force
 """
 
 from __future__ import annotations
@@ -667,3 +668,44 @@ class RolloutVerdict(Base):
     window_start: Mapped[datetime] = mapped_column(UTCDateTime)
     first_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RuleSensitivity(Base):
+    """What one rule can confirm on one series (scope x cohort) and the threshold in force.
+
+    One row per rule, scope_key and cohort, rewritten by each estimate (alerts.sensitivity);
+    baseline_id: the baseline row it was measured against. Thresholds and changes are
+    relative and positive (0.15 = 15% in the rule's direction); detectable_change: the
+    smallest shift confirmed within within_cycles cycles at p95 (None: not known);
+    false_pages_30d: expected false pages per 30 days at `threshold` (the one in force),
+    false_pages_configured at configured_threshold; budget_per_30d None: the budget is off;
+    reason: why the threshold was widened, or why nothing is known.
+    """
+
+    __tablename__ = "rule_sensitivities"
+    __table_args__ = (
+        UniqueConstraint("rule", "scope_key", "model_version", "config_hash",
+                         name="uq_rule_sensitivities_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rule: Mapped[str] = mapped_column(String(128))
+    metric: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[dict[str, str]] = mapped_column(_json(), default=dict)
+    scope_key: Mapped[str] = mapped_column(String(255))
+    model_version: Mapped[str] = mapped_column(String(128), default="")
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    baseline_id: Mapped[int | None] = mapped_column(
+        ForeignKey("baselines.id", ondelete="SET NULL"))
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    status: Mapped[str] = mapped_column(String(32))
+    cycles: Mapped[int] = mapped_column(Integer, default=0)
+    within_cycles: Mapped[int] = mapped_column(Integer)
+    configured_threshold: Mapped[float] = mapped_column(Float)
+    threshold: Mapped[float] = mapped_column(Float)
+    detectable_change: Mapped[float | None] = mapped_column(Float)
+    false_pages_30d: Mapped[float | None] = mapped_column(Float)
+    false_pages_configured: Mapped[float | None] = mapped_column(Float)
+    budget_per_30d: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    cpu_s: Mapped[float] = mapped_column(Float, default=0.0)
