@@ -184,3 +184,42 @@ def test_a_request_that_cannot_fit_a_row_is_refused_naming_the_limit(tmp_path, t
 def test_bad_batching_settings_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}: must be between"):
         EngineConfig(**{field: value})
+
+
+def test_the_window_shortens_while_callers_wait_and_lengthens_while_none_do(tmp_path,
+                                                                            tiny_dirs):
+    from engine.scheduler import Scheduler
+
+    now, waiting = [0.0], [0]
+    sched = Scheduler(None, max_batch=4, window_max_s=0.01,  # type: ignore[arg-type]
+                      waiting=lambda: waiting[0], clock=lambda: now[0])
+    try:
+        assert sched.snapshot().window_s == 0.01  # idle at start: the whole window
+        waiting[0] = 3
+        seen = []
+        for _ in range(60):  # a minute of callers waiting for rows
+            now[0] += 1.0
+            sched._adapt_window()
+            seen.append(sched.snapshot().window_s)
+        assert seen == sorted(seen, reverse=True) and seen[-1] < 0.001
+        waiting[0] = 0
+        for _ in range(60):
+            now[0] += 1.0
+            sched._adapt_window()
+        assert 0.009 < sched.snapshot().window_s <= 0.01
+    finally:
+        sched.close()
+
+
+def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs, alone):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=2, batch_window_max_s=1.0)
+    texts = random_texts(2, seed=3, overflow=False)
+    try:
+        jobs = [_job(rt, t, row) for row, t in enumerate(texts)]
+        for job in jobs:  # one after the other: the window holds the first step
+            rt._scheduler.submit(job)
+        for job, text in zip(jobs, texts, strict=True):
+            assert tuple(rt._scheduler.wait(job).tokens) == alone(text)
+            assert job.joined_step == 0 and job.batch_max == 2
+    finally:
+        rt.close()
