@@ -38,7 +38,7 @@ class Admission:
             return self._capacity - len(self._free)
 
     @contextmanager
-    def slot(self, deadline: float | None) -> Iterator[int]:
+    def slot(self, deadline: float | None, *, synthetic: bool = False) -> Iterator[int]:
         """Hold a decode slot (its index) for the duration of the block."""
         with self._cond:
             if not self._free:

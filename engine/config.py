@@ -11,6 +11,9 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
 QUANTIZATIONS = ("none", "int8")
+MAX_BATCH = 256
+# A window is a wait added to latency for a fuller step: beyond a second it is a queue.
+MAX_BATCH_WINDOW_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,12 @@ class EngineConfig:
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
     quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
         served where the `quantized` flag is on and watched by output agreement.
+    max_batch: rows decoded together by the batching scheduler (engine.scheduler): requests
+        join and leave a running batch at step boundaries; 1 = no scheduler, each request
+        decodes alone in its caller's thread with max_concurrency streams (as before
+        batching). Above 1 the rows replace the streams (max_concurrency is not used).
+    batch_window_max_s: the longest the scheduler waits for more arrivals before a step
+        while the batch is not full (0: never waits); it adapts below this to the queue.
     native_step: on the optimized path, run the decode steps and the speculative
         verification in C (engine.native) where it applies (CPU, float32, float weights, a
         C compiler found); the encoder stays compiled. Off: the compiled graphs.
@@ -65,6 +74,8 @@ class EngineConfig:
     extra: dict[str, str] = field(default_factory=dict)
     quantization: str = "none"
     native_step: bool = True
+    max_batch: int = 8
+    batch_window_max_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.buckets or list(self.buckets) != sorted(set(self.buckets)):
@@ -83,6 +94,12 @@ class EngineConfig:
             raise ValueError("speculative_k: must be >= 1")
         if not 0 < self.flag_timeout_s <= 10:
             raise ValueError("flag_timeout_s: must be > 0 and <= 10 seconds")
+        if isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch: must be between 1 and {MAX_BATCH}, "
+                             f"got {self.max_batch!r}")
+        if not 0 <= self.batch_window_max_s <= MAX_BATCH_WINDOW_S:
+            raise ValueError(f"batch_window_max_s: must be between 0 and {MAX_BATCH_WINDOW_S}"
+                             f" seconds, got {self.batch_window_max_s!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization: must be one of {QUANTIZATIONS}, "
                              f"got {self.quantization!r}")

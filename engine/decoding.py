@@ -98,6 +98,143 @@ def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max
     return Decoded(tokens, stamps, SpecStats(target_forwards=len(tokens)))
 
 
+class RowState:
+    """One request's decode between steps, so direct steps and speculative rounds interleave.
+
+    Invariant between calls: `seq` holds the decoder tokens by position (the start token
+    first), the target cache holds positions < len(seq) - 1, and the next input is seq[-1]
+    at position len(seq) - 1; the draft cache holds positions < d_pos. A direct step
+    (`accept`, the token computed by a batched step) and a round (`round`) both keep it, so
+    every emitted token is the target's own argmax given the tokens before it, whatever ran.
+    """
+
+    def __init__(self, target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Tensor,
+                 max_new: int, *, draft: ModelRunner | None = None, dfns: Fns | None = None,
+                 denc: Encoded | None = None, dcache: torch.Tensor | None = None, k: int = 0,
+                 clock: Clock = time.perf_counter) -> None:
+        self.target, self.tfns, self.tenc, self.tcache = target, tfns, tenc, tcache
+        self.draft, self.dfns, self.denc, self.dcache = draft, dfns, denc, dcache
+        self.k, self.max_new, self.clock = k, max_new, clock
+        tm = target.m
+        self.seq = [tm.decoder_start_id]
+        self.last = target.start  # seq[-1] on the device
+        self.prev: torch.Tensor | None = None  # seq[-2] on the device after a full accept
+        self.d_pos = 0
+        self.tokens: list[int] = []
+        self.stamps: list[float] = []
+        self.done = False
+        self.drafts = self.proposed = self.accepted = self.forwards = 0
+        self.draft_steps = self.verifies = 0
+        self.draft_s = self.verify_s = 0.0
+        self.per_position = [0] * max(k, 0)
+        if k > 0:
+            q = target.verify_q
+            if not 1 <= k < q:
+                raise ValueError(f"k: must be between 1 and {q - 1}, got {k}")
+            self.pad = torch.full((q - 1 - k,), tm.pad_id, dtype=torch.long,
+                                  device=tm.device_)
+
+    @property
+    def position(self) -> int:
+        """Return the position the next direct step feeds seq[-1] at."""
+        return len(self.seq) - 1
+
+    @property
+    def can_speculate(self) -> bool:
+        """Return whether this request has a draft to run rounds with."""
+        return self.k > 0 and self.draft is not None
+
+    def accept(self, token: int, now: float) -> None:
+        """Take the target's greedy token for seq[-1] (a direct step just wrote its K/V)."""
+        self.forwards += 1
+        self.seq.append(token)
+        self.tokens.append(token)
+        self.stamps.append(now)
+        self.last = torch.tensor([[token]], device=self.target.m.device_)
+        self.prev = None  # the draft catches up from `seq`
+        if token == self.target.m.eos_id or len(self.tokens) >= self.max_new:
+            self.done = True
+
+    def round(self) -> None:
+        """Run one speculative round: the draft proposes k tokens, the target checks them."""
+        assert self.draft is not None and self.dfns is not None and self.denc is not None
+        assert self.dcache is not None
+        target, draft, dfns, denc, dcache = self.target, self.draft, self.dfns, self.denc, \
+            self.dcache
+        tm, dm, k, clock, seq = target.m, draft.m, self.k, self.clock, self.seq
+        q = target.verify_q
+        t0 = clock()
+        # The draft catches up on accepted tokens it has not seen (after a full accept, or
+        # direct steps taken in a batch).
+        while self.d_pos < len(seq) - 1:
+            tok = (self.prev if self.prev is not None and self.d_pos == len(seq) - 2
+                   else torch.tensor([[seq[self.d_pos]]], device=dm.device_))
+            dfns.step(dm, tok, draft.positions[self.d_pos], dcache, denc.cross,
+                      denc.mask_bias, draft.bias_for(self.d_pos + 1), 1)
+            self.d_pos += 1
+            self.draft_steps += 1
+        d_pos = self.d_pos
+        if dfns.chain:
+            # The whole round in one call: each proposal feeds the next inside it.
+            props = dfns.step(dm, self.last, draft.positions[d_pos], dcache, denc.cross,
+                              denc.mask_bias, draft.bias_for(d_pos + k), k)
+            d_pos += k
+        else:
+            cur, proposed_one = self.last, []
+            for _ in range(k):
+                nxt = dfns.step(dm, cur, draft.positions[d_pos], dcache, denc.cross,
+                                denc.mask_bias, draft.bias_for(d_pos + 1), 1)
+                d_pos += 1
+                # Kept past later calls: under CUDA graphs a call's outputs are overwritten
+                # by the next replay, so hold a copy (one int).
+                proposed_one.append(nxt.clone())
+                cur = nxt.view(1, 1)
+            props = torch.cat(proposed_one)
+        self.draft_steps += k
+        t1 = clock()
+        t_pos = len(seq) - 1
+        block = torch.cat([self.last.view(1), props, self.pad]).view(1, q)
+        choice_t = self.tfns.verify(tm, block, target.windows[t_pos], self.tcache,
+                                    self.tenc.cross, self.tenc.mask_bias,
+                                    target.bias_for(t_pos + q))
+        both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync a round
+        now = clock()
+        self.draft_s += t1 - t0
+        self.verify_s += now - t1
+        self.verifies += 1
+        proposals, choice = both[:k], both[k:]
+        self.forwards += 1
+        n = 0
+        while n < k and proposals[n] == choice[n]:
+            self.per_position[n] += 1
+            n += 1
+        self.drafts += 1
+        self.proposed += k
+        self.accepted += n
+        emitted = proposals[:n] + [choice[n]]
+        if tm.eos_id in emitted:
+            emitted = emitted[: emitted.index(tm.eos_id) + 1]
+            self.done = True
+        emitted = emitted[: self.max_new - len(self.tokens)]
+        seq.extend(emitted)
+        self.d_pos = min(d_pos, len(seq) - 1)
+        self.last = choice_t[n:n + 1].clone().view(1, 1)
+        self.prev = props[-1:].view(1, 1) if n == k else None
+        self.stamps.extend([now] * len(emitted))  # confirmed together, by this verification
+        self.tokens.extend(emitted)
+        if len(self.tokens) >= self.max_new:
+            self.done = True
+
+    def decoded(self) -> Decoded:
+        """Return what this request decoded so far."""
+        spec = SpecStats(drafts=self.drafts, draft_tokens=self.proposed,
+                         accepted_tokens=self.accepted,
+                         accepted_per_position=tuple(self.per_position) if self.drafts else (),
+                         target_forwards=self.forwards)
+        return Decoded(self.tokens, self.stamps, spec,
+                       RoundCosts(self.draft_steps, self.draft_s, self.verifies, self.verify_s))
+
+
 def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Tensor,
                 draft: ModelRunner, dfns: Fns, denc: Encoded, dcache: torch.Tensor,
                 k: int, max_new: int, deadline: float | None = None,
@@ -111,83 +248,10 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
     every k <= verify_q - 1); positions after the k proposals are padding, their choices
     unused and their cache slots rewritten before any query can see them.
     """
-    tm, dm = target.m, draft.m
-    q = target.verify_q
-    if not 1 <= k < q:
-        raise ValueError(f"k: must be between 1 and {q - 1}, got {k}")
-    pad = torch.full((q - 1 - k,), tm.pad_id, dtype=torch.long, device=tm.device_)
-    seq = [tm.decoder_start_id]  # decoder tokens by position; seq[-1] not yet in the target cache
-    last = target.start  # seq[-1] on the device
-    prev: torch.Tensor | None = None  # seq[-2] on the device after a full accept
-    d_pos = 0  # the draft cache holds positions < d_pos
-    tokens: list[int] = []
-    stamps: list[float] = []
-    drafts = proposed = accepted = forwards = 0
-    draft_steps = verifies = 0
-    draft_s = verify_s = 0.0
-    per_position = [0] * k
-    done = False
-    while not done and len(tokens) < max_new:
-        t0 = clock()
-        # The draft catches up on accepted tokens it has not seen (after a full accept).
-        while d_pos < len(seq) - 1:
-            tok = (prev if prev is not None and d_pos == len(seq) - 2
-                   else torch.tensor([[seq[d_pos]]], device=dm.device_))
-            dfns.step(dm, tok, draft.positions[d_pos], dcache, denc.cross, denc.mask_bias,
-                      draft.bias_for(d_pos + 1), 1)
-            d_pos += 1
-            draft_steps += 1
-        if dfns.chain:
-            # The whole round in one call: each proposal feeds the next inside it.
-            props = dfns.step(dm, last, draft.positions[d_pos], dcache, denc.cross,
-                              denc.mask_bias, draft.bias_for(d_pos + k), k)
-            d_pos += k
-        else:
-            cur, proposed_one = last, []
-            for _ in range(k):
-                nxt = dfns.step(dm, cur, draft.positions[d_pos], dcache, denc.cross,
-                                denc.mask_bias, draft.bias_for(d_pos + 1), 1)
-                d_pos += 1
-                # Kept past later calls: under CUDA graphs a call's outputs are overwritten
-                # by the next replay, so hold a copy (one int).
-                proposed_one.append(nxt.clone())
-                cur = nxt.view(1, 1)
-            props = torch.cat(proposed_one)
-        draft_steps += k
-        t1 = clock()
-        t_pos = len(seq) - 1
-        block = torch.cat([last.view(1), props, pad]).view(1, q)
-        choice_t = tfns.verify(tm, block, target.windows[t_pos], tcache, tenc.cross,
-                               tenc.mask_bias, target.bias_for(t_pos + q))
-        both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync per round
-        now = clock()
-        draft_s += t1 - t0
-        verify_s += now - t1
-        verifies += 1
-        proposals, choice = both[:k], both[k:]
-        forwards += 1
-        n = 0
-        while n < k and proposals[n] == choice[n]:
-            per_position[n] += 1
-            n += 1
-        drafts += 1
-        proposed += k
-        accepted += n
-        emitted = proposals[:n] + [choice[n]]
-        if tm.eos_id in emitted:
-            emitted = emitted[: emitted.index(tm.eos_id) + 1]
-            done = True
-        emitted = emitted[: max_new - len(tokens)]
-        seq.extend(emitted)
-        d_pos = min(d_pos, len(seq) - 1)
-        last = choice_t[n:n + 1].clone().view(1, 1)
-        prev = props[-1:].view(1, 1) if n == k else None
-        stamps.extend([now] * len(emitted))  # confirmed together, by this verification
-        tokens.extend(emitted)
-        if not done:
+    row = RowState(target, tfns, tenc, tcache, max_new, draft=draft, dfns=dfns, denc=denc,
+                   dcache=dcache, k=k, clock=clock)
+    while not row.done:
+        row.round()
+        if not row.done:
             _check(deadline, clock)
-    return Decoded(tokens, stamps,
-                   SpecStats(drafts=drafts, draft_tokens=proposed, accepted_tokens=accepted,
-                             accepted_per_position=tuple(per_position),
-                             target_forwards=forwards),
-                   RoundCosts(draft_steps, draft_s, verifies, verify_s))
+    return row.decoded()

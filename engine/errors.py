@@ -3,8 +3,10 @@
 EngineError
  ├── InvalidRequest (also ValueError): bad input; names the field and the limit
  │    └── InputTooLong: input over the hard cap (HTTP 413)
+ │         └── DoesNotFit: the request cannot fit a batch row's static cache (HTTP 413)
  ├── Overloaded: the admission queue is full (HTTP 429/503 with Retry-After)
  ├── RequestTimeout: the call did not finish within its timeout
+ ├── Cancelled: the request was cancelled and left the batch
  ├── NotReady: the engine is not loaded yet
  └── ModelLoadError: a model directory is missing files or is not a T5
 """
@@ -30,6 +32,10 @@ class InputTooLong(InvalidRequest):
     """The input has more tokens than the hard cap."""
 
 
+class DoesNotFit(InputTooLong):
+    """The request needs more decoder positions than a batch row's static cache holds."""
+
+
 class Overloaded(EngineError):
     """The admission queue is full; retry later."""
 
@@ -40,6 +46,10 @@ class Overloaded(EngineError):
 
 class RequestTimeout(EngineError):
     """The request did not finish in time."""
+
+
+class Cancelled(EngineError):
+    """The request was cancelled before it finished."""
 
 
 class NotReady(EngineError):

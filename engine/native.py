@@ -115,20 +115,25 @@ class NativeStep:
         for fn, first in ((self._fn, [p, i64]), (self._chain, [i64, i64])):
             fn.restype = None
             fn.argtypes = [ctypes.POINTER(_Model), *first, i64, p, i64, p, i64, p, p, i64, p, p]
+        # tw_rows: per row a token, a position, a cache, cross K/V, its length and mask.
+        self._rows = lib.tw_rows
+        self._rows.restype = None
+        self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p]
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
         """Return the step function for `lean` (see `applicable` first)."""
-        return BoundStep(self._fn, self._chain, lean)
+        return BoundStep(self._fn, self._chain, lean, self._rows)
 
 
 class BoundStep:
     """A `Fns.step` for one LeanT5: (m, token, pos, self_kv, cross_kv, mask_bias, dec_bias,
     steps) -> the `steps` greedy tokens, as engine.t5.decode_steps returns them; `verify`
-    is its `Fns.verify` (engine.t5.decode_greedy). A row verified gets bitwise the logits
-    of the same row decoded alone, so speculation stays exact."""
+    is its `Fns.verify` (engine.t5.decode_greedy); `rows` is a batched step over several
+    requests (engine.t5.decode_rows). A row verified or batched gets bitwise the logits of
+    the same row decoded alone, so speculation and batching stay exact."""
 
-    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5) -> None:
-        self._fn, self._chain = fn, chain
+    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any = None) -> None:
+        self._fn, self._chain, self._rows_fn = fn, chain, rows
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
         layers = list(lean.dec_layers)
@@ -184,6 +189,32 @@ class BoundStep:
         flat = tokens.reshape(q).to(torch.long).contiguous()
         tail, _keep = self._tail(q, self_kv, cross_kv, mask_bias, dec_bias, out)
         self._fn(self._ref, flat.data_ptr(), q, first, *tail)
+        return out
+
+    def rows(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,
+             caches: list[torch.Tensor], crosses: list[torch.Tensor],
+             masks: list[torch.Tensor], dec_bias: torch.Tensor) -> torch.Tensor:
+        """Return the greedy token after each row's token, all rows in one call.
+
+        tokens [B] and positions [B] (int64); per row its self-attention cache, its cross
+        K/V [L, 2, H, length, d_kv] and mask bias [1, 1, 1, length] (lengths may differ);
+        dec_bias: the full causal table [H, slots, slots] (engine.runner.ModelRunner.dec_bias).
+        """
+        b = int(tokens.shape[0])
+        toks = tokens.reshape(b).to(torch.long).contiguous()
+        pos = positions.reshape(b).to(torch.long).contiguous()
+        crosses = [c.contiguous() for c in crosses]
+        lens = torch.tensor([c.shape[-2] for c in crosses], dtype=torch.long)
+        ptrs = ctypes.c_void_p * b
+        kv = ptrs(*[c.data_ptr() for c in caches])
+        ckv = ptrs(*[c.data_ptr() for c in crosses])
+        cb = ptrs(*[mk.data_ptr() for mk in masks])
+        span = dec_bias.shape[-1]
+        out = torch.empty(b, dtype=torch.long)
+        scratch = self._scratch(b * self._per_row + max(span, int(lens.max())))
+        self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, caches[0].shape[-2],
+                      ckv, lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
+                      out.data_ptr())
         return out
 
     def _tail(self, rows: int, self_kv: torch.Tensor, cross_kv: torch.Tensor,

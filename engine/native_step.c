@@ -217,57 +217,70 @@ static void attend(const float *q, const float *K, const float *V, const float *
     }
 }
 
-/* Decode `q` tokens at positions pos0 .. pos0 + q - 1 in one call (q = 1: a direct step;
- * q > 1: a speculative verification), write their K/V, and put in out[i] the greedy
- * next token after tokens[i]. Each row's arithmetic is that of a row decoded alone.
+/* Decode `q` rows in one call, each weight read once for all of them: row i feeds
+ * tokens[i] at position pos[i] into its own self-attention cache self_kv[i] (writing its
+ * K/V there) and attends its own cross K/V cross_kv[i] (cross[i] positions, padding mask
+ * cross_bias[i]); out[i] is the greedy next token. Rows may be one request's consecutive
+ * positions (a verification: the same cache, every row's K/V written before any row
+ * attends) or different requests (a batched step: their own caches, buckets, lengths).
+ * Each row's arithmetic is that of the row decoded alone (gemm's sums do not depend on
+ * the blocking), so batching and verification never change a token.
  *
- * self_kv [layers, 2, heads, slots1, d_kv]; cross_kv [layers, 2, heads, cross, d_kv];
- * cross_bias [cross] (the padding mask); dec_bias [heads, span, span] (positions and the
- * causal mask; rows pos0 .. pos0 + q - 1 are read); scratch: engine.native's size.
+ * self_kv[i] [layers, 2, heads, slots1, d_kv]; cross_kv[i] [layers, 2, heads, cross[i],
+ * d_kv]; dec_bias [heads, span, span] (positions and the causal mask; row pos[i] is read,
+ * keys < min(pos[i] + 1, span)); scratch: engine.native's size for q rows, plus
+ * max(span, max cross) floats.
  */
-void tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
-               float *self_kv, int64_t slots1, const float *cross_kv, int64_t cross,
-               const float *cross_bias, const float *dec_bias, int64_t span, float *scratch,
-               int64_t *out) {
+void tw_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
+             float *const *self_kv, int64_t slots1, const float *const *cross_kv,
+             const int64_t *cross, const float *const *cross_bias, const float *dec_bias,
+             int64_t span, float *scratch, int64_t *out) {
     const int64_t D = m->d_model, H = m->heads, dk = m->d_kv, I = m->inner;
     const int64_t ff = m->gated ? 2 * m->d_ff : m->d_ff;
+    int64_t widest = span;
+    for (int64_t i = 0; i < q; i++)
+        if (cross[i] > widest) widest = cross[i];
     float *x = scratch, *h = x + q * D, *qkv = h + q * D, *att = qkv + q * 3 * I;
     float *u = att + q * I;
-    float *scores = u + q * ff;  /* max(span, cross) */
-    float *logits = scores + (span > cross ? span : cross);
+    float *scores = u + q * ff;  /* max(span, max cross) */
+    float *logits = scores + widest;
     for (int64_t i = 0; i < q; i++)
         memcpy(x + i * D, m->embed + tokens[i] * D, (size_t)D * sizeof(float));
     for (int64_t l = 0; l < m->layers; l++) {
         /* self-attention over the cache prefix, these positions' K/V written first */
         for (int64_t i = 0; i < q; i++) rms_norm(x + i * D, m->ln_att[l], h + i * D, D, m->eps);
         gemm(m->qkv[l], h, qkv, 3 * I, D, q, 3 * I);
-        float *layer_kv = self_kv + l * 2 * H * slots1 * dk;
-        for (int64_t i = 0; i < q; i++)
+        for (int64_t i = 0; i < q; i++) {
+            float *layer_kv = self_kv[i] + l * 2 * H * slots1 * dk;
             for (int64_t hd = 0; hd < H; hd++) {
-                memcpy(layer_kv + (hd * slots1 + pos0 + i) * dk, qkv + i * 3 * I + I + hd * dk,
+                memcpy(layer_kv + (hd * slots1 + pos[i]) * dk, qkv + i * 3 * I + I + hd * dk,
                        (size_t)dk * sizeof(float));
-                memcpy(layer_kv + ((H + hd) * slots1 + pos0 + i) * dk,
+                memcpy(layer_kv + ((H + hd) * slots1 + pos[i]) * dk,
                        qkv + i * 3 * I + 2 * I + hd * dk, (size_t)dk * sizeof(float));
             }
+        }
         for (int64_t i = 0; i < q; i++) {
             /* Keys after the query are masked by dec_bias (weight exactly 0): not read. */
-            const int64_t pos = pos0 + i, keys = pos + 1 < span ? pos + 1 : span;
+            const float *layer_kv = self_kv[i] + l * 2 * H * slots1 * dk;
+            const int64_t keys = pos[i] + 1 < span ? pos[i] + 1 : span;
             for (int64_t hd = 0; hd < H; hd++)
                 attend(qkv + i * 3 * I + hd * dk, layer_kv + hd * slots1 * dk,
-                       layer_kv + (H + hd) * slots1 * dk, dec_bias + (hd * span + pos) * span,
+                       layer_kv + (H + hd) * slots1 * dk, dec_bias + (hd * span + pos[i]) * span,
                        keys, dk, scores, att + i * I + hd * dk);
         }
         gemm(m->o[l], att, h, D, I, q, D);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
-        /* cross-attention over the encoder's K/V */
+        /* cross-attention over each row's encoder K/V */
         for (int64_t i = 0; i < q; i++)
             rms_norm(x + i * D, m->ln_cross[l], h + i * D, D, m->eps);
         gemm(m->cq[l], h, qkv, I, D, q, I);
-        const float *ckv = cross_kv + l * 2 * H * cross * dk;
-        for (int64_t i = 0; i < q; i++)
+        for (int64_t i = 0; i < q; i++) {
+            const float *ckv = cross_kv[i] + l * 2 * H * cross[i] * dk;
             for (int64_t hd = 0; hd < H; hd++)
-                attend(qkv + i * I + hd * dk, ckv + hd * cross * dk, ckv + (H + hd) * cross * dk,
-                       cross_bias, cross, dk, scores, att + i * I + hd * dk);
+                attend(qkv + i * I + hd * dk, ckv + hd * cross[i] * dk,
+                       ckv + (H + hd) * cross[i] * dk, cross_bias[i], cross[i], dk, scores,
+                       att + i * I + hd * dk);
+        }
         gemm(m->co[l], att, h, D, I, q, D);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
         /* feed-forward */
@@ -297,6 +310,25 @@ void tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
             if (li[v] > li[best]) best = v;
         out[i] = best;
     }
+}
+
+/* Decode `q` tokens of one request at positions pos0 .. pos0 + q - 1 (q = 1: a direct
+ * step; q > 1: a speculative verification): tw_rows with every row on the same caches. */
+void tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
+               float *self_kv, int64_t slots1, const float *cross_kv, int64_t cross,
+               const float *cross_bias, const float *dec_bias, int64_t span, float *scratch,
+               int64_t *out) {
+    int64_t pos[q], lens[q];
+    float *kv[q];
+    const float *ckv[q], *cb[q];
+    for (int64_t i = 0; i < q; i++) {
+        pos[i] = pos0 + i;
+        kv[i] = self_kv;
+        ckv[i] = cross_kv;
+        lens[i] = cross;
+        cb[i] = cross_bias;
+    }
+    tw_rows(m, tokens, q, pos, kv, slots1, ckv, lens, cb, dec_bias, span, scratch, out);
 }
 
 /* Decode `steps` tokens greedily from `token` at positions pos0 .. pos0 + steps - 1, each

@@ -71,6 +71,13 @@ class GenerateResult:
         round, one multi-token step call) share one confirmation time, so the first
         token of a round carries the round's time and the others 0.0.
     total_s: call entry -> result returned (queue wait + tokenize + generate + detokenize).
+    batch_wait_s: decode slot (batch row) granted -> the batching loop took the request up
+        (its encoder starts): the window and the step in flight; 0.0 when not batched.
+
+    Batching (engine.scheduler; unbatched requests read as one row throughout):
+    batch_join_step: the loop's step count when the request joined the batch (-1: not
+        batched). batch_size_mean / batch_size_max: rows in the steps it took part in, its
+        own included (a speculative round counts as a step of one row).
 
     Bytes:
     kv_request_bytes: the cross-attention K/V tensors this request allocated (target and
@@ -96,6 +103,10 @@ class GenerateResult:
     kv_request_bytes: int = 0
     spec_k: int = 0  # draft tokens per round this request used; 0 when it ran direct
     quantized: bool = False  # the target ran with int8 weights (engine.quantization: int8)
+    batch_wait_s: float = 0.0
+    batch_join_step: int = -1
+    batch_size_mean: float = 1.0
+    batch_size_max: int = 1
 
     @property
     def padding_waste(self) -> float:
@@ -248,6 +259,37 @@ class WarmupStatus:
     bucket_seconds: Mapping[str, float] = field(default_factory=dict)
     cache_hit: bool | None = None
     ready_seconds: float | None = None
+
+
+# Upper edges (seconds) of the step-duration histogram buckets (BatchSnapshot.step_buckets).
+STEP_SECONDS_EDGES = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass(frozen=True)
+class BatchSnapshot:
+    """The batching scheduler now, and its step times since start.
+
+    max_batch: rows the scheduler may run (1: not batched, the other fields stay 0).
+    batch_size: rows in the running batch now.
+    rows_waiting: requests waiting for a row (the admission queue) or admitted and not yet
+        taken up by the loop.
+    window_s / window_max_s: the batching window now (adapted) and its configured maximum.
+    steps: steps run since start (a batched decode step or a speculative round each).
+    step_count / step_seconds_sum / step_buckets, by phase ("encode": one request's encoder
+        as it joins; "decode": one batched direct step of every row; "verify": one
+        speculative round, draft and verification): how many, their total seconds, and
+        cumulative counts per STEP_SECONDS_EDGES edge (a Prometheus histogram's buckets).
+    """
+
+    max_batch: int = 1
+    batch_size: int = 0
+    rows_waiting: int = 0
+    window_s: float = 0.0
+    window_max_s: float = 0.0
+    steps: int = 0
+    step_count: Mapping[str, int] = field(default_factory=dict)
+    step_seconds_sum: Mapping[str, float] = field(default_factory=dict)
+    step_buckets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,24 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from engine import aot, decoding, native, precompile, quantize, t5
+from engine import aot, decoding, native, precompile, quantize, scheduler, t5
 from engine.admission import Admission
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.draft_length import DraftLength
-from engine.errors import InputTooLong, InvalidRequest, NotReady, RequestTimeout
+from engine.errors import (
+    Cancelled,
+    DoesNotFit,
+    InputTooLong,
+    InvalidRequest,
+    NotReady,
+    RequestTimeout,
+)
 from engine.flags import GuardedFlags
 from engine.loader import LoadedModel, load_model, pair_draft
 from engine.protocol import (
@@ -37,6 +45,7 @@ from engine.protocol import (
     PATH_EAGER,
     PATH_EXACT,
     PATH_OVERFLOW,
+    BatchSnapshot,
     CompileSnapshot,
     DraftLengthSnapshot,
     EngineInfo,
@@ -152,14 +161,16 @@ class Runtime:
             self._draft_loaded = self._draft_loaded.released()
         gc.collect()
 
-        self._admission = Admission(config.max_concurrency, config.max_queue)
+        # Batched, a decode slot is a batch row (its caches); unbatched, a decode stream.
+        self._rows = config.max_batch if config.max_batch > 1 else config.max_concurrency
+        self._admission = Admission(self._rows, config.max_queue)
         provider = flags or InMemoryFlagProvider()
         # In-memory flags need no file: only a provider that can be unreachable keeps one.
         state_file = None if type(provider) is InMemoryFlagProvider else config.flags_file
         self._flags = GuardedFlags(provider, config.flag_timeout_s,
                                    state_file=state_file or None)
         with torch.no_grad():
-            self._caches = [self._new_caches() for _ in range(config.max_concurrency)]
+            self._caches = [self._new_caches() for _ in range(self._rows)]
         self._lock = threading.Lock()
         self._rng = random.Random(0)
         self._warm: set[int] = set()
@@ -186,6 +197,11 @@ class Runtime:
         self.saved_dir: Path | None = None  # compiled functions saved by precompile
         self.saved_buckets = 0  # buckets this warm-up loaded from saved functions
         self.saved_failures = 0  # saved functions that failed to load (0 or 1: all compiled)
+        self._scheduler: scheduler.Scheduler | None = None
+        if config.max_batch > 1:
+            self._scheduler = scheduler.Scheduler(
+                self, max_batch=config.max_batch, window_max_s=config.batch_window_max_s,
+                waiting=lambda: self._admission.waiting)
         if self._compile_on:
             self.saved_dir = precompile.saved_dir(config, self._info.model_version,
                                                   self.device.type, repr(_INDUCTOR_OPTIONS))
@@ -528,13 +544,14 @@ class Runtime:
         probation = probation and speculate
         quantized = self.target_q is not None and flags.quantized_for(label)
         deadline = None if timeout_s is None else t_entry + timeout_s
-        with self._admission.slot(deadline) as slot:
+        batch: scheduler.Job | None = None
+        with self._admission.slot(deadline, synthetic=canary) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
             try:
-                decoded, t_encoded, t_device = self._run(ids, length, key, slot, k,
-                                                         max_new, deadline, quantized)
-            except RequestTimeout:
+                decoded, t_encoded, t_device, batch = self._run_any(
+                    ids, length, key, slot, k, max_new, deadline, quantized)
+            except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
                 raise
             except Exception:
                 if key is None:
@@ -542,10 +559,15 @@ class Runtime:
                 # A compile that fails must not fail the request: count it, run eager.
                 self._watch.record_failure()
                 path, key = PATH_EAGER, None
-                decoded, t_encoded, t_device = self._run(ids, length, key, slot, k,
-                                                         max_new, deadline, quantized)
+                decoded, t_encoded, t_device, batch = self._run_any(
+                    ids, length, key, slot, k, max_new, deadline, quantized)
         out = decoded.tokens
-        self._learn(label, decoded, t_encoded, speculate)
+        if batch is not None:
+            # What ran: a request that asked to speculate decodes direct while batched.
+            speculate = decoded.spec.drafts > 0
+            k = k if speculate else 0
+        self._learn(label, decoded, t_encoded, speculate,
+                    alone=batch is None or batch.batch_max <= 1)
         text_out = self.tokenizer.decode(out, skip_special_tokens=True)
         stamps = decoded.stamps
         return GenerateResult(
@@ -557,18 +579,19 @@ class Runtime:
             decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
             total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
             probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
-            quantized=quantized,
+            quantized=quantized, **_batch_fields(batch, t_slot),
         )
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
-               speculated: bool) -> None:
-        """Feed the adaptive draft length with this request's acceptance and costs."""
+               speculated: bool, *, alone: bool = True) -> None:
+        """Feed the adaptive draft length with this request's acceptance and costs (a
+        direct request's time only when it decoded alone: batch-mates change it)."""
         if speculated:
             c = decoded.costs
             self.draft_length.record_speculative(label, decoded.spec, draft_steps=c.draft_steps,
                                                  draft_s=c.draft_s, verifies=c.verifies,
                                                  verify_s=c.verify_s)
-        elif decoded.stamps and self.draft is not None:
+        elif decoded.stamps and self.draft is not None and alone:
             self.draft_length.record_direct(label, len(decoded.tokens),
                                             decoded.stamps[-1] - t_encoded)
 
@@ -587,6 +610,65 @@ class Runtime:
     def _fns(self, runner: ModelRunner, key: int | str | None) -> Fns:
         return runner.eager if key is None else runner.compiled(key)
 
+    def _run_any(self, ids: list[int], length: int, key: int | str | None, slot: int,
+                 k: int, max_new: int, deadline: float | None, quantized: bool
+                 ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
+        """Decode in the batching loop when there is one, else in this thread."""
+        if self._scheduler is None:
+            return (*self._run(ids, length, key, slot, k, max_new, deadline, quantized), None)
+        job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
+                            deadline=deadline, quantized=quantized, row=slot)
+        self._scheduler.submit(job)
+        decoded = self._scheduler.wait(job)
+        return replace(decoded, kv_request_bytes=job.held), job.t_encoded, job.t_device, job
+
+    def row_room(self, k: int) -> int:
+        """Return the most new tokens a batch row's cache holds for a request drafting k."""
+        # A step writes position len(tokens) - 1 < max_new; a verification k_max + 1
+        # positions from there (its padding included).
+        return self.slots - (self.k_max if k > 0 else 0)
+
+    def start_row(self, job: scheduler.Job) -> decoding.RowState:
+        """Encode `job`'s input on the calling (loop) thread; return its row's decode state."""
+        caches = self._caches[job.row]
+        target = self.target_q if job.quantized and self.target_q is not None else self.target
+        with torch.no_grad():
+            job.t_device = time.perf_counter()
+            padded, mask = self._padded(job.ids, job.length)
+            tfns = self._fns(target, job.key)
+            tenc = decoding.encode(target, tfns, padded, mask)
+            job.held = tenc.nbytes
+            self._kv_hold(job.held, job.held)
+            if job.k > 0 and self.draft is not None:
+                dfns = self._fns(self.draft, job.key)
+                denc = decoding.encode(self.draft, dfns, padded, mask)
+                job.held += denc.nbytes
+                self._kv_hold(denc.nbytes, job.held)
+                row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new,
+                                        draft=self.draft, dfns=dfns, denc=denc,
+                                        dcache=caches["draft"], k=job.k)
+            else:
+                row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new)
+            job.t_encoded = time.perf_counter()
+        return row
+
+    def kv_release(self, nbytes: int) -> None:
+        """Forget `nbytes` of request K/V (a batched request left)."""
+        self._kv_release(nbytes)
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        """Return the batching scheduler's state (max_batch 1: nothing batched)."""
+        if self._scheduler is None:
+            return BatchSnapshot(max_batch=1)
+        return self._scheduler.snapshot()
+
+    def _padded(self, ids: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        padded = torch.full((1, length), self.target.m.pad_id, dtype=torch.long)
+        padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask = torch.zeros((1, length), dtype=torch.long)
+        mask[0, : len(ids)] = 1
+        return padded.to(self.device), mask.to(self.device)
+
     def _run(self, ids: list[int], length: int, key: int | str | None, slot: int,
              k: int, max_new: int, deadline: float | None, quantized: bool = False
              ) -> tuple[decoding.Decoded, float, float]:
@@ -594,11 +676,7 @@ class Runtime:
         target = self.target_q if quantized and self.target_q is not None else self.target
         with torch.no_grad():
             t_device = time.perf_counter()
-            padded = torch.full((1, length), self.target.m.pad_id, dtype=torch.long)
-            padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask = torch.zeros((1, length), dtype=torch.long)
-            mask[0, : len(ids)] = 1
-            padded, mask = padded.to(self.device), mask.to(self.device)
+            padded, mask = self._padded(ids, length)
             tfns = self._fns(target, key)
             tenc = decoding.encode(target, tfns, padded, mask)
             held = tenc.nbytes
@@ -655,7 +733,19 @@ class Runtime:
         if not self._closed and self._compile_on:
             self._save_traffic()
         self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.close()
         self._flags.close()
         thread = self._warm_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=0.1)
+
+
+def _batch_fields(job: scheduler.Job | None, t_slot: float) -> dict[str, Any]:
+    """Return GenerateResult's batching fields for a request (None: not batched)."""
+    if job is None:
+        return {}
+    steps = max(job.steps, 1)
+    return dict(batch_wait_s=max(job.t_picked - t_slot, 0.0), batch_join_step=job.joined_step,
+                batch_size_mean=job.batch_sum / steps if job.steps else 1.0,
+                batch_size_max=max(job.batch_max, 1))

@@ -5,7 +5,7 @@ objects, mask builders, kwargs plumbing). These functions take the weights, the
 inputs and a position-indexed static self-attention cache and nothing else, so
 torch.compile sees a small static graph and eager runs stay cheap too.
 
-Shapes: batch size 1; B = padded input length; T = self-attention cache slots;
+Shapes: batch size 1 (decode_rows: B requests' rows in one step); B = padded input length; T = self-attention cache slots;
 q = decoder positions computed in one call (1 for a step, k+1 for verification);
 L = decoder layers. Caches are single tensors: the self-attention cache is
 [L, 2 (K, V), H, T, d_kv] and the cross-attention K/V [L, 2, H, B, d_kv], so a compiled
@@ -336,3 +336,38 @@ def decode_steps(m: LeanT5, token: torch.Tensor, pos: torch.Tensor, self_kv: tor
         token = logits[0].argmax(-1).view(1, 1)
         out.append(token.view(1))
     return torch.cat(out)
+
+
+def decode_rows(m: LeanT5, tokens: torch.Tensor, positions: torch.Tensor,
+                caches: list[torch.Tensor], crosses: list[torch.Tensor],
+                masks: list[torch.Tensor], dec_bias: torch.Tensor) -> torch.Tensor:
+    """Decode one greedy step for B requests at once and return their tokens [B].
+
+    Row r feeds tokens[r] at positions[r] into its own self-attention cache caches[r]
+    (written there) and attends its own cross K/V crosses[r] under masks[r]: rows of
+    different buckets and lengths share the step. The products run on all B rows (each
+    weight read once per step); the attentions run per row. `dec_bias` is the full causal
+    table [H, T, T] (ModelRunner.dec_bias). engine.native's `rows` computes the same in C.
+    """
+    b = int(tokens.shape[0])
+    x = F.embedding(tokens.reshape(1, b), m.embed)  # the rows as one sequence: [1, B, D]
+    where = [int(p) for p in positions.tolist()]
+    for i, layer in enumerate(m.dec_layers):
+        h = _norm(x, layer.ln_att, m.eps)
+        qkv = _linear(h, layer.qkv).view(b, 3, m.n_heads, m.d_kv)
+        atts = []
+        for r, p in enumerate(where):
+            kv = caches[r]
+            kv[i, :, :, p] = qkv[r, 1:]
+            keys = p + 1  # later slots are masked (weight exactly 0): not read
+            atts.append(_attend_prefix(qkv[r, 0].unsqueeze(1), kv[i, 0, :, :keys],
+                                       kv[i, 1, :, :keys], dec_bias[:, p:p + 1, :keys]))
+        x = x + _linear(torch.cat(atts, 1), layer.o)
+        h = _norm(x, layer.ln_cross, m.eps)
+        cq = _linear(h, layer.cq)
+        atts = [_attend(_heads(m, cq[:, r:r + 1]), crosses[r][i, 0], crosses[r][i, 1], masks[r])
+                for r in range(b)]
+        x = x + _linear(torch.cat(atts, 1), layer.co)
+        x = _ff(m, layer, x)
+    x = _norm(x, m.dec_final, m.eps) * m.output_scale
+    return _linear(x, m.lm_head)[0].argmax(-1)

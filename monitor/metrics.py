@@ -25,12 +25,24 @@ from importlib import metadata
 from itertools import chain
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from alerts.cause import CAUSES
-from engine.protocol import Engine, FlagProvider, GenerateResult, SpecStats
+from engine.protocol import (
+    STEP_SECONDS_EDGES,
+    BatchSnapshot,
+    Engine,
+    FlagProvider,
+    GenerateResult,
+    SpecStats,
+)
 from monitor.histogram import BulkHistogram
 from monitor.quality_metrics import quality_families
 from probes.measure import add_positions
@@ -442,6 +454,9 @@ class EngineCollector(_SafeCollector):
                            mem.cuda_alloc_retries)
         yield _gauge("queue_depth", "Requests waiting for a decode slot.", {},
                      engine.queue_depth())
+        batch = getattr(engine, "batch_snapshot", None)
+        if batch is not None:
+            yield from _batch_families(batch())
         yield _counter("flag_provider_errors",
                        "Flag reads that failed: raised or hung (last flags kept; slow reads are not failures).",
                        engine.flag_errors())
@@ -598,6 +613,31 @@ def _flag_states(provider: FlagProvider, buckets: tuple[int, ...]) -> Metric:
     for edge in buckets:
         family.add_metric(["speculative", str(edge)], int(flags.speculative_for(str(edge))))
     return family
+
+
+def _batch_families(snap: BatchSnapshot) -> Iterator[Metric]:
+    """Yield the batching scheduler's series (engine.protocol.BatchSnapshot)."""
+    yield _gauge("batch_current_size", "Rows in the engine's running batch now.", {},
+                 snap.batch_size)
+    yield _gauge("batch_max_size", "Rows the batching scheduler may run (engine.max_batch).",
+                 {}, snap.max_batch)
+    yield _gauge("queue_size", "Requests waiting for a batch row or not yet taken up by the "
+                 "batching loop.", {}, snap.rows_waiting)
+    yield _gauge("batch_window_seconds", "The batching window now (adapted to the queue).",
+                 {}, snap.window_s)
+    yield _counter("batch_steps", "Batching-loop steps (batched decode steps and "
+                   "speculative rounds).", snap.steps)
+    hist = HistogramMetricFamily(
+        f"{PREFIX}_batch_step_duration_seconds",
+        "Batching-loop step seconds by phase: encode (one arrival), decode (one batched "
+        "step), verify (one speculative round).", labels=("phase",))
+    for phase, count in snap.step_count.items():
+        cumulative = snap.step_buckets.get(phase, ())
+        buckets = [(str(edge), float(n)) for edge, n in
+                   zip(STEP_SECONDS_EDGES, cumulative, strict=False)]
+        buckets.append(("+Inf", float(count)))
+        hist.add_metric([phase], buckets, sum_value=snap.step_seconds_sum.get(phase, 0.0))
+    yield hist
 
 
 def _counter(name: str, doc: str, value: float) -> Metric:

@@ -22,6 +22,7 @@ from engine.protocol import (
     PATH_EAGER,
     PATH_EXACT,
     PATH_OVERFLOW,
+    BatchSnapshot,
     CompileSnapshot,
     EngineInfo,
     FlagOverride,
@@ -168,6 +169,8 @@ class FakeEngine:
             per_token *= t.direct_factor
         with self._lock:
             st = self.state
+            # The callers in flight stand for the rows a batching engine would step together.
+            join_step, rows = st.calls, max(st.in_flight, 1)
             st.calls += 1
             st.canary_calls += canary
             st.rss_bytes += self.leak_bytes_per_call
@@ -188,7 +191,8 @@ class FakeEngine:
             text="x" * out, output_ids=tuple(range(out)), input_tokens=n_in, bucket=bucket,
             padded_length=padded, output_tokens=out, path=path, decoding=decoding,
             queue_wait_s=0.0, encoder_s=encoder, ttft_s=ttft, decode_token_s=decode,
-            total_s=total, spec=spec, canary=canary, probation=False)
+            total_s=total, spec=spec, canary=canary, probation=False,
+            batch_join_step=join_step, batch_size_mean=float(rows), batch_size_max=rows)
 
     def warm_up(self, *, background: bool = True) -> None:
         for edge in self.buckets:
@@ -213,6 +217,12 @@ class FakeEngine:
 
     def queue_depth(self) -> int:
         return 0
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        """Return the callers in flight as the running batch (no step times)."""
+        with self._lock:
+            return BatchSnapshot(max_batch=self.capacity or 1,
+                                 batch_size=self.state.in_flight, steps=self.state.calls)
 
     def flag_errors(self) -> int:
         return 0

@@ -1,7 +1,7 @@
 """Rule sensitivities: what each rule can see on each series, and its threshold in force.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-03 10:30:00
 
 rule_sensitivities holds one row per rule, scope and cohort, written by the scheduled
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0010'
-down_revision: str | Sequence[str] | None = '0008'
+down_revision: str | Sequence[str] | None = '0009'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -237,6 +237,36 @@ def test_metrics_endpoint_serves_the_apps_registry(client: TestClient) -> None:
     assert "tailwatch_engine_ready 1.0" in r.text
 
 
+def test_engine_collector_reads_the_batching_scheduler() -> None:
+    from engine.protocol import STEP_SECONDS_EDGES, BatchSnapshot
+
+    class Batched(FakeEngine):
+        def batch_snapshot(self) -> BatchSnapshot:
+            buckets = tuple(0 if e < 0.002 else (2 if e < 0.01 else 3)
+                            for e in STEP_SECONDS_EDGES)
+            return BatchSnapshot(max_batch=8, batch_size=5, rows_waiting=4, window_s=0.002,
+                                 window_max_s=0.004, steps=11,
+                                 step_count={"decode": 3, "encode": 0},
+                                 step_seconds_sum={"decode": 0.021},
+                                 step_buckets={"decode": buckets})
+
+    registry = CollectorRegistry()
+    EngineCollector(Metrics(registry), lambda: Batched())
+    get = registry.get_sample_value
+    assert get("tailwatch_batch_current_size") == 5
+    assert get("tailwatch_batch_max_size") == 8
+    assert get("tailwatch_queue_size") == 4
+    assert get("tailwatch_batch_window_seconds") == 0.002
+    assert get("tailwatch_batch_steps_total") == 11
+    step = "tailwatch_batch_step_duration_seconds"
+    assert get(f"{step}_count", {"phase": "decode"}) == 3
+    assert get(f"{step}_sum", {"phase": "decode"}) == 0.021
+    assert get(f"{step}_bucket", {"phase": "decode", "le": "0.005"}) == 2
+    assert get(f"{step}_bucket", {"phase": "decode", "le": "+Inf"}) == 3
+    assert get(f"{step}_count", {"phase": "encode"}) == 0
+    assert types(registry)["tailwatch_batch_step_duration_seconds"] == "histogram"
+
+
 def test_every_exported_metric_is_documented_in_docs_metrics(client: TestClient) -> None:
     import re
     from pathlib import Path

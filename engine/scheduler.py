@@ -1,0 +1,344 @@
+"""Continuous batching: one loop thread that owns every model call of a batched engine.
+
+A request holds a row (its admission slot: a self-attention cache allocated once and
+reused) and is handed to the loop as a Job. Between steps the loop takes new jobs, runs
+their encoders, and they join the running batch; each step decodes one token for every
+row (engine.native's `rows` / engine.t5.decode_rows: each weight read once for all rows);
+a row leaves at EOS, at its token limit, or when it is cancelled or past its deadline,
+and the others never wait for it. While the batch holds one row that has a draft, the
+step is a speculative round instead (as the unbatched engine decodes): every output is
+the target's own greedy tokens whichever ran (engine.decoding.RowState).
+
+    job = Job(ids, length, key, k, max_new, deadline, quantized, row)
+    scheduler.submit(job)
+    decoded = scheduler.wait(job)  # raises what failed this request only
+
+The loop owns every compiled call (CUDA graph trees are per thread), and a failing
+request fails only its own caller: the loop survives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine import t5
+from engine.decoding import Decoded, RowState
+from engine.errors import Cancelled, DoesNotFit, NotReady, RequestTimeout
+from engine.protocol import STEP_SECONDS_EDGES, BatchSnapshot
+
+if TYPE_CHECKING:
+    from engine.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+PHASE_ENCODE, PHASE_DECODE, PHASE_VERIFY = "encode", "decode", "verify"
+PHASES = (PHASE_ENCODE, PHASE_DECODE, PHASE_VERIFY)
+# The batching window adapts to the queue over about this many seconds (exponential
+# smoothing): a burst shortens it at once, an idle stretch lengthens it back slowly.
+WINDOW_SMOOTHING_S = 15.0
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False)
+class Job:
+    """One request handed to the loop; the loop fills in what happened."""
+
+    ids: list[int]
+    length: int  # padded input length
+    key: int | str | None  # compiled-function key, None for eager
+    k: int  # draft tokens per speculative round; 0: never speculates
+    max_new: int
+    deadline: float | None
+    quantized: bool
+    row: int  # its admission slot: the index of its caches
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    first_token: threading.Event = field(default_factory=threading.Event)  # it has one token
+    decoded: Decoded | None = None
+    error: BaseException | None = None
+    t_submitted: float = 0.0
+    t_picked: float = 0.0  # the loop took it (its encoder starts)
+    t_device: float = 0.0
+    t_encoded: float = 0.0
+    joined_step: int = -1  # the loop's step count when it joined the batch
+    steps: int = 0  # steps (direct or speculative rounds) it took part in
+    batch_sum: int = 0  # rows in those steps, summed
+    batch_max: int = 0
+    held: int = 0  # encoder-output bytes it holds
+
+    def cancel(self) -> None:
+        """Make the request leave the batch at the next step (its caller gets Cancelled)."""
+        self.cancelled.set()
+
+
+@dataclass
+class _Phase:
+    count: int = 0
+    total: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(STEP_SECONDS_EDGES))
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        for i, edge in enumerate(STEP_SECONDS_EDGES):
+            if seconds <= edge:
+                self.buckets[i] += 1
+
+
+class Scheduler:
+    """Own up to `max_batch` rows and the loop that steps them (see the module doc)."""
+
+    def __init__(self, owner: Runtime, *, max_batch: int, window_max_s: float,
+                 waiting: Callable[[], int], clock: Clock = time.perf_counter) -> None:
+        self._owner = owner
+        self.max_batch = max_batch
+        self.window_max_s = window_max_s
+        self._waiting = waiting
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._inbox: deque[Job] = deque()
+        self._active: list[tuple[Job, RowState]] = []
+        self._closed = False
+        self._steps = 0
+        self._phases = {p: _Phase() for p in PHASES}
+        self._busy = 0.0  # smoothed share of time with callers waiting for a row
+        self._busy_at = clock()
+        self._window = window_max_s
+        self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
+        self._thread.start()
+
+    # --- callers --------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` to join the batch at the next step boundary; raise DoesNotFit."""
+        room = self._owner.row_room(job.k)
+        if job.max_new > room:
+            raise DoesNotFit("max_new_tokens", f"{job.max_new} tokens do not fit a batch row "
+                             f"({room} slots after the look-ahead)", value=job.max_new,
+                             limit=room)
+        job.t_submitted = self._clock()
+        with self._cond:
+            if self._closed:
+                raise NotReady("engine is closed")
+            self._inbox.append(job)
+            self._cond.notify()
+
+    def wait(self, job: Job) -> Decoded:
+        """Block until the loop finished `job`; return its tokens or raise its error."""
+        try:
+            job.done.wait()
+        finally:
+            if not job.done.is_set():  # the caller was interrupted: free the row
+                job.cancel()
+        if job.error is not None:
+            raise job.error
+        assert job.decoded is not None
+        return job.decoded
+
+    def snapshot(self) -> BatchSnapshot:
+        """Return the batch now and the step seconds by phase since start."""
+        with self._cond:
+            return BatchSnapshot(
+                max_batch=self.max_batch, batch_size=len(self._active),
+                rows_waiting=self._waiting() + len(self._inbox), window_s=self._window,
+                window_max_s=self.window_max_s, steps=self._steps,
+                step_count={p: v.count for p, v in self._phases.items()},
+                step_seconds_sum={p: v.total for p, v in self._phases.items()},
+                step_buckets={p: tuple(v.buckets) for p, v in self._phases.items()})
+
+    def close(self) -> None:
+        """Stop the loop; requests not finished get NotReady."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inbox and not self._active and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                self._adapt_window()
+                rows = len(self._active) + len(self._inbox)
+                if self._window > 0 and rows < self.max_batch:
+                    # Wait for more arrivals before this step: a fuller step for everyone,
+                    # at the price of this wait for the rows already here.
+                    def arrived(n: int = rows) -> bool:
+                        return len(self._inbox) + len(self._active) > n or self._closed
+
+                    self._cond.wait_for(arrived, timeout=self._window)
+                new = list(self._inbox)
+                self._inbox.clear()
+            for job in new:
+                self._join(job)
+            self._leave_cancelled()
+            if self._active:
+                self._step()
+            self._leave_finished()
+        self._fail_all(NotReady("engine is closed"))
+
+    def _adapt_window(self) -> None:
+        """Shorten the window while callers wait for rows, lengthen it while none do."""
+        now = self._clock()
+        alpha = 1.0 - math.exp(-max(now - self._busy_at, 0.0) / WINDOW_SMOOTHING_S)
+        self._busy_at = now
+        sample = 1.0 if self._waiting() > 0 or len(self._inbox) > 1 else 0.0
+        self._busy += alpha * (sample - self._busy)
+        self._window = self.window_max_s * (1.0 - self._busy)
+
+    def _join(self, job: Job) -> None:
+        job.t_picked = self._clock()
+        if self._gone(job):
+            return
+        started = self._clock()
+        try:
+            state = self._owner.start_row(job)
+        except BaseException as exc:  # noqa: BLE001 - fails this request only
+            self._finish(job, None, exc)
+            return
+        self._phases[PHASE_ENCODE].observe(self._clock() - started)
+        job.joined_step = self._steps
+        with self._cond:
+            if len(self._active) >= self.max_batch:  # admission grants at most max_batch rows
+                raise RuntimeError("scheduler: more rows than max_batch")
+            self._active.append((job, state))
+
+    def _gone(self, job: Job) -> bool:
+        """Finish `job` with an error when it was cancelled or is past its deadline."""
+        if job.cancelled.is_set():
+            self._finish(job, None, Cancelled("request cancelled"))
+            return True
+        if job.deadline is not None and self._clock() > job.deadline:
+            self._finish(job, None, RequestTimeout(
+                "timeout_s: generation did not finish before the deadline"))
+            return True
+        return False
+
+    def _leave_cancelled(self) -> None:
+        for job, state in list(self._active):
+            if not state.done and self._gone(job):
+                self._remove(job)
+
+    def _leave_finished(self) -> None:
+        for job, state in list(self._active):
+            if state.done:
+                self._remove(job)
+                self._finish(job, state.decoded(), None)
+
+    def _remove(self, job: Job) -> None:
+        with self._cond:
+            self._active = [(j, s) for j, s in self._active if j is not job]
+
+    def _step(self) -> None:
+        active = list(self._active)
+        b = len(active)
+        started = self._clock()
+        if b == 1 and active[0][1].can_speculate:
+            job, state = active[0]
+            try:
+                with torch.no_grad():
+                    state.round()
+            except BaseException as exc:  # noqa: BLE001 - fails this request only
+                self._remove(job)
+                self._finish(job, None, exc)
+                return
+            job.first_token.set()
+            phase = PHASE_VERIFY
+        else:
+            groups: dict[tuple[int, int], list[tuple[Job, RowState]]] = {}
+            for job, state in active:
+                groups.setdefault((id(state.target), id(state.tfns)), []).append((job, state))
+            for rows in groups.values():
+                self._direct(rows)
+            phase = PHASE_DECODE
+        self._phases[phase].observe(self._clock() - started)
+        with self._cond:
+            self._steps += 1
+        for job, _state in active:
+            job.steps += 1
+            job.batch_sum += b
+            job.batch_max = max(job.batch_max, b)
+
+    def _direct(self, rows: list[tuple[Job, RowState]]) -> None:
+        """Decode one token for each row of one model and one set of functions."""
+        try:
+            with torch.no_grad():
+                tokens = _batched(rows)
+        except Exception:  # noqa: BLE001 - find the row that failed: step each alone
+            tokens = None
+        if tokens is not None:
+            now = self._clock()
+            for (job, state), token in zip(rows, tokens, strict=True):
+                state.accept(token, now)
+                job.first_token.set()
+            return
+        for job, state in rows:
+            try:
+                with torch.no_grad():
+                    token = _batched([(job, state)])[0]
+            except BaseException as exc:  # noqa: BLE001 - fails this request only
+                self._remove(job)
+                self._finish(job, None, exc)
+                continue
+            state.accept(token, self._clock())
+            job.first_token.set()
+
+    def _finish(self, job: Job, decoded: Decoded | None, error: BaseException | None) -> None:
+        if job.held:
+            self._owner.kv_release(job.held)
+        job.decoded, job.error = decoded, error
+        job.done.set()
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            jobs = [j for j, _s in self._active] + list(self._inbox)
+            self._active, self._inbox = [], deque()
+        for job in jobs:
+            self._finish(job, None, error)
+
+
+def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
+    """Return the next token of each row (all on one model and one set of functions)."""
+    states = [s for _j, s in rows]
+    first = states[0]
+    runner, fns, m = first.target, first.tfns, first.target.m
+    native: Any = runner.native
+    on_c = native is not None and fns.step is native
+    if len(states) == 1 and not on_c:
+        s = first  # one row on a compiled or eager step: the unbatched engine's own call
+        p = s.position
+        out = fns.step(m, s.last, runner.positions[p], s.tcache, s.tenc.cross,
+                       s.tenc.mask_bias, runner.bias_for(p + 1), 1)
+        return [int(out.view(-1)[0])]
+    tokens = torch.tensor([s.seq[-1] for s in states], dtype=torch.long, device=m.device_)
+    positions = torch.tensor([s.position for s in states], dtype=torch.long,
+                             device=m.device_)
+    caches = [s.tcache for s in states]
+    crosses = [s.tenc.cross for s in states]
+    masks = [s.tenc.mask_bias for s in states]
+    if on_c:
+        out = native.rows(m, tokens, positions, caches, crosses, masks, runner.dec_bias)
+    elif fns is runner.eager:
+        out = t5.decode_rows(m, tokens, positions, caches, crosses, masks, runner.dec_bias)
+    else:
+        # A compiled step without the C step: its graph is for one row, so each row calls it
+        # (a fixed-row compiled step is the GPU path's to add).
+        outs = [fns.step(m, s.last, runner.positions[s.position], s.tcache, s.tenc.cross,
+                         s.tenc.mask_bias, runner.bias_for(s.position + 1), 1).view(-1)[:1]
+                for s in states]
+        out = torch.cat(outs)
+    return [int(t) for t in out.tolist()]

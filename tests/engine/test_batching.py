@@ -1,0 +1,225 @@
+"""Continuous batching (engine.scheduler): rows join and leave a running batch, and every
+request's tokens are what it decodes alone at batch 1."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine import native  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.errors import Cancelled, DoesNotFit, InputTooLong  # noqa: E402
+from engine.protocol import FlagOverride  # noqa: E402
+from engine.runtime import Runtime  # noqa: E402
+from engine.scheduler import Job  # noqa: E402
+from tests.engine.conftest import random_texts, tiny_config  # noqa: E402
+
+
+def _runtime(tmp_path, dirs, **changes) -> Runtime:
+    rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
+                             **changes))
+    rt.warm_up(background=False)
+    return rt
+
+
+def _job(rt: Runtime, text: str, row: int, *, k: int = 0, max_new: int = 16,
+         eager: bool = False) -> Job:
+    ids = list(rt.tokenizer(text).input_ids)
+    path, length, key = rt._route(len(ids), rt._flags.read())
+    return Job(ids=ids, length=length, key=None if eager else key, k=k, max_new=max_new,
+               deadline=None, quantized=False, row=row)
+
+
+def _submit_together(rt: Runtime, jobs: list[Job]) -> None:
+    """Hand `jobs` to the loop so that it takes them up in one go (they join one step)."""
+    sched = rt._scheduler
+    assert sched is not None
+    with sched._cond:  # the loop cannot look at its inbox until all are in
+        for job in jobs:
+            sched.submit(job)
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory, tiny_dirs):
+    """Return a function giving a text's tokens decoded alone by an unbatched engine."""
+    rt = _runtime(tmp_path_factory.mktemp("alone"), tiny_dirs, max_batch=1)
+    memo: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def tokens(text: str, max_new: int = 16) -> tuple[int, ...]:
+        if (text, max_new) not in memo:
+            memo[(text, max_new)] = rt.generate(
+                text, max_new_tokens=max_new, override=FlagOverride(speculative=False)
+            ).output_ids
+        return memo[(text, max_new)]
+
+    yield tokens
+    rt.close()
+
+
+@pytest.mark.parametrize(("native_step", "eager"), [(True, False), (False, True),
+                                                    (False, False)])
+def test_rows_joining_and_leaving_mid_flight_decode_what_they_decode_alone(
+        tmp_path, tiny_dirs, alone, native_step, eager):
+    if native_step and native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4, native_step=native_step)
+    try:
+        texts = random_texts(8, seed=21)  # every bucket and the overflow path
+        # Mixed token limits: rows leave at different steps; two speculate when alone.
+        first = [_job(rt, t, row, max_new=m, eager=eager, k=k) for row, (t, m, k) in
+                 enumerate(zip(texts[:4], (40, 5, 12, 3), (0, 2, 0, 0), strict=True))]
+        _submit_together(rt, first)
+        first[0].first_token.wait()
+        for job in first[1:]:
+            rt._scheduler.wait(job)
+        later = [_job(rt, t, row, max_new=m, eager=eager, k=k) for row, (t, m, k) in
+                 zip((1, 2, 3), zip(texts[4:7], (7, 40, 9), (2, 0, 0), strict=True),
+                     strict=True)]
+        _submit_together(rt, later)
+        for job, text in zip(first + later, texts[:7], strict=True):
+            got = rt._scheduler.wait(job).tokens
+            assert tuple(got) == alone(text, job.max_new)[:len(got)], text
+            assert len(got) == len(alone(text, job.max_new)), text
+        assert first[0].batch_max == 4  # they joined one step together
+        assert all(job.joined_step > 0 for job in later)  # joined a running loop
+        snap = rt.batch_snapshot()
+        assert snap.max_batch == 4 and snap.steps > 0 and snap.step_count["decode"] > 0
+        assert snap.batch_size == 0 and snap.step_count["encode"] == 7
+    finally:
+        rt.close()
+
+
+def test_a_lone_row_speculates_and_stays_exact(tmp_path, tiny_dirs, alone):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    try:
+        for text in random_texts(6, seed=5):
+            out = rt.generate(text, max_new_tokens=16, override=FlagOverride(speculative=True))
+            assert out.output_ids == alone(text)
+            assert out.decoding == "speculative" and out.spec.drafts > 0
+            assert out.batch_size_max == 1 and out.batch_join_step >= 0
+        assert rt.batch_snapshot().step_count["verify"] > 0
+    finally:
+        rt.close()
+
+
+def test_concurrent_callers_get_their_own_tokens(tmp_path, tiny_dirs, alone):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4, max_queue=32)
+    texts = random_texts(16, seed=8)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda t: rt.generate(t, max_new_tokens=16), texts))
+        for text, res in zip(texts, results, strict=True):
+            assert res.output_ids == alone(text), text
+            assert 1 <= res.batch_size_mean <= res.batch_size_max <= 4
+            assert res.batch_wait_s >= 0
+    finally:
+        rt.close()
+
+
+def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_dirs, alone):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=2)
+    texts = random_texts(3, seed=13, overflow=False)
+    try:
+        keep, drop = _job(rt, texts[0], 0, max_new=40), _job(rt, texts[1], 1, max_new=40)
+        _submit_together(rt, [keep, drop])
+        drop.first_token.wait()
+        drop.cancel()
+        with pytest.raises(Cancelled):
+            rt._scheduler.wait(drop)
+        # Its row is free: another request takes it while `keep` still runs or after.
+        again = _job(rt, texts[2], 1, max_new=16)
+        rt._scheduler.submit(again)
+        assert tuple(rt._scheduler.wait(keep).tokens) == alone(texts[0], 40)
+        assert tuple(rt._scheduler.wait(again).tokens) == alone(texts[2], 16)
+    finally:
+        rt.close()
+
+
+def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=3, native_step=False)
+    texts = random_texts(3, seed=17, overflow=False)
+    start_row = rt.start_row
+
+    def broken(job):
+        state = start_row(job)
+        if job.row == 1:  # its cross K/V has the wrong width: its step raises
+            state.tenc = type(state.tenc)(state.tenc.cross[..., :1], state.tenc.mask_bias)
+        return state
+
+    monkeypatch.setattr(rt, "start_row", broken)
+    try:
+        jobs = [_job(rt, t, row, eager=True) for row, t in enumerate(texts)]
+        _submit_together(rt, jobs)
+        with pytest.raises(RuntimeError):
+            rt._scheduler.wait(jobs[1])
+        for i in (0, 2):
+            assert tuple(rt._scheduler.wait(jobs[i]).tokens) == alone(texts[i])
+        monkeypatch.setattr(rt, "start_row", start_row)
+        assert rt.generate(texts[1], max_new_tokens=16).output_ids == alone(texts[1])
+    finally:
+        rt.close()
+
+
+def test_a_request_that_cannot_fit_a_row_is_refused_naming_the_limit(tmp_path, tiny_dirs):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=2)
+    try:
+        job = _job(rt, "hello", 0, max_new=rt.slots + 1)
+        with pytest.raises(DoesNotFit) as err:
+            rt._scheduler.submit(job)
+        assert isinstance(err.value, InputTooLong)  # HTTP 413 at the edge
+        assert err.value.field == "max_new_tokens" and err.value.limit == rt.slots
+        assert str(rt.slots) in str(err.value)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_batch", 0), ("max_batch", 1000),
+                                              ("max_batch", True),
+                                              ("batch_window_max_s", -0.1),
+                                              ("batch_window_max_s", 5.0)])
+def test_bad_batching_settings_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: must be between"):
+        EngineConfig(**{field: value})
+
+
+def test_the_window_shortens_while_callers_wait_and_lengthens_while_none_do(tmp_path,
+                                                                            tiny_dirs):
+    from engine.scheduler import Scheduler
+
+    now, waiting = [0.0], [0]
+    sched = Scheduler(None, max_batch=4, window_max_s=0.01,  # type: ignore[arg-type]
+                      waiting=lambda: waiting[0], clock=lambda: now[0])
+    try:
+        assert sched.snapshot().window_s == 0.01  # idle at start: the whole window
+        waiting[0] = 3
+        seen = []
+        for _ in range(60):  # a minute of callers waiting for rows
+            now[0] += 1.0
+            sched._adapt_window()
+            seen.append(sched.snapshot().window_s)
+        assert seen == sorted(seen, reverse=True) and seen[-1] < 0.001
+        waiting[0] = 0
+        for _ in range(60):
+            now[0] += 1.0
+            sched._adapt_window()
+        assert 0.009 < sched.snapshot().window_s <= 0.01
+    finally:
+        sched.close()
+
+
+def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs, alone):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=2, batch_window_max_s=1.0)
+    texts = random_texts(2, seed=3, overflow=False)
+    try:
+        jobs = [_job(rt, t, row) for row, t in enumerate(texts)]
+        for job in jobs:  # one after the other: the window holds the first step
+            rt._scheduler.submit(job)
+        for job, text in zip(jobs, texts, strict=True):
+            assert tuple(rt._scheduler.wait(job).tokens) == alone(text)
+            assert job.joined_step == 0 and job.batch_max == 2
+    finally:
+        rt.close()
