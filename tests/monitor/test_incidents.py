@@ -18,7 +18,7 @@ from alerts.rules import RuleResult, parse_rule
 from alerts.webhooks import WebhookTarget
 from monitor.app import create_app
 from monitor.cli import main
-from monitor.services import services_of
+from monitor.hub import services_of
 from monitor.settings import Settings
 from tests.monitor.conftest import TOKEN, wait_for
 from tests.monitor.fakes import FakeFactory
