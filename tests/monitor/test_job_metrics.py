@@ -34,9 +34,10 @@ def test_jobs_are_timed_and_listed(migrated_url: str, in_process: bool) -> None:
         assert flush["failures"] == 0 and flush["last_success"] is not None
         assert flush["last_duration_s"] >= 0 and flush["leader"] is None
         text = client.get("/metrics").text
-        assert 'tailwatch_job_duration_seconds_count{job="traffic_flush"}' in text
-        assert 'tailwatch_job_last_success_timestamp_seconds{job="traffic_flush"}' in text
-        assert 'tailwatch_job_failures_total{job="traffic_flush"} 0.0' in text
+        label = '{scheduled_job="traffic_flush"}'
+        assert f"tailwatch_job_duration_seconds_count{label}" in text
+        assert f"tailwatch_job_last_success_timestamp_seconds{label}" in text
+        assert f"tailwatch_job_failures_total{label} 0.0" in text
     if in_process:  # the demo's and tests' wiring: analysis beside the engine
         assert {"evaluate", "delivery", "retention", "report"} <= set(table)
     else:  # `serve`'s wiring: the worker runs them

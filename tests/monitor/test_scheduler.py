@@ -233,8 +233,8 @@ def test_job_metrics_and_activity_follow_each_run() -> None:
                          metrics=JobMetrics(registry))
     get = registry.get_sample_value
     # Series exist before any run: a job that never ran still shows on the dashboard.
-    assert get("tailwatch_job_duration_seconds_count", {"job": EVALUATE}) == 0
-    assert get("tailwatch_job_failures_total", {"job": TRAFFIC_FLUSH}) == 0
+    assert get("tailwatch_job_duration_seconds_count", {"scheduled_job": EVALUATE}) == 0
+    assert get("tailwatch_job_failures_total", {"scheduled_job": TRAFFIC_FLUSH}) == 0
     assert js.activity() == {TRAFFIC_FLUSH: (0, False), EVALUATE: (0, False)}
     js.start()
     try:
@@ -246,7 +246,8 @@ def test_job_metrics_and_activity_follow_each_run() -> None:
     stats = js.stats()[TRAFFIC_FLUSH]
     started, running = js.activity()[TRAFFIC_FLUSH]
     assert started == stats.runs and not running
-    assert get("tailwatch_job_duration_seconds_count", {"job": TRAFFIC_FLUSH}) is None  # gone
+    # Unregistered at shutdown: a stopped scheduler's jobs no longer run.
+    assert get("tailwatch_job_duration_seconds_count", {"scheduled_job": TRAFFIC_FLUSH}) is None
     (row,) = [r for r in job_table(js.stats()) if r["name"] == TRAFFIC_FLUSH]
     assert row["runs"] == stats.runs and row["failures"] == stats.failures >= 1
     assert row["last_success"] is not None and row["leader"] is None  # every replica's job
@@ -269,9 +270,10 @@ def test_job_metrics_count_runs_failures_and_last_success() -> None:
     js.start()
     try:
         assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 3)
-        seen.append((get("tailwatch_job_duration_seconds_count", {"job": TRAFFIC_FLUSH}),
-                     get("tailwatch_job_failures_total", {"job": TRAFFIC_FLUSH}),
-                     get("tailwatch_job_last_success_timestamp_seconds", {"job": TRAFFIC_FLUSH})))
+        key = {"scheduled_job": TRAFFIC_FLUSH}
+        seen.append((get("tailwatch_job_duration_seconds_count", key),
+                     get("tailwatch_job_failures_total", key),
+                     get("tailwatch_job_last_success_timestamp_seconds", key)))
     finally:
         js.shutdown()
     (count, failures, last_success), = seen

@@ -172,6 +172,6 @@ def test_the_worker_runs_evaluation_the_serving_process_does_not(
     # --no-probes: the serving process keeps only the traffic flush.
     assert [j["name"] for j in ready["jobs"]] == ["traffic_flush"]
     metrics = httpx.get(f"http://127.0.0.1:{s.worker_port}/metrics", timeout=5.0).text
-    assert 'tailwatch_job_duration_seconds_count{job="evaluate"}' in metrics
+    assert 'tailwatch_job_duration_seconds_count{scheduled_job="evaluate"}' in metrics
     s.proc.send_signal(signal.SIGTERM)
     s.proc.wait(DEADLINE_S)

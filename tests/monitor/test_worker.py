@@ -55,10 +55,12 @@ def test_the_worker_runs_the_analysis_jobs_and_reports_them(migrated_url: str) -
         r = httpx.get(f"http://127.0.0.1:{w.port}/metrics", timeout=5.0)
         assert r.status_code == 200
         get = w.registry.get_sample_value
-        assert get("tailwatch_job_duration_seconds_count", {"job": "evaluate"}) >= 2
-        assert get("tailwatch_job_last_success_timestamp_seconds", {"job": "delivery"}) > 0
-        assert get("tailwatch_job_failures_total", {"job": "evaluate"}) == 0
-        assert 'tailwatch_job_duration_seconds_bucket{job="evaluate",le="0.001"}' in r.text
+        evaluate, delivery = {"scheduled_job": "evaluate"}, {"scheduled_job": "delivery"}
+        assert get("tailwatch_job_duration_seconds_count", evaluate) >= 2
+        assert get("tailwatch_job_last_success_timestamp_seconds", delivery) > 0
+        assert get("tailwatch_job_failures_total", evaluate) == 0
+        assert 'tailwatch_job_duration_seconds_bucket{le="0.001",scheduled_job="evaluate"}' \
+            in r.text
         assert httpx.get(f"http://127.0.0.1:{w.port}/nope", timeout=5.0).status_code == 404
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{w.port}/healthz", timeout=2.0)
