@@ -335,6 +335,7 @@ class FlagSnapshot:
         self._stop = threading.Event()
         self._refreshed = threading.Condition()
         self._generation = 0  # refresh attempts finished
+        self._busy = False  # a refresh is reading now
         self._thread: threading.Thread | None = None
         self._failing = False
         self.refresh_failures = 0
@@ -358,12 +359,27 @@ class FlagSnapshot:
         """Ask the refresh thread for a new snapshot now (returns at once)."""
         self._wake.set()
 
-    def wait_refreshed(self, timeout_s: float) -> bool:
-        """Wait until a refresh that started after this call has finished; return whether it did."""
+    @property
+    def generation(self) -> int:
+        """Return how many refreshes (successful or not) have finished."""
         with self._refreshed:
-            target = self._generation + 2  # one maybe in flight, then a whole new one
-            self._wake.set()
-            return self._refreshed.wait_for(lambda: self._generation >= target, timeout_s)
+            return self._generation
+
+    def refresh_now(self, timeout_s: float) -> bool:
+        """Refresh in the background and wait for it (a flag write path, never a request).
+
+        Returns whether a refresh that began after this call finished within `timeout_s`.
+        """
+        with self._refreshed:
+            # A refresh in flight may have read before the caller's change: wait for the next.
+            target = self._generation + (2 if self._busy else 1)
+        self._wake.set()
+        return self.wait_generation(target, timeout_s)
+
+    def wait_generation(self, generation: int, timeout_s: float) -> bool:
+        """Wait until `generation` refreshes have finished; return whether they did in time."""
+        with self._refreshed:
+            return self._refreshed.wait_for(lambda: self._generation >= generation, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the refresh thread."""
@@ -381,6 +397,8 @@ class FlagSnapshot:
             self._refresh()
 
     def _refresh(self) -> None:
+        with self._refreshed:
+            self._busy = True
         try:
             flags = self.source.flags()
         except Exception as exc:  # noqa: BLE001 - any failure keeps the last snapshot
@@ -392,6 +410,7 @@ class FlagSnapshot:
                          self.refresh_failures)
             self._failing = False
         with self._refreshed:
+            self._busy = False
             self._generation += 1
             self._refreshed.notify_all()
 

@@ -67,9 +67,14 @@ class PgAdvisoryLeader:
         self._conn: Connection | None = None
         self._lock = threading.Lock()
         self._unreachable = False  # warned once; the next success logs the recovery
+        self._released = False  # after release() this replica never leads again
 
     def is_leader(self) -> bool:
         with self._lock:
+            if self._released:
+                # A job still running after shutdown must not take a lock (and a
+                # connection) nobody will release.
+                return False
             if self._conn is not None and not self._alive(self._conn):
                 log.warning("leader connection lost; leadership dropped")
                 self._discard()
@@ -121,6 +126,7 @@ class PgAdvisoryLeader:
 
     def release(self) -> None:
         with self._lock:
+            self._released = True
             conn = self._conn
             if conn is None:
                 return

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.flags import FlagSnapshot
 from engine.protocol import Engine
+from monitor.alerting import load_alerts, make_deliverer
 from monitor.database import prepare_database
 from monitor.engine_holder import EngineHolder
 from monitor.hub import AppParts, Services, parts_of
@@ -40,13 +41,11 @@ from storage.db import make_sessionmaker
 from storage.writer import Writer
 
 if TYPE_CHECKING:
-    from alerts.config import AlertsConfig
-    from alerts.outbox import Deliverer
     from monitor.scheduler import JobScheduler
 
 log = logging.getLogger(__name__)
 
-Closers = list[Callable[[], object]]
+Closers = list[Callable[[], object]]  # run last-first at shutdown
 
 
 def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float,
@@ -60,34 +59,6 @@ def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float,
     snapshot = FlagSnapshot(sessions, ttl_s=ttl_s, instance_id=instance_id)
     snapshot.start()
     return snapshot
-
-
-def load_alerts(settings: Settings) -> AlertsConfig:
-    """Return the alerts config whose targets carry this service's Prometheus labels."""
-    from alerts.config import load_config
-    from alerts.webhooks import source_labels, with_labels
-
-    alerts = load_config(settings.alerts)  # bad rule, policy or webhook files fail here
-    # Alerts carry service/job/instance as Prometheus labels this process's own series.
-    targets = with_labels(alerts.targets, source_labels(settings.api.host, settings.api.port))
-    return replace(alerts, targets=tuple(targets))
-
-
-def make_deliverer(sessions: sessionmaker[Session], alerts: AlertsConfig,
-                   parts: AppParts | None = None, closers: Closers | None = None) -> Deliverer:
-    """Return the webhook deliverer over the outbox (closed with `closers`)."""
-    from alerts.outbox import Deliverer
-    from vocab import utcnow
-
-    seams = parts.seams if parts is not None else None
-    # run_wait_s: a hanging receiver's drain outlives its run instead of holding up the next.
-    deliverer = Deliverer(sessions, alerts.targets,
-                          transport=seams.transport if seams else None,
-                          clock=seams.clock if seams else utcnow,
-                          max_age_s=alerts.webhook_max_age_s, run_wait_s=2.0)
-    if closers is not None:
-        closers.append(deliverer.close)
-    return deliverer
 
 
 def _sampler(settings: Settings, writer: Writer, closers: Closers) -> TrafficSampler | None:
@@ -113,7 +84,7 @@ def build_services(parts: AppParts, closers: Closers) -> Services:
     alerts = load_alerts(settings)
     flags = make_flag_provider(sessions, alerts.flags_ttl_s, settings.instance_id)
     closers.append(flags.close)
-    deliverer = make_deliverer(sessions, alerts, parts, closers)
+    deliverer = make_deliverer(sessions, alerts, seams, closers)
     holder = EngineHolder(seams.engine_factory, settings.engine, flags)
     closers.append(holder.close)
     traffic = TrafficRecorder(settings.instance_id,

@@ -30,7 +30,7 @@ from probes.settings import ProbeSettings, QualitySettings
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 
 __all__ = ["AlertSettings", "ApiSettings", "EngineSettings", "ProbeSettings",
-           "RetentionSettings", "SchedulerSettings", "Settings", "get_settings"]
+           "RetentionSettings", "SchedulerSettings", "Settings", "WorkerSettings", "get_settings"]
 
 
 # Each package owns its section's type: the engine's is its frozen EngineConfig itself
@@ -79,6 +79,14 @@ class ApiSettings(BaseModel):
     max_body_bytes: int | None = Field(None, gt=0)  # None: sized from engine.max_input_tokens
 
 
+class WorkerSettings(BaseModel):
+    """`tailwatch worker`: the analysis process (evaluation, delivery, retention, report)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8001, ge=0, le=65535)  # its /healthz and /metrics (0: any free port)
+    restart_backoff_max_s: float = Field(60.0, gt=0)  # `serve` restarts a crashed worker
+
+
 class ReportSettings(BaseModel):
     """Weekly assumption-review report."""
 
@@ -111,6 +119,7 @@ class Settings(BaseSettings):
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
 
     @model_validator(mode="before")
     @classmethod

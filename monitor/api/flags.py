@@ -25,6 +25,9 @@ from monitor.events import log_flag_change
 from storage.models import FLAG_SCOPE_GLOBAL
 
 router = APIRouter(tags=["flags"])
+# Seconds a flag write waits for the engine's flag snapshot to re-read (a database slower
+# than that applies the change at the next background refresh instead).
+REFRESH_WAIT_S = 5.0
 _store = FlagStore()
 FlagName = Name64  # flags.name; alerts.flags refuses unknown names (422)
 FlagScope = Name64  # flags.scope; alerts.flags refuses scopes a flag lacks (422)
@@ -183,7 +186,12 @@ def clear_flag(
 
 
 def _invalidate(provider: Any) -> None:
-    # The provider caches for a second; a change made here applies to the next request.
+    # A change made here applies to the next request: the snapshot (alerts.flags.FlagSnapshot)
+    # re-reads before the answer; the operator's write waits on SQL, requests never do.
+    refresh_now = getattr(provider, "refresh_now", None)
+    if refresh_now is not None:
+        refresh_now(REFRESH_WAIT_S)
+        return
     invalidate = getattr(provider, "invalidate", None)
     if invalidate is not None:
         invalidate()

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "db": "monitor.cli.db:db",
     "probe": "monitor.cli.probe:probe",
     "serve": "monitor.cli.serve:serve",
+    "worker": "monitor.cli.worker:worker",
     "config": "monitor.cli.config:config",
     "flags": "monitor.cli.operator:flags",
     "alerts": "monitor.cli.operator:alerts",

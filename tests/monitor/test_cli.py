@@ -111,9 +111,11 @@ def test_serve_runs_uvicorn_with_the_app(monkeypatch: pytest.MonkeyPatch, migrat
     monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append((app, kw)))
     monkeypatch.setenv("TAILWATCH_API_TOKEN", TOKEN)
     monkeypatch.setenv("TAILWATCH_DATABASE_URL", migrated_url)
-    code, _, err = run(capsys, "serve", "--port", "8123", "--no-probes")
+    # --no-worker: the worker child is covered by real processes in test_serve_worker.py.
+    code, _, err = run(capsys, "serve", "--port", "8123", "--no-probes", "--no-worker")
     assert code == 0, err
     (app, kw), = calls
+    assert parts_of(app).analysis_in_process is False  # never beside the engine in serve
     assert (kw["host"], kw["port"]) == ("127.0.0.1", 8123)
     settings = parts_of(app).settings  # built, not started
     assert settings.scheduler.enabled and not settings.scheduler.probes_enabled

@@ -46,7 +46,8 @@ def test_dashboard_panels_are_well_formed() -> None:
                        "tailwatch_spec_decode_num_accepted_tokens_per_pos_total",
                        "tailwatch_compile_recompiles_total", "tailwatch_memory_bytes",
                        "tailwatch_flag_enabled", "tailwatch_alerts_firing",
-                       "tailwatch_probe_success"):
+                       "tailwatch_probe_success", "tailwatch_job_duration_seconds_bucket",
+                       "tailwatch_job_last_success_timestamp_seconds"):
             assert needed in exprs, needed
 
 

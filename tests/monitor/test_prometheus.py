@@ -19,13 +19,15 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
 from engine.errors import Overloaded
+from monitor.app import create_app
 from monitor.hub import services_of
 from monitor.loopback import free_port, wait_for
 from monitor.settings import Settings
 from storage.models import Alert, RolloutVerdict, WebhookDelivery
-from tests.monitor.conftest import TOKEN, start
+from tests.monitor.conftest import TOKEN, suites
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
 from vocab import utcnow
@@ -83,7 +85,14 @@ def rule_exprs() -> list[str]:
 @pytest.fixture
 def tailwatch(settings: Settings) -> Iterator[tuple[LiveServer, FakeFactory]]:
     factory = FakeFactory()
-    with LiveServer(start(settings, factory)) as server:
+    # `serve`'s wiring: the scheduler runs the serving process's jobs (the job panels need
+    # runs; probes are requested by the test), the analysis jobs are a worker's.
+    scheduler = settings.scheduler.model_copy(update={
+        "enabled": True, "probes_enabled": False, "traffic_flush_interval_s": 0.5})
+    settings = settings.model_copy(update={"scheduler": scheduler})
+    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
+                     suites=suites(), analysis_in_process=False)
+    with LiveServer(app) as server:
         wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200)
         yield server, factory
 
@@ -198,7 +207,7 @@ def test_prometheus_scrapes_and_every_query_returns_data(
             timeout_s=60)
 
         targets = httpx.get(prometheus + "/api/v1/targets").json()["data"]["activeTargets"]
-        assert [t["health"] for t in targets] == ["up"]
+        assert [t["health"] for t in targets] == ["up"], targets
 
         exprs = dashboard_exprs()
         assert len(exprs) >= 30

@@ -7,8 +7,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 
+from monitor.job_metrics import JobMetrics
 from monitor.leader import AlwaysLeader, PgAdvisoryLeader, lock_key, make_leader
 from monitor.scheduler import (
     DELIVERY,
@@ -18,6 +21,7 @@ from monitor.scheduler import (
     RETENTION,
     TRAFFIC_FLUSH,
     build_scheduler,
+    job_table,
 )
 from monitor.settings import Settings
 from storage.db import make_engine
@@ -98,11 +102,15 @@ def test_overlapping_triggers_run_once() -> None:
             running -= 1
 
     js = build_scheduler(settings(probe_interval_s=0.02), {PROBE: slow_probe}, AlwaysLeader())
+    skipped = threading.Semaphore(0)
+    js.aps.add_listener(lambda _event: skipped.release(), EVENT_JOB_MAX_INSTANCES)
     js.start()
     try:
         assert started.wait(5)
-        time.sleep(0.3)  # ~15 triggers fire while the first run is still going
+        for _ in range(3):  # triggers that fired while the first run was still going
+            assert skipped.acquire(timeout=5)
         assert js.stats()[PROBE].running and js.stats()[PROBE].runs == 0
+        assert js.activity()[PROBE] == (1, True)  # one run started, running now
         release.set()
         assert wait_for(lambda: js.stats()[PROBE].runs >= 2)
     finally:
@@ -208,3 +216,78 @@ def test_leader_connection_loss_hands_over(pg_url: str) -> None:
         b.release()
         for e in engines:
             e.dispose()
+
+
+def test_job_metrics_and_activity_follow_each_run() -> None:
+    registry = CollectorRegistry()
+    fail = threading.Event()
+    runs = threading.Semaphore(0)
+
+    def flush() -> None:
+        runs.release()
+        if fail.is_set():
+            raise ConnectionError("database down")
+
+    js = build_scheduler(settings(traffic_flush_interval_s=0.02, evaluate_interval_s=3600),
+                         {TRAFFIC_FLUSH: flush, EVALUATE: noop}, NotLeader(),
+                         metrics=JobMetrics(registry))
+    get = registry.get_sample_value
+    # Series exist before any run: a job that never ran still shows on the dashboard.
+    assert get("tailwatch_job_duration_seconds_count", {"scheduled_job": EVALUATE}) == 0
+    assert get("tailwatch_job_failures_total", {"scheduled_job": TRAFFIC_FLUSH}) == 0
+    assert js.activity() == {TRAFFIC_FLUSH: (0, False), EVALUATE: (0, False)}
+    js.start()
+    try:
+        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 2)
+        fail.set()
+        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].failures >= 1)
+    finally:
+        js.shutdown()
+    stats = js.stats()[TRAFFIC_FLUSH]
+    started, running = js.activity()[TRAFFIC_FLUSH]
+    assert started == stats.runs and not running
+    # Unregistered at shutdown: a stopped scheduler's jobs no longer run.
+    assert get("tailwatch_job_duration_seconds_count", {"scheduled_job": TRAFFIC_FLUSH}) is None
+    (row,) = [r for r in job_table(js.stats()) if r["name"] == TRAFFIC_FLUSH]
+    assert row["runs"] == stats.runs and row["failures"] == stats.failures >= 1
+    assert row["last_success"] is not None and row["leader"] is None  # every replica's job
+    assert stats.last_duration_s is not None and stats.last_duration_s >= 0
+
+
+def test_job_metrics_count_runs_failures_and_last_success() -> None:
+    registry = CollectorRegistry()
+    outcomes = iter([None, ConnectionError("down"), None])
+
+    def flush() -> None:
+        outcome = next(outcomes, None)
+        if outcome is not None:
+            raise outcome
+
+    js = build_scheduler(settings(traffic_flush_interval_s=0.02), {TRAFFIC_FLUSH: flush},
+                         AlwaysLeader(), metrics=JobMetrics(registry))
+    get = registry.get_sample_value
+    seen: list[tuple[float | None, float | None, float | None]] = []
+    js.start()
+    try:
+        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 3)
+        key = {"scheduled_job": TRAFFIC_FLUSH}
+        seen.append((get("tailwatch_job_duration_seconds_count", key),
+                     get("tailwatch_job_failures_total", key),
+                     get("tailwatch_job_last_success_timestamp_seconds", key)))
+    finally:
+        js.shutdown()
+    (count, failures, last_success), = seen
+    assert count is not None and count >= 3
+    assert failures == 1
+    assert last_success is not None and last_success > 0
+
+
+def test_a_singletons_leader_state_is_in_the_table() -> None:
+    js = build_scheduler(settings(evaluate_interval_s=0.02), {EVALUATE: noop}, NotLeader())
+    js.start()
+    try:
+        assert wait_for(lambda: js.stats()[EVALUATE].not_leader >= 1)
+    finally:
+        js.shutdown()
+    (row,) = job_table(js.stats())
+    assert row["leader"] is False and row["runs"] == 0 and row["singleton"] is True

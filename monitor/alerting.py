@@ -1,0 +1,40 @@
+"""The alerts side of start-up: rules, policy and targets loaded, the webhook deliverer built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from monitor.hub import Seams
+from monitor.settings import Settings
+
+if TYPE_CHECKING:
+    from alerts.config import AlertsConfig
+    from alerts.outbox import Deliverer
+
+
+def load_alerts(settings: Settings) -> AlertsConfig:
+    """Return the alerts config whose targets carry this service's Prometheus labels."""
+    from alerts.config import load_config
+    from alerts.webhooks import source_labels, with_labels
+
+    alerts = load_config(settings.alerts)  # bad rule, policy or webhook files fail here
+    # Alerts carry service/job/instance as Prometheus labels the serving process's series
+    # (the worker sends them too: they name the service, wherever evaluation ran).
+    targets = with_labels(alerts.targets, source_labels(settings.api.host, settings.api.port))
+    return replace(alerts, targets=tuple(targets))
+
+
+def make_deliverer(sessions: sessionmaker[Session], alerts: AlertsConfig, seams: Seams,
+                   closers: list[Callable[[], object]]) -> Deliverer:
+    """Return the webhook deliverer over the outbox; its closer goes on `closers`."""
+    from alerts.outbox import Deliverer
+
+    # run_wait_s: a hanging receiver's drain outlives its run instead of holding up the next.
+    deliverer = Deliverer(sessions, alerts.targets, transport=seams.transport,
+                          clock=seams.clock, max_age_s=alerts.webhook_max_age_s, run_wait_s=2.0)
+    closers.append(deliverer.close)
+    return deliverer

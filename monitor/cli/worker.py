@@ -1,0 +1,66 @@
+"""`tailwatch worker`: run evaluation, delivery, retention and the report in their own process."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import click
+
+from monitor.cli.config import load_settings
+from monitor.logs import FORMATS, LEVELS, configure_logging
+
+
+@click.command()
+@click.option("--host", default=None, help="Bind address of /healthz and /metrics "
+                                           "(worker.host, default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port of /healthz and /metrics (worker.port, default 8001).")
+@click.option("--log-level", type=click.Choice(LEVELS), default=None,
+              help="Log level (TAILWATCH_LOG_LEVEL, default info).")
+@click.option("--log-format", type=click.Choice(FORMATS), default=None,
+              help="Log lines as text or JSON objects (TAILWATCH_LOG_FORMAT, default text).")
+@click.option("--exit-with-parent", is_flag=True, hidden=True,
+              help="Exit when stdin closes or the parent exits (`serve` starts its worker so).")
+@click.pass_context
+def worker(ctx: click.Context, host: str | None, port: int | None, log_level: str | None,
+           log_format: str | None, exit_with_parent: bool) -> None:
+    """Run the leader-locked analysis jobs (no engine) until interrupted."""
+    from monitor.cli.serve import startup_error
+    from monitor.database import preflight
+    from monitor.parent_watch import ParentWatch
+    from monitor.worker import AnalysisWorker
+
+    settings = load_settings(ctx)
+    if host is not None:
+        settings = settings.model_copy(update={
+            "worker": settings.worker.model_copy(update={"host": host})})
+    try:
+        configure_logging(log_level, log_format)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not settings.scheduler.enabled:
+        raise click.ClickException("scheduler.enabled: false leaves the worker nothing to run")
+    stop = threading.Event()
+    watch = ParentWatch(sys.stdin.buffer, lambda _why: stop.set()) if exit_with_parent else None
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    analysis = AnalysisWorker(settings, port=port)
+    try:
+        preflight(settings, probes=False)
+        analysis.start()
+    except Exception as exc:
+        raise click.ClickException(startup_error(settings, exc)) from None
+    if watch is not None:
+        watch.start()
+    try:
+        while not stop.wait(0.5):  # a timed wait: signal handlers run between waits
+            pass
+    finally:
+        analysis.close()

@@ -1,0 +1,139 @@
+"""The analysis process: evaluation, delivery, retention and the weekly report.
+
+These jobs read and write only SQL. Run beside the engine they shared its GIL and
+slowed the requests they measure, more as history grew; here they run in a process
+of their own (`tailwatch worker`) under the same leader lock as before (a PostgreSQL
+advisory lock: one worker of many runs each singleton; SQLite: always the leader). The
+worker never loads the engine or torch. Policy actions (flag flips) are SQL writes: each
+serving process's flag snapshot picks them up within `alerts.flags_ttl_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import httpx
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine as DbEngine
+
+from engine.protocol import InMemoryFlagProvider
+from monitor.alerting import load_alerts, make_deliverer
+from monitor.auth import Authenticator
+from monitor.database import prepare_database
+from monitor.health_server import HealthServer
+from monitor.hub import Seams
+from monitor.job_metrics import JobMetrics
+from monitor.jobs import AnalysisParts, analysis_jobs
+from monitor.leader import LeaderLock, make_leader
+from monitor.metrics import Metrics, MetricsSink
+from monitor.scheduler import JobScheduler, build_scheduler, job_table
+from monitor.settings import Settings
+from storage.db import make_sessionmaker
+from vocab import utcnow
+
+log = logging.getLogger(__name__)
+
+
+class WorkerPortError(ValueError):
+    """The worker's /healthz and /metrics port cannot be bound."""
+
+
+@dataclass(frozen=True)
+class WorkerSeams:
+    """What tests may replace in a worker; production runs the defaults."""
+
+    clock: Callable[[], datetime] = utcnow
+    transport: httpx.BaseTransport | None = None  # webhook deliveries
+    leader: Callable[[DbEngine], LeaderLock] = make_leader
+
+
+class AnalysisWorker:
+    """Run the analysis jobs on a scheduler and answer /healthz and /metrics.
+
+    Example:
+        worker = AnalysisWorker(settings)
+        worker.start()          # raises one-line errors (schema, rules, port)
+        worker.port             # where /healthz and /metrics answer
+        worker.close()
+    """
+
+    def __init__(self, settings: Settings, *, registry: CollectorRegistry | None = None,
+                 seams: WorkerSeams | None = None, port: int | None = None) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.seams = seams or WorkerSeams()
+        self._port = settings.worker.port if port is None else port
+        self._closers: list[Callable[[], object]] = []
+        self.scheduler: JobScheduler | None = None
+        self._http: HealthServer | None = None
+
+    def start(self) -> None:
+        """Prepare the database, start the jobs, then serve /healthz and /metrics."""
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        settings = self.settings
+        authenticator = Authenticator.from_settings(settings)
+        db = prepare_database(settings)
+        self._closers.append(db.dispose)
+        sessions = make_sessionmaker(db)
+        alerts = load_alerts(settings)
+        sink = MetricsSink(Metrics(self.registry))  # webhook delivery counters
+        deliverer = make_deliverer(sessions, alerts, Seams(clock=self.seams.clock,
+                                                           transport=self.seams.transport),
+                                   self._closers)
+        # No engine here: the serving processes' flag snapshots read policy flips from SQL.
+        analysis = AnalysisParts(settings=settings, sessions=sessions, clock=self.seams.clock,
+                                 alerts=alerts, deliverer=deliverer,
+                                 flags=InMemoryFlagProvider(), sink=sink)
+        try:
+            self._http = HealthServer(settings.worker.host, self._port, self.registry,
+                                      self.health, authenticator)
+        except OSError as exc:
+            raise WorkerPortError(f"worker.port: cannot listen on {settings.worker.host}:"
+                                  f"{self._port}: {exc.strerror or exc}") from exc
+        self.scheduler = build_scheduler(settings, analysis_jobs(analysis),
+                                         self.seams.leader(db), clock=self.seams.clock,
+                                         metrics=JobMetrics(self.registry))
+        self.scheduler.start()
+        self._http.start()
+        log.info("tailwatch worker: running %s (pid %d); /healthz and /metrics on %s:%d",
+                 ", ".join(sorted(self.scheduler.jobs())), os.getpid(),
+                 settings.worker.host, self.port)
+
+    @property
+    def port(self) -> int:
+        """Return the port /healthz and /metrics answer on."""
+        return self._http.port if self._http is not None else self._port
+
+    def health(self) -> dict[str, object]:
+        """Return the worker's state: pid and the job table."""
+        scheduler = self.scheduler
+        running = scheduler is not None and scheduler.aps.running
+        return {"status": "ok" if running else "stopped", "pid": os.getpid(),
+                "jobs": job_table(scheduler.stats()) if scheduler is not None else []}
+
+    def close(self) -> None:
+        """Stop the jobs (waiting for a running one), the HTTP server and the database."""
+        if self.scheduler is not None:
+            try:
+                self.scheduler.shutdown(wait=True)
+            except Exception as exc:
+                log.warning("tailwatch worker: scheduler shutdown failed: %s", exc)
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception as exc:
+                log.warning("tailwatch worker: shutdown step failed: %s", exc)
+        self._closers.clear()
