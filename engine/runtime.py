@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from engine import aot, decoding, native, precompile, quantize, t5
-from engine.admission import Admission
+from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
 from engine.config import BUILTIN_DIR, EngineConfig
@@ -262,6 +262,9 @@ class Runtime:
 
     def queue_depth(self) -> int:
         return self._admission.waiting
+
+    def admission_stats(self) -> AdmissionStats:
+        return self._admission.stats()
 
     def flag_errors(self) -> int:
         return self._flags.errors
@@ -528,7 +531,7 @@ class Runtime:
         probation = probation and speculate
         quantized = self.target_q is not None and flags.quantized_for(label)
         deadline = None if timeout_s is None else t_entry + timeout_s
-        with self._admission.slot(deadline) as slot:
+        with self._admission.slot(deadline, synthetic=canary) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
             try:

@@ -245,7 +245,9 @@ def test_every_exported_metric_is_documented_in_the_readme(client: TestClient) -
     text = client.get("/metrics").text
     exported = {n for n in re.findall(r"^# TYPE (tailwatch_\w+) ", text, re.M)
                 if not n.endswith("_created")}  # prometheus_client's per-series timestamps
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    root = Path(__file__).parents[2]
+    # The README, and the user docs the README points to (docs/*.md).
+    readme = "\n".join(p.read_text() for p in (root / "README.md", *root.glob("docs/*.md")))
     documented = set(re.findall(r"tailwatch_\w+", readme))
     suffixes = ("_total", "_seconds")
 
