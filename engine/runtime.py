@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from engine import aot, decoding, malloc, native, precompile, quantize, t5
+from engine import aot, decoding, native, precompile, quantize, t5
 from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
@@ -102,8 +102,6 @@ class Runtime:
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device)
         torch.set_num_threads(config.num_threads)
-        # Before the weights load: each thread calling the model would keep an arena.
-        malloc.limit_arenas()
         if config.cache_dir is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir).resolve())
         else:
