@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine import malloc
 from engine.config import EngineConfig
 from engine.errors import (
     EngineError,
@@ -37,6 +38,10 @@ def load_engine(config: EngineConfig, flags: _FP | None = None) -> Engine:
 
     return Runtime(config, flags=flags)
 
+
+# On import, before the service starts its threads: glibc fixes the arena limit once more
+# than 8 arenas exist, so a cap set when the model loads can come too late.
+malloc.limit_arenas()
 
 __all__ = [
     "Engine",

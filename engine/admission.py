@@ -1,64 +1,223 @@
-"""Admission control: a bounded number of decode streams and a bounded wait queue."""
+"""Admission control: bounded decode streams, a bounded wait queue, real traffic first.
+
+Callers are real (user requests) or synthetic (canaries, bursts, reference replays: the
+engine's `canary=True`). Synthetic load is shed first, so a probe never makes a user wait
+behind it or get refused because of it:
+
+- a freed slot goes to the oldest waiting real caller; synthetic callers get one only
+  when no real caller waits;
+- a synthetic caller does not queue while a real caller waits: it is refused at once
+  (Overloaded, reason "real_waiting");
+- a real caller that finds the queue full takes the place of the newest waiting
+  synthetic caller, which leaves with Overloaded (reason "shed"); only a queue holding
+  nothing but real callers refuses a real one (reason "queue_full").
+
+A running request is never interrupted: a real caller may still wait for the requests
+already holding slots, synthetic ones included, but never for a queued synthetic one.
+`slot(deadline, synthetic=...)` is the whole interface, so a batching scheduler can admit
+through it the same way; `stats()` returns the counters as an AdmissionStats.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from engine.errors import Overloaded, RequestTimeout
 
+ORIGINS = ("real", "synthetic")
+# Why a caller left without a slot (the `reason` label of the Prometheus counter).
+REASON_QUEUE_FULL = "queue_full"  # no free slot and the queue full (of real callers, for real)
+REASON_REAL_WAITING = "real_waiting"  # synthetic: real callers were waiting
+REASON_SHED = "shed"  # synthetic: removed from the queue to make room for a real caller
+REASON_TIMEOUT = "timeout"  # the caller's deadline passed while it waited
+REASONS = (REASON_QUEUE_FULL, REASON_REAL_WAITING, REASON_SHED, REASON_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class AdmissionStats:
+    """Admission counters since the engine started, by origin, and the queue now.
+
+    admitted: granted a slot. queue_full: refused on arrival (no slot, queue full).
+    real_waiting: synthetic callers refused on arrival because real callers waited.
+    shed: synthetic callers that queued and were removed for a real caller (Overloaded).
+    timeouts: callers whose deadline passed while they waited (RequestTimeout).
+    waiting: callers waiting for a slot now.
+    """
+
+    real_admitted: int = 0
+    synthetic_admitted: int = 0
+    real_queue_full: int = 0
+    synthetic_queue_full: int = 0
+    synthetic_real_waiting: int = 0
+    synthetic_shed: int = 0
+    real_timeouts: int = 0
+    synthetic_timeouts: int = 0
+    real_waiting: int = 0
+    synthetic_waiting: int = 0
+
+    @property
+    def real_rejected(self) -> int:
+        """Return real callers refused with Overloaded."""
+        return self.real_queue_full
+
+    @property
+    def synthetic_rejected(self) -> int:
+        """Return synthetic callers refused with Overloaded (on arrival or shed)."""
+        return self.synthetic_queue_full + self.synthetic_real_waiting + self.synthetic_shed
+
+    def rejections(self) -> tuple[tuple[str, str, int], ...]:
+        """Return (origin, reason, count) for every origin and reason that can occur."""
+        return (("real", REASON_QUEUE_FULL, self.real_queue_full),
+                ("real", REASON_TIMEOUT, self.real_timeouts),
+                ("synthetic", REASON_QUEUE_FULL, self.synthetic_queue_full),
+                ("synthetic", REASON_REAL_WAITING, self.synthetic_real_waiting),
+                ("synthetic", REASON_SHED, self.synthetic_shed),
+                ("synthetic", REASON_TIMEOUT, self.synthetic_timeouts))
+
+
+class _Waiter:
+    """One queued caller: woken with a slot index, or shed."""
+
+    __slots__ = ("cond", "shed", "slot", "synthetic")
+
+    def __init__(self, lock: threading.Lock, synthetic: bool) -> None:
+        self.cond = threading.Condition(lock)
+        self.synthetic = synthetic
+        self.slot: int | None = None
+        self.shed = False
+
 
 class Admission:
-    """Grant at most `max_concurrency` slots; refuse callers beyond `max_queue` waiting."""
+    """Grant at most `max_concurrency` slots; at most `max_queue` callers wait, real first."""
 
     def __init__(self, max_concurrency: int, max_queue: int, *, retry_after_s: float = 1.0):
         if max_concurrency < 1:
             raise ValueError("max_concurrency: must be >= 1")
         if max_queue < 0:
             raise ValueError("max_queue: must be >= 0")
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._free = list(range(max_concurrency))
         self._capacity = max_concurrency
-        self._waiting = 0
+        self._real: deque[_Waiter] = deque()
+        self._synthetic: deque[_Waiter] = deque()
         self._max_queue = max_queue
         self._retry_after_s = retry_after_s
+        self._counts = dict.fromkeys(
+            (f"{origin}_{what}" for origin in ORIGINS
+             for what in ("admitted", "queue_full", "real_waiting", "shed", "timeouts")), 0)
 
     @property
     def waiting(self) -> int:
         """Return callers waiting for a slot."""
-        with self._cond:
-            return self._waiting
+        with self._lock:
+            return len(self._real) + len(self._synthetic)
 
     @property
     def running(self) -> int:
         """Return slots in use."""
-        with self._cond:
+        with self._lock:
             return self._capacity - len(self._free)
+
+    def stats(self) -> AdmissionStats:
+        """Return the counters and the queue now."""
+        with self._lock:
+            c = self._counts
+            return AdmissionStats(
+                real_admitted=c["real_admitted"], synthetic_admitted=c["synthetic_admitted"],
+                real_queue_full=c["real_queue_full"],
+                synthetic_queue_full=c["synthetic_queue_full"],
+                synthetic_real_waiting=c["synthetic_real_waiting"],
+                synthetic_shed=c["synthetic_shed"], real_timeouts=c["real_timeouts"],
+                synthetic_timeouts=c["synthetic_timeouts"], real_waiting=len(self._real),
+                synthetic_waiting=len(self._synthetic))
 
     @contextmanager
     def slot(self, deadline: float | None, *, synthetic: bool = False) -> Iterator[int]:
-        """Hold a decode slot (its index) for the duration of the block."""
-        with self._cond:
-            if not self._free:
-                if self._waiting >= self._max_queue:
-                    raise Overloaded(
-                        f"queue full: {self._waiting} waiting (max_queue={self._max_queue})",
-                        retry_after_s=self._retry_after_s)
-                self._waiting += 1
-                try:
-                    while not self._free:
-                        remaining = None if deadline is None else deadline - time.perf_counter()
-                        if remaining is not None and remaining <= 0:
-                            raise RequestTimeout("timeout_s: no decode slot before the deadline")
-                        self._cond.wait(remaining)
-                finally:
-                    self._waiting -= 1
-            index = self._free.pop()
+        """Hold a decode slot (its index) for the duration of the block.
+
+        Raises Overloaded when refused or shed, RequestTimeout when `deadline`
+        (time.perf_counter) passes while waiting.
+        """
+        index = self._acquire(deadline, synthetic)
         try:
             yield index
         finally:
-            with self._cond:
-                self._free.append(index)
-                self._cond.notify()
+            self._release(index)
+
+    def _count(self, synthetic: bool, what: str) -> None:
+        self._counts[f"{'synthetic' if synthetic else 'real'}_{what}"] += 1
+
+    def _refuse(self, synthetic: bool, reason: str, message: str) -> Overloaded:
+        self._count(synthetic, reason)
+        return Overloaded(message, retry_after_s=self._retry_after_s)
+
+    def _acquire(self, deadline: float | None, synthetic: bool) -> int:
+        with self._lock:
+            if self._free:  # a free slot means nobody waits: slots are handed to waiters
+                self._count(synthetic, "admitted")
+                return self._free.pop()
+            waiter = self._enqueue(synthetic)
+            try:
+                while waiter.slot is None and not waiter.shed:
+                    remaining = None if deadline is None else deadline - time.perf_counter()
+                    if remaining is not None and remaining <= 0:
+                        self._queue(synthetic).remove(waiter)
+                        self._count(synthetic, "timeouts")
+                        raise RequestTimeout("timeout_s: no decode slot before the deadline")
+                    waiter.cond.wait(remaining)
+            except BaseException:
+                if waiter.slot is not None:  # granted while being interrupted: pass it on
+                    self._hand_over(waiter.slot)
+                elif not waiter.shed and waiter in self._queue(synthetic):
+                    self._queue(synthetic).remove(waiter)
+                raise
+            if waiter.shed:
+                raise Overloaded("shed: a real request needed the synthetic request's place"
+                                 f" in the queue (max_queue={self._max_queue})",
+                                 retry_after_s=self._retry_after_s)
+            assert waiter.slot is not None  # the loop ends granted or shed
+            return waiter.slot
+
+    def _queue(self, synthetic: bool) -> deque[_Waiter]:
+        return self._synthetic if synthetic else self._real
+
+    def _enqueue(self, synthetic: bool) -> _Waiter:
+        """Queue a caller (lock held), shedding a synthetic one for a real one; or refuse."""
+        waiting = len(self._real) + len(self._synthetic)
+        if synthetic and self._real:
+            raise self._refuse(True, REASON_REAL_WAITING,
+                               f"synthetic request refused: {len(self._real)} real requests"
+                               " waiting")
+        if waiting >= self._max_queue:
+            if synthetic or not self._synthetic:
+                raise self._refuse(synthetic, REASON_QUEUE_FULL,
+                                   f"queue full: {waiting} waiting (max_queue="
+                                   f"{self._max_queue})")
+            # The newest synthetic caller has waited least: it loses the least.
+            victim = self._synthetic.pop()
+            victim.shed = True
+            self._count(True, REASON_SHED)
+            victim.cond.notify()
+        waiter = _Waiter(self._lock, synthetic)
+        self._queue(synthetic).append(waiter)
+        return waiter
+
+    def _release(self, index: int) -> None:
+        with self._lock:
+            self._hand_over(index)
+
+    def _hand_over(self, index: int) -> None:
+        """Give slot `index` to the next waiter, real first, or free it (lock held)."""
+        queue = self._real or self._synthetic
+        if not queue:
+            self._free.append(index)
+            return
+        waiter = queue.popleft()
+        waiter.slot = index
+        self._count(waiter.synthetic, "admitted")
+        waiter.cond.notify()

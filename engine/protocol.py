@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import vocab
+from engine.admission import AdmissionStats
 from vocab import Decoding, Path
 
 # Path values: how the input shapes ran.
@@ -467,6 +468,10 @@ class Engine(Protocol):
 
     def queue_depth(self) -> int:
         """Return requests waiting for a decode slot."""
+        ...
+
+    def admission_stats(self) -> AdmissionStats:
+        """Return admission counters by origin (real traffic, synthetic probes)."""
         ...
 
     def flag_errors(self) -> int:

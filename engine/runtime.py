@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from engine import aot, decoding, native, precompile, quantize, scheduler, t5
-from engine.admission import Admission
+from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
 from engine.config import BUILTIN_DIR, EngineConfig
@@ -278,6 +278,9 @@ class Runtime:
 
     def queue_depth(self) -> int:
         return self._admission.waiting
+
+    def admission_stats(self) -> AdmissionStats:
+        return self._admission.stats()
 
     def flag_errors(self) -> int:
         return self._flags.errors

@@ -7,7 +7,7 @@ request only queues its result (no lock, no Prometheus call); queued results are
 into the series in bulk when FOLD_AT are waiting and before every collection (a scrape
 or `registry.get_sample_value` always sees every observed result). Values
 owned by something else are read at scrape time by custom collectors: `EngineCollector`
-(compile counters, memory, queue depth, flag-provider errors) and `DatabaseCollector`
+(compile counters, memory, queue depth, admission by origin, flag-provider errors) and `DatabaseCollector`
 (flags, alerts, latest probe runs, webhook outbox). Every series is listed in
 docs/metrics.md (tests/monitor/test_metrics.py keeps the two in step).
 """
@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from alerts.cause import CAUSES
+from engine.admission import AdmissionStats
 from engine.protocol import (
     STEP_SECONDS_EDGES,
     BatchSnapshot,
@@ -457,6 +458,7 @@ class EngineCollector(_SafeCollector):
         batch = getattr(engine, "batch_snapshot", None)
         if batch is not None:
             yield from _batch_families(batch())
+        yield from _admission(engine.admission_stats())
         yield _counter("flag_provider_errors",
                        "Flag reads that failed: raised or hung (last flags kept; slow reads are not failures).",
                        engine.flag_errors())
@@ -599,6 +601,32 @@ class DatabaseCollector(_SafeCollector):
 
 
 _VERDICT_VALUES = {"pass": 0, "marginal": 1, "fail": 2}
+
+
+def _admission(stats: AdmissionStats) -> Iterator[Metric]:
+    """Yield the admission counters by origin: real traffic, synthetic (probe) load."""
+    admitted = CounterMetricFamily(
+        f"{PREFIX}_admission_admitted",
+        "Requests granted a decode slot, by origin (real: user traffic; synthetic: canaries,"
+        " bursts, reference replays).", labels=("origin",))
+    admitted.add_metric(["real"], stats.real_admitted)
+    admitted.add_metric(["synthetic"], stats.synthetic_admitted)
+    yield admitted
+    rejected = CounterMetricFamily(
+        f"{PREFIX}_admission_rejected",
+        "Requests that got no decode slot, by origin and reason (queue_full; real_waiting:"
+        " synthetic refused while real requests waited; shed: synthetic removed from the"
+        " queue for a real request; timeout: deadline passed while waiting).",
+        labels=("origin", "reason"))
+    for origin, reason, count in stats.rejections():
+        rejected.add_metric([origin, reason], count)
+    yield rejected
+    waiting = GaugeMetricFamily(f"{PREFIX}_admission_waiting",
+                                "Requests waiting for a decode slot now, by origin.",
+                                labels=("origin",))
+    waiting.add_metric(["real"], stats.real_waiting)
+    waiting.add_metric(["synthetic"], stats.synthetic_waiting)
+    yield waiting
 
 
 def _flag_states(provider: FlagProvider, buckets: tuple[int, ...]) -> Metric:

@@ -3,7 +3,9 @@
 Latency is measured from each request's scheduled arrival, not from when a client
 thread picked it up, so a saturated engine shows up as latency instead of being hidden
 (coordinated omission). Admission control is the engine's: `Overloaded` counts as a
-rejection. The whole probe is bounded by `duration_s + grace_s`; hung calls are
+rejection. Burst requests are synthetic (`canary=True`), so the engine sheds them before
+real traffic (engine.admission): a burst measures admission on its own requests and never
+turns a real request away; `rejected` counts its own refusals. The whole probe is bounded by `duration_s + grace_s`; hung calls are
 abandoned, never waited for.
 """
 

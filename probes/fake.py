@@ -3,7 +3,9 @@
 Used by tests, benchmarks and demos: latencies are computed from the input and output
 lengths (optionally also slept, scaled), speculative acceptance depends on the domain,
 compile counters move like the real runtime's (a new shape on the exact path recompiles),
-and it can hang, leak memory, raise, or refuse work when its bounded queue is full.
+and it can hang, leak memory, raise, or refuse work when its bounded queue is full
+(`capacity`: a plain in-flight cap) or admit through the engine's own admission control
+(`admission`: engine.admission.Admission, real traffic before synthetic).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from engine.admission import Admission, AdmissionStats
 from engine.errors import InvalidRequest, Overloaded
 from engine.protocol import (
     BUCKET_OVERFLOW,
@@ -76,9 +79,12 @@ class FakeEngine:
         timings: FakeTimings | None = None,
         flags: FlagProvider | None = None,
         capacity: int | None = None,
+        admission: Admission | None = None,
         leak_bytes_per_call: int = 0,
         model_version: str = "fake-t5",
     ) -> None:
+        if capacity is not None and admission is not None:
+            raise ValueError("capacity, admission: give one or neither")
         self.buckets = buckets
         self.max_input_tokens = max_input_tokens
         self.output_tokens = output_tokens
@@ -87,6 +93,7 @@ class FakeEngine:
         self.timings = timings or FakeTimings()
         self.flag_provider = flags or InMemoryFlagProvider()
         self.capacity = capacity  # concurrent calls admitted; None = unbounded
+        self.admission = admission
         self.leak_bytes_per_call = leak_bytes_per_call
         self.state = FakeState()
         self.hang = threading.Event()  # set: calls block until `release` is set
@@ -120,6 +127,13 @@ class FakeEngine:
         n_in = self.count_tokens(text)
         if n_in > self.max_input_tokens:
             raise InvalidRequest("text", "too long", value=n_in, limit=self.max_input_tokens)
+        if self.admission is not None:
+            entered = time.perf_counter()
+            deadline = None if timeout_s is None else entered + timeout_s
+            with self.admission.slot(deadline, synthetic=canary):
+                waited = time.perf_counter() - entered  # the runtime's queue_wait_s
+                result = self._generate(text, n_in, max_new_tokens, canary, override)
+            return replace(result, queue_wait_s=waited)
         with self._lock:
             if self.capacity is not None and self.state.in_flight >= self.capacity:
                 raise Overloaded("queue full", retry_after_s=0.1)
@@ -216,7 +230,10 @@ class FakeEngine:
                                   kv_cache_bytes=1_000_000)
 
     def queue_depth(self) -> int:
-        return 0
+        return 0 if self.admission is None else self.admission.waiting
+
+    def admission_stats(self) -> AdmissionStats:
+        return AdmissionStats() if self.admission is None else self.admission.stats()
 
     def batch_snapshot(self) -> BatchSnapshot:
         """Return the callers in flight as the running batch (no step times)."""

@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import replace
 
+from engine.admission import AdmissionStats
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.protocol import (
     CompileSnapshot,
@@ -98,6 +99,9 @@ class SlowableEngine:
 
     def queue_depth(self) -> int:
         return self.inner.queue_depth()
+
+    def admission_stats(self) -> AdmissionStats:
+        return self.inner.admission_stats()
 
     def flag_errors(self) -> int:
         return self.inner.flag_errors()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from engine.admission import Admission
 from engine.config import EngineConfig
 from engine.errors import InputTooLong, InvalidRequest
 from engine.protocol import FlagOverride, FlagProvider, GenerateResult, WarmupStatus
@@ -11,7 +12,8 @@ from probes.fake import FakeEngine
 
 
 class ServiceFakeEngine(FakeEngine):
-    """Like the real runtime: 413-style InputTooLong over the cap, warm-up you can hold.
+    """Like the real runtime: 413-style InputTooLong over the cap, warm-up you can hold,
+    the engine's admission control (engine.max_concurrency slots, engine.max_queue waiting).
 
     `hold_warmup` set: warm_up() blocks until `finish_warmup` is set, so /readyz can be
     observed reporting "warming".
@@ -19,7 +21,8 @@ class ServiceFakeEngine(FakeEngine):
 
     def __init__(self, config: EngineConfig, flags: FlagProvider) -> None:
         super().__init__(buckets=config.buckets, max_input_tokens=config.max_input_tokens,
-                         flags=flags, output_tokens=8, capacity=config.max_queue)
+                         flags=flags, output_tokens=8,
+                         admission=Admission(config.max_concurrency, config.max_queue))
         self.max_new_tokens_cap = config.max_new_tokens_cap
         self.hold_warmup = threading.Event()
         self.finish_warmup = threading.Event()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import random
-import time
+import threading
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,29 +21,11 @@ MAX_CONCURRENCY, MAX_QUEUE = 1, 16
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-class AdmittedEngine:
-    """The fake engine behind the engine's real admission control (one slot, a queue)."""
-
-    def __init__(self, inner: FakeEngine) -> None:
-        self.inner = inner
-        self.admission = Admission(MAX_CONCURRENCY, MAX_QUEUE)
-
-    def generate(self, text: str, **kw: Any) -> Any:
-        timeout_s = kw.get("timeout_s")
-        entered = time.perf_counter()
-        deadline = None if timeout_s is None else entered + timeout_s
-        with self.admission.slot(deadline):
-            waited = time.perf_counter() - entered  # the engine reports it as queue_wait_s
-            return replace(self.inner.generate(text, **kw), queue_wait_s=waited)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def _burst(settings: ProbeSettings, prompts: tuple[str, ...]) -> BurstResult:
     # ~10 ms of real work per request: ~100 requests/s through one decode stream.
-    engine = AdmittedEngine(FakeEngine(timings=FakeTimings(sleep_scale=0.2)))
-    return run_burst(engine, prompts, instance_id="i1",  # type: ignore[arg-type]
+    engine = FakeEngine(timings=FakeTimings(sleep_scale=0.2),
+                        admission=Admission(MAX_CONCURRENCY, MAX_QUEUE))
+    return run_burst(engine, prompts, instance_id="i1",
                      rate_per_s=settings.burst_rate_per_s,
                      duration_s=settings.burst_duration_s,
                      concurrency=settings.burst_concurrency, rng=random.Random(3))
@@ -76,3 +57,44 @@ def test_the_old_defaults_never_reached_admission_control(suites: dict) -> None:
     old = ProbeSettings(burst_rate_per_s=4.0, burst_duration_s=1.0, burst_concurrency=4)
     result = _burst(old, suites["in_domain"].prompts)
     assert result.rejected == 0  # the bug: a burst that cannot see the queue
+
+
+def test_a_burst_never_turns_a_real_request_away_and_counts_its_own_rejections(
+        suites: dict) -> None:
+    admission = Admission(MAX_CONCURRENCY, MAX_QUEUE)
+    engine = FakeEngine(timings=FakeTimings(sleep_scale=0.2), admission=admission)
+    prompts = suites["in_domain"].prompts
+    done = threading.Event()
+    served: list[int] = []
+    refused: list[BaseException] = []
+
+    def real_user() -> None:  # a closed loop of real requests for as long as the burst runs
+        n = 0
+        while not done.is_set():
+            try:
+                engine.generate(prompts[n % len(prompts)], timeout_s=30)
+                n += 1
+            except Exception as exc:  # noqa: BLE001 - the assertion names it
+                refused.append(exc)
+        served.append(n)
+
+    users = [threading.Thread(target=real_user) for _ in range(4)]
+    for u in users:
+        u.start()
+    defaults = ProbeSettings()
+    try:
+        result = run_burst(engine, prompts, instance_id="i1",
+                           rate_per_s=defaults.burst_rate_per_s,
+                           duration_s=defaults.burst_duration_s,
+                           concurrency=defaults.burst_concurrency, rng=random.Random(3))
+    finally:
+        done.set()
+        for u in users:
+            u.join(30)
+    stats = admission.stats()
+    assert refused == [] and stats.real_rejected == 0 and stats.real_timeouts == 0
+    assert sum(served) > 0 and stats.real_admitted == sum(served)
+    # The burst saw admission on its own requests: every synthetic refusal is in its result.
+    assert result.rejected == stats.synthetic_rejected > 0
+    assert result.completed == stats.synthetic_admitted
+    assert result.completed + result.rejected == result.offered

@@ -1,0 +1,43 @@
+"""glibc malloc arenas: bound how many the process keeps, so RSS stays put after warm-up.
+
+glibc gives threads malloc arenas of their own (up to 8 per core) and keeps what is freed
+in an arena for that arena's later use. The engine is called from many threads (the HTTP
+thread pool, a new thread per probe cycle, a burst's client threads), so each arena comes
+to hold a request's working set of tensors, and RSS climbs with every new mix of threads
+long after warm-up. Capping the arenas caps that; Python objects are unaffected (they
+live in pymalloc's own arenas). `MALLOC_ARENA_MAX` in the environment, read by glibc
+itself, always wins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter number
+DEFAULT_ARENAS = 2
+
+
+def limit_arenas(arenas: int = DEFAULT_ARENAS, *,
+                 environ: Mapping[str, str] = os.environ) -> bool:
+    """Cap glibc's malloc arenas at `arenas` unless MALLOC_ARENA_MAX is set; return whether
+    the cap was set (False: not glibc, or the environment decides)."""
+    if arenas < 1:
+        raise ValueError(f"arenas: must be >= 1, got {arenas}")
+    if "MALLOC_ARENA_MAX" in environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: no glibc arenas to bound
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    ok = bool(mallopt(M_ARENA_MAX, arenas))
+    if ok:
+        log.debug("malloc: at most %d arenas", arenas)
+    return ok

@@ -1,0 +1,169 @@
+"""Admission control: real traffic before synthetic, shedding, counters (no torch)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import pytest
+
+from engine.admission import Admission, AdmissionStats
+from engine.errors import Overloaded, RequestTimeout
+
+
+class Caller:
+    """A thread that asks for a slot, records when it got one (or what it raised), leaves."""
+
+    def __init__(self, admission: Admission, name: str, *, synthetic: bool,
+                 order: list[str]) -> None:
+        self.name = name
+        self.error: BaseException | None = None
+        self._admission, self._synthetic, self._order = admission, synthetic, order
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self._admission.slot(None, synthetic=self._synthetic):
+                self._order.append(self.name)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join(10)
+        assert not self.thread.is_alive(), f"{self.name} still waiting"
+
+
+def until(check: Callable[[], bool]) -> None:
+    """Wait until another thread's effect is visible (a condition, not a timing)."""
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, "condition never became true"
+        threading.Event().wait(0.001)
+
+
+def queued(admission: Admission, *, real: int, synthetic: int) -> Callable[[], bool]:
+    def check() -> bool:
+        s = admission.stats()
+        return (s.real_waiting, s.synthetic_waiting) == (real, synthetic)
+    return check
+
+
+def test_a_freed_slot_goes_to_waiting_real_callers_before_synthetic_ones() -> None:
+    admission = Admission(1, 4)
+    order: list[str] = []
+    with ExitStack() as held:
+        held.enter_context(admission.slot(None))
+        s1 = Caller(admission, "s1", synthetic=True, order=order)
+        until(queued(admission, real=0, synthetic=1))
+        s2 = Caller(admission, "s2", synthetic=True, order=order)
+        until(queued(admission, real=0, synthetic=2))
+        r1 = Caller(admission, "r1", synthetic=False, order=order)
+        until(queued(admission, real=1, synthetic=2))
+        r2 = Caller(admission, "r2", synthetic=False, order=order)
+        until(queued(admission, real=2, synthetic=2))
+        assert order == []
+    for c in (s1, s2, r1, r2):
+        c.join()
+        assert c.error is None
+    assert order == ["r1", "r2", "s1", "s2"]  # real first, each origin in arrival order
+    stats = admission.stats()
+    assert (stats.real_admitted, stats.synthetic_admitted) == (3, 2)
+    assert stats.real_rejected == stats.synthetic_rejected == 0
+    assert admission.waiting == 0 and admission.running == 0
+
+
+def test_a_real_caller_finding_the_queue_full_takes_a_synthetic_callers_place() -> None:
+    admission = Admission(1, 2)
+    order: list[str] = []
+    with ExitStack() as held:
+        held.enter_context(admission.slot(None))
+        s1 = Caller(admission, "s1", synthetic=True, order=order)
+        until(queued(admission, real=0, synthetic=1))
+        s2 = Caller(admission, "s2", synthetic=True, order=order)
+        until(queued(admission, real=0, synthetic=2))
+        r1 = Caller(admission, "r1", synthetic=False, order=order)
+        s2.join()  # the newest synthetic caller is shed at once
+        assert isinstance(s2.error, Overloaded) and "shed" in str(s2.error)
+        until(queued(admission, real=1, synthetic=1))
+        r2 = Caller(admission, "r2", synthetic=False, order=order)
+        s1.join()
+        assert isinstance(s1.error, Overloaded)
+        until(queued(admission, real=2, synthetic=0))
+        # A queue of real callers only: now a real caller is refused.
+        with pytest.raises(Overloaded, match="queue full"), admission.slot(None):
+            pass
+    for c in (r1, r2):
+        c.join()
+        assert c.error is None
+    assert order == ["r1", "r2"]
+    assert admission.stats() == AdmissionStats(real_admitted=3, real_queue_full=1,
+                                               synthetic_shed=2)
+
+
+def test_a_synthetic_caller_does_not_queue_while_real_callers_wait() -> None:
+    admission = Admission(1, 8)
+    order: list[str] = []
+    with ExitStack() as held:
+        held.enter_context(admission.slot(None, synthetic=True))
+        r1 = Caller(admission, "r1", synthetic=False, order=order)
+        until(queued(admission, real=1, synthetic=0))
+        with pytest.raises(Overloaded, match="real requests waiting"), \
+                admission.slot(None, synthetic=True):
+            pass
+    r1.join()
+    assert order == ["r1"]
+    stats = admission.stats()
+    assert stats.synthetic_real_waiting == 1 and stats.synthetic_rejected == 1
+    assert (stats.real_admitted, stats.synthetic_admitted) == (1, 1)
+    # With nobody waiting, a synthetic caller gets a free slot like any other.
+    with admission.slot(None, synthetic=True) as index:
+        assert index == 0
+    assert admission.stats().synthetic_admitted == 2
+
+
+def test_synthetic_callers_fill_the_queue_only_up_to_max_queue() -> None:
+    admission = Admission(1, 1)
+    order: list[str] = []
+    with ExitStack() as held:
+        held.enter_context(admission.slot(None))
+        s1 = Caller(admission, "s1", synthetic=True, order=order)
+        until(queued(admission, real=0, synthetic=1))
+        with pytest.raises(Overloaded, match="queue full"), admission.slot(None, synthetic=True):
+            pass
+    s1.join()
+    assert order == ["s1"]
+    assert admission.stats().synthetic_queue_full == 1
+
+
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_a_deadline_passing_in_the_queue_is_a_timeout_counted_by_origin(
+        synthetic: bool) -> None:
+    admission = Admission(1, 4)
+    with admission.slot(None), pytest.raises(RequestTimeout, match="timeout_s"), \
+            admission.slot(time.perf_counter(), synthetic=synthetic):
+        pass
+    stats = admission.stats()
+    assert (stats.real_timeouts, stats.synthetic_timeouts) == ((0, 1) if synthetic else (1, 0))
+    assert admission.waiting == 0
+    with admission.slot(None) as index:  # the slot came back; the queue holds no ghost
+        assert index == 0
+
+
+def test_rejections_name_every_origin_and_reason() -> None:
+    stats = AdmissionStats(real_queue_full=1, real_timeouts=2, synthetic_queue_full=3,
+                           synthetic_real_waiting=4, synthetic_shed=5, synthetic_timeouts=6)
+    assert stats.rejections() == (
+        ("real", "queue_full", 1), ("real", "timeout", 2), ("synthetic", "queue_full", 3),
+        ("synthetic", "real_waiting", 4), ("synthetic", "shed", 5),
+        ("synthetic", "timeout", 6))
+    assert (stats.real_rejected, stats.synthetic_rejected) == (1, 12)
+
+
+def test_bad_limits_name_the_setting() -> None:
+    with pytest.raises(ValueError, match="max_concurrency"):
+        Admission(0, 1)
+    with pytest.raises(ValueError, match="max_queue"):
+        Admission(1, -1)
