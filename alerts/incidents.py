@@ -232,7 +232,8 @@ class Incidents:
         members = self.members.get(inc.id, [])
         if not members or not self.life.targets:
             return
-        ids = sorted(m.id for m in members)
+        # What receivers were last told: the members firing (a join or a leave changes it).
+        ids = sorted(m.id for m in members if m.state == "firing")
         targets: Sequence[WebhookTarget] = ()
         if resolve:
             kind, key, targets = "resolved", notification_key(
