@@ -4,13 +4,14 @@ The canary cycles run the reference arms (`eager`, `direct`) beside the optimize
 the same machine, interleaved: when they slow down alike, the machine (or its load) got
 slower; when only the optimized arm does, an optimization regressed. Every arm's change
 is the median over buckets of (median p50 during the incident / median p50 in the hour
-before it); the instances are compared on their optimized arm the same way.
+before it, leaving out the minutes at the change's edge); the instances are compared on
+their optimized arm the same way.
 
 In order, the first that holds is the cause:
     one_instance   several instances report and only some slowed (members name them)
     host_or_load   the optimized arm slowed and the reference arms slowed alike
     optimization   the optimized arm slowed, the reference arms did not
-    one_bucket     every member is in one bucket (and the arms above did not explain it)
+    one_bucket     every member is in one bucket and the optimized arm did not slow there
     unknown        none of these; the numbers are kept all the same
 """
 
@@ -50,7 +51,11 @@ class CauseConfig:
     slowed: float = 0.10
     alike: float = 0.5
     before_s: float = 3600.0
-    lead_s: float = 120.0  # the incident's window opens this long before its first alert
+    # The incident's window opens one cycle before its first alert went pending (the cycle
+    # that breached); the baseline hour ends `gap_s` before that, so cycles at the edge of
+    # the change count on neither side.
+    lead_s: float = 60.0
+    gap_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,11 @@ def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, fl
                                          f"alike: {_pct(opt)} / {_pct(ref)})", evidence)
         return Cause("optimization", f"optimization regressed (optimized {_pct(opt)}, "
                                      f"{ref_name} {_pct(ref)})", evidence)
+    if opt is not None and opt >= cfg.slowed:
+        # Slowed, but no reference arm ran in the window yet: host or optimization cannot
+        # be told apart (measured again while the incident is open).
+        return Cause("unknown", f"unknown (optimized {_pct(opt)}, no reference arm in the "
+                                "window yet)", evidence)
     if len(scope.buckets) == 1:
         fams = [f for f in scope.families if f in _WHAT] or list(scope.families)
         what = " and ".join(_WHAT.get(f, f) for f in fams) or "alerts"
@@ -160,8 +170,10 @@ def measure(session: Session, scope: Scope, first_start: datetime, now: datetime
     """Read the arms around an incident that started at `first_start` and classify it."""
     cfg = config or CauseConfig()
     start = first_start - timedelta(seconds=cfg.lead_s)
-    rows = arm_rows(session, start - timedelta(seconds=cfg.before_s), now,
-                    (OPTIMIZED, *REFERENCE))
+    edge = start - timedelta(seconds=cfg.gap_s)
+    rows = [r for r in arm_rows(session, edge - timedelta(seconds=cfg.before_s), now,
+                                (OPTIMIZED, *REFERENCE))
+            if not edge <= r.at < start]
     buckets = [b for b in scope.buckets if any(r.bucket == b for r in rows)]
     cause = classify(scope, arm_changes(rows, start, buckets), instance_changes(rows, start),
                      cfg)

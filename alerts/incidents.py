@@ -160,6 +160,12 @@ class Incidents:
                 resolved.append(inc)
             self._describe(inc, members)
         for inc in self.candidates:
+            # The A/B arms run in a share of the cycles only: a cause not measurable when
+            # the incident opened is measured again while it is open (updates and the
+            # resolved notification state it).
+            if inc.id not in touched and inc.state == "open" and inc.cause == "unknown":
+                self._describe(inc, self.members.get(inc.id, []))
+        for inc in self.candidates:
             self._notify(inc, inc in opened or inc in reopened, inc in resolved)
         self.session.flush()
         return IncidentReport(tuple(i.id for i in opened), tuple(i.id for i in reopened),
@@ -207,6 +213,8 @@ class Incidents:
         return inc, how
 
     def _describe(self, inc: Incident, members: Sequence[Alert]) -> None:
+        if not members:
+            return
         scope, cohorts, _ = _scope(members)
         inc.families = list(scope.families)
         inc.buckets = list(scope.buckets)

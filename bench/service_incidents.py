@@ -15,8 +15,11 @@ regressing in bucket 64 (optimized arm and traffic 1.8x, reference arms unchange
 new cohort regressing during a rollout (i2 on m2, 1.5x, for 30 minutes); a quiet stretch.
 A page is a firing notification of an incident (any severity, reopenings included) at
 the generic target; it is the incident's while the scenario's cause lasts, and late
-(counted with the false pages) once it ended. The cause is right when the incident's
-first firing notification states the expected one. The last line:
+(counted with the false pages) once it ended. The cause is right when the incident
+states the expected one (as the API and the resolved notification show it: a cause not
+measurable at the first page, the A/B arms not having run yet, is measured again while
+the incident is open); how many first pages already stated it is printed above. The last
+line:
 
     pages per incident: max N (all rules), cause right: C of S, false pages per 30 days: M
 """
@@ -43,7 +46,7 @@ from probes.measure import GroupResult
 from probes.sink import add_cycle
 from probes.stats import Distribution
 from storage.db import make_engine, make_sessionmaker
-from storage.models import TrafficRollup, WebhookDelivery
+from storage.models import Incident, TrafficRollup, WebhookDelivery
 from storage.sketches import Sketch
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
@@ -85,10 +88,16 @@ class ServiceOutcome:
     early: int = 0
     quiet_minutes: int = 0
     causes: list[str] = field(default_factory=list)
+    stated: str | None = None  # the cause stored on the first page's incident at the end
 
     @property
     def cause_right(self) -> bool:
-        """Return whether the first page of the incident stated the expected cause."""
+        """Return whether the incident states the expected cause (as the API shows it)."""
+        return self.stated is not None and self.stated == self.expected
+
+    @property
+    def first_page_right(self) -> bool:
+        """Return whether the first page already stated the expected cause."""
         return bool(self.pages) and self.pages[0][2] == self.expected
 
 
@@ -178,6 +187,10 @@ class ServiceSim:
                 out.early += 1
             out.causes.append(f"+{at - (window[0] if window else first)}m #{inc['id']} "
                               f"{inc['probable_cause']}")
+        if out.pages:
+            with self.sm() as s:
+                inc = s.get(Incident, out.pages[0][1])
+                out.stated = inc.cause if inc is not None else None
         out.quiet_minutes = (self.i - first) - ((window[1] - window[0]) if window else 0)
         self.engine.dispose()
         return out
@@ -261,7 +274,8 @@ def run_service(template: Path, workdir: Path,
         o = sim.outcome(name, window, expected, first)
         outcomes.append(o)
         print(f"{name:<44} pages {len(o.pages)}  late {o.late}  early {o.early}  "
-              + ("; ".join(o.causes) or "no page"), flush=True)
+              f"stated {o.stated or '-'}  pages: " + ("; ".join(o.causes) or "none"),
+              flush=True)
     return outcomes
 
 
@@ -270,10 +284,12 @@ def summary(outcomes: list[ServiceOutcome]) -> str:
     incidents = [o for o in outcomes if o.window is not None]
     worst = max((len(o.pages) for o in incidents), default=0)
     right = sum(o.cause_right for o in incidents)
+    first = sum(o.first_page_right for o in incidents)
     false = sum(o.late + o.early for o in outcomes)
     quiet = sum(o.quiet_minutes for o in outcomes)
     per_30 = false * MINUTES_30_DAYS / quiet if quiet else 0.0
     missed = [o.name for o in incidents if not o.pages]
     return ((f"missed: {', '.join(missed)}\n" if missed else "")
+            + f"first page stated the right cause: {first} of {len(incidents)}\n"
             + f"pages per incident: max {worst} (all rules), cause right: {right} of "
               f"{len(incidents)}, false pages per 30 days: {per_30:.0f}")

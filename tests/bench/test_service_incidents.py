@@ -31,5 +31,5 @@ def test_a_host_wide_slowdown_pages_once_with_host_or_load(tmp_path: Path) -> No
     assert len(outcome.pages) == 1, outcome.causes
     assert outcome.cause_right, outcome.causes
     assert outcome.late == 0 and outcome.early == 0, outcome.causes
-    assert summary([outcome]).startswith("pages per incident: max 1 (all rules), cause right: "
-                                         "1 of 1")
+    assert summary([outcome]).splitlines()[-1].startswith(
+        "pages per incident: max 1 (all rules), cause right: 1 of 1")
