@@ -95,16 +95,30 @@ def arm_changes(rows: Sequence[ArmRow], start: datetime,
     """Return arm ("optimized", "eager", "direct") -> median over buckets of its p50 change.
 
     Rows at or after `start` are the incident's, earlier ones the baseline; `buckets`
-    limits the buckets read (empty: all).
+    limits the buckets read (empty: all). The optimized arm runs every cycle: its change
+    is read from all of them. A reference arm runs in a share of the cycles only, beside
+    the optimized one: its change is the optimized arm's times the change of their
+    same-cycle ratio (reference p50 / optimized p50 of one cycle), so the cycle's own
+    conditions, shared by both arms, cancel out.
     """
+    rows = [r for r in rows if not buckets or r.bucket in buckets]
+    opt_rows = {(r.instance, r.at, r.bucket): r.p50_s for r in rows if r.variant == OPTIMIZED}
+    opt = {b: c for (v, b), (during, before) in _by(rows, start, lambda r: (r.variant, r.bucket)
+                                                    ).items()
+           if v == OPTIMIZED and (c := _change(during, before)) is not None}
     per: dict[str, list[float]] = defaultdict(list)
-    groups = _by((r for r in rows if not buckets or r.bucket in buckets), start,
-                 lambda r: (r.variant, r.bucket))
-    for (variant, _), (during, before) in sorted(groups.items()):
+    per[OPTIMIZED] = list(opt.values())
+    ratios: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(
+        lambda: ([], []))
+    for r in rows:
+        base = opt_rows.get((r.instance, r.at, r.bucket))
+        if r.variant != OPTIMIZED and base:
+            ratios[(r.variant, r.bucket)][0 if r.at >= start else 1].append(r.p50_s / base)
+    for (variant, bucket), (during, before) in sorted(ratios.items()):
         c = _change(during, before)
-        if c is not None:
-            per[variant].append(c)
-    return {v: statistics.median(cs) for v, cs in per.items()}
+        if c is not None and bucket in opt:
+            per[variant].append((1.0 + opt[bucket]) * (1.0 + c) - 1.0)
+    return {v: statistics.median(cs) for v, cs in per.items() if cs}
 
 
 def instance_changes(rows: Sequence[ArmRow], start: datetime) -> dict[str, float]:
