@@ -4,13 +4,14 @@ The canary cycles run the reference arms (`eager`, `direct`) beside the optimize
 the same machine, interleaved: when they slow down alike, the machine (or its load) got
 slower; when only the optimized arm does, an optimization regressed. Every arm's change
 is the median over buckets of (median p50 during the incident / median p50 in the hour
-before it); the instances are compared on their optimized arm the same way.
+before it, leaving out the minutes at the change's edge); the instances are compared on
+their optimized arm the same way.
 
 In order, the first that holds is the cause:
     one_instance   several instances report and only some slowed (members name them)
     host_or_load   the optimized arm slowed and the reference arms slowed alike
     optimization   the optimized arm slowed, the reference arms did not
-    one_bucket     every member is in one bucket (and the arms above did not explain it)
+    one_bucket     every member is in one bucket and the optimized arm did not slow there
     unknown        none of these; the numbers are kept all the same
 """
 
@@ -50,7 +51,11 @@ class CauseConfig:
     slowed: float = 0.10
     alike: float = 0.5
     before_s: float = 3600.0
-    lead_s: float = 120.0  # the incident's window opens this long before its first alert
+    # The incident's window opens one cycle before its first alert went pending (the cycle
+    # that breached); the baseline hour ends `gap_s` before that, so cycles at the edge of
+    # the change count on neither side.
+    lead_s: float = 60.0
+    gap_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -90,16 +95,30 @@ def arm_changes(rows: Sequence[ArmRow], start: datetime,
     """Return arm ("optimized", "eager", "direct") -> median over buckets of its p50 change.
 
     Rows at or after `start` are the incident's, earlier ones the baseline; `buckets`
-    limits the buckets read (empty: all).
+    limits the buckets read (empty: all). The optimized arm runs every cycle: its change
+    is read from all of them. A reference arm runs in a share of the cycles only, beside
+    the optimized one: its change is the optimized arm's times the change of their
+    same-cycle ratio (reference p50 / optimized p50 of one cycle), so the cycle's own
+    conditions, shared by both arms, cancel out.
     """
+    rows = [r for r in rows if not buckets or r.bucket in buckets]
+    opt_rows = {(r.instance, r.at, r.bucket): r.p50_s for r in rows if r.variant == OPTIMIZED}
+    opt = {b: c for (v, b), (during, before) in _by(rows, start, lambda r: (r.variant, r.bucket)
+                                                    ).items()
+           if v == OPTIMIZED and (c := _change(during, before)) is not None}
     per: dict[str, list[float]] = defaultdict(list)
-    groups = _by((r for r in rows if not buckets or r.bucket in buckets), start,
-                 lambda r: (r.variant, r.bucket))
-    for (variant, _), (during, before) in sorted(groups.items()):
+    per[OPTIMIZED] = list(opt.values())
+    ratios: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(
+        lambda: ([], []))
+    for r in rows:
+        base = opt_rows.get((r.instance, r.at, r.bucket))
+        if r.variant != OPTIMIZED and base:
+            ratios[(r.variant, r.bucket)][0 if r.at >= start else 1].append(r.p50_s / base)
+    for (variant, bucket), (during, before) in sorted(ratios.items()):
         c = _change(during, before)
-        if c is not None:
-            per[variant].append(c)
-    return {v: statistics.median(cs) for v, cs in per.items()}
+        if c is not None and bucket in opt:
+            per[variant].append((1.0 + opt[bucket]) * (1.0 + c) - 1.0)
+    return {v: statistics.median(cs) for v, cs in per.items() if cs}
 
 
 def instance_changes(rows: Sequence[ArmRow], start: datetime) -> dict[str, float]:
@@ -144,6 +163,11 @@ def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, fl
                                          f"alike: {_pct(opt)} / {_pct(ref)})", evidence)
         return Cause("optimization", f"optimization regressed (optimized {_pct(opt)}, "
                                      f"{ref_name} {_pct(ref)})", evidence)
+    if opt is not None and opt >= cfg.slowed:
+        # Slowed, but no reference arm ran in the window yet: host or optimization cannot
+        # be told apart (measured again while the incident is open).
+        return Cause("unknown", f"unknown (optimized {_pct(opt)}, no reference arm in the "
+                                "window yet)", evidence)
     if len(scope.buckets) == 1:
         fams = [f for f in scope.families if f in _WHAT] or list(scope.families)
         what = " and ".join(_WHAT.get(f, f) for f in fams) or "alerts"
@@ -160,8 +184,10 @@ def measure(session: Session, scope: Scope, first_start: datetime, now: datetime
     """Read the arms around an incident that started at `first_start` and classify it."""
     cfg = config or CauseConfig()
     start = first_start - timedelta(seconds=cfg.lead_s)
-    rows = arm_rows(session, start - timedelta(seconds=cfg.before_s), now,
-                    (OPTIMIZED, *REFERENCE))
+    edge = start - timedelta(seconds=cfg.gap_s)
+    rows = [r for r in arm_rows(session, edge - timedelta(seconds=cfg.before_s), now,
+                                (OPTIMIZED, *REFERENCE))
+            if not edge <= r.at < start]
     buckets = [b for b in scope.buckets if any(r.bucket == b for r in rows)]
     cause = classify(scope, arm_changes(rows, start, buckets), instance_changes(rows, start),
                      cfg)

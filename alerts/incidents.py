@@ -139,9 +139,11 @@ class Incidents:
         opened: list[Incident] = []
         reopened: list[Incident] = []
         touched: dict[int, Incident] = {}
+        joined: set[int] = set()
         for alert in sorted(self.life.fired, key=lambda a: a.id):
             inc, how = self._join(alert)
             touched[inc.id] = inc
+            joined.add(inc.id)
             (opened if how == "opened" else reopened if how == "reopened" else []).append(inc)
         resolved_ids = {a.id for a in self.life.resolved}
         for inc in self.candidates:
@@ -158,7 +160,14 @@ class Incidents:
                 inc.updated_at = self.now
                 self._event(inc, "resolved", None, "its last member resolved")
                 resolved.append(inc)
-            self._describe(inc, members)
+            self._describe(inc, members, remeasure=inc.id in joined)
+        for inc in self.candidates:
+            # The A/B arms run in a share of the cycles only: a cause not measurable when
+            # the incident opened is measured again while it is open (updates and the
+            # resolved notification state it). A member leaving measures nothing: the
+            # window would reach into the cycles after the cause ended.
+            if inc.id not in joined and inc.state == "open" and inc.cause == "unknown":
+                self._describe(inc, self.members.get(inc.id, []), remeasure=True)
         for inc in self.candidates:
             self._notify(inc, inc in opened or inc in reopened, inc in resolved)
         self.session.flush()
@@ -206,13 +215,15 @@ class Incidents:
             inc.severity = alert.severity
         return inc, how
 
-    def _describe(self, inc: Incident, members: Sequence[Alert]) -> None:
+    def _describe(self, inc: Incident, members: Sequence[Alert], *, remeasure: bool) -> None:
+        if not members:
+            return
         scope, cohorts, _ = _scope(members)
         inc.families = list(scope.families)
         inc.buckets = list(scope.buckets)
         inc.instances = list(scope.instances)
         inc.cohorts = cohorts
-        if inc.state == "open":
+        if remeasure and inc.state == "open":
             first = min(m.started_at for m in members)
             try:
                 with self.session.begin_nested():
@@ -232,7 +243,8 @@ class Incidents:
         members = self.members.get(inc.id, [])
         if not members or not self.life.targets:
             return
-        ids = sorted(m.id for m in members)
+        # What receivers were last told: the members firing (a join or a leave changes it).
+        ids = sorted(m.id for m in members if m.state == "firing")
         targets: Sequence[WebhookTarget] = ()
         if resolve:
             kind, key, targets = "resolved", notification_key(

@@ -30,6 +30,10 @@ end; any other page is false. The last line:
     pages per incident: max N, false pages per 30 days: M
 
     python -m bench.incidents [--seed 0] [--raw] [--quick] [--daily-seeds N]
+
+`--service` replays whole-service scenarios instead (every shipped rule and bucket at
+once, pages counted per incident, the stated cause checked; bench.service_incidents),
+on the recorded noise unless `--scaled`.
 """
 
 from __future__ import annotations
@@ -488,6 +492,19 @@ def daily_seeds(args: argparse.Namespace, noise: BlockNoise) -> int:
     return paged
 
 
+def service(args: argparse.Namespace, noise: BlockNoise) -> None:
+    """Run the whole-service scenarios and print their last line."""
+    from bench.service_incidents import run_service, summary
+
+    print(f"noise: {noise.what}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        template = work / "template.db"
+        migrate.upgrade(f"sqlite:///{template}")
+        outcomes = run_service(template, work, noise.stream, args.seed, args.quick)
+    print(summary(outcomes))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -502,6 +519,10 @@ def main() -> None:
     parser.add_argument("--noise", type=Path, default=NOISE_FILE, metavar="FILE",
                         help="recorded canary cycles to resample (default "
                         f"{NOISE_FILE.name}; also canary_noise_quiet.json)")
+    parser.add_argument("--service", action="store_true",
+                        help="whole-service scenarios: every shipped rule, pages per incident")
+    parser.add_argument("--scaled", action="store_true",
+                        help="with --service: noise scaled to a 10%% robust CV")
     args = parser.parse_args()
     if args.canaries < 1:
         parser.error(f"--canaries: must be >= 1, got {args.canaries}")
@@ -513,6 +534,11 @@ def main() -> None:
     except (ValueError, KeyError) as e:  # a recording too small, or not one
         parser.error(f"--noise: {args.noise}: {e}")
     t = time.perf_counter()
+    if args.service:
+        service(args, noise if args.scaled else BlockNoise(
+            json.loads(args.noise.read_text()), cv=None, per_cycle=args.canaries))
+        print(f"({time.perf_counter() - t:.0f} s)")
+        return
     if args.daily_seeds > 0:
         paged = daily_seeds(args, noise)
         print(f"daily peak (hour_of_week, 14 days): false pages in {paged} of "

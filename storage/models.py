@@ -392,7 +392,8 @@ class Incident(Base):
     families/buckets/instances/cohorts: sorted JSON lists of what its members cover;
     cause: a kind (host_or_load, optimization, one_instance, one_bucket, unknown) with
     its `cause_text` and `evidence` (the numbers compared, alerts.cause); notified_members:
-    the member alert ids of the last notification (an update goes out when they change).
+    the ids of the members firing at the last notification (an update goes out when the
+    members firing change: one joined or one resolved).
     """
 
     __tablename__ = "incidents"

@@ -125,3 +125,24 @@ def test_one_buckets_traffic_when_the_arms_did_not_move(
 def test_no_arm_rows_is_an_unknown_cause_that_says_so() -> None:
     cause = classify(Scope(("32", "64"), (), ("latency",)), {}, {})
     assert cause.kind == "unknown" and "no A/B arm rows" in cause.text
+
+
+def test_a_cause_not_measurable_at_the_page_is_measured_while_the_incident_is_open(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        # Only the optimized arm ran since the slowdown began (the A/B arms take a share
+        # of the cycles): the page cannot say whether the host or the optimization. The
+        # cycle of minute 63 breached first; the alert went pending at the next evaluation.
+        for i in range(63, 71):
+            t = T0 + timedelta(minutes=i)
+            add_cycle(s, CycleResult(
+                suite="in_domain", instance_id="i1", started_at=t,
+                finished_at=t + timedelta(seconds=20), status="ok",
+                groups=tuple(arm(b, "optimized", p * 2.0) for b, p in BUCKETS.items())))
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown" and "no reference arm" in inc.cause_text
+        cycles(s, 71, 72, {"optimized": 2.0, "eager": 2.0, "direct": 2.0})
+        group(s, T0 + timedelta(minutes=72), Lifecycle(s, T0 + timedelta(minutes=72),
+                                                       per_alert=False), IncidentConfig())
+        assert inc.cause == "host_or_load"

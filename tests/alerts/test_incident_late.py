@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import EvaluationReport, evaluate
-from alerts.rules import parse_rule
+from alerts.rules import load_rules, parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, AlertTransition, Incident, WebhookDelivery
 from tests.alerts.builders import add_cycle
@@ -92,3 +92,32 @@ def test_the_same_slowdown_judged_while_it_lasts_pages_once(
         sent = s.scalars(select(WebhookDelivery)).all()
         assert [d.payload["status"] for d in sent] == ["firing"]
         assert sent[0].payload["kind"] == "incident"
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_pooled_p99_still_holding_an_ended_slowdown_is_late(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """The shipped p99 rule pools 25 cycles of 4 canaries: the pool keeps the slow ones."""
+    shipped = next(r for r in load_rules() if r.name == "p99_latency_regression")
+    rng = random.Random(7)
+
+    def cycles(start: int, levels: list[float]) -> int:
+        with sessionmaker.begin() as s:
+            for k, level in enumerate(levels):
+                add_cycle(s, minute(start + k) + timedelta(seconds=2),
+                          {"64": 0.1 * level * (1 + rng.gauss(0, 0.03))}, count=4)
+        return start + len(levels)
+
+    def run(i: int) -> EvaluationReport:
+        with sessionmaker.begin() as s:
+            return evaluate(s, [shipped], minute(i) + timedelta(seconds=30), targets=[TARGET],
+                            baseline_config=BaselineConfig(warm_in_s=0))
+
+    i = cycles(0, [1.0] * 120)
+    run(i - 1)
+    i = cycles(i, [2.0] * 8)  # not judged while it lasts
+    i = cycles(i, [1.0] * 4)  # the 4th is still running when judged: 3 finished ones
+    report = run(i - 1)
+    assert [t.to_state for t in report.transitions] == ["pending", "late"], [
+        t.reason for t in report.transitions]
+    assert report.notifications == 0

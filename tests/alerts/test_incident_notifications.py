@@ -168,3 +168,19 @@ def test_the_deliverer_sends_each_incident_notification_once_with_its_key(
     assert len(bodies) == 8 and sorted(rx.accepted.values()) == [4, 4]
     generic = [b for b in bodies if isinstance(b, dict) and b.get("kind") == "incident"]
     assert [b["status"] for b in generic] == ["firing", "resolved"]
+
+
+def test_a_member_resolving_alone_is_an_update_for_alertmanager_only(
+        sessionmaker: sessionmaker[Session]) -> None:
+    tg = targets()
+    with sessionmaker.begin() as s:
+        step(s, at(0), tg, fire=((P99, {"bucket": "64"}), (P99, {"bucket": "32"})))
+        step(s, at(6), tg, recover=((P99, {"bucket": "32"}),))  # group_interval passed
+        step(s, at(7), tg)  # nothing changed since: no update
+        step(s, at(8), tg, recover=((P99, {"bucket": "64"}),))
+        am = [r.payload for r in rows(s, "alertmanager")]
+        generic = [r.payload for r in rows(s, "generic")]
+    assert [(p["status"], sorted(a["status"] for a in p["alerts"])) for p in am] == [
+        ("firing", ["firing", "firing"]), ("firing", ["firing", "resolved"]),
+        ("resolved", ["resolved", "resolved"])]
+    assert [p["incident"]["notification"] for p in generic] == ["firing", "resolved"]
