@@ -36,6 +36,7 @@ from alerts.baselines import hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
     TAIL_QUANTILE,
     BaselineStats,
+    Cusum,
     count_above,
     exceedance_llr,
     llr,
@@ -55,6 +56,8 @@ INSUFFICIENT = "insufficient history"
 NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in time
 DAYS_30 = 30 * 86400.0
 P95 = 0.95
+# Episodes that pin a false-page rate well enough (about +-20%); counting stops there.
+PRECISE_PAGES = 25
 
 
 class Timeout(Exception):
@@ -182,11 +185,10 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
     noise = _Noise(rule, pts, baseline, max(cfg.block, 4 * rule.lookback_cycles))
     cycles = max(1, round(cfg.days * 86400.0 / rule.window_s))
     seq = noise.indices(rng, cycles)
-    scale = DAYS_30 / (cycles * rule.window_s)
-    at_configured = noise.false_pages(rule, seq, timer) * scale
+    at_configured = noise.false_pages(rule, seq, timer)
     threshold, pages = rule.threshold, at_configured
     if budget is not None and at_configured > budget:
-        threshold, pages = _widen(rule, noise, seq, budget, scale, timer)
+        threshold, pages = _widen(rule, noise, seq, budget, timer)
     in_force = replace(rule, threshold=threshold)
     detectable = _detectable(in_force, noise, cfg, rng, timer)
     reason = widening_reason(rule.direction, rule.threshold, threshold, at_configured) \
@@ -196,21 +198,23 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
                    false_pages_configured=at_configured, reason=reason, cpu_s=timer.spent)
 
 
-def _widen(rule: Rule, noise: _Noise, seq: list[int], budget: float, scale: float,
+def _widen(rule: Rule, noise: _Noise, seq: list[int], budget: float,
            timer: _Clock) -> tuple[float, float]:
     """Return the smallest threshold (to a whole percent) paging within `budget`."""
+    # A falling metric cannot fall by more than 100%; a rising one may.
+    top = 1.0 if rule.direction < 0 else 50.0
     lo, hi = rule.threshold, rule.threshold
     pages = math.inf
     while pages > budget:
-        lo, hi = hi, hi * 1.5
-        pages = noise.false_pages(replace(rule, threshold=hi), seq, timer) * scale
-        if hi > 50.0:  # +5000%: nothing will page on this series anyway
+        if hi >= top:  # nothing meets the budget: the widest threshold, its cost stated
             return hi, pages
+        lo, hi = hi, min(hi * 1.5, top)
+        pages = noise.false_pages(replace(rule, threshold=hi), seq, timer, budget)
     while hi - lo > 0.01:
         mid = math.ceil((lo + hi) / 2 * 100) / 100
         if mid >= hi:
             break
-        p = noise.false_pages(replace(rule, threshold=mid), seq, timer) * scale
+        p = noise.false_pages(replace(rule, threshold=mid), seq, timer, budget)
         if p <= budget:
             hi, pages = mid, p
         else:
@@ -290,27 +294,62 @@ class _Noise:
             out.append(max(s, e) if e is not None and rule.direction > 0 else s)
         return out
 
-    def false_pages(self, rule: Rule, seq: list[int], timer: _Clock) -> int:
-        """Return alert episodes the rule opens over the stationary cycles `seq`."""
+    def false_pages(self, rule: Rule, seq: list[int], timer: _Clock,
+                    enough: float | None = None) -> float:
+        """Return alert episodes per 30 days the rule opens over the stationary cycles `seq`.
+
+        enough: stop once the rate is known to exceed this many per 30 days, or once
+        PRECISE_PAGES episodes are in (the rate then rests on the cycles run so far).
+        """
+        per_30d = DAYS_30 / rule.window_s
+        limit = PRECISE_PAGES if enough is None else min(
+            PRECISE_PAGES, math.floor(enough * len(seq) / per_30d) + 1)
         bound = self._bounds(rule)
         h, cap, n = rule.cusum.h, rule.cusum.cap, rule.lookback_cycles
+        # Where the rule has an absolute limit, a cycle beyond it may fire without the CUSUM.
+        beyond = [(rule.ceiling is not None and float(p.value) > rule.ceiling)  # type: ignore[arg-type]
+                  or (rule.floor is not None and float(p.value) < rule.floor)  # type: ignore[arg-type]
+                  for p in self.pts]
+        reach = [r is not None and rule.direction * r >= rule.threshold for r in self.rels]
         pts = self.pts
         s = 0.0
         firing = False
         pages = 0
         for t, i in enumerate(seq):
             s = max(0.0, s + min(bound[i], cap))
-            if not firing and s < h:
+            if not firing and not beyond[i] and (s < h or not self._may_fire(
+                    seq[max(0, t - n + 1):t + 1], bound, reach, rule.cusum, rule.for_cycles)):
                 continue
             window = [pts[j] for j in seq[max(0, t - n + 1):t + 1]]
             r = evaluate_rule(rule, {}, self.baseline, window)
             if not firing and r.fired:
                 firing, pages = True, pages + 1
+                if pages >= limit:
+                    return pages * per_30d / (t + 1)
             elif firing and r.recovered:
                 firing = False
-            if t % 256 == 0:
-                timer.check()
-        return pages
+            timer.check()
+        return pages * per_30d / len(seq)
+
+    def _may_fire(self, idx: list[int], bound: list[float], reach: list[bool],
+                  cusum: Cusum, for_cycles: int) -> bool:
+        """Return False where the rule's window cannot confirm a change (a screen; the rule
+        decides): its CUSUM, restarted at the window's start, stays under h; or a pooled
+        latest value misses the threshold; or fewer than half of the current run's cycles
+        reach it (their median must), the run being exact where the bound is the score."""
+        if self.tail and self.pts[idx[-1]].pooled and not reach[idx[-1]]:
+            return False
+        s, start = 0.0, 0
+        for k, j in enumerate(idx):
+            s = max(0.0, s + min(bound[j], cusum.cap))
+            if s == 0.0:
+                start = k + 1
+        if s < cusum.h:
+            return False
+        if self.tail:
+            return True  # the bound may exceed the exceedance score: the run is not exact
+        run = idx[start:]
+        return len(run) >= for_cycles and 2 * sum(reach[j] for j in run) >= len(run)
 
     def fires_within(self, rule: Rule, idx: list[int], pre: int, shift: float) -> bool:
         """Return whether the rule fires within the cycles after `pre` shifted by `shift`."""
@@ -427,7 +466,7 @@ def _store(session: Session, s: _Series, est: Sensitivity, now: datetime) -> Non
     sensitivity_queries.save(session, StoredSensitivity(
         rule=s.rule.name, metric=s.rule.metric, scope=dict(b.scope), scope_key=b.scope_key,
         model_version=s.cohort[0], config_hash=s.cohort[1], baseline_id=b.id,
-        computed_at=now, status=est.status, cycles=est.cycles,
+        computed_at=now, status=est.status, direction=s.rule.direction, cycles=est.cycles,
         within_cycles=est.within_cycles, configured_threshold=est.configured_threshold,
         threshold=est.threshold, detectable_change=est.detectable_change,
         false_pages_30d=est.false_pages_30d, false_pages_configured=est.false_pages_configured,
