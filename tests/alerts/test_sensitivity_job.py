@@ -121,3 +121,20 @@ def test_insufficient_history_is_stated_and_the_time_bound_leaves_the_rest(
         [st] = queries.listing(s)
     assert st.status == "insufficient history" and st.threshold == 0.20
     assert queries.describe(st) == "insufficient history: 100 of 360 cycles; threshold -20% kept"
+
+
+def test_the_scheduled_job_reads_its_settings(sessionmaker: sessionmaker[Session]) -> None:
+    from alerts.config import load_config
+    from alerts.sensitivity import job
+    from alerts.settings import AlertSettings
+
+    fill(sessionmaker)
+    config = load_config(AlertSettings(false_page_budget_per_30d=None,
+                                       sensitivity_within_cycles=5,
+                                       sensitivity_history_s=MINUTES * 60.0))
+    config = replace(config, rules=(acceptance_rule(),))
+    done = job(sessionmaker, config, lambda: NOW)
+    assert done.estimated == 1 and not done.errors
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    assert st.within_cycles == 5 and st.budget_per_30d is None and st.threshold == 0.20

@@ -245,7 +245,10 @@ def test_every_exported_metric_is_documented_in_the_readme(client: TestClient) -
     text = client.get("/metrics").text
     exported = {n for n in re.findall(r"^# TYPE (tailwatch_\w+) ", text, re.M)
                 if not n.endswith("_created")}  # prometheus_client's per-series timestamps
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    root = Path(__file__).parents[2]
+    # User docs live in the README and in docs/*.md.
+    readme = "\n".join(p.read_text() for p in [root / "README.md",
+                                               *sorted((root / "docs").glob("*.md"))])
     documented = set(re.findall(r"tailwatch_\w+", readme))
     suffixes = ("_total", "_seconds")
 
