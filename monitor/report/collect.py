@@ -31,6 +31,7 @@ from monitor.report.deliveries import collect_dead_letters
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
 from monitor.report.quality import collect_quality
 from monitor.report.rollouts import collect_rollouts
+from monitor.report.sensitivity import collect_sensitivity
 from monitor.report.week import Period
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
@@ -80,6 +81,7 @@ def collect_week(session: Session, week: Period, options: CollectOptions) -> Wee
         kv_budget_bytes=options.kv_budget_bytes,
         quality=collect_quality(session, start, end),
         rollouts=collect_rollouts(session, start, end),
+        sensitivity=collect_sensitivity(session),
         dead_letters=collect_dead_letters(session, start, end),
         window_note=f"{start.isoformat()} <= at < {end.isoformat()}",
     )

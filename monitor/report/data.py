@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from monitor.report.deliveries import DeadLetterRow
     from monitor.report.quality import QualityRow
     from monitor.report.rollouts import RolloutRow
+    from monitor.report.sensitivity import SensitivityRow
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ class WeekData:
     quality: tuple[QualityRow, ...] = ()
     # New cohorts judged against old ones (monitor.report.rollouts).
     rollouts: tuple[RolloutRow, ...] = ()
+    # What each rule can see per series (monitor.report.sensitivity).
+    sensitivity: tuple[SensitivityRow, ...] = ()
     # Webhook notifications of the week given up on, per target (monitor.report.deliveries).
     dead_letters: tuple[DeadLetterRow, ...] = ()
     window_note: str = ""  # how the queries selected rows, shown as evidence
