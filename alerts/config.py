@@ -33,6 +33,7 @@ class AlertsConfig:
     incidents: IncidentConfig = field(default_factory=IncidentConfig)
     sensitivity: SensitivityConfig = SensitivityConfig()
     sensitivity_history_s: float = 86400.0
+    sensitivity_job_cpu_s: float = 20.0
 
 
 def load_config(settings: AlertSettings) -> AlertsConfig:
@@ -61,4 +62,5 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
                                       budget_per_30d=settings.false_page_budget_per_30d,
                                       cpu_s=settings.sensitivity_cpu_s),
         sensitivity_history_s=settings.sensitivity_history_s,
+        sensitivity_job_cpu_s=settings.sensitivity_job_cpu_s,
     )

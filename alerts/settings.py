@@ -51,6 +51,9 @@ class AlertSettings(BaseModel):
     # cycles' own samples), and the CPU one series' estimate may take.
     sensitivity_history_s: float = Field(86400.0, gt=0)
     sensitivity_cpu_s: float = Field(2.0, gt=0)
+    # The scheduled refresh: how often, and the CPU one run may spend (the rest waits).
+    sensitivity_interval_s: float = Field(300.0, gt=0)
+    sensitivity_job_cpu_s: float = Field(20.0, gt=0)
 
     @field_validator("webhooks")
     @classmethod

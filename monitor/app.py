@@ -25,6 +25,7 @@ from monitor.api.instances import router as instances_router
 from monitor.api.limits import BodyLimit, max_body_bytes
 from monitor.api.openapi import install_openapi
 from monitor.api.rollouts import router as rollouts_router
+from monitor.api.sensitivity import router as sensitivity_router
 from monitor.auth import Authenticator
 from monitor.engine_holder import EngineFactory, default_engine_factory
 from monitor.hub import AppParts, Seams, Services
@@ -82,6 +83,7 @@ def create_app(
     app.include_router(deliveries_router)
     app.include_router(instances_router)
     app.include_router(rollouts_router)
+    app.include_router(sensitivity_router)
     app.add_middleware(BodyLimit, limit=max_body_bytes(settings))
     install_openapi(app)
     return app

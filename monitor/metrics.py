@@ -46,6 +46,7 @@ from engine.protocol import (
 )
 from monitor.histogram import BulkHistogram
 from monitor.quality_metrics import quality_families
+from monitor.sensitivity_metrics import sensitivity_families
 from probes.measure import add_positions
 from probes.sampler import SamplerStats
 from storage.models import DELIVERY_STATES
@@ -515,7 +516,8 @@ class DatabaseCollector(_SafeCollector):
         with self._sessions() as session:
             families = [*self._overrides(session), *self._alerts(session),
                         *self._incidents(session), *self._probes(session), *self._deliveries(session),
-                        *self._rollouts(session), *quality_families(session)]
+                        *self._rollouts(session), *quality_families(session),
+                        *sensitivity_families(session)]
         if self._flags is not None:
             families.append(_flag_states(self._flags, self._buckets))
         return families

@@ -676,7 +676,7 @@ class RuleSensitivity(Base):
 
     One row per rule, scope_key and cohort, rewritten by each estimate (alerts.sensitivity);
     baseline_id: the baseline row it was measured against. Thresholds and changes are
-    relative and positive (0.15 = 15% in the rule's direction); detectable_change: the
+    relative and positive (0.15 = 15% in the rule's `direction`); detectable_change: the
     smallest shift confirmed within within_cycles cycles at p95 (None: not known);
     false_pages_30d: expected false pages per 30 days at `threshold` (the one in force),
     false_pages_configured at configured_threshold; budget_per_30d None: the budget is off;
@@ -700,6 +700,7 @@ class RuleSensitivity(Base):
         ForeignKey("baselines.id", ondelete="SET NULL"))
     computed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     status: Mapped[str] = mapped_column(String(32))
+    direction: Mapped[int] = mapped_column(Integer, default=1)  # +1 rising, -1 falling
     cycles: Mapped[int] = mapped_column(Integer, default=0)
     within_cycles: Mapped[int] = mapped_column(Integer)
     configured_threshold: Mapped[float] = mapped_column(Float)

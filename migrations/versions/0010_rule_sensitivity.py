@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column('baseline_id', sa.Integer(), nullable=True),
         sa.Column('computed_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('status', sa.String(length=32), nullable=False),
+        sa.Column('direction', sa.Integer(), nullable=False),
         sa.Column('cycles', sa.Integer(), nullable=False),
         sa.Column('within_cycles', sa.Integer(), nullable=False),
         sa.Column('configured_threshold', sa.Float(), nullable=False),

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from alerts import baselines
 from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
 from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Name64, Note, check_label_value
+from monitor.api.sensitivity import SensitivityOut, sensitivity_out
 from storage.models import scope_key
+from storage.queries import sensitivity as sensitivity_queries
 
 router = APIRouter(tags=["baselines"])
 Metric = Name64  # baselines.metric
@@ -39,6 +41,9 @@ class BaselineOut(BaseModel):
     pinned_by: str | None
     note: str | None
     active: bool
+    sensitivity: list[SensitivityOut] = Field(
+        default_factory=list, description="what each rule of this metric can see on this "
+        "series, and its threshold in force (GET /v1/rules/sensitivity)")
 
 
 class BaselineChange(BaseModel):
@@ -84,7 +89,12 @@ def list_baselines(
     """Return baselines (active ones unless include_inactive)."""
     with sessions() as session:
         views = baselines.list_baselines(session, metric, active_only=not include_inactive)
-    return [BaselineOut.model_validate(v) for v in views]
+        by_series: dict[tuple[str, str, str, str], list[SensitivityOut]] = {}
+        for s in sensitivity_queries.listing(session):
+            key = (s.metric, s.scope_key, s.model_version, s.config_hash)
+            by_series.setdefault(key, []).append(sensitivity_out(s))
+    return [BaselineOut.model_validate(v).model_copy(update={"sensitivity": by_series.get(
+        (v.metric, v.scope_key, v.model_version, v.config_hash), [])}) for v in views]
 
 
 @router.post("/v1/baselines")

@@ -234,6 +234,39 @@ def alerts_list(ctx: click.Context, state: str, limit: int, as_json: bool) -> No
                   "relative_change", "started_at"], as_json)
 
 
+@alerts.command("sensitivity")
+@click.option("--rule", default=None, help="Only this rule.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def alerts_sensitivity(ctx: click.Context, rule: str | None, as_json: bool) -> None:
+    """Show what each rule can see per series: the shift it confirms within N cycles,
+    its expected false pages and the threshold in force."""
+    body = _api(ctx).call("GET", "/v1/rules/sensitivity",
+                          params={"rule": rule} if rule else None)
+    if as_json:
+        _print(body, [], as_json=True)
+        return
+
+    def pct(s: dict[str, Any], key: str) -> str | None:
+        v = s.get(key)
+        return None if v is None else f"{'+' if s['direction'] > 0 else '-'}{v:.0%}"
+
+    _print(({"rule": s["rule"], "scope": s["scope"],
+             "cohort": f"{s['model_version'] or '?'}/{s['config_hash'] or '?'}",
+             "status": s["status"], "detects": None if s["detectable_change"] is None
+             else f"{pct(s, 'detectable_change')} in {s['within_cycles']} cycles",
+             "false_pages_30d": s["false_pages_30d"],
+             "threshold": str(pct(s, "threshold")) + (
+                 f" (configured {pct(s, 'configured_threshold')})" if s["widened"] else ""),
+             "budget": "off" if s["budget_per_30d"] is None else s["budget_per_30d"],
+             "cycles": s["cycles"]} for s in body),
+           ["rule", "scope", "cohort", "status", "detects", "false_pages_30d", "threshold",
+            "budget", "cycles"], as_json=False)
+    for s in body:
+        if s["widened"] or s["status"] != "ok":
+            click.echo(f"{s['rule']} [{_cell(s['scope'])}]: {s['summary']}")
+
+
 # -- baselines -------------------------------------------------------------------------
 
 @click.group(cls=_Group)

@@ -32,6 +32,7 @@ from monitor.report.incidents import collect_incidents
 from monitor.report.metrics import ARM_OPTIMIZED, BUCKET_OVERFLOW
 from monitor.report.quality import collect_quality
 from monitor.report.rollouts import collect_rollouts
+from monitor.report.sensitivity import collect_sensitivity
 from monitor.report.week import Period
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
@@ -81,6 +82,7 @@ def collect_week(session: Session, week: Period, options: CollectOptions) -> Wee
         kv_budget_bytes=options.kv_budget_bytes,
         quality=collect_quality(session, start, end),
         rollouts=collect_rollouts(session, start, end),
+        sensitivity=collect_sensitivity(session),
         dead_letters=collect_dead_letters(session, start, end),
         incidents=collect_incidents(session, start, end),
         window_note=f"{start.isoformat()} <= at < {end.isoformat()}",

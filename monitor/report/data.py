@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from monitor.report.incidents import IncidentRow
     from monitor.report.quality import QualityRow
     from monitor.report.rollouts import RolloutRow
+    from monitor.report.sensitivity import SensitivityRow
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ class WeekData:
     quality: tuple[QualityRow, ...] = ()
     # New cohorts judged against old ones (monitor.report.rollouts).
     rollouts: tuple[RolloutRow, ...] = ()
+    # What each rule can see per series (monitor.report.sensitivity).
+    sensitivity: tuple[SensitivityRow, ...] = ()
     # Webhook notifications of the week given up on, per target (monitor.report.deliveries).
     dead_letters: tuple[DeadLetterRow, ...] = ()
     incidents: tuple[IncidentRow, ...] = ()  # alerts grouped (monitor.report.incidents)

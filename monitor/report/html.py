@@ -12,6 +12,7 @@ from monitor.report.model import WeeklyReport
 from monitor.report.plots import Plot, render_plots
 from monitor.report.quality import quality_table
 from monitor.report.rollouts import rollout_table
+from monitor.report.sensitivity import sensitivity_table
 from monitor.report.tables import (
     Table,
     alert_table,
@@ -73,6 +74,8 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
     out.append("<h2>Real-traffic shapes</h2>" + _table(shape_table(report)))
     out.append("<h2>Quality</h2>" + _table(quality_table(report.data.quality)))
     out.append("<h2>Rollouts</h2>" + _table(rollout_table(report.data.rollouts)))
+    out.append("<h2>What this monitor can see</h2>"
+               + _table(sensitivity_table(report.data.sensitivity)))
     out.append("<h2>Webhook dead letters</h2>"
                + _table(dead_letter_table(report.data.dead_letters)))
     if report.data.dead_letters:

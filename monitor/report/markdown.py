@@ -7,6 +7,7 @@ from monitor.report.incidents import incident_table
 from monitor.report.model import WeeklyReport
 from monitor.report.quality import quality_table
 from monitor.report.rollouts import rollout_table
+from monitor.report.sensitivity import sensitivity_table
 from monitor.report.tables import (
     Table,
     alert_table,
@@ -51,6 +52,7 @@ def render_markdown(report: WeeklyReport) -> str:
     out += ["## Real-traffic shapes", ""] + _table(shape_table(report))
     out += ["## Quality", ""] + _table(quality_table(report.data.quality))
     out += ["## Rollouts", ""] + _table(rollout_table(report.data.rollouts))
+    out += ["## What this monitor can see", ""] + _table(sensitivity_table(report.data.sensitivity))
     out += ["## Webhook dead letters", ""] + _table(dead_letter_table(report.data.dead_letters))
     if report.data.dead_letters:
         out += [DEAD_LETTER_HOWTO, ""]

@@ -27,6 +27,7 @@ class StoredSensitivity:
     baseline_id: int | None
     computed_at: datetime
     status: str
+    direction: int
     cycles: int
     within_cycles: int
     configured_threshold: float
@@ -81,3 +82,17 @@ def listing(session: Session, rule: str | None = None) -> list[StoredSensitivity
     if rule is not None:
         q = q.where(rs.rule == rule)
     return [_stored(r) for r in session.scalars(q)]
+
+
+def describe(s: StoredSensitivity) -> str:
+    """Return one line: what the rule confirms, how often it pages, and its threshold."""
+    sign = "+" if s.direction > 0 else "-"
+    thr = f"{sign}{s.threshold:.0%}"
+    if s.detectable_change is not None:
+        seen = f"confirms {sign}{s.detectable_change:.0%} within {s.within_cycles} cycles (p95)"
+    elif s.false_pages_30d is None:  # insufficient history, or past its CPU budget
+        return f"{s.reason}; threshold {thr} kept"
+    else:
+        seen = f"{s.status}: no shift confirmed within {s.within_cycles} cycles"
+    widened = f"; {s.reason}" if s.threshold > s.configured_threshold else ""
+    return f"{seen}; {s.false_pages_30d:.3g} false pages per 30 days at {thr}{widened}"

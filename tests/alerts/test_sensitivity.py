@@ -183,3 +183,27 @@ def test_the_rule_runs_at_the_threshold_in_force_and_every_reason_says_so() -> N
     res = evaluate_rule(r, {}, BaselineStats(1.0, 0.02, 1000, threshold=0.10, widened="x"),
                         [Point(T0 + timedelta(minutes=i), 1.12, 10) for i in range(30)])
     assert not res.fired and res.threshold == 0.15 and not res.reason.endswith("x")
+
+
+@pytest.mark.parametrize("threshold", [0.15, 0.30])
+def test_false_pages_equal_the_rule_judging_every_simulated_cycle(threshold: float) -> None:
+    # The count screens cycles where the rule cannot fire; the rule must agree everywhere.
+    from alerts.sensitivity import _Clock, _Noise
+
+    r = rule(threshold)
+    pts, base = history(AR1(*NOISY, seed=9), n=3000)
+    noise = _Noise(r, pts, base, 4 * r.lookback_cycles)
+    seq = noise.indices(random.Random(0), 20000)
+    screened = noise.false_pages(r, seq, _Clock(60, lambda: 0.0))
+    window: list[Point] = []
+    firing, pages = False, 0
+    for i in seq:
+        window.append(noise.pts[i])
+        del window[:-r.lookback_cycles]
+        res = evaluate_rule(r, {}, base, window)
+        if not firing and res.fired:
+            firing, pages = True, pages + 1
+        elif firing and res.recovered:
+            firing = False
+    assert pages > 0 or threshold > 0.15
+    assert screened == pytest.approx(pages * 43200 / len(seq))

@@ -39,7 +39,9 @@ def test_dashboard_panels_are_well_formed() -> None:
         # Gauges read from SQL are the same on every replica: collapsed with max, not summed.
         for sql_gauge in ("tailwatch_flag_override", "tailwatch_alerts{",
                           "tailwatch_probe_success", "tailwatch_probe_duration_seconds",
-                          "tailwatch_probe_last_run_timestamp_seconds"):
+                          "tailwatch_probe_last_run_timestamp_seconds",
+                          "tailwatch_rule_detectable_change_ratio",
+                          "tailwatch_rule_expected_false_pages", "tailwatch_rule_threshold_ratio"):
             for t in (t for p in panels for t in p["targets"] if sql_gauge in t["expr"]):
                 assert "max by (" in t["expr"], t["expr"]
         for needed in ("offset 1d", "offset 7d", "histogram_quantile(0.99",
@@ -47,7 +49,9 @@ def test_dashboard_panels_are_well_formed() -> None:
                        "tailwatch_compile_recompiles_total", "tailwatch_memory_bytes",
                        "tailwatch_flag_enabled", "tailwatch_alerts_firing",
                        "tailwatch_probe_success", "tailwatch_job_duration_seconds_bucket",
-                       "tailwatch_job_last_success_timestamp_seconds"):
+                       "tailwatch_job_last_success_timestamp_seconds",
+                       "tailwatch_rule_detectable_change_ratio",
+                       "tailwatch_rule_expected_false_pages"):
             assert needed in exprs, needed
 
 

@@ -26,7 +26,7 @@ from monitor.app import create_app
 from monitor.hub import services_of
 from monitor.loopback import free_port, wait_for
 from monitor.settings import Settings
-from storage.models import Alert, RolloutVerdict, WebhookDelivery
+from storage.models import Alert, RolloutVerdict, RuleSensitivity, WebhookDelivery
 from tests.monitor.conftest import TOKEN, suites
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
@@ -178,7 +178,14 @@ def test_prometheus_scrapes_and_every_query_returns_data(
                    RolloutVerdict(new_model_version="m2", new_config_hash="c2",
                                   old_model_version="m1", old_config_hash="c1",
                                   metric="p50_latency", bucket="64", verdict="pass",
-                                  threshold=0.1, window_start=utcnow())])
+                                  threshold=0.1, window_start=utcnow()),
+                   RuleSensitivity(rule="p99_latency_regression", metric="p99_latency",
+                                   scope={"bucket": "64"}, scope_key="bucket=64",
+                                   status="ok", direction=1, cycles=1440, within_cycles=10,
+                                   configured_threshold=0.15, threshold=0.27,
+                                   detectable_change=0.31, false_pages_30d=0.5,
+                                   false_pages_configured=3.0, budget_per_30d=0.5,
+                                   reason="threshold +15% -> +27%", cpu_s=0.4)])
     assert httpx.put(server.url + "/v1/flags/speculative", headers=auth, json={
         "scope": "64", "value": False, "reason": "integration test"}).status_code == 200
     traffic = Traffic(server.url)

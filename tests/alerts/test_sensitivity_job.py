@@ -1,0 +1,140 @@
+"""The sensitivity refresh on SQLite and PostgreSQL: stored with the baseline, in force in
+the evaluation, exported as gauges; budget opt-out and the time bound honoured."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.baselines import rule_scope
+from alerts.detection import BaselineStats
+from alerts.evaluator import evaluate
+from alerts.rules import Rule, load_rules
+from alerts.sensitivity import SensitivityConfig, refresh, widening_reason
+from monitor.metrics import DatabaseCollector, Metrics
+from storage.models import Baseline, scope_key
+from storage.queries import sensitivity as queries
+from tests.alerts.builders import add_traffic
+
+T0 = datetime(2026, 11, 2, tzinfo=UTC)
+MINUTES = 600
+SCOPE_LABELS = {"bucket": "64"}
+
+
+def acceptance_rule(**kw: object) -> Rule:
+    r = {r.name: r for r in load_rules()}["acceptance_drop"]
+    return replace(r, **kw)  # type: ignore[arg-type]
+
+
+def fill(sm: sessionmaker[Session], sd: float = 0.2, phi: float = 0.8, seed: int = 1) -> None:
+    """Store MINUTES of one bucket's traffic whose acceptance wanders (AR(1)) around 0.6,
+    and the rolling baseline of those minutes."""
+    rng, x, values = random.Random(seed), 0.0, []
+    with sm.begin() as s:
+        for i in range(MINUTES):
+            x = phi * x + rng.gauss(0.0, sd * (1 - phi * phi) ** 0.5)
+            v = min(max(0.6 * (1 + x), 0.0), 1.0)
+            values.append(v)
+            add_traffic(s, T0 + timedelta(minutes=i), "64", acceptance=v)
+        stats = BaselineStats.of(values)
+        assert stats is not None
+        scope = rule_scope(acceptance_rule(), SCOPE_LABELS)
+        s.add(Baseline(metric="acceptance_rate", scope=scope, scope_key=scope_key(scope),
+                       value=stats.center, spread=stats.spread, samples=stats.cycles,
+                       kind="rolling", created_at=T0 + timedelta(minutes=MINUTES),
+                       active=True))
+
+
+NOW = T0 + timedelta(minutes=MINUTES)
+CFG = SensitivityConfig(budget_per_30d=0.5)
+
+
+def test_refresh_widens_and_the_evaluation_runs_at_the_threshold_in_force(
+        sessionmaker: sessionmaker[Session]) -> None:
+    fill(sessionmaker)
+    rule = acceptance_rule()
+    with sessionmaker.begin() as s:
+        done = refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0)
+    assert done.estimated == 1 and done.left == 0 and not done.errors
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+        baseline_id = s.query(Baseline.id).scalar()
+    assert st.baseline_id == baseline_id and st.direction == -1 and st.cycles >= 500
+    assert st.threshold > 0.20 and st.false_pages_configured is not None
+    assert st.false_pages_configured > 0.5 >= (st.false_pages_30d or 0.0)
+    assert st.reason == widening_reason(-1, 0.20, st.threshold, st.false_pages_configured)
+    assert queries.describe(st).endswith(st.reason)
+    # Stored, unchanged inputs: the next refresh has nothing to do.
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0).estimated == 0
+    with sessionmaker.begin() as s:
+        report = evaluate(s, [rule], NOW)
+    [result] = report.results
+    assert result.threshold == -st.threshold
+    assert result.reason.endswith(f"; {st.reason}")
+
+    registry = CollectorRegistry()
+    DatabaseCollector(Metrics(registry), sessionmaker)
+    labels = {"rule": "acceptance_drop", "scope": st.scope_key}
+    assert registry.get_sample_value("tailwatch_rule_expected_false_pages", labels) \
+        == st.false_pages_30d
+    assert registry.get_sample_value("tailwatch_rule_detectable_change_ratio", labels) \
+        == st.detectable_change
+    assert registry.get_sample_value("tailwatch_rule_threshold_ratio", labels) == st.threshold
+
+
+@pytest.mark.parametrize("opt_out", [{"budget_off": True},
+                                     {"budget_off_for": ((("bucket", "64"),),)}])
+def test_budget_off_keeps_the_configured_threshold(sessionmaker: sessionmaker[Session],
+                                                   opt_out: dict[str, object]) -> None:
+    fill(sessionmaker)
+    with sessionmaker.begin() as s:
+        refresh(s, [acceptance_rule()], CFG, NOW, history_s=MINUTES * 60.0)
+    off = acceptance_rule(**opt_out)
+    # Opted out after a widening: the evaluation drops it at once, the refresh restates it.
+    with sessionmaker.begin() as s:
+        [result] = evaluate(s, [off], NOW).results
+    assert result.threshold == -0.20 and "->" not in result.reason
+    with sessionmaker.begin() as s:
+        assert refresh(s, [off], CFG, NOW, history_s=MINUTES * 60.0).estimated == 1
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    assert st.budget_per_30d is None and st.threshold == 0.20 and st.reason == ""
+    assert st.false_pages_30d is not None and st.false_pages_30d > 0.5  # its cost, stated
+
+
+def test_insufficient_history_is_stated_and_the_time_bound_leaves_the_rest(
+        sessionmaker: sessionmaker[Session]) -> None:
+    fill(sessionmaker)
+    rule = acceptance_rule()
+    with sessionmaker.begin() as s:
+        spent = refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0, budget_s=0.0)
+    assert spent.estimated == 0 and spent.left == 1
+    with sessionmaker.begin() as s:
+        refresh(s, [rule], CFG, NOW, history_s=100 * 60.0)
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    assert st.status == "insufficient history" and st.threshold == 0.20
+    assert queries.describe(st) == "insufficient history: 100 of 360 cycles; threshold -20% kept"
+
+
+def test_the_scheduled_job_reads_its_settings(sessionmaker: sessionmaker[Session]) -> None:
+    from alerts.config import load_config
+    from alerts.sensitivity import job
+    from alerts.settings import AlertSettings
+
+    fill(sessionmaker)
+    config = load_config(AlertSettings(false_page_budget_per_30d=None,
+                                       sensitivity_within_cycles=5,
+                                       sensitivity_history_s=MINUTES * 60.0))
+    config = replace(config, rules=(acceptance_rule(),))
+    done = job(sessionmaker, config, lambda: NOW)
+    assert done.estimated == 1 and not done.errors
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    assert st.within_cycles == 5 and st.budget_per_30d is None and st.threshold == 0.20
