@@ -9,8 +9,10 @@ arms back to back in a random order (probes.cycle) and stores them as
     speculative/compiled/quantized arms:    optimized latency / arm latency
     (reverse arms run the optimization while its flag is off, so the ratio is inverted)
 
-speedup > 1 means the optimization is faster than going without it. Per bucket x arm,
-and over all buckets together (bucket "all"), the speedup is the median of the ratios
+speedup > 1 means the optimization is faster than going without it. A forward arm and
+its reverse measure the same optimization (on vs off), so their ratios are pooled. Per
+bucket x optimization, and over all buckets together (bucket "all"), the speedup is the
+median of the ratios
 (taken on their logarithms, so with an even count it is the geometric mean of the two
 middle ratios) with the number of pairs and a distribution-free 95% confidence interval
 for that median: the order statistics x_(k) and x_(n+1-k) of the sorted ratios, with k
@@ -61,15 +63,17 @@ class PairRecord:
 class ArmSpeedup:
     """Speedup of one optimization in one bucket (or ALL_BUCKETS) over a window.
 
-    pairs: prompts where both the optimized request and the arm succeeded; runs: the
+    arms: the A/B arms that measured it (a forward arm, its reverse, or both when the
+    optimization's flag changed within the window).
+    pairs: prompts where both the optimized request and an arm succeeded; runs: the
     cycles they came from. speedup: median of the per-pair ratios (module docstring);
     ci_low/ci_high: its 95% confidence interval (None under 6 pairs).
     optimized_p50_s / arm_p50_s: median latency of each side over the same pairs.
     """
 
     bucket: str
-    arm: str
     optimization: str
+    arms: tuple[str, ...]
     pairs: int
     runs: int
     speedup: float
@@ -81,7 +85,7 @@ class ArmSpeedup:
 
 def ab_speedups(session: Session, start: datetime, end: datetime, *,
                 instance_id: str | None = None) -> list[ArmSpeedup]:
-    """Return the speedup per bucket x arm, and per arm over all buckets, in [start, end)."""
+    """Return the speedup per bucket x optimization, and over all buckets, in [start, end)."""
     return speedups(load_pairs(session, start, end, instance_id=instance_id))
 
 
@@ -104,26 +108,29 @@ def load_pairs(session: Session, start: datetime, end: datetime, *,
 
 
 def speedups(pairs: Iterable[PairRecord]) -> list[ArmSpeedup]:
-    """Return the speedup per bucket x arm and per arm over ALL_BUCKETS of `pairs`."""
-    sides: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    """Return the speedup per bucket x optimization and over ALL_BUCKETS of `pairs`."""
+    # (bucket, optimization) -> (optimized s, arm s, arm, run id) per pair
+    sides: dict[tuple[str, str], list[tuple[float, float, str, int]]] = defaultdict(list)
     for p in pairs:
         opt = p.latency_s.get(VARIANT_DEFAULT)
         if opt is None or opt <= 0:
             continue
         for arm, lat in p.latency_s.items():
             if arm in OPTIMIZATION_OF_ARM and lat > 0:
-                sides[(p.bucket, arm)].append((opt, lat, p.run_id))
-                sides[(ALL_BUCKETS, arm)].append((opt, lat, p.run_id))
+                row = (opt, lat, arm, p.run_id)
+                sides[(p.bucket, OPTIMIZATION_OF_ARM[arm])].append(row)
+                sides[(ALL_BUCKETS, OPTIMIZATION_OF_ARM[arm])].append(row)
     out = []
-    for (bucket, arm), xs in sides.items():
-        ratios = [(o / a) if arm in REVERSE_ARMS else (a / o) for o, a, _ in xs]
+    for (bucket, optimization), xs in sides.items():
+        ratios = [(o / a) if arm in REVERSE_ARMS else (a / o) for o, a, arm, _ in xs]
         mid, lo, hi = median_ci(ratios)
         out.append(ArmSpeedup(
-            bucket=bucket, arm=arm, optimization=OPTIMIZATION_OF_ARM[arm], pairs=len(xs),
-            runs=len({r for _, _, r in xs}), speedup=mid, ci_low=lo, ci_high=hi,
-            optimized_p50_s=statistics.median(o for o, _, _ in xs),
-            arm_p50_s=statistics.median(a for _, a, _ in xs)))
-    return sorted(out, key=lambda s: (_bucket_key(s.bucket), s.arm))
+            bucket=bucket, optimization=optimization,
+            arms=tuple(sorted({arm for _, _, arm, _ in xs})), pairs=len(xs),
+            runs=len({r for _, _, _, r in xs}), speedup=mid, ci_low=lo, ci_high=hi,
+            optimized_p50_s=statistics.median(o for o, _, _, _ in xs),
+            arm_p50_s=statistics.median(a for _, a, _, _ in xs)))
+    return sorted(out, key=lambda s: (_bucket_key(s.bucket), s.optimization))
 
 
 def median_ci(ratios: Sequence[float],

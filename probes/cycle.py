@@ -16,8 +16,11 @@ on. The cycle therefore plans a prompt's arms from the latest optimized result o
 bucket (this cycle's or an earlier one's, A/B or not), draws the order of the optimized
 request among them, and reconciles once the optimized request has run: an arm it no
 longer calls for is dropped (run, not recorded), an arm it newly calls for runs after it.
-Only the first optimized request a bucket ever sends, or one after a flag change, is
-not placed at random. Compile deltas are taken around each call and summed per side, so
+The order is drawn for every prompt except a bucket's very first (no result to plan
+from: optimized first); an arm a flag change newly calls for runs after the optimized
+request. Running every arm and reading the set afterwards would cost a call per stale
+arm on every prompt; predicting it from the flags would duplicate the engine's path
+choice (warm-up, probation, quantization) here. Compile deltas are taken around each call and summed per side, so
 `compile` covers the optimized requests and `ab_compile` the arms, exactly.
 """
 
@@ -117,7 +120,7 @@ class CycleResult:
         A/B arm calls (an `exact` arm recompiles by design, so it is kept apart). Each call
         is measured on its own, so what compiles between two calls belongs to neither.
     rejected: canary calls refused with Overloaded (counted, the cycle goes on).
-    pairs: one per prompt of an A/B cycle with at least one successful call.
+    pairs: one per prompt of an A/B cycle whose optimized call succeeded.
     jobs_during: the scheduler jobs running when the cycle started or started during it
         (empty without a JobActivity).
     """

@@ -50,6 +50,9 @@ class FakeTimings:
     eager_factor: float = 1.5
     direct_factor: float = 1.4
     sleep_scale: float = 0.0  # real seconds slept per charged second (0: no sleeping)
+    # (bucket, path, decoding) -> a call's total seconds there, overriding the formula
+    # (ttft and per-token times scale with it): fixes each A/B arm's latency in tests.
+    total_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +63,7 @@ class FakeState:
     canary_calls: int = 0
     in_flight: int = 0
     rss_bytes: int = 100_000_000
+    kv_cache_bytes: int = 1_000_000
     graphs: int = 0
     recompiles: Counter[str] = field(default_factory=Counter)
     compiled_shapes: set[tuple[str, int]] = field(default_factory=set)
@@ -199,6 +203,12 @@ class FakeEngine:
         ttft = encoder + per_token
         decode = tuple([per_token] * (out - 1))
         total = ttft + per_token * (out - 1)
+        fixed = t.total_s.get((bucket, path, decoding))
+        if fixed is not None:
+            scale = fixed / total
+            encoder, ttft, per_token, total = (encoder * scale, ttft * scale,
+                                               per_token * scale, fixed)
+            decode = tuple([per_token] * (out - 1))
         if t.sleep_scale > 0:
             time.sleep(total * t.sleep_scale)
         return GenerateResult(
@@ -227,7 +237,7 @@ class FakeEngine:
     def memory_snapshot(self) -> MemorySnapshot:
         with self._lock:
             return MemorySnapshot(device="cpu", rss_bytes=self.state.rss_bytes,
-                                  kv_cache_bytes=1_000_000)
+                                  kv_cache_bytes=self.state.kv_cache_bytes)
 
     def queue_depth(self) -> int:
         return 0 if self.admission is None else self.admission.waiting

@@ -1,21 +1,24 @@
-"""GET /v1/probes/runs and POST /v1/probes/run (run a canary cycle or burst now)."""
+"""GET /v1/probes/runs, GET /v1/probes/speedups and POST /v1/probes/run (run one now)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from monitor.api.deps import ProbeRunnerDep, ReaderDep, ServicesDep, SessionsDep, WriterDep
-from monitor.api.fields import Name64
+from monitor.api.fields import Name64, UtcTime
+from probes.ab import ab_speedups
 from storage.queries import runs as queries
+from vocab import utcnow
 
 router = APIRouter(tags=["probes"])
 
 # How long a requested run waits for its rows to be committed before answering anyway.
 STORE_WAIT_S = 10.0
+SPEEDUP_WINDOW = timedelta(days=7)  # the default window of GET /v1/probes/speedups
 
 
 class ProbeRunOut(BaseModel):
@@ -73,6 +76,46 @@ def list_runs(
     with sessions() as session:
         return [ProbeRunOut.model_validate(r.columns | {"result_rows": r.result_rows})
                 for r in queries.list_runs(session, kind=kind, limit=limit)]
+
+
+class SpeedupOut(BaseModel):
+    """Measured speedup of one optimization in one bucket ("all": every bucket's pairs).
+
+    The median over A/B prompt pairs of the fallback / optimized latency ratio (reverse
+    arms inverted), with its 95% confidence interval (null under 6 pairs); see probes.ab.
+    """
+
+    bucket: str
+    optimization: str
+    arms: list[str]
+    pairs: int
+    runs: int
+    speedup: float
+    ci_low: float | None
+    ci_high: float | None
+    optimized_p50_s: float
+    arm_p50_s: float
+
+
+@router.get("/v1/probes/speedups")
+def list_speedups(
+    sessions: SessionsDep,
+    _actor: ReaderDep,
+    since: Annotated[UtcTime | None, Query(description="RFC 3339; default: 7 days ago")] = None,
+    until: Annotated[UtcTime | None, Query(description="RFC 3339; default: now")] = None,
+    instance_id: Annotated[Name64 | None, Query()] = None,
+) -> list[SpeedupOut]:
+    """Return each optimization's measured speedup per bucket from A/B cycles in the window."""
+    end = until or utcnow()
+    start = since or end - SPEEDUP_WINDOW
+    if end <= start:
+        raise ValueError(f"until: must be after since ({start.isoformat()})")
+    with sessions() as session:
+        rows = ab_speedups(session, start, end, instance_id=instance_id)
+    return [SpeedupOut(bucket=s.bucket, optimization=s.optimization, arms=list(s.arms),
+                       pairs=s.pairs, runs=s.runs, speedup=s.speedup, ci_low=s.ci_low,
+                       ci_high=s.ci_high, optimized_p50_s=s.optimized_p50_s,
+                       arm_p50_s=s.arm_p50_s) for s in rows]
 
 
 @router.post("/v1/probes/run")

@@ -6,10 +6,11 @@ import math
 from datetime import datetime
 
 from monitor.report.data import WeekData
-from monitor.report.metrics import METRICS, speedup
+from monitor.report.metrics import METRICS, speedup_evidence
 from monitor.report.model import (
     CheckResult,
     CostlyOptimization,
+    CostlyRow,
     OptimizationReview,
     Recommendation,
     SpeedupRow,
@@ -18,6 +19,7 @@ from monitor.report.model import (
 from monitor.report.registry import Optimization, Registry
 from monitor.report.shapes import MIN_GAIN, ShapeSummary, summarize
 from monitor.report.verdict import judge_metric, overall
+from probes.ab import ALL_BUCKETS, OPTIMIZATION_OF_ARM, REVERSE_ARMS
 
 ACCEPTANCE_METRIC = "acceptance_rate"
 
@@ -49,27 +51,46 @@ def _review(opt: Optimization, data: WeekData, window: str) -> OptimizationRevie
         spec = METRICS[a.metric]
         verdict, buckets = judge_metric(a, spec.compute(data, opt), spec.unit)
         checks.append(CheckResult(a, verdict, buckets, window))
-    measured = None
-    rows: list[SpeedupRow] = []
-    if opt.ab_arm is not None:
-        sp = speedup(data, opt)
-        measured = sp.overall.value
-        rows = [SpeedupRow(opt.name, opt.ab_arm, b, opt.expected_speedup, r.value, r.detail)
-                for b, r in sp.per_bucket.items()]
+    name = OPTIMIZATION_OF_ARM.get(opt.ab_arm or "")
+    rows = [SpeedupRow(opt.name, "/".join(s.arms), s.bucket, opt.expected_speedup, s.speedup,
+                       speedup_evidence(s), s.ci_low, s.ci_high, s.pairs)
+            for s in data.ab if name is not None and s.optimization == name]
+    whole = next((r for r in rows if r.bucket == ALL_BUCKETS), None)
     status = overall([c.status for c in checks])
     return OptimizationReview(opt.name, opt.owner, opt.description, status,
-                              opt.expected_speedup, measured, tuple(checks), tuple(rows),
-                              opt.disable_when)
+                              opt.expected_speedup, whole.measured if whole else None,
+                              tuple(checks), tuple(r for r in rows if r is not whole),
+                              opt.disable_when, whole)
 
 
 def _costly(reviews: tuple[OptimizationReview, ...]) -> tuple[CostlyOptimization, ...]:
     out = []
     for r in reviews:
-        slower = tuple((s.bucket, s.measured) for s in r.speedups
-                       if s.measured is not None and s.measured < 1.0)
-        if (r.measured_speedup is not None and r.measured_speedup < 1.0) or slower:
-            out.append(CostlyOptimization(r.name, r.measured_speedup, slower))
+        rows = tuple(CostlyRow(s.bucket, s.measured, s.evidence, turn_off(s))
+                     for s in (*r.speedups, *([r.overall] if r.overall else ()))
+                     if s.measured is not None and s.measured < 1.0)
+        if rows:
+            slower = tuple((c.bucket, c.measured) for c in rows if c.bucket != ALL_BUCKETS)
+            out.append(CostlyOptimization(r.name, r.measured_speedup, slower, rows))
     return tuple(out)
+
+
+# optimization (probes.ab) -> the flag that turns it off, and whether it takes a bucket scope.
+_FLAG_OF = {"compile": ("compiled", False), "speculative": ("speculative", True),
+            "bucketing": ("bucketing", False), "int8": ("quantized", True)}
+
+
+def turn_off(row: SpeedupRow) -> str:
+    """Return the flag change that would turn `row`'s optimization off in its bucket."""
+    name = OPTIMIZATION_OF_ARM.get(row.arm.split("/")[0], "")
+    flag, per_bucket = _FLAG_OF.get(name, ("", False))
+    if not flag:
+        return "-"
+    if all(a in REVERSE_ARMS for a in row.arm.split("/")):
+        return f"already off ({flag}=false; measured switched back on): keep it off"
+    scope = row.bucket if per_bucket and row.bucket != ALL_BUCKETS else "global"
+    body = f'{{"scope": "{scope}", "value": false}}'
+    return f"{flag}=false in scope {scope}: PUT /v1/flags/{flag} {body}"
 
 
 def _recommendations(data: WeekData, registry: Registry,

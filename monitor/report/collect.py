@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 from monitor.report.data import (
     AcceptanceDay,
     AlertEntry,
-    ArmLatency,
     BucketDay,
+    DaySpeedup,
     FlagChange,
     LengthBin,
     MemoryPoint,
@@ -34,6 +34,7 @@ from monitor.report.quality import collect_quality
 from monitor.report.rollouts import collect_rollouts
 from monitor.report.sensitivity import collect_sensitivity
 from monitor.report.week import Period
+from probes.ab import PairRecord, load_pairs, speedups
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -76,7 +77,7 @@ def collect_week(session: Session, week: Period, options: CollectOptions) -> Wee
         lengths=lengths,
         memory=_memory(session, start, end),
         recompiles=_recompiles(session, start, end, options.warmup_s),
-        ab=_ab(session, start, end),
+        **_ab(session, start, end),
         alerts=_alerts(session, start, end),
         flag_changes=_flags(session, start, end),
         kv_budget_bytes=options.kv_budget_bytes,
@@ -129,7 +130,7 @@ def _median_of(g: pd.DataFrame, value: str) -> float:
 
 def _p99(session: Session, start: datetime,
          end: datetime) -> tuple[tuple[BucketDay, ...], dict[str, float]]:
-    # Canary cycles only: A/B runs alternate arms and bursts measure load, not the baseline's.
+    # Optimized canaries of cycles only: the A/B arms and bursts are not what baselines keep.
     df = queries.canary_results_frame(session, start, end, kind="cycle", variant=ARM_OPTIMIZED)
     df = df[df["p99_s"].notna()].assign(day=lambda d: _days(d["at"], start))
     days = tuple(BucketDay(str(b), int(d), _median_of(g, "p99_s"), int(g["count"].sum()))
@@ -210,14 +211,14 @@ def _recompiles(session: Session, start: datetime, end: datetime,
                  if r["recompiles"] or r["after_warmup"] or r["limit_hits"])
 
 
-def _ab(session: Session, start: datetime, end: datetime) -> tuple[ArmLatency, ...]:
-    df = queries.canary_results_frame(session, start, end, kind="ab")
-    df = df[df["p50_s"].notna()].assign(day=lambda d: _days(d["at"], start))
-    out = [ArmLatency(str(v), str(b), _median_of(g, "p50_s"), int(g["count"].sum()))
-           for (v, b), g in _groups(df, ["variant", "bucket"])]
-    out += [ArmLatency(str(v), str(b), _median_of(g, "p50_s"), int(g["count"].sum()), int(d))
-            for (v, b, d), g in _groups(df, ["variant", "bucket", "day"])]
-    return tuple(out)
+def _ab(session: Session, start: datetime, end: datetime) -> dict[str, Any]:
+    """Return the week's measured speedups (probes.ab, the one definition) and each day's."""
+    pairs = load_pairs(session, start, end)
+    by_day: dict[int, list[PairRecord]] = {}
+    for p in pairs:
+        by_day.setdefault(min(max((p.started_at - start).days, 0), 6), []).append(p)
+    daily = tuple(DaySpeedup(d, s) for d, ps in sorted(by_day.items()) for s in speedups(ps))
+    return {"ab": tuple(speedups(pairs)), "ab_daily": daily}
 
 
 def _alerts(session: Session, start: datetime, end: datetime) -> tuple[AlertEntry, ...]:

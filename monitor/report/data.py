@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from monitor.report.week import Period
+from probes.ab import ArmSpeedup
 
 if TYPE_CHECKING:
     from monitor.report.deliveries import DeadLetterRow
@@ -96,17 +97,11 @@ class RecompileHour:
 
 
 @dataclass(frozen=True)
-class ArmLatency:
-    """Median latency of one A/B arm in one bucket; day None = the whole week.
+class DaySpeedup:
+    """The measured speedups (probes.ab) of the A/B cycles of one day."""
 
-    arm: "optimized" or a fallback arm ("eager", "direct", "exact").
-    """
-
-    arm: str
-    bucket: str
-    median_s: float
-    n: int
-    day: int | None = None
+    day: int
+    speedup: ArmSpeedup
 
 
 @dataclass(frozen=True)
@@ -148,7 +143,9 @@ class WeekData:
     lengths: tuple[LengthBin, ...] = ()
     memory: tuple[MemoryPoint, ...] = ()
     recompiles: tuple[RecompileHour, ...] = ()
-    ab: tuple[ArmLatency, ...] = ()
+    # Measured speedups (probes.ab: paired per prompt) per bucket and over all buckets.
+    ab: tuple[ArmSpeedup, ...] = ()
+    ab_daily: tuple[DaySpeedup, ...] = ()
     alerts: tuple[AlertEntry, ...] = ()
     flag_changes: tuple[FlagChange, ...] = ()
     kv_budget_bytes: int | None = None

@@ -7,7 +7,6 @@ Adding a metric: write a function below and list it in METRICS.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from monitor.report.data import WeekData
+from probes.ab import ALL_BUCKETS, OPTIMIZATION_OF_ARM, ArmSpeedup
 from vocab import BUCKET_OVERFLOW, Variant
 
 if TYPE_CHECKING:
@@ -182,36 +182,33 @@ def memory_growth_per_day(data: WeekData, opt: Optimization) -> MetricReading:
 
 
 def speedup(data: WeekData, opt: Optimization) -> MetricReading:
-    """Fallback-arm median latency / optimized median latency per bucket (A/B canaries)."""
-    weekly: dict[tuple[str, str], tuple[float, int]] = {}
-    daily: dict[tuple[str, str, int], float] = {}
-    for row in data.ab:
-        if row.day is None:
-            weekly[(row.arm, row.bucket)] = (row.median_s, row.n)
-        else:
-            daily[(row.arm, row.bucket, row.day)] = row.median_s
-    arm = opt.ab_arm or ""
-    per_bucket: dict[str, Reading] = {}
-    for (a, bucket), (fb, n_fb) in sorted(weekly.items(), key=lambda kv: _bucket_key(kv[0][1])):
-        if a != arm or (ARM_OPTIMIZED, bucket) not in weekly:
-            continue
-        op, n_op = weekly[(ARM_OPTIMIZED, bucket)]
-        if op <= 0:
-            continue
-        days = tuple(
-            daily[(arm, bucket, i)] / daily[(ARM_OPTIMIZED, bucket, i)]
-            if (arm, bucket, i) in daily and daily.get((ARM_OPTIMIZED, bucket, i)) else None
-            for i in range(7))
-        detail = (f"{arm} median {fb * 1000:.1f} ms (n={n_fb}) / optimized median "
-                  f"{op * 1000:.1f} ms (n={n_op})")
-        per_bucket[bucket] = Reading(fb / op, detail, min(n_fb, n_op), days)
-    if not per_bucket:
-        return MetricReading(Reading(None, f"no A/B rows for arm {arm!r}"))
-    values = [r.value for r in per_bucket.values() if r.value]
-    gmean = math.exp(sum(math.log(v) for v in values) / len(values))
-    overall = Reading(gmean, f"geometric mean over {len(values)} buckets",
-                      sum(r.n for r in per_bucket.values()))
+    """Measured speedup per bucket and over all buckets (probes.ab: paired per prompt)."""
+    name = OPTIMIZATION_OF_ARM.get(opt.ab_arm or "")
+    rows = [s for s in data.ab if s.optimization == name]
+    if not rows:
+        return MetricReading(Reading(None, f"nothing measured: no A/B pairs for arm "
+                                           f"{opt.ab_arm!r} this week"))
+    daily: dict[tuple[str, int], float] = {
+        (d.speedup.bucket, d.day): d.speedup.speedup for d in data.ab_daily
+        if d.speedup.optimization == name}
+
+    def reading(s: ArmSpeedup) -> Reading:
+        days = tuple(daily.get((s.bucket, i)) for i in range(7))
+        return Reading(s.speedup, speedup_evidence(s), s.pairs, days)
+
+    overall = next((reading(s) for s in rows if s.bucket == ALL_BUCKETS), NO_DATA)
+    per_bucket = {s.bucket: reading(s) for s in rows if s.bucket != ALL_BUCKETS}
     return MetricReading(overall, per_bucket)
+
+
+def speedup_evidence(s: ArmSpeedup) -> str:
+    """Return how a measured speedup was measured, e.g. for a report cell."""
+    ci = ("" if s.ci_low is None or s.ci_high is None
+          else f", 95% CI {s.ci_low:.2f}-{s.ci_high:.2f}x")
+    arms = "/".join(s.arms)
+    return (f"median of {s.pairs} per-prompt pairs in {s.runs} A/B cycles{ci}; {arms} "
+            f"{s.arm_p50_s * 1000:.1f} ms vs optimized {s.optimized_p50_s * 1000:.1f} ms "
+            f"(medians)")
 
 
 def speedup_vs_expected(data: WeekData, opt: Optimization) -> MetricReading:
@@ -313,7 +310,8 @@ METRICS: dict[str, MetricSpec] = {
                    False, kv_cache_budget_share),
         MetricSpec("memory_growth_per_day", "RSS growth per day, relative", "share", False,
                    memory_growth_per_day),
-        MetricSpec("speedup", "fallback / optimized median latency (A/B canaries)", "ratio",
+        MetricSpec("speedup", "median over A/B prompt pairs of fallback / optimized latency",
+                   "ratio",
                    True, speedup, needs_ab=True),
         MetricSpec("speedup_vs_expected", "measured speedup / expected speedup", "ratio",
                    True, speedup_vs_expected, needs_ab=True, needs_expected=True),

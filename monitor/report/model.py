@@ -37,6 +37,9 @@ class SpeedupRow:
     expected: float | None
     measured: float | None
     evidence: str
+    ci_low: float | None = None  # 95% CI of the measured median (probes.ab)
+    ci_high: float | None = None
+    pairs: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,11 @@ class OptimizationReview:
     description: str
     status: str
     expected_speedup: float | None
-    measured_speedup: float | None  # geometric mean over buckets; None without A/B rows
+    measured_speedup: float | None  # median over every bucket's pairs; None: not measured
     checks: tuple[CheckResult, ...]
     speedups: tuple[SpeedupRow, ...]
     disable_when: tuple[DisableCondition, ...]
+    overall: SpeedupRow | None = None  # bucket "all": the pairs of every bucket together
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,26 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class CostlyRow:
+    """One bucket (or "all") where an optimization measured slower than its fallback.
+
+    turn_off: the flag change that would turn it off there (or that it is off already).
+    """
+
+    bucket: str
+    measured: float
+    evidence: str
+    turn_off: str
+
+
+@dataclass(frozen=True)
 class CostlyOptimization:
     """An optimization whose measured speedup is under 1 overall or in some buckets."""
 
     name: str
     measured_speedup: float | None
     slower_buckets: tuple[tuple[str, float], ...]
+    rows: tuple[CostlyRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,11 @@ class WeeklyReport:
     def window(self) -> str:
         """Return the week's query window as text."""
         return f"{_iso(self.start)} .. {_iso(self.end)} (UTC, end exclusive)"
+
+    @property
+    def measured(self) -> bool:
+        """Return whether any optimization's speedup was measured this week."""
+        return any(o.speedups for o in self.optimizations)
 
     def counts(self) -> dict[str, int]:
         """Return how many checks hold, are at risk, are violated or lack data."""
@@ -134,6 +157,7 @@ class WeeklyReport:
             "flag_changes": len(self.flag_changes),
             "dead_letters": {r.target: r.count for r in self.data.dead_letters},
             "costly": [c.name for c in self.costly],
+            "measured": self.measured,
             "recommendations": [{"kind": r.kind, "text": r.text} for r in self.recommendations],
         }
 

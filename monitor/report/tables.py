@@ -62,17 +62,21 @@ def _evidence(c: CheckResult) -> str:
 
 
 def speedup_table(report: WeeklyReport) -> Table:
-    """Return expected vs measured speedup per optimization and bucket."""
+    """Return expected vs measured speedup per optimization and bucket (probes.ab)."""
     rows = []
     for o in report.optimizations:
-        for s in o.speedups:
-            rows.append((o.name, s.bucket, s.arm, fmt(s.expected), fmt(s.measured),
-                         s.evidence))
-        if o.speedups:
-            rows.append((o.name, "all (geo. mean)", o.speedups[0].arm, fmt(o.expected_speedup),
-                         fmt(o.measured_speedup), ""))
-    return Table(("Optimization", "Bucket", "Fallback arm", "Expected", "Measured", "Evidence"),
-                 tuple(rows), "no A/B canary rows this week")
+        for s in (*o.speedups, *([o.overall] if o.overall else ())):
+            bucket = "all (every bucket's pairs)" if s is o.overall else s.bucket
+            rows.append((o.name, bucket, s.arm, fmt(s.expected), fmt(s.measured),
+                         ci(s.ci_low, s.ci_high), str(s.pairs), s.evidence))
+    return Table(("Optimization", "Bucket", "Fallback arm", "Expected", "Measured", "95% CI",
+                  "Pairs", "Evidence"), tuple(rows),
+                 "nothing measured: no A/B prompt pairs this week")
+
+
+def ci(low: float | None, high: float | None) -> str:
+    """Format a confidence interval, or '-' when there are too few pairs for one."""
+    return "-" if low is None or high is None else f"{low:.3g}-{high:.3g}"
 
 
 def alert_table(report: WeeklyReport) -> Table:
@@ -110,10 +114,10 @@ def shape_table(report: WeeklyReport) -> Table:
 
 
 def costly_table(report: WeeklyReport) -> Table:
-    """Return optimizations with measured speedup under 1."""
-    rows = tuple((c.name, fmt(c.measured_speedup),
-                  ", ".join(f"{b}: {v:.2f}x" for b, v in c.slower_buckets) or "-")
-                 for c in report.costly)
-    return Table(("Optimization", "Measured speedup", "Buckets slower than fallback"), rows,
-                 "every measured optimization earns its cost")
-
+    """Return each bucket where an optimization measured slower than going without it."""
+    rows = tuple((c.name, r.bucket, speed(r.measured), r.evidence, r.turn_off)
+                 for c in report.costly for r in c.rows)
+    empty = ("every measured optimization earns its cost" if report.measured
+             else "nothing measured: no A/B prompt pairs this week")
+    return Table(("Optimization", "Bucket", "Measured speedup", "Evidence", "Turn off with"),
+                 rows, empty)

@@ -75,6 +75,32 @@ def test_probe_run_listing_offers_only_the_kinds_the_prober_writes(client: TestC
     assert "ab" not in str(kind["schema"])
 
 
+def test_speedups_are_read_from_the_ab_cycles_stored(client: TestClient,
+                                                     auth: dict[str, str]) -> None:
+    assert client.get("/v1/probes/speedups").json() == []  # nothing measured yet
+    for _ in range(2):
+        r = client.post("/v1/probes/run", json={"kind": "cycle", "ab": True}, headers=auth)
+        assert r.status_code == 200 and r.json()["stored"], r.text
+    got = client.get("/v1/probes/speedups").json()
+    from probes.ab import ab_speedups
+
+    sessions = services_of(client.app).sessions  # type: ignore[arg-type]
+    now = datetime.now(UTC)
+    with sessions() as session:
+        want = ab_speedups(session, now - timedelta(days=7), now + timedelta(seconds=1))
+    assert [(g["bucket"], g["optimization"], g["pairs"]) for g in got] == [
+        (w.bucket, w.optimization, w.pairs) for w in want]
+    assert [g["speedup"] for g in got] == pytest.approx([w.speedup for w in want])
+    every = {g["optimization"]: g for g in got if g["bucket"] == "all"}
+    assert set(every) == {"compile", "speculative"} and every["compile"]["speedup"] > 1
+    assert every["compile"]["arms"] == ["eager"] and every["compile"]["runs"] == 2
+    r = client.get("/v1/probes/speedups", params={"since": "2026-11-30T00:00:00Z",
+                                                  "until": "2026-11-29T00:00:00Z"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "until"
+    r = client.get("/v1/probes/speedups", params={"since": "yesterday"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "since"
+
+
 def test_probe_run_validates_its_body(client: TestClient, auth: dict[str, str]) -> None:
     r = client.post("/v1/probes/run", json={"kind": "soak"}, headers=auth)
     assert r.status_code == 422 and r.json()["error"]["field"] == "kind"

@@ -47,21 +47,25 @@ def test_speedups_pair_within_prompts_and_orient_reverse_arms() -> None:
     pairs += [_pair("64", run_id=9, optimized=0.2, speculative=0.1),  # speculation off there
               _pair("64", run_id=9, eager=0.3),  # the optimized call failed: no pair
               _pair("64", run_id=10, optimized=0.2, eager=0.5)]
-    got = {(s.bucket, s.arm): s for s in speedups(pairs)}
-    e16 = got[("16", "eager")]
-    assert (e16.optimization, e16.pairs, e16.runs) == ("compile", 7, 7)
+    got = {(s.bucket, s.optimization): s for s in speedups(pairs)}
+    e16 = got[("16", "compile")]
+    assert (e16.arms, e16.pairs, e16.runs) == (("eager",), 7, 7)
     assert e16.speedup == pytest.approx(1.8)
     assert (e16.ci_low, e16.ci_high) == (pytest.approx(1.2), pytest.approx(3.0))  # k = 1
     assert e16.optimized_p50_s == pytest.approx(0.1) and e16.arm_p50_s == pytest.approx(0.18)
-    assert got[("16", "direct")].speedup == pytest.approx(0.5)  # slower than going direct
+    assert got[("16", "speculative")].speedup == pytest.approx(0.5)  # slower than direct
     # The reverse arm measures speculation switched on: optimized (direct) / arm.
     assert got[("64", "speculative")].speedup == pytest.approx(2.0)
-    assert got[("64", "speculative")].optimization == "speculative"
-    assert got[("64", "eager")].pairs == 1 and got[("64", "eager")].speedup == pytest.approx(2.5)
-    every = got[(ALL_BUCKETS, "eager")]
+    assert got[("64", "speculative")].arms == ("speculative",)
+    assert got[("64", "compile")].pairs == 1 and got[("64", "compile")].speedup == 2.5
+    # Forward and reverse arms measure the same optimization: pooled over all buckets.
+    spec = got[(ALL_BUCKETS, "speculative")]
+    assert (spec.arms, spec.pairs) == (("direct", "speculative"), 8)
+    assert spec.speedup == pytest.approx(0.5)
+    every = got[(ALL_BUCKETS, "compile")]
     assert every.pairs == 8
     assert every.speedup == pytest.approx(math.sqrt(1.8 * 2.0))  # median of 8 ratios
-    assert [s.bucket for s in speedups(pairs)][-1] == ALL_BUCKETS
+    assert [s.bucket for s in speedups(pairs)][-2:] == [ALL_BUCKETS] * 2
 
 
 # tests/probes has no db pin: sessionmaker runs on SQLite and PostgreSQL.
@@ -78,7 +82,7 @@ def test_speedups_from_pairs_stored_by_the_sink(sessionmaker: sessionmaker[Sessi
     store(sessionmaker, ProbeCycle(engine, suites, instance_id="a", ab_share=0.0,
                                    clock=lambda: T).run("in_domain"))  # no pairs: skipped
     with sessionmaker() as s:
-        got = {(x.bucket, x.arm): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
+        got = {(x.bucket, x.optimization): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
         assert ab_speedups(s, T, T + HOUR, instance_id="other") == []
         assert ab_speedups(s, T + HOUR, T + 2 * HOUR) == []
         stored = load_pairs(s, T - HOUR, T + HOUR)
@@ -89,18 +93,19 @@ def test_speedups_from_pairs_stored_by_the_sink(sessionmaker: sessionmaker[Sessi
     # What was read back is what the cycles measured, pair by pair.
     ratios = [p.latency_s["eager"] / p.latency_s["optimized"]
               for r in results for p in r.pairs if p.bucket == "64"]
-    eager = got[("64", "eager")]
-    assert (eager.optimization, eager.pairs, eager.runs) == ("compile", 6, 3)
+    eager = got[("64", "compile")]
+    assert (eager.arms, eager.pairs, eager.runs) == (("eager",), 6, 3)
     assert eager.speedup == pytest.approx(math.exp(statistics.median(map(math.log, ratios))))
     assert eager.ci_low == pytest.approx(min(ratios)) and eager.ci_high == pytest.approx(
         max(ratios))
     assert eager.speedup > 1.5  # the fake charges 2x per token in eager mode
-    assert got[("64", "direct")].optimization == "speculative"
-    assert got[("64", "direct")].speedup > 1  # in-domain acceptance 0.8: speculation pays
+    assert got[("64", "speculative")].arms == ("direct",)
+    assert got[("64", "speculative")].speedup > 1  # in-domain acceptance 0.8: speculation pays
     # Bucket 16 has speculation off: its arm measures speculation switched back on.
-    assert ("16", "direct") not in got
+    assert got[("16", "speculative")].arms == ("speculative",)
     assert got[("16", "speculative")].speedup > 1
-    assert got[(ALL_BUCKETS, "eager")].pairs == 30
+    assert got[(ALL_BUCKETS, "compile")].pairs == 30
+    assert got[(ALL_BUCKETS, "speculative")].arms == ("direct", "speculative")
 
 
 def test_empty_window_is_refused(sessionmaker: sessionmaker[Session]) -> None:
@@ -117,10 +122,9 @@ def test_compiled_off_probes_the_compiled_path_as_a_reverse_arm(
                        ab_arms=("eager",), rng=random.Random(0), clock=lambda: T)
     store(sessionmaker, cycle.run("in_domain"))
     with sessionmaker() as s:
-        got = {(x.bucket, x.arm): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
+        got = {(x.bucket, x.optimization): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
     # The eager fallback is in force, so the arm measures compile switched back on.
-    assert ("64", "eager") not in got
-    compiled = got[("64", "compiled")]
-    assert compiled.optimization == "compile"
+    compiled = got[("64", "compile")]
+    assert compiled.arms == ("compiled",)
     assert compiled.speedup == pytest.approx(compiled.optimized_p50_s / compiled.arm_p50_s)
     assert compiled.speedup > 1.5

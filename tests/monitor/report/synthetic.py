@@ -1,108 +1,161 @@
-"""A synthetic week (2026-W48) written into a real database, with the numbers it implies.
+"""A synthetic week (2026-W48) written by the production writers, with the numbers it implies.
+
+No row is built by hand: canary cycles are the real Prober (ProbeCycle, probes.sink,
+storage Writer) driven by the fake engine with fixed latencies per bucket and arm; real
+traffic goes through the TrafficRecorder; flag changes through the FlagStore; baselines
+through alerts.baselines.pin; alerts through the alert Lifecycle. Every writer runs on an
+injected clock, so the rows have exactly the shapes and run kinds the service writes.
 
 What holds and what breaks, by construction:
-- torch.compile HOLDS: 3 recompiles only during warm-up; eager/optimized = 1.5 (bucket 16)
-  and 1.4 (bucket 64) against an expected 1.3.
-- bucketing VIOLATED: padding waste (1000 + 1400) / 8000 = 0.30 > 0.25, while
-  1400 / 1401 real inputs fit the largest bucket (holds).
+- torch.compile HOLDS: the cold engine compiles bucket 16 then 64 (one recompile) in the
+  week's first cycle, within warm-up; eager/optimized = 1.5 (bucket 16) and 1.4 (bucket
+  64), 1.4 over both buckets' pairs, against an expected 1.3.
+- bucketing VIOLATED: padding waste (1000 + 1400) / 8000 = 0.30 > 0.25 a day, while
+  1400 / 1401 real inputs fit the largest bucket (holds); no exact arm runs (no data).
 - static KV cache AT RISK: peak KV share 0.70 <= 0.8, but it rises 0.05 a day
   (trend projects 1.075 a week later); RSS grows exactly 1% a day (holds).
-- speculative decoding VIOLATED: acceptance 0.8 in bucket 16, 0.4 in bucket 64;
+- speculative decoding VIOLATED: acceptance about 0.8 in bucket 16, 0.4 in bucket 64;
   direct/optimized = 1.3 (16) and 0.9 (64): bucket 64 costs more than it earns.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import random
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 
-from sqlalchemy.orm import Session
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
+from alerts.baselines import pin
+from alerts.flags import FlagStore
+from alerts.lifecycle import Lifecycle
+from alerts.rules import Rule, RuleResult
+from engine.protocol import InMemoryFlagProvider, RuntimeFlags
 from monitor.report.week import parse_week
-from storage.models import (
-    Alert,
-    AlertTransition,
-    Baseline,
-    CompileEvent,
-    FlagAudit,
-    MemorySample,
-    ProbeResult,
-    ProbeRun,
-    TrafficRollup,
-)
+from probes.canaries import CanarySuite
+from probes.fake import FakeEngine, FakeTimings
+from probes.prober import Prober
+from probes.traffic import TrafficRecorder
+from storage.models import Alert
+from storage.writer import Writer
+from tests.probes.fakes import prompt_of
 
 WEEK = parse_week("2026-W48")
 START = WEEK.start
 KV_BUDGET = 100 * 2**20
 RSS0 = 1_000_000_000
+CYCLE_EVERY_H = 2
+AB_EVERY_H = 4  # every other cycle runs the A/B arms
+# Seconds per (bucket, path, decoding): optimized = compiled speculative, eager arm =
+# eager speculative, direct arm = compiled direct.
+LATENCY = {("16", "compiled", "speculative"): 0.200, ("16", "eager", "speculative"): 0.300,
+           ("16", "compiled", "direct"): 0.260,
+           ("64", "compiled", "speculative"): 0.300, ("64", "eager", "speculative"): 0.420,
+           ("64", "compiled", "direct"): 0.270}
+SHIFTED = ("ERR_42", "K8S_POD", "0X1F", "GET", "RC=-1")  # acceptance 0.4 in the fake
 
 
-def fill_week(session: Session) -> None:
-    """Write the synthetic week (plus a little noise outside it)."""
+class Clock:
+    """The injected clock every writer reads."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def fill_week(sessions: sessionmaker[Session],
+              latency: Mapping[tuple[str, str, str], float] = LATENCY,
+              speculation_off: tuple[str, ...] = ()) -> None:
+    """Write the synthetic week (plus a little outside it) through the production writers.
+
+    latency: seconds per (bucket, path, decoding), LATENCY unless a test wants others.
+    speculation_off: buckets whose speculative flag is off all week.
+    """
+    clock = Clock(START)
+    off = dict.fromkeys(("overflow", *speculation_off), False)
+    engine = FakeEngine(acceptance={"in_domain": 0.8, "shifted": 0.4}, output_tokens=21,
+                        timings=FakeTimings(total_s=dict(latency)),
+                        flags=InMemoryFlagProvider(RuntimeFlags(speculative=off)))
+    with _writer(sessions) as writer:
+        _canaries(engine, writer, clock)
+        _traffic(engine, writer, clock)
+    _flags_baselines_and_alerts(sessions, clock)
+
+
+@contextmanager
+def _writer(sessions: sessionmaker[Session]) -> Iterator[Writer]:
+    writer = Writer(sessions)
+    try:
+        yield writer
+        assert writer.flush(timeout=60) and writer.stats.failed == 0, writer.stats
+    finally:
+        writer.close()
+
+
+def _canaries(engine: FakeEngine, writer: Writer, clock: Clock) -> None:
+    """Run a canary cycle every 2 hours; memory samples come from the engine's snapshots."""
+    # Four canaries in bucket 16 and four in bucket 64 (bytes + EOS = tokens).
+    prompts = tuple(prompt_of(n, seed=n) for n in (10, 12, 13, 14, 40, 45, 50, 55))
+    suite = CanarySuite("in_domain", "in_domain", prompts, 21, "synthetic")
+    prober = Prober(engine, writer, {"in_domain": suite}, instance_id="i1",
+                    canaries_per_bucket=4, ab_share=0.0, ab_arms=("eager", "direct"),
+                    rng=random.Random(0), clock=clock)
+    for h in range(0, 168, CYCLE_EVERY_H):
+        clock.now = START + timedelta(hours=h)
+        engine.state.rss_bytes = RSS0 + h * RSS0 // 2400
+        engine.state.kv_cache_bytes = round((0.40 + 0.05 * (h // 24)) * KV_BUDGET)
+        prober.run_cycle(ab=h % AB_EVERY_H == 0)
+
+
+def _traffic(engine: FakeEngine, writer: Writer, clock: Clock) -> None:
+    """Serve 100 requests of 6 tokens (bucket 16) and 100 of 50 (bucket 64) a day."""
+    recorder = TrafficRecorder("i1", clock=clock)
+    in_domain, shifted = "river", prompt_of(49, SHIFTED)  # + EOS: 6 and 50 tokens
     for d in range(7):
-        day = START + timedelta(days=d, hours=12)
-        # Real traffic: 100 requests of ~6 tokens in bucket 16, 100 of ~50 in bucket 64.
-        session.add(TrafficRollup(minute=day, instance_id="i1", bucket="16", path="compiled",
-                                  decoding="speculative", requests=100, input_tokens_sum=600,
-                                  padded_tokens_sum=1600, draft_tokens=100, accepted_tokens=80,
-                                  input_lens={"6": 100}))
-        session.add(TrafficRollup(minute=day, instance_id="i1", bucket="64", path="compiled",
-                                  decoding="speculative", requests=100, input_tokens_sum=5000,
-                                  padded_tokens_sum=6400, draft_tokens=100, accepted_tokens=40,
-                                  input_lens={"50": 100}))
-        # Canary cycle: optimized p99 per bucket.
-        run = ProbeRun(started_at=day, instance_id="i1", kind="cycle")
-        run.results = [
-            ProbeResult(at=day, bucket="16", path="compiled", decoding="speculative",
-                        count=4, p50_s=0.1, p99_s=0.2),
-            ProbeResult(at=day, bucket="64", path="compiled", decoding="speculative",
-                        count=4, p50_s=0.1, p99_s=0.3),
-        ]
-        session.add(run)
-        # A/B canaries: the optimized arm against each fallback arm.
-        ab = ProbeRun(started_at=day + timedelta(minutes=1), instance_id="i1", kind="ab")
-        at = day + timedelta(minutes=1)
-        arms = {"16": {"optimized": 0.100, "eager": 0.150, "direct": 0.130},
-                "64": {"optimized": 0.100, "eager": 0.140, "direct": 0.090}}
-        ab.results = [
-            ProbeResult(at=at, bucket=b, path="eager" if v == "eager" else "compiled",
-                        decoding="direct" if v == "direct" else "speculative", variant=v,
-                        count=4, p50_s=p50, p99_s=p50 * 2)
-            for b, per in arms.items() for v, p50 in per.items()
-        ]
-        session.add(ab)
-    session.add(TrafficRollup(minute=START + timedelta(hours=1), instance_id="i1",
-                              bucket="overflow", path="overflow", decoding="direct",
-                              requests=1, input_tokens_sum=300, padded_tokens_sum=300,
-                              input_lens={"300": 1}))
-    for h in range(168):
-        at = START + timedelta(hours=h)
-        share = 0.40 + 0.05 * (h // 24)
-        session.add(MemorySample(at=at, instance_id="i1", rss_bytes=RSS0 + h * RSS0 // 2400,
-                                 kv_cache_bytes=round(share * KV_BUDGET)))
-    session.add(CompileEvent(at=START + timedelta(minutes=1), instance_id="i1", graphs=10))
-    session.add(CompileEvent(at=START + timedelta(minutes=10), instance_id="i1", recompiles=3))
-    for bucket, value in (("16", 0.18), ("64", 0.25)):
-        session.add(Baseline(metric="p99_latency", scope={"bucket": bucket},
-                             scope_key=f"bucket={bucket}", value=value,
-                             created_at=START - timedelta(days=1)))
+        clock.now = START + timedelta(days=d, hours=12)
+        for _ in range(100):
+            recorder.record(engine.generate(in_domain))
+            recorder.record(engine.generate(shifted))
+    clock.now = START + timedelta(hours=1)
+    recorder.record(engine.generate(prompt_of(299)))  # 300 tokens: overflows
+    recorder.flush(writer)
+
+
+def _flags_baselines_and_alerts(sessions: sessionmaker[Session], clock: Clock) -> None:
     fired = START + timedelta(days=1, hours=10)
-    alert = Alert(fingerprint="acc64", rule="acceptance_drop", labels={"bucket": "64"},
-                  annotations={"summary": "acceptance 0.4 vs baseline 0.7"}, severity="page",
-                  state="firing", started_at=fired - timedelta(minutes=2), fired_at=fired,
-                  value=0.4, baseline=0.7)
-    alert.transitions = [
-        AlertTransition(at=fired - timedelta(minutes=2), from_state=None, to_state="pending"),
-        AlertTransition(at=fired, from_state="pending", to_state="firing",
-                        reason="acceptance_rate 0.4 vs baseline 0.7 (-43%)"),
-    ]
-    session.add(alert)
-    old = Alert(fingerprint="old", rule="p99_latency_regression", labels={"bucket": "16"},
-                state="resolved", started_at=START - timedelta(days=3),
-                fired_at=START - timedelta(days=3), resolved_at=START - timedelta(days=2))
-    session.add(old)
-    session.add(FlagAudit(at=fired + timedelta(minutes=1), name="speculative", scope="64",
-                          actor="auto-fallback", source="auto", action="set", old_value=True,
-                          new_value=False, reason="acceptance_drop fired in bucket 64"))
-    session.add(FlagAudit(at=START - timedelta(days=1), name="compiled", actor="alice",
-                          source="manual", action="set", old_value=False, new_value=True,
-                          reason="last week's change, not this one"))
+    flags = FlagStore(clock=clock)
+    with sessions.begin() as session:
+        clock.now = START - timedelta(days=1)
+        for bucket, value in (("16", 0.18), ("64", 0.25)):
+            pin(session, "p99_latency", {"bucket": bucket}, "alice", value=value,
+                now=clock.now)
+        flags.set(session, "compiled", "global", True, actor="alice", source="manual",
+                  reason="last week's change, not this one")
+    rule = Rule(name="acceptance_drop", metric="acceptance_rate", direction=-1,
+                threshold=0.2, resolve_threshold=0.1, source="traffic", severity="page")
+    drop = RuleResult(rule=rule.name, labels={"bucket": "64"}, baseline=0.7, current=0.4,
+                      relative_change=-0.43, threshold=-0.2, fired=False, breaching=True,
+                      reason="acceptance_rate 0.4 vs baseline 0.7 (-43%)", severity="page")
+    old = Rule(name="p99_latency_regression", metric="p99_latency", direction=1,
+               threshold=0.2, resolve_threshold=0.1)
+    slow = RuleResult(rule=old.name, labels={"bucket": "16"}, baseline=0.18, current=0.3,
+                      relative_change=0.67, threshold=0.2, fired=True, breaching=True,
+                      reason="p99 0.3 vs 0.18")
+    steps = [(START - timedelta(days=3), old, slow),  # fired and resolved last week
+             (START - timedelta(days=2), old, RuleResult(
+                 **{**slow.__dict__, "fired": False, "breaching": False, "recovered": True})),
+             (fired - timedelta(minutes=2), rule, drop),
+             (fired, rule, RuleResult(**{**drop.__dict__, "fired": True}))]
+    for at, r, result in steps:
+        clock.now = at
+        with sessions.begin() as session:
+            alert = session.scalars(select(Alert).where(Alert.rule == r.name)).one_or_none()
+            Lifecycle(session, at).apply(r, result, alert)
+    with sessions.begin() as session:
+        clock.now = fired + timedelta(minutes=1)
+        flags.set(session, "speculative", "64", False, actor="auto-fallback", source="auto",
+                  reason="acceptance_drop fired in bucket 64")

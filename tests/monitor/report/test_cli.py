@@ -15,8 +15,7 @@ from tests.monitor.report.synthetic import KV_BUDGET, fill_week
 def test_report_writes_both_files(sessionmaker, migrated_url: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    with sessionmaker.begin() as session:
-        fill_week(session)
+    fill_week(sessionmaker)
     monkeypatch.setenv("TAILWATCH_DATABASE_URL", migrated_url)
     monkeypatch.setenv("TAILWATCH_REPORT__KV_CACHE_BUDGET_BYTES", str(KV_BUDGET))
     monkeypatch.delenv("TAILWATCH_CONFIG", raising=False)

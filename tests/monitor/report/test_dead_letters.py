@@ -13,8 +13,8 @@ NOW = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)  # report of 2026-W48: Nov 23 .. 
 
 
 def _row(target: str, key: str, at: datetime, state: str, error: str | None) -> WebhookDelivery:
-    return WebhookDelivery(target=target, url="http://127.0.0.1:9/hook", payload={"k": key},
-                           idempotency_key=key, state=state, created_at=at,
+    return WebhookDelivery(target=target, url="http://127.0.0.1:9/hook", format="generic",
+                           payload={"k": key}, idempotency_key=key, state=state, created_at=at,
                            next_attempt_at=at, attempts=1, last_error=error)
 
 
@@ -60,3 +60,27 @@ def test_a_week_without_dead_letters_says_so(sessionmaker, report_settings: Sett
     section = render_markdown(report).split("## Webhook dead letters", 1)[1].split("##", 1)[0]
     assert "No dead letters" in section
     assert report.summary()["dead_letters"] == {}
+
+
+def test_hand_built_delivery_rows_carry_what_the_outbox_writes(sessionmaker) -> None:
+    # The rows above are built by hand (each dead letter would otherwise need a receiver
+    # failing its own way); they must have the shape alerts.outbox.enqueue writes.
+    from alerts.outbox import enqueue_message
+    from alerts.webhooks import WebhookTarget
+    from storage.models import DELIVERY_STATES
+
+    with sessionmaker.begin() as s:
+        (written,) = enqueue_message(s, "title", "text",
+                                     [WebhookTarget("pager", "http://127.0.0.1:9/hook")],
+                                     now=NOW, key="k1")
+        built = _row("pager", "a1", NOW, "failed", "HTTP 404: no such hook")
+        s.add(built)
+        s.flush()
+        columns = [c.key for c in WebhookDelivery.__table__.columns]
+        set_by_writer = {c for c in columns if getattr(written, c) is not None}
+        set_by_hand = {c for c in columns if getattr(built, c) is not None}
+        assert set_by_writer <= set_by_hand
+        assert set_by_hand - set_by_writer <= {"last_error"}  # the delivery loop's, on failure
+        for c in set_by_writer:
+            assert type(getattr(built, c)) is type(getattr(written, c)), c
+        assert built.state in DELIVERY_STATES and built.format == written.format

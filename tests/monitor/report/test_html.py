@@ -45,8 +45,8 @@ def _chromium(tmp: Path, *args: str) -> str:
 
 def test_html_renders_every_plot(sessionmaker, report_settings: Settings,
                                  tmp_path: Path) -> None:
+    fill_week(sessionmaker)
     with sessionmaker.begin() as session:
-        fill_week(session)
         report = build_report(session, "2026-W48", datetime(2026, 11, 30, 6, tzinfo=UTC),
                               load_registry(), report_settings)
     html = render_html(report)

@@ -1,4 +1,4 @@
-"""The report on a synthetic week stored in SQLite and PostgreSQL."""
+"""The report on a synthetic week written by the production writers, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from monitor.report import build_report, load_registry, render_markdown, run_wee
 from monitor.report.job import summary_text
 from monitor.report.model import WeeklyReport
 from monitor.settings import Settings
+from probes.ab import ALL_BUCKETS, ab_speedups
 from storage.models import Report, WebhookDelivery
-from tests.monitor.report.synthetic import fill_week
+from tests.monitor.report.synthetic import LATENCY, fill_week
 
 NOW = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
 
@@ -28,8 +29,7 @@ def _check(report: WeeklyReport, opt: str, check_id: str):  # type: ignore[no-un
 # tests/monitor/conftest.py pins db_kind to SQLite; the core case runs on both databases.
 @pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Settings) -> None:
-    with sessionmaker.begin() as session:
-        fill_week(session)
+    fill_week(sessionmaker)
     with sessionmaker.begin() as session:
         report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
 
@@ -42,8 +42,9 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
     acc = _check(report, "speculative decoding", "acceptance")
     assert acc.status == "violated"
     per = {b.bucket: (b.verdict.status, b.verdict.value) for b in acc.buckets}
-    assert per == {"16": ("holds", pytest.approx(0.8)), "64": ("violated", pytest.approx(0.4))}
-    assert "280 accepted / 700 proposed" in acc.verdict.detail
+    # The fake engine's acceptance: 0.8 in-domain, 0.4 per proposal (rounded per request).
+    assert per == {"16": ("holds", pytest.approx(0.8)), "64": ("violated", pytest.approx(0.40625))}
+    assert "9100 accepted / 22400 proposed" in acc.verdict.detail
     assert acc.window.startswith("2026-11-23T00:00Z .. 2026-11-30T00:00Z")
 
     waste = _check(report, "bucketing", "padding-waste")
@@ -64,7 +65,18 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
     compile_ = next(o for o in report.optimizations if o.name == "torch.compile")
     assert {s.bucket: s.measured for s in compile_.speedups} == {
         "16": pytest.approx(1.5), "64": pytest.approx(1.4)}
+    # Over every bucket's pairs: 168 at 1.4 and 168 at 1.5, so the median of the logarithms
+    # is the geometric mean of the two middle ratios.
     assert compile_.measured_speedup == pytest.approx(math.sqrt(1.5 * 1.4))
+    assert compile_.overall is not None and compile_.overall.pairs == 336
+    assert (compile_.overall.ci_low, compile_.overall.ci_high) == (
+        pytest.approx(1.4), pytest.approx(1.5))
+    cs = _check(report, "torch.compile", "compile-speedup")
+    assert cs.status == "holds"
+    assert {b.bucket: b.verdict.value for b in cs.buckets} == {
+        "16": pytest.approx(1.5 / 1.3), "64": pytest.approx(1.4 / 1.3)}
+    assert [b.verdict.detail.split(";")[0] for b in cs.buckets] == [
+        "measured 1.50x / expected 1.3x", "measured 1.40x / expected 1.3x"]
     spec = next(o for o in report.optimizations if o.name == "speculative decoding")
     assert {s.bucket: s.measured for s in spec.speedups} == {
         "16": pytest.approx(1.3), "64": pytest.approx(0.9)}
@@ -73,6 +85,10 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
 
     assert [(c.name, c.slower_buckets) for c in report.costly] == [
         ("speculative decoding", (("64", pytest.approx(0.9)),))]
+    (row,) = report.costly[0].rows
+    assert row.turn_off == ('speculative=false in scope 64: PUT /v1/flags/speculative '
+                            '{"scope": "64", "value": false}')
+    assert "median of 168 per-prompt pairs in 42 A/B cycles" in row.evidence
 
     assert report.data.p99_week == {"16": pytest.approx(0.2), "64": pytest.approx(0.3)}
     assert report.data.baseline_p99 == {"16": pytest.approx(0.18), "64": pytest.approx(0.25)}
@@ -95,8 +111,56 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
     md = render_markdown(report)
     assert "### speculative decoding: VIOLATED" in md
     assert "### torch.compile: HOLDS" in md
-    assert "| speculative decoding | 64 | direct | 1.4 | 0.9 |" in md
+    assert "| speculative decoding | 64 | direct | 1.4 | 0.9 | 0.9-0.9 | 168 |" in md
+    assert "| speculative decoding | 64 | 0.90x | median of 168" in md
+    assert "every measured optimization earns its cost" not in md
     assert "last week's change" not in md
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_report_speedups_are_the_measured_speedups(sessionmaker,
+                                                   report_settings: Settings) -> None:
+    fill_week(sessionmaker)
+    with sessionmaker.begin() as session:
+        report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
+        measured = ab_speedups(session, report.start, report.end)
+    assert len(measured) == 6  # compile and speculative: buckets 16, 64 and all
+    by_key = {(s.optimization, s.bucket): s.speedup for s in measured}
+    names = {"torch.compile": "compile", "speculative decoding": "speculative"}
+    shown = {(names[o.name], s.bucket if s is not o.overall else ALL_BUCKETS): s.measured
+             for o in report.optimizations if o.name in names
+             for s in (*o.speedups, o.overall) if s is not None}
+    assert shown.keys() == by_key.keys()
+    for key, value in by_key.items():
+        assert shown[key] == pytest.approx(value, rel=0.01), key
+
+
+def test_every_optimization_that_pays_earns_its_cost(sessionmaker,
+                                                      report_settings: Settings) -> None:
+    faster = {**LATENCY, ("64", "compiled", "direct"): 0.39}  # speculation 1.3x in 64 too
+    fill_week(sessionmaker, faster)
+    with sessionmaker.begin() as session:
+        report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
+    assert report.costly == () and report.measured
+    md = render_markdown(report)
+    assert ("## Optimizations that cost more than they earn\n\n"
+            "_every measured optimization earns its cost_") in md
+
+
+def test_speculation_switched_back_on_is_measured_and_already_off(
+        sessionmaker, report_settings: Settings) -> None:
+    # Bucket 64 runs direct all week (its flag is off): its A/B arm speculates, and that
+    # is slower (0.27 s direct vs 0.30 s speculative): off is right, and the report says so.
+    fill_week(sessionmaker, {**LATENCY, ("64", "eager", "direct"): 0.39},
+              speculation_off=("64",))
+    with sessionmaker.begin() as session:
+        report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
+    spec = next(o for o in report.optimizations if o.name == "speculative decoding")
+    assert {(s.bucket, s.arm): s.measured for s in spec.speedups} == {
+        ("16", "direct"): pytest.approx(1.3), ("64", "speculative"): pytest.approx(0.9)}
+    (costly,) = report.costly
+    assert [(r.bucket, r.turn_off) for r in costly.rows] == [
+        ("64", "already off (speculative=false; measured switched back on): keep it off")]
 
 
 def test_empty_week_gives_no_data_report(sessionmaker, report_settings: Settings) -> None:
@@ -105,15 +169,19 @@ def test_empty_week_gives_no_data_report(sessionmaker, report_settings: Settings
     assert not report.has_data
     assert report.counts()["no data"] == sum(report.counts().values())
     assert report.shapes is None and report.recommendations == () and report.costly == ()
+    assert not report.measured
     md = render_markdown(report)
     assert "**No data: nothing was recorded in this week's window.**" in md
+    assert "## Optimizations that cost more than they earn\n\n_nothing measured" in md
+    assert "earns its cost" not in md
+    sp = _check(report, "speculative decoding", "spec-speedup")
+    assert sp.status == "no data" and "nothing measured" in sp.verdict.reason
     assert "no data was recorded" in summary_text(report)[1]
 
 
 def test_run_weekly_report_stores_and_writes(sessionmaker, report_settings: Settings,
                                             tmp_path: Path) -> None:
-    with sessionmaker.begin() as session:
-        fill_week(session)
+    fill_week(sessionmaker)
     first = run_weekly_report(sessionmaker, report_settings, NOW)
     # Monday 06:00 of W49 reviews W48; a re-run replaces the row instead of adding one.
     again = run_weekly_report(sessionmaker, report_settings, NOW)
@@ -128,6 +196,7 @@ def test_run_weekly_report_stores_and_writes(sessionmaker, report_settings: Sett
         assert rows[0].summary["counts"] == {"holds": 4, "at risk": 1, "violated": 3,
                                              "no data": 3}
         assert rows[0].summary["costly"] == ["speculative decoding"]
+        assert rows[0].summary["measured"] is True
     title, text = summary_text(first.report)
     assert "2026-W48: 3 violated, 1 at risk, 4 hold" in text
     assert "Costs more than it earns: speculative decoding (1.08x)" in text
@@ -139,8 +208,7 @@ def test_summary_goes_to_the_outbox_once_per_week(sessionmaker, report_settings:
         "alerts": report_settings.alerts.model_copy(update={"webhooks": [
             {"name": "ops", "url": "http://127.0.0.1:9/hook"}]}),
     })
-    with sessionmaker.begin() as session:
-        fill_week(session)
+    fill_week(sessionmaker)
     assert run_weekly_report(sessionmaker, settings, NOW).enqueued == 1
     assert run_weekly_report(sessionmaker, settings, NOW).enqueued == 0  # same week: no repeat
     with sessionmaker.begin() as session:
@@ -155,8 +223,7 @@ def test_the_last_seven_days_on_day_one_have_data_and_are_not_stored(
     # The synthetic week ends Sunday 2026-11-29: on Monday its days are the last seven.
     from monitor.report.week import last_seven_days
 
-    with sessionmaker.begin() as session:
-        fill_week(session)
+    fill_week(sessionmaker)
     now = datetime(2026, 11, 30, 9, tzinfo=UTC)
     window = last_seven_days(now)
     assert (window.start, window.end) == (datetime(2026, 11, 24, tzinfo=UTC),
