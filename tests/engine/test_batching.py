@@ -223,3 +223,24 @@ def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs,
             assert job.joined_step == 0 and job.batch_max == 2
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("native_step", [True, False])
+def test_a_row_left_alone_speculates_after_batched_steps_and_stays_exact(
+        tmp_path, tiny_dirs, alone, native_step):
+    if native_step and native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
+    texts = random_texts(2, seed=31, overflow=False)
+    try:
+        long, short = _job(rt, texts[0], 0, k=3, max_new=40), _job(rt, texts[1], 1, max_new=3)
+        _submit_together(rt, [long, short])
+        decoded = rt._scheduler.wait(long)
+        # Batched while `short` ran (direct steps), then alone: the draft catches up on
+        # those tokens and rounds run, every token still the target's own.
+        assert tuple(decoded.tokens) == alone(texts[0], 40)
+        assert tuple(rt._scheduler.wait(short).tokens) == alone(texts[1], 3)
+        assert short.batch_max == 2 and decoded.spec.drafts > 0
+        assert decoded.spec.target_forwards > decoded.spec.drafts  # direct steps too
+    finally:
+        rt.close()
