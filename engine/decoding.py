@@ -110,10 +110,14 @@ class RowState:
 
     def __init__(self, target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Tensor,
                  max_new: int, *, draft: ModelRunner | None = None, dfns: Fns | None = None,
-                 denc: Encoded | None = None, dcache: torch.Tensor | None = None, k: int = 0,
+                 denc: Encoded | Callable[[], Encoded] | None = None,
+                 dcache: torch.Tensor | None = None, k: int = 0,
                  clock: Clock = time.perf_counter) -> None:
+        """`denc`: the draft's encoder output, or a function making it at the first round."""
         self.target, self.tfns, self.tenc, self.tcache = target, tfns, tenc, tcache
-        self.draft, self.dfns, self.denc, self.dcache = draft, dfns, denc, dcache
+        self.draft, self.dfns, self.dcache = draft, dfns, dcache
+        self.denc: Encoded | None = denc if isinstance(denc, Encoded) else None
+        self._make_denc = denc if callable(denc) else None
         self.k, self.max_new, self.clock = k, max_new, clock
         tm = target.m
         self.seq = [tm.decoder_start_id]
@@ -157,15 +161,25 @@ class RowState:
 
     def round(self) -> None:
         """Run one speculative round: the draft proposes k tokens, the target checks them."""
+        t0 = self.clock()
+        if self.denc is None and self._make_denc is not None:
+            self.denc = self._make_denc()
         assert self.draft is not None and self.dfns is not None and self.denc is not None
         assert self.dcache is not None
         target, draft, dfns, denc, dcache = self.target, self.draft, self.dfns, self.denc, \
             self.dcache
         tm, dm, k, clock, seq = target.m, draft.m, self.k, self.clock, self.seq
         q = target.verify_q
-        t0 = clock()
         # The draft catches up on accepted tokens it has not seen (after a full accept, or
-        # direct steps taken in a batch).
+        # direct steps taken in a batch). Several at once in C: one call writes their K/V
+        # (bitwise what one step each writes); its choices are not needed.
+        gap = len(seq) - 1 - self.d_pos
+        if gap > 1 and draft.native is not None and dfns.verify == draft.native.verify:
+            block = torch.tensor([seq[self.d_pos:len(seq) - 1]], device=dm.device_)
+            dfns.verify(dm, block, torch.arange(self.d_pos, len(seq) - 1), dcache, denc.cross,
+                        denc.mask_bias, draft.bias_for(len(seq) - 1))
+            self.d_pos += gap
+            self.draft_steps += gap
         while self.d_pos < len(seq) - 1:
             tok = (self.prev if self.prev is not None and self.d_pos == len(seq) - 2
                    else torch.tensor([[seq[self.d_pos]]], device=dm.device_))

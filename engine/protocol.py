@@ -270,6 +270,9 @@ STEP_SECONDS_EDGES = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 
 class BatchSnapshot:
     """The batching scheduler now, and its step times since start.
 
+    Read through an engine's optional `batch_snapshot()` (engine.runtime.Runtime, the fake
+    engines); the monitor's engine collector skips an engine without one.
+
     max_batch: rows the scheduler may run (1: not batched, the other fields stay 0).
     batch_size: rows in the running batch now.
     rows_waiting: requests waiting for a row (the admission queue) or admitted and not yet

@@ -643,12 +643,19 @@ class Runtime:
             job.held = tenc.nbytes
             self._kv_hold(job.held, job.held)
             if job.k > 0 and self.draft is not None:
-                dfns = self._fns(self.draft, job.key)
-                denc = decoding.encode(self.draft, dfns, padded, mask)
-                job.held += denc.nbytes
-                self._kv_hold(denc.nbytes, job.held)
+                draft = self.draft
+                dfns = self._fns(draft, job.key)
+
+                def encode_draft() -> decoding.Encoded:
+                    # Run when the row first speculates (alone in the batch): a row that
+                    # only ever decodes batched never pays for the draft's encoder.
+                    denc = decoding.encode(draft, dfns, padded, mask)
+                    job.held += denc.nbytes
+                    self._kv_hold(denc.nbytes, job.held)
+                    return denc
+
                 row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new,
-                                        draft=self.draft, dfns=dfns, denc=denc,
+                                        draft=draft, dfns=dfns, denc=encode_draft,
                                         dcache=caches["draft"], k=job.k)
             else:
                 row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new)

@@ -6,8 +6,10 @@ their encoders, and they join the running batch; each step decodes one token for
 row (engine.native's `rows` / engine.t5.decode_rows: each weight read once for all rows);
 a row leaves at EOS, at its token limit, or when it is cancelled or past its deadline,
 and the others never wait for it. While the batch holds one row that has a draft, the
-step is a speculative round instead (as the unbatched engine decodes): every output is
-the target's own greedy tokens whichever ran (engine.decoding.RowState).
+step is a speculative round instead (as the unbatched engine decodes), and so is a step
+of several rows when the rounds' measured tokens per second beat the batched step's at
+that batch size: every output is the target's own greedy tokens whichever ran
+(engine.decoding.RowState).
 
     job = Job(ids, length, key, k, max_new, deadline, quantized, row)
     scheduler.submit(job)
@@ -113,6 +115,10 @@ class Scheduler:
         self._busy = 0.0  # smoothed share of time with callers waiting for a row
         self._busy_at = clock()
         self._window = window_max_s
+        # Measured by the loop: batched direct step seconds by batch size, and tokens per
+        # second of speculative rounds (the per-step choice between them: _speculate).
+        self._step_s: dict[int, float] = {}
+        self._round_tps: float | None = None
         self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
         self._thread.start()
 
@@ -243,20 +249,27 @@ class Scheduler:
         with self._cond:
             self._active = [(j, s) for j, s in self._active if j is not job]
 
+    def _speculate(self, active: list[tuple[Job, RowState]]) -> bool:
+        """Return whether this step runs a speculative round per row instead of one
+        batched direct step: a lone row with a draft always does (as unbatched); several
+        do when every row has a draft and the rounds' measured tokens per second beat the
+        batched step's at this batch size (both measured here, both exact)."""
+        if not all(state.can_speculate for _job, state in active):
+            return False
+        b = len(active)
+        if b == 1:
+            return True
+        step_s = self._step_s.get(b)
+        return (self._round_tps is not None and step_s is not None
+                and self._round_tps > b / step_s)
+
     def _step(self) -> None:
         active = list(self._active)
         b = len(active)
         started = self._clock()
-        if b == 1 and active[0][1].can_speculate:
-            job, state = active[0]
-            try:
-                with torch.no_grad():
-                    state.round()
-            except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._remove(job)
-                self._finish(job, None, exc)
-                return
-            job.first_token.set()
+        if self._speculate(active):
+            for job, state in active:
+                self._round(job, state)
             phase = PHASE_VERIFY
         else:
             groups: dict[tuple[int, int], list[tuple[Job, RowState]]] = {}
@@ -265,6 +278,8 @@ class Scheduler:
             for rows in groups.values():
                 self._direct(rows)
             phase = PHASE_DECODE
+            if b > 1:
+                self._step_s[b] = _smooth(self._step_s.get(b), self._clock() - started)
         self._phases[phase].observe(self._clock() - started)
         with self._cond:
             self._steps += 1
@@ -272,6 +287,21 @@ class Scheduler:
             job.steps += 1
             job.batch_sum += b
             job.batch_max = max(job.batch_max, b)
+
+    def _round(self, job: Job, state: RowState) -> None:
+        """Run one speculative round of one row; measure its tokens per second."""
+        before, started = len(state.tokens), self._clock()
+        try:
+            with torch.no_grad():
+                state.round()
+        except BaseException as exc:  # noqa: BLE001 - fails this request only
+            self._remove(job)
+            self._finish(job, None, exc)
+            return
+        job.first_token.set()
+        seconds = self._clock() - started
+        if seconds > 0 and not state.done:  # a last round is cut at EOS: not a rate
+            self._round_tps = _smooth(self._round_tps, (len(state.tokens) - before) / seconds)
 
     def _direct(self, rows: list[tuple[Job, RowState]]) -> None:
         """Decode one token for each row of one model and one set of functions."""
@@ -309,6 +339,11 @@ class Scheduler:
             self._active, self._inbox = [], deque()
         for job in jobs:
             self._finish(job, None, error)
+
+
+def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:
+    """Return an exponential moving average of a measured cost (the first value as is)."""
+    return new if old is None else old + weight * (new - old)
 
 
 def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:

@@ -5,6 +5,7 @@ Every error body is `{"error": {"code": str, "message": str, "field": str?}}`.
     AuthError                  401 unauthorized / 403 forbidden
     RequestValidationError     422 invalid_request (field from the pydantic location)
     engine InputTooLong        413 input_too_long
+    engine DoesNotFit          413 input_too_long (an InputTooLong: a batch row too small)
     engine InvalidRequest      422 invalid_request
     engine Overloaded          429 overloaded + Retry-After
     engine NotReady            503 not_ready + Retry-After

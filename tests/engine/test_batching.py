@@ -223,3 +223,66 @@ def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs,
             assert job.joined_step == 0 and job.batch_max == 2
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("native_step", [True, False])
+def test_a_row_left_alone_speculates_after_batched_steps_and_stays_exact(
+        tmp_path, tiny_dirs, alone, native_step):
+    if native_step and native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
+    texts = random_texts(2, seed=31, overflow=False)
+    try:
+        long, short = _job(rt, texts[0], 0, k=3, max_new=40), _job(rt, texts[1], 1, max_new=3)
+        _submit_together(rt, [long, short])
+        decoded = rt._scheduler.wait(long)
+        # Batched while `short` ran (direct steps), then alone: the draft catches up on
+        # those tokens and rounds run, every token still the target's own.
+        assert tuple(decoded.tokens) == alone(texts[0], 40)
+        assert tuple(rt._scheduler.wait(short).tokens) == alone(texts[1], 3)
+        assert short.batch_max == 2 and decoded.spec.drafts > 0
+        assert decoded.spec.target_forwards > decoded.spec.drafts  # direct steps too
+    finally:
+        rt.close()
+
+
+def test_several_rows_speculate_when_measured_rounds_beat_the_batched_step():
+    from types import SimpleNamespace
+
+    from engine.scheduler import Scheduler
+
+    sched = Scheduler(None, max_batch=4, window_max_s=0.0,  # type: ignore[arg-type]
+                      waiting=lambda: 0)
+    try:
+        spec, plain = SimpleNamespace(can_speculate=True), SimpleNamespace(can_speculate=False)
+        two = [(None, spec), (None, spec)]
+        assert sched._speculate([(None, spec)])  # alone: always, as unbatched
+        assert not sched._speculate(two)  # nothing measured yet: the batched step
+        sched._round_tps = 1000.0  # tokens per second of rounds
+        assert not sched._speculate(two)  # the batched step at 2 rows not measured yet
+        sched._step_s[2] = 0.004  # 500 tokens per second batched
+        assert sched._speculate(two)
+        sched._step_s[2] = 0.001  # 2000 tokens per second batched
+        assert not sched._speculate(two)
+        sched._step_s[2] = 0.004
+        assert not sched._speculate([(None, spec), (None, plain)])  # one row has no draft
+    finally:
+        sched.close()
+
+
+def test_rows_speculating_together_stay_exact(tmp_path, tiny_dirs, alone):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=3)
+    texts = random_texts(3, seed=41, overflow=False)
+    try:
+        sched = rt._scheduler
+        sched._round_tps = 1e9  # measured rounds far faster than any batched step
+        sched._step_s.update({2: 1.0, 3: 1.0})
+        jobs = [_job(rt, t, row, k=2, max_new=24) for row, t in enumerate(texts)]
+        _submit_together(rt, jobs)
+        for job, text in zip(jobs, texts, strict=True):
+            decoded = sched.wait(job)
+            assert tuple(decoded.tokens) == alone(text, 24), text
+            assert decoded.spec.drafts > 0 and job.batch_max == 3
+        assert rt.batch_snapshot().step_count["decode"] == 0  # rounds only
+    finally:
+        rt.close()

@@ -57,10 +57,12 @@ def test_result_fields_and_reports(warm_engine, flags):
     assert mem.rss_bytes > 0 and mem.cuda_allocated_bytes is None
     # Bytes of tensors actually allocated, per position: 2 layers x K and V x 2 heads x 16
     # dims x 4 bytes. Static: both models' self caches (40 + 4 slots + 1 spare slot that
-    # keeps every attended span a strict prefix); per request: the cross K/V of the 8-token
-    # bucket, for the draft too when the request speculated.
+    # keeps every attended span a strict prefix), one set per batch row (engine.max_batch);
+    # per request: the cross K/V of the 8-token bucket, for the draft too when the request
+    # speculated.
     per_position = 2 * 2 * 2 * 16 * 4
-    assert mem.kv_static_bytes == 2 * per_position * (CAP + 4 + 1)
+    rows = warm_engine.config.max_batch
+    assert mem.kv_static_bytes == rows * 2 * per_position * (CAP + 4 + 1)
     assert r.kv_request_bytes == (2 if r.spec_k else 1) * per_position * 8
     assert mem.kv_request_bytes == 0 and mem.kv_cache_bytes == mem.kv_static_bytes
     assert mem.kv_request_peak_bytes >= r.kv_request_bytes
@@ -79,18 +81,20 @@ def test_missing_files_raise_model_load_error(tmp_path, tiny_dirs):
         load_engine(tiny_config(tiny_dirs, model_dir=str(broken)))
 
 
-def test_overloaded_and_timeout(tiny_dirs, monkeypatch):
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_overloaded_and_timeout(tiny_dirs, monkeypatch, max_batch):
+    # Unbatched, one decode stream; batched, two rows: either way one more caller waits.
     engine = load_engine(tiny_config(tiny_dirs, compile_mode="off", max_concurrency=1,
-                                     max_queue=1))
+                                     max_queue=1, max_batch=max_batch))
     started, release = threading.Event(), threading.Event()
-    original = engine._run
+    original = engine._run_any
 
     def slow_run(*args, **kwargs):
         started.set()
         release.wait(10)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_run", slow_run)
+    monkeypatch.setattr(engine, "_run_any", slow_run)
     errors: list[BaseException] = []
 
     def call() -> None:
@@ -99,9 +103,11 @@ def test_overloaded_and_timeout(tiny_dirs, monkeypatch):
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    running = threading.Thread(target=call)
-    running.start()
-    assert started.wait(10)
+    runners = [threading.Thread(target=call) for _ in range(max_batch)]
+    for running in runners:
+        started.clear()
+        running.start()
+        assert started.wait(10)
     waiting = threading.Thread(target=call)
     waiting.start()
     for _ in range(200):
@@ -113,19 +119,22 @@ def test_overloaded_and_timeout(tiny_dirs, monkeypatch):
         engine.generate("abc", max_new_tokens=2)
     assert info.value.retry_after_s > 0
     release.set()
-    running.join(10)
+    for running in runners:
+        running.join(10)
     waiting.join(10)
     assert errors == [] and engine.queue_depth() == 0
     # A queued caller whose deadline passes gets RequestTimeout, not a hang.
     release.clear()
-    started.clear()
-    running = threading.Thread(target=call)
-    running.start()
-    assert started.wait(10)
+    runners = [threading.Thread(target=call) for _ in range(max_batch)]
+    for running in runners:
+        started.clear()
+        running.start()
+        assert started.wait(10)
     with pytest.raises(RequestTimeout):
         engine.generate("abc", max_new_tokens=2, timeout_s=0.05)
     release.set()
-    running.join(10)
+    for running in runners:
+        running.join(10)
     engine.close()
 
 

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from engine.errors import Overloaded, RequestTimeout
+from engine.errors import DoesNotFit, Overloaded, RequestTimeout
 from monitor.hub import services_of
 from tests.monitor.fakes import FakeFactory
 
@@ -83,6 +83,19 @@ def test_overloaded_is_429_with_retry_after(client: TestClient, factory: FakeFac
                                      {"reason": "overloaded"}) == 1
     records = services_of(client.app).traffic.drain()  # type: ignore[attr-defined]
     assert [(k.path, d.rejections) for k, d in records] == [("rejected", 1)]
+
+
+def test_a_request_that_cannot_fit_a_batch_row_is_413_naming_the_limit(
+        client: TestClient, factory: FakeFactory) -> None:
+    assert factory.engine is not None
+    factory.engine.fail_with = DoesNotFit(
+        "max_new_tokens", "300 tokens do not fit a batch row (264 slots after the look-ahead)",
+        value=300, limit=264)
+    r = client.post("/v1/generate", json={"text": "hello"})
+    assert r.status_code == 413
+    err = r.json()["error"]
+    assert err["code"] == "input_too_long" and err["field"] == "max_new_tokens"
+    assert "264" in err["message"]
 
 
 def test_timeout_is_504(client: TestClient, factory: FakeFactory) -> None:

@@ -1,0 +1,212 @@
+"""Batched vs unbatched throughput: closed loop and open loop (Poisson), one process.
+
+    taskset -c 1 python -m bench.throughput [--requests 64] [--new-tokens 64]
+
+Two engines on the built-in target (or --model-dir), default flags (speculation where
+the engine chooses it): `engine.max_batch` --max-batch (batched) and 1 (unbatched, one
+decode stream). Both serve the same in-domain canaries; every output of the batched
+engine is compared with the unbatched one's (`output differences` must be 0).
+
+(1) Closed loop: C callers at once for C in --callers, each sending its next request when
+the last returned: requests per second per engine and the ratio.
+(2) Open loop: Poisson arrivals at a sweep of offered rates (multiples of the unbatched
+engine's one-at-a-time rate); each request is sent by its own thread at its scheduled
+time and its latency runs from that scheduled time (no coordinated omission). The p99
+limit of an engine: the highest offered rate whose p99 stays within 2x its unloaded p50;
+p50 / p99 at 50% and 80% of it. Last line: `batched throughput at the p99 limit: Nx
+unbatched`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.engine import _canaries
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """One offered rate: latencies from the scheduled send time, and what failed."""
+
+    rate: float
+    p50_s: float
+    p99_s: float
+    errors: int
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Return the q-quantile (0..1) of `values`, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: int,
+                requests: int) -> float:
+    """Return requests per second with `callers` callers, `requests` requests in all."""
+    lock = threading.Lock()
+    next_index = [0]
+
+    def caller() -> None:
+        while True:
+            with lock:
+                i = next_index[0]
+                next_index[0] += 1
+            if i >= requests:
+                return
+            call(texts[i % len(texts)])
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(callers) as pool:
+        for f in [pool.submit(caller) for _ in range(callers)]:
+            f.result()
+    return requests / (time.perf_counter() - start)
+
+
+def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
+              requests: int, seed: int = 0) -> OpenLoop:
+    """Offer `requests` Poisson arrivals at `rate` per second; measure from the schedule."""
+    rng = random.Random(seed)
+    at, schedule = 0.0, []
+    for _ in range(requests):
+        at += rng.expovariate(rate)
+        schedule.append(at)
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.05
+
+    def send(i: int) -> None:
+        due = start + schedule[i]
+        try:
+            call(texts[i % len(texts)])
+        except Exception:  # noqa: BLE001 - an overloaded engine's 429 counts, not stops
+            with lock:
+                errors[0] += 1
+            return
+        with lock:
+            latencies.append(time.perf_counter() - due)
+
+    threads = []
+    for i, offset in enumerate(schedule):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = threading.Thread(target=send, args=(i,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    if not latencies:
+        return OpenLoop(rate, float("inf"), float("inf"), errors[0])
+    return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99), errors[0])
+
+
+def p99_limit(call: Callable[[str], object], texts: Sequence[str], rates: Sequence[float],
+              requests: int, unloaded_p50: float) -> tuple[float, list[OpenLoop]]:
+    """Return the highest rate whose p99 <= 2x the unloaded p50 (0: none), and every run."""
+    runs, best = [], 0.0
+    for rate in rates:
+        run = open_loop(call, texts, rate, requests)
+        runs.append(run)
+        if run.errors == 0 and run.p99_s <= 2 * unloaded_p50:
+            best = rate
+        else:
+            break  # rates ascend: past the limit the queue only grows
+    return best, runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64, help="requests per measurement")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--callers", default="1,8,32")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--rates", default="0.5,1,2,3,4,6,8,12,16",
+                        help="offered rates, multiples of the unbatched one-at-a-time rate")
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--cache-dir", default="var/compile-cache")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
+
+    from engine import load_engine
+    from engine.config import EngineConfig
+
+    callers = [int(c) for c in args.callers.split(",")]
+    base = dict(model_dir=args.model_dir, max_queue=4 * max(callers) + 1024,
+                max_new_tokens=args.new_tokens, cache_dir=args.cache_dir)
+    engines = {"batched": load_engine(EngineConfig(**base, max_batch=args.max_batch)),  # type: ignore[arg-type]
+               "unbatched": load_engine(EngineConfig(**base, max_batch=1))}  # type: ignore[arg-type]
+    for engine in engines.values():
+        engine.warm_up(background=False)
+    texts = _canaries("in_domain")[: args.requests]
+    outputs: dict[str, dict[str, tuple[int, ...]]] = {name: {} for name in engines}
+
+    def caller(name: str) -> Callable[[str], object]:
+        engine = engines[name]
+
+        def call(text: str) -> object:
+            result = engine.generate(text, max_new_tokens=args.new_tokens)
+            outputs[name][text] = result.output_ids
+            return result
+
+        return call
+
+    calls = {name: caller(name) for name in engines}
+    for call in calls.values():  # one pass each: every output known, caches warm
+        for text in texts:
+            call(text)
+    diffs = sum(outputs["batched"][t] != outputs["unbatched"][t] for t in texts)
+    print(f"inputs={len(texts)} new_tokens={args.new_tokens} max_batch={args.max_batch} "
+          f"requests/measurement={args.requests} ctranslate2=not compared")
+    print(f"output differences (batched vs unbatched, every input): {diffs}")
+
+    print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}")
+    rps: dict[tuple[str, int], float] = {}
+    for c in callers:
+        for name, call in calls.items():
+            rps[(name, c)] = closed_loop(call, texts, c, args.requests)
+        b, u = rps[("batched", c)], rps[("unbatched", c)]
+        print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x")
+
+    unloaded = {}
+    for name, call in calls.items():
+        times = []
+        for text in texts[:16]:
+            t0 = time.perf_counter()
+            call(text)
+            times.append(time.perf_counter() - t0)
+        unloaded[name] = statistics.median(times)
+    unit = 1.0 / unloaded["unbatched"]
+    rates = [float(r) * unit for r in args.rates.split(",")]
+    limits = {}
+    for name, call in calls.items():
+        limit, runs = p99_limit(call, texts, rates, args.requests, unloaded[name])
+        limits[name] = limit
+        print(f"{name}: unloaded p50 {unloaded[name] * 1e3:.1f} ms; p99 limit "
+              f"{limit:.1f} req/s")
+        for run in runs:
+            print(f"  offered {run.rate:7.1f}/s  p50 {run.p50_s * 1e3:8.1f} ms  "
+                  f"p99 {run.p99_s * 1e3:8.1f} ms  errors {run.errors}")
+        for share in (0.5, 0.8):
+            if limit > 0:
+                run = open_loop(call, texts, share * limit, args.requests, seed=1)
+                print(f"  at {share:.0%} of the limit ({run.rate:.1f}/s): p50 "
+                      f"{run.p50_s * 1e3:.1f} ms, p99 {run.p99_s * 1e3:.1f} ms")
+    for engine in engines.values():
+        engine.close()
+    ratio = limits["batched"] / limits["unbatched"] if limits["unbatched"] else float("nan")
+    print(f"batched throughput at the p99 limit: {ratio:.2f}x unbatched")
+
+
+if __name__ == "__main__":
+    main()
