@@ -2,7 +2,7 @@
 
 During a rollout two cohorts serve the same scope. Each one's series is checked against
 its own baseline (or the inherited one while it warms in, `alerts.baselines`), and the
-scope gets one result, so one alert per scope as before:
+scope gets one result, so a rollout raises one alert per scope, not one per cohort:
 
     fired       if any cohort fired (the worst one speaks, its cohort named in the reason)
     breaching   if any cohort breaches

@@ -127,7 +127,7 @@ def load(path: Path, example: Sequence[Any]) -> Callable[..., Any]:
     try:
         # A saved function's kernels are loaded from the inductor cache by their source's
         # hash; the precompiled header only speeds a rebuild, yet inductor preprocesses
-        # its header (a g++ run, ~0.5 s) to key it before it looks for the library.
+        # its header (a g++ run) to key it before it looks for the library.
         from torch._inductor import config as inductor_config
 
         with path.open("rb") as file, inductor_config.patch(cpp_cache_precompile_headers=False):

@@ -9,9 +9,9 @@ without tracing; only their C++ kernels are rebuilt. The CPU encoder is an AOTIn
 package (engine.aot.save_package), machine code for the CPU it was built on: its name
 carries the CPU's flags, so another CPU compiles its own.
 
-torch's portable cache artifacts (`torch.compiler.save_cache_artifacts`) were saved
-here before; they serve only the torch.compile path and gave no cache hit for functions
-compiled ahead of time, so they are no longer written.
+torch's portable cache artifacts (`torch.compiler.save_cache_artifacts`) are not written:
+they serve only the torch.compile path and give no cache hit for functions compiled
+ahead of time.
 """
 
 from __future__ import annotations

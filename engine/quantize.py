@@ -5,9 +5,9 @@ is stored as int8 with one float scale per output channel (symmetric, absmax / 1
 embeddings, layer norms and position biases stay float. The forward computes
 `linear(x, int8.to(dtype)) * scale`, which torch.compile fuses into the graph like any
 other op, so it composes with the lean forward, the static cache and the bucketed
-compiled graphs. `torch.ao.quantization.quantize_dynamic` was measured too: it only swaps
-`nn.Linear` modules (the lean forward has none), is deprecated in this torch (it warns),
-and at this model's size it was slower than float32 at batch 1 (docs/benchmarks.md#benchquality).
+compiled graphs. `torch.ao.quantization.quantize_dynamic` does not fit: it only swaps
+`nn.Linear` modules (the lean forward has none) and is deprecated in this torch (it warns);
+docs/benchmarks.md#benchquality compares the two.
 
 `Quantizer` is the seam: the runtime builds its int8 target with `int8` unless given
 another one (tests pass `noisy`, float weights with noise, to make outputs disagree).

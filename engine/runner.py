@@ -63,8 +63,8 @@ class CompileOptions:
 def _unguarded_weights(entries: Sequence[Any]) -> list[bool]:
     """Keep every dynamo guard except those on the model argument `m` and its weights."""
     # Each compiled copy is only ever called with its own runner's frozen LeanT5, so guards
-    # on its ~80 weight tensors and attributes can never fail; they are per-call overhead
-    # (the gain was not measurable on the loaded 2-core box: docs/engine.md#torchcompile).
+    # on its weight tensors and attributes can never fail; they are per-call overhead
+    # (docs/engine.md#torchcompile).
     # Guard names are source expressions: "m", "m.eps", "m._parameters['qkv']", ...
     return [not (entry.name == "m" or entry.name.startswith(("m.", "m[")))
             for entry in entries]

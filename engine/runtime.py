@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from engine import aot, decoding, native, precompile, quantize, scheduler, t5
+from engine import aot, decoding, native, precompile, quantize, scheduler, t5, validation
 from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
@@ -31,8 +31,6 @@ from engine.draft_length import DraftLength
 from engine.errors import (
     Cancelled,
     DoesNotFit,
-    InputTooLong,
-    InvalidRequest,
     NotReady,
     RequestTimeout,
 )
@@ -480,26 +478,7 @@ class Runtime:
     # --- generate ----------------------------------------------------------------------
 
     def _tokenize(self, text: object) -> list[int]:
-        if not isinstance(text, str):
-            raise InvalidRequest("text", "must be a string", value=type(text).__name__)
-        if len(text) > (cap := self.config.max_input_tokens * 32):  # no token spans 32 chars:
-            raise InputTooLong("text", f"{len(text)} characters is over {cap} (max_input_tokens"
-                               " x 32), refused before tokenizing", value=len(text), limit=cap)
-        if not text.strip():
-            raise InvalidRequest("text", "must not be empty", value=text, limit=1)
-        return list(self.tokenizer(text).input_ids)
-
-    def _max_new(self, max_new_tokens: object) -> int:
-        cap = self.config.max_new_tokens_cap
-        if max_new_tokens is None:
-            return self.config.max_new_tokens
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise InvalidRequest("max_new_tokens", "must be an integer", value=max_new_tokens,
-                                 limit=cap)
-        if not 1 <= max_new_tokens <= cap:
-            raise InvalidRequest("max_new_tokens", f"must be between 1 and {cap}",
-                                 value=max_new_tokens, limit=cap)
-        return max_new_tokens
+        return list(self.tokenizer(validation.check_text(self.config, text)).input_ids)
 
     def _speculate(self, flags: RuntimeFlags, label: str) -> tuple[bool, bool]:
         if self.draft is None:
@@ -521,15 +500,11 @@ class Runtime:
         t_entry = time.perf_counter()
         if self._closed:
             raise NotReady("engine is closed")
-        if timeout_s is not None and not timeout_s > 0:
-            raise InvalidRequest("timeout_s", "must be > 0", value=timeout_s, limit=0)
-        max_new = self._max_new(max_new_tokens)
+        validation.check_timeout(timeout_s)
+        max_new = validation.max_new_tokens(self.config, max_new_tokens)
         ids = self._tokenize(text)
         n = len(ids)
-        if n > self.config.max_input_tokens:
-            raise InputTooLong("text", f"{n} tokens is over max_input_tokens "
-                               f"{self.config.max_input_tokens}", value=n,
-                               limit=self.config.max_input_tokens)
+        validation.check_input_tokens(self.config, n)
         label = bucket_label(n, self.config.buckets)
         with self._lock:
             self._traffic[label] = self._traffic.get(label, 0) + 1

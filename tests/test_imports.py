@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 PACKAGES = ["vocab", "storage", "alerts", "monitor", "probes", "engine", "engine.protocol",
-            "engine.errors", "engine.config"]
+            "engine.errors", "engine.config", "engine.validation"]
 
 
 def test_packages_import_without_torch():

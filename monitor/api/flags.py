@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
-from datetime import datetime
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from alerts.flags import FlagStore, applies_to
+from alerts.flags import AuditView, FlagStore, FlagView, applies_to
 from monitor.api.deps import (
     EngineHolderDep,
     FlagProviderDep,
@@ -33,22 +32,11 @@ FlagName = Name64  # flags.name; alerts.flags refuses unknown names (422)
 FlagScope = Name64  # flags.scope; alerts.flags refuses scopes a flag lacks (422)
 
 
-class FlagOut(BaseModel):
+@dataclass(frozen=True)
+class FlagOut(FlagView):
     """One stored flag row; `in_force` marks the row this instance's engine uses (manual
     wins; another instance's "instance:<id>" rows are never in force here)."""
 
-    model_config = ConfigDict(from_attributes=True)
-
-    name: str
-    scope: str
-    value: Any
-    source: str
-    reason: str | None
-    actor: str
-    expires_at: datetime | None
-    alert_id: int | None
-    created_at: datetime
-    updated_at: datetime
     in_force: bool = True
 
 
@@ -87,20 +75,12 @@ class FlagChange(BaseModel):
         None, description="RFC 3339 with a UTC offset; the override lapses then")
 
 
-class AuditOut(BaseModel):
+@dataclass(frozen=True)
+class AuditOut(AuditView):
     """One audit row."""
 
-    model_config = ConfigDict(from_attributes=True)
-
-    at: datetime
-    name: str
-    scope: str
-    actor: str
-    source: str
-    action: str
-    old_value: Any
-    new_value: Any
-    reason: str | None
+    # Not served: an automatic change's reason already names its alert ("[alert 7]").
+    alert_id: Annotated[int | None, Field(exclude=True)] = None
 
 
 class Cleared(BaseModel):
@@ -123,8 +103,7 @@ def list_flags(sessions: SessionsDep, holder: EngineHolderDep, settings: Setting
                     if applies_to(f.scope, here)}
         # The engine's own provider reads with its instance id (alerts.flags.SqlFlagProvider).
         effective = _store.runtime_flags(session, here)
-    out = [FlagOut.model_validate(r).model_copy(
-        update={"in_force": (r.name, r.scope, r.source) in in_force}) for r in rows]
+    out = [FlagOut(**asdict(r), in_force=(r.name, r.scope, r.source) in in_force) for r in rows]
     eff = asdict(effective)
     eff["instance_id"] = here
     eff["speculative"] = dict(effective.speculative)
@@ -151,7 +130,7 @@ def flag_audit(
     """Return flag changes, newest first."""
     with sessions() as session:
         rows = _store.audit(session, name, scope, since=since, limit=limit)
-    return [AuditOut.model_validate(r) for r in rows]
+    return [AuditOut(**asdict(a)) for a in rows]
 
 
 @router.put("/v1/flags/{name}")
@@ -163,7 +142,7 @@ def set_flag(name: Annotated[FlagName, Path()], body: FlagChange, sessions: Sess
                           actor=actor, source="manual", expires_at=body.expires_at)
     _invalidate(provider)
     log_flag_change("set", name, body.scope, actor, body.reason, view.value)
-    return FlagOut.model_validate(view)
+    return FlagOut(**asdict(view))
 
 
 @router.delete("/v1/flags/{name}")

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import AwareDatetime, BaseModel
+from pydantic import AwareDatetime, BaseModel, ConfigDict, PlainSerializer
 
 from monitor.api.deps import ReaderDep, SessionsDep
 from storage.queries import series as queries
+from storage.queries.series import Cohort, Verdict
 
 router = APIRouter(tags=["rollouts"])
 
@@ -21,25 +22,27 @@ class CohortOut(BaseModel):
     config_hash: str
 
 
-class RolloutVerdictOut(BaseModel):
+def _cohort_out(cohort: Cohort) -> CohortOut:
+    return CohortOut(model_version=cohort[0], config_hash=cohort[1])
+
+
+def _untitled(schema: dict[str, Any]) -> None:
+    # A serialized field gets a title a model field would not: keep the published schema.
+    for name in ("new", "old"):
+        schema["properties"][name].pop("title", None)
+
+
+CohortJson = Annotated[Cohort, PlainSerializer(_cohort_out, return_type=CohortOut)]
+
+
+@dataclass(frozen=True)
+class RolloutVerdictOut(Verdict):
     """One comparison's latest verdict (alerts.rollout: pass / marginal / fail)."""
 
-    new: CohortOut
-    old: CohortOut
-    source: str
-    metric: str
-    bucket: str
-    verdict: str
-    p_value: float | None
-    relative_change: float | None
-    threshold: float
-    new_median: float | None
-    old_median: float | None
-    new_cycles: int
-    old_cycles: int
-    window_start: datetime
-    first_at: datetime
-    updated_at: datetime
+    __pydantic_config__ = ConfigDict(json_schema_extra=_untitled)
+
+    new: CohortJson
+    old: CohortJson
 
 
 @router.get("/v1/rollouts")
@@ -54,11 +57,4 @@ def list_rollouts(
     """Return rollout verdicts, most recently updated first."""
     with sessions() as session:
         rows = queries.list_verdicts(session, since=since, limit=limit)
-    return [RolloutVerdictOut(
-        new=CohortOut(model_version=v.new[0], config_hash=v.new[1]),
-        old=CohortOut(model_version=v.old[0], config_hash=v.old[1]),
-        source=v.source, metric=v.metric, bucket=v.bucket, verdict=v.verdict,
-        p_value=v.p_value, relative_change=v.relative_change, threshold=v.threshold,
-        new_median=v.new_median, old_median=v.old_median, new_cycles=v.new_cycles,
-        old_cycles=v.old_cycles, window_start=v.window_start, first_at=v.first_at,
-        updated_at=v.updated_at) for v in rows]
+    return [RolloutVerdictOut(**asdict(v)) for v in rows]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import threading
 
+from engine import validation
 from engine.admission import Admission
 from engine.config import EngineConfig
-from engine.errors import InputTooLong, InvalidRequest
 from engine.protocol import FlagOverride, FlagProvider, GenerateResult, WarmupStatus
 from probes.fake import FakeEngine
 
 
 class ServiceFakeEngine(FakeEngine):
-    """Like the real runtime: 413-style InputTooLong over the cap, warm-up you can hold,
+    """Like the real runtime: its request checks (engine.validation), warm-up you can hold,
     the engine's admission control (engine.max_concurrency slots, engine.max_queue waiting).
 
     `hold_warmup` set: warm_up() blocks until `finish_warmup` is set, so /readyz can be
@@ -23,7 +23,7 @@ class ServiceFakeEngine(FakeEngine):
         super().__init__(buckets=config.buckets, max_input_tokens=config.max_input_tokens,
                          flags=flags, output_tokens=8,
                          admission=Admission(config.max_concurrency, config.max_queue))
-        self.max_new_tokens_cap = config.max_new_tokens_cap
+        self.config = config
         self.hold_warmup = threading.Event()
         self.finish_warmup = threading.Event()
         self._warm = False
@@ -32,15 +32,11 @@ class ServiceFakeEngine(FakeEngine):
     def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
                  override: FlagOverride | None = None,
                  timeout_s: float | None = None) -> GenerateResult:
-        if not text:
-            raise InvalidRequest("text", "must not be empty")
-        n_in = self.count_tokens(text)
-        if n_in > self.max_input_tokens:
-            raise InputTooLong("text", f"{n_in} tokens is over the limit of "
-                                       f"{self.max_input_tokens}", value=n_in,
-                               limit=self.max_input_tokens)
-        if max_new_tokens is not None and max_new_tokens > self.max_new_tokens_cap:
-            raise InvalidRequest("max_new_tokens", f"must be <= {self.max_new_tokens_cap}")
+        # The runtime's own checks, in its order (engine.runtime.Runtime.generate).
+        validation.check_timeout(timeout_s)
+        validation.max_new_tokens(self.config, max_new_tokens)
+        validation.check_input_tokens(self.config,
+                                      self.count_tokens(validation.check_text(self.config, text)))
         return super().generate(text, max_new_tokens=max_new_tokens, canary=canary,
                                 override=override, timeout_s=timeout_s)
 

@@ -54,6 +54,14 @@ def test_bad_max_new_tokens_is_422_naming_the_field(client: TestClient) -> None:
         assert r.json()["error"]["field"] == "max_new_tokens"
 
 
+def test_blank_text_is_refused_with_the_runtime_message(client: TestClient) -> None:
+    # The fake engine runs the runtime's checks (engine.validation), not its own copy.
+    r = client.post("/v1/generate", json={"text": "   "})
+    assert r.status_code == 422
+    assert r.json()["error"] == {"code": "invalid_request", "field": "text",
+                                 "message": "text: must not be empty"}
+
+
 def test_unknown_field_is_422(client: TestClient) -> None:
     r = client.post("/v1/generate", json={"text": "hi", "temperature": 0.7})
     assert r.status_code == 422

@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from monitor.service import scheduled_jobs
 
 from monitor import scheduler as names
+from monitor.hub import services_of
 from monitor.report import run_weekly_report
 from monitor.report.week import last_seven_days
-from monitor.service import scheduled_jobs
-from monitor.services import services_of
 from tests.monitor.conftest import TOKEN, make_settings, start, wait_for
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-from monitor.services import services_of
 from prometheus_client import CollectorRegistry
 
 from monitor.app import create_app
+from monitor.hub import services_of
 from monitor.settings import Settings
 from storage.queries.series import cohort_since
 from tests.monitor.conftest import suites, wait_for
