@@ -87,7 +87,7 @@ def test_speedups_are_read_from_the_ab_cycles_stored(client: TestClient,
     sessions = services_of(client.app).sessions  # type: ignore[arg-type]
     now = datetime.now(UTC)
     with sessions() as session:
-        want = ab_speedups(session, now - timedelta(days=7), now + timedelta(seconds=1))
+        want = ab_speedups(session, now - timedelta(days=1), now + timedelta(seconds=1))
     assert [(g["bucket"], g["optimization"], g["pairs"]) for g in got] == [
         (w.bucket, w.optimization, w.pairs) for w in want]
     assert [g["speedup"] for g in got] == pytest.approx([w.speedup for w in want])

@@ -37,6 +37,11 @@ def test_median_and_ci_on_known_ratios() -> None:
     xs = [1 + i / 1000 for i in range(1000)]
     _, lo, hi = median_ci(xs)
     assert lo == xs[468] and hi == xs[531]
+    # Past 1000 pairs the tail is summed from 8 sd below the mean: the same rank as the
+    # full sum (2431 for n = 5000, summed from zero).
+    xs = [1 + i / 5000 for i in range(5000)]
+    _, lo, hi = median_ci(xs)
+    assert lo == xs[2430] and hi == xs[5000 - 2431]
     with pytest.raises(ValueError, match="ratios"):
         median_ci([])
 
@@ -106,6 +111,27 @@ def test_speedups_from_pairs_stored_by_the_sink(sessionmaker: sessionmaker[Sessi
     assert got[("16", "speculative")].speedup > 1
     assert got[(ALL_BUCKETS, "compile")].pairs == 30
     assert got[(ALL_BUCKETS, "speculative")].arms == ("direct", "speculative")
+
+
+def test_pairs_in_shapes_the_sink_never_writes_are_skipped(
+        sessionmaker: sessionmaker[Session]) -> None:
+    good = {"bucket": "16", "prompt": "abc", "order": ["optimized", "eager"],
+            "latency_s": {"optimized": 0.1, "eager": 0.2}}
+    junk = [{"bucket": 16, "latency_s": {"optimized": 0.1, "eager": 0.2}},  # bucket not a str
+            {"bucket": "16", "latency_s": [0.1, 0.2]},
+            {"bucket": "16", "latency_s": {"optimized": "fast", "eager": 0.2}},
+            {"bucket": "16", "latency_s": {"optimized": 0.1, "eager": None, "bogus": 1.0}},
+            "not a pair"]
+    with sessionmaker.begin() as s:
+        s.add(ProbeRun(started_at=T, instance_id="a", kind="cycle",
+                       details={"ab": True, "pairs": [good, *junk]}))
+        s.add(ProbeRun(started_at=T, instance_id="a", kind="cycle", details={"ab": True}))
+        s.add(ProbeRun(started_at=T, instance_id="a", kind="burst", details={"pairs": [good]}))
+    with sessionmaker() as s:
+        (only,) = ab_speedups(s, T - HOUR, T + HOUR)[:1]
+        # The good pair and the two with bad values load; speedups() skips those values.
+        assert len(load_pairs(s, T - HOUR, T + HOUR)) == 3
+    assert (only.bucket, only.optimization, only.pairs, only.speedup) == ("16", "compile", 1, 2.0)
 
 
 def test_empty_window_is_refused(sessionmaker: sessionmaker[Session]) -> None:
