@@ -6,7 +6,8 @@ EngineError
  ├── Overloaded: the admission queue is full (HTTP 429/503 with Retry-After)
  ├── RequestTimeout: the call did not finish within its timeout
  ├── NotReady: the engine is not loaded yet
- └── ModelLoadError: a model directory is missing files or is not a T5
+ ├── ModelLoadError: a model directory is missing files or is not a T5
+ └── BoundaryError: a tensor handed to the C step is not what it computes on
 """
 
 from __future__ import annotations
@@ -48,3 +49,11 @@ class NotReady(EngineError):
 
 class ModelLoadError(EngineError):
     """A model directory cannot be loaded."""
+
+
+class BoundaryError(EngineError):
+    """A tensor handed to the C step has the wrong dtype, layout, shape or values."""
+
+    def __init__(self, tensor: str, message: str):
+        super().__init__(f"native step: {tensor}: {message}")
+        self.tensor = tensor

@@ -1,0 +1,151 @@
+"""What the C decode step trusts, checked before it is called (engine.native).
+
+engine/native_step.c reads and writes raw pointers: a tensor of another dtype, layout or
+shape would be read, or written, as if it were right. `Boundary` checks each tensor handed
+to C against the model's dimensions and raises `BoundaryError` naming the tensor and what
+was expected. The tensors a request keeps for all its steps (its slot's self-attention
+cache, its cross K/V and padding mask) are checked when a step first sees them, so once per
+request; a bias corner once per object (a runner has a few, reused by every request).
+Positions and token ids change every call: the C entry points check them (engine/native_step.c
+`check_call`) and `raise_for` turns their refusal into the same error. A tensor is known by
+identity: one re-laid out in place (`resize_`, `set_`, `as_strided_`) mid-request is not seen.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import BoundaryError
+
+# Return codes of engine/native_step.c's entry points (its TW_* enum).
+TW_OK, TW_BAD_TOKEN, TW_BAD_POSITION, TW_BAD_SPAN, TW_BAD_SIZE = range(5)
+_INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The model dimensions the C step indexes its tensors with."""
+
+    layers: int
+    heads: int
+    d_kv: int
+    vocab: int
+
+    @classmethod
+    def of(cls, lean: Any) -> Dims:
+        """Return the dimensions of a LeanT5's decoder."""
+        return cls(layers=len(lean.dec_layers), heads=int(lean.n_heads), d_kv=int(lean.d_kv),
+                   vocab=int(lean.lm_head.shape[0]))
+
+
+def _shape_text(shape: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def expect(name: str, t: object, shape: Sequence[int | str], *, contiguous: bool = True
+           ) -> tuple[int, ...]:
+    """Check that `t` is a float32 CPU tensor of `shape` (a str entry: any size, named) and,
+    with `contiguous`, contiguous; return its shape."""
+    if not isinstance(t, torch.Tensor):
+        raise BoundaryError(name, f"expected a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise BoundaryError(name, f"expected float32, got {str(t.dtype).removeprefix('torch.')}")
+    if t.device.type != "cpu":
+        raise BoundaryError(name, f"expected a CPU tensor, got one on {t.device}")
+    got = tuple(t.shape)
+    if len(got) != len(shape) or any(isinstance(want, int) and want != size
+                                      for want, size in zip(shape, got, strict=False)):
+        raise BoundaryError(name, f"expected shape {_shape_text(shape)}, got {list(got)}")
+    if any(isinstance(want, str) and size < 1 for want, size in zip(shape, got, strict=True)):
+        raise BoundaryError(name, f"expected shape {_shape_text(shape)} with every size >= 1, "
+                                  f"got {list(got)}")
+    if contiguous and not t.is_contiguous():
+        raise BoundaryError(name, f"expected a contiguous tensor, got strides {list(t.stride())}")
+    return got
+
+
+def check_request(dims: Dims, self_kv: object, cross_kv: object, mask_bias: object) -> None:
+    """Check the tensors a request keeps for all its steps."""
+    L, H, dk = dims.layers, dims.heads, dims.d_kv
+    expect("self_kv", self_kv, (L, 2, H, "slots", dk))
+    # The cross K/V is made contiguous by the caller when it is not (a copy: it is only read).
+    cross = expect("cross_kv", cross_kv, (L, 2, H, "cross", dk), contiguous=False)[3]
+    expect("mask_bias", mask_bias, (1, 1, 1, cross))
+
+
+def check_bias(dims: Dims, dec_bias: object) -> None:
+    """Check a decoder self-attention bias corner [heads, span, span]."""
+    shape = expect("dec_bias", dec_bias, (dims.heads, "span", "span"))
+    if shape[1] != shape[2]:
+        raise BoundaryError("dec_bias", f"expected shape [{dims.heads}, span, span], "
+                                        f"got {list(shape)}")
+
+
+def check_tokens(name: str, t: object, count: int | None = None) -> None:
+    """Check that `t` (token ids or positions) is an integer CPU tensor (of `count` elements
+    when given)."""
+    if not isinstance(t, torch.Tensor):
+        raise BoundaryError(name, f"expected an integer tensor, got {type(t).__name__}")
+    if t.dtype not in _INTEGER:
+        raise BoundaryError(name, f"expected an integer tensor, got "
+                                  f"{str(t.dtype).removeprefix('torch.')}")
+    if t.device.type != "cpu":
+        raise BoundaryError(name, f"expected a CPU tensor, got one on {t.device}")
+    if count is not None and t.numel() != count:
+        raise BoundaryError(name, f"expected {count} element(s), got {t.numel()}")
+
+
+def raise_for(code: int, *, dims: Dims, tokens: Sequence[int], tokens_name: str, pos0: int,
+              rows: int, slots: int, span: int, cross: int) -> None:
+    """Raise the BoundaryError for a C entry point's refusal `code` (nothing for TW_OK)."""
+    if code == TW_OK:
+        return
+    last = pos0 + rows - 1
+    if code == TW_BAD_TOKEN:
+        bad = [t for t in tokens if not 0 <= t < dims.vocab]
+        raise BoundaryError(tokens_name, f"token id {bad[0] if bad else '?'} outside the "
+                                         f"vocabulary [0, {dims.vocab})")
+    if code == TW_BAD_POSITION:
+        raise BoundaryError("pos", f"positions {pos0}..{last} outside the cache's slots "
+                                   f"[0, {slots})")
+    if code == TW_BAD_SPAN:
+        raise BoundaryError("dec_bias", f"span {span} does not cover positions {pos0}..{last}")
+    if code == TW_BAD_SIZE:
+        raise BoundaryError("steps", f"expected >= 1 rows and non-empty tensors, got {rows} "
+                                     f"rows, {slots} slots, {cross} cross positions, span {span}")
+    raise BoundaryError("native step", f"refused with unknown code {code}")
+
+
+class Boundary:
+    """The checks of one bound C step, remembering per thread what already passed."""
+
+    def __init__(self, dims: Dims) -> None:
+        self.dims = dims
+        self._local = threading.local()
+        self.full_checks = 0  # requests (and bias corners) checked in full, for tests
+
+    def tensors(self, self_kv: Any, cross_kv: Any, mask_bias: Any, dec_bias: Any) -> None:
+        """Check the tensors of a call: in full when first seen, else by identity."""
+        local = self._local
+        seen = getattr(local, "request", None)
+        if (seen is None or seen[0]() is not self_kv or seen[1]() is not cross_kv
+                or seen[2]() is not mask_bias):
+            check_request(self.dims, self_kv, cross_kv, mask_bias)
+            local.request = (weakref.ref(self_kv), weakref.ref(cross_kv), weakref.ref(mask_bias))
+            self.full_checks += 1
+        corners = getattr(local, "corners", None)
+        if corners is None:
+            corners = local.corners = {}
+        known = corners.get(id(dec_bias))
+        if known is None or known() is not dec_bias:
+            check_bias(self.dims, dec_bias)
+            if len(corners) >= 64:  # callers that make a corner per call: keep it bounded
+                corners.clear()
+            corners[id(dec_bias)] = weakref.ref(dec_bias)
+            self.full_checks += 1
