@@ -226,6 +226,20 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(var + eps)).to(weight.dtype)
 
 
+def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
+    """Clamp float16 hidden states as Hugging Face's T5 block does (else return `x`).
+
+    A real checkpoint's residual stream can pass float16's max (65504) and turn inf, then
+    NaN. HF clamps after each sub-layer to the largest finite value (max - 1000 once any
+    value is inf); the same expression here keeps float16 outputs those of HF.
+    """
+    if x.dtype != torch.float16:  # a Python check: no graph cost for float32 / bfloat16
+        return x
+    clamp_value = torch.where(torch.isinf(x).any(), torch.finfo(x.dtype).max - 1000,
+                              torch.finfo(x.dtype).max)
+    return torch.clamp(x, min=-clamp_value, max=clamp_value)
+
+
 def _ff(m: LeanT5, layer: Any, x: torch.Tensor) -> torch.Tensor:
     h = _norm(x, layer.ln_ff, m.eps)
     h = _linear(h, layer.wi)
@@ -268,7 +282,8 @@ def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torc
         h = _norm(x, layer.ln_att, m.eps)
         q, k, v = _linear(h, layer.qkv).split(m.inner, dim=-1)
         x = x + _linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
-        x = _ff(m, layer, x)
+        x = _clamp_fp16(x)
+        x = _clamp_fp16(_ff(m, layer, x))
     x = _norm(x, m.enc_final, m.eps)
     kv = [_linear(x, layer.ckv).view(x.shape[1], 2, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
           for layer in m.dec_layers]
@@ -303,12 +318,12 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: t
         self_kv[layer_ix, :, :, pos] = qkv[1:].permute(2, 0, 1, 3)
         att = _attend_prefix(qkv[0], self_kv[i, 0, :, :span], self_kv[i, 1, :, :span],
                              self_bias)
-        x = x + _linear(att, layer.o)
+        x = _clamp_fp16(x + _linear(att, layer.o))
         h = _norm(x, layer.ln_cross, m.eps)
         att = _attend(_heads(m, _linear(h, layer.cq)), cross_kv[i, 0], cross_kv[i, 1],
                       cross_bias)
-        x = x + _linear(att, layer.co)
-        x = _ff(m, layer, x)
+        x = _clamp_fp16(x + _linear(att, layer.co))
+        x = _clamp_fp16(_ff(m, layer, x))
     x = _norm(x, m.dec_final, m.eps) * m.output_scale
     return _linear(x, m.lm_head)
 
