@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import pytest
+
 from bench import gpu
 
 GROUPS = {"16": ["a b", "c d"], "32": ["a long one", "another long one"]}
@@ -151,3 +153,26 @@ def test_no_cuda_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu.main(["--out", "unused"]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="with CUDA the script runs the whole check")
+def test_the_script_runs_the_check_with_the_given_python(tmp_path):
+    """scripts/gpu_check.sh: no wheels to install, bench.gpu's exit status (2: no CUDA here)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no-wheels")}
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "bench.gpu: CUDA is not available" in done.stdout + done.stderr
+    assert (tmp_path / "out" / "log.txt").is_file()
