@@ -40,7 +40,7 @@ import torch
 
 from engine import aot, t5
 from engine.errors import BoundaryError
-from engine.native_checks import Boundary, Dims, check_tokens, raise_for
+from engine.native_checks import INTEGER, Boundary, Dims, check_tokens, raise_for
 
 log = logging.getLogger(__name__)
 
@@ -285,11 +285,16 @@ class BoundStep:
                  cross_kv: torch.Tensor, mask_bias: torch.Tensor, dec_bias: torch.Tensor,
                  steps: int) -> torch.Tensor:
         self.boundary.tensors(self_kv, cross_kv, mask_bias, dec_bias)
-        check_tokens("token", token, 1)
+        if getattr(token, "dtype", None) not in INTEGER:  # its value: checked by C
+            check_tokens("token", token, 1)
+        try:
+            first, at = int(token), int(pos)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise BoundaryError("token" if getattr(token, "numel", int)() != 1 else "pos",
+                                f"expected one value: {exc}") from exc
         out = torch.empty(max(steps, 0), dtype=torch.long)
         tail, _keep = self._tail(1, self_kv, cross_kv, mask_bias, dec_bias, out)
         # Every step in one C call: a draft proposes a whole round without a call per token.
-        first, at = int(token), int(pos)
         code = self._chain(self._ref, first, steps, at, *tail)
         if code:
             self._refused(code, [first], "token", at, steps, self_kv, cross_kv, dec_bias)
