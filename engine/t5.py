@@ -237,8 +237,13 @@ def _clamp_fp16(x: torch.Tensor, *, per_row: bool = False) -> torch.Tensor:
     """
     if x.dtype != torch.float16:  # a Python check: no graph cost for float32 / bfloat16
         return x
-    inf = torch.isinf(x).any(-1, keepdim=True) if per_row else torch.isinf(x).any()
-    clamp_value = torch.where(inf, torch.finfo(x.dtype).max - 1000, torch.finfo(x.dtype).max)
+    if per_row:  # a limit per row: a float32 tensor of them would promote x to float32
+        inf = torch.isinf(x).any(-1, keepdim=True)
+        clamp_value = torch.where(inf, torch.finfo(x.dtype).max - 1000,
+                                  torch.finfo(x.dtype).max).to(x.dtype)
+    else:
+        clamp_value = torch.where(torch.isinf(x).any(), torch.finfo(x.dtype).max - 1000,
+                                  torch.finfo(x.dtype).max)
     return torch.clamp(x, min=-clamp_value, max=clamp_value)
 
 

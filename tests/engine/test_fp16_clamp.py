@@ -69,3 +69,13 @@ def test_other_dtypes_are_not_clamped():
     clamped = t5._clamp_fp16(half)
     limit = torch.tensor(torch.finfo(torch.float16).max - 1000, dtype=torch.float16).item()
     assert clamped.tolist() == [limit, 1.0, -limit]
+
+
+def test_a_batched_row_is_clamped_as_it_is_alone():
+    """decode_rows' rows are one sequence: one row's inf must not lower another row's limit."""
+    rows = torch.tensor([[[float("inf"), 1.0], [65024.0, 1.0]]], dtype=torch.float16)
+    batched = t5._clamp_fp16(rows, per_row=True)
+    for r in range(rows.shape[1]):
+        alone = t5._clamp_fp16(rows[:, r:r + 1])
+        assert batched.dtype == torch.float16 and torch.equal(batched[:, r:r + 1], alone), r
+    assert batched[0, 1, 0].item() == 65024.0  # under the whole-tensor rule: max - 1000
