@@ -32,7 +32,7 @@ from monitor.engine_holder import EngineHolder
 from monitor.hub import AppParts, Services, parts_of
 from monitor.metrics import DatabaseCollector, EngineCollector, SamplerCollector
 from monitor.probe_runner import ProbeRunner
-from monitor.prober import build_prober
+from monitor.prober import SchedulerActivity, build_prober
 from monitor.settings import Settings
 from probes.prober import Prober
 from probes.sampler import TrafficSampler
@@ -93,16 +93,19 @@ def build_services(parts: AppParts, closers: Closers) -> Services:
     closers.append(lambda: traffic.flush(writer))
     sampler = _sampler(settings, writer, closers)
 
+    activity = SchedulerActivity()
+
     def prober(engine: Engine) -> Prober:
         return build_prober(settings, engine, writer, sessions, observers=(parts.sink,),
-                            suites=seams.suites)
+                            suites=seams.suites, activity=activity)
 
     return Services(
         settings=settings, authenticator=parts.authenticator, metrics=parts.metrics,
         sink=parts.sink, seams=seams, db=db, sessions=sessions, flags=flags,
         engine_holder=holder, writer=writer, traffic=traffic,
         probes=ProbeRunner(holder, prober), alerts=alerts, deliverer=deliverer,
-        sampler=sampler, analysis_in_process=parts.analysis_in_process)
+        sampler=sampler, analysis_in_process=parts.analysis_in_process,
+        activity=activity)
 
 
 def _collectors(services: Services) -> list[Collector]:
@@ -131,6 +134,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if parts.settings.scheduler.enabled:
             scheduler = (parts.seams.scheduler_factory or start_scheduler)(services)
             services = replace(services, scheduler=scheduler)
+            services.activity.scheduler = scheduler
         app.state.services = services
         log.info("tailwatch: serving (instance %s, scheduler %s)", parts.settings.instance_id,
                  "on" if scheduler is not None else "off")
