@@ -243,12 +243,11 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
             timer.check()
         return True
 
-    hi = rule.threshold
+    lo, hi = 0.0, rule.threshold
     while not confirmed(hi):
         if hi >= cfg.max_shift:
             return None
-        hi = min(hi * 2, cfg.max_shift)
-    lo = 0.0
+        lo, hi = hi, min(hi * 2, cfg.max_shift)
     # Fine steps: the confirmation rate climbs from 80% to 98% within a few percent.
     while hi - lo > 0.005 * (1 + hi):
         mid = (lo + hi) / 2
