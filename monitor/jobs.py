@@ -1,7 +1,8 @@
 """The scheduled job bodies: what each job name runs, in the serving process or the worker.
 
 Every replica's serving process runs the measurement jobs (probe, burst, traffic_flush:
-they need its engine). The analysis jobs (evaluate, delivery, retention, report) read
+they need its engine). The analysis jobs (evaluate, delivery, retention, report,
+sensitivity) read
 only SQL: `tailwatch worker` runs them in a process of its own, so their Python work never
 shares the GIL with the engine; an app built with `analysis_in_process` (the demo, tests)
 runs them beside the engine as before.
@@ -61,12 +62,14 @@ def replica_jobs(s: Services) -> dict[str, Job]:
 
 
 def analysis_jobs(a: AnalysisParts) -> dict[str, Job]:
-    """Return the leader-only jobs (evaluation, delivery, retention, the weekly report)."""
+    """Return the leader-only jobs (evaluation, delivery, retention, the weekly report,
+    the rules' sensitivity estimates)."""
     return {
         names.RETENTION: lambda: _prune(a),
         names.EVALUATE: lambda: _evaluate(a),
         names.DELIVERY: lambda: _deliver(a),
         names.REPORT: lambda: _report(a),
+        names.SENSITIVITY: lambda: _sensitivity(a),
     }
 
 
@@ -112,3 +115,10 @@ def _report(s: AnalysisParts) -> object:
     from monitor.report import run_weekly_report
 
     return run_weekly_report(s.sessions, s.settings)
+
+
+def _sensitivity(s: AnalysisParts) -> object:
+    from alerts import sensitivity
+
+    # Bounded by alerts.sensitivity_job_cpu_s; series left over wait for the next run.
+    return sensitivity.job(s.sessions, s.alerts, s.clock)

@@ -42,8 +42,9 @@ EVALUATE = "evaluate"
 DELIVERY = "delivery"
 RETENTION = "retention"
 REPORT = "report"
+SENSITIVITY = "sensitivity"
 EVERY_REPLICA = (PROBE, BURST, TRAFFIC_FLUSH)
-SINGLETONS = (EVALUATE, DELIVERY, RETENTION, REPORT)
+SINGLETONS = (EVALUATE, DELIVERY, RETENTION, REPORT, SENSITIVITY)
 
 Job = Callable[[], object]
 
@@ -242,6 +243,8 @@ def triggers(settings: Settings) -> dict[str, BaseTrigger]:
         DELIVERY: interval(s.delivery_interval_s, "scheduler.delivery_interval_s"),
         RETENTION: cron(s.retention_cron, "scheduler.retention_cron"),
         REPORT: cron(s.report_cron, "scheduler.report_cron"),
+        SENSITIVITY: interval(settings.alerts.sensitivity_interval_s,
+                              "alerts.sensitivity_interval_s"),
     }
     if s.probes_enabled:
         out[PROBE] = interval(s.probe_interval_s, "scheduler.probe_interval_s")
