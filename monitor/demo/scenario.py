@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from monitor.demo.context import StepContext
 from monitor.demo.engine import DemoEngineFactory, models_present
 from monitor.demo.errors import CheckFailed, DemoOptionError, DemoSetupError
 from monitor.demo.narration import Narrator
+from monitor.demo.outcome import DemoOutcome, StepResult
 from monitor.demo.profile import FULL, DemoProfile, demo_settings
 from monitor.demo.server import ServiceThread
 from monitor.demo.steps import STEPS
@@ -44,44 +45,6 @@ class DemoOptions:
     keep_dir: Path | None = None
     fake_engine: bool = False
     report_dir: Path | None = None
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """How one step went; `started_s` counts from the start of the demo."""
-
-    number: int
-    name: str
-    passed: bool
-    started_s: float = 0.0
-    duration_s: float = 0.0
-    headline: str = ""
-    events: tuple[str, ...] = ()
-    error: str | None = None
-    skipped: bool = False
-
-
-@dataclass(frozen=True)
-class DemoOutcome:
-    """Everything the demo did; exit code 0 only when every step passed."""
-
-    profile: str
-    steps: tuple[StepResult, ...]
-    duration_s: float
-    workdir: Path | None = None  # None once removed
-    report_path: Path | None = None
-    alerts: tuple[dict[str, Any], ...] = ()
-    flag_changes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-
-    @property
-    def passed(self) -> bool:
-        """Return whether every scripted step passed."""
-        return len(self.steps) == len(STEPS) and all(s.passed for s in self.steps)
-
-    @property
-    def exit_code(self) -> int:
-        """Return 0 when every step passed, else 1."""
-        return 0 if self.passed else 1
 
 
 def _workdir(options: DemoOptions) -> Path:
@@ -207,7 +170,8 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
             say.waiting("stopping the service")
             service.__exit__(None, None, None)
     return DemoOutcome(profile=profile.name, steps=tuple(results),
-                       duration_s=time.monotonic() - started, workdir=workdir,
+                       duration_s=time.monotonic() - started, planned=len(STEPS),
+                       workdir=workdir,
                        report_path=report[0] if report else None, alerts=tuple(alerts),
                        flag_changes=tuple(changes))
 
