@@ -8,11 +8,13 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
 from rich.console import Console
 
 from monitor.demo.client import ServiceClient
@@ -26,6 +28,7 @@ from monitor.demo.server import ServiceThread
 from monitor.demo.steps import STEPS
 from monitor.demo.traffic import TrafficGenerator
 from monitor.loopback import WebhookReceiver
+from monitor.settings import Settings
 
 log = logging.getLogger(__name__)
 DB_NAME = "tailwatch-demo.db"
@@ -108,12 +111,30 @@ def run_demo(options: DemoOptions | None = None, console: Console | None = None)
     return outcome
 
 
-def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Path,
-          receiver: WebhookReceiver, started: float) -> DemoOutcome:
-    from monitor.app import create_app
+def report_runner(app: FastAPI, settings: Settings,
+                  written: list[Path]) -> Callable[[], tuple[str, str]]:
+    """Return the report step's writer: this week's report of `app`'s database.
+
+    It returns the (markdown, HTML) paths, or empty strings when a file is missing or
+    empty, and appends the markdown path to `written`.
+    """
     from monitor.hub import services_of
     from monitor.report.job import run_weekly_report
     from monitor.report.week import week_of
+
+    def run_report() -> tuple[str, str]:
+        out = run_weekly_report(services_of(app).sessions, settings,
+                                week=week_of(datetime.now(UTC)))
+        written.append(out.markdown_path)
+        ok = all(p.is_file() and p.stat().st_size > 0 for p in (out.markdown_path, out.html_path))
+        return (str(out.markdown_path), str(out.html_path)) if ok else ("", "")
+
+    return run_report
+
+
+def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Path,
+          receiver: WebhookReceiver, started: float) -> DemoOutcome:
+    from monitor.app import create_app
 
     profile = options.profile
     token = secrets.token_urlsafe(24)
@@ -126,13 +147,7 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
     changes: list[dict[str, Any]] = []
     report: list[Path] = []
 
-    def run_report() -> tuple[str, str]:
-        out = run_weekly_report(services_of(app).sessions, settings,
-                                week=week_of(datetime.now(UTC)))
-        report.append(out.markdown_path)
-        ok = all(p.is_file() and p.stat().st_size > 0 for p in (out.markdown_path, out.html_path))
-        return (str(out.markdown_path), str(out.html_path)) if ok else ("", "")
-
+    run_report = report_runner(app, settings, report)
     with Narrator(console, steps=len(STEPS)) as say:
         say.say(f"[bold]tailwatch demo[/bold] ({profile.name}: buckets {list(profile.buckets)}, "
                 f"{profile.canaries_per_bucket} canary/bucket every {profile.probe_interval_s:g}s, "
