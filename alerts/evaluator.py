@@ -38,6 +38,7 @@ from storage.queries.alerts import last_resolved_fired_by_rule
 from storage.queries.instances import last_seen
 
 if TYPE_CHECKING:
+    from alerts.config import AlertsConfig
     from alerts.policy import Policy, PolicyAction
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,15 @@ def _retire_stale(seen: Mapping[str, datetime], life: Lifecycle, alerts: Iterabl
             out.append(life.retire(a, f"stale: instance {inst} has not reported {since} "
                                       f"(stale_after_s {stale_after_s:g})"))
     return out
+
+
+def evaluate_config(session: Session, config: AlertsConfig, now: datetime, *,
+                    settle: Mapping[str, float] | None = None) -> EvaluationReport:
+    """Evaluate with everything the loaded alerts config holds (the scheduled job's call)."""
+    return evaluate(session, config.rules, now, targets=config.targets, policy=config.policy,
+                    baseline_config=config.baselines, external_url=config.external_url,
+                    resend_s=config.resend_s, stale_after_s=config.stale_after_s,
+                    settle=settle, incidents=config.incidents)
 
 
 def evaluate(

@@ -29,9 +29,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from alerts.baselines import hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
@@ -51,9 +50,6 @@ from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.baselines import StoredBaseline, decide_in_force
 from storage.queries.sensitivity import StoredSensitivity
 from storage.sketches import GAMMA, Sketch
-
-if TYPE_CHECKING:
-    from alerts.config import AlertsConfig
 
 OK = "ok"
 INSUFFICIENT = "insufficient history"
@@ -243,12 +239,11 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
             timer.check()
         return True
 
-    hi = rule.threshold
+    lo, hi = 0.0, rule.threshold
     while not confirmed(hi):
         if hi >= cfg.max_shift:
             return None
-        hi = min(hi * 2, cfg.max_shift)
-    lo = 0.0
+        lo, hi = hi, min(hi * 2, cfg.max_shift)
     # Fine steps: the confirmation rate climbs from 80% to 98% within a few percent.
     while hi - lo > 0.005 * (1 + hi):
         mid = (lo + hi) / 2
@@ -436,15 +431,6 @@ class _Series:
     baseline: StoredBaseline
     points: list[Point]
     old: StoredSensitivity | None
-
-
-def job(sessions: sessionmaker[Session], config: AlertsConfig, clock: Callable[[], datetime],
-        budget_s: float | None = None) -> RefreshReport:
-    """Run one scheduled refresh in its own transaction (the scheduler's job body)."""
-    with sessions.begin() as session:
-        return refresh(session, config.rules, config.sensitivity, clock(),
-                       history_s=config.sensitivity_history_s,
-                       budget_s=config.sensitivity_job_cpu_s if budget_s is None else budget_s)
 
 
 def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,

@@ -378,7 +378,11 @@ def calibrate(rule: Rule, draw: Draw, n: int, history: list[Obs], base: Baseline
         return sum(d is not None and d <= within for d in ds) / len(ds)
 
     full, half = rate(shift), rate(shift / 2)
-    ok = CALIBRATED[0] <= full <= CALIBRATED[1] and half < CALIBRATED[0]
+    # Stated at the threshold in force: no smaller shift can fire by design (the median
+    # must reach it), so the rate steps from none to all there and only the floor applies.
+    at_threshold = est.detectable_change <= est.threshold * 1.01
+    ok = CALIBRATED[0] <= full <= (1.0 if at_threshold else CALIBRATED[1]) \
+        and half < CALIBRATED[0]
     return est, in_force, ok, line + (
         f"states {shift:+.0%} within {within} cycles (p95); replay: {full:.0%} of trials "
         f"(half of it: {half:.0%}): {'within bounds' if ok else 'OUT OF BOUNDS'}")

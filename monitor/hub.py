@@ -9,7 +9,7 @@ jobs (`monitor.jobs`) close over it; tests read it with `services_of(app)`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.protocol import FlagProvider
 from monitor.engine_holder import EngineFactory, EngineHolder, default_engine_factory
 from monitor.probe_runner import ProbeRunner
+from monitor.prober import SchedulerActivity
 from probes.canaries import CanarySuite
 from vocab import utcnow
 
@@ -94,6 +95,8 @@ class Services:
     # Replays a sample of real requests on the reference path (None: share 0 or built by hand).
     sampler: TrafficSampler | None = None
     analysis_in_process: bool = True  # see AppParts
+    # The jobs a probe cycle records as having run beside it (details.jobs_during).
+    activity: SchedulerActivity = field(default_factory=SchedulerActivity)
 
 
 def parts_of(app: FastAPI) -> AppParts:

@@ -1,7 +1,8 @@
 """The scheduled job bodies: what each job name runs, in the serving process or the worker.
 
 Every replica's serving process runs the measurement jobs (probe, burst, traffic_flush:
-they need its engine). The analysis jobs (evaluate, delivery, retention, report) read
+they need its engine). The analysis jobs (evaluate, delivery, retention, report,
+sensitivity) read
 only SQL: `tailwatch worker` runs them in a process of its own, so their Python work never
 shares the GIL with the engine; an app built with `analysis_in_process` (the demo, tests)
 runs them beside the engine as before.
@@ -61,12 +62,14 @@ def replica_jobs(s: Services) -> dict[str, Job]:
 
 
 def analysis_jobs(a: AnalysisParts) -> dict[str, Job]:
-    """Return the leader-only jobs (evaluation, delivery, retention, the weekly report)."""
+    """Return the leader-only jobs (evaluation, delivery, retention, the weekly report,
+    the rules' sensitivity estimates)."""
     return {
         names.RETENTION: lambda: _prune(a),
         names.EVALUATE: lambda: _evaluate(a),
         names.DELIVERY: lambda: _deliver(a),
         names.REPORT: lambda: _report(a),
+        names.SENSITIVITY: lambda: _sensitivity(a),
     }
 
 
@@ -84,18 +87,14 @@ def _prune(s: AnalysisParts) -> object:
 
 
 def _evaluate(s: AnalysisParts) -> object:
-    from alerts.evaluator import evaluate
+    from alerts.evaluator import evaluate_config
     from monitor.events import log_evaluation
 
-    a = s.alerts
     # Every replica flushes its traffic rollups on its own schedule: a minute is judged
     # once each has flushed it (the interval, plus a margin for the write itself).
     settle = {"traffic": s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S}
     with s.sessions.begin() as session:
-        report = evaluate(session, a.rules, s.clock(), targets=a.targets,
-                          policy=a.policy, baseline_config=a.baselines,
-                          external_url=a.external_url, resend_s=a.resend_s,
-                          stale_after_s=a.stale_after_s, settle=settle)
+        report = evaluate_config(session, s.alerts, s.clock(), settle=settle)
     # The policy may have flipped flags: let the engine see them on its next request.
     s.flags.invalidate()
     log_evaluation(report)  # alert fired/resolved, flags the policy changed
@@ -112,3 +111,19 @@ def _report(s: AnalysisParts) -> object:
     from monitor.report import run_weekly_report
 
     return run_weekly_report(s.sessions, s.settings)
+
+
+def _sensitivity(s: AnalysisParts) -> object:
+    return refresh_sensitivity(s.sessions, s.alerts, s.clock)
+
+
+def refresh_sensitivity(sessions: sessionmaker[Session], alerts: AlertsConfig,
+                        clock: Callable[[], datetime]) -> object:
+    """Re-estimate the rules' sensitivity in one transaction (the sensitivity job's body)."""
+    from alerts import sensitivity
+
+    # Bounded by alerts.sensitivity_job_cpu_s; series left over wait for the next run.
+    with sessions.begin() as session:
+        return sensitivity.refresh(session, alerts.rules, alerts.sensitivity, clock(),
+                                   history_s=alerts.sensitivity_history_s,
+                                   budget_s=alerts.sensitivity_job_cpu_s)

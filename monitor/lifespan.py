@@ -32,7 +32,7 @@ from monitor.engine_holder import EngineHolder
 from monitor.hub import AppParts, Services, parts_of
 from monitor.metrics import DatabaseCollector, EngineCollector, SamplerCollector
 from monitor.probe_runner import ProbeRunner
-from monitor.prober import build_prober
+from monitor.prober import SchedulerActivity, build_prober
 from monitor.settings import Settings
 from probes.prober import Prober
 from probes.sampler import TrafficSampler
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Closers = list[Callable[[], object]]  # run last-first at shutdown
+SHUTDOWN_WAIT_S = 10.0  # for scheduled runs in flight at shutdown
 
 
 def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float,
@@ -93,16 +94,19 @@ def build_services(parts: AppParts, closers: Closers) -> Services:
     closers.append(lambda: traffic.flush(writer))
     sampler = _sampler(settings, writer, closers)
 
+    activity = SchedulerActivity()
+
     def prober(engine: Engine) -> Prober:
         return build_prober(settings, engine, writer, sessions, observers=(parts.sink,),
-                            suites=seams.suites)
+                            suites=seams.suites, activity=activity)
 
     return Services(
         settings=settings, authenticator=parts.authenticator, metrics=parts.metrics,
         sink=parts.sink, seams=seams, db=db, sessions=sessions, flags=flags,
         engine_holder=holder, writer=writer, traffic=traffic,
         probes=ProbeRunner(holder, prober), alerts=alerts, deliverer=deliverer,
-        sampler=sampler, analysis_in_process=parts.analysis_in_process)
+        sampler=sampler, analysis_in_process=parts.analysis_in_process,
+        activity=activity)
 
 
 def _collectors(services: Services) -> list[Collector]:
@@ -131,6 +135,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if parts.settings.scheduler.enabled:
             scheduler = (parts.seams.scheduler_factory or start_scheduler)(services)
             services = replace(services, scheduler=scheduler)
+            services.activity.scheduler = scheduler
         app.state.services = services
         log.info("tailwatch: serving (instance %s, scheduler %s)", parts.settings.instance_id,
                  "on" if scheduler is not None else "off")
@@ -140,6 +145,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if scheduler is not None:
             with suppress(Exception):
                 scheduler.shutdown(wait=False)
+                # A run in flight still holds a session: let it end before the database
+                # closes under it, but never let a hung probe hold up the shutdown.
+                if not scheduler.wait_idle(SHUTDOWN_WAIT_S):
+                    log.warning("tailwatch: a scheduled job still runs at shutdown")
         for close in reversed(closers):
             try:
                 close()

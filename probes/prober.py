@@ -25,10 +25,10 @@ from probes.cycle import (
     Observer,
     ProbeCycle,
 )
-from probes.quality import AgreementGroup
 from probes.reference import OutputChecker, add_checked_cycle
 from probes.settings import ProbeSettings
 from probes.sink import add_burst, add_compile, add_cycle, compile_changed
+from storage.queries.quality import AgreementGroup
 from storage.writer import Writer
 from vocab import utcnow
 

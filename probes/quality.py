@@ -11,6 +11,9 @@ cohort (model_version, config_hash). Every arm's output is compared with it:
     first_divergence: the first position where the two differ (a position past the
         shorter one when one is a prefix of the other), None when exact.
 
+`summarize` sums them per (bucket, path, decoding, variant) into the AgreementGroup the
+SQL sink stores and storage.queries.quality reads back (one view for both).
+
 A canary may also carry a golden answer (`expected` in a suites file, probes.canaries):
 its output text is then checked against it too (golden_match), and each group counts
 the outputs that had one (golden_count) and those equal to it (golden_exact).
@@ -21,6 +24,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from storage.queries.quality import AgreementGroup
 
 WORST_KEPT = 3  # worst outputs kept per group (for the report)
 
@@ -72,54 +77,6 @@ class Compared:
     golden: bool | None = None  # equal to the golden answer; None: the canary has none
 
 
-@dataclass(frozen=True)
-class Worst:
-    """One of a group's least agreeing outputs."""
-
-    key: str
-    agreement: float
-    first_divergence: int | None
-    length_diff: int
-
-
-@dataclass(frozen=True)
-class AgreementGroup:
-    """The comparisons of one (bucket, path, decoding, variant), summed."""
-
-    bucket: str
-    path: str
-    decoding: str
-    variant: str
-    count: int
-    exact: int
-    agreement_sum: float
-    length_diff_sum: int
-    first_divergence_min: int | None
-    worst: tuple[Worst, ...] = ()
-    golden_count: int = 0  # outputs whose canary has a golden answer
-    golden_exact: int = 0  # those equal to it
-
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        """Return (bucket, path, decoding, variant)."""
-        return (self.bucket, self.path, self.decoding, self.variant)
-
-    @property
-    def agreement(self) -> float | None:
-        """Return the mean token agreement, or None when nothing was compared."""
-        return self.agreement_sum / self.count if self.count else None
-
-    @property
-    def exact_share(self) -> float | None:
-        """Return the share of outputs equal to their reference, or None."""
-        return self.exact / self.count if self.count else None
-
-    @property
-    def golden_accuracy(self) -> float | None:
-        """Return the share of golden answers matched, or None when no canary had one."""
-        return self.golden_exact / self.golden_count if self.golden_count else None
-
-
 def summarize(items: Iterable[Compared]) -> tuple[AgreementGroup, ...]:
     """Group comparisons by (bucket, path, decoding, variant), in first-seen order."""
     groups: dict[tuple[str, str, str, str], list[Compared]] = {}
@@ -137,8 +94,9 @@ def summarize(items: Iterable[Compared]) -> tuple[AgreementGroup, ...]:
             agreement_sum=sum(c.comparison.agreement for c in cs),
             length_diff_sum=sum(abs(c.comparison.length_diff) for c in cs),
             first_divergence_min=min(divergences) if divergences else None,
-            worst=tuple(Worst(c.key, c.comparison.agreement, c.comparison.first_divergence,
-                              c.comparison.length_diff) for c in worst),
+            worst=tuple({"key": c.key, "agreement": c.comparison.agreement,
+                         "first_divergence": c.comparison.first_divergence,
+                         "length_diff": c.comparison.length_diff} for c in worst),
             golden_count=sum(1 for c in cs if c.golden is not None),
             golden_exact=sum(1 for c in cs if c.golden)))
     return tuple(out)

@@ -22,10 +22,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.errors import EngineError
 from engine.protocol import REFERENCE, Engine
 from probes.cycle import CycleResult
-from probes.quality import AgreementGroup, Compared, compare, golden_match, prompt_key, summarize
+from probes.quality import Compared, compare, golden_match, prompt_key, summarize
 from probes.sink import add_cycle
 from storage.models import CanaryReference, OutputAgreement, ProbeRun
 from storage.queries import quality as queries
+from storage.queries.quality import AgreementGroup
 from storage.writer import Writer
 from vocab import Source
 
@@ -150,9 +151,7 @@ def agreement_row(g: AgreementGroup, *, at: datetime, source: str, instance_id: 
         agreement_sum=g.agreement_sum, length_diff_sum=g.length_diff_sum,
         first_divergence_min=g.first_divergence_min,
         golden_count=g.golden_count, golden_exact=g.golden_exact,
-        worst=[{"key": w.key[:16], "agreement": w.agreement,
-                "first_divergence": w.first_divergence, "length_diff": w.length_diff}
-               for w in g.worst])
+        worst=[{**w, "key": str(w["key"])[:16]} for w in g.worst])
 
 
 def add_checked_cycle(session: Session, c: CycleResult,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine import validation
 from engine.errors import (
     EngineError,
     InputTooLong,
@@ -66,10 +67,8 @@ def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
              sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep,
              sampler: SamplerDep) -> GenerateResponse:
     """Generate greedily from `text` (a plain def: the model call blocks a worker thread)."""
-    cap = settings.engine.max_new_tokens_cap
-    if body.max_new_tokens is not None and body.max_new_tokens > cap:
-        raise InvalidRequest("max_new_tokens", f"must be <= {cap}",
-                             value=body.max_new_tokens, limit=cap)
+    # Refused before the engine is called: every Engine implementation gets a budget in the cap.
+    validation.max_new_tokens(settings.engine, body.max_new_tokens)
     try:
         result = engine.generate(body.text, max_new_tokens=body.max_new_tokens)
     except Exception as exc:

@@ -34,12 +34,13 @@ def stored_reference_keys(session: Session, model_version: str, config_hash: str
 
 
 @dataclass(frozen=True)
-class AgreementRow:
-    """One stored comparison group (see storage.models.OutputAgreement)."""
+class AgreementGroup:
+    """The comparisons of one (bucket, path, decoding, variant), summed (probes.quality).
 
-    at: datetime
-    source: str
-    instance_id: str
+    `worst`: the least agreeing outputs, each {"key", "agreement", "first_divergence",
+    "length_diff"} (the key shortened to 16 characters once stored).
+    """
+
     bucket: str
     path: str
     decoding: str
@@ -49,14 +50,38 @@ class AgreementRow:
     agreement_sum: float
     length_diff_sum: int
     first_divergence_min: int | None
-    worst: tuple[dict[str, Any], ...]
-    golden_count: int = 0
-    golden_exact: int = 0
+    worst: tuple[dict[str, Any], ...] = ()
+    golden_count: int = 0  # outputs whose canary has a golden answer
+    golden_exact: int = 0  # those equal to it
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """Return (bucket, path, decoding, variant)."""
+        return (self.bucket, self.path, self.decoding, self.variant)
 
     @property
     def agreement(self) -> float | None:
         """Return the mean token agreement, or None when nothing was compared."""
         return self.agreement_sum / self.count if self.count else None
+
+    @property
+    def exact_share(self) -> float | None:
+        """Return the share of outputs equal to their reference, or None."""
+        return self.exact / self.count if self.count else None
+
+    @property
+    def golden_accuracy(self) -> float | None:
+        """Return the share of golden answers matched, or None when no canary had one."""
+        return self.golden_exact / self.golden_count if self.golden_count else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgreementRow(AgreementGroup):
+    """One stored group (see storage.models.OutputAgreement): when, where and from what."""
+
+    at: datetime
+    source: str
+    instance_id: str
 
 
 def agreements(session: Session, start: datetime, end: datetime, *,

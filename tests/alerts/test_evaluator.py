@@ -249,3 +249,32 @@ def test_a_fallback_slowing_canaries_starts_a_new_series_instead_of_paging(
             rep = evaluate(s, [shipped], minute(i) + timedelta(seconds=30), **kw)
         fired += [dict(t.labels) for t in rep.transitions if t.to_state == "firing"]
     assert fired and all(f["bucket"] == "64" and f["decoding"] == "speculative" for f in fired)
+
+
+def test_the_scheduled_evaluation_passes_everything_the_alerts_config_holds(
+        sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's call (evaluate_config) carries the configured incidents, resend and stale."""
+    import alerts.evaluator as evaluator
+    from alerts.config import load_config
+    from alerts.settings import AlertSettings
+
+    config = load_config(AlertSettings(
+        incidents={"window_s": 42, "hold_s": 7, "group_interval_s": 9,
+                   "update_formats": ["generic"]},
+        resend_interval_s=33, stale_after_s=44))
+    seen: dict[str, object] = {}
+    real = evaluator.evaluate
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.update(kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(evaluator, "evaluate", spy)
+    with sessionmaker.begin() as s:
+        report = evaluator.evaluate_config(s, config, T0, settle={"traffic": 65.0})
+    assert report is not None
+    assert seen["incidents"] == config.incidents
+    assert config.incidents.window_s == 42 and config.incidents.update_formats == {"generic"}
+    assert (seen["resend_s"], seen["stale_after_s"], seen["settle"]) == (33, 44, {"traffic": 65.0})
+    assert (seen["targets"], seen["policy"], seen["baseline_config"]) == (
+        config.targets, config.policy, config.baselines)

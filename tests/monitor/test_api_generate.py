@@ -52,6 +52,8 @@ def test_bad_max_new_tokens_is_422_naming_the_field(client: TestClient) -> None:
         r = client.post("/v1/generate", json={"text": "hi", "max_new_tokens": value})
         assert r.status_code == 422, value
         assert r.json()["error"]["field"] == "max_new_tokens"
+    # The runtime's own check and message (engine.validation), cap 64 in the test settings.
+    assert r.json()["error"]["message"] == "max_new_tokens: must be between 1 and 64"
 
 
 def test_blank_text_is_refused_with_the_runtime_message(client: TestClient) -> None:

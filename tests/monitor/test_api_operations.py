@@ -173,13 +173,15 @@ def test_scheduler_runs_the_wired_jobs(migrated_url: str) -> None:
         wait_for(lambda: client.get("/readyz").status_code == 200)
         scheduler = services_of(app).scheduler
         assert set(scheduler.jobs()) == {"probe", "traffic_flush", "evaluate", "delivery",
-                                         "retention", "report"}
+                                         "retention", "report", "sensitivity"}
         jobs = scheduled_jobs(services_of(app))
         client.post("/v1/generate", json={"text": "hello river"})
         jobs["traffic_flush"]()
         jobs["probe"]()
         jobs["evaluate"]()
         jobs["delivery"]()
+        # No warm baseline yet: the sensitivity job estimates nothing and says so.
+        assert getattr(jobs["sensitivity"](), "estimated", None) == 0
         # Scheduled jobs hand rows to the background writer and do not wait for it.
         assert services_of(app).writer.flush(timeout=30)
         assert len(client.get("/v1/probes/runs").json()) == 1

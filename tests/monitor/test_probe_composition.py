@@ -57,3 +57,53 @@ def test_two_cli_cycles_store_references_and_agreements(fresh_url: str) -> None:
         db.dispose()
     assert references and references > 0
     assert agreements and agreements > 0
+
+
+def test_a_cycle_records_the_scheduler_jobs_running_beside_it(tmp_path: Path) -> None:
+    """The service's composition: the scheduler's activity reaches the stored probe row."""
+    import threading
+
+    from monitor.leader import AlwaysLeader
+    from monitor.prober import SchedulerActivity, build_prober
+    from monitor.scheduler import PROBE, TRAFFIC_FLUSH, build_scheduler
+    from monitor.settings import Settings
+    from storage.models import ProbeRun
+    from storage.writer import Writer
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    upgrade(url)
+    db = make_engine(url)
+    sessions = make_sessionmaker(db)
+    writer = Writer(sessions)
+    settings = Settings(database_url=url, quality={"enabled": False},
+                        probes={"canaries_per_bucket": 1, "ab_share": 0.0})
+    engine = FakeEngine()
+    engine.warm_up()
+    release, entered = threading.Event(), threading.Event()
+
+    def flush() -> None:
+        entered.set()
+        release.wait(30)
+
+    activity = SchedulerActivity()
+    prober = build_prober(settings, engine, writer, sessions, suites=placeholder_suites(2),
+                          activity=activity)
+    activity.scheduler = build_scheduler(
+        settings, {PROBE: lambda: prober.run_cycle(), TRAFFIC_FLUSH: flush}, AlwaysLeader())
+    flushing = threading.Thread(target=activity.scheduler.aps.get_job(TRAFFIC_FLUSH).func)
+    try:
+        flushing.start()
+        assert entered.wait(30)
+        # Run through the scheduler's own wrapper: the probe job itself is running too.
+        activity.scheduler.aps.get_job(PROBE).func()
+        release.set()
+        flushing.join(30)
+        activity.scheduler.aps.get_job(PROBE).func()
+        assert writer.flush(timeout=30)
+        with sessions() as s:
+            runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
+        assert [r.details["jobs_during"] for r in runs] == [[TRAFFIC_FLUSH], []]
+    finally:
+        release.set()
+        writer.close(timeout=5)
+        db.dispose()

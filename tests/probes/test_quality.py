@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -13,8 +14,10 @@ from probes.prober import Prober
 from probes.quality import compare, prompt_key
 from probes.reference import OutputChecker
 from storage.models import CanaryReference, OutputAgreement
+from storage.queries import quality as quality_queries
 from storage.writer import Writer
 from tests.probes.fakes import FakeEngine, placeholder_suites
+from vocab import utcnow
 
 
 def test_compare_exact_prefix_and_divergence() -> None:
@@ -92,6 +95,16 @@ def test_references_per_cohort_and_agreement_rows(sessionmaker: sessionmaker[Ses
         assert by_bucket["32"].exact == 0 and by_bucket["32"].agreement is not None
         assert by_bucket["32"].agreement < 0.1 and by_bucket["32"].first_divergence_min == 1
         assert by_bucket["16"].exact == by_bucket["16"].count == 2
+        # What the prober measured is what the read path returns: one view, stored.
+        with sessionmaker() as s:
+            stored = quality_queries.agreements(s, utcnow() - timedelta(days=1),
+                                                utcnow() + timedelta(minutes=1))
+        newest = {r.key: r for r in stored}  # oldest first: the last cycle's rows win
+        for g in p.agreements:
+            row = newest[g.key]
+            assert (row.count, row.exact, row.agreement, row.first_divergence_min) == (
+                g.count, g.exact, g.agreement, g.first_divergence_min)
+            assert [w["key"] for w in row.worst] == [str(w["key"])[:16] for w in g.worst]
     finally:
         writer.close()
     with sessionmaker() as s:
