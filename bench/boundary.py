@@ -1,12 +1,14 @@
 """The C step's boundary checks against the step they guard (engine.native_checks).
 
-    taskset -c 1 python -m bench.boundary [--calls 2000] [--tokens 32]
+    taskset -c 1 python -m bench.boundary [--calls 2000] [--tokens 32] [--rows 8]
 
 On the built-in target and draft, as they are called when serving (the target one token per
 C call, the draft a round of speculative_k tokens per call): the median time of one call (at
 a mid-answer position), of the full tensor checks a request's first call makes, of the
 identity check every later call makes, and the checks' share of a call and of a request of
-`--tokens` tokens. Last line: `boundary cost: N% of a step` (the largest share).
+`--tokens` tokens; and the target's batched step of `--rows` rows (engine.native `rows`), whose
+rows are checked by identity per step. Last line: `boundary cost: N% of a step` (the largest
+share).
 """
 
 from __future__ import annotations
@@ -61,10 +63,31 @@ def _measure(runner, steps: int, tokens: int, calls: int) -> float:
     return max(request, memo_s / call)
 
 
+def _measure_rows(runner, rows: int, tokens: int, calls: int) -> float:
+    """Print the batched step's row; return the per-step checks' share of a step."""
+    import torch
+
+    m, fn = runner.m, runner.native
+    caches = [m.new_self_cache(runner.slots, static=False) for _ in range(rows)]
+    crosses = [torch.randn((len(m.dec_layers), 2, m.n_heads, 16 + 4 * (r % 4), m.d_kv))
+               for r in range(rows)]
+    masks = [m.mask_bias(torch.ones((1, c.shape[-2]), dtype=torch.long)) for c in crosses]
+    toks = torch.full((rows,), 5, dtype=torch.long)
+    pos = torch.tensor([tokens // 2 + r % 3 for r in range(rows)], dtype=torch.long)
+    bias = runner.dec_bias
+    with torch.no_grad():
+        call = _median_s(lambda: fn.rows(m, toks, pos, caches, crosses, masks, bias), calls)
+    memo_s = _median_s(lambda: fn.boundary.rows(toks, pos, caches, crosses, masks, bias), calls)
+    print(f"{runner.name + ' B=' + str(rows):>12} {call * 1e6:8.1f} {memo_s * 1e6:8.2f} "
+          f"{memo_s / call:9.2%}")
+    return memo_s / call
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=32, help="steps per request")
+    parser.add_argument("--rows", type=int, default=8, help="rows of the batched step")
     args = parser.parse_args(argv)
 
     import torch
@@ -85,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{getattr(runner, 'name', 'draft')}: no C step ({rt.step_kind})")
             continue
         worst = max(worst, _measure(runner, steps, args.tokens, args.calls))
+    if rt.target.native is not None and args.rows > 0:
+        print(f"{'batched':>12} {'call_us':>8} {'memo_us':>8} {'memo/call':>9}")
+        worst = max(worst, _measure_rows(rt.target, args.rows, args.tokens, args.calls))
     rt.close()
     print(f"boundary cost: {worst:.2%} of a step")
 
