@@ -39,7 +39,7 @@ from sqlalchemy import Engine, event
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import EvaluationReport, evaluate
 from alerts.policy import load_policy
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from bench.storage import _postgres, _sqlite
 from storage.db import make_sessionmaker
 from storage.synthetic import simulate

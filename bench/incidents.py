@@ -59,7 +59,8 @@ from alerts.baselines import BaselineConfig
 from alerts.evaluator import evaluate
 from alerts.flags import FlagStore
 from alerts.policy import Policy, load_policy
-from alerts.rules import Rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from alerts.webhooks import WebhookTarget
 from probes.cycle import CANARIES_PER_BUCKET
 from storage import migrate

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import evaluate
 from alerts.policy import load_policy
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from alerts.webhooks import WebhookTarget
 from probes.cycle import CycleResult
 from probes.measure import GroupResult

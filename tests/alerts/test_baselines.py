@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig, baselines_for_rule, list_baselines, pin
 from alerts.evaluator import evaluate
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.series import RowCache, cohort_series
 from storage.models import Alert, SeriesChunk
 from storage.queries.series import NO_COHORT

@@ -19,7 +19,7 @@ from alerts.evaluator import evaluate
 from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.outbox import Deliverer
 from alerts.policy import Policy, parse_policy
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from engine.config import BUILTIN_DIR
 from monitor.loopback import WebhookReceiver

@@ -13,7 +13,7 @@ from alerts.baselines import BaselineConfig, list_baselines, pin, unpin
 from alerts.errors import BaselineError
 from alerts.evaluator import evaluate
 from alerts.lifecycle import fingerprint
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, AlertTransition, Baseline, WebhookDelivery
 from tests.alerts.builders import add_cycle
@@ -230,7 +230,7 @@ def test_alertmanager_api_targets_get_firing_alerts_re_sent(sessionmaker: sessio
 
 def test_a_fallback_slowing_canaries_starts_a_new_series_instead_of_paging(
         sessionmaker: sessionmaker[Session]):
-    from alerts.rules import load_rules
+    from alerts.rule_file import load_rules
 
     shipped = next(r for r in load_rules(None) if r.name == "p99_latency_regression")
     fill(sessionmaker, 0, 40, 0.1)

@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import EvaluationReport, evaluate
 from alerts.policy import load_policy
-from alerts.rules import Rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from tests.alerts.builders import add_cycle, add_traffic
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import EvaluationReport, evaluate
-from alerts.rules import load_rules, parse_rule
+from alerts.rule_file import load_rules, parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, AlertTransition, Incident, WebhookDelivery
 from tests.alerts.builders import add_cycle

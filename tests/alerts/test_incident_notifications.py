@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.incidents import IncidentConfig, IncidentReport, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
 from alerts.outbox import Deliverer
-from alerts.rules import Rule, RuleResult, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import Rule, RuleResult
 from alerts.webhooks import WebhookTarget
 from storage.models import Incident, WebhookDelivery
 from tests.alerts.receiver import Receiver, serve

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import evaluate
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, WebhookDelivery
 from tests.alerts.builders import add_cycle

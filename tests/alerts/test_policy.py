@@ -14,7 +14,7 @@ from alerts.errors import PolicyError
 from alerts.evaluator import evaluate
 from alerts.flags import FlagStore
 from alerts.policy import Policy, load_policy, parse_policy
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from storage.models import Alert
 from tests.alerts.builders import add_traffic
 

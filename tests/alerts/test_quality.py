@@ -19,7 +19,7 @@ from alerts.evaluator import evaluate
 from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.policy import load_policy
 from alerts.quality import canary_recovery
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from engine.protocol import RuntimeFlags
 from monitor.report.job import build_report
 from monitor.report.markdown import render_markdown

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import evaluate
 from alerts.rollout import ROLLOUT_RULE, mann_whitney_p, verdict_of
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, WebhookDelivery
 from storage.queries.series import list_verdicts

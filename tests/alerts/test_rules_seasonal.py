@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
 from alerts.evaluator import evaluate
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from tests.alerts.builders import add_cycle
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

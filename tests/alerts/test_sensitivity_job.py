@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.baselines import rule_scope
 from alerts.detection import BaselineStats
 from alerts.evaluator import evaluate
-from alerts.rules import Rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from alerts.sensitivity import SensitivityConfig, refresh, widening_reason
 from monitor.metrics import DatabaseCollector, Metrics
 from storage.models import Baseline, scope_key

@@ -11,7 +11,7 @@ from alerts.baselines import BaselineConfig
 from alerts.evaluator import evaluate
 from alerts.flags import FlagStore
 from alerts.policy import load_policy
-from alerts.rules import load_rules, parse_rule
+from alerts.rule_file import load_rules, parse_rule
 from alerts.series import RowCache, series
 from storage.models import CompileEvent, MemorySample, ProbeRun
 from storage.sketches import Sketch
