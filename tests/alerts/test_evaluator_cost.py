@@ -19,7 +19,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import EvaluationReport, evaluate
+from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
 from alerts.policy import load_policy
 from alerts.rule_file import load_rules
 from alerts.rules import Rule
@@ -71,8 +71,11 @@ def _steady_selects(sm: sessionmaker[Session], rules: list[Rule],
     engine = sm.kw["bind"]
     for minute in (at, at + 1):
         with _selects(engine) as seen, sm.begin() as s:
-            report = evaluate(s, rules, T0 + timedelta(minutes=minute, seconds=30),
-                              policy=policy, baseline_config=CONFIG)
+            report = evaluate(
+                s,
+                EvaluationOptions(rules, policy=policy, baseline_config=CONFIG),
+                T0 + timedelta(minutes=minute, seconds=30),
+            )
         assert report.errors == ()
     return len(seen), report
 
