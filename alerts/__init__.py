@@ -1,7 +1,7 @@
 """Relative-change alert rules, alert lifecycle, durable webhooks, flags and auto-fallback.
 
 Imports storage and `engine.protocol` only (never torch). The scheduled job body is
-`alerts.evaluator.evaluate(session, rules, now)`; webhooks leave through the SQL outbox
+`alerts.evaluator.evaluate(session, config, now)`; webhooks leave through the SQL outbox
 (`alerts.outbox`), flags live in SQL (`alerts.flags`), and `alerts.policy` flips them.
 
 Exceptions (alerts.errors):

@@ -48,7 +48,8 @@ from sqlalchemy.orm import Session
 
 from alerts.detection import BaselineStats
 from alerts.errors import BaselineError
-from alerts.rules import METRICS, SCOPE_LABELS, SOURCES, Point, Rule
+from alerts.rule_file import METRICS, SCOPE_LABELS, SOURCES
+from alerts.rules import Point, Rule
 from alerts.series import Labels, RowCache, cohort_series, cycle_start
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries

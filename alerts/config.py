@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from alerts.baselines import BaselineConfig
 from alerts.incidents import IncidentConfig
 from alerts.policy import Policy, load_policy
-from alerts.rules import Rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from alerts.sensitivity import SensitivityConfig
 from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget, parse_targets

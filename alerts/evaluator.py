@@ -1,7 +1,7 @@
 """The scheduled evaluation: every rule, every scope, one call with an injected clock.
 
     with sessions.begin() as session:
-        report = evaluate(session, rules, now, targets=targets, policy=policy)
+        report = evaluate(session, config, now)  # AlertsConfig or EvaluationOptions
 
 Reads baselines and per-cycle series, moves alerts (`alerts.lifecycle`), groups the
 alerts that fired or resolved into incidents (`alerts.incidents`) and queues one
@@ -97,47 +97,66 @@ def _retire_stale(seen: Mapping[str, datetime], life: Lifecycle, alerts: Iterabl
     return out
 
 
-def evaluate_config(session: Session, config: AlertsConfig, now: datetime, *,
-                    settle: Mapping[str, float] | None = None) -> EvaluationReport:
-    """Evaluate with everything the loaded alerts config holds (the scheduled job's call)."""
-    return evaluate(session, config.rules, now, targets=config.targets, policy=config.policy,
-                    baseline_config=config.baselines, external_url=config.external_url,
-                    resend_s=config.resend_s, stale_after_s=config.stale_after_s,
-                    settle=settle, incidents=config.incidents)
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """What one evaluation judges and where it sends what moved.
+
+    stale_after_s: open alerts of an instance that has not reported for this long are
+    resolved with reason "stale" (None: never).
+    incidents: grouping window, hold and notification timings (None: the defaults).
+    """
+
+    rules: Sequence[Rule]
+    targets: Sequence[WebhookTarget] = ()
+    policy: Policy | None = None
+    baseline_config: BaselineConfig | None = None
+    external_url: str = ""
+    resend_s: float = 120.0
+    stale_after_s: float | None = None
+    incidents: IncidentConfig | None = None
+
+    @classmethod
+    def of(cls, config: AlertsConfig) -> EvaluationOptions:
+        """Return the options the loaded alerts config holds (the scheduled job's)."""
+        return cls(rules=config.rules, targets=config.targets, policy=config.policy,
+                   baseline_config=config.baselines, external_url=config.external_url,
+                   resend_s=config.resend_s, stale_after_s=config.stale_after_s,
+                   incidents=config.incidents)
+
+
+def _retire_unconfigured(life: Lifecycle, alerts: Iterable[Alert],
+                         rules: Sequence[Rule]) -> list[Transition]:
+    """Resolve open alerts of rules that are no longer configured."""
+    names = {r.name for r in rules} | {rollout.ROLLOUT_RULE}
+    return [life.retire(a, f"rule {a.rule!r} is no longer configured")
+            for a in alerts if a.rule not in names and a.state != "resolved"]
 
 
 def evaluate(
     session: Session,
-    rules: Sequence[Rule],
+    config: AlertsConfig | EvaluationOptions,
     now: datetime,
     *,
-    targets: Sequence[WebhookTarget] = (),
-    policy: Policy | None = None,
-    baseline_config: BaselineConfig | None = None,
-    external_url: str = "",
-    resend_s: float = 120.0,
-    actor: str = "policy",
-    stale_after_s: float | None = None,
     settle: Mapping[str, float] | None = None,
-    incidents: IncidentConfig | None = None,
+    actor: str = "policy",
 ) -> EvaluationReport:
-    """Evaluate `rules` at `now`, move alerts, queue notifications, apply the policy.
+    """Evaluate the rules at `now`, move alerts, queue notifications, apply the policy.
 
-    stale_after_s: open alerts of an instance that has not reported for this long are
-    resolved with reason "stale" (None: never).
+    config: the loaded alerts config, or the options of one evaluation.
     settle: row kind ("traffic", ...) -> seconds after a cycle's end before it is judged
     (its rows still arriving; alerts.series.RowCache).
-    incidents: grouping window, hold and notification timings (None: the defaults).
     """
     if now.tzinfo is None:
         raise ValueError("now: must be timezone-aware")
-    config = baseline_config or BaselineConfig()
+    options = config if isinstance(config, EvaluationOptions) else EvaluationOptions.of(config)
+    rules, stale_after_s = options.rules, options.stale_after_s
+    baseline_config = options.baseline_config or BaselineConfig()
     cache = RowCache(session, settle)
     # One read per row kind for every rule's window (then sliced in memory per rule).
     plan_rules(cache, rules, now)
     alerts = open_alerts(session)
-    life = Lifecycle(session, now, targets, external_url=external_url, resend_s=resend_s,
-                     per_alert=False)
+    life = Lifecycle(session, now, options.targets, external_url=options.external_url,
+                     resend_s=options.resend_s, per_alert=False)
     results: list[RuleResult] = []
     transitions: list[Transition] = []
     errors: list[str] = []
@@ -154,7 +173,8 @@ def evaluate(
                 # Per cohort (model_version, config_hash): a rollout keeps detection on.
                 per_scope = cohort_series(rule, cache, start, now)
                 base = baselines_for_rule(session, rule, list(rules), now, cache,
-                                          {k: list(v) for k, v in per_scope.items()}, config)
+                                          {k: list(v) for k, v in per_scope.items()},
+                                          baseline_config)
                 scopes = set(per_scope)
                 scopes |= {tuple((k, a.labels.get(k, "")) for k in rule.per)
                            for a in alerts.values() if a.rule == rule.name}
@@ -179,18 +199,15 @@ def evaluate(
     except Exception as e:  # noqa: BLE001 - the rollout check must not silence the rules
         log.exception("rollout check failed")
         errors.append(f"{rollout.ROLLOUT_RULE}: {type(e).__name__}: {e}")
-    names = {r.name for r in rules} | {rollout.ROLLOUT_RULE}
-    for a in alerts.values():
-        if a.rule not in names and a.state != "resolved":
-            transitions.append(life.retire(a, f"rule {a.rule!r} is no longer configured"))
+    transitions += _retire_unconfigured(life, alerts.values(), rules)
     if stale_after_s is not None:
         transitions += _retire_stale(seen, life, alerts.values(), now, stale_after_s)
     # Not in a savepoint: an incident that failed to form would lose its members' pages,
     # so a failure here fails the evaluation and the transaction (retried next cycle).
-    grouped = group(session, now, life, incidents)
+    grouped = group(session, now, life, options.incidents)
     actions: list[PolicyAction] = []
-    if policy is not None:
-        actions = policy.apply(session, now, actor=actor)
+    if options.policy is not None:
+        actions = options.policy.apply(session, now, actor=actor)
     return EvaluationReport(at=now, results=tuple(results), transitions=tuple(transitions),
                             notifications=life.notifications, errors=tuple(errors),
                             actions=tuple(actions), rows_read=cache.rows_read,

@@ -52,7 +52,7 @@ from alerts.flags import (
 )
 from alerts.flags import validate as validate_flag
 from alerts.quality import canary_recovery
-from alerts.rules import parse_change
+from alerts.rule_file import parse_change
 from alerts.schema import Entry, read_layered, validate
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
 from storage.queries import acceptance

@@ -1,43 +1,21 @@
-"""Alert rules: YAML definitions, validation, and the pure per-series check.
+"""Alert rules: the validated `Rule` and the pure per-series check, step by step.
 
 A rule compares the per-cycle series of one metric in one scope with that scope's
-baseline and returns a `RuleResult`. Example (alerts/rules.yaml holds the defaults):
-
-    rules:
-      - name: p99_regression
-        metric: p99_latency
-        source: canary          # canary | traffic
-        per: [bucket]           # labels that split the scope: bucket, path, instance
-        change: "+15%"          # relative threshold and direction vs the baseline
-        resolve_change: "+5%"   # hysteresis: resolve once back under this
-        for: 3                  # the change must hold (median) over at least this many cycles
-        resolve_for: 5          # cycles back inside the band before resolving
-        min_samples: 3          # a cycle with fewer samples counts as empty
-        ceiling: 2.0            # optional absolute limit (floor: for downward metrics)
-        seasonality: hour_of_week  # optional: baseline from the same hour of the week
-        budget: off             # optional: keep the threshold whatever the noise costs
-        budget_off_for: [{bucket: "256"}]  # optional: scopes that opt out of the budget
-        severity: page
+baseline and returns a `RuleResult` (`evaluate_rule`). The steps it takes are module-level
+and pure: `unjudgeable` (too few samples), `score_cycle` (one cycle's CUSUM increment),
+`confirm` (CUSUM and the run's median change), `limit_crossed` (absolute limits),
+`recovered` (back inside the hysteresis band), `run_over` (a confirmation whose cause
+ended: late) and `reason` (the numbers in words). The YAML form and its loader live in
+`alerts.rule_file`.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import (
-    Field,
-    StrictFloat,
-    StrictInt,
-    StringConstraints,
-    ValidationInfo,
-    field_validator,
-)
+from typing import Any
 
 from alerts.detection import (
     TAIL_QUANTILE,
@@ -49,46 +27,14 @@ from alerts.detection import (
     llr,
     relative_change,
 )
-from alerts.durations import parse_duration
-from alerts.errors import RuleError
-from alerts.schema import Entry, read_layered, validate
 from storage.sketches import Sketch, min_samples
-from vocab import Source
 
-DEFAULT_RULES_FILE = Path(__file__).with_name("rules.yaml")
-
-# metric -> (description, sources it can be measured from)
-METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "p50_latency": ("p50 of request total_s per cycle (seconds)", ("canary", "traffic")),
-    "p95_latency": ("p95 of request total_s per cycle (seconds)", ("canary", "traffic")),
-    "p99_latency": ("p99 of request total_s per cycle (seconds)", ("canary", "traffic")),
-    "ttft": ("p95 of time to first token per cycle (seconds)", ("canary", "traffic")),
-    "per_token": ("p50 of mean time per output token per cycle (seconds)", ("canary", "traffic")),
-    "acceptance_rate": ("accepted / draft tokens per cycle", ("canary", "traffic")),
-    "memory_growth": ("RSS (or CUDA allocated) growth per hour (bytes)", ("canary",)),
-    "recompiles_per_hour": ("torch.compile recompiles per hour", ("canary",)),
-    "compile_failures": ("recompile-limit hits + compile failures in the trailing hour",
-                         ("canary",)),
-    "overflow_share": ("share of requests on the overflow path", ("canary", "traffic")),
-    "padding_waste": ("mean share of padded input that is padding", ("canary", "traffic")),
-    "probe_failures": ("share of canary probes that failed or timed out", ("canary",)),
-    "burst_p99": ("p99 latency of the latest burst probe (seconds)", ("burst",)),
-    "rejections": ("share of requests rejected (overloaded or timed out)", ("traffic", "burst")),
-    "output_agreement": ("mean token agreement of outputs with the reference path per cycle",
-                         ("canary", "traffic")),
-}
-# variant: the A/B arm (only output_agreement rows carry it).
 # Quantile metrics: the quantile each reads; a cycle's value must rest on
 # storage.sketches.min_samples(q) samples (p99: 100), else the rule says insufficient_samples.
 QUANTILE_METRICS: dict[str, float] = {
     "p50_latency": 0.50, "p95_latency": 0.95, "p99_latency": 0.99, "ttft": 0.95,
     "per_token": 0.50, "burst_p99": 0.99,
 }
-SCOPE_LABELS = ("bucket", "path", "decoding", "instance", "variant")
-SOURCES = tuple(s.value for s in Source)
-SEVERITIES = ("page", "warning", "info")
-_CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -193,6 +139,37 @@ class RuleResult:
     over: bool = False
 
 
+@dataclass(frozen=True)
+class Confirmation:
+    """The CUSUM's verdict on a scope's relative changes.
+
+    statistic: the CUSUM after the latest cycle.
+    run: the relative changes of its current run (the cycles since it last stood at zero).
+    change: the run's median change (a pooled tail quantile: its latest), None while the
+        run is shorter than `for` cycles.
+    fired: the change reaches the threshold and the statistic reaches h.
+    """
+
+    statistic: float = 0.0
+    run: tuple[float, ...] = ()
+    change: float | None = None
+    fired: bool = False
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What the steps found for one scope, for `reason` to put in words."""
+
+    current: float
+    change: float | None
+    samples: int
+    pooled: bool
+    limit_fired: bool
+    confirmation: Confirmation
+    breaching: bool
+    zero_baseline: bool
+
+
 def evaluate_rule(
     rule: Rule,
     labels: Mapping[str, str],
@@ -200,149 +177,257 @@ def evaluate_rule(
     points: Sequence[Point],
 ) -> RuleResult:
     """Check one scope's per-cycle series (oldest first) against its baseline."""
-    labels = dict(labels)
-    base = baseline.center if baseline is not None else None
-    # The false-page budget may have widened the threshold on this series' noise: the
-    # wider one is in force and every reason says so; never tighter than configured.
-    widened = ""
-    if baseline is not None and baseline.threshold is not None \
-            and baseline.threshold > rule.threshold:
-        rule = replace(rule, threshold=baseline.threshold)
-        widened = f"; {baseline.widened}" if baseline.widened else ""
-
-    def result(**kw: Any) -> RuleResult:
-        kw.setdefault("baseline", base)
-        kw["reason"] += widened
-        return RuleResult(rule=rule.name, labels=labels, threshold=rule.signed_threshold,
-                          severity=rule.severity, **kw)
-
-    need = quantile_samples(rule.metric)
-    valid = [p for p in points if p.value is not None and p.samples >= max(rule.min_samples, need)]
-    if not points or points[-1].value is None or points[-1].samples < rule.min_samples:
-        n = points[-1].samples if points else 0
-        return result(current=None, relative_change=None, fired=False, no_data=True,
-                      samples=n, reason=f"empty window: {n} samples < min_samples {rule.min_samples}")
-    if points[-1].samples < need:
-        n = points[-1].samples
-        return result(current=None, relative_change=None, fired=False, no_data=True, samples=n,
-                      reason=f"insufficient_samples: {n} samples cannot support the "
-                             f"{rule.metric} quantile (needs {need}; pool more cycles or "
-                             "raise probes.canaries_per_bucket)")
-    values = [float(p.value) for p in valid]  # type: ignore[arg-type]
+    rule, widened = threshold_in_force(rule, baseline)
+    center = baseline.center if baseline is not None else None
+    thin = unjudgeable(rule, points)
+    if thin is not None:
+        samples, why = thin
+        return _result(rule, labels, center, why + widened, current=None,
+                       relative_change=None, fired=False, no_data=True, samples=samples)
+    judged = judged_points(rule, points)
+    values = [float(p.value) for p in judged]  # type: ignore[arg-type]
     current = values[-1]
-    samples = valid[-1].samples
-    has_limit = rule.ceiling is not None or rule.floor is not None
-
-    def over_limit(v: float) -> bool:
-        return (rule.ceiling is not None and v > rule.ceiling) or (
-            rule.floor is not None and v < rule.floor)
-
-    usable = baseline is not None and baseline.cycles >= rule.min_baseline_cycles
-    if not usable and not has_limit:
+    samples = judged[-1].samples
+    usable = usable_baseline(rule, baseline)
+    if usable is None and not has_limit(rule):
         have = baseline.cycles if baseline is not None else 0
-        return result(current=current, relative_change=None, fired=False, no_data=True,
-                      samples=samples,
-                      reason=f"baseline warming in: {have} cycles < {rule.min_baseline_cycles}")
-    rels: list[float | None] = [
-        relative_change(v, baseline.center) if usable else None  # type: ignore[union-attr]
-        for v in values
-    ]
-    rel = rels[-1]
+        return _result(rule, labels, center,
+                       f"baseline warming in: {have} cycles < {rule.min_baseline_cycles}"
+                       + widened, current=current, relative_change=None, fired=False,
+                       no_data=True, samples=samples)
+    changes = relative_changes(values, usable)
+    pooled = judged[-1].pooled and is_tail_metric(rule.metric)
+    confirmation = confirm(rule, usable, judged, changes, pooled)
+    limit_fired = limit_crossed(rule, values)
+    recent = rule.for_cycles
+    late = confirmation.fired and not limit_fired and baseline is not None and run_over(
+        rule, judged[-recent:], changes[-recent:], baseline, pooled)
+    checks = Checks(current=current, change=changes[-1], samples=samples, pooled=pooled,
+                    limit_fired=limit_fired, confirmation=confirmation,
+                    breaching=breaches(rule, changes[-1]) or over_limit(rule, current),
+                    zero_baseline=usable is not None and usable.center == 0)
+    why = reason(rule, center, checks)
+    if late:
+        why += "; over: the latest cycles' own samples no longer breach"
+    return _result(rule, labels, center, why + widened, current=current,
+                   relative_change=changes[-1], fired=limit_fired or confirmation.fired,
+                   breaching=checks.breaching,
+                   recovered=recovered(rule, baseline, judged, values, changes),
+                   statistic=confirmation.statistic, samples=samples, over=late)
 
-    def rel_breach(r: float | None) -> bool:
-        return r is not None and rule.direction * r >= rule.threshold
 
-    def rel_inside(r: float | None) -> bool:
-        return r is None or rule.direction * r < rule.resolve_threshold
+def _result(rule: Rule, labels: Mapping[str, str], baseline: float | None, reason: str,
+            **fields: Any) -> RuleResult:
+    """Return a RuleResult of `rule` for one scope."""
+    return RuleResult(rule=rule.name, labels=dict(labels), baseline=baseline,
+                      threshold=rule.signed_threshold, severity=rule.severity, reason=reason,
+                      **fields)
 
-    n = rule.for_cycles
-    stat = 0.0
-    run_rels: list[float] = []
-    q = QUANTILE_METRICS.get(rule.metric)
-    # Exceedance scoring is for tail quantiles only: at the median p1 would equal p0 (no
-    # evidence at all), and one slow request barely moves a pooled median anyway.
-    tail_q = q is not None and q >= TAIL_QUANTILE
-    pooled = valid[-1].pooled and tail_q
-    if usable and baseline is not None and baseline.center != 0:
-        sigma = baseline.relative_noise(rule.cusum)
 
-        def score(p: Point, r: float) -> float:
-            # A pooled value repeats earlier cycles' samples: score this cycle's new ones.
-            if p.pooled and tail_q and q is not None and rule.direction > 0 \
-                    and p.fresh is not None:
-                above = count_above(p.fresh, baseline.center)
-                return exceedance_llr(above, p.fresh.count, q)
-            return llr(rule.direction * r, rule.threshold, sigma)
+def threshold_in_force(rule: Rule, baseline: BaselineStats | None) -> tuple[Rule, str]:
+    """Return the rule with the threshold in force and the suffix every reason gets.
 
-        known = [(p, r) for p, r in zip(valid, rels, strict=True) if r is not None]
-        path = cusum_path([score(p, r) for p, r in known], rule.cusum)
-        stat = path[-1]
-        # The current run: cycles since the CUSUM last stood at zero.
-        start = max((i + 1 for i, s in enumerate(path) if s == 0.0), default=0)
-        run_rels = [r for _, r in known[start:]]
-    last_n = list(zip(values[-n:], rels[-n:], strict=True))
-    enough = len(last_n) >= n
-    limit_fire = has_limit and enough and all(over_limit(v) for v, _ in last_n)
-    # The median change over the CUSUM's current run (at least `for` cycles) must reach the
-    # threshold: the CUSUM alone also confirms changes between threshold/2 and threshold,
-    # which the rule does not ask for, and a median cannot be carried over it by one spike.
+    The false-page budget may have widened the threshold on this series' noise: the
+    wider one is in force and every reason says so; never tighter than configured.
+    """
+    if baseline is None or baseline.threshold is None or baseline.threshold <= rule.threshold:
+        return rule, ""
+    widened = f"; {baseline.widened}" if baseline.widened else ""
+    return replace(rule, threshold=baseline.threshold), widened
+
+
+def unjudgeable(rule: Rule, points: Sequence[Point]) -> tuple[int, str] | None:
+    """Return (samples, reason) when the latest cycle is too thin to judge, else None."""
+    if not points or points[-1].value is None or points[-1].samples < rule.min_samples:
+        count = points[-1].samples if points else 0
+        return count, f"empty window: {count} samples < min_samples {rule.min_samples}"
+    need = quantile_samples(rule.metric)
+    if points[-1].samples < need:
+        count = points[-1].samples
+        return count, (f"insufficient_samples: {count} samples cannot support the "
+                       f"{rule.metric} quantile (needs {need}; pool more cycles or "
+                       "raise probes.canaries_per_bucket)")
+    return None
+
+
+def judged_points(rule: Rule, points: Sequence[Point]) -> list[Point]:
+    """Return the cycles with a value resting on enough samples to be judged."""
+    need = max(rule.min_samples, quantile_samples(rule.metric))
+    return [p for p in points if p.value is not None and p.samples >= need]
+
+
+def usable_baseline(rule: Rule, baseline: BaselineStats | None) -> BaselineStats | None:
+    """Return the baseline when it rests on enough cycles to compare with, else None."""
+    if baseline is None or baseline.cycles < rule.min_baseline_cycles:
+        return None
+    return baseline
+
+
+def relative_changes(values: Sequence[float], baseline: BaselineStats | None
+                     ) -> list[float | None]:
+    """Return each value's change relative to the baseline (None: no usable baseline)."""
+    if baseline is None:
+        return [None for _ in values]
+    return [relative_change(value, baseline.center) for value in values]
+
+
+def is_tail_metric(metric: str) -> bool:
+    """Return whether `metric` is a tail quantile (exceedance scoring applies)."""
+    # At the median p1 would equal p0 (no evidence at all), and one slow request barely
+    # moves a pooled median anyway.
+    quantile = QUANTILE_METRICS.get(metric)
+    return quantile is not None and quantile >= TAIL_QUANTILE
+
+
+def has_limit(rule: Rule) -> bool:
+    """Return whether the rule has an absolute ceiling or floor."""
+    return rule.ceiling is not None or rule.floor is not None
+
+
+def over_limit(rule: Rule, value: float) -> bool:
+    """Return whether `value` is above the rule's ceiling or below its floor."""
+    return (rule.ceiling is not None and value > rule.ceiling) or (
+        rule.floor is not None and value < rule.floor)
+
+
+def breaches(rule: Rule, change: float | None) -> bool:
+    """Return whether a relative change reaches the threshold in the rule's direction."""
+    return change is not None and rule.direction * change >= rule.threshold
+
+
+def inside_band(rule: Rule, change: float | None) -> bool:
+    """Return whether a relative change is inside the hysteresis band (unknown: inside)."""
+    return change is None or rule.direction * change < rule.resolve_threshold
+
+
+def score_cycle(rule: Rule, baseline: BaselineStats, point: Point, change: float,
+                sigma: float) -> float:
+    """Return one cycle's CUSUM increment (log-likelihood ratio of a change)."""
+    quantile = QUANTILE_METRICS.get(rule.metric)
+    # A pooled value repeats earlier cycles' samples: score this cycle's new ones.
+    if point.pooled and is_tail_metric(rule.metric) and quantile is not None \
+            and rule.direction > 0 and point.fresh is not None:
+        above = count_above(point.fresh, baseline.center)
+        return exceedance_llr(above, point.fresh.count, quantile)
+    return llr(rule.direction * change, rule.threshold, sigma)
+
+
+def cusum_run(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
+              changes: Sequence[float | None]) -> tuple[float, list[float]]:
+    """Return the CUSUM statistic and the changes of its current run (no baseline: 0, [])."""
+    if baseline is None or baseline.center == 0:
+        return 0.0, []
+    sigma = baseline.relative_noise(rule.cusum)
+    known = [(p, c) for p, c in zip(points, changes, strict=True) if c is not None]
+    path = cusum_path([score_cycle(rule, baseline, p, c, sigma) for p, c in known], rule.cusum)
+    # The current run: cycles since the CUSUM last stood at zero.
+    start = max((i + 1 for i, s in enumerate(path) if s == 0.0), default=0)
+    return path[-1], [c for _, c in known[start:]]
+
+
+def run_change(rule: Rule, run: Sequence[float], pooled: bool) -> float | None:
+    """Return the change over the current run, None while it is shorter than `for`."""
+    if len(run) < rule.for_cycles:
+        return None
     # A pooled quantile already aggregates its cycles: the latest one must reach it.
-    window_rel = (run_rels[-1] if pooled else statistics.median(run_rels)) \
-        if len(run_rels) >= n else None
-    rel_fire = rel_breach(window_rel) and stat >= rule.cusum.h
-    breaching = rel_breach(rel) or over_limit(current)
-    m = rule.resolve_for
-    tail = list(zip(valid[-m:], values[-m:], rels[-m:], strict=True))
-    came_down: bool | None = None  # computed once, when the lenient path below needs it
+    return run[-1] if pooled else statistics.median(run)
 
-    def back(p: Point, r: float | None) -> bool:
-        nonlocal came_down
-        # A pooled value keeps a regression's samples for up to `pool` cycles after it
-        # ended: back under the threshold with none of the cycle's own samples above the
-        # baseline quantile counts as inside the band too, once the canaries themselves
-        # came down (canaries_came_down) where the series breached.
-        if rel_inside(r) or not (tail_q and p.pooled and p.fresh is not None
-                                 and r is not None):
-            return rel_inside(r)
-        if not (not rel_breach(r) and rule.direction > 0 and baseline is not None
-                and count_above(p.fresh, baseline.center) == 0):
+
+def confirm(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
+            changes: Sequence[float | None], pooled: bool) -> Confirmation:
+    """Return whether the CUSUM and the run's median change confirm a change.
+
+    The median change over the CUSUM's current run (at least `for` cycles) must reach the
+    threshold: the CUSUM alone also confirms changes between threshold/2 and threshold,
+    which the rule does not ask for, and a median cannot be carried over it by one spike.
+    baseline: the usable one (None: nothing is confirmed).
+    """
+    statistic, run = cusum_run(rule, baseline, points, changes)
+    change = run_change(rule, run, pooled)
+    return Confirmation(statistic=statistic, run=tuple(run), change=change,
+                        fired=breaches(rule, change) and statistic >= rule.cusum.h)
+
+
+def limit_crossed(rule: Rule, values: Sequence[float]) -> bool:
+    """Return whether each of the last `for` cycles is beyond an absolute limit."""
+    last = values[-rule.for_cycles:]
+    return has_limit(rule) and len(last) >= rule.for_cycles \
+        and all(over_limit(rule, value) for value in last)
+
+
+def band_verdict(rule: Rule, baseline: BaselineStats | None, point: Point,
+                 change: float | None) -> bool | None:
+    """Return whether one cycle is back inside the band; None: if the canaries came down.
+
+    A pooled value keeps a regression's samples for up to `pool` cycles after it ended:
+    back under the threshold with none of the cycle's own samples above the baseline
+    quantile counts as inside the band too, once the canaries themselves came down
+    (`series_came_down`).
+    """
+    if inside_band(rule, change) or not (is_tail_metric(rule.metric) and point.pooled
+                                         and point.fresh is not None and change is not None):
+        return inside_band(rule, change)
+    if breaches(rule, change) or rule.direction <= 0 or baseline is None \
+            or count_above(point.fresh, baseline.center) != 0:
+        return False
+    return None
+
+
+def series_came_down(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
+                     changes: Sequence[float | None]) -> bool:
+    """Return whether a series that breached shows its canaries coming down.
+
+    Only a series that breached since the detector's start (for a firing alert: since it
+    fired) must show its canaries coming down; one that never did (a scope's other
+    cohort, say) was not the regression.
+    """
+    body = baseline.body if baseline is not None else None
+    return not any(breaches(rule, change) for change in changes) or canaries_came_down(
+        points, rule.resolve_for, rule.threshold, body)
+
+
+def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
+              values: Sequence[float], changes: Sequence[float | None]) -> bool:
+    """Return whether the last resolve_for cycles sit inside the band and the limits."""
+    recent = rule.resolve_for
+    tail = list(zip(points[-recent:], values[-recent:], changes[-recent:], strict=True))
+    if len(tail) < recent:
+        return False
+    pending = False
+    for point, value, change in tail:
+        verdict = band_verdict(rule, baseline, point, change)
+        if verdict is False or over_limit(rule, value):
             return False
-        if came_down is None:
-            # Only a series that breached since the detector's start (for a firing alert:
-            # since it fired) must show its canaries coming down; one that never did (a
-            # scope's other cohort, say) was not the regression.
-            came_down = (not any(rel_breach(x) for x in rels)
-                         or canaries_came_down(valid, m, rule.threshold, baseline.body))
-        return came_down
+        pending = pending or verdict is None
+    # Asked once, and only when a pooled cycle needs it.
+    return not pending or series_came_down(rule, baseline, points, changes)
 
-    recovered = len(tail) >= m and all(back(p, r) and not over_limit(v) for p, v, r in tail)
-    fired = limit_fire or rel_fire
-    ended = rel_fire and not limit_fire and baseline is not None and run_over(
-        rule, valid[-n:], rels[-n:], baseline, pooled)
-    pct = f"{rel:+.1%}" if rel is not None else "n/a"
-    if limit_fire:
-        lim = f"ceiling {rule.ceiling:g}" if rule.ceiling is not None and current > rule.ceiling \
-            else f"floor {rule.floor:g}"
-        reason = f"{rule.metric} {current:.4g} beyond absolute {lim} for {n} cycles"
-    elif rel_fire:
-        wpct = f"{window_rel:+.1%}" if window_rel is not None else "n/a"
-        over = (f"pooled over {samples} samples, new samples' exceedances" if pooled
-                else f"median {wpct} over {len(run_rels)} cycles")
-        reason = (f"{rule.metric} {current:.4g} vs baseline {base:.4g} ({pct}; {over}, "
-                  f"threshold {rule.signed_threshold:+.0%}), "
-                  f"CUSUM {stat:.1f} >= {rule.cusum.h:g} over {len(run_rels)} cycles")
-    elif breaching:
-        reason = (f"{rule.metric} {current:.4g} breaches ({pct}) but is not confirmed yet "
-                  f"(CUSUM {stat:.1f} of {rule.cusum.h:g}, {n} cycles needed)")
-    elif usable and baseline is not None and baseline.center == 0:
-        reason = f"{rule.metric} {current:.4g}: zero baseline, only absolute limits apply"
-    else:
-        reason = f"{rule.metric} {current:.4g} within threshold ({pct})"
-    if ended:
-        reason += "; over: the latest cycles' own samples no longer breach"
-    return result(current=current, relative_change=rel, fired=fired, reason=reason,
-                  breaching=breaching, recovered=recovered, statistic=stat, samples=samples,
-                  over=ended)
+
+def reason(rule: Rule, center: float | None, checks: Checks) -> str:
+    """Return the one-line reason of a scope's result, naming the numbers used."""
+    metric, current = rule.metric, checks.current
+    pct = f"{checks.change:+.1%}" if checks.change is not None else "n/a"
+    confirmation = checks.confirmation
+    if checks.limit_fired:
+        limit = f"ceiling {rule.ceiling:g}" if rule.ceiling is not None \
+            and current > rule.ceiling else f"floor {rule.floor:g}"
+        return (f"{metric} {current:.4g} beyond absolute {limit} "
+                f"for {rule.for_cycles} cycles")
+    if confirmation.fired:
+        cycles = len(confirmation.run)
+        run_pct = f"{confirmation.change:+.1%}" if confirmation.change is not None else "n/a"
+        how = (f"pooled over {checks.samples} samples, new samples' exceedances"
+               if checks.pooled else f"median {run_pct} over {cycles} cycles")
+        return (f"{metric} {current:.4g} vs baseline {center:.4g} ({pct}; {how}, "
+                f"threshold {rule.signed_threshold:+.0%}), "
+                f"CUSUM {confirmation.statistic:.1f} >= {rule.cusum.h:g} over {cycles} cycles")
+    if checks.breaching:
+        return (f"{metric} {current:.4g} breaches ({pct}) but is not confirmed yet "
+                f"(CUSUM {confirmation.statistic:.1f} of {rule.cusum.h:g}, "
+                f"{rule.for_cycles} cycles needed)")
+    if checks.zero_baseline:
+        return f"{metric} {current:.4g}: zero baseline, only absolute limits apply"
+    return f"{metric} {current:.4g} within threshold ({pct})"
 
 
 def run_over(rule: Rule, points: Sequence[Point], rels: Sequence[float | None],
@@ -418,210 +503,3 @@ def quantile_samples(metric: str) -> int:
     """Return the samples a cycle of `metric` needs (1 for metrics that are no quantile)."""
     q = QUANTILE_METRICS.get(metric)
     return 1 if q is None else min_samples(q)
-
-
-def parse_change(value: object) -> tuple[int, float]:
-    """Return (direction, relative threshold) for "+15%" / "-20%"; raise ValueError."""
-    if isinstance(value, str):
-        m = _CHANGE_RE.match(value)
-        if m:
-            pct = float(m.group(2)) / 100.0
-            if pct <= 0:
-                raise ValueError(f"must be non-zero, got {value!r}")
-            return (1 if m.group(1) == "+" else -1), pct
-    raise ValueError(f'expected a signed percentage such as "+15%" or "-20%", got {value!r}')
-
-
-class RuleEntry(Entry):
-    """One rule as written in YAML (see the module docstring); `parse_rule` validates it."""
-
-    name: Annotated[str, StringConstraints(pattern=_NAME_RE.pattern)]
-    metric: str
-    source: str = "canary"
-    per: tuple[str, ...] = ("bucket",)
-    match: dict[str, str] = Field(default_factory=dict)
-    change: tuple[int, float] = Field(None, validate_default=True)
-    resolve_change: tuple[int, float] | None = None
-    for_: StrictInt = Field(3, alias="for", ge=2)
-    resolve_for: StrictInt = Field(5, ge=1)
-    min_samples: StrictInt = Field(1, ge=1)
-    lookback: StrictInt = Field(30, ge=2)
-    min_baseline_cycles: StrictInt = Field(30, ge=1)
-    ceiling: StrictFloat | None = None
-    floor: StrictFloat | None = None
-    severity: str = "warning"
-    window: float = 60.0
-    baseline_window: float = 7 * 86400.0
-    description: str = ""
-    cusum: Cusum = Field(default_factory=Cusum)
-    pool: StrictInt = Field(30, ge=1)
-    seasonality: Literal["", "hour_of_week"] = ""
-    # `off` (YAML reads it as false), `on` / true, or this rule's false pages per 30 days.
-    budget: bool | float | None = None
-    budget_off_for: tuple[dict[str, str], ...] = ()
-
-    @field_validator("budget", mode="before")
-    @classmethod
-    def _budget(cls, v: object) -> bool | float | None:
-        if v is None or isinstance(v, bool):
-            return v
-        if v in ("off", "on"):
-            return v == "on"
-        if isinstance(v, int | float) and v >= 0:
-            return float(v)
-        raise ValueError(f"must be off, on or false pages per 30 days (>= 0), got {v!r}")
-
-    @field_validator("budget_off_for", mode="before")
-    @classmethod
-    def _budget_off_for(cls, v: object) -> object:
-        items = v or []
-        if not isinstance(items, list) or not all(
-                isinstance(m, dict) and m and all(k in SCOPE_LABELS for k in m) for m in items):
-            raise ValueError(f"must be a list of label matches ({', '.join(SCOPE_LABELS)}), "
-                             f"got {v!r}")
-        return tuple({str(k): str(x) for k, x in m.items()} for m in items)
-
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"must be one of {', '.join(METRICS)}, got {v!r}")
-        return v
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, v: str, info: ValidationInfo) -> str:
-        metric = info.data.get("metric")
-        if metric is not None and v not in METRICS[metric][1]:
-            raise ValueError(f"{metric} is measured from {'/'.join(METRICS[metric][1])}, "
-                             f"got {v!r}")
-        return v
-
-    @field_validator("per", mode="before")
-    @classmethod
-    def _per(cls, v: object) -> object:
-        per = [] if v in ("all", None) else [v] if isinstance(v, str) else v
-        if not isinstance(per, list | tuple) or any(p not in SCOPE_LABELS for p in per):
-            raise ValueError(f"must be 'all' or a list of {', '.join(SCOPE_LABELS)}, got {v!r}")
-        return tuple(per)
-
-    @field_validator("match", mode="before")
-    @classmethod
-    def _match(cls, v: object) -> object:
-        match = v or {}
-        if not isinstance(match, dict) or any(k not in SCOPE_LABELS for k in match):
-            raise ValueError(f"must map {', '.join(SCOPE_LABELS)} to values, got {v!r}")
-        return {str(k): str(x) for k, x in match.items()}
-
-    @field_validator("change", mode="before")
-    @classmethod
-    def _change(cls, v: object) -> tuple[int, float]:
-        if v is None:
-            raise ValueError('is required (a signed percentage such as "+15%")')
-        return parse_change(v)
-
-    @field_validator("resolve_change", mode="before")
-    @classmethod
-    def _resolve_change(cls, v: object, info: ValidationInfo) -> tuple[int, float] | None:
-        if v is None:
-            return None
-        rdir, rthr = parse_change(v)
-        change = info.data.get("change")
-        if change is not None and (rdir != change[0] or rthr >= change[1]):
-            raise ValueError("must point the same way as change and be smaller")
-        return rdir, rthr
-
-    @field_validator("lookback")
-    @classmethod
-    def _lookback(cls, v: int, info: ValidationInfo) -> int:
-        if v < max(info.data.get("for_", 0), info.data.get("resolve_for", 0)):
-            raise ValueError("must be >= for and resolve_for")
-        return v
-
-    @field_validator("severity")
-    @classmethod
-    def _severity(cls, v: str) -> str:
-        if v not in SEVERITIES:
-            raise ValueError(f"must be one of {', '.join(SEVERITIES)}, got {v!r}")
-        return v
-
-    @field_validator("window", "baseline_window", mode="before")
-    @classmethod
-    def _duration(cls, v: object) -> float:
-        seconds = parse_duration(v)
-        if seconds <= 0:
-            raise ValueError("must be positive")
-        return seconds
-
-    @field_validator("cusum", mode="before")
-    @classmethod
-    def _cusum(cls, v: object) -> Cusum:
-        raw = v or {}
-        if not isinstance(raw, dict) or set(raw) - {"h", "min_cycles", "min_spread_rel"}:
-            raise ValueError(f"must map h, min_cycles, min_spread_rel to numbers, got {v!r}")
-        try:
-            fields: dict[str, Any] = {k: (int(x) if k == "min_cycles" else float(x))
-                                      for k, x in raw.items()}
-            return Cusum(**fields)
-        except TypeError as e:
-            raise ValueError(str(e)) from None
-
-    def to_rule(self) -> Rule:
-        """Return the Rule this entry describes."""
-        direction, threshold = self.change
-        resolve = self.resolve_change
-        return Rule(
-            name=self.name, metric=self.metric, direction=direction, threshold=threshold,
-            resolve_threshold=threshold / 3.0 if resolve is None else resolve[1],
-            source=self.source, per=self.per, match=dict(self.match),
-            for_cycles=self.for_, resolve_for=self.resolve_for, min_samples=self.min_samples,
-            ceiling=self.ceiling, floor=self.floor, severity=self.severity,
-            window_s=self.window, lookback_cycles=self.lookback,
-            baseline_window_s=self.baseline_window,
-            min_baseline_cycles=self.min_baseline_cycles, description=self.description,
-            cusum=self.cusum, seasonality=self.seasonality, pool_cycles=self.pool,
-            budget_off=self.budget is False,
-            budget_per_30d=None if isinstance(self.budget, bool) else self.budget,
-            budget_off_for=tuple(tuple(sorted(m.items())) for m in self.budget_off_for),
-        )
-
-
-def parse_rule(raw: object, source: str = "<rules>", index: int = 0) -> Rule:
-    """Validate one YAML rule mapping; raise RuleError naming the rule and field."""
-    entry = f"rule #{index + 1}"
-    if not isinstance(raw, dict):
-        raise RuleError(source, entry, "rule", "must be a mapping")
-    name = raw.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise RuleError(source, entry, "name", f"must be an identifier, got {name!r}")
-    return validate(RuleEntry, raw, RuleError, source, f"rule {name!r}", nested=False).to_rule()
-
-
-def parse_rules(data: object, source: str = "<rules>") -> list[Rule]:
-    """Validate a `{rules: [...]}` document; raise RuleError on the first bad rule."""
-    if data is None:
-        return []
-    if not isinstance(data, dict) or set(data) - {"rules"}:
-        raise RuleError(source, "", "rules", "the document must be a mapping with one key 'rules'")
-    items = data.get("rules")
-    items = [] if items is None else items
-    if not isinstance(items, list):
-        raise RuleError(source, "", "rules", "must be a list")
-    rules = [parse_rule(r, source, i) for i, r in enumerate(items)]
-    seen: set[str] = set()
-    for r in rules:
-        if r.name in seen:
-            raise RuleError(source, f"rule {r.name!r}", "name", "is defined twice")
-        seen.add(r.name)
-    return rules
-
-
-def load_rules(rules_file: str | None = None, *, defaults: bool = True) -> list[Rule]:
-    """Return the shipped rules plus the user's; a user rule replaces a shipped one by name."""
-    rules: dict[str, Rule] = {}
-    for source, data in read_layered(DEFAULT_RULES_FILE, rules_file, defaults=defaults,
-                                     error=RuleError, file_field="rules_file",
-                                     doc_field="rules"):
-        for r in parse_rules(data, source):
-            rules[r.name] = r
-    return list(rules.values())

@@ -58,7 +58,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from alerts.detection import BaselineStats
-from alerts.rules import Point, Rule, evaluate_rule, load_rules, quantile_samples
+from alerts.rule_file import load_rules
+from alerts.rules import Point, Rule, evaluate_rule, quantile_samples
 from alerts.sensitivity import Sensitivity, SensitivityConfig, estimate
 from probes.stats import percentile
 from storage.sketches import Sketch

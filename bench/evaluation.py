@@ -37,9 +37,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Engine, event
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import EvaluationReport, evaluate
+from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
 from alerts.policy import load_policy
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from bench.storage import _postgres, _sqlite
 from storage.db import make_sessionmaker
 from storage.synthetic import simulate
@@ -84,8 +84,11 @@ def _timed(engine: Engine, now: datetime,
     with _Statements(engine) as count:
         t0, c0 = time.perf_counter(), time.process_time()
         with maker.begin() as session:
-            report = evaluate(session, rules, now, policy=policy,
-                              baseline_config=config or BaselineConfig())
+            report = evaluate(
+                session,
+                EvaluationOptions(rules, policy=policy, baseline_config=config or BaselineConfig()),
+                now,
+            )
         took, cpu = time.perf_counter() - t0, time.process_time() - c0
     _LAST_SELECTS[0] = count.selects
     return took, cpu, report

@@ -56,10 +56,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore
 from alerts.policy import Policy, load_policy
-from alerts.rules import Rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from alerts.webhooks import WebhookTarget
 from probes.cycle import CANARIES_PER_BUCKET
 from storage import migrate
@@ -209,9 +210,17 @@ class Sim:
                 write(s)
             self.i += 1
             with self.sm.begin() as s:
-                evaluate(s, self.rules, minute(self.i) + timedelta(seconds=30),
-                         targets=[TARGET], policy=self.policy, baseline_config=self.config,
-                         stale_after_s=STALE_AFTER_S)
+                evaluate(
+                    s,
+                    EvaluationOptions(
+                        self.rules,
+                        targets=[TARGET],
+                        policy=self.policy,
+                        baseline_config=self.config,
+                        stale_after_s=STALE_AFTER_S,
+                    ),
+                    minute(self.i) + timedelta(seconds=30),
+                )
 
     def outcome(self, name: str, window: tuple[int, int] | None, should_page: bool,
                 first_evaluated: int) -> Outcome:

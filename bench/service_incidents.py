@@ -37,9 +37,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.policy import load_policy
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from alerts.webhooks import WebhookTarget
 from probes.cycle import CycleResult
 from probes.measure import GroupResult
@@ -162,9 +162,17 @@ class ServiceSim:
                     self.write(s, world)
                 self.i += 1
                 with self.sm.begin() as s:
-                    evaluate(s, self.rules, minute(self.i) + timedelta(seconds=30),
-                             targets=[TARGET], policy=self.policy, baseline_config=config,
-                             stale_after_s=900.0)
+                    evaluate(
+                        s,
+                        EvaluationOptions(
+                            self.rules,
+                            targets=[TARGET],
+                            policy=self.policy,
+                            baseline_config=config,
+                            stale_after_s=900.0,
+                        ),
+                        minute(self.i) + timedelta(seconds=30),
+                    )
         return first
 
     def outcome(self, name: str, window: tuple[int, int] | None, expected: str | None,

@@ -87,14 +87,14 @@ def _prune(s: AnalysisParts) -> object:
 
 
 def _evaluate(s: AnalysisParts) -> object:
-    from alerts.evaluator import evaluate_config
+    from alerts.evaluator import evaluate
     from monitor.events import log_evaluation
 
     # Every replica flushes its traffic rollups on its own schedule: a minute is judged
     # once each has flushed it (the interval, plus a margin for the write itself).
     settle = {"traffic": s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S}
     with s.sessions.begin() as session:
-        report = evaluate_config(session, s.alerts, s.clock(), settle=settle)
+        report = evaluate(session, s.alerts, s.clock(), settle=settle)
     # The policy may have flipped flags: let the engine see them on its next request.
     s.flags.invalidate()
     log_evaluation(report)  # alert fired/resolved, flags the policy changed

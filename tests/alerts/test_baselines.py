@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig, baselines_for_rule, list_baselines, pin
-from alerts.evaluator import evaluate
-from alerts.rules import parse_rule
+from alerts.evaluator import EvaluationOptions, evaluate
+from alerts.rule_file import parse_rule
 from alerts.series import RowCache, cohort_series
 from storage.models import Alert, SeriesChunk
 from storage.queries.series import NO_COHORT
@@ -41,7 +41,7 @@ def fill(sm: sessionmaker[Session], start: int, stop: int, p64: float, *, noise:
 def run(sm: sessionmaker[Session], i: int, rules=(RULE,), **kw: object):
     kw.setdefault("baseline_config", BaselineConfig(warm_in_s=0))
     with sm.begin() as s:
-        return evaluate(s, list(rules), minute(i) + timedelta(seconds=30), **kw)
+        return evaluate(s, EvaluationOptions(list(rules), **kw), minute(i) + timedelta(seconds=30))
 
 
 def by_bucket(report, bucket: str):
@@ -199,8 +199,13 @@ def _two_weeks(sm: sessionmaker[Session], rules, level, *, acceptance: bool = Fa
                 add_cycle(s, t + timedelta(seconds=2), {"64": v})
             t += timedelta(minutes=10)
     with sm.begin() as s:
-        rep = evaluate(s, rules, T0 + timedelta(hours=2, minutes=41),
-                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
+        rep = evaluate(
+            s,
+            EvaluationOptions(
+                rules, baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200)
+            ),
+            T0 + timedelta(hours=2, minutes=41),
+        )
     assert rep.errors == ()
     return {r.rule: r for r in rep.results}
 

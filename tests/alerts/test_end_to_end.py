@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.outbox import Deliverer
 from alerts.policy import Policy, parse_policy
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from engine.config import BUILTIN_DIR
 from monitor.loopback import WebhookReceiver
@@ -89,8 +89,16 @@ def test_shifted_traffic_turns_speculation_off_for_one_bucket_and_back(
 
     def tick(i: int):
         with sm.begin() as s:
-            return evaluate(s, [RULE], T0 + timedelta(minutes=i, seconds=30), targets=[target],
-                            policy=policy, baseline_config=BaselineConfig(warm_in_s=0))
+            return evaluate(
+                s,
+                EvaluationOptions(
+                    [RULE],
+                    targets=[target],
+                    policy=policy,
+                    baseline_config=BaselineConfig(warm_in_s=0),
+                ),
+                T0 + timedelta(minutes=i, seconds=30),
+            )
 
     try:
         with rx:

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig, list_baselines, pin, unpin
 from alerts.errors import BaselineError
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.lifecycle import fingerprint
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, AlertTransition, Baseline, WebhookDelivery
 from tests.alerts.builders import add_cycle
@@ -44,7 +44,9 @@ def run(sm: sessionmaker[Session], i: int, **kw: object):
     """Evaluate just after cycle i-1 finished (no warm-in at the first run, unless given)."""
     kw.setdefault("baseline_config", BaselineConfig(warm_in_s=0))
     with sm.begin() as s:
-        return evaluate(s, [RULE], minute(i) + timedelta(seconds=30), targets=[TARGET], **kw)
+        return evaluate(
+            s, EvaluationOptions([RULE], targets=[TARGET], **kw), minute(i) + timedelta(seconds=30)
+        )
 
 
 def test_lifecycle_transitions_notifications_and_dedup(sessionmaker: sessionmaker[Session]):
@@ -188,7 +190,7 @@ def test_one_bad_rule_does_not_stop_the_others(sessionmaker: sessionmaker[Sessio
                          "change": "+10%"})
     object.__setattr__(broken, "source", "nowhere")
     with sessionmaker.begin() as s:
-        rep = evaluate(s, [broken, RULE], minute(40) + timedelta(seconds=30))
+        rep = evaluate(s, EvaluationOptions([broken, RULE]), minute(40) + timedelta(seconds=30))
     assert len(rep.errors) == 1 and rep.errors[0].startswith("broken:")
     assert len(rep.results) == 2
 
@@ -200,7 +202,7 @@ def test_alerts_of_a_removed_rule_are_resolved(sessionmaker: sessionmaker[Sessio
     for i in range(41, 44):
         run(sessionmaker, i)
     with sessionmaker.begin() as s:
-        rep = evaluate(s, [], minute(44))
+        rep = evaluate(s, EvaluationOptions([]), minute(44))
     assert [(t.from_state, t.to_state) for t in rep.transitions] == [("firing", "resolved")]
     assert "no longer configured" in rep.transitions[0].reason
     assert rep.notifications == 0  # no targets were passed
@@ -216,8 +218,16 @@ def test_alertmanager_api_targets_get_firing_alerts_re_sent(sessionmaker: sessio
     fill(sessionmaker, 40, 50, 0.2)
     for i in range(41, 51):
         with sessionmaker.begin() as s:
-            evaluate(s, [RULE], minute(i) + timedelta(seconds=30), targets=[TARGET, api],
-                     resend_s=180, baseline_config=BaselineConfig(warm_in_s=0))
+            evaluate(
+                s,
+                EvaluationOptions(
+                    [RULE],
+                    targets=[TARGET, api],
+                    resend_s=180,
+                    baseline_config=BaselineConfig(warm_in_s=0),
+                ),
+                minute(i) + timedelta(seconds=30),
+            )
     with sessionmaker() as s:
         rows = s.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id)).all()
     # Fired at minute 43 (both targets), re-sent to Alertmanager at 46 and 49 only.
@@ -230,7 +240,7 @@ def test_alertmanager_api_targets_get_firing_alerts_re_sent(sessionmaker: sessio
 
 def test_a_fallback_slowing_canaries_starts_a_new_series_instead_of_paging(
         sessionmaker: sessionmaker[Session]):
-    from alerts.rules import load_rules
+    from alerts.rule_file import load_rules
 
     shipped = next(r for r in load_rules(None) if r.name == "p99_latency_regression")
     fill(sessionmaker, 0, 40, 0.1)
@@ -240,20 +250,20 @@ def test_a_fallback_slowing_canaries_starts_a_new_series_instead_of_paging(
     kw = {"baseline_config": BaselineConfig(warm_in_s=0)}
     for i in range(41, 51):
         with sessionmaker.begin() as s:
-            rep = evaluate(s, [shipped], minute(i) + timedelta(seconds=30), **kw)
+            rep = evaluate(s, EvaluationOptions([shipped], **kw), minute(i) + timedelta(seconds=30))
         assert not [t for t in rep.transitions if t.to_state == "firing"], rep.transitions
     fill(sessionmaker, 50, 60, 0.2)  # speculation back on, still twice as slow: page
     fired = []
     for i in range(51, 61):
         with sessionmaker.begin() as s:
-            rep = evaluate(s, [shipped], minute(i) + timedelta(seconds=30), **kw)
+            rep = evaluate(s, EvaluationOptions([shipped], **kw), minute(i) + timedelta(seconds=30))
         fired += [dict(t.labels) for t in rep.transitions if t.to_state == "firing"]
     assert fired and all(f["bucket"] == "64" and f["decoding"] == "speculative" for f in fired)
 
 
 def test_the_scheduled_evaluation_passes_everything_the_alerts_config_holds(
         sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The job's call (evaluate_config) carries the configured incidents, resend and stale."""
+    """The job's call (evaluate with the AlertsConfig) carries incidents, resend and stale."""
     import alerts.evaluator as evaluator
     from alerts.config import load_config
     from alerts.settings import AlertSettings
@@ -262,19 +272,21 @@ def test_the_scheduled_evaluation_passes_everything_the_alerts_config_holds(
         incidents={"window_s": 42, "hold_s": 7, "group_interval_s": 9,
                    "update_formats": ["generic"]},
         resend_interval_s=33, stale_after_s=44))
-    seen: dict[str, object] = {}
-    real = evaluator.evaluate
+    seen: list[EvaluationOptions] = []
+    real = EvaluationOptions.of
 
-    def spy(*args: object, **kwargs: object) -> object:
-        seen.update(kwargs)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+    def spy(config: object) -> EvaluationOptions:
+        options = real(config)  # type: ignore[arg-type]
+        seen.append(options)
+        return options
 
-    monkeypatch.setattr(evaluator, "evaluate", spy)
+    monkeypatch.setattr(evaluator.EvaluationOptions, "of", spy)
     with sessionmaker.begin() as s:
-        report = evaluator.evaluate_config(s, config, T0, settle={"traffic": 65.0})
+        report = evaluator.evaluate(s, config, T0, settle={"traffic": 65.0})
     assert report is not None
-    assert seen["incidents"] == config.incidents
+    [options] = seen
+    assert options.incidents == config.incidents
     assert config.incidents.window_s == 42 and config.incidents.update_formats == {"generic"}
-    assert (seen["resend_s"], seen["stale_after_s"], seen["settle"]) == (33, 44, {"traffic": 65.0})
-    assert (seen["targets"], seen["policy"], seen["baseline_config"]) == (
-        config.targets, config.policy, config.baselines)
+    assert (options.resend_s, options.stale_after_s) == (33, 44)
+    assert (options.rules, options.targets, options.policy, options.baseline_config) == (
+        config.rules, config.targets, config.policy, config.baselines)

@@ -19,9 +19,10 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import EvaluationReport, evaluate
+from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
 from alerts.policy import load_policy
-from alerts.rules import Rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from tests.alerts.builders import add_cycle, add_traffic
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -70,8 +71,11 @@ def _steady_selects(sm: sessionmaker[Session], rules: list[Rule],
     engine = sm.kw["bind"]
     for minute in (at, at + 1):
         with _selects(engine) as seen, sm.begin() as s:
-            report = evaluate(s, rules, T0 + timedelta(minutes=minute, seconds=30),
-                              policy=policy, baseline_config=CONFIG)
+            report = evaluate(
+                s,
+                EvaluationOptions(rules, policy=policy, baseline_config=CONFIG),
+                T0 + timedelta(minutes=minute, seconds=30),
+            )
         assert report.errors == ()
     return len(seen), report
 

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.cause import Scope, classify
 from alerts.incidents import IncidentConfig, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
-from alerts.rules import Rule, RuleResult, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import Rule, RuleResult
 from probes.cycle import CycleResult
 from probes.measure import GroupResult
 from probes.sink import add_cycle

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.incidents import IncidentConfig, IncidentReport, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
-from alerts.rules import Rule, RuleResult, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import Rule, RuleResult
 from storage.models import Incident, IncidentEvent, IncidentMember
 from storage.queries import incidents as queries
 

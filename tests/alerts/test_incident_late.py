@@ -16,8 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import EvaluationReport, evaluate
-from alerts.rules import load_rules, parse_rule
+from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
+from alerts.rule_file import load_rules, parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, AlertTransition, Incident, WebhookDelivery
 from tests.alerts.builders import add_cycle
@@ -44,8 +44,11 @@ def write(sm: sessionmaker[Session], rng: random.Random, start: int, levels: lis
 
 def judge(sm: sessionmaker[Session], i: int) -> EvaluationReport:
     with sm.begin() as s:
-        return evaluate(s, [P50], minute(i) + timedelta(seconds=30), targets=[TARGET],
-                        baseline_config=BaselineConfig(warm_in_s=0))
+        return evaluate(
+            s,
+            EvaluationOptions([P50], targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0)),
+            minute(i) + timedelta(seconds=30),
+        )
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite"])
@@ -110,8 +113,13 @@ def test_a_pooled_p99_still_holding_an_ended_slowdown_is_late(
 
     def run(i: int) -> EvaluationReport:
         with sessionmaker.begin() as s:
-            return evaluate(s, [shipped], minute(i) + timedelta(seconds=30), targets=[TARGET],
-                            baseline_config=BaselineConfig(warm_in_s=0))
+            return evaluate(
+                s,
+                EvaluationOptions(
+                    [shipped], targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0)
+                ),
+                minute(i) + timedelta(seconds=30),
+            )
 
     i = cycles(0, [1.0] * 120)
     run(i - 1)

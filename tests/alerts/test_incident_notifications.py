@@ -6,7 +6,6 @@ incident's notifications, and the Deliverer sends them to a loopback receiver.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,10 +15,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.incidents import IncidentConfig, IncidentReport, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
 from alerts.outbox import Deliverer
-from alerts.rules import Rule, RuleResult, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import Rule, RuleResult
 from alerts.webhooks import WebhookTarget
+from monitor.loopback import WebhookReceiver
 from storage.models import Incident, WebhookDelivery
-from tests.alerts.receiver import Receiver, serve
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 P99 = parse_rule({"name": "p99_latency_regression", "metric": "p99_latency", "change": "+15%",
@@ -151,9 +151,8 @@ def test_alertmanager_api_members_are_re_sent_while_the_incident_is_open(
 
 def test_the_deliverer_sends_each_incident_notification_once_with_its_key(
         sessionmaker: sessionmaker[Session]) -> None:
-    rx = Receiver()
-    with serve(rx) as url:
-        tg = targets(url)
+    with WebhookReceiver() as rx:
+        tg = targets(rx.url)
         with sessionmaker.begin() as s:
             step(s, at(0), tg, fire=((P99, {"bucket": "64"}), (P50, {"bucket": "32"})))
         with Deliverer(sessionmaker, tg, clock=lambda: at(0.5)) as d:
@@ -163,7 +162,7 @@ def test_the_deliverer_sends_each_incident_notification_once_with_its_key(
         with Deliverer(sessionmaker, tg, clock=lambda: at(5.5)) as d:
             d.run_once()
     assert report.delivered == 4
-    bodies: list[dict[str, Any]] = [json.loads(r["body"]) for r in rx.requests]
+    bodies: list[dict[str, Any]] = [d.body for d in rx.deliveries() if d.ok]
     # Two keys (firing, resolved), each delivered once to each of the 4 targets.
     assert len(bodies) == 8 and sorted(rx.accepted.values()) == [4, 4]
     generic = [b for b in bodies if isinstance(b, dict) and b.get("kind") == "incident"]

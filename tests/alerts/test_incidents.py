@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
-from alerts.rules import parse_rule
+from alerts.evaluator import EvaluationOptions, evaluate
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, WebhookDelivery
 from tests.alerts.builders import add_cycle
@@ -55,8 +55,13 @@ class Replay:
             with self.sm.begin() as s:
                 self._add(s, level)
             with self.sm.begin() as s:
-                evaluate(s, [RULE], minute(self.i) + timedelta(seconds=30), targets=[TARGET],
-                         baseline_config=BaselineConfig(warm_in_s=0))
+                evaluate(
+                    s,
+                    EvaluationOptions(
+                        [RULE], targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0)
+                    ),
+                    minute(self.i) + timedelta(seconds=30),
+                )
 
 
 def pages(sm: sessionmaker[Session]) -> tuple[int, list[str]]:
@@ -116,9 +121,18 @@ def test_alerts_of_an_instance_that_stopped_reporting_resolve_as_stale(
                 add_cycle(s, minute(i) + timedelta(seconds=2),
                           {"64": 0.1 * level * (1 + rng.gauss(0, 0.02))}, instance=inst)
         with sessionmaker.begin() as s:
-            return list(evaluate(s, [PER_INSTANCE], minute(i + 1) + timedelta(seconds=30),
-                                 targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0),
-                                 stale_after_s=600).transitions)
+            return list(
+                evaluate(
+                    s,
+                    EvaluationOptions(
+                        [PER_INSTANCE],
+                        targets=[TARGET],
+                        baseline_config=BaselineConfig(warm_in_s=0),
+                        stale_after_s=600,
+                    ),
+                    minute(i + 1) + timedelta(seconds=30),
+                ).transitions
+            )
 
     for i in range(40):
         tick(i, {"i1": 1.0, "i2": 1.0})

@@ -11,10 +11,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
 from alerts.errors import PolicyError
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore
 from alerts.policy import Policy, load_policy, parse_policy
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from storage.models import Alert
 from tests.alerts.builders import add_traffic
 
@@ -45,8 +45,13 @@ def policy() -> Policy:
 
 def tick(sm: sessionmaker[Session], i: int, pol: Policy):
     with sm.begin() as s:
-        return evaluate(s, [ACCEPTANCE], minute(i) + timedelta(seconds=30), policy=pol,
-                        baseline_config=BaselineConfig(warm_in_s=0))
+        return evaluate(
+            s,
+            EvaluationOptions(
+                [ACCEPTANCE], policy=pol, baseline_config=BaselineConfig(warm_in_s=0)
+            ),
+            minute(i) + timedelta(seconds=30),
+        )
 
 
 def flags_at(sm: sessionmaker[Session], i: int):

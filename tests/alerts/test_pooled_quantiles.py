@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.detection import BaselineStats
-from alerts.rules import Point, evaluate_rule, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import Point, evaluate_rule
 from alerts.series import RowCache, series
 from tests.alerts.builders import add_cycle
 

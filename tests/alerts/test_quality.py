@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.policy import load_policy
 from alerts.quality import canary_recovery
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from engine.protocol import RuntimeFlags
 from monitor.report.job import build_report
 from monitor.report.markdown import render_markdown
@@ -94,7 +94,7 @@ def test_noisy_int8_arm_fires_in_its_bucket_only_and_is_turned_off(tmp_path: Pat
             assert got["16"].exact == 2 and got["32"].exact == 0, got
         assert writer.flush(timeout=30) and writer.stats.failed == 0
         with sessions.begin() as s:
-            report = evaluate(s, rules, T0 + timedelta(minutes=4), policy=policy)
+            report = evaluate(s, EvaluationOptions(rules, policy=policy), T0 + timedelta(minutes=4))
         firing = [(r.rule, dict(r.labels)) for r in report.firing]
         assert firing == [("output_agreement_drop", {"bucket": "32", "variant": "optimized"})]
         assert [(a.kind, a.flag, a.scope, a.value) for a in report.actions

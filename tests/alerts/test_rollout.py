@@ -11,9 +11,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.rollout import ROLLOUT_RULE, mann_whitney_p, verdict_of
-from alerts.rules import parse_rule
+from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, WebhookDelivery
 from storage.queries.series import list_verdicts
@@ -56,8 +56,13 @@ def fill(sm: sessionmaker[Session], start: int, stop: int, p64: float, **kw: obj
 
 def evaluate_at(sm: sessionmaker[Session], i: int):
     with sm.begin() as s:
-        return evaluate(s, [RULE], T0 + timedelta(minutes=i, seconds=30), targets=[TARGET],
-                        baseline_config=BaselineConfig(warm_in_s=0))
+        return evaluate(
+            s,
+            EvaluationOptions(
+                [RULE], targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0)
+            ),
+            T0 + timedelta(minutes=i, seconds=30),
+        )
 
 
 @pytest.mark.parametrize(("new_p99", "verdict"), [(0.1, "pass"), (0.2, "fail")])

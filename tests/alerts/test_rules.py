@@ -10,7 +10,8 @@ import pytest
 
 from alerts.detection import BaselineStats, Cusum, cusum_path
 from alerts.errors import RuleError
-from alerts.rules import Point, Rule, RuleResult, evaluate_rule, load_rules, parse_rule
+from alerts.rule_file import load_rules, parse_rule
+from alerts.rules import Point, Rule, RuleResult, evaluate_rule
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 BASE = BaselineStats(center=1.0, spread=0.05, cycles=500)

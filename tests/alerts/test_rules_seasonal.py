@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
-from alerts.rules import parse_rule
+from alerts.evaluator import EvaluationOptions, evaluate
+from alerts.rule_file import parse_rule
 from tests.alerts.builders import add_cycle
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -22,8 +22,11 @@ def test_a_young_hour_of_week_falls_back_to_the_plain_baseline_and_says_so(
         for i in range(125):  # two hours and five minutes of cycles
             add_cycle(s, T0 + timedelta(minutes=i, seconds=2), {"64": 0.1})
     with sessionmaker.begin() as s:
-        rep = evaluate(s, [rule], T0 + timedelta(minutes=125, seconds=30),
-                       baseline_config=BaselineConfig(warm_in_s=0))
+        rep = evaluate(
+            s,
+            EvaluationOptions([rule], baseline_config=BaselineConfig(warm_in_s=0)),
+            T0 + timedelta(minutes=125, seconds=30),
+        )
     assert rep.errors == ()
     (r,) = rep.results
     assert r.baseline is not None and not r.no_data
@@ -46,8 +49,13 @@ def test_a_daily_peak_in_the_first_week_is_judged_against_its_hour_of_day(
             add_cycle(s, t + timedelta(seconds=2), {"64": 0.2 if t.hour == 14 else 0.1})
             t += timedelta(minutes=10)
     with sessionmaker.begin() as s:
-        rep = evaluate(s, [seasonal, plain], now,
-                       baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200))
+        rep = evaluate(
+            s,
+            EvaluationOptions(
+                [seasonal, plain], baseline_config=BaselineConfig(warm_in_s=0, backfill_hours=200)
+            ),
+            now,
+        )
     assert rep.errors == ()
     res = {r.rule: r for r in rep.results}
     assert res["plain"].breaching  # against the three days' median the peak is +100%

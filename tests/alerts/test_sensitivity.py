@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from alerts.detection import BaselineStats
-from alerts.rules import Point, Rule, evaluate_rule, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Point, Rule, evaluate_rule
 from alerts.sensitivity import (
     INSUFFICIENT,
     OK,

@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import rule_scope
 from alerts.detection import BaselineStats
-from alerts.evaluator import evaluate
-from alerts.rules import Rule, load_rules
+from alerts.evaluator import EvaluationOptions, evaluate
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from alerts.sensitivity import RefreshReport, SensitivityConfig, refresh, widening_reason
 from monitor.metrics import DatabaseCollector, Metrics
 from storage.models import Baseline, scope_key
@@ -73,7 +74,7 @@ def test_refresh_widens_and_the_evaluation_runs_at_the_threshold_in_force(
     with sessionmaker.begin() as s:
         assert refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0).estimated == 0
     with sessionmaker.begin() as s:
-        report = evaluate(s, [rule], NOW)
+        report = evaluate(s, EvaluationOptions([rule]), NOW)
     [result] = report.results
     assert result.threshold == -st.threshold
     assert result.reason.endswith(f"; {st.reason}")
@@ -98,7 +99,7 @@ def test_budget_off_keeps_the_configured_threshold(sessionmaker: sessionmaker[Se
     off = acceptance_rule(**opt_out)
     # Opted out after a widening: the evaluation drops it at once, the refresh restates it.
     with sessionmaker.begin() as s:
-        [result] = evaluate(s, [off], NOW).results
+        [result] = evaluate(s, EvaluationOptions([off]), NOW).results
     assert result.threshold == -0.20 and "->" not in result.reason
     with sessionmaker.begin() as s:
         assert refresh(s, [off], CFG, NOW, history_s=MINUTES * 60.0).estimated == 1

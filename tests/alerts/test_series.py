@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore
 from alerts.policy import load_policy
-from alerts.rules import load_rules, parse_rule
+from alerts.rule_file import load_rules, parse_rule
 from alerts.series import RowCache, series
 from storage.models import CompileEvent, MemorySample, ProbeRun
 from storage.sketches import Sketch
@@ -108,7 +108,9 @@ def test_evaluation_settles_traffic_minutes_before_judging_them(
 
     def run(at: datetime):
         with sessionmaker.begin() as s:
-            return evaluate(s, [acc], at, baseline_config=cfg, settle={"traffic": 20.0})
+            return evaluate(
+                s, EvaluationOptions([acc], baseline_config=cfg), at, settle={"traffic": 20.0}
+            )
 
     fired = []
     for i in range(31, 36):
@@ -144,7 +146,9 @@ def test_recompile_limit_hit_turns_compile_off_then_expires(sessionmaker: sessio
     fired = None
     for i in range(21, 30):
         with sessionmaker.begin() as s:
-            rep = evaluate(s, rules, minute(i), policy=policy, baseline_config=cfg)
+            rep = evaluate(
+                s, EvaluationOptions(rules, policy=policy, baseline_config=cfg), minute(i)
+            )
         if rep.firing:
             fired = i
             break
@@ -160,7 +164,7 @@ def test_recompile_limit_hit_turns_compile_off_then_expires(sessionmaker: sessio
     # and is not re-applied for the same alert afterwards.
     later = minute(22) + timedelta(hours=6, seconds=1)
     with sessionmaker.begin() as s:
-        rep = evaluate(s, rules, later, policy=policy, baseline_config=cfg)
+        rep = evaluate(s, EvaluationOptions(rules, policy=policy, baseline_config=cfg), later)
         assert [a.kind for a in rep.actions] == ["expire", "skip"]
         assert FlagStore(lambda: later).runtime_flags(s, "i1").compiled is True
 

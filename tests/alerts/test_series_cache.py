@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.rules import Point, load_rules
+from alerts.rule_file import load_rules
+from alerts.rules import Point
 from alerts.series import RowCache, cohort_series, plan_rules
 from tests.alerts.builders import add_cycle, add_traffic
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from alerts.detection import BaselineStats
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from bench.detection import calibrate, traffic_acceptance
 
 

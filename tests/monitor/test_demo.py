@@ -41,7 +41,7 @@ def test_demo_rule_and_policy_overrides_are_valid(tmp_path: Path):
     import yaml
 
     from alerts.policy import load_policy
-    from alerts.rules import load_rules
+    from alerts.rule_file import load_rules
 
     rules_file, policy_file = tmp_path / "r.yaml", tmp_path / "p.yaml"
     rules_file.write_text(yaml.safe_dump(demo_rules(FAST)))

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.flags import FlagStore
 from alerts.incidents import IncidentConfig, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
-from alerts.rules import RuleResult, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import RuleResult
 from alerts.webhooks import WebhookTarget
 from monitor.app import create_app
 from monitor.cli import main

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.alerts.receiver import free_port
+from monitor.loopback import free_port
 from tests.monitor.conftest import TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]

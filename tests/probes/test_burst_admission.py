@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.rules import evaluate_rule, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import evaluate_rule
 from alerts.series import RowCache, series
 from engine.admission import Admission
 from probes.burst import BurstResult, run_burst

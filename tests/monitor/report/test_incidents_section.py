@@ -8,7 +8,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.incidents import IncidentConfig, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
-from alerts.rules import Rule, RuleResult, parse_rule
+from alerts.rule_file import parse_rule
+from alerts.rules import Rule, RuleResult
 from alerts.webhooks import WebhookTarget
 from monitor.report import build_report, load_registry, render_markdown
 from monitor.report.html import render_html

@@ -1,0 +1,181 @@
+"""Each step of `evaluate_rule` on its own: score, confirm, limit, recover, reason."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from alerts.detection import BaselineStats, llr
+from alerts.rule_file import parse_rule
+from alerts.rules import (
+    Checks,
+    Confirmation,
+    Point,
+    Rule,
+    band_verdict,
+    confirm,
+    judged_points,
+    limit_crossed,
+    reason,
+    recovered,
+    relative_changes,
+    score_cycle,
+    threshold_in_force,
+    unjudgeable,
+)
+from storage.sketches import Sketch
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+BASE = BaselineStats(center=1.0, spread=0.05, cycles=500)
+
+
+def rule(**kw: object) -> Rule:
+    raw = {"name": "p50", "metric": "p50_latency", "change": "+15%", "resolve_change": "+5%",
+           "for": 3, "resolve_for": 3, "min_samples": 2}
+    raw.update(kw)
+    return parse_rule(raw)
+
+
+def pts(values: list[float | None], samples: int = 100) -> list[Point]:
+    return [Point(T0 + timedelta(minutes=i), v, samples if v is not None else 0)
+            for i, v in enumerate(values)]
+
+
+def pooled_point(value: float, fresh: list[float], samples: int = 500) -> Point:
+    sketch = Sketch()
+    for x in fresh:
+        sketch.add(x)
+    return Point(T0, value, samples, fresh=sketch)
+
+
+def test_threshold_in_force_widens_only_and_names_why():
+    r = rule()
+    assert threshold_in_force(r, None) == (r, "")
+    tighter = BaselineStats(center=1.0, spread=0.05, cycles=500, threshold=0.10, widened="w")
+    assert threshold_in_force(r, tighter) == (r, "")
+    wider = BaselineStats(center=1.0, spread=0.05, cycles=500, threshold=0.30,
+                          widened="budget widened to +30%")
+    widened, suffix = threshold_in_force(r, wider)
+    assert widened.threshold == 0.30 and r.threshold == 0.15
+    assert suffix == "; budget widened to +30%"
+
+
+def test_unjudgeable_names_empty_and_thin_cycles():
+    assert unjudgeable(rule(), []) == (0, "empty window: 0 samples < min_samples 2")
+    assert unjudgeable(rule(), pts([1.0, None]))[0] == 0  # type: ignore[index]
+    assert unjudgeable(rule(), pts([1.0], samples=1)) == (
+        1, "empty window: 1 samples < min_samples 2")
+    thin = unjudgeable(rule(metric="p99_latency"), pts([1.0], samples=50))
+    assert thin is not None and thin[1].startswith("insufficient_samples: 50 samples")
+    assert unjudgeable(rule(), pts([1.0])) is None
+
+
+def test_judged_points_drop_empty_and_thin_cycles():
+    series = pts([1.0, None, 1.1]) + [Point(T0, 2.0, 1)]
+    assert [p.value for p in judged_points(rule(), series)] == [1.0, 1.1]
+
+
+def test_score_cycle_is_the_gaussian_llr_for_a_plain_cycle():
+    r = rule()
+    point = pts([1.2])[0]
+    assert score_cycle(r, BASE, point, 0.2, 0.05) == llr(0.2, 0.15, 0.05)
+    # Falling metrics score the change in their own direction.
+    down = rule(change="-15%", resolve_change="-5%")
+    assert score_cycle(down, BASE, point, -0.2, 0.05) == llr(0.2, 0.15, 0.05)
+
+
+def test_score_cycle_scores_a_pooled_tail_cycle_on_its_own_samples():
+    r = rule(name="p99", metric="p99_latency")
+    quiet = pooled_point(1.3, [0.9] * 50)  # the pool still holds a slow cycle; none new
+    slow = pooled_point(1.3, [1.5] * 50)
+    assert score_cycle(r, BASE, quiet, 0.3, 0.05) < 0 < score_cycle(r, BASE, slow, 0.3, 0.05)
+    assert score_cycle(r, BASE, quiet, 0.3, 0.05) != llr(0.3, 0.15, 0.05)
+
+
+def test_confirm_needs_the_cusum_and_a_run_median_over_the_threshold():
+    r = rule()
+    steady = pts([1.0] * 10)
+    assert confirm(r, BASE, steady, relative_changes([1.0] * 10, BASE), False) == Confirmation(
+        statistic=0.0, run=(), change=None, fired=False)
+    values = [1.0] * 10 + [1.3] * 8
+    got = confirm(r, BASE, pts(values), relative_changes(values, BASE), False)
+    assert got.fired and got.statistic >= r.cusum.h
+    assert got.change is not None and abs(got.change - 0.3) < 1e-9 and len(got.run) >= 3
+    # Between threshold / 2 and the threshold the CUSUM may rise; the median holds it.
+    values = [1.0] * 10 + [1.12] * 20
+    assert not confirm(r, BASE, pts(values), relative_changes(values, BASE), False).fired
+    # No usable baseline: nothing to confirm.
+    assert confirm(r, None, pts(values), relative_changes(values, None), False) == Confirmation()
+
+
+def test_limit_crossed_needs_every_one_of_the_last_for_cycles():
+    ceiling = rule(ceiling=2.0)
+    assert limit_crossed(ceiling, [1.0, 2.5, 2.5, 2.5])
+    assert not limit_crossed(ceiling, [2.5, 2.5, 1.0, 2.5])
+    assert not limit_crossed(ceiling, [2.5, 2.5])  # fewer than `for` cycles
+    assert limit_crossed(rule(floor=0.5), [0.1, 0.2, 0.3])
+    assert not limit_crossed(rule(), [9.0, 9.0, 9.0])  # no limit at all
+
+
+def test_band_verdict_on_plain_and_pooled_cycles():
+    r = rule(name="p99", metric="p99_latency")
+    plain = pts([1.0])[0]
+    assert band_verdict(r, BASE, plain, 0.01) is True
+    assert band_verdict(r, BASE, plain, 0.10) is False  # between resolve and threshold
+    assert band_verdict(r, BASE, plain, None) is True
+    # Pooled, under the threshold, no own sample above the baseline: only if the
+    # canaries came down.
+    assert band_verdict(r, BASE, pooled_point(1.1, [0.9] * 50), 0.10) is None
+    assert band_verdict(r, BASE, pooled_point(1.1, [0.9] * 49 + [1.5]), 0.10) is False
+    assert band_verdict(r, BASE, pooled_point(1.3, [0.9] * 50), 0.30) is False
+
+
+def test_recovered_needs_resolve_for_cycles_inside_band_and_limits():
+    r = rule()
+    values = [1.3] * 5 + [1.0] * 3
+    assert recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
+    values = [1.3] * 5 + [1.0, 1.1, 1.0]
+    assert not recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
+    assert not recovered(r, BASE, pts([1.0] * 2), [1.0] * 2, relative_changes([1.0] * 2, BASE))
+    ceiling = rule(ceiling=2.0)
+    values = [2.5, 1.0, 2.5]
+    assert not recovered(ceiling, None, pts(values), values, relative_changes(values, None))
+
+
+def test_recovered_pooled_asks_whether_the_canaries_came_down():
+    r = rule(name="p99", metric="p99_latency")
+    body = BaselineStats(center=1.0, spread=0.05, cycles=500, body=0.5)
+    down = [pooled_point(1.1, [0.5] * 50) for _ in range(3)]
+    still_slow = [pooled_point(1.1, [0.9] * 50) for _ in range(3)]
+    # The series breached earlier: its canaries must have come down to the body.
+    changes: list[float | None] = [0.3, 0.1, 0.1, 0.1]
+    assert recovered(r, body, [pts([1.3])[0], *down], [1.3, 1.1, 1.1, 1.1], changes)
+    assert not recovered(r, body, [pts([1.3])[0], *still_slow], [1.3, 1.1, 1.1, 1.1], changes)
+    # A series that never breached is not the regression: inside the band.
+    assert recovered(r, body, still_slow, [1.1] * 3, [0.1] * 3)
+
+
+def checks(**kw: object) -> Checks:
+    fields: dict[str, object] = {
+        "current": 1.0, "change": 0.0, "samples": 100, "pooled": False, "limit_fired": False,
+        "confirmation": Confirmation(), "breaching": False, "zero_baseline": False}
+    fields.update(kw)
+    return Checks(**fields)  # type: ignore[arg-type]
+
+
+def test_reason_names_the_numbers_of_each_outcome():
+    r = rule(ceiling=2.0)
+    assert reason(r, 1.0, checks()) == "p50_latency 1 within threshold (+0.0%)"
+    assert reason(r, 1.0, checks(current=2.5, change=1.5, limit_fired=True)) == (
+        "p50_latency 2.5 beyond absolute ceiling 2 for 3 cycles")
+    assert reason(r, 1.0, checks(current=1.3, change=0.3, breaching=True,
+                                 confirmation=Confirmation(statistic=2.0))) == (
+        "p50_latency 1.3 breaches (+30.0%) but is not confirmed yet (CUSUM 2.0 of 14, "
+        "3 cycles needed)")
+    fired = Confirmation(statistic=16.0, run=(0.3, 0.3, 0.3), change=0.3, fired=True)
+    assert reason(r, 1.0, checks(current=1.3, change=0.3, breaching=True,
+                                 confirmation=fired)) == (
+        "p50_latency 1.3 vs baseline 1 (+30.0%; median +30.0% over 3 cycles, threshold "
+        "+15%), CUSUM 16.0 >= 14 over 3 cycles")
+    assert "pooled over 100 samples" in reason(r, 1.0, checks(confirmation=fired, pooled=True))
+    assert reason(r, 0.0, checks(change=None, zero_baseline=True)) == (
+        "p50_latency 1: zero baseline, only absolute limits apply")
