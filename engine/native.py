@@ -1,10 +1,10 @@
 """The CPU decode step in C (engine/native_step.c), built with the system compiler.
 
-On the CPU a direct decode step is ~50 one-row products whose weights (10 MB for the
-built-in target) stream from L3 each token. Inductor's generated loop keeps one
-accumulator per output row and reaches ~35 GB/s here; the C step keeps four rows and
-their accumulators in flight and reaches the cache's bandwidth (~65 GB/s), all of the
-step in one call (docs/engine.md#the-c-decode-step). It computes what
+On the CPU a direct decode step is a few dozen one-row products whose weights stream
+from cache each token, so the step is bound by reading weights. Inductor's generated loop
+keeps one accumulator per output row; the C step keeps four rows and their accumulators
+in flight, closer to the cache's bandwidth, all of the step in one call
+(docs/engine.md#the-c-decode-step; figures in docs/benchmarks.md). It computes what
 `engine.t5.decode_steps` and `decode_greedy` compute, on the same cache, cross K/V and
 bias tensors, so they are interchangeable per call; greedy tokens are tested equal to
 Hugging Face.

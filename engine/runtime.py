@@ -61,14 +61,12 @@ log = logging.getLogger(__name__)
 
 EXACT = "exact"
 K_MAX = 8  # the largest draft length the adaptive choice may pick
-# Greedy tokens per direct step call. 4 saved ~20% per token on one core but compiled ~4x
-# longer (the steps are unrolled in the graph): docs/benchmarks.md#benchengine.
+# Greedy tokens per direct step call. More per call saves per-token overhead but the steps
+# are unrolled in the graph, so compiling takes that many times longer.
 STEPS_PER_CALL = 1
 # Inductor options for every compiled function. realize_acc_reads_threshold=1 stores the
 # RMS-normed input of each one-row product once instead of recomputing it inside the
-# product's loop for every output row: the step 0.62 -> 0.53 ms, requests 1.14x faster
-# (same-process A/B, 0.90-1.21x per bucket, identical tokens; docs/benchmarks.md#benchengine).
-# freezing and cpp_wrapper were measured on the CPU step: no gain beyond noise.
+# product's loop for every output row (identical tokens; docs/benchmarks.md#benchengine).
 _INDUCTOR_OPTIONS: tuple[tuple[str, object], ...] = (("realize_acc_reads_threshold", 1),)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

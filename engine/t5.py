@@ -63,7 +63,7 @@ def decoder_layers(cfg: Any) -> int:
 
 class _NameRecorder(dict):
     """Record the names LeanT5 reads, answering each with a one-element tensor (not on the
-    meta device: torch.cat's meta kernel imports torch._dynamo, ~1.5 s of a start)."""
+    meta device: torch.cat's meta kernel imports torch._dynamo, which slows every start)."""
 
     def __contains__(self, name: object) -> bool:
         return False  # an optional weight (the untied lm_head) counts as absent
@@ -214,9 +214,9 @@ def _linear(x: torch.Tensor, w: Any) -> torch.Tensor:
     if not isinstance(w, torch.Tensor):
         return w.linear(x)
     if torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() == x.shape[-1]:
-        # One row compiled on CPU: a reduction inductor fuses with its neighbours. As an
-        # MKL call each 1-row product cost ~30-50 us here (37 per token); fused, the whole
-        # step runs in ~0.5 ms (docs/engine.md#torchcompile). Eager and multi-row calls keep MKL.
+        # One row compiled on CPU: a reduction inductor fuses with its neighbours, where an
+        # MKL call per 1-row product pays its fixed overhead dozens of times per token
+        # (docs/engine.md#torchcompile). Eager and multi-row calls keep MKL.
         return (x.unsqueeze(-2) * w).sum(-1)
     return F.linear(x, w)
 
@@ -319,7 +319,7 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: t
         qkv = _linear(h, layer.qkv).view(q_len, 3, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
         # K and V of these positions, one write into the cache tensor itself: written through
         # the view self_kv[i], inductor copied the whole layer's cache and wrote the whole
-        # cache back on every call (~10 MB per token at 264 slots); an index_put_ on the base
+        # cache back on every call (the whole cache per token); an index_put_ on the base
         # (the layer as a tensor index) is done in place.
         layer_ix = torch.full((1,), i, dtype=torch.long, device=self_kv.device)
         self_kv[layer_ix, :, :, pos] = qkv[1:].permute(2, 0, 1, 3)

@@ -81,12 +81,10 @@ Observer = Callable[[GenerateResult], None]
 JobActivity = Callable[[], Mapping[str, tuple[int, bool]]]
 
 
-# Canaries per (bucket, path, decoding) per cycle. 10 would let a p99 rest on 100 samples
-# pooled over 10 cycles instead of 25 (bench.detection: +20% confirmed at p95 in 17
-# cycles instead of 39) for ~0.7 s more per cycle, but a cycle's canaries share the
-# machine's noise (design effect 2.4 at the p99 on the compiled recording), the
-# exceedance CUSUM counts them as independent, and it gave 28 false alerts per 30 days
-# against 3 with 4 (docs/detection.md#limits).
+# Canaries per (bucket, path, decoding) per cycle. More would let a pooled p99 rest on
+# fewer cycles, but a cycle's canaries share the machine's noise while the exceedance
+# CUSUM counts them as independent, so more canaries per cycle page more often on noise
+# (docs/detection.md#limits).
 CANARIES_PER_BUCKET = 4
 
 
