@@ -23,7 +23,7 @@ from monitor.report.metrics import METRICS
 
 SHIPPED_FILE = Path(__file__).with_name("assumptions.yaml")
 COMPARATORS = ("<=", "<", ">=", ">")
-AB_ARMS = ("eager", "direct", "exact", "float32")
+AB_ARMS = ("eager", "direct", "exact", "float32", "compiled_step")
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Optimization:
     """One optimization under review.
 
     ab_arm: the fallback variant of the A/B canary rows that measures this optimization
-        ("eager", "direct" or "exact"), or None when it has no A/B arm.
+        (one of AB_ARMS), or None when it has no A/B arm.
     expected_speedup: fallback latency / optimized latency the owner expects, or None.
     """
 
