@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/var/compile-cache
 
-.PHONY: install run test test-deps lint demo bench clean
+.PHONY: install run test test-deps lint demo bench clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,3 +51,28 @@ demo: install
 
 clean:
 	rm -rf $(VENV) var/*.db
+
+# Wheels for scripts/gpu_check.sh on the GPU machine, whose image's python3 (CPython 3.12,
+# torch 2.11, transformers 5.x) lacks these runtime packages (and their own missing needs):
+# pinned to the versions this venv runs, installed there offline (--no-index). bench.gpu
+# and the engine need none of them; they let `pytest -m gpu` and the monitor import there.
+# What travels to that machine (the tree and these) must stay under 64 MiB.
+GPU_WHEELS := var/gpu-wheels
+GPU_PYTHON := 3.12
+GPU_WHEELS_MAX_MIB := 32
+GPU_PACKAGES := sqlalchemy alembic mako psycopg psycopg-binary apscheduler tzlocal fastapi \
+	starlette uvicorn pydantic pydantic-core annotated-types typing-inspection \
+	pydantic-settings python-dotenv
+
+gpu-wheels: install
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(BIN)/python -c 'import sys; from importlib.metadata import version; \
+	  print("\n".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' $(GPU_PACKAGES) \
+	  > $(GPU_WHEELS)/requirements.txt
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d $(GPU_WHEELS) \
+	  --python-version $(GPU_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -r $(GPU_WHEELS)/requirements.txt
+	@size=$$(du -sm $(GPU_WHEELS) | cut -f1); ls $(GPU_WHEELS); \
+	  echo "gpu-wheels: $$size MiB in $(GPU_WHEELS) (limit $(GPU_WHEELS_MAX_MIB))"; \
+	  test "$$size" -le $(GPU_WHEELS_MAX_MIB)

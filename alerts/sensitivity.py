@@ -29,9 +29,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from alerts.baselines import hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
@@ -51,9 +50,6 @@ from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.baselines import StoredBaseline, decide_in_force
 from storage.queries.sensitivity import StoredSensitivity
 from storage.sketches import GAMMA, Sketch
-
-if TYPE_CHECKING:
-    from alerts.config import AlertsConfig
 
 OK = "ok"
 INSUFFICIENT = "insufficient history"
@@ -435,15 +431,6 @@ class _Series:
     baseline: StoredBaseline
     points: list[Point]
     old: StoredSensitivity | None
-
-
-def job(sessions: sessionmaker[Session], config: AlertsConfig, clock: Callable[[], datetime],
-        budget_s: float | None = None) -> RefreshReport:
-    """Run one scheduled refresh in its own transaction (the scheduler's job body)."""
-    with sessions.begin() as session:
-        return refresh(session, config.rules, config.sensitivity, clock(),
-                       history_s=config.sensitivity_history_s,
-                       budget_s=config.sensitivity_job_cpu_s if budget_s is None else budget_s)
 
 
 def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,

@@ -74,7 +74,7 @@ class EngineConfig:
     extra: dict[str, str] = field(default_factory=dict)
     quantization: str = "none"
     native_step: bool = True
-    max_batch: int = 8
+    max_batch: int = 1
     batch_window_max_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -8,7 +8,8 @@ EngineError
  ├── RequestTimeout: the call did not finish within its timeout
  ├── Cancelled: the request was cancelled and left the batch
  ├── NotReady: the engine is not loaded yet
- └── ModelLoadError: a model directory is missing files or is not a T5
+ ├── ModelLoadError: a model directory is missing files or is not a T5
+ └── BoundaryError: a tensor handed to the C step is not what it computes on
 """
 
 from __future__ import annotations
@@ -58,3 +59,11 @@ class NotReady(EngineError):
 
 class ModelLoadError(EngineError):
     """A model directory cannot be loaded."""
+
+
+class BoundaryError(EngineError):
+    """A tensor handed to the C step has the wrong dtype, layout, shape or values."""
+
+    def __init__(self, tensor: str, message: str):
+        super().__init__(f"native step: {tensor}: {message}")
+        self.tensor = tensor

@@ -14,8 +14,12 @@ Hugging Face.
         fn = lib.bind(lean)                # Fns.step; fn.verify is Fns.verify
         tokens = fn(m, token, pos, self_kv, cross_kv, mask_bias, dec_bias, steps)
 
-Built once per source, compiler and CPU into <cache_dir>/native/ (-O3 -march=native;
-about a second); a build failure is logged once and the compiled graph serves instead.
+Built once per source, compiler (its path and what `--version` prints), flags and CPU into
+<cache_dir>/native/ (-O3 -march=native; about a second). The folder is created 0700; a library
+there that is not owned by this process's user, is writable by group or others, or is a link
+is rebuilt, never loaded, and a folder owned by another user is not used at all. A build
+failure is logged once and the compiled graph serves instead. Every tensor handed to C is
+checked first (engine.native_checks).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -34,6 +39,15 @@ from typing import Any
 import torch
 
 from engine import aot, t5
+from engine.errors import BoundaryError
+from engine.native_checks import (
+    INTEGER,
+    Boundary,
+    Dims,
+    check_tokens,
+    raise_for,
+    raise_for_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,33 +72,136 @@ class _Model(ctypes.Structure):
     _fields_ = _FIELDS
 
 
+# Every flag the library is built with (each is part of the cache key: another flag, another
+# library).
+FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-shared", "-fPIC")
+LIBS: tuple[str, ...] = ("-lm",)
+
+
+class BuildError(Exception):
+    """The C step cannot be built or loaded here; the compiled step serves."""
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def build(cache_dir: str | Path) -> Path | None:
-    """Return the shared library of the C step, building it when missing (None: cannot)."""
-    cc = _compiler()
-    if cc is None:
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def compiler_version(cc: str) -> str:
+    """Return what `cc --version` prints (an upgraded compiler builds a new library)."""
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildError(f"{cc} --version: {exc}") from exc
+    if done.returncode != 0:
+        said = _last_line(done.stderr or done.stdout)
+        raise BuildError(f"{cc} --version: {said or f'exit {done.returncode}'}")
+    return done.stdout + done.stderr
+
+
+def build_key(cc: str, version: str, flags: tuple[str, ...]) -> str:
+    """Return the cache key of a library built from the source with `cc` and `flags`."""
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), cc.encode(), version.encode(),
+                 "\0".join(flags).encode(), aot.cpu_tag().encode()):
+        h.update(hashlib.sha256(part).digest())  # each part hashed alone: no ambiguous joins
+    return h.hexdigest()[:16]
+
+
+def _own_folder(folder: Path) -> None:
+    """Create `folder` owner-only (0700), or check an existing one is this user's and make it
+    owner-only; raise BuildError when it is not this user's (nothing there can be trusted)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise BuildError(f"{folder} is not a folder (a link?): not used")
+    if st.st_uid != os.geteuid():
+        raise BuildError(f"{folder} is owned by uid {st.st_uid}, not this service's uid "
+                         f"{os.geteuid()}: not used")
+    if st.st_mode & 0o077:
+        log.info("native step: %s was mode %o; made owner-only (700)", folder,
+                 stat.S_IMODE(st.st_mode))
+        os.chmod(folder, 0o700)
+
+
+def untrusted(st: os.stat_result) -> str | None:
+    """Return why a library with this (l)stat must not be loaded (None: it may)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not this service's uid {os.geteuid()}"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _open_trusted(path: Path) -> int | None:
+    """Open the library at `path` (never through a link) if it may be loaded; return its file
+    descriptor, or None when it is missing or refused (said in the log: it is rebuilt)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + cc.encode() + aot.cpu_tag().encode()).hexdigest()[:16]
-    out = Path(cache_dir) / "native" / f"step-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # ELOOP: a link
+        log.warning("native step: %s refused (%s); rebuilt", path,
+                    "a symbolic link" if os.path.islink(path) else exc.strerror)
+        return None
+    why = untrusted(os.fstat(fd))
+    if why is not None:
+        os.close(fd)
+        log.warning("native step: %s refused (%s); rebuilt", path, why)
+        return None
+    return fd
+
+
+def _compile(cc: str, flags: tuple[str, ...], libs: tuple[str, ...], out: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", str(SOURCE), "-o", str(part),
-               "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        cmd = [cc, *flags, str(SOURCE), "-o", str(part), *libs]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise BuildError(f"build failed ({exc})") from exc
         if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip().splitlines()
-            log.warning("native step: build failed (%s); the compiled step serves instead",
-                        said[-1] if said else f"exit {done.returncode}")
-            return None
+            said = _last_line(done.stderr or done.stdout)
+            raise BuildError(f"build failed ({said or f'exit {done.returncode}'})")
+        os.chmod(part, 0o755)  # whatever the umask: never group/world-writable
         os.replace(part, out)  # atomic: a concurrent build never sees half a file
-    return out
+
+
+def build(cache_dir: str | Path) -> Path | None:
+    """Return the shared library of the C step, building it when missing or refused (None: no
+    compiler); raise BuildError when it cannot be built or the folder is not this user's."""
+    path, fd = _build(cache_dir)
+    if fd is not None:
+        os.close(fd)
+    return path
+
+
+def _build(cache_dir: str | Path) -> tuple[Path | None, int | None]:
+    """`build`, also returning an open descriptor of the checked library (the loader checks
+    that the file it loaded is that one)."""
+    cc = _compiler()
+    if cc is None:
+        return None, None
+    flags, libs = FLAGS, LIBS
+    key = build_key(cc, compiler_version(cc), flags + libs)
+    folder = Path(cache_dir) / "native"
+    _own_folder(folder)
+    out = folder / f"step-{key}.so"
+    fd = _open_trusted(out)
+    if fd is None:
+        _compile(cc, flags, libs, out)
+        fd = _open_trusted(out)
+        if fd is None:
+            raise BuildError(f"{out}: refused right after its build")
+    return out, fd
 
 
 def applicable(lean: t5.LeanT5) -> str | None:
@@ -106,18 +223,26 @@ def applicable(lean: t5.LeanT5) -> str | None:
 class NativeStep:
     """The loaded library; `bind` makes a step function for one model."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fd: int | None = None) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
+        if fd is not None:
+            # The file loaded is the one whose owner and mode were checked (the folder is
+            # owner-only, so only this user could have swapped it in between).
+            checked, now = os.fstat(fd), os.stat(path)
+            if (checked.st_dev, checked.st_ino) != (now.st_dev, now.st_ino):
+                raise BuildError(f"{path} changed between its check and its load")
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        # tw_decode takes a pointer to q tokens; tw_chain one token and a step count.
+        # tw_decode takes a pointer to q tokens; tw_chain one token and a step count. Both
+        # return 0, or why they refused the call (engine.native_checks.raise_for).
         self._fn, self._chain = lib.tw_decode, lib.tw_chain
         for fn, first in ((self._fn, [p, i64]), (self._chain, [i64, i64])):
-            fn.restype = None
+            fn.restype = i64
             fn.argtypes = [ctypes.POINTER(_Model), *first, i64, p, i64, p, i64, p, p, i64, p, p]
         # tw_rows: per row a token, a position, a cache, cross K/V, its length and mask.
+        # Returns 0, or why it refused with the first refused row in out[0] (raise_for_row).
         self._rows = lib.tw_rows
-        self._rows.restype = None
+        self._rows.restype = i64
         self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p]
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
@@ -161,6 +286,7 @@ class BoundStep:
         self._per_row = 2 * lean.d_model + 4 * lean.inner + (2 if lean.gated else 1) * d_ff \
             + lean.lm_head.shape[0]
         self._local = threading.local()  # scratch per thread: concurrent requests
+        self.boundary = Boundary(Dims.of(lean))
 
     def _scratch(self, floats: int) -> int:
         buf = getattr(self._local, "buf", None)
@@ -171,24 +297,40 @@ class BoundStep:
     def __call__(self, m: Any, token: torch.Tensor, pos: torch.Tensor, self_kv: torch.Tensor,
                  cross_kv: torch.Tensor, mask_bias: torch.Tensor, dec_bias: torch.Tensor,
                  steps: int) -> torch.Tensor:
-        out = torch.empty(steps, dtype=torch.long)
+        self.boundary.tensors(self_kv, cross_kv, mask_bias, dec_bias)
+        if getattr(token, "dtype", None) not in INTEGER:  # its value: checked by C
+            check_tokens("token", token, 1)
+        try:
+            first, at = int(token), int(pos)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise BoundaryError("token" if getattr(token, "numel", int)() != 1 else "pos",
+                                f"expected one value: {exc}") from exc
+        out = torch.empty(max(steps, 0), dtype=torch.long)
         tail, _keep = self._tail(1, self_kv, cross_kv, mask_bias, dec_bias, out)
         # Every step in one C call: a draft proposes a whole round without a call per token.
-        self._chain(self._ref, int(token), steps, int(pos), *tail)
+        code = self._chain(self._ref, first, steps, at, *tail)
+        if code:
+            self._refused(code, [first], "token", at, steps, self_kv, cross_kv, dec_bias)
         return out
 
     def verify(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,
                self_kv: torch.Tensor, cross_kv: torch.Tensor, mask_bias: torch.Tensor,
                dec_bias: torch.Tensor) -> torch.Tensor:
         """Return the greedy token after each of tokens [1, q] at consecutive positions."""
+        self.boundary.tensors(self_kv, cross_kv, mask_bias, dec_bias)
         q = tokens.shape[-1]
+        check_tokens("tokens", tokens, q)
+        check_tokens("positions", positions, q)
         first = int(positions[0])
         if int(positions[-1]) - first != q - 1:
-            raise ValueError("native verify: positions must be consecutive")
+            raise BoundaryError("positions", f"expected {q} consecutive positions, got "
+                                             f"{positions.tolist()}")
         out = torch.empty(q, dtype=torch.long)
         flat = tokens.reshape(q).to(torch.long).contiguous()
         tail, _keep = self._tail(q, self_kv, cross_kv, mask_bias, dec_bias, out)
-        self._fn(self._ref, flat.data_ptr(), q, first, *tail)
+        code = self._fn(self._ref, flat.data_ptr(), q, first, *tail)
+        if code:
+            self._refused(code, flat.tolist(), "tokens", first, q, self_kv, cross_kv, dec_bias)
         return out
 
     def rows(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,
@@ -199,7 +341,10 @@ class BoundStep:
         tokens [B] and positions [B] (int64); per row its self-attention cache, its cross
         K/V [L, 2, H, length, d_kv] and mask bias [1, 1, 1, length] (lengths may differ);
         dec_bias: the full causal table [H, slots, slots] (engine.runner.ModelRunner.dec_bias).
+        A refused call (a bad tensor, token id or position) raises BoundaryError naming the
+        argument and the row, and writes no row's cache.
         """
+        slots = self.boundary.rows(tokens, positions, caches, crosses, masks, dec_bias)
         b = int(tokens.shape[0])
         toks = tokens.reshape(b).to(torch.long).contiguous()
         pos = positions.reshape(b).to(torch.long).contiguous()
@@ -212,10 +357,19 @@ class BoundStep:
         span = dec_bias.shape[-1]
         out = torch.empty(b, dtype=torch.long)
         scratch = self._scratch(b * self._per_row + max(span, int(lens.max())))
-        self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, caches[0].shape[-2],
-                      ckv, lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
-                      out.data_ptr())
+        code = self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, slots, ckv,
+                             lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
+                             out.data_ptr())
+        if code:
+            raise_for_row(code, int(out[0]), dims=self.boundary.dims, tokens=toks.tolist(),
+                          positions=pos.tolist(), slots=slots, span=span)
         return out
+
+    def _refused(self, code: int, tokens: list[int], name: str, pos0: int, rows: int,
+                 self_kv: torch.Tensor, cross_kv: torch.Tensor, dec_bias: torch.Tensor) -> None:
+        raise_for(code, dims=self.boundary.dims, tokens=tokens, tokens_name=name, pos0=pos0,
+                  rows=rows, slots=self_kv.shape[-2], span=dec_bias.shape[-1],
+                  cross=cross_kv.shape[-2])
 
     def _tail(self, rows: int, self_kv: torch.Tensor, cross_kv: torch.Tensor,
               mask_bias: torch.Tensor, dec_bias: torch.Tensor, out: torch.Tensor
@@ -230,19 +384,24 @@ class BoundStep:
                 cross_kv)
 
 _lock = threading.Lock()
-_loaded: dict[str, NativeStep | None] = {}
+_loaded: dict[tuple[str, str | None, tuple[str, ...]], NativeStep | None] = {}
 
 
 def load(cache_dir: str | Path) -> NativeStep | None:
-    """Return the C step built under `cache_dir` (built now if missing), None if it cannot."""
-    key = str(cache_dir)
+    """Return the C step built under `cache_dir` (built now if missing), None if it cannot
+    (said once in the log per cache folder, compiler and flags)."""
+    key = (str(cache_dir), _compiler(), FLAGS)
     with _lock:
         if key not in _loaded:
+            fd = None
             try:
-                path = build(cache_dir)
-                _loaded[key] = NativeStep(path) if path is not None else None
+                path, fd = _build(cache_dir)
+                _loaded[key] = NativeStep(path, fd) if path is not None else None
             except Exception as e:  # noqa: BLE001 - any failure here: the compiled step serves
-                log.warning("native step: %s: %s; the compiled step serves instead",
-                            type(e).__name__, e)
+                said = str(e) if isinstance(e, BuildError) else f"{type(e).__name__}: {e}"
+                log.warning("native step: %s; the compiled step serves instead", said)
                 _loaded[key] = None
+            finally:
+                if fd is not None:
+                    os.close(fd)
         return _loaded[key]

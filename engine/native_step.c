@@ -231,10 +231,10 @@ static void attend(const float *q, const float *K, const float *V, const float *
  * keys < min(pos[i] + 1, span)); scratch: engine.native's size for q rows, plus
  * max(span, max cross) floats.
  */
-void tw_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
-             float *const *self_kv, int64_t slots1, const float *const *cross_kv,
-             const int64_t *cross, const float *const *cross_bias, const float *dec_bias,
-             int64_t span, float *scratch, int64_t *out) {
+static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
+                 float *const *self_kv, int64_t slots1, const float *const *cross_kv,
+                 const int64_t *cross, const float *const *cross_bias, const float *dec_bias,
+                 int64_t span, float *scratch, int64_t *out) {
     const int64_t D = m->d_model, H = m->heads, dk = m->d_kv, I = m->inner;
     const int64_t ff = m->gated ? 2 * m->d_ff : m->d_ff;
     int64_t widest = span;
@@ -312,12 +312,66 @@ void tw_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *po
     }
 }
 
+/* Why an entry point refused a call (engine/native.py names the argument in its error).
+ * Checked before anything is written: a refused call leaves every cache as it was. */
+enum { TW_OK = 0, TW_BAD_TOKEN = 1, TW_BAD_POSITION = 2, TW_BAD_SPAN = 3, TW_BAD_SIZE = 4 };
+
+/* Rows pos0 .. pos0 + rows - 1 are written into the cache (slots1 slots) and read from
+ * dec_bias (span rows): both must hold them; every token id must index the embedding. */
+static int64_t check_call(const Model *m, const int64_t *tokens, int64_t ntokens, int64_t rows,
+                          int64_t pos0, int64_t slots1, int64_t cross, int64_t span) {
+    if (rows < 1 || slots1 < 1 || cross < 1 || span < 1) return TW_BAD_SIZE;
+    for (int64_t i = 0; i < ntokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab) return TW_BAD_TOKEN;
+    /* Written as pos0 > limit - rows: pos0 + rows could overflow. */
+    if (pos0 < 0 || pos0 > slots1 - rows) return TW_BAD_POSITION;
+    if (pos0 > span - rows) return TW_BAD_SPAN;
+    return TW_OK;
+}
+
+/* The rows of a batched step, each on its own caches: row i's position is written into its
+ * cache (slots1 slots) and reads dec_bias row pos[i] (span rows); its token indexes the
+ * embedding; its cross K/V is non-empty. Return TW_OK, or why, with the first refused row
+ * in *row (-1: the call's sizes). */
+static int64_t check_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
+                          int64_t slots1, const int64_t *cross, int64_t span, int64_t *row) {
+    *row = -1;
+    if (q < 1 || slots1 < 1 || span < 1) return TW_BAD_SIZE;
+    for (int64_t i = 0; i < q; i++) {
+        *row = i;
+        if (tokens[i] < 0 || tokens[i] >= m->vocab) return TW_BAD_TOKEN;
+        if (pos[i] < 0 || pos[i] >= slots1) return TW_BAD_POSITION;
+        if (pos[i] >= span) return TW_BAD_SPAN;
+        if (cross[i] < 1) return TW_BAD_SIZE;
+    }
+    *row = -1;
+    return TW_OK;
+}
+
+/* Decode `q` rows on their own caches (see rows); return TW_OK, or why the call was refused:
+ * then no cache is written and out[0] is the first refused row (-1: the call's sizes). */
+int64_t tw_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
+                float *const *self_kv, int64_t slots1, const float *const *cross_kv,
+                const int64_t *cross, const float *const *cross_bias, const float *dec_bias,
+                int64_t span, float *scratch, int64_t *out) {
+    int64_t row;
+    const int64_t why = check_rows(m, tokens, q, pos, slots1, cross, span, &row);
+    if (why != TW_OK) {
+        if (q >= 1) out[0] = row;
+        return why;
+    }
+    rows(m, tokens, q, pos, self_kv, slots1, cross_kv, cross, cross_bias, dec_bias, span,
+         scratch, out);
+    return TW_OK;
+}
+
 /* Decode `q` tokens of one request at positions pos0 .. pos0 + q - 1 (q = 1: a direct
- * step; q > 1: a speculative verification): tw_rows with every row on the same caches. */
-void tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
-               float *self_kv, int64_t slots1, const float *cross_kv, int64_t cross,
-               const float *cross_bias, const float *dec_bias, int64_t span, float *scratch,
-               int64_t *out) {
+ * step; q > 1: a speculative verification): rows with every row on the same caches.
+ * Unchecked: the entry points check first. */
+static void decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
+                   float *self_kv, int64_t slots1, const float *cross_kv, int64_t cross,
+                   const float *cross_bias, const float *dec_bias, int64_t span,
+                   float *scratch, int64_t *out) {
     int64_t pos[q], lens[q];
     float *kv[q];
     const float *ckv[q], *cb[q];
@@ -328,19 +382,37 @@ void tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
         lens[i] = cross;
         cb[i] = cross_bias;
     }
-    tw_rows(m, tokens, q, pos, kv, slots1, ckv, lens, cb, dec_bias, span, scratch, out);
+    rows(m, tokens, q, pos, kv, slots1, ckv, lens, cb, dec_bias, span, scratch, out);
+}
+
+/* Decode `q` tokens at positions pos0 .. pos0 + q - 1 (see decode); return TW_OK, or why
+ * the call was refused (then nothing is written). */
+int64_t tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0,
+                  float *self_kv, int64_t slots1, const float *cross_kv, int64_t cross,
+                  const float *cross_bias, const float *dec_bias, int64_t span, float *scratch,
+                  int64_t *out) {
+    const int64_t why = check_call(m, tokens, q, q, pos0, slots1, cross, span);
+    if (why != TW_OK) return why;
+    decode(m, tokens, q, pos0, self_kv, slots1, cross_kv, cross, cross_bias, dec_bias, span,
+           scratch, out);
+    return TW_OK;
 }
 
 /* Decode `steps` tokens greedily from `token` at positions pos0 .. pos0 + steps - 1, each
  * step's choice the next step's input (a draft's proposals for one round): out[i] is the
  * greedy token after out[i - 1]. The same arithmetic as `steps` calls of tw_decode, without
  * a call from Python per token (~4x the draft's own arithmetic at the built-in draft's size). */
-void tw_chain(const Model *m, int64_t token, int64_t steps, int64_t pos0, float *self_kv,
-              int64_t slots1, const float *cross_kv, int64_t cross, const float *cross_bias,
-              const float *dec_bias, int64_t span, float *scratch, int64_t *out) {
+int64_t tw_chain(const Model *m, int64_t token, int64_t steps, int64_t pos0, float *self_kv,
+                 int64_t slots1, const float *cross_kv, int64_t cross, const float *cross_bias,
+                 const float *dec_bias, int64_t span, float *scratch, int64_t *out) {
+    /* Every step's position checked up front: a refused round writes no step at all. Later
+     * tokens are argmaxes over the vocabulary, in range by construction. */
+    const int64_t why = check_call(m, &token, 1, steps, pos0, slots1, cross, span);
+    if (why != TW_OK) return why;
     for (int64_t i = 0; i < steps; i++) {
         const int64_t tok = i == 0 ? token : out[i - 1];
-        tw_decode(m, &tok, 1, pos0 + i, self_kv, slots1, cross_kv, cross, cross_bias, dec_bias,
-                  span, scratch, out + i);
+        decode(m, &tok, 1, pos0 + i, self_kv, slots1, cross_kv, cross, cross_bias, dec_bias,
+               span, scratch, out + i);
     }
+    return TW_OK;
 }

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from engine import aot, t5
+from engine import aot, compat, t5
 from engine.compile_watch import shared_watch, specialize
 
 KIND_ENCODE = "encode"
@@ -167,8 +167,9 @@ class ModelRunner:
 
     def _compile_kwargs(self, *, saved: bool) -> dict[str, Any]:
         assert self._options is not None
-        kwargs: dict[str, Any] = {"dynamic": False, "backend": self._options.backend,
-                                  "recompile_limit": self._options.recompile_limit}
+        kwargs: dict[str, Any] = {"dynamic": False, "backend": self._options.backend}
+        if compat.has("compile_recompile_limit"):  # else set process-wide: _prepare_compile
+            kwargs["recompile_limit"] = self._options.recompile_limit
         guards = aot.guard_filter(_unguarded_weights) if saved else _unguarded_weights
         if self._options.backend == "inductor" and self._options.mode != "default":
             if not saved:
@@ -182,7 +183,7 @@ class ModelRunner:
             return kwargs
         options: dict[str, Any] = {"guard_filter_fn": guards}
         if self._options.backend == "inductor":
-            options.update(self._options.inductor)
+            options.update(compat.inductor_options(dict(self._options.inductor)))
         kwargs["options"] = options
         return kwargs
 
@@ -206,6 +207,8 @@ class ModelRunner:
         limit = self._options.recompile_limit if self._options is not None else 8
         dynamo.config.accumulated_recompile_limit = max(
             dynamo.config.accumulated_recompile_limit, 4 * limit)
+        if not compat.has("compile_recompile_limit"):
+            compat.raise_recompile_limit(limit)  # an older torch: no per-function limit
         for corner in self._corners:
             if corner.shape[-1] > 1:  # a size-1 dimension cannot be dynamic (specialized)
                 dynamo.mark_dynamic(corner, 1)
@@ -281,9 +284,13 @@ class ModelRunner:
     def save(self, directory: Path, *, verify: bool) -> int:
         """AOT-compile the shared functions and save them; return how many."""
         self._prepare_compile()
+        kinds = self._saved_kinds(verify)
+        if not compat.has("aot_precompile") and not all(self._packaged(k) for k in kinds):
+            raise aot.AOTLoadError(f"torch {torch.__version__} has no AOT precompile "
+                                   "(torch.compile(...).aot_compile): nothing saved, a start "
+                                   "compiles instead")
         with torch.no_grad():
             examples = self._examples(self.edges[0], t5.encode)
-        kinds = self._saved_kinds(verify)
         for kind, fn in kinds.items():
             path = self.saved_path(directory, kind)
             if self._packaged(kind):

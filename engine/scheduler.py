@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -36,9 +36,6 @@ from engine import t5
 from engine.decoding import Decoded, RowState
 from engine.errors import Cancelled, DoesNotFit, NotReady, RequestTimeout
 from engine.protocol import STEP_SECONDS_EDGES, BatchSnapshot
-
-if TYPE_CHECKING:
-    from engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +45,22 @@ PHASES = (PHASE_ENCODE, PHASE_DECODE, PHASE_VERIFY)
 # smoothing): a burst shortens it at once, an idle stretch lengthens it back slowly.
 WINDOW_SMOOTHING_S = 15.0
 Clock = Callable[[], float]
+
+
+class RowOwner(Protocol):
+    """What the loop needs of the engine that owns it (engine.runtime.Runtime)."""
+
+    def row_room(self, k: int) -> int:
+        """Return the most new tokens a batch row's cache holds for a request drafting k."""
+        ...
+
+    def start_row(self, job: Job) -> RowState:
+        """Encode `job`'s input on the loop thread; return its row's decode state."""
+        ...
+
+    def kv_release(self, nbytes: int) -> None:
+        """Forget `nbytes` of request K/V (a batched request left)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -100,7 +113,7 @@ class _Phase:
 class Scheduler:
     """Own up to `max_batch` rows and the loop that steps them (see the module doc)."""
 
-    def __init__(self, owner: Runtime, *, max_batch: int, window_max_s: float,
+    def __init__(self, owner: RowOwner, *, max_batch: int, window_max_s: float,
                  waiting: Callable[[], int], clock: Clock = time.perf_counter) -> None:
         self._owner = owner
         self.max_batch = max_batch

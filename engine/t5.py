@@ -226,6 +226,27 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(var + eps)).to(weight.dtype)
 
 
+def _clamp_fp16(x: torch.Tensor, *, per_row: bool = False) -> torch.Tensor:
+    """Clamp float16 hidden states as Hugging Face's T5 block does (else return `x`).
+
+    A real checkpoint's residual stream can pass float16's max (65504) and turn inf, then
+    NaN. HF clamps after each sub-layer to the largest finite value (max - 1000 once any
+    value is inf); the same expression here keeps float16 outputs those of HF. `per_row`
+    (decode_rows: rows of different requests in one sequence): each row [.., D] decides on
+    its own infs, so a row batched is clamped as it would be alone.
+    """
+    if x.dtype != torch.float16:  # a Python check: no graph cost for float32 / bfloat16
+        return x
+    if per_row:  # a limit per row: a float32 tensor of them would promote x to float32
+        inf = torch.isinf(x).any(-1, keepdim=True)
+        clamp_value = torch.where(inf, torch.finfo(x.dtype).max - 1000,
+                                  torch.finfo(x.dtype).max).to(x.dtype)
+    else:
+        clamp_value = torch.where(torch.isinf(x).any(), torch.finfo(x.dtype).max - 1000,
+                                  torch.finfo(x.dtype).max)
+    return torch.clamp(x, min=-clamp_value, max=clamp_value)
+
+
 def _ff(m: LeanT5, layer: Any, x: torch.Tensor) -> torch.Tensor:
     h = _norm(x, layer.ln_ff, m.eps)
     h = _linear(h, layer.wi)
@@ -268,7 +289,8 @@ def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torc
         h = _norm(x, layer.ln_att, m.eps)
         q, k, v = _linear(h, layer.qkv).split(m.inner, dim=-1)
         x = x + _linear(_attend(_heads(m, q), _heads(m, k), _heads(m, v), bias), layer.o)
-        x = _ff(m, layer, x)
+        x = _clamp_fp16(x)
+        x = _clamp_fp16(_ff(m, layer, x))
     x = _norm(x, m.enc_final, m.eps)
     kv = [_linear(x, layer.ckv).view(x.shape[1], 2, m.n_heads, m.d_kv).permute(1, 2, 0, 3)
           for layer in m.dec_layers]
@@ -303,12 +325,12 @@ def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: t
         self_kv[layer_ix, :, :, pos] = qkv[1:].permute(2, 0, 1, 3)
         att = _attend_prefix(qkv[0], self_kv[i, 0, :, :span], self_kv[i, 1, :, :span],
                              self_bias)
-        x = x + _linear(att, layer.o)
+        x = _clamp_fp16(x + _linear(att, layer.o))
         h = _norm(x, layer.ln_cross, m.eps)
         att = _attend(_heads(m, _linear(h, layer.cq)), cross_kv[i, 0], cross_kv[i, 1],
                       cross_bias)
-        x = x + _linear(att, layer.co)
-        x = _ff(m, layer, x)
+        x = _clamp_fp16(x + _linear(att, layer.co))
+        x = _clamp_fp16(_ff(m, layer, x))
     x = _norm(x, m.dec_final, m.eps) * m.output_scale
     return _linear(x, m.lm_head)
 
@@ -362,12 +384,12 @@ def decode_rows(m: LeanT5, tokens: torch.Tensor, positions: torch.Tensor,
             keys = p + 1  # later slots are masked (weight exactly 0): not read
             atts.append(_attend_prefix(qkv[r, 0].unsqueeze(1), kv[i, 0, :, :keys],
                                        kv[i, 1, :, :keys], dec_bias[:, p:p + 1, :keys]))
-        x = x + _linear(torch.cat(atts, 1), layer.o)
+        x = _clamp_fp16(x + _linear(torch.cat(atts, 1), layer.o), per_row=True)
         h = _norm(x, layer.ln_cross, m.eps)
         cq = _linear(h, layer.cq)
         atts = [_attend(_heads(m, cq[:, r:r + 1]), crosses[r][i, 0], crosses[r][i, 1], masks[r])
                 for r in range(b)]
-        x = x + _linear(torch.cat(atts, 1), layer.co)
-        x = _ff(m, layer, x)
+        x = _clamp_fp16(x + _linear(torch.cat(atts, 1), layer.co), per_row=True)
+        x = _clamp_fp16(_ff(m, layer, x), per_row=True)
     x = _norm(x, m.dec_final, m.eps) * m.output_scale
     return _linear(x, m.lm_head)[0].argmax(-1)

@@ -114,7 +114,16 @@ def _report(s: AnalysisParts) -> object:
 
 
 def _sensitivity(s: AnalysisParts) -> object:
+    return refresh_sensitivity(s.sessions, s.alerts, s.clock)
+
+
+def refresh_sensitivity(sessions: sessionmaker[Session], alerts: AlertsConfig,
+                        clock: Callable[[], datetime]) -> object:
+    """Re-estimate the rules' sensitivity in one transaction (the sensitivity job's body)."""
     from alerts import sensitivity
 
     # Bounded by alerts.sensitivity_job_cpu_s; series left over wait for the next run.
-    return sensitivity.job(s.sessions, s.alerts, s.clock)
+    with sessions.begin() as session:
+        return sensitivity.refresh(session, alerts.rules, alerts.sensitivity, clock(),
+                                   history_s=alerts.sensitivity_history_s,
+                                   budget_s=alerts.sensitivity_job_cpu_s)

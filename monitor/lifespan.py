@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Closers = list[Callable[[], object]]  # run last-first at shutdown
+SHUTDOWN_WAIT_S = 10.0  # for scheduled runs in flight at shutdown
 
 
 def make_flag_provider(sessions: sessionmaker[Session], ttl_s: float,
@@ -144,6 +145,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if scheduler is not None:
             with suppress(Exception):
                 scheduler.shutdown(wait=False)
+                # A run in flight still holds a session: let it end before the database
+                # closes under it, but never let a hung probe hold up the shutdown.
+                if not scheduler.wait_idle(SHUTDOWN_WAIT_S):
+                    log.warning("tailwatch: a scheduled job still runs at shutdown")
         for close in reversed(closers):
             try:
                 close()

@@ -423,37 +423,8 @@ class EngineCollector(_SafeCollector):
                      {"model_version": info.model_version, "config_hash": info.config_hash,
                       "device": info.device, "dtype": info.dtype,
                       "compile_mode": info.compile_mode, "decode_step": info.decode_step}, 1)
-        snap = engine.compile_snapshot()
-        yield _counter("compile_graphs", "Graphs compiled by torch.compile.", snap.graphs)
-        yield _counter("compile_recompiles", "Recompiles (a guard failed).", snap.recompiles)
-        yield _counter("compile_graph_breaks", "Graph breaks.", snap.graph_breaks)
-        yield _counter("compile_seconds", "Seconds spent compiling.", snap.compile_seconds)
-        yield _counter("compile_recompile_limit_hits",
-                       "Times a function hit the recompile limit and runs eager for good.",
-                       snap.recompile_limit_hits)
-        yield _counter("compile_failures", "Compilations that failed.", snap.compile_failures)
-        mem = engine.memory_snapshot()
-        memory = GaugeMetricFamily(
-            f"{PREFIX}_memory_bytes",
-            "Memory in bytes by kind: rss, kv_cache (kv_static + kv_request), weights; on CUDA also allocated, reserved, peak.",
-            labels=("kind", "device"))
-        memory.add_metric(["rss", mem.device], mem.rss_bytes)
-        memory.add_metric(["kv_cache", mem.device], mem.kv_cache_bytes)
-        for kind, value in (("kv_static", mem.kv_static_bytes), ("kv_request", mem.kv_request_bytes),
-                            ("kv_request_peak", mem.kv_request_peak_bytes), ("kv_peak", mem.kv_peak_bytes)):
-            memory.add_metric([kind, mem.device], value)
-        memory.add_metric(["weights", mem.device], mem.weight_bytes)
-        for kind, value in (("allocated", mem.cuda_allocated_bytes),
-                            ("reserved", mem.cuda_reserved_bytes),
-                            ("peak", mem.cuda_peak_bytes)):
-            if value is not None:
-                memory.add_metric([kind, mem.device], value)
-        yield memory
-        if mem.cuda_ooms is not None:
-            yield _counter("cuda_ooms", "CUDA out-of-memory errors.", mem.cuda_ooms)
-        if mem.cuda_alloc_retries is not None:
-            yield _counter("cuda_alloc_retries", "CUDA allocator retries after a cache flush.",
-                           mem.cuda_alloc_retries)
+        yield from _compile_families(engine)
+        yield from _memory_families(engine)
         yield _gauge("queue_depth", "Requests waiting for a decode slot.", {},
                      engine.queue_depth())
         batch = getattr(engine, "batch_snapshot", None)
@@ -471,6 +442,45 @@ class EngineCollector(_SafeCollector):
         for name in ("live", "file", "defaults"):
             source.add_metric([name], 1.0 if name == current else 0.0)
         yield source
+
+
+def _compile_families(engine: Engine) -> Iterator[Metric]:
+    """Yield the engine's torch.compile counters."""
+    snap = engine.compile_snapshot()
+    yield _counter("compile_graphs", "Graphs compiled by torch.compile.", snap.graphs)
+    yield _counter("compile_recompiles", "Recompiles (a guard failed).", snap.recompiles)
+    yield _counter("compile_graph_breaks", "Graph breaks.", snap.graph_breaks)
+    yield _counter("compile_seconds", "Seconds spent compiling.", snap.compile_seconds)
+    yield _counter("compile_recompile_limit_hits",
+                   "Times a function hit the recompile limit and runs eager for good.",
+                   snap.recompile_limit_hits)
+    yield _counter("compile_failures", "Compilations that failed.", snap.compile_failures)
+
+
+def _memory_families(engine: Engine) -> Iterator[Metric]:
+    """Yield the engine's memory by kind and its CUDA allocator counters."""
+    mem = engine.memory_snapshot()
+    memory = GaugeMetricFamily(
+        f"{PREFIX}_memory_bytes",
+        "Memory in bytes by kind: rss, kv_cache (kv_static + kv_request), weights; on CUDA also allocated, reserved, peak.",
+        labels=("kind", "device"))
+    memory.add_metric(["rss", mem.device], mem.rss_bytes)
+    memory.add_metric(["kv_cache", mem.device], mem.kv_cache_bytes)
+    for kind, value in (("kv_static", mem.kv_static_bytes), ("kv_request", mem.kv_request_bytes),
+                        ("kv_request_peak", mem.kv_request_peak_bytes), ("kv_peak", mem.kv_peak_bytes)):
+        memory.add_metric([kind, mem.device], value)
+    memory.add_metric(["weights", mem.device], mem.weight_bytes)
+    for kind, cuda in (("allocated", mem.cuda_allocated_bytes),
+                       ("reserved", mem.cuda_reserved_bytes),
+                       ("peak", mem.cuda_peak_bytes)):
+        if cuda is not None:
+            memory.add_metric([kind, mem.device], cuda)
+    yield memory
+    if mem.cuda_ooms is not None:
+        yield _counter("cuda_ooms", "CUDA out-of-memory errors.", mem.cuda_ooms)
+    if mem.cuda_alloc_retries is not None:
+        yield _counter("cuda_alloc_retries", "CUDA allocator retries after a cache flush.",
+                       mem.cuda_alloc_retries)
 
 
 class SamplerCollector(_SafeCollector):

@@ -89,6 +89,7 @@ class JobScheduler:
         self.metrics = metrics
         self._stats: dict[str, JobStats] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a run finishes
 
     def add(self, name: str, fn: Job, trigger: BaseTrigger, *, singleton: bool,
             misfire_grace_s: int) -> None:
@@ -154,6 +155,7 @@ class JobScheduler:
             self._stats[name] = replace(
                 s, runs=s.runs + 1, running=False, last_finished_at=now,
                 last_duration_s=duration_s, last_success_at=now if ok else s.last_success_at)
+            self._idle.notify_all()
         if self.metrics is not None:
             self.metrics.observe(name, duration_s, ok=ok, finished_at=now.timestamp())
 
@@ -165,6 +167,12 @@ class JobScheduler:
         """
         with self._lock:
             return {n: (s.started, s.running) for n, s in self._stats.items()}
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no job is running; return whether that happened within `timeout_s`."""
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: not any(s.running for s in self._stats.values()), timeout_s)
 
     def stats(self) -> dict[str, JobStats]:
         """Return a snapshot of every job's stats."""

@@ -76,7 +76,10 @@ class WorkerSupervisor:
         with self._lock:
             if self._stopping.is_set():
                 return
-            self._proc = subprocess.Popen(self._command, env=self._env, stdin=subprocess.PIPE)
+            # Its own session: a terminal's Ctrl-C reaches `serve` alone, which then stops
+            # the worker (else both stop at once and the worker's exit reads as a crash).
+            self._proc = subprocess.Popen(self._command, env=self._env, stdin=subprocess.PIPE,
+                                          start_new_session=True)
         log.info("tailwatch: started the analysis worker (pid %d)", self._proc.pid)
 
     def _watch(self) -> None:

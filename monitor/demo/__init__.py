@@ -17,8 +17,9 @@ Exceptions:
 from __future__ import annotations
 
 from monitor.demo.errors import CheckFailed, DemoError, DemoOptionError, DemoSetupError
+from monitor.demo.outcome import DemoOutcome, StepResult
 from monitor.demo.profile import FAST, FULL, DemoProfile
-from monitor.demo.scenario import DemoOptions, DemoOutcome, StepResult, run_demo
+from monitor.demo.scenario import DemoOptions, run_demo
 
 __all__ = [
     "FAST",

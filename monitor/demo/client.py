@@ -71,6 +71,17 @@ class ServiceClient:
         return self._http.delete(f"/v1/flags/{name}", headers=self._auth(self.token),
                                  params={"reason": reason, "scope": scope})
 
+    def run_cycle(self, *, ab: bool, timeout_s: float) -> dict[str, Any]:
+        """POST /v1/probes/run: one canary cycle now (with its A/B arms when `ab`)."""
+        r = self._http.post("/v1/probes/run", headers=self._auth(self.token),
+                            json={"kind": "cycle", "ab": ab}, timeout=timeout_s)
+        r.raise_for_status()
+        return r.json()
+
+    def speedups(self) -> list[dict[str, Any]]:
+        """Return each optimization's measured speedup per bucket (the last day's A/B cycles)."""
+        return self._get("/v1/probes/speedups")
+
     def generate(self, text: str) -> dict[str, Any]:
         """POST /v1/generate and return the answer (raises on a non-200)."""
         r = self._http.post("/v1/generate", json={"text": text})

@@ -20,7 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from monitor.demo.scenario import DemoOutcome
+    from monitor.demo.outcome import DemoOutcome
 
 
 class Narrator:

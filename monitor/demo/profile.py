@@ -217,9 +217,12 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
             max_concurrency=2, max_queue=16,
             cache_dir=str(Path("var/compile-cache").resolve())),
         probes=ProbeSettings(canaries_per_bucket=profile.canaries_per_bucket,
-                             # No A/B arms: the `exact` arm would compile the exact shapes
-                             # the shape-churn step is meant to discover.
-                             ab_share=0.0, cycle_timeout_s=60.0),
+                             # Scheduled cycles run no A/B arms, so the steps that
+                             # count cycles keep their pace; the report step runs A/B
+                             # cycles itself. Never `exact`: it would compile the exact
+                             # shapes the shape-churn step is meant to discover.
+                             ab_share=0.0, ab_arms=("eager", "direct"),
+                             cycle_timeout_s=60.0),
         scheduler=SchedulerSettings(
             probe_interval_s=profile.probe_interval_s, burst_interval_s=0,
             evaluate_interval_s=1.0, delivery_interval_s=0.5,

@@ -8,11 +8,13 @@ import shutil
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
 from rich.console import Console
 
 from monitor.demo.client import ServiceClient
@@ -20,11 +22,13 @@ from monitor.demo.context import StepContext
 from monitor.demo.engine import DemoEngineFactory, models_present
 from monitor.demo.errors import CheckFailed, DemoOptionError, DemoSetupError
 from monitor.demo.narration import Narrator
+from monitor.demo.outcome import DemoOutcome, StepResult
 from monitor.demo.profile import FULL, DemoProfile, demo_settings
 from monitor.demo.server import ServiceThread
 from monitor.demo.steps import STEPS
 from monitor.demo.traffic import TrafficGenerator
 from monitor.loopback import WebhookReceiver
+from monitor.settings import Settings
 
 log = logging.getLogger(__name__)
 DB_NAME = "tailwatch-demo.db"
@@ -44,44 +48,6 @@ class DemoOptions:
     keep_dir: Path | None = None
     fake_engine: bool = False
     report_dir: Path | None = None
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """How one step went; `started_s` counts from the start of the demo."""
-
-    number: int
-    name: str
-    passed: bool
-    started_s: float = 0.0
-    duration_s: float = 0.0
-    headline: str = ""
-    events: tuple[str, ...] = ()
-    error: str | None = None
-    skipped: bool = False
-
-
-@dataclass(frozen=True)
-class DemoOutcome:
-    """Everything the demo did; exit code 0 only when every step passed."""
-
-    profile: str
-    steps: tuple[StepResult, ...]
-    duration_s: float
-    workdir: Path | None = None  # None once removed
-    report_path: Path | None = None
-    alerts: tuple[dict[str, Any], ...] = ()
-    flag_changes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-
-    @property
-    def passed(self) -> bool:
-        """Return whether every scripted step passed."""
-        return len(self.steps) == len(STEPS) and all(s.passed for s in self.steps)
-
-    @property
-    def exit_code(self) -> int:
-        """Return 0 when every step passed, else 1."""
-        return 0 if self.passed else 1
 
 
 def _workdir(options: DemoOptions) -> Path:
@@ -145,12 +111,30 @@ def run_demo(options: DemoOptions | None = None, console: Console | None = None)
     return outcome
 
 
-def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Path,
-          receiver: WebhookReceiver, started: float) -> DemoOutcome:
-    from monitor.app import create_app
+def report_runner(app: FastAPI, settings: Settings,
+                  written: list[Path]) -> Callable[[], tuple[str, str]]:
+    """Return the report step's writer: this week's report of `app`'s database.
+
+    It returns the (markdown, HTML) paths, or empty strings when a file is missing or
+    empty, and appends the markdown path to `written`.
+    """
     from monitor.hub import services_of
     from monitor.report.job import run_weekly_report
     from monitor.report.week import week_of
+
+    def run_report() -> tuple[str, str]:
+        out = run_weekly_report(services_of(app).sessions, settings,
+                                week=week_of(datetime.now(UTC)))
+        written.append(out.markdown_path)
+        ok = all(p.is_file() and p.stat().st_size > 0 for p in (out.markdown_path, out.html_path))
+        return (str(out.markdown_path), str(out.html_path)) if ok else ("", "")
+
+    return run_report
+
+
+def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Path,
+          receiver: WebhookReceiver, started: float) -> DemoOutcome:
+    from monitor.app import create_app
 
     profile = options.profile
     token = secrets.token_urlsafe(24)
@@ -163,13 +147,7 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
     changes: list[dict[str, Any]] = []
     report: list[Path] = []
 
-    def run_report() -> tuple[str, str]:
-        out = run_weekly_report(services_of(app).sessions, settings,
-                                week=week_of(datetime.now(UTC)))
-        report.append(out.markdown_path)
-        ok = all(p.is_file() and p.stat().st_size > 0 for p in (out.markdown_path, out.html_path))
-        return (str(out.markdown_path), str(out.html_path)) if ok else ("", "")
-
+    run_report = report_runner(app, settings, report)
     with Narrator(console, steps=len(STEPS)) as say:
         say.say(f"[bold]tailwatch demo[/bold] ({profile.name}: buckets {list(profile.buckets)}, "
                 f"{profile.canaries_per_bucket} canary/bucket every {profile.probe_interval_s:g}s, "
@@ -207,7 +185,8 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
             say.waiting("stopping the service")
             service.__exit__(None, None, None)
     return DemoOutcome(profile=profile.name, steps=tuple(results),
-                       duration_s=time.monotonic() - started, workdir=workdir,
+                       duration_s=time.monotonic() - started, planned=len(STEPS),
+                       workdir=workdir,
                        report_path=report[0] if report else None, alerts=tuple(alerts),
                        flag_changes=tuple(changes))
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from monitor.demo.context import StepContext, epoch, firing, order
-from monitor.demo.profile import OPERATOR
+from monitor.demo.profile import OPERATOR, DemoProfile
 from monitor.demo.traffic import Lane, bucket_lanes, median_latency
 
 # A shifted request in the fallback bucket must be at least this much faster once it
@@ -14,6 +15,13 @@ from monitor.demo.traffic import Lane, bucket_lanes, median_latency
 # load narrows the gap, so the bar is modest.
 RECOVERY_RATIO = 0.9
 RECOVERY_SAMPLES = 10  # requests compared on each side of the flip
+AB_PAIRS = 6  # prompt pairs per bucket and arm: the fewest that probes.ab gives a 95% CI
+# A forced A/B cycle's request blocks for the whole cycle (up to the demo's cycle timeout)
+# and then for the store: longer than the client's default timeout.
+AB_CYCLE_TIMEOUT_S = 120.0
+# What the report says where no A/B prompt pair was measured (monitor.report.tables).
+NOTHING_MEASURED = "nothing measured"
+SPEEDUP_SECTION = "Expected vs measured speedup"
 
 
 def warm_up_and_baseline(ctx: StepContext) -> None:
@@ -442,15 +450,40 @@ def operator_override(ctx: StepContext) -> None:
                     "audit shows actor and reason; a request without a token got 401")
 
 
+def report_section(markdown: str, title: str) -> str:
+    """Return the body of the Markdown report's section `title` ("" when absent)."""
+    _, found, rest = markdown.partition(f"\n## {title}\n")
+    return rest.split("\n## ", 1)[0].strip() if found else ""
+
+
+def ab_cycles(profile: DemoProfile) -> int:
+    """Return how many A/B cycles give every bucket the pairs a confidence interval needs."""
+    return -(-AB_PAIRS // profile.canaries_per_bucket)
+
+
 def weekly_report(ctx: StepContext) -> None:
-    """Write this week's assumption-review report."""
+    """Measure each optimization with A/B cycles, then write this week's report."""
     ctx.traffic.set_lanes([])
+    cycles = ab_cycles(ctx.profile)
+    for n in range(1, cycles + 1):
+        done = ctx.api.run_cycle(ab=True, timeout_s=AB_CYCLE_TIMEOUT_S)
+        ctx.expect(f"A/B cycle {n}/{cycles}", "status ok, rows stored",
+                   done["status"] == "ok" and bool(done["stored"]),
+                   f"{done['status']}, stored={done['stored']}: {done.get('error') or ''}")
+    measured = ctx.api.speedups()
+    ctx.expect("speedups measured", "a measured speedup per optimization", bool(measured),
+               f"{len(measured)} bucket x optimization rows")
     md, html = ctx.run_report()
     ctx.memo["report"] = md
     ctx.expect("report written", "markdown and HTML files", bool(md and html),
                f"{md or '-'}, {html or '-'}")
+    speedups = report_section(Path(md).read_text(), SPEEDUP_SECTION)
+    ctx.expect("measured speedups reported", f"rows under '{SPEEDUP_SECTION}'",
+               speedups.startswith("|") and NOTHING_MEASURED not in speedups,
+               speedups.splitlines()[0] if speedups else "no such section")
+    ctx.event(f"{cycles} A/B cycles: {len(measured)} measured bucket x optimization speedups")
     ctx.event(f"weekly report: {md}")
-    ctx.headline = f"written: {md}"
+    ctx.headline = f"written: {md}; speedups from {cycles} A/B cycles"
 
 
 STEPS: tuple[tuple[str, str, Callable[[StepContext], None]], ...] = (
@@ -475,5 +508,6 @@ STEPS: tuple[tuple[str, str, Callable[[StepContext], None]], ...] = (
      "bucket's traffic moves to text the draft model never saw: acceptance falls, an alert "
      "fires, a webhook goes out, speculation turns off there only.", traffic_shift),
     ("weekly report",
-     "Write this week's assumption-review report from everything recorded.", weekly_report),
+     "A/B cycles measure each optimization against its fallback, then this week's "
+     "assumption-review report is written from everything recorded.", weekly_report),
 )

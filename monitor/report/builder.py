@@ -16,7 +16,7 @@ from monitor.report.model import (
     SpeedupRow,
     WeeklyReport,
 )
-from monitor.report.registry import Optimization, Registry
+from monitor.report.optimizations import Optimization, Registry
 from monitor.report.shapes import MIN_GAIN, ShapeSummary, summarize
 from monitor.report.verdict import judge_metric, overall
 from probes.ab import ALL_BUCKETS, OPTIMIZATION_OF_ARM, REVERSE_ARMS

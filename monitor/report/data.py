@@ -9,17 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any
 
 from monitor.report.week import Period
 from probes.ab import ArmSpeedup
-
-if TYPE_CHECKING:
-    from monitor.report.deliveries import DeadLetterRow
-    from monitor.report.incidents import IncidentRow
-    from monitor.report.quality import QualityRow
-    from monitor.report.rollouts import RolloutRow
-    from monitor.report.sensitivity import SensitivityRow
 
 
 @dataclass(frozen=True)
@@ -127,6 +120,75 @@ class FlagChange:
     new: str
     actor: str
     reason: str
+
+
+@dataclass(frozen=True)
+class DeadLetterRow:
+    """The week's dead letters of one webhook target."""
+
+    target: str
+    count: int
+    oldest: datetime
+    reason: str  # the most frequent one
+    other_reasons: int  # distinct reasons besides it
+
+
+@dataclass(frozen=True)
+class IncidentRow:
+    """One incident of the week (or one late run: incident None)."""
+
+    incident: int | None
+    started_at: datetime
+    resolved_at: datetime | None
+    severity: str
+    cause: str
+    members: tuple[str, ...]
+    notifications: int
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    """Agreement of one (source, bucket, arm) over the week."""
+
+    source: str
+    bucket: str
+    arm: str
+    compared: int
+    exact: int
+    agreement: float | None
+    first_divergence: int | None
+    worst: tuple[dict[str, Any], ...] = ()
+    golden_compared: int = 0  # outputs checked against a golden answer (`expected`)
+    golden_exact: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """The latest verdict of one new cohort vs an old one for one source, metric and bucket."""
+
+    new: str
+    old: str
+    source: str
+    metric: str
+    bucket: str
+    verdict: str
+    relative_change: float | None
+    p_value: float | None
+    cycles: int
+    last_at: datetime
+
+
+@dataclass(frozen=True)
+class SensitivityRow:
+    """What one rule can see on one series."""
+
+    rule: str
+    scope: str
+    cohort: str
+    detectable: str
+    false_pages: str
+    threshold: str
+    why: str
 
 
 @dataclass(frozen=True)

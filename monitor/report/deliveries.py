@@ -10,28 +10,17 @@ notifications are dead now, the oldest, and the most frequent reason
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from monitor.report.data import DeadLetterRow
 from monitor.report.tables import Table
 from storage.queries import deliveries as queries
 
 DEAD_LETTER_HOWTO = ("List them with `GET /v1/deliveries?state=dead`; queue one again with "
                      "`POST /v1/deliveries/{id}/retry`.")
 _REASON_CHARS = 160  # a receiver's 4xx body is quoted in the reason; keep the cell short
-
-
-@dataclass(frozen=True)
-class DeadLetterRow:
-    """The week's dead letters of one webhook target."""
-
-    target: str
-    count: int
-    oldest: datetime
-    reason: str  # the most frequent one
-    other_reasons: int  # distinct reasons besides it
 
 
 def collect_dead_letters(session: Session, start: datetime,

@@ -5,25 +5,12 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from monitor.report.deliveries import DEAD_LETTER_HOWTO, dead_letter_table
-from monitor.report.incidents import incident_table
+from monitor.report import sections
 from monitor.report.markdown import NO_DATA_LINE
 from monitor.report.model import WeeklyReport
 from monitor.report.plots import Plot, render_plots
-from monitor.report.quality import quality_table
-from monitor.report.rollouts import rollout_table
-from monitor.report.sensitivity import sensitivity_table
-from monitor.report.tables import (
-    Table,
-    alert_table,
-    check_rows,
-    costly_table,
-    flag_table,
-    shape_table,
-    speed,
-    speedup_table,
-    when,
-)
+from monitor.report.sections import Block, Bullets, Heading, Item, Paragraph
+from monitor.report.tables import Table, when
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
@@ -54,38 +41,8 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
                    "this database.</p>")
     out.append("<p>Checks: " + ", ".join(f"{v} {e(k)}" for k, v in report.counts().items())
                + "</p>")
-    out.append("<h2>Optimizations</h2>")
-    for o in report.optimizations:
-        out.append(f'<h3>{e(o.name)}: <span class="{_cls(o.status)}">{e(o.status.upper())}'
-                   "</span></h3>")
-        out.append(f"<p>Owner: {e(o.owner)}. {e(o.description)}</p>")
-        out.append(f"<p>Expected speedup: {speed(o.expected_speedup)}; measured: "
-                   f"{speed(o.measured_speedup)}.</p>")
-        out.append(_table(check_rows(o), status_col=2))
-        if o.disable_when:
-            out.append("<p>Disable when:</p><ul>" + "".join(
-                f"<li>{e(d.when)}: {e(d.action)}</li>" for d in o.disable_when) + "</ul>")
-    out.append("<h2>Expected vs measured speedup</h2>" + _table(speedup_table(report)))
-    out.append("<h2>Optimizations that cost more than they earn</h2>"
-               + _table(costly_table(report)))
-    out.append("<h2>Alerts</h2>" + _table(incident_table(report.data.incidents))
-               + _table(alert_table(report)))
-    out.append("<h2>Flag changes</h2>" + _table(flag_table(report)))
-    out.append("<h2>Real-traffic shapes</h2>" + _table(shape_table(report)))
-    out.append("<h2>Quality</h2>" + _table(quality_table(report.data.quality)))
-    out.append("<h2>Rollouts</h2>" + _table(rollout_table(report.data.rollouts)))
-    out.append("<h2>What this monitor can see</h2>"
-               + _table(sensitivity_table(report.data.sensitivity)))
-    out.append("<h2>Webhook dead letters</h2>"
-               + _table(dead_letter_table(report.data.dead_letters)))
-    if report.data.dead_letters:
-        out.append(f"<p>{e(DEAD_LETTER_HOWTO)}</p>")
-    out.append("<h2>Recommendations</h2>")
-    if report.recommendations:
-        out.append("<ul>" + "".join(f"<li><strong>{e(r.text)}</strong> ({e(r.evidence)})</li>"
-                                    for r in report.recommendations) + "</ul>")
-    else:
-        out.append("<p>None.</p>")
+    for section in sections.SECTIONS:
+        out += _section(section.title, section.build(report))
     out.append("<h2>Plots</h2>")
     if not plots:
         out.append("<p>No data to plot.</p>")
@@ -97,7 +54,47 @@ def render_html(report: WeeklyReport, plots: tuple[Plot, ...] | None = None) -> 
     return "\n".join(out)
 
 
-def _table(t: Table, status_col: int | None = None) -> str:
+def _section(title: str, blocks: tuple[Block, ...]) -> list[str]:
+    """Return the section's lines; a table hangs off the heading or table it follows."""
+    out = [f"<h2>{escape(title)}</h2>"]
+    joins = True
+    for block in blocks:
+        html = _block(block)
+        if joins and isinstance(block, Table):
+            out[-1] += html
+        else:
+            out.append(html)
+        joins = isinstance(block, Table)
+    return out
+
+
+def _block(block: Block) -> str:
+    e = escape
+    if isinstance(block, Table):
+        return _table(block)
+    if isinstance(block, Heading):
+        if block.status is None:
+            return f"<h3>{e(block.text)}</h3>"
+        return (f'<h3>{e(block.text)}: <span class="{_cls(block.status)}">'
+                f"{e(block.status.upper())}</span></h3>")
+    if isinstance(block, Paragraph):
+        return f"<p>{e(block.text)}</p>"
+    return _bullets(block)
+
+
+def _bullets(block: Bullets) -> str:
+    intro = f"<p>{escape(block.intro)}</p>" if block.intro else ""
+    return intro + "<ul>" + "".join(f"<li>{_item(i)}</li>" for i in block.items) + "</ul>"
+
+
+def _item(item: Item) -> str:
+    if item.strong:
+        return f"<strong>{escape(item.strong)}</strong> {escape(item.text)}"
+    return escape(item.text)
+
+
+def _table(t: Table) -> str:
+    status_col = t.status_col
     if not t.rows:
         return f"<p><em>{escape(t.empty)}</em></p>"
     head = "".join(f"<th>{escape(h)}</th>" for h in t.headers)

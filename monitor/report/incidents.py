@@ -8,26 +8,13 @@ sent. Runs confirmed only after their cause ended are listed too: late, nobody p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from monitor.report.data import IncidentRow
 from monitor.report.tables import Table, when
 from storage.queries import incidents as queries
-
-
-@dataclass(frozen=True)
-class IncidentRow:
-    """One incident of the week (or one late run: incident None)."""
-
-    incident: int | None
-    started_at: datetime
-    resolved_at: datetime | None
-    severity: str
-    cause: str
-    members: tuple[str, ...]
-    notifications: int
 
 
 def _member(rule: str, labels: dict[str, str], change: float | None) -> str:

@@ -19,7 +19,7 @@ from probes.ab import ALL_BUCKETS, OPTIMIZATION_OF_ARM, ArmSpeedup
 from vocab import BUCKET_OVERFLOW, Variant
 
 if TYPE_CHECKING:
-    from monitor.report.registry import Optimization
+    from monitor.report.optimizations import Optimization
 
 ARM_OPTIMIZED = Variant.OPTIMIZED.value
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.report.data import AlertEntry, FlagChange, WeekData
-from monitor.report.registry import Assumption, DisableCondition
+from monitor.report.optimizations import Assumption, DisableCondition
 from monitor.report.shapes import ShapeSummary
 from monitor.report.verdict import BucketVerdict, Verdict
 

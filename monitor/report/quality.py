@@ -8,12 +8,11 @@ torch.compile, `direct` / `speculative` speculative decoding, `exact` bucketing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.orm import Session
 
+from monitor.report.data import QualityRow
 from monitor.report.tables import Table
 from storage.queries import quality as queries
 
@@ -23,22 +22,6 @@ OPTIMIZATION_OF_ARM = {
     "speculative": "speculative decoding", "exact": "bucketing (off)",
     "compiled_step": "C decode step (off)", "native_step": "C decode step",
 }
-
-
-@dataclass(frozen=True)
-class QualityRow:
-    """Agreement of one (source, bucket, arm) over the week."""
-
-    source: str
-    bucket: str
-    arm: str
-    compared: int
-    exact: int
-    agreement: float | None
-    first_divergence: int | None
-    worst: tuple[dict[str, Any], ...] = ()
-    golden_compared: int = 0  # outputs checked against a golden answer (`expected`)
-    golden_exact: int = 0
 
 
 def collect_quality(session: Session, start: datetime, end: datetime) -> tuple[QualityRow, ...]:

@@ -6,29 +6,13 @@ the latest verdict, the median change and the Mann-Whitney p-value behind it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from monitor.report.data import RolloutRow
 from monitor.report.tables import Table
 from storage.queries import series as queries
-
-
-@dataclass(frozen=True)
-class RolloutRow:
-    """The latest verdict of one new cohort vs an old one for one source, metric and bucket."""
-
-    new: str
-    old: str
-    source: str
-    metric: str
-    bucket: str
-    verdict: str
-    relative_change: float | None
-    p_value: float | None
-    cycles: int
-    last_at: datetime
 
 
 def collect_rollouts(session: Session, start: datetime, end: datetime) -> tuple[RolloutRow, ...]:

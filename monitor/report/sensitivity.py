@@ -8,25 +8,11 @@ widened the threshold, and why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlalchemy.orm import Session
 
+from monitor.report.data import SensitivityRow
 from monitor.report.tables import Table
 from storage.queries import sensitivity as queries
-
-
-@dataclass(frozen=True)
-class SensitivityRow:
-    """What one rule can see on one series."""
-
-    rule: str
-    scope: str
-    cohort: str
-    detectable: str
-    false_pages: str
-    threshold: str
-    why: str
 
 
 def collect_sensitivity(session: Session) -> tuple[SensitivityRow, ...]:

@@ -16,6 +16,7 @@ class Table:
     headers: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     empty: str = "none"
+    status_col: int | None = None  # a column of check statuses, which HTML colours
 
 
 def fmt(value: float | None, unit: str = "") -> str:
@@ -47,7 +48,8 @@ def check_rows(opt: OptimizationReview) -> Table:
         for b in c.buckets:
             rows.append((f"  bucket {b.bucket}", "", b.verdict.status,
                          fmt(b.verdict.value, unit), b.verdict.detail))
-    return Table(("Assumption", "Check", "Status", "Value", "Evidence"), tuple(rows))
+    return Table(("Assumption", "Check", "Status", "Value", "Evidence"), tuple(rows),
+                 status_col=2)
 
 
 def _evidence(c: CheckResult) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monitor.report.metrics import MetricReading, Reading, linear_fit
-from monitor.report.registry import Assumption
+from monitor.report.optimizations import Assumption
 
 HOLDS = "holds"
 AT_RISK = "at risk"

@@ -15,7 +15,7 @@ from alerts.baselines import rule_scope
 from alerts.detection import BaselineStats
 from alerts.evaluator import evaluate
 from alerts.rules import Rule, load_rules
-from alerts.sensitivity import SensitivityConfig, refresh, widening_reason
+from alerts.sensitivity import RefreshReport, SensitivityConfig, refresh, widening_reason
 from monitor.metrics import DatabaseCollector, Metrics
 from storage.models import Baseline, scope_key
 from storage.queries import sensitivity as queries
@@ -125,15 +125,16 @@ def test_insufficient_history_is_stated_and_the_time_bound_leaves_the_rest(
 
 def test_the_scheduled_job_reads_its_settings(sessionmaker: sessionmaker[Session]) -> None:
     from alerts.config import load_config
-    from alerts.sensitivity import job
     from alerts.settings import AlertSettings
+    from monitor.jobs import refresh_sensitivity
 
     fill(sessionmaker)
     config = load_config(AlertSettings(false_page_budget_per_30d=None,
                                        sensitivity_within_cycles=5,
                                        sensitivity_history_s=MINUTES * 60.0))
     config = replace(config, rules=(acceptance_rule(),))
-    done = job(sessionmaker, config, lambda: NOW)
+    done = refresh_sensitivity(sessionmaker, config, lambda: NOW)
+    assert isinstance(done, RefreshReport)
     assert done.estimated == 1 and not done.errors
     with sessionmaker() as s:
         [st] = queries.listing(s)

@@ -247,3 +247,55 @@ def test_the_int8_rollout_serves_int8_only_where_rolled_out_and_stored_flags_win
     # The policy's fallback (a stored per-bucket row) turns it off again there.
     rollout.inner = InMemoryFlagProvider(RuntimeFlags(quantized={"64": False}))
     assert not rollout.flags().quantized_for("64")
+
+
+def test_the_report_step_measures_speedups_with_ab_cycles(tmp_path: Path) -> None:
+    """The demo's service (fake engine) answers the report step's A/B cycles: speedups shown."""
+    import io
+
+    from monitor.app import create_app
+    from monitor.demo.client import ServiceClient
+    from monitor.demo.context import StepContext
+    from monitor.demo.engine import DemoEngineFactory
+    from monitor.demo.narration import Narrator
+    from monitor.demo.profile import demo_settings
+    from monitor.demo.scenario import report_runner
+    from monitor.demo.server import ServiceThread
+    from monitor.demo.steps import (
+        NOTHING_MEASURED,
+        SPEEDUP_SECTION,
+        ab_cycles,
+        report_section,
+        weekly_report,
+    )
+    from monitor.demo.traffic import TrafficGenerator
+    from monitor.loopback import WebhookReceiver
+
+    with WebhookReceiver() as receiver:
+        settings = demo_settings(FAST, tmp_path, receiver_url=receiver.url,
+                                 report_dir=tmp_path / "reports", token="t" * 24)
+        assert settings.probes.ab_share == 0.0  # scheduled cycles stay arm-free
+        app = create_app(settings, engine_factory=DemoEngineFactory(fake=True))
+        written: list[Path] = []
+        with ServiceThread(app) as service:
+            api = ServiceClient(service.url, token="t" * 24)
+            ctx = StepContext(profile=FAST, api=api,
+                              traffic=TrafficGenerator(service.url, rate_per_s=1.0),
+                              receiver=receiver, engine=lambda: None,
+                              say=Narrator(Console(file=io.StringIO()), steps=1),
+                              run_report=report_runner(app, settings, written))
+            ctx.wait_for("ready", "GET /readyz 200", lambda: (api.readyz()[0] == 200, ""), 60)
+            weekly_report(ctx)
+            speedups = api.speedups()
+            api.close()
+
+    assert ab_cycles(FAST) * FAST.canaries_per_bucket >= 6  # a 95% CI per bucket
+    assert {s["optimization"] for s in speedups} >= {"compile", "speculative"}
+    assert all(s["pairs"] >= 6 for s in speedups if s["bucket"] != "all")
+    report = written[0].read_text()
+    section = report_section(report, SPEEDUP_SECTION)
+    assert NOTHING_MEASURED not in section
+    for arm in ("eager", "direct"):
+        assert f"| {arm} |" in section
+    assert f"_{NOTHING_MEASURED}" not in report_section(
+        report, "Optimizations that cost more than they earn")

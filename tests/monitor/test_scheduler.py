@@ -291,3 +291,20 @@ def test_a_singletons_leader_state_is_in_the_table() -> None:
         js.shutdown()
     (row,) = job_table(js.stats())
     assert row["leader"] is False and row["runs"] == 0 and row["singleton"] is True
+
+
+def test_wait_idle_waits_for_a_run_in_flight_after_shutdown() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        release.wait(10)
+
+    js = build_scheduler(settings(traffic_flush_interval_s=0.02), {TRAFFIC_FLUSH: slow},
+                         AlwaysLeader())
+    js.start()
+    assert started.wait(5)
+    js.shutdown(wait=False)  # what the lifespan does: no new runs, the current one goes on
+    assert not js.wait_idle(0.05)
+    release.set()
+    assert js.wait_idle(10) and not js.stats()[TRAFFIC_FLUSH].running

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from monitor.report.metrics import MetricReading, Reading
-from monitor.report.registry import Assumption
+from monitor.report.optimizations import Assumption
 from monitor.report.verdict import judge, judge_metric, overall, project
 
 LE = Assumption("w", "waste", "padding_waste", "<=", 0.25)
