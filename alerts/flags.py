@@ -43,8 +43,11 @@ from vocab import utcnow
 
 log = logging.getLogger(__name__)
 
-FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation", "quantized")
+FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation", "quantized",
+              "native_step")
 PER_BUCKET_FLAGS = ("speculative", "quantized")
+# Flags that take "global" or one instance's scope ("instance:<id>").
+PER_INSTANCE_FLAGS = ("compiled", "native_step")
 _BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
 INSTANCE_SCOPE_PREFIX = "instance:"
 # flags.scope is 64 characters: the prefix leaves 55 for the instance id.
@@ -110,9 +113,9 @@ def validate(name: str, scope: str, value: Any = None, *, check_value: bool = Tr
         if scope != FLAG_SCOPE_GLOBAL and not _BUCKET_RE.match(scope):
             raise FlagError("scope", f"{name} takes 'global' or a bucket label such as "
                                      f"'64', got {scope!r}", value=scope)
-    elif name == "compiled":
+    elif name in PER_INSTANCE_FLAGS:
         if scope != FLAG_SCOPE_GLOBAL and not _INSTANCE_RE.match(scope):
-            raise FlagError("scope", f"compiled takes 'global' or 'instance:<id>' (id of at most "
+            raise FlagError("scope", f"{name} takes 'global' or 'instance:<id>' (id of at most "
                                      f"55 letters, digits, _.:-), got {scope!r}", value=scope)
     elif scope != FLAG_SCOPE_GLOBAL:
         raise FlagError("scope", f"{name} only has scope 'global', got {scope!r}", value=scope)
@@ -223,8 +226,10 @@ class FlagStore:
             return default if f is None else f.value
 
         compiled = bool(value("compiled", True))
+        native_step = bool(value("native_step", True))
         if instance_id is not None:
             compiled = bool(value("compiled", compiled, instance_scope(instance_id)))
+            native_step = bool(value("native_step", native_step, instance_scope(instance_id)))
         return RuntimeFlags(
             speculative_default=bool(value("speculative", True)),
             speculative=spec,
@@ -235,6 +240,7 @@ class FlagStore:
             quantized_default=bool(value("quantized", True)),
             quantized={s: bool(f.value) for (n, s), f in eff.items()
                        if n == "quantized" and s != FLAG_SCOPE_GLOBAL},
+            native_step=native_step,
         )
 
     def expire(self, session: Session) -> int:

@@ -54,6 +54,7 @@ from alerts.flags import validate as validate_flag
 from alerts.quality import canary_recovery
 from alerts.rule_file import parse_change
 from alerts.schema import Entry, read_layered, validate
+from alerts.steps import step_speedups
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
 from storage.queries import acceptance
 from storage.queries import alerts as alert_queries
@@ -65,9 +66,28 @@ from vocab import Variant
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
 MEASURES = ("probation_acceptance", "canary_variant", "traffic_recompiles", "canary_agreement",
-            "expiry")
+            "native_step_arm", "expiry")
 # flag -> alert label
-SCOPE_FROM = {"speculative": "bucket", "compiled": "instance", "quantized": "bucket"}
+SCOPE_FROM = {"speculative": "bucket", "compiled": "instance", "quantized": "bucket",
+              "native_step": "instance"}
+
+
+@dataclass(frozen=True)
+class SlowerTrigger:
+    """Set the flag where the C decode step measured slower than the compiled step.
+
+    Per instance, over the `compiled_step` arm's pairs of the last `window_s` (alerts.steps):
+    fires when the C step's speedup is below 1 / (1 + margin) on at least `min_pairs`.
+    """
+
+    margin: float = 0.05
+    window_s: float = 1800.0
+    min_pairs: int = 12
+
+    @property
+    def below(self) -> float:
+        """Return the speedup under which the trigger fires."""
+        return 1.0 / (1.0 + self.margin)
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ class FallbackPolicy:
     cooldown_s: float = 1800.0
     recovery: Recovery = field(default_factory=Recovery)
     description: str = ""
+    slower: SlowerTrigger | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +196,7 @@ class Policy:
                                  actor=actor, expires_at=expires, alert_id=alert.id)
                 flags[(p.flag, scope, "auto")] = view
                 actions.append(PolicyAction("set", p.flag, scope, p.value, reason, alert.id))
+        actions += self._slower(session, store, flags, now, actor)
         actions += self._reverts(session, store, flags, now, actor)
         actions += self._recoveries(session, store, flags, now, actor)
         actions += self._probation(session, store, flags, actor)
@@ -209,6 +231,57 @@ class Policy:
                 return f"{a.action} done for alert {alert_id}; waits for a new alert"
             if now - a.at < timedelta(seconds=p.cooldown_s):
                 return f"{a.action} at {a.at.isoformat()}, cooldown {p.cooldown_s:g}s"
+        return None
+
+    def _slower(self, session: Session, store: FlagStore, flags: dict, now: datetime,
+                actor: str) -> list[PolicyAction]:
+        """Set each `slower` policy's flag on the instances where the C step lost."""
+        out = []
+        for p in self.policies:
+            s = p.slower
+            if s is None:
+                continue
+            start = now - timedelta(seconds=s.window_s)
+            for inst, m in sorted(step_speedups(session, start, now,
+                                                arms=(Variant.COMPILED_STEP.value,)).items()):
+                if m.pairs < s.min_pairs or m.speedup >= s.below:
+                    continue
+                scope = instance_scope(inst) if p.scope_from == "instance" else p.scope
+                try:
+                    validate_flag(p.flag, scope, check_value=False)
+                except FlagError:
+                    continue  # an instance id no flag scope can hold
+                if (p.flag, scope, "auto") in flags:
+                    continue
+                if (p.flag, scope, "manual") in flags:
+                    out.append(PolicyAction("skip", p.flag, scope, reason=(
+                        f"manual flag holds {p.flag}/{scope}")))
+                    continue
+                since = self._last_undo(store, session, p, scope)
+                if since is not None and since > start:
+                    # Judge only what ran since the last restore (or wait for the cooldown).
+                    if now - since < timedelta(seconds=p.cooldown_s):
+                        continue
+                    m = step_speedups(session, since, now, instance_id=inst,
+                                      arms=(Variant.COMPILED_STEP.value,)).get(inst, m)
+                    if m.pairs < s.min_pairs or m.speedup >= s.below:
+                        continue
+                reason = (f"{p.name}: the C decode step measured {m.speedup:.3f}x the compiled "
+                          f"step over {m.pairs} canary pairs on instance {inst} "
+                          f"(fires below {s.below:.3f}x)")
+                expires = now + timedelta(seconds=p.expires_s) if p.expires_s else None
+                flags[(p.flag, scope, "auto")] = store.set(
+                    session, p.flag, scope, p.value, source="auto", reason=reason, actor=actor,
+                    expires_at=expires)
+                out.append(PolicyAction("set", p.flag, scope, p.value, reason))
+        return out
+
+    @staticmethod
+    def _last_undo(store: FlagStore, session: Session, p: FallbackPolicy,
+                   scope: str) -> datetime | None:
+        for a in store.audit(session, p.flag, scope, limit=20):
+            if a.source == "auto" and a.action in ("restore", "revert", "expire"):
+                return a.at
         return None
 
     def _reverts(self, session: Session, store: FlagStore, flags: dict, now: datetime,
@@ -336,11 +409,34 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
             return (f"real-traffic recompiles {per_hour:.3g}/h < {r.limit:g}/h on {where} "
                     f"over {span:g}s")
         return None
+    if r.measure == "native_step_arm":
+        return _native_step_recovered(session, p, scope, start, now)
     if r.measure == "canary_agreement":
         # The A/B arm that still runs the disabled optimization (int8 switched back on).
         return canary_recovery(session, scope, start, now, variant=r.variant, floor=r.floor,
                                min_samples=r.min_samples)
     return None  # "expiry": only expires_at restores it
+
+
+def _native_step_recovered(session: Session, p: FallbackPolicy, scope: str, start: datetime,
+                           now: datetime) -> str | None:
+    """Return why the C step may serve `scope` again: its reverse `native_step` arm agrees
+    with the reference and is no slower than the compiled step (by the trigger's margin)."""
+    r = p.recovery
+    agrees = canary_recovery(session, scope, start, now, variant=Variant.NATIVE_STEP.value,
+                             floor=r.floor, min_samples=r.min_samples)
+    if agrees is None:
+        return None
+    instance = (scope[len(INSTANCE_SCOPE_PREFIX):]
+                if scope.startswith(INSTANCE_SCOPE_PREFIX) else None)
+    measured = step_speedups(session, start, now, arms=(Variant.NATIVE_STEP.value,),
+                             instance_id=instance)
+    below = p.slower.below if p.slower is not None else 1.0 / (1.0 + r.within)
+    if not measured or any(m.speedup < below for m in measured.values()):
+        return None
+    worst = min(measured.values(), key=lambda m: m.speedup)
+    return (f"{agrees}; C step {worst.speedup:.3f}x the compiled step over {worst.pairs} "
+            f"pairs (>= {below:.3f}x)")
 
 
 def _baseline(session: Session, metric: str, scope: Mapping[str, str],
@@ -379,6 +475,27 @@ class RecoveryEntry(Entry):
         return 0.0 if v in ("+0%", "-0%") else parse_change(v)[1]
 
 
+class SlowerEntry(Entry):
+    """A policy's `slower` mapping: set the flag where the C step measured slower."""
+
+    margin: float = 0.05
+    window: float = 1800.0
+    min_pairs: StrictInt = Field(12, ge=1)
+
+    @field_validator("margin", mode="before")
+    @classmethod
+    def _margin(cls, v: object) -> float:
+        sign, size = parse_change(v)
+        if sign != 1 or size <= 0:
+            raise ValueError(f"must be a positive change such as '+5%', got {v!r}")
+        return size
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, v: object) -> float:
+        return parse_duration(v)
+
+
 class PolicyEntry(Entry):
     """One auto-fallback policy as written in YAML; `parse_policy` validates it."""
 
@@ -394,6 +511,7 @@ class PolicyEntry(Entry):
     hold: float | None = 600.0
     cooldown: float | None = 1800.0
     recovery: RecoveryEntry = Field(default_factory=RecoveryEntry)
+    slower: SlowerEntry | None = None
 
     @field_validator("alerts", mode="before")
     @classmethod
@@ -407,7 +525,8 @@ class PolicyEntry(Entry):
     @classmethod
     def _flag(cls, v: str) -> str:
         if v not in FLAG_NAMES or v == "speculative_probation":
-            raise ValueError(f"must be speculative, compiled, bucketing or quantized, got {v!r}")
+            raise ValueError("must be speculative, compiled, bucketing, quantized or "
+                             f"native_step, got {v!r}")
         return v
 
     @field_validator("scope_from")
@@ -415,8 +534,9 @@ class PolicyEntry(Entry):
     def _scope_from(cls, v: str | None, info: ValidationInfo) -> str | None:
         flag = info.data.get("flag")
         if v is not None and SCOPE_FROM.get(str(flag)) != v:
-            raise ValueError("speculative takes its scope from the alert's bucket label, "
-                             f"compiled from its instance label; got {v!r} for {flag}")
+            raise ValueError("speculative and quantized take their scope from the alert's "
+                             "bucket label, compiled and native_step from its instance label; "
+                             f"got {v!r} for {flag}")
         return v
 
     @field_validator("scope")
@@ -447,7 +567,10 @@ class PolicyEntry(Entry):
             recovery=Recovery(measure=r.measure, window_s=r.window, min_samples=r.min_samples,
                               within=r.within, floor=r.floor, variant=r.variant,
                               limit=r.limit),
-            description=self.description)
+            description=self.description,
+            slower=None if self.slower is None else SlowerTrigger(
+                margin=self.slower.margin, window_s=self.slower.window,
+                min_pairs=self.slower.min_pairs))
 
 
 class RevertEntry(Entry):
@@ -500,6 +623,13 @@ def _parse_one(raw: object, source: str, index: int) -> FallbackPolicy:
     if policy.recovery.measure == "traffic_recompiles" and policy.flag != "compiled":
         raise PolicyError(source, entry, "recovery.measure",
                           "traffic_recompiles only measures the compiled flag")
+    if policy.flag != "native_step":
+        if policy.slower is not None:
+            raise PolicyError(source, entry, "slower",
+                              "slower only measures the native_step flag")
+        if policy.recovery.measure == "native_step_arm":
+            raise PolicyError(source, entry, "recovery.measure",
+                              "native_step_arm only measures the native_step flag")
     return policy.to_policy()
 
 

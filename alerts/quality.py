@@ -21,6 +21,8 @@ from vocab import SCOPE_GLOBAL, Source
 METRIC = "output_agreement"
 KINDS = {Source.CANARY.value: "agreement_canary", Source.TRAFFIC.value: "agreement_traffic"}
 
+INSTANCE_PREFIX = "instance:"  # alerts.flags.INSTANCE_SCOPE_PREFIX (flags imports the engine)
+
 RowTuple = tuple[datetime, dict[str, str], dict[str, Any]]
 
 
@@ -49,10 +51,14 @@ def aggregate(metric: str, values: Sequence[dict[str, Any]]) -> tuple[float | No
 
 def canary_recovery(session: Session, scope: str, start: datetime, end: datetime, *,
                     variant: str, floor: float | None, min_samples: int) -> str | None:
-    """Return why the `variant` arm agrees again in `scope`, or None while it does not."""
+    """Return why the `variant` arm agrees again in `scope` (global, a bucket or
+    "instance:<id>"), or None while it does not."""
+    instance = scope[len(INSTANCE_PREFIX):] if scope.startswith(INSTANCE_PREFIX) else None
+    bucket = None if scope == SCOPE_GLOBAL or instance is not None else scope
     rows = queries.agreements(session, start, end, source=Source.CANARY.value,
-                              bucket=None if scope == SCOPE_GLOBAL else scope,
-                              variants=(variant,))
+                              bucket=bucket, variants=(variant,))
+    if instance is not None:
+        rows = [r for r in rows if r.instance_id == instance]
     n = sum(r.count for r in rows)
     if n < min_samples or n == 0:
         return None

@@ -104,6 +104,7 @@ class GenerateResult:
     kv_request_bytes: int = 0
     spec_k: int = 0  # draft tokens per round this request used; 0 when it ran direct
     quantized: bool = False  # the target ran with int8 weights (engine.quantization: int8)
+    native_step: bool = False  # the target decoded with the C step (engine.native)
     batch_wait_s: float = 0.0
     batch_join_step: int = -1
     batch_size_mean: float = 1.0
@@ -340,6 +341,8 @@ class RuntimeFlags:
         probation never applies there (manual wins, a kill switch must not leak).
     quantized: per-bucket int8 weights, keyed like speculative; a bucket not in the
         mapping uses quantized_default (both are moot unless engine.quantization is int8).
+    native_step: False decodes with the compiled step where the C step is bound (moot
+        where it is not).
     """
 
     speculative_default: bool = True
@@ -350,6 +353,7 @@ class RuntimeFlags:
     manual_off: frozenset[str] = frozenset()
     quantized_default: bool = True
     quantized: Mapping[str, bool] = field(default_factory=dict)
+    native_step: bool = True
 
     def quantized_for(self, bucket: str) -> bool:
         """Return whether the target runs with int8 weights for `bucket` (when loaded)."""
@@ -374,6 +378,7 @@ class FlagOverride:
     speculative: bool | None = None
     bucketing: bool | None = None
     quantized: bool | None = None
+    native_step: bool | None = None
 
     def apply(self, flags: RuntimeFlags, bucket: str) -> RuntimeFlags:
         """Return `flags` with this override applied for `bucket`."""
@@ -387,6 +392,8 @@ class FlagOverride:
                           speculative_probation=0.0)
         if self.quantized is not None:
             out = replace(out, quantized={**out.quantized, bucket: self.quantized})
+        if self.native_step is not None:
+            out = replace(out, native_step=self.native_step)
         return out
 
 

@@ -18,6 +18,7 @@ KIND_STEP = "step"
 KIND_VERIFY = "verify"
 # Suffixes of the compiled functions' tags (and of their saved files).
 ENC, STEP, VERIFY = "enc", "step", "verify"
+COMPILED_STEP = "compiled_step"  # the compiled step beside a bound C step (native_step off)
 # Key of the compiled functions every bucket edge shares: the input length (encoder) and
 # the cross-attention length (decoder) are dynamic dimensions, so one graph per function
 # serves every bucket. Per-bucket graphs were as fast per call (same-process A/B, pinned:
@@ -144,6 +145,22 @@ class ModelRunner:
                               self._compile(t5.decode_greedy, self._tag(key, VERIFY)))
                 self._compiled[key] = fns
             return fns
+
+    def compiled_step(self, key: int | str) -> Fns:
+        """Return bucket `key`'s functions with the compiled step even where the C step is
+        bound (the native_step flag off), compiling it on first use."""
+        if self.native is None:
+            return self.compiled(key)
+        fns = self.compiled(key)
+        shared = SHARED if isinstance(key, int) else key
+        with self._lock:
+            stepped = self._compiled.get((COMPILED_STEP, shared))
+            if stepped is None:
+                stepped = Fns(fns.encode,
+                              self._compile(t5.decode_steps, self._tag(shared, COMPILED_STEP)),
+                              self._compile(t5.decode_greedy, self._tag(shared, VERIFY)))
+                self._compiled[(COMPILED_STEP, shared)] = stepped
+            return stepped
 
     def _tag(self, key: int | str, kind: str) -> str:
         return f"{self.name}_{key}_{kind}"

@@ -519,6 +519,7 @@ class Runtime:
         speculate = k > 0
         probation = probation and speculate
         quantized = self.target_q is not None and flags.quantized_for(label)
+        native = flags.native_step
         deadline = None if timeout_s is None else t_entry + timeout_s
         batch: scheduler.Job | None = None
         with self._admission.slot(deadline, synthetic=canary) as slot:
@@ -526,7 +527,7 @@ class Runtime:
             path, length, key = self._route(n, flags)
             try:
                 decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized)
+                    ids, length, key, slot, k, max_new, deadline, quantized, native)
             except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
                 raise
             except Exception:
@@ -536,7 +537,7 @@ class Runtime:
                 self._watch.record_failure()
                 path, key = PATH_EAGER, None
                 decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized)
+                    ids, length, key, slot, k, max_new, deadline, quantized, native)
         out = decoded.tokens
         if batch is not None:
             # What ran: a request that asked to speculate decodes direct while batched.
@@ -555,7 +556,8 @@ class Runtime:
             decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
             total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
             probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
-            quantized=quantized, **_batch_fields(batch, t_slot),
+            quantized=quantized, native_step=self._on_native(key, quantized, native),
+            **_batch_fields(batch, t_slot),
         )
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
@@ -583,17 +585,28 @@ class Runtime:
             return PATH_COMPILED, edge, edge
         return PATH_EAGER, edge, None
 
-    def _fns(self, runner: ModelRunner, key: int | str | None) -> Fns:
-        return runner.eager if key is None else runner.compiled(key)
+    def _fns(self, runner: ModelRunner, key: int | str | None, native: bool = True) -> Fns:
+        if key is None:
+            return runner.eager
+        # The native_step flag off: this request's compiled functions use the compiled
+        # step even where the C step is bound (built on first use, kept apart).
+        return runner.compiled(key) if native else runner.compiled_step(key)
+
+    def _on_native(self, key: int | str | None, quantized: bool, native: bool) -> bool:
+        """Return whether a request routed to `key` decodes its target with the C step."""
+        target = self.target_q if quantized and self.target_q is not None else self.target
+        return key is not None and native and target.native is not None
 
     def _run_any(self, ids: list[int], length: int, key: int | str | None, slot: int,
-                 k: int, max_new: int, deadline: float | None, quantized: bool
+                 k: int, max_new: int, deadline: float | None, quantized: bool,
+                 native: bool = True
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
         """Decode in the batching loop when there is one, else in this thread."""
         if self._scheduler is None:
-            return (*self._run(ids, length, key, slot, k, max_new, deadline, quantized), None)
+            return (*self._run(ids, length, key, slot, k, max_new, deadline, quantized,
+                               native), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
-                            deadline=deadline, quantized=quantized, row=slot)
+                            deadline=deadline, quantized=quantized, row=slot, native=native)
         self._scheduler.submit(job)
         decoded = self._scheduler.wait(job)
         return replace(decoded, kv_request_bytes=job.held), job.t_encoded, job.t_device, job
@@ -611,13 +624,13 @@ class Runtime:
         with torch.no_grad():
             job.t_device = time.perf_counter()
             padded, mask = self._padded(job.ids, job.length)
-            tfns = self._fns(target, job.key)
+            tfns = self._fns(target, job.key, job.native)
             tenc = decoding.encode(target, tfns, padded, mask)
             job.held = tenc.nbytes
             self._kv_hold(job.held, job.held)
             if job.k > 0 and self.draft is not None:
                 draft = self.draft
-                dfns = self._fns(draft, job.key)
+                dfns = self._fns(draft, job.key, job.native)
 
                 def encode_draft() -> decoding.Encoded:
                     # Run when the row first speculates (alone in the batch): a row that
@@ -653,20 +666,20 @@ class Runtime:
         return padded.to(self.device), mask.to(self.device)
 
     def _run(self, ids: list[int], length: int, key: int | str | None, slot: int,
-             k: int, max_new: int, deadline: float | None, quantized: bool = False
-             ) -> tuple[decoding.Decoded, float, float]:
+             k: int, max_new: int, deadline: float | None, quantized: bool = False,
+             native: bool = True) -> tuple[decoding.Decoded, float, float]:
         caches = self._caches[slot]
         target = self.target_q if quantized and self.target_q is not None else self.target
         with torch.no_grad():
             t_device = time.perf_counter()
             padded, mask = self._padded(ids, length)
-            tfns = self._fns(target, key)
+            tfns = self._fns(target, key, native)
             tenc = decoding.encode(target, tfns, padded, mask)
             held = tenc.nbytes
             self._kv_hold(held, held)
             try:
                 if k > 0 and self.draft is not None:
-                    dfns = self._fns(self.draft, key)
+                    dfns = self._fns(self.draft, key, native)
                     denc = decoding.encode(self.draft, dfns, padded, mask)
                     held += denc.nbytes
                     self._kv_hold(denc.nbytes, held)  # the peak is per request: both models

@@ -75,6 +75,7 @@ class Job:
     deadline: float | None
     quantized: bool
     row: int  # its admission slot: the index of its caches
+    native: bool = True  # False: the compiled step even where the C step is bound
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token: threading.Event = field(default_factory=threading.Event)  # it has one token

@@ -5,8 +5,8 @@ speedup use. An A/B cycle runs each canary prompt's optimized request and its fa
 arms back to back in a random order (probes.cycle) and stores them as
 `ProbeRun.details["pairs"]`. Each (prompt, arm) of a cycle gives one ratio:
 
-    eager/direct/exact/float32 arms:        arm latency / optimized latency
-    speculative/compiled/quantized arms:    optimized latency / arm latency
+    eager/direct/exact/float32/compiled_step arms:    arm latency / optimized latency
+    speculative/compiled/quantized/native_step arms:  optimized latency / arm latency
     (reverse arms run the optimization while its flag is off, so the ratio is inverted)
 
 speedup > 1 means the optimization is faster than going without it. A forward arm and
@@ -34,7 +34,14 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from probes.cycle import ARM_COMPILED, ARM_FLOAT32, ARM_QUANTIZED, ARM_SPECULATIVE
+from probes.cycle import (
+    ARM_COMPILED,
+    ARM_COMPILED_STEP,
+    ARM_FLOAT32,
+    ARM_NATIVE_STEP,
+    ARM_QUANTIZED,
+    ARM_SPECULATIVE,
+)
 from probes.measure import VARIANT_DEFAULT
 from storage.queries.runs import ab_cycle_pairs
 
@@ -42,9 +49,10 @@ ALL_BUCKETS = "all"
 CONFIDENCE = 0.95
 OPTIMIZATION_OF_ARM = {"eager": "compile", "direct": "speculative", "exact": "bucketing",
                        ARM_FLOAT32: "int8", ARM_SPECULATIVE: "speculative",
-                       ARM_COMPILED: "compile", ARM_QUANTIZED: "int8"}
+                       ARM_COMPILED: "compile", ARM_QUANTIZED: "int8",
+                       ARM_COMPILED_STEP: "native_step", ARM_NATIVE_STEP: "native_step"}
 # Reverse arms run the optimization while its flag is off: the ratio is inverted.
-REVERSE_ARMS = (ARM_SPECULATIVE, ARM_COMPILED, ARM_QUANTIZED)
+REVERSE_ARMS = (ARM_SPECULATIVE, ARM_COMPILED, ARM_QUANTIZED, ARM_NATIVE_STEP)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ process (another job, a GC pause, a flag read) lands on every arm alike and the 
 one prompt can be compared pair by pair (`CycleResult.pairs`, `probes.ab`).
 
 Which arms a prompt gets depends on how its optimized request ran (`_arms_for`): a bucket
-whose speculation is off gets the reverse `speculative` arm instead of `direct`, and so
-on. The cycle therefore plans a prompt's arms from the latest optimized result of its
+whose speculation is off gets the reverse `speculative` arm instead of `direct`, a
+request the C decode step served gets `compiled_step` (the C step off) and one it did
+not serve while bound gets the reverse `native_step`, and so on. The cycle therefore plans a prompt's arms from the latest optimized result of its
 bucket (this cycle's or an earlier one's, A/B or not), draws the order of the optimized
 request among them, and reconciles once the optimized request has run: an arm it no
 longer calls for is dropped (run, not recorded), an arm it newly calls for runs after it.
@@ -74,6 +75,12 @@ ARM_COMPILED = Variant.COMPILED.value
 # int8 weights (engine.quantization: int8): float32 while they serve, int8 while they are off.
 ARM_FLOAT32 = Variant.FLOAT32.value
 ARM_QUANTIZED = Variant.QUANTIZED.value
+# The C decode step (engine.native): the compiled step while it serves, itself while the
+# native_step flag is off.
+ARM_COMPILED_STEP = Variant.COMPILED_STEP.value
+ARM_NATIVE_STEP = Variant.NATIVE_STEP.value
+NATIVE_STEP_OFF = FlagOverride(native_step=False)
+NATIVE_STEP_ON = FlagOverride(native_step=True)
 
 Observer = Callable[[GenerateResult], None]
 # Job name -> (runs started so far, running now): what the process's scheduler did, read
@@ -376,6 +383,12 @@ class ProbeCycle:
             arms.append((ARM_FLOAT32, FlagOverride(quantized=False)))
         elif info.quantization != "none":
             arms.append((ARM_QUANTIZED, FlagOverride(quantized=True)))
+        if first.native_step:
+            arms.append((ARM_COMPILED_STEP, NATIVE_STEP_OFF))
+        elif (first.path == PATH_COMPILED and not first.quantized
+              and info.decode_step.startswith("target native")):
+            # The C step is bound but off here (the native_step flag): measure it back on.
+            arms.append((ARM_NATIVE_STEP, NATIVE_STEP_ON))
         return arms
 
     def _call(self, prompt: str, max_new: int | None, override: FlagOverride | None,

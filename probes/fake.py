@@ -49,6 +49,9 @@ class FakeTimings:
     per_output_token_s: float = 0.003
     eager_factor: float = 1.5
     direct_factor: float = 1.4
+    # A compiled/exact call's seconds when the C step is bound but off for it (the
+    # native_step flag or override): the compiled step against the C step.
+    compiled_step_factor: float = 1.2
     sleep_scale: float = 0.0  # real seconds slept per charged second (0: no sleeping)
     # (bucket, path, decoding) -> a call's total seconds there, overriding the formula
     # (ttft and per-token times scale with it): fixes each A/B arm's latency in tests.
@@ -86,6 +89,7 @@ class FakeEngine:
         admission: Admission | None = None,
         leak_bytes_per_call: int = 0,
         model_version: str = "fake-t5",
+        native_step: bool = False,
     ) -> None:
         if capacity is not None and admission is not None:
             raise ValueError("capacity, admission: give one or neither")
@@ -104,9 +108,14 @@ class FakeEngine:
         self.release = threading.Event()
         self.fail_with: BaseException | None = None
         self._lock = threading.Lock()
+        # native_step: a C decode step is bound (the real engine's engine.native).
+        self.native_step = native_step
+        self.native_output_shift = 0  # added to the C step's output ids: a broken C step
         self._info = EngineInfo(model_version=model_version, config_hash="fakecfg0001",
                                 device="cpu", dtype="float32", buckets=buckets,
-                                speculative_available=True, compile_mode="default")
+                                speculative_available=True, compile_mode="default",
+                                decode_step=("target native, draft native" if native_step
+                                             else "compiled (native_step off)"))
 
     @property
     def info(self) -> EngineInfo:
@@ -209,10 +218,19 @@ class FakeEngine:
             encoder, ttft, per_token, total = (encoder * scale, ttft * scale,
                                                per_token * scale, fixed)
             decode = tuple([per_token] * (out - 1))
+        stepped = self.native_step and path in (PATH_COMPILED, PATH_EXACT)
+        native = stepped and flags.native_step
+        ids = tuple(range(out))
+        if native:
+            ids = tuple(i + self.native_output_shift for i in ids)
+        elif stepped:
+            encoder, ttft, per_token, total = (x * t.compiled_step_factor
+                                               for x in (encoder, ttft, per_token, total))
+            decode = tuple([per_token] * (out - 1))
         if t.sleep_scale > 0:
             time.sleep(total * t.sleep_scale)
         return GenerateResult(
-            text="x" * out, output_ids=tuple(range(out)), input_tokens=n_in, bucket=bucket,
+            text="x" * out, output_ids=ids, input_tokens=n_in, bucket=bucket, native_step=native,
             padded_length=padded, output_tokens=out, path=path, decoding=decoding,
             queue_wait_s=0.0, encoder_s=encoder, ttft_s=ttft, decode_token_s=decode,
             total_s=total, spec=spec, canary=canary, probation=False,

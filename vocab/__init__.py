@@ -42,6 +42,8 @@ class Variant(StrEnum):
     COMPILED = "compiled"
     FLOAT32 = "float32"  # int8 weights off (the quantized flag is on)
     QUANTIZED = "quantized"  # int8 weights back on while the quantized flag is off
+    COMPILED_STEP = "compiled_step"  # the C decode step off (the compiled step serves)
+    NATIVE_STEP = "native_step"  # the C decode step back on while the native_step flag is off
     REFERENCE = "reference"  # eager, float32, direct, exact shape: what outputs must match
 
 

@@ -77,7 +77,8 @@ def _costly(reviews: tuple[OptimizationReview, ...]) -> tuple[CostlyOptimization
 
 # optimization (probes.ab) -> the flag that turns it off, and whether it takes a bucket scope.
 _FLAG_OF = {"compile": ("compiled", False), "speculative": ("speculative", True),
-            "bucketing": ("bucketing", False), "int8": ("quantized", True)}
+            "bucketing": ("bucketing", False), "int8": ("quantized", True),
+            "native_step": ("native_step", False)}
 
 
 def turn_off(row: SpeedupRow) -> str:

@@ -251,7 +251,8 @@ def p99_vs_baseline(data: WeekData, opt: Optimization) -> MetricReading:
 
 
 # The A/B arm that switches an optimization back on while its fallback flag is off.
-_REVERSE_ARM = {"float32": "quantized", "eager": "compiled", "direct": "speculative"}
+_REVERSE_ARM = {"float32": "quantized", "eager": "compiled", "direct": "speculative",
+                "compiled_step": "native_step"}
 
 
 def output_agreement(data: WeekData, opt: Optimization) -> MetricReading:

@@ -49,7 +49,7 @@ class Optimization:
     """One optimization under review.
 
     ab_arm: the fallback variant of the A/B canary rows that measures this optimization
-        ("eager", "direct" or "exact"), or None when it has no A/B arm.
+        (one of registry.AB_ARMS), or None when it has no A/B arm.
     expected_speedup: fallback latency / optimized latency the owner expects, or None.
     """
 

@@ -20,6 +20,7 @@ OPTIMIZATION_OF_ARM = {
     "optimized": "served path", "float32": "int8 weights (off)", "quantized": "int8 weights",
     "eager": "torch.compile (off)", "compiled": "torch.compile", "direct": "speculation (off)",
     "speculative": "speculative decoding", "exact": "bucketing (off)",
+    "compiled_step": "C decode step (off)", "native_step": "C decode step",
 }
 
 

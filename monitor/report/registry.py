@@ -23,7 +23,7 @@ from monitor.report.optimizations import Assumption, DisableCondition, Optimizat
 
 SHIPPED_FILE = Path(__file__).with_name("assumptions.yaml")
 COMPARATORS = ("<=", "<", ">=", ">")
-AB_ARMS = ("eager", "direct", "exact", "float32")
+AB_ARMS = ("eager", "direct", "exact", "float32", "compiled_step")
 
 
 def load_registry(user_file: str | Path | None = None, *, shipped: bool = True) -> Registry:

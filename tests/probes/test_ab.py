@@ -154,3 +154,44 @@ def test_compiled_off_probes_the_compiled_path_as_a_reverse_arm(
     assert compiled.arms == ("compiled",)
     assert compiled.speedup == pytest.approx(compiled.optimized_p50_s / compiled.arm_p50_s)
     assert compiled.speedup > 1.5
+
+
+def test_the_c_step_is_measured_by_the_compiled_step_arm_and_its_reverse(
+        sessionmaker: sessionmaker[Session], suites: dict) -> None:
+    flags = InMemoryFlagProvider(RuntimeFlags())
+    engine = FakeEngine(flags=flags, native_step=True,
+                        timings=FakeTimings(compiled_step_factor=1.5))
+    engine.warm_up()
+    cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
+                       ab_arms=(), rng=random.Random(0), clock=lambda: T)
+    on = cycle.run("in_domain")
+    # The C step serves the optimized requests: each prompt's pair has the compiled_step arm.
+    assert {p.order and frozenset(p.order) for p in on.pairs} == {
+        frozenset({"optimized", "compiled_step"})}
+    store(sessionmaker, on)
+    with sessionmaker() as s:
+        got = {(x.bucket, x.optimization): x for x in ab_speedups(s, T - HOUR, T + HOUR)}
+    step = got[(ALL_BUCKETS, "native_step")]
+    assert (step.arms, step.pairs) == (("compiled_step",), len(on.pairs))
+    assert step.speedup == pytest.approx(1.5)
+    # The native_step flag off (the policy's fallback): the arm switches the C step back on.
+    flags.set(RuntimeFlags(native_step=False))
+    off = cycle.run("in_domain")
+    assert {frozenset(p.order) for p in off.pairs} == {frozenset({"optimized", "native_step"})}
+    later = T + timedelta(minutes=1)
+    store(sessionmaker, ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2,
+                                   ab_share=1.0, ab_arms=(), rng=random.Random(1),
+                                   clock=lambda: later).run("in_domain"))
+    with sessionmaker() as s:
+        back = {(x.bucket, x.optimization): x
+                for x in ab_speedups(s, later, later + HOUR)}[(ALL_BUCKETS, "native_step")]
+    assert back.arms == ("native_step",) and back.speedup == pytest.approx(1.5)
+
+
+def test_requests_the_c_step_does_not_serve_get_no_step_arm(suites: dict) -> None:
+    engine = FakeEngine(native_step=False)
+    engine.warm_up()
+    cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2, ab_share=1.0,
+                       ab_arms=(), rng=random.Random(0), clock=lambda: T)
+    assert {frozenset(p.order) for p in cycle.run("in_domain").pairs} == {
+        frozenset({"optimized"})}

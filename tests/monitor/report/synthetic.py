@@ -77,8 +77,10 @@ def fill_week(sessions: sessionmaker[Session],
     """
     clock = Clock(START)
     off = dict.fromkeys(("overflow", *speculation_off), False)
+    # The C decode step serves the compiled path: the compiled step takes 1.2x its time.
     engine = FakeEngine(acceptance={"in_domain": 0.8, "shifted": 0.4}, output_tokens=21,
-                        timings=FakeTimings(total_s=dict(latency)),
+                        timings=FakeTimings(total_s=dict(latency), compiled_step_factor=1.2),
+                        native_step=True,
                         flags=InMemoryFlagProvider(RuntimeFlags(speculative=off)))
     with _writer(sessions) as writer:
         _canaries(engine, writer, clock)

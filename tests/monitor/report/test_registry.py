@@ -12,10 +12,14 @@ from monitor.report.metrics import METRICS
 from monitor.report.registry import load_registry, parse_registry
 
 
-def test_shipped_registry_covers_the_four_optimizations() -> None:
+def test_shipped_registry_covers_the_optimizations() -> None:
     reg = load_registry()
     assert reg.names() == ("torch.compile", "bucketing", "static KV cache",
-                           "speculative decoding", "int8 weights")
+                           "speculative decoding", "int8 weights", "C decode step")
+    step = reg.get("C decode step")
+    assert step.ab_arm == "compiled_step"
+    assert (step.assumptions[0].metric, step.assumptions[0].op,
+            step.assumptions[0].threshold) == ("speedup", ">", 1.0)
     acc = reg.get("speculative decoding").assumptions[0]
     assert (acc.metric, acc.op, acc.threshold, acc.per_bucket) == (
         "acceptance_rate", ">=", 0.6, True)
@@ -38,9 +42,9 @@ def test_user_file_adds_and_replaces_entries(tmp_path: Path) -> None:
     replaced = _entry(name="bucketing", owner="bob")
     path.write_text(yaml.safe_dump({"optimizations": [_entry(), replaced]}))
     reg = load_registry(path)
-    assert reg.names()[-1] == "int8 weights"
+    assert reg.names()[-1] == "C decode step"
     assert reg.get("bucketing").owner == "bob"
-    assert len(reg.optimizations) == 5
+    assert len(reg.optimizations) == 6
 
 
 @pytest.mark.parametrize(("entry", "field", "why"), [

@@ -36,8 +36,10 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
     status = {o.name: o.status for o in report.optimizations}
     assert status == {"torch.compile": "holds", "bucketing": "violated",
                       "static KV cache": "at risk", "speculative decoding": "violated",
-                      "int8 weights": "no data"}  # the synthetic week has no int8 rows
-    assert report.counts() == {"holds": 4, "at risk": 1, "violated": 3, "no data": 3}
+                      "int8 weights": "no data",  # the synthetic week has no int8 rows
+                      # Its C step: the compiled step takes 1.2x its time (synthetic.py).
+                      "C decode step": "holds"}
+    assert report.counts() == {"holds": 6, "at risk": 1, "violated": 3, "no data": 3}
 
     acc = _check(report, "speculative decoding", "acceptance")
     assert acc.status == "violated"
@@ -113,6 +115,12 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
     assert "### torch.compile: HOLDS" in md
     assert "| speculative decoding | 64 | direct | 1.4 | 0.9 | 0.9-0.9 | 168 |" in md
     assert "| speculative decoding | 64 | 0.90x | median of 168" in md
+    # The C step's line: the compiled_step arm against the C step, reviewed as an assumption.
+    assert "### C decode step: HOLDS" in md
+    assert "| C decode step | all (every bucket's pairs) | compiled_step | 1.3 | 1.2 |" in md
+    faster = _check(report, "C decode step", "native-step-faster")
+    assert faster.status == "holds"
+    assert {b.bucket: round(b.verdict.value, 6) for b in faster.buckets} == {"16": 1.2, "64": 1.2}
     assert "every measured optimization earns its cost" not in md
     assert "last week's change" not in md
 
@@ -124,9 +132,10 @@ def test_report_speedups_are_the_measured_speedups(sessionmaker,
     with sessionmaker.begin() as session:
         report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
         measured = ab_speedups(session, report.start, report.end)
-    assert len(measured) == 6  # compile and speculative: buckets 16, 64 and all
+    assert len(measured) == 9  # compile, speculative, native_step: buckets 16, 64 and all
     by_key = {(s.optimization, s.bucket): s.speedup for s in measured}
-    names = {"torch.compile": "compile", "speculative decoding": "speculative"}
+    names = {"torch.compile": "compile", "speculative decoding": "speculative",
+             "C decode step": "native_step"}
     shown = {(names[o.name], s.bucket if s is not o.overall else ALL_BUCKETS): s.measured
              for o in report.optimizations if o.name in names
              for s in (*o.speedups, o.overall) if s is not None}
@@ -193,12 +202,12 @@ def test_run_weekly_report_stores_and_writes(sessionmaker, report_settings: Sett
         rows = session.scalars(select(Report)).all()
         assert [r.week for r in rows] == ["2026-W48"]
         assert rows[0].markdown == first.markdown_path.read_text()
-        assert rows[0].summary["counts"] == {"holds": 4, "at risk": 1, "violated": 3,
+        assert rows[0].summary["counts"] == {"holds": 6, "at risk": 1, "violated": 3,
                                              "no data": 3}
         assert rows[0].summary["costly"] == ["speculative decoding"]
         assert rows[0].summary["measured"] is True
     title, text = summary_text(first.report)
-    assert "2026-W48: 3 violated, 1 at risk, 4 hold" in text
+    assert "2026-W48: 3 violated, 1 at risk, 6 hold" in text
     assert "Costs more than it earns: speculative decoding (1.08x)" in text
 
 
