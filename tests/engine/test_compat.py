@@ -89,15 +89,17 @@ def test_inductor_options_this_torch_lacks_are_dropped(tiny_dirs, caplog):
     assert len(said) == 1 and "no option 'no_such_option_in_torch'" in said[0]
 
 
-def test_aot_precompile_is_detected_from_dynamos_own_switch(monkeypatch):
+def test_aot_precompile_is_detected_from_dynamos_own_switch():
     """torch 2.11 has the API but keeps it off (dynamo config enable_aot_compile = False)."""
     import torch._dynamo.config as dynamo_config
 
     compat._detected.cache_clear()
     assert compat.has("aot_precompile")
-    monkeypatch.setattr(dynamo_config, "enable_aot_compile", False)
+    # dynamo's own patch: monkeypatch's undo would delete the (hidden) config entry.
     compat._detected.cache_clear()
     try:
-        assert not compat.has("aot_precompile")
+        with dynamo_config.patch(enable_aot_compile=False):
+            assert not compat.has("aot_precompile")
     finally:
         compat._detected.cache_clear()
+    assert dynamo_config.enable_aot_compile is True and compat.has("aot_precompile")
