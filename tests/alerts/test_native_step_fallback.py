@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.evaluator import evaluate
 from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.policy import load_policy
-from alerts.rules import load_rules
+from alerts.rule_file import load_rules
 from probes.canaries import CanarySuite
 from probes.prober import Prober
 from probes.reference import OutputChecker

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from monitor.service import scheduled_jobs
+from monitor.jobs import scheduled_jobs
 
 from monitor import scheduler as names
 from monitor.hub import services_of

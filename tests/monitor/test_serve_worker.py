@@ -166,7 +166,7 @@ def test_the_worker_runs_evaluation_the_serving_process_does_not(
 
     rows = until("the worker evaluates", evaluated)
     assert isinstance(rows, dict)
-    assert set(rows) == {"evaluate", "delivery", "retention", "report"}
+    assert set(rows) == {"evaluate", "delivery", "retention", "report", "sensitivity"}
     assert rows["evaluate"]["leader"] is True and rows["evaluate"]["last_success"]
     ready = httpx.get(f"http://127.0.0.1:{s.api_port}/readyz", timeout=5.0).json()
     # --no-probes: the serving process keeps only the traffic flush.
