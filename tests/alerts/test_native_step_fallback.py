@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.evaluator import evaluate
+from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.policy import load_policy
 from alerts.rule_file import load_rules
@@ -103,7 +103,8 @@ def test_a_c_step_that_disagrees_with_the_reference_is_turned_off_on_its_instanc
     try:
         _cycles(prober, writer, now, range(4))
         with sessionmaker.begin() as s:
-            report = evaluate(s, load_rules(), T0 + timedelta(minutes=4), policy=load_policy())
+            report = evaluate(s, EvaluationOptions(rules=load_rules(), policy=load_policy()),
+                              T0 + timedelta(minutes=4))
         assert ("native_step_agreement_drop", {"instance": "i2"}) in [
             (a.rule, dict(a.labels)) for a in report.firing]
         assert [(a.flag, a.scope, a.value) for a in report.actions if a.kind == "set"
