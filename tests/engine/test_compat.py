@@ -16,6 +16,17 @@ from engine.runtime import Runtime  # noqa: E402
 from tests.engine.conftest import tiny_config  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Leave dynamo as a fresh process has it: later tests count graphs from zero."""
+    yield
+    from torch._dynamo import reset as reset_dynamo
+    from torch._dynamo.utils import counters
+
+    reset_dynamo()
+    counters.clear()
+
+
 @pytest.fixture
 def old_compile(monkeypatch):
     """torch.compile as torch 2.11 has it: no `recompile_limit` (a TypeError if passed)."""
@@ -26,9 +37,13 @@ def old_compile(monkeypatch):
         return real(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
                     options=options, disable=disable)
 
+    import torch._dynamo.config as dynamo_config
+
     monkeypatch.setattr(torch, "compile", compile_2_11)
     compat._detected.cache_clear()
-    yield
+    # The older path raises dynamo's process-wide limit: give later tests theirs back.
+    with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit):
+        yield
     monkeypatch.setattr(torch, "compile", real)
     compat._detected.cache_clear()
 
