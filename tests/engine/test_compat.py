@@ -18,12 +18,14 @@ from tests.engine.conftest import tiny_config  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Leave dynamo as a fresh process has it: later tests count graphs from zero."""
+    """Let later tests count graphs from zero (dynamo's counters are per process).
+
+    Not torch._dynamo.reset(): it also drops the compile callbacks the engine's process-wide
+    compile watch registered once, and later tests would see no recompile reasons.
+    """
     yield
-    from torch._dynamo import reset as reset_dynamo
     from torch._dynamo.utils import counters
 
-    reset_dynamo()
     counters.clear()
 
 
