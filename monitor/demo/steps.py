@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from monitor.demo.context import StepContext, epoch, firing, order
 from monitor.demo.profile import OPERATOR, DemoProfile
@@ -59,6 +60,19 @@ def warm_up_and_baseline(ctx: StepContext) -> None:
 
 def traffic_shift(ctx: StepContext) -> None:
     """Shift one bucket's traffic: check alert, webhook, speculation off there only, latency."""
+    shifted, started = _shift_one_bucket(ctx)
+    alert = _acceptance_alert(ctx, shifted, started)
+    _speculation_off(ctx, alert)
+    _latency_recovers(ctx, shifted, started)
+    shift = str(ctx.profile.shift_bucket)
+    pre_s, post_s, _, _ = ctx.memo["latency"]
+    ctx.headline = (f"acceptance_drop fired for bucket {shift} only; webhook received; "
+                    f"speculation off there (auto, alert {alert['id']}); latency "
+                    f"{pre_s:.2f}s -> {post_s:.2f}s")
+
+
+def _shift_one_bucket(ctx: StepContext) -> tuple[Lane, float]:
+    """Wait for the bucket's acceptance baseline, then shift its traffic; return lane, start."""
     p = ctx.profile
     shift = str(p.shift_bucket)
 
@@ -81,6 +95,13 @@ def traffic_shift(ctx: StepContext) -> None:
     started = time.time()
     ctx.traffic.set_lanes([*lanes, shifted])
     ctx.event(f"bucket {shift}: traffic is now shifted-domain text; other buckets unchanged")
+    return shifted, started
+
+
+def _acceptance_alert(ctx: StepContext, shifted: Lane, started: float) -> dict[str, Any]:
+    """Wait for acceptance_drop in the shifted bucket only and its webhook; return the alert."""
+    p = ctx.profile
+    shift = str(p.shift_bucket)
 
     def alert() -> tuple[bool, str]:
         open_ = [a for a in ctx.api.alerts("open") if a["rule"] == "acceptance_drop"]
@@ -96,7 +117,7 @@ def traffic_shift(ctx: StepContext) -> None:
 
     ctx.wait_for("acceptance_drop fires", f"acceptance_drop firing for bucket={shift}", alert,
                  p.shift_timeout_s)
-    a = ctx.memo["acceptance_alert"]
+    a: dict[str, Any] = ctx.memo["acceptance_alert"]
     ctx.event(f"alert acceptance_drop bucket={shift} fired: {a['annotations'].get('summary', '')}"
               [:160])
     others = [x["labels"].get("bucket") for x in firing(ctx, "acceptance_drop")
@@ -112,6 +133,12 @@ def traffic_shift(ctx: StepContext) -> None:
     ctx.wait_for("webhook delivered", f"an Alertmanager-format firing alert for bucket {shift}",
                  webhook, 20.0)
     ctx.event("webhook receiver got the firing acceptance_drop notification")
+    return a
+
+
+def _speculation_off(ctx: StepContext, a: dict[str, Any]) -> None:
+    """Wait for the policy to turn speculation off in the shifted bucket only, by alert `a`."""
+    shift = str(ctx.profile.shift_bucket)
 
     def flag() -> tuple[bool, str]:
         body = ctx.api.flags()
@@ -127,8 +154,13 @@ def traffic_shift(ctx: StepContext) -> None:
     ctx.wait_for("speculation off in that bucket only",
                  f"GET /v1/flags: speculative[{shift}]=false, source auto, alert {a['id']}; "
                  "no other bucket off", flag, 20.0)
-    flipped = epoch(ctx.memo["spec_flag"]["updated_at"]) + 1.5  # flag cache TTL + margin
     ctx.event(f"flag speculative[{shift}] = false (source auto, alert {a['id']})")
+
+
+def _latency_recovers(ctx: StepContext, shifted: Lane, started: float) -> None:
+    """Wait until the shifted bucket's direct latency is below its speculative latency."""
+    shift = str(ctx.profile.shift_bucket)
+    flipped = epoch(ctx.memo["spec_flag"]["updated_at"]) + 1.5  # flag cache TTL + margin
     before = [s for s in ctx.traffic.samples(since=started, lane=shifted.name)
               if s.at < flipped and s.decoding == "speculative"]
     pre = median_latency(before[-RECOVERY_SAMPLES:])
@@ -151,10 +183,6 @@ def traffic_shift(ctx: StepContext) -> None:
     ctx.say.say(f"[dim]note: bucket {shift}'s in-domain canaries decode directly now too, so "
                 "their p99 may rise: the price of the fallback (the shipped policy's `revert` "
                 "would undo the change on a p99 regression; the demo turns revert off)[/dim]")
-    pre_s, post_s, _, _ = ctx.memo["latency"]
-    ctx.headline = (f"acceptance_drop fired for bucket {shift} only; webhook received; "
-                    f"speculation off there (auto, alert {a['id']}); latency "
-                    f"{pre_s:.2f}s -> {post_s:.2f}s")
 
 
 # The demo rule fires at +200%: the injected delay is at least this many times the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from monitor.cli import main
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.models import CanaryReference, OutputAgreement
-from tests.probes.fakes import FakeEngine, placeholder_suites
+from tests.probes.fakes import FakeEngine, placeholder_suites, use_placeholder_cli
 
 
 @pytest.fixture
@@ -24,23 +23,7 @@ def db_kind() -> str:
 @pytest.fixture
 def fresh_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    suites_file = tmp_path / "suites.yaml"
-    lines = ["suites:"]
-    for s in placeholder_suites(2).values():
-        lines.append(f"  - name: {s.name}\n    domain: {s.domain}\n    prompts:")
-        lines += [f"      - {json.dumps(p)}" for p in s.prompts]
-    suites_file.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr("probes.canaries.DEFAULT_SUITES_FILE", suites_file)
-    monkeypatch.setenv("TAILWATCH_DATABASE_URL", url)
-    monkeypatch.setenv("TAILWATCH_PROBES__CANARIES_PER_BUCKET", "2")
-    monkeypatch.delenv("TAILWATCH_CONFIG", raising=False)
-
-    def fake_load(settings: object) -> FakeEngine:
-        engine = FakeEngine()
-        engine.warm_up()
-        return engine
-
-    monkeypatch.setattr("monitor.cli.probe.load_engine", fake_load)
+    use_placeholder_cli(monkeypatch, tmp_path, url)
     upgrade(url)
     return url
 

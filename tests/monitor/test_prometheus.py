@@ -6,15 +6,12 @@ skipped with the reason when they are missing.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,20 +21,18 @@ from prometheus_client import CollectorRegistry
 from engine.errors import Overloaded
 from monitor.app import create_app
 from monitor.hub import services_of
-from monitor.loopback import free_port, wait_for
+from monitor.loopback import wait_for
 from monitor.settings import Settings
 from storage.models import Alert, RolloutVerdict, RuleSensitivity, WebhookDelivery
 from tests.monitor.conftest import TOKEN, suites
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
+from tests.monitor.prometheus import dashboard_exprs, has_finite_data, query, running_prometheus
 from vocab import utcnow
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARDS = ROOT / "dashboards" / "grafana" / "dashboards"
 RULES = ROOT / "dashboards" / "prometheus" / "rules.yml"
 RULES_TEST = ROOT / "dashboards" / "prometheus" / "rules_test.yml"
-# Grafana variables, as the dashboard's "All" selection expands them.
-VARIABLES = {"$__rate_interval": "1m", "$bucket": ".*", "$job": ".*", "$instance": ".*"}
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,31 +45,6 @@ pytestmark = [
 def db_kind() -> str:
     """Run this module on SQLite only (flag and metric tests cover PostgreSQL)."""
     return "sqlite"
-
-
-def dashboard_exprs() -> list[str]:
-    """Return every PromQL expression in the dashboards, variables expanded."""
-    found: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("expr"), str):
-                found.append(node["expr"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    for path in sorted(DASHBOARDS.glob("*.json")):
-        walk(json.loads(path.read_text()))
-    out = []
-    for expr in found:
-        for var, value in VARIABLES.items():
-            expr = expr.replace(var, value)
-        assert "$" not in expr, f"unexpanded variable in {expr}"
-        out.append(expr)
-    return out
 
 
 def rule_exprs() -> list[str]:
@@ -101,49 +71,8 @@ def tailwatch(settings: Settings) -> Iterator[tuple[LiveServer, FakeFactory]]:
 def prometheus(tailwatch: tuple[LiveServer, FakeFactory],
                tmp_path: Path) -> Iterator[str]:
     server, _ = tailwatch
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [{"job_name": "tailwatch",
-                            "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}],
-    }))
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(url), timeout_s=60)
+    with running_prometheus(server.port, tmp_path, rule_files=[RULES]) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/-/ready", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def query(prom: str, expr: str) -> dict[str, Any]:
-    r = httpx.get(prom + "/api/v1/query", params={"query": expr}, timeout=10)
-    body = r.json()
-    assert r.status_code == 200 and body["status"] == "success", f"{expr}: {body}"
-    return body["data"]
-
-
-def has_finite_data(data: dict[str, Any]) -> bool:
-    if data["resultType"] == "scalar":
-        return not math.isnan(float(data["result"][1]))
-    return any(not math.isnan(float(s["value"][1])) for s in data["result"])
 
 
 class Traffic:

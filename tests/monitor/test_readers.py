@@ -12,15 +12,12 @@ the metrics it reads are ones this run does not produce (NOT_PRODUCED).
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from monitor import scheduler as names
 from monitor.hub import services_of
@@ -30,12 +27,12 @@ from monitor.report.week import last_seven_days
 from tests.monitor.conftest import TOKEN, make_settings, start, wait_for
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
-from tests.monitor.test_prometheus import (
-    _ready,
+from tests.monitor.prometheus import (
     dashboard_exprs,
-    free_port,
     has_finite_data,
+    installed,
     query,
+    running_prometheus,
 )
 from vocab import utcnow
 
@@ -148,30 +145,12 @@ def _check_reads(http: httpx.Client, rounds: int) -> None:
 
 @contextmanager
 def _prometheus(port: int, tmp_path: Path) -> Iterator[str | None]:
-    """Run a Prometheus scraping 127.0.0.1:`port` every second (None: not installed)."""
-    if shutil.which("prometheus") is None:
+    """Run a Prometheus scraping 127.0.0.1:`port` (None: not installed)."""
+    if not installed():
         yield None
         return
-    listen = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "tailwatch",
-                            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]}))
-    with (tmp_path / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{listen}"], stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{listen}"
-        try:
-            wait_for(lambda: _ready(url), timeout_s=60)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with running_prometheus(port, tmp_path) as url:
+        yield url
 
 
 def _check_panels(prom: str) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from monitor.job_metrics import JobMetrics
 from monitor.leader import AlwaysLeader, PgAdvisoryLeader, lock_key, make_leader
+from monitor.loopback import wait_for
 from monitor.scheduler import (
     DELIVERY,
     EVALUATE,
@@ -29,15 +30,6 @@ from storage.db import make_engine
 
 def settings(**scheduler: object) -> Settings:
     return Settings(database_url="sqlite://", scheduler=scheduler)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 class NotLeader:
@@ -112,7 +104,7 @@ def test_overlapping_triggers_run_once() -> None:
         assert js.stats()[PROBE].running and js.stats()[PROBE].runs == 0
         assert js.activity()[PROBE] == (1, True)  # one run started, running now
         release.set()
-        assert wait_for(lambda: js.stats()[PROBE].runs >= 2)
+        wait_for(lambda: js.stats()[PROBE].runs >= 2)
     finally:
         release.set()
         js.shutdown()
@@ -133,8 +125,8 @@ def test_singletons_skip_on_a_follower_and_failures_are_counted() -> None:
                          {EVALUATE: evaluate, TRAFFIC_FLUSH: flush}, NotLeader())
     js.start()
     try:
-        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].failures >= 2
-                        and js.stats()[EVALUATE].not_leader >= 2)
+        wait_for(lambda: js.stats()[TRAFFIC_FLUSH].failures >= 2
+                 and js.stats()[EVALUATE].not_leader >= 2)
     finally:
         js.shutdown()
     assert calls["evaluate"] == 0 and calls["flush"] >= 2
@@ -179,9 +171,9 @@ def test_two_replicas_on_postgres_run_a_singleton_on_exactly_one(pg_url: str) ->
     reps = [build_scheduler(s, {EVALUATE: evaluate(i)}, leaders[i]) for i in (0, 1)]
     try:
         reps[0].start()
-        assert wait_for(lambda: runs[0] >= 2)
+        wait_for(lambda: runs[0] >= 2)
         reps[1].start()
-        assert wait_for(lambda: reps[1].stats()[EVALUATE].not_leader >= 3)
+        wait_for(lambda: reps[1].stats()[EVALUATE].not_leader >= 3)
         assert runs[1] == 0
         with engines[0].connect() as conn:  # the lock is visible to PostgreSQL itself
             held = conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
@@ -189,7 +181,7 @@ def test_two_replicas_on_postgres_run_a_singleton_on_exactly_one(pg_url: str) ->
         assert held >= 1
         reps[0].shutdown()  # releases the advisory lock
         frozen = runs[0]
-        assert wait_for(lambda: runs[1] >= 2)
+        wait_for(lambda: runs[1] >= 2)
         assert runs[0] == frozen
     finally:
         for r in reps:
@@ -209,7 +201,7 @@ def test_leader_connection_loss_hands_over(pg_url: str) -> None:
         with engines[1].connect() as conn:  # kill a's session as a crash or failover would
             pid = a._conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
             conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-        assert wait_for(b.is_leader, timeout=5)
+        wait_for(b.is_leader, timeout_s=5)
         assert not a.is_leader()
     finally:
         a.release()
@@ -238,9 +230,9 @@ def test_job_metrics_and_activity_follow_each_run() -> None:
     assert js.activity() == {TRAFFIC_FLUSH: (0, False), EVALUATE: (0, False)}
     js.start()
     try:
-        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 2)
+        wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 2)
         fail.set()
-        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].failures >= 1)
+        wait_for(lambda: js.stats()[TRAFFIC_FLUSH].failures >= 1)
     finally:
         js.shutdown()
     stats = js.stats()[TRAFFIC_FLUSH]
@@ -269,7 +261,7 @@ def test_job_metrics_count_runs_failures_and_last_success() -> None:
     seen: list[tuple[float | None, float | None, float | None]] = []
     js.start()
     try:
-        assert wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 3)
+        wait_for(lambda: js.stats()[TRAFFIC_FLUSH].runs >= 3)
         key = {"scheduled_job": TRAFFIC_FLUSH}
         seen.append((get("tailwatch_job_duration_seconds_count", key),
                      get("tailwatch_job_failures_total", key),
@@ -286,7 +278,7 @@ def test_a_singletons_leader_state_is_in_the_table() -> None:
     js = build_scheduler(settings(evaluate_interval_s=0.02), {EVALUATE: noop}, NotLeader())
     js.start()
     try:
-        assert wait_for(lambda: js.stats()[EVALUATE].not_leader >= 1)
+        wait_for(lambda: js.stats()[EVALUATE].not_leader >= 1)
     finally:
         js.shutdown()
     (row,) = job_table(js.stats())

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import random
 from functools import partial
+from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,7 +19,7 @@ from probes.sink import add_burst, add_cycle
 from storage.models import ProbeRun
 from storage.writer import Writer
 
-__all__ = ["FakeEngine", "FakeTimings", "placeholder_suites", "prompt_of", "store"]
+__all__ = ["FakeEngine", "FakeTimings", "placeholder_suites", "prompt_of", "store", "use_placeholder_cli"]
 
 
 def store(sessions: sessionmaker[Session], result: CycleResult | BurstResult) -> int:
@@ -56,3 +59,25 @@ def placeholder_suites(per_bucket: int = 2) -> dict[str, CanarySuite]:
         prompts = tuple(prompt_of(n - i, words, seed=i) for n in sizes for i in range(per_bucket))
         out[name] = CanarySuite(name, name, prompts, 16, "placeholder")
     return out
+
+
+def use_placeholder_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str) -> None:
+    """Point `tailwatch probe` at placeholder suites, the fake engine and database `url`."""
+    suites_file = tmp_path / "suites.yaml"
+    lines = ["suites:"]
+    for s in placeholder_suites(2).values():
+        lines.append(f"  - name: {s.name}\n    domain: {s.domain}\n    prompts:")
+        lines += [f"      - {json.dumps(p)}" for p in s.prompts]
+    suites_file.write_text("\n".join(lines) + "\n")
+    # Placeholder canaries stand in for the shipped ones (tested in test_canaries.py).
+    monkeypatch.setattr("probes.canaries.DEFAULT_SUITES_FILE", suites_file)
+    monkeypatch.setenv("TAILWATCH_DATABASE_URL", url)
+    monkeypatch.setenv("TAILWATCH_PROBES__CANARIES_PER_BUCKET", "2")
+    monkeypatch.delenv("TAILWATCH_CONFIG", raising=False)
+
+    def fake_load(settings: object) -> FakeEngine:
+        engine = FakeEngine()
+        engine.warm_up()
+        return engine
+
+    monkeypatch.setattr("monitor.cli.probe.load_engine", fake_load)

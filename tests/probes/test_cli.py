@@ -11,30 +11,13 @@ from monitor.cli import main
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.models import ProbeResult, ProbeRun
-from tests.probes.fakes import FakeEngine, placeholder_suites
+from tests.probes.fakes import use_placeholder_cli
 
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path, sqlite_url: str) -> str:
-    suites_file = tmp_path / "suites.yaml"
-    lines = ["suites:"]
-    for s in placeholder_suites(2).values():
-        lines.append(f"  - name: {s.name}\n    domain: {s.domain}\n    prompts:")
-        lines += [f"      - {json.dumps(p)}" for p in s.prompts]
-    suites_file.write_text("\n".join(lines) + "\n")
-    # Placeholder canaries stand in for the shipped ones (tested in test_canaries.py).
-    monkeypatch.setattr("probes.canaries.DEFAULT_SUITES_FILE", suites_file)
-    monkeypatch.setenv("TAILWATCH_DATABASE_URL", sqlite_url)
-    monkeypatch.setenv("TAILWATCH_PROBES__CANARIES_PER_BUCKET", "2")
+    use_placeholder_cli(monkeypatch, tmp_path, sqlite_url)
     monkeypatch.setenv("TAILWATCH_INSTANCE_ID", "cli-test")
-    monkeypatch.delenv("TAILWATCH_CONFIG", raising=False)
-
-    def fake_load(settings: object) -> FakeEngine:
-        engine = FakeEngine()
-        engine.warm_up()
-        return engine
-
-    monkeypatch.setattr("monitor.cli.probe.load_engine", fake_load)
     return sqlite_url
 
 
