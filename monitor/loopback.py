@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from alerts.webhooks import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify_signature
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -37,18 +39,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, *,
-             interval_s: float = 0.01, what: str = "condition") -> None:
-    """Poll `predicate` until it holds; raise TimeoutError naming `what` after `timeout_s`.
+def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, *,
+             interval_s: float = 0.01, what: str = "condition") -> T:
+    """Poll `predicate` until it returns a truthy value and return that value.
 
-    For conditions nothing signals (a server's readiness, a row another thread writes);
-    where the code under test can set an event, wait on the event instead.
+    Raises TimeoutError naming `what` after `timeout_s`. For conditions nothing signals (a
+    server's readiness, a row another thread writes); where the code under test can set an
+    event, wait on the event instead.
     """
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while not (value := predicate()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout_s:g} s")
         time.sleep(interval_s)
+    return value
 
 
 # A scripted answer: a status, or ("sleep", seconds): stall past the sender's timeout, then 503.

@@ -11,6 +11,7 @@ import pytest
 
 from engine.admission import Admission, AdmissionStats
 from engine.errors import Overloaded, RequestTimeout
+from monitor.loopback import wait_for
 
 
 class Caller:
@@ -38,10 +39,7 @@ class Caller:
 
 def until(check: Callable[[], bool]) -> None:
     """Wait until another thread's effect is visible (a condition, not a timing)."""
-    deadline = time.monotonic() + 10
-    while not check():
-        assert time.monotonic() < deadline, "condition never became true"
-        threading.Event().wait(0.001)
+    wait_for(check, interval_s=0.001, what="admission queue state")
 
 
 def queued(admission: Admission, *, real: int, synthetic: int) -> Callable[[], bool]:

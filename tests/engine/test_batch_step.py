@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import native, t5  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
-from tests.engine.conftest import build_tiny_t5, tiny_config  # noqa: E402
+from engine import native, t5
+from engine.runtime import Runtime
+from tests.engine.conftest import build_tiny_t5, tiny_config
 
 
 def _rows(r, gen, lengths):

@@ -7,15 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from engine import native  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.errors import Cancelled, DoesNotFit, InputTooLong  # noqa: E402
-from engine.protocol import FlagOverride  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
-from engine.scheduler import Job  # noqa: E402
-from tests.engine.conftest import random_texts, tiny_config  # noqa: E402
+from engine import native
+from engine.config import EngineConfig
+from engine.errors import Cancelled, DoesNotFit, InputTooLong
+from engine.protocol import FlagOverride
+from engine.runtime import Runtime
+from engine.scheduler import Job
+from tests.engine.conftest import random_texts, tiny_config
 
 
 def _runtime(tmp_path, dirs, **changes) -> Runtime:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import compat  # noqa: E402
-from engine.protocol import FlagOverride  # noqa: E402
-from engine.runner import CompileOptions, ModelRunner  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
-from tests.engine.conftest import tiny_config  # noqa: E402
+from engine import compat
+from engine.protocol import FlagOverride
+from engine.runner import CompileOptions, ModelRunner
+from engine.runtime import Runtime
+from tests.engine.conftest import tiny_config
 
 
 @pytest.fixture(autouse=True)

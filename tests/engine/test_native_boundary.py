@@ -10,14 +10,13 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import native  # noqa: E402
-from engine.errors import BoundaryError, EngineError  # noqa: E402
-from engine.protocol import FlagOverride  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
-from tests.engine.conftest import tiny_config  # noqa: E402
+from engine import native
+from engine.errors import BoundaryError, EngineError
+from engine.protocol import FlagOverride
+from engine.runtime import Runtime
+from tests.engine.conftest import tiny_config
 
 pytestmark = pytest.mark.skipif(native._compiler() is None, reason="no C compiler")
 

@@ -9,18 +9,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
 
-from monitor.loopback import free_port
+from monitor.loopback import free_port, wait_for
 from tests.monitor.conftest import TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -29,15 +30,12 @@ def db_kind() -> str:
     return "sqlite"
 
 
-def until(what: str, cond: Callable[[], object], timeout_s: float = DEADLINE_S) -> object:
-    """Return cond()'s first truthy value; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"{what}: not reached in {timeout_s:g} s")
+def until(what: str, cond: Callable[[], T], timeout_s: float = DEADLINE_S) -> T:
+    """Return cond()'s first truthy value; fail the test naming `what` after `timeout_s`."""
+    try:
+        return wait_for(cond, timeout_s, interval_s=0.05, what=what)
+    except TimeoutError as e:
+        pytest.fail(str(e))
 
 
 def alive(pid: int) -> bool:
