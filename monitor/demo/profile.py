@@ -39,6 +39,8 @@ OPERATOR = "oncall-alice"
 RECEIVER_NAME = "demo-receiver"
 # The demo latency rule's `for` and CUSUM min_cycles (the waits are sized from them).
 DEMO_FOR = 2
+# The server gives a probe cycle this long; the report step's A/B cycles are the longest.
+AB_CYCLE_TIMEOUT_S = 240.0
 DEMO_CUSUM_CYCLES = 2
 
 
@@ -222,7 +224,10 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
                              # cycles itself. Never `exact`: it would compile the exact
                              # shapes the shape-churn step is meant to discover.
                              ab_share=0.0, ab_arms=("eager", "direct"),
-                             cycle_timeout_s=60.0),
+                             # The report step's A/B cycles run every prompt three times
+                             # (the eager arm the slowest): on a loaded box they take
+                             # minutes, which slows the demo rather than failing it.
+                             cycle_timeout_s=AB_CYCLE_TIMEOUT_S),
         scheduler=SchedulerSettings(
             probe_interval_s=profile.probe_interval_s, burst_interval_s=0,
             evaluate_interval_s=1.0, delivery_interval_s=0.5,

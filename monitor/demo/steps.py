@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.demo.context import StepContext, epoch, firing, order
-from monitor.demo.profile import OPERATOR, DemoProfile
+from monitor.demo.profile import AB_CYCLE_TIMEOUT_S, OPERATOR, DemoProfile
 from monitor.demo.traffic import Lane, bucket_lanes, median_latency
 
 # A shifted request in the fallback bucket must be at least this much faster once it
@@ -18,8 +18,8 @@ RECOVERY_RATIO = 0.9
 RECOVERY_SAMPLES = 10  # requests compared on each side of the flip
 AB_PAIRS = 6  # prompt pairs per bucket and arm: the fewest that probes.ab gives a 95% CI
 # A forced A/B cycle's request blocks for the whole cycle (up to the demo's cycle timeout)
-# and then for the store: longer than the client's default timeout.
-AB_CYCLE_TIMEOUT_S = 120.0
+# and then for the store: the client waits that long and a minute more.
+AB_CLIENT_TIMEOUT_S = AB_CYCLE_TIMEOUT_S + 60.0
 # What the report says where no A/B prompt pair was measured (monitor.report.tables).
 NOTHING_MEASURED = "nothing measured"
 SPEEDUP_SECTION = "Expected vs measured speedup"
@@ -494,7 +494,7 @@ def weekly_report(ctx: StepContext) -> None:
     ctx.traffic.set_lanes([])
     cycles = ab_cycles(ctx.profile)
     for n in range(1, cycles + 1):
-        done = ctx.api.run_cycle(ab=True, timeout_s=AB_CYCLE_TIMEOUT_S)
+        done = ctx.api.run_cycle(ab=True, timeout_s=AB_CLIENT_TIMEOUT_S)
         ctx.expect(f"A/B cycle {n}/{cycles}", "status ok, rows stored",
                    done["status"] == "ok" and bool(done["stored"]),
                    f"{done['status']}, stored={done['stored']}: {done.get('error') or ''}")
