@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from monitor.api.deps import ProbeRunnerDep, ReaderDep, ServicesDep, SessionsDep, WriterDep
 from monitor.api.fields import Name64, UtcTime
-from probes.ab import ab_speedups
 from storage.queries import runs as queries
+from storage.queries.speedups import ab_speedups
 from vocab import utcnow
 
 router = APIRouter(tags=["probes"])
@@ -84,7 +84,7 @@ class SpeedupOut(BaseModel):
     """Measured speedup of one optimization in one bucket ("all": every bucket's pairs).
 
     The median over A/B prompt pairs of the fallback / optimized latency ratio (reverse
-    arms inverted), with its 95% confidence interval (null under 6 pairs); see probes.ab.
+    arms inverted), with its 95% confidence interval (null under 6 pairs); see storage.queries.speedups.
     """
 
     bucket: str

@@ -14,8 +14,8 @@ from monitor.report import build_report, load_registry, render_markdown, run_wee
 from monitor.report.job import summary_text
 from monitor.report.model import WeeklyReport
 from monitor.settings import Settings
-from probes.ab import ALL_BUCKETS, ab_speedups
 from storage.models import Report, WebhookDelivery
+from storage.queries.speedups import ALL_BUCKETS, ab_speedups
 from tests.monitor.report.synthetic import LATENCY, fill_week
 
 NOW = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)

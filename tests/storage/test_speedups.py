@@ -1,4 +1,4 @@
-"""Stored prompt pairs turn into measured speedups per optimization per bucket."""
+"""storage.queries.speedups: stored prompt pairs turn into speedups per optimization."""
 
 from __future__ import annotations
 
@@ -11,13 +11,27 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
-from probes.ab import ALL_BUCKETS, PairRecord, ab_speedups, load_pairs, median_ci, speedups
+from probes.canaries import CanarySuite
 from probes.cycle import ProbeCycle
 from storage.models import ProbeRun
-from tests.probes.fakes import FakeEngine, FakeTimings, store
+from storage.queries.speedups import (
+    ALL_BUCKETS,
+    PairRecord,
+    ab_speedups,
+    load_pairs,
+    median_ci,
+    speedups,
+)
+from tests.probes.fakes import FakeEngine, FakeTimings, placeholder_suites, store
 
 T = datetime(2026, 11, 30, 10, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+
+
+@pytest.fixture
+def suites() -> dict[str, CanarySuite]:
+    """Return placeholder in_domain and shifted suites covering every bucket."""
+    return placeholder_suites(per_bucket=2)
 
 
 def _pair(bucket: str, run_id: int = 1, **latency: float) -> PairRecord:
@@ -73,7 +87,7 @@ def test_speedups_pair_within_prompts_and_orient_reverse_arms() -> None:
     assert [s.bucket for s in speedups(pairs)][-2:] == [ALL_BUCKETS] * 2
 
 
-# tests/probes has no db pin: sessionmaker runs on SQLite and PostgreSQL.
+# sessionmaker runs on SQLite and PostgreSQL.
 def test_speedups_from_pairs_stored_by_the_sink(sessionmaker: sessionmaker[Session],
                                                 suites: dict) -> None:
     flags = InMemoryFlagProvider(RuntimeFlags(speculative={"16": False}))
