@@ -18,8 +18,10 @@ from storage.queries.speedups import (
     ALL_BUCKETS,
     PairRecord,
     ab_speedups,
+    instance_speedups,
     load_pairs,
     median_ci,
+    overall,
     speedups,
 )
 from tests.probes.fakes import FakeEngine, FakeTimings, placeholder_suites, store
@@ -85,6 +87,17 @@ def test_speedups_pair_within_prompts_and_orient_reverse_arms() -> None:
     assert every.pairs == 8
     assert every.speedup == pytest.approx(math.sqrt(1.8 * 2.0))  # median of 8 ratios
     assert [s.bucket for s in speedups(pairs)][-2:] == [ALL_BUCKETS] * 2
+
+
+def test_an_arms_filter_reads_only_those_arms() -> None:
+    pairs = [_pair("16", optimized=0.1, compiled_step=0.12, direct=0.05),
+             _pair("16", run_id=2, optimized=0.1, native_step=0.05)]
+    got = speedups(pairs, arms=("compiled_step",))
+    assert [(s.bucket, s.optimization, s.arms, s.pairs) for s in got] == [
+        ("16", "native_step", ("compiled_step",), 1),
+        (ALL_BUCKETS, "native_step", ("compiled_step",), 1)]
+    assert got[0].speedup == pytest.approx(1.2)
+    assert speedups(pairs, arms=("bogus",)) == []
 
 
 # sessionmaker runs on SQLite and PostgreSQL.
@@ -200,6 +213,27 @@ def test_the_c_step_is_measured_by_the_compiled_step_arm_and_its_reverse(
         back = {(x.bucket, x.optimization): x
                 for x in ab_speedups(s, later, later + HOUR)}[(ALL_BUCKETS, "native_step")]
     assert back.arms == ("native_step",) and back.speedup == pytest.approx(1.5)
+
+
+def test_instance_speedups_pool_each_instances_buckets(
+        sessionmaker: sessionmaker[Session], suites: dict) -> None:
+    for inst, factor in (("a", 1.5), ("b", 0.8)):
+        engine = FakeEngine(native_step=True, timings=FakeTimings(compiled_step_factor=factor))
+        engine.warm_up()
+        store(sessionmaker, ProbeCycle(engine, suites, instance_id=inst, canaries_per_bucket=2,
+                                       ab_share=1.0, ab_arms=("eager",), rng=random.Random(0),
+                                       clock=lambda: T).run("in_domain"))
+    with sessionmaker() as s:
+        got = instance_speedups(s, T - HOUR, T + HOUR, "native_step",
+                                arms=("compiled_step",))
+        assert instance_speedups(s, T - HOUR, T + HOUR, "native_step", instance_id="b",
+                                 arms=("compiled_step",)).keys() == {"b"}
+        assert instance_speedups(s, T - HOUR, T + HOUR, "int8") == {}
+        every = ab_speedups(s, T - HOUR, T + HOUR, instance_id="a")
+    assert {i: round(m.speedup, 6) for i, m in got.items()} == {"a": 1.5, "b": 0.8}
+    assert got["a"].bucket == ALL_BUCKETS and got["a"].arms == ("compiled_step",)
+    # The same number as the instance's row over all buckets, eager pairs left out.
+    assert got["a"] == overall(every, "native_step")
 
 
 def test_requests_the_c_step_does_not_serve_get_no_step_arm(suites: dict) -> None:
