@@ -148,8 +148,7 @@ def paired_changes(pairs: Iterable[PairRecord], start: datetime,
 
     was, now = by_key(before), by_key(during)
     return [PairedChange(arm, bucket, was[(arm, bucket)], now[(arm, bucket)])
-            for arm, bucket in sorted(was.keys() & now.keys())
-            if bucket != ALL_BUCKETS and was[(arm, bucket)].speedup > 0]
+            for arm, bucket in sorted(was.keys() & now.keys()) if bucket != ALL_BUCKETS]
 
 
 def arm_changes(rows: Sequence[ArmRow], paired: Sequence[PairedChange], start: datetime,
