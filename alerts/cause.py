@@ -1,11 +1,15 @@
 """An incident's probable cause, measured from the same-cycle A/B arms and the instances.
 
-The canary cycles run the reference arms (`eager`, `direct`) beside the optimized one on
-the same machine, interleaved: when they slow down alike, the machine (or its load) got
-slower; when only the optimized arm does, an optimization regressed. Every arm's change
-is the median over buckets of (median p50 during the incident / median p50 in the hour
-before it, leaving out the minutes at the change's edge); the instances are compared on
-their optimized arm the same way.
+The A/B canary cycles run each prompt's optimized request and its reference arms (`eager`,
+`direct`) back to back: when they slow down alike, the machine (or its load) got slower;
+when only the optimized arm does, an optimization regressed. The optimized arm runs every
+cycle: its change is the median over buckets of (median p50 during the incident / median
+p50 in the hour before it, leaving out the minutes at the change's edge). A reference
+arm's change is read against it through the measured speedup, the one definition of
+storage.queries.speedups (reference / optimized latency paired per prompt within a cycle,
+median over pairs): per bucket, the optimized arm's change times the change of that
+speedup between the hour before and the incident, so what a cycle's conditions do to
+both arms of a pair cancels out. The instances are compared on their optimized arm.
 
 In order, the first that holds is the cause:
     one_instance   several instances report and only some slowed (members name them)
@@ -27,10 +31,21 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage.queries.incidents import ArmRow, arm_rows
+from storage.queries.speedups import (
+    ALL_BUCKETS,
+    ArmSpeedup,
+    PairRecord,
+    load_pairs,
+    speedups,
+)
 from vocab import Variant
 
 OPTIMIZED = Variant.OPTIMIZED.value
 REFERENCE = (Variant.EAGER.value, Variant.DIRECT.value)
+# What the evidence says a reference arm's change was read from.
+MEASURED_BY = ("reference arm vs optimized, paired per prompt within a cycle, median over "
+               "pairs (storage.queries.speedups), before vs during; optimized p50 over all "
+               "cycles")
 CAUSES = ("host_or_load", "optimization", "one_instance", "some_instances", "one_bucket",
           "unknown")
 # Family -> what the one-bucket cause names ("acceptance in bucket 32 only").
@@ -90,34 +105,69 @@ def _by(rows: Iterable[ArmRow], start: datetime, key: Any) -> dict[Any, tuple[li
     return out
 
 
-def arm_changes(rows: Sequence[ArmRow], start: datetime,
+@dataclass(frozen=True)
+class PairedChange:
+    """A reference arm's measured speedup in one bucket, the hour before vs the incident."""
+
+    arm: str
+    bucket: str
+    before: ArmSpeedup
+    during: ArmSpeedup
+
+    @property
+    def change(self) -> float:
+        """Return the relative change of the speedup (reference / optimized latency)."""
+        return self.during.speedup / self.before.speedup - 1.0
+
+    def evidence(self) -> dict[str, Any]:
+        """Return the numbers compared, for the incident's evidence."""
+        def side(s: ArmSpeedup) -> dict[str, Any]:
+            ci = None if s.ci_low is None or s.ci_high is None else [
+                round(s.ci_low, 4), round(s.ci_high, 4)]
+            return {"speedup": round(s.speedup, 4), "pairs": s.pairs, "cycles": s.runs,
+                    "ci95": ci}
+        return {"before": side(self.before), "during": side(self.during),
+                "change": round(self.change, 4)}
+
+
+def paired_changes(pairs: Iterable[PairRecord], start: datetime,
+                   buckets: Sequence[str] = ()) -> list[PairedChange]:
+    """Return each reference arm's speedup per bucket before `start` and from it on.
+
+    `buckets` limits the buckets read (empty: all); only buckets measured on both sides.
+    """
+    before: list[PairRecord] = []
+    during: list[PairRecord] = []
+    for p in pairs:
+        if not buckets or p.bucket in buckets:
+            (during if p.started_at >= start else before).append(p)
+
+    def by_key(side: list[PairRecord]) -> dict[tuple[str, str], ArmSpeedup]:
+        # One reference arm per optimization (eager: compile, direct: speculative).
+        return {(s.arms[0], s.bucket): s for s in speedups(side, arms=REFERENCE)}
+
+    was, now = by_key(before), by_key(during)
+    return [PairedChange(arm, bucket, was[(arm, bucket)], now[(arm, bucket)])
+            for arm, bucket in sorted(was.keys() & now.keys()) if bucket != ALL_BUCKETS]
+
+
+def arm_changes(rows: Sequence[ArmRow], paired: Sequence[PairedChange], start: datetime,
                 buckets: Sequence[str] = ()) -> dict[str, float]:
     """Return arm ("optimized", "eager", "direct") -> median over buckets of its p50 change.
 
-    Rows at or after `start` are the incident's, earlier ones the baseline; `buckets`
-    limits the buckets read (empty: all). The optimized arm runs every cycle: its change
-    is read from all of them. A reference arm runs in a share of the cycles only, beside
-    the optimized one: its change is the optimized arm's times the change of their
-    same-cycle ratio (reference p50 / optimized p50 of one cycle), so the cycle's own
-    conditions, shared by both arms, cancel out.
+    `rows` are optimized canary groups: those at or after `start` are the incident's,
+    earlier ones the baseline; `buckets` limits the buckets read (empty: all). A reference
+    arm's change in a bucket is the optimized arm's there times the change of its paired
+    speedup (`paired`), so the conditions both arms of a pair shared cancel out.
     """
-    rows = [r for r in rows if not buckets or r.bucket in buckets]
-    opt_rows = {(r.instance, r.at, r.bucket): r.p50_s for r in rows if r.variant == OPTIMIZED}
-    opt = {b: c for (v, b), (during, before) in _by(rows, start, lambda r: (r.variant, r.bucket)
-                                                    ).items()
-           if v == OPTIMIZED and (c := _change(during, before)) is not None}
+    rows = [r for r in rows if r.variant == OPTIMIZED and (not buckets or r.bucket in buckets)]
+    opt = {b: c for b, (during, before) in _by(rows, start, lambda r: r.bucket).items()
+           if (c := _change(during, before)) is not None}
     per: dict[str, list[float]] = defaultdict(list)
     per[OPTIMIZED] = list(opt.values())
-    ratios: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(
-        lambda: ([], []))
-    for r in rows:
-        base = opt_rows.get((r.instance, r.at, r.bucket))
-        if r.variant != OPTIMIZED and base:
-            ratios[(r.variant, r.bucket)][0 if r.at >= start else 1].append(r.p50_s / base)
-    for (variant, bucket), (during, before) in sorted(ratios.items()):
-        c = _change(during, before)
-        if c is not None and bucket in opt:
-            per[variant].append((1.0 + opt[bucket]) * (1.0 + c) - 1.0)
+    for pc in paired:
+        if pc.bucket in opt:
+            per[pc.arm].append((1.0 + opt[pc.bucket]) * (1.0 + pc.change) - 1.0)
     return {v: statistics.median(cs) for v, cs in per.items() if cs}
 
 
@@ -185,13 +235,16 @@ def measure(session: Session, scope: Scope, first_start: datetime, now: datetime
     cfg = config or CauseConfig()
     start = first_start - timedelta(seconds=cfg.lead_s)
     edge = start - timedelta(seconds=cfg.gap_s)
-    rows = [r for r in arm_rows(session, edge - timedelta(seconds=cfg.before_s), now,
-                                (OPTIMIZED, *REFERENCE))
-            if not edge <= r.at < start]
+    since = edge - timedelta(seconds=cfg.before_s)
+    rows = [r for r in arm_rows(session, since, now, (OPTIMIZED,)) if not edge <= r.at < start]
+    pairs = [p for p in load_pairs(session, since, now) if not edge <= p.started_at < start]
     buckets = [b for b in scope.buckets if any(r.bucket == b for r in rows)]
-    cause = classify(scope, arm_changes(rows, start, buckets), instance_changes(rows, start),
-                     cfg)
+    paired = paired_changes(pairs, start, buckets)
+    cause = classify(scope, arm_changes(rows, paired, start, buckets),
+                     instance_changes(rows, start), cfg)
     evidence = {**cause.evidence, "window_start": start.isoformat(), "until": now.isoformat(),
                 "before_s": cfg.before_s, "buckets_read": buckets or "all",
-                "rows": len(rows)}
+                "rows": len(rows), "measured_by": MEASURED_BY,
+                "paired": {arm: {pc.bucket: pc.evidence() for pc in paired if pc.arm == arm}
+                           for arm in REFERENCE if any(pc.arm == arm for pc in paired)}}
     return Cause(cause.kind, cause.text, evidence)

@@ -10,8 +10,10 @@ Each evaluation (`Policy.apply`, called by `alerts.evaluator.evaluate`):
 4. restore an automatic flag once it has been held for `hold` and its recovery measure
    says so: `probation_acceptance` reads the bucket's probation requests (real traffic
    that keeps speculating while the flag is off), `canary_variant` reads the canaries' A/B
-   arm that still runs the disabled path, `traffic_recompiles` reads real traffic's
-   recompiles (never the canaries': their fixed shapes do not churn) in the flag's scope;
+   arm that still runs the disabled path, paired per prompt with the fallback path served
+   now (the measured speedup, storage.queries.speedups), `traffic_recompiles` reads real
+   traffic's recompiles (never the canaries': their fixed shapes do not churn) in the
+   flag's scope;
 5. re-engage a restored fallback while the alert that caused it is still firing and its
    latest cycle still breaches (a restore is a trial; the cooldown does not hold it back);
 6. keep `speculative_probation` at the largest probation share while any bucket is
@@ -54,14 +56,20 @@ from alerts.flags import validate as validate_flag
 from alerts.quality import canary_recovery
 from alerts.rule_file import parse_change
 from alerts.schema import Entry, read_layered, validate
-from alerts.steps import step_speedups
 from storage.models import FLAG_SCOPE_GLOBAL, Alert
 from storage.queries import acceptance
 from storage.queries import alerts as alert_queries
 from storage.queries.baselines import baseline_in_force
 from storage.queries.compiles import traffic_compiles
-from storage.queries.measurements import variant_p99s
 from storage.queries.runs import current_cohort
+from storage.queries.speedups import (
+    ALL_BUCKETS,
+    OPTIMIZATION_OF_ARM,
+    REVERSE_ARMS,
+    ArmSpeedup,
+    ab_speedups,
+    instance_speedups,
+)
 from vocab import Variant
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
@@ -70,14 +78,17 @@ MEASURES = ("probation_acceptance", "canary_variant", "traffic_recompiles", "can
 # flag -> alert label
 SCOPE_FROM = {"speculative": "bucket", "compiled": "instance", "quantized": "bucket",
               "native_step": "instance"}
+NATIVE_STEP = Variant.NATIVE_STEP.value
+STEP = OPTIMIZATION_OF_ARM[NATIVE_STEP]  # the optimization the C step's arms measure
 
 
 @dataclass(frozen=True)
 class SlowerTrigger:
     """Set the flag where the C decode step measured slower than the compiled step.
 
-    Per instance, over the `compiled_step` arm's pairs of the last `window_s` (alerts.steps):
-    fires when the C step's speedup is below 1 / (1 + margin) on at least `min_pairs`.
+    Per instance, over the `compiled_step` arm's pairs of the last `window_s`
+    (storage.queries.speedups): fires when the C step's speedup is below 1 / (1 + margin)
+    on at least `min_pairs`.
     """
 
     margin: float = 0.05
@@ -242,8 +253,8 @@ class Policy:
             if s is None:
                 continue
             start = now - timedelta(seconds=s.window_s)
-            for inst, m in sorted(step_speedups(session, start, now,
-                                                arms=(Variant.COMPILED_STEP.value,)).items()):
+            for inst, m in instance_speedups(session, start, now, STEP,
+                                             arms=(Variant.COMPILED_STEP.value,)).items():
                 if m.pairs < s.min_pairs or m.speedup >= s.below:
                     continue
                 scope = instance_scope(inst) if p.scope_from == "instance" else p.scope
@@ -262,12 +273,12 @@ class Policy:
                     # Judge only what ran since the last restore (or wait for the cooldown).
                     if now - since < timedelta(seconds=p.cooldown_s):
                         continue
-                    m = step_speedups(session, since, now, instance_id=inst,
-                                      arms=(Variant.COMPILED_STEP.value,)).get(inst, m)
+                    m = instance_speedups(session, since, now, STEP, instance_id=inst,
+                                          arms=(Variant.COMPILED_STEP.value,)).get(inst, m)
                     if m.pairs < s.min_pairs or m.speedup >= s.below:
                         continue
                 reason = (f"{p.name}: the C decode step measured {m.speedup:.3f}x the compiled "
-                          f"step over {m.pairs} canary pairs on instance {inst} "
+                          f"step over {m.pairs} canary pairs{_ci(m)} on instance {inst} "
                           f"(fires below {s.below:.3f}x)")
                 expires = now + timedelta(seconds=p.expires_s) if p.expires_s else None
                 flags[(p.flag, scope, "auto")] = store.set(
@@ -384,23 +395,11 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
                     f"{proposed} draft tokens in {r.window_s:g}s")
         return None
     if r.measure == "canary_variant":
-        measured = variant_p99s(session, start, now,
-                                bucket=None if scope == FLAG_SCOPE_GLOBAL else scope)
-        arm = [(x.p99_s, x.count) for x in measured if x.variant == r.variant]
-        ref = [x.p99_s for x in measured if x.variant == Variant.OPTIMIZED]
-        if sum(n for _, n in arm) < r.min_samples or not ref:
-            return None
-        arm_p99 = max(v for v, _ in arm)
-        ref_p99 = max(ref)
-        if arm_p99 <= ref_p99 * (1 + r.within):
-            return (f"canary {r.variant} arm p99 {arm_p99:.4g}s <= {ref_p99:.4g}s of the "
-                    f"fallback path (+{r.within:.0%}) over {r.window_s:g}s")
-        return None
+        return _arm_recovered(session, r, scope, start, now)
     if r.measure == "traffic_recompiles":
         # Judged over the hold (at least): the rate must have stayed low all that time.
         span = max(r.window_s, p.hold_s)
-        instance = (scope[len(INSTANCE_SCOPE_PREFIX):]
-                    if scope.startswith(INSTANCE_SCOPE_PREFIX) else None)
+        instance = _instance_of(scope)
         seen = traffic_compiles(session, now - timedelta(seconds=span), now,
                                 instance_id=instance)
         per_hour = (seen.recompiles + seen.failures) * 3600.0 / span
@@ -427,16 +426,49 @@ def _native_step_recovered(session: Session, p: FallbackPolicy, scope: str, star
                              floor=r.floor, min_samples=r.min_samples)
     if agrees is None:
         return None
-    instance = (scope[len(INSTANCE_SCOPE_PREFIX):]
-                if scope.startswith(INSTANCE_SCOPE_PREFIX) else None)
-    measured = step_speedups(session, start, now, arms=(Variant.NATIVE_STEP.value,),
-                             instance_id=instance)
+    measured = instance_speedups(session, start, now, STEP, arms=(NATIVE_STEP,),
+                                 instance_id=_instance_of(scope))
     below = p.slower.below if p.slower is not None else 1.0 / (1.0 + r.within)
     if not measured or any(m.speedup < below for m in measured.values()):
         return None
     worst = min(measured.values(), key=lambda m: m.speedup)
     return (f"{agrees}; C step {worst.speedup:.3f}x the compiled step over {worst.pairs} "
-            f"pairs (>= {below:.3f}x)")
+            f"pairs{_ci(worst)} (>= {below:.3f}x)")
+
+
+def _arm_recovered(session: Session, r: Recovery, scope: str, start: datetime,
+                   now: datetime) -> str | None:
+    """Return why the optimization `r.variant` switches back on may serve `scope` again.
+
+    Its reverse A/B arm runs beside the fallback path the canaries serve now, prompt by
+    prompt: the paired speedup (fallback / arm latency) must reach 1 / (1 + within) over
+    at least `min_samples` pairs, in the flag's bucket (or over all buckets of the fleet
+    or of the flag's instance).
+    """
+    instance = _instance_of(scope)
+    bucket = ALL_BUCKETS if instance is not None or scope == FLAG_SCOPE_GLOBAL else scope
+    rows = ab_speedups(session, start, now, arms=(r.variant,), instance_id=instance)
+    m = next((x for x in rows if x.bucket == bucket), None)
+    need = 1.0 / (1.0 + r.within)
+    if m is None or m.pairs < r.min_samples or m.speedup < need:
+        return None
+    where = f"instance {instance}" if instance else (
+        "every bucket" if bucket == ALL_BUCKETS else f"bucket {bucket}")
+    return (f"canary {r.variant} arm {m.speedup:.3f}x the fallback path, paired per prompt "
+            f"over {m.pairs} pairs{_ci(m)} in {where} (>= {need:.3f}x, within "
+            f"+{r.within:.0%}) over {r.window_s:g}s")
+
+
+def _instance_of(scope: str) -> str | None:
+    """Return the instance an `instance:<id>` flag scope names, else None."""
+    return scope[len(INSTANCE_SCOPE_PREFIX):] if scope.startswith(INSTANCE_SCOPE_PREFIX) else None
+
+
+def _ci(m: ArmSpeedup) -> str:
+    """Return the speedup's 95% confidence interval as text ("" under 6 pairs)."""
+    if m.ci_low is None or m.ci_high is None:
+        return ""
+    return f" (95% CI {m.ci_low:.3f}-{m.ci_high:.3f}x)"
 
 
 def _baseline(session: Session, metric: str, scope: Mapping[str, str],
@@ -623,6 +655,16 @@ def _parse_one(raw: object, source: str, index: int) -> FallbackPolicy:
     if policy.recovery.measure == "traffic_recompiles" and policy.flag != "compiled":
         raise PolicyError(source, entry, "recovery.measure",
                           "traffic_recompiles only measures the compiled flag")
+    if policy.recovery.measure == "canary_variant" and (
+            policy.recovery.variant != policy.flag or policy.flag not in REVERSE_ARMS):
+        # The arm is paired with the fallback path: only the arm that switches this
+        # policy's optimization back on measures whether it recovered.
+        raise PolicyError(source, entry, "recovery.variant",
+                          f"canary_variant reads the A/B arm that switches {policy.flag} back "
+                          f"on: variant must be {policy.flag!r}"
+                          if policy.flag in REVERSE_ARMS else
+                          f"canary_variant has no A/B arm to read for {policy.flag}, got "
+                          f"{policy.recovery.variant!r}")
     if policy.flag != "native_step":
         if policy.slower is not None:
             raise PolicyError(source, entry, "slower",

@@ -41,7 +41,7 @@ from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.policy import load_policy
 from alerts.rule_file import load_rules
 from alerts.webhooks import WebhookTarget
-from probes.cycle import CycleResult
+from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from probes.sink import add_cycle
 from probes.stats import Distribution
@@ -130,16 +130,21 @@ class ServiceSim:
         at = minute(self.i)
         ab = self.rng.random() < AB_SHARE
         for inst, version in world.instances.items():
-            groups = []
+            groups, pairs = [], []
             for bucket, base in BUCKETS.items():
-                for arm in ARMS if ab else ("optimized",):
-                    lat = [base * world.slow(inst, arm, bucket) * f
-                           for f in self._factors((inst, arm, bucket), 4)]
-                    groups.append(_group(bucket, arm, lat))
+                arms = {arm: [base * world.slow(inst, arm, bucket) * f
+                              for f in self._factors((inst, arm, bucket), 4)]
+                        for arm in (ARMS if ab else ("optimized",))}
+                groups += [_group(bucket, arm, lat) for arm, lat in arms.items()]
+                # An A/B cycle's canary i runs its optimized request and arms back to back.
+                pairs += [PromptPair(bucket, f"{bucket}-{i}", tuple(arms),
+                                     {arm: lat[i] for arm, lat in arms.items()})
+                          for i in range(4) if ab]
             add_cycle(s, CycleResult(
                 suite="in_domain", instance_id=inst, started_at=at + timedelta(seconds=2),
                 finished_at=at + timedelta(seconds=20), status="ok", ab=ab,
-                groups=tuple(groups), model_version=version, config_hash="c1"))
+                groups=tuple(groups), pairs=tuple(pairs), model_version=version,
+                config_hash="c1"))
             for bucket, base in BUCKETS.items():
                 lat = [base * world.slow(inst, "optimized", bucket) * f
                        for f in self._factors((inst, "traffic", bucket), TRAFFIC_PER_MIN)]

@@ -8,7 +8,8 @@ instead of stacking more threads on the hung engine.
 A/B cycles run each canary prompt's optimized request and its fallback arms back to back,
 in an order drawn per prompt from the cycle's rng, so that anything periodic in the
 process (another job, a GC pause, a flag read) lands on every arm alike and the arms of
-one prompt can be compared pair by pair (`CycleResult.pairs`, `probes.ab`).
+one prompt can be compared pair by pair (`CycleResult.pairs`,
+`storage.queries.speedups`).
 
 Which arms a prompt gets depends on how its optimized request ran (`_arms_for`): a bucket
 whose speculation is off gets the reverse `speculative` arm instead of `direct`, a

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -14,36 +14,23 @@ from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Name64, Note, check_label_va
 from monitor.api.sensitivity import SensitivityOut, sensitivity_out
 from storage.models import scope_key
 from storage.queries import sensitivity as sensitivity_queries
+from storage.queries.baselines import StoredBaseline
 
 router = APIRouter(tags=["baselines"])
 Metric = Name64  # baselines.metric
 
 
-class BaselineOut(BaseModel):
+@dataclass(frozen=True)
+class BaselineOut(StoredBaseline):
     """A stored baseline."""
 
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    metric: str
-    scope: dict[str, str]
-    kind: str
-    value: float
-    spread: float | None
-    body: float | None = Field(None, description="quantile rules: the median of the cycles' "
-                               "own median samples (where the canaries' body sits)")
-    samples: int
-    window_start: datetime | None
-    window_end: datetime | None
-    model_version: str
-    config_hash: str
-    created_at: datetime
-    pinned_by: str | None
-    note: str | None
-    active: bool
-    sensitivity: list[SensitivityOut] = Field(
-        default_factory=list, description="what each rule of this metric can see on this "
-        "series, and its threshold in force (GET /v1/rules/sensitivity)")
+    scope_key: Annotated[str, Field(exclude=True)]  # `scope` as stored; `scope` says it
+    body: Annotated[float | None, Field(description=(
+        "quantile rules: the median of the cycles' own median samples (where the canaries' "
+        "body sits)"))] = None
+    sensitivity: Annotated[list[SensitivityOut], Field(description=(
+        "what each rule of this metric can see on this series, and its threshold in force "
+        "(GET /v1/rules/sensitivity)"))] = field(default_factory=list)
 
 
 class BaselineChange(BaseModel):
@@ -93,8 +80,8 @@ def list_baselines(
         for s in sensitivity_queries.listing(session):
             key = (s.metric, s.scope_key, s.model_version, s.config_hash)
             by_series.setdefault(key, []).append(sensitivity_out(s))
-    return [BaselineOut.model_validate(v).model_copy(update={"sensitivity": by_series.get(
-        (v.metric, v.scope_key, v.model_version, v.config_hash), [])}) for v in views]
+    return [BaselineOut(**asdict(v), sensitivity=by_series.get(
+        (v.metric, v.scope_key, v.model_version, v.config_hash), [])) for v in views]
 
 
 @router.post("/v1/baselines")
@@ -106,6 +93,6 @@ def change_baseline(body: BaselineChange, sessions: SessionsDep,
             view = baselines.pin(session, body.metric, body.scope, actor, value=body.value,
                                  note=body.note)
             return BaselineChangeOut(action="pin", actor=actor,
-                                     baseline=BaselineOut.model_validate(view))
+                                     baseline=BaselineOut(**asdict(view)))
         n = baselines.unpin(session, body.metric, body.scope, actor)
     return BaselineChangeOut(action="unpin", actor=actor, unpinned=n)

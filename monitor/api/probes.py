@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
@@ -10,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from monitor.api.deps import ProbeRunnerDep, ReaderDep, ServicesDep, SessionsDep, WriterDep
 from monitor.api.fields import Name64, UtcTime
-from probes.ab import ab_speedups
 from storage.queries import runs as queries
+from storage.queries.speedups import ArmSpeedup, ab_speedups
 from vocab import utcnow
 
 router = APIRouter(tags=["probes"])
@@ -80,23 +81,14 @@ def list_runs(
                 for r in queries.list_runs(session, kind=kind, limit=limit)]
 
 
-class SpeedupOut(BaseModel):
+@dataclass(frozen=True)
+class SpeedupOut(ArmSpeedup):
     """Measured speedup of one optimization in one bucket ("all": every bucket's pairs).
 
     The median over A/B prompt pairs of the fallback / optimized latency ratio (reverse
-    arms inverted), with its 95% confidence interval (null under 6 pairs); see probes.ab.
+    arms inverted), with its 95% confidence interval (null under 6 pairs); see
+    docs/speedups.md (storage.queries.speedups).
     """
-
-    bucket: str
-    optimization: str
-    arms: list[str]
-    pairs: int
-    runs: int
-    speedup: float
-    ci_low: float | None
-    ci_high: float | None
-    optimized_p50_s: float
-    arm_p50_s: float
 
 
 @router.get("/v1/probes/speedups")
@@ -114,10 +106,7 @@ def list_speedups(
         raise ValueError(f"until: must be after since ({start.isoformat()})")
     with sessions() as session:
         rows = ab_speedups(session, start, end, instance_id=instance_id)
-    return [SpeedupOut(bucket=s.bucket, optimization=s.optimization, arms=list(s.arms),
-                       pairs=s.pairs, runs=s.runs, speedup=s.speedup, ci_low=s.ci_low,
-                       ci_high=s.ci_high, optimized_p50_s=s.optimized_p50_s,
-                       arm_p50_s=s.arm_p50_s) for s in rows]
+    return [SpeedupOut(**asdict(s)) for s in rows]
 
 
 @router.post("/v1/probes/run")

@@ -16,7 +16,8 @@ from monitor.demo.traffic import Lane, bucket_lanes, median_latency
 # load narrows the gap, so the bar is modest.
 RECOVERY_RATIO = 0.9
 RECOVERY_SAMPLES = 10  # requests compared on each side of the flip
-AB_PAIRS = 6  # prompt pairs per bucket and arm: the fewest that probes.ab gives a 95% CI
+# Prompt pairs per bucket and arm: the fewest that storage.queries.speedups gives a 95% CI.
+AB_PAIRS = 6
 # A forced A/B cycle's request blocks for the whole cycle (up to the demo's cycle timeout)
 # and then for the store: the client waits that long and a minute more.
 AB_CLIENT_TIMEOUT_S = AB_CYCLE_TIMEOUT_S + 60.0

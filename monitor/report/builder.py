@@ -19,7 +19,7 @@ from monitor.report.model import (
 from monitor.report.optimizations import Optimization, Registry
 from monitor.report.shapes import MIN_GAIN, ShapeSummary, summarize
 from monitor.report.verdict import judge_metric, overall
-from probes.ab import ALL_BUCKETS, OPTIMIZATION_OF_ARM, REVERSE_ARMS
+from storage.queries.speedups import ALL_BUCKETS, OPTIMIZATION_OF_ARM, REVERSE_ARMS
 
 ACCEPTANCE_METRIC = "acceptance_rate"
 
@@ -75,7 +75,8 @@ def _costly(reviews: tuple[OptimizationReview, ...]) -> tuple[CostlyOptimization
     return tuple(out)
 
 
-# optimization (probes.ab) -> the flag that turns it off, and whether it takes a bucket scope.
+# optimization (storage.queries.speedups) -> the flag that turns it off, and whether it
+# takes a bucket scope.
 _FLAG_OF = {"compile": ("compiled", False), "speculative": ("speculative", True),
             "bucketing": ("bucketing", False), "int8": ("quantized", True),
             "native_step": ("native_step", False)}

@@ -34,13 +34,13 @@ from monitor.report.quality import collect_quality
 from monitor.report.rollouts import collect_rollouts
 from monitor.report.sensitivity import collect_sensitivity
 from monitor.report.week import Period
-from probes.ab import PairRecord, load_pairs, speedups
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
 from storage.queries import week as queries
 from storage.queries.baselines import baselines_in_force
 from storage.queries.runs import current_cohort
+from storage.queries.speedups import PairRecord, load_pairs, speedups
 
 P99_METRIC = "p99_latency"  # the Baseline metric the alert rules keep per bucket
 
@@ -212,7 +212,7 @@ def _recompiles(session: Session, start: datetime, end: datetime,
 
 
 def _ab(session: Session, start: datetime, end: datetime) -> dict[str, Any]:
-    """Return the week's measured speedups (probes.ab, the one definition) and each day's."""
+    """Return the week's measured speedups (storage.queries.speedups) and each day's."""
     pairs = load_pairs(session, start, end)
     by_day: dict[int, list[PairRecord]] = {}
     for p in pairs:

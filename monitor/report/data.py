@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.report.week import Period
-from probes.ab import ArmSpeedup
+from storage.queries.speedups import ArmSpeedup
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class RecompileHour:
 
 @dataclass(frozen=True)
 class DaySpeedup:
-    """The measured speedups (probes.ab) of the A/B cycles of one day."""
+    """The measured speedups (storage.queries.speedups) of the A/B cycles of one day."""
 
     day: int
     speedup: ArmSpeedup
@@ -205,7 +205,8 @@ class WeekData:
     lengths: tuple[LengthBin, ...] = ()
     memory: tuple[MemoryPoint, ...] = ()
     recompiles: tuple[RecompileHour, ...] = ()
-    # Measured speedups (probes.ab: paired per prompt) per bucket and over all buckets.
+    # Measured speedups (storage.queries.speedups: paired per prompt) per bucket and over
+    # all buckets.
     ab: tuple[ArmSpeedup, ...] = ()
     ab_daily: tuple[DaySpeedup, ...] = ()
     alerts: tuple[AlertEntry, ...] = ()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from monitor.report.data import WeekData
-from probes.ab import ALL_BUCKETS, OPTIMIZATION_OF_ARM, ArmSpeedup
+from storage.queries.speedups import ALL_BUCKETS, OPTIMIZATION_OF_ARM, ArmSpeedup
 from vocab import BUCKET_OVERFLOW, Variant
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def memory_growth_per_day(data: WeekData, opt: Optimization) -> MetricReading:
 
 
 def speedup(data: WeekData, opt: Optimization) -> MetricReading:
-    """Measured speedup per bucket and over all buckets (probes.ab: paired per prompt)."""
+    """Measured speedup per bucket and over all buckets (storage.queries.speedups)."""
     name = OPTIMIZATION_OF_ARM.get(opt.ab_arm or "")
     rows = [s for s in data.ab if s.optimization == name]
     if not rows:

@@ -37,7 +37,7 @@ class SpeedupRow:
     expected: float | None
     measured: float | None
     evidence: str
-    ci_low: float | None = None  # 95% CI of the measured median (probes.ab)
+    ci_low: float | None = None  # 95% CI of the measured median (storage.queries.speedups)
     ci_high: float | None = None
     pairs: int = 0
 

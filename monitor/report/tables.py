@@ -64,7 +64,7 @@ def _evidence(c: CheckResult) -> str:
 
 
 def speedup_table(report: WeeklyReport) -> Table:
-    """Return expected vs measured speedup per optimization and bucket (probes.ab)."""
+    """Return expected vs measured speedup per optimization and bucket."""
     rows = []
     for o in report.optimizations:
         for s in (*o.speedups, *([o.overall] if o.overall else ())):

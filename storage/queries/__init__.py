@@ -6,8 +6,9 @@ connection) where the caller analyses a window. Windows are half-open:
 start <= at < end, timezone-aware UTC. Ratios are None where their denominator is
 zero: "no data" is not "zero". Modules by subject: alerts, baselines (and which one
 is in force), deliveries, export, flags, latency (window quantiles merged from
-sketches), measurements, reports, runs, traffic
-(acceptance), week (DataFrames for the weekly report).
+sketches), measurements, reports, runs, speedups (the measured speedup of each
+optimization, paired per prompt: the one definition), traffic (acceptance), week
+(DataFrames for the weekly report).
 """
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -96,23 +95,3 @@ def memory_samples(session: Session, start: datetime, end: datetime) -> list[Row
     q = select(m.at, m.instance_id, m.cuda_allocated_bytes, m.rss_bytes).where(
         m.at >= start, m.at < end)
     return list(session.execute(q))
-
-
-@dataclass(frozen=True)
-class VariantP99:
-    """The p99 of one canary result row in one variant (arm)."""
-
-    variant: str
-    p99_s: float
-    count: int
-
-
-def variant_p99s(session: Session, start: datetime, end: datetime, *,
-                 bucket: str | None = None) -> list[VariantP99]:
-    """Return the p99 of every canary result row in [start, end) (of one bucket when given)."""
-    q = select(ProbeResult.variant, ProbeResult.p99_s, ProbeResult.count).where(
-        ProbeResult.at >= start, ProbeResult.at < end, ProbeResult.p99_s.is_not(None))
-    if bucket is not None:
-        q = q.where(ProbeResult.bucket == bucket)
-    return [VariantP99(var, p99, count) for var, p99, count in session.execute(q)
-            if p99 is not None]  # the WHERE clause already says so; this tells the type

@@ -1,8 +1,9 @@
-"""The probable cause, measured from A/B arm rows written by the production probe sink.
+"""The probable cause, measured from A/B cycles written by the production probe sink.
 
-Canary cycles are CycleResult values stored through `probes.sink.add_cycle` (as the
-prober stores them); the incident's cause is read back by `alerts.cause.measure` from
-the evaluation's grouping and stored on the incident with its evidence.
+Canary cycles are CycleResult values (groups and, on A/B cycles, the prompt pairs) stored
+through `probes.sink.add_cycle` (as the prober stores them); the incident's cause is read
+back by `alerts.cause.measure` from the evaluation's grouping and stored on the incident
+with its evidence.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from alerts.incidents import IncidentConfig, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
 from alerts.rule_file import parse_rule
 from alerts.rules import Rule, RuleResult
-from probes.cycle import CycleResult
+from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from probes.sink import add_cycle
 from probes.stats import Distribution
@@ -46,16 +47,31 @@ def arm(bucket: str, variant: str, p50: float) -> GroupResult:
                        padding_waste=0.1, output_tokens=160)
 
 
+VARIANTS = ("optimized", "eager", "direct")
+# Per-prompt latency around the bucket's p50: each arm of a prompt shares its factor.
+PROMPTS = {"a": 0.95, "b": 1.0, "c": 1.1}
+
+
 def cycles(s: Session, start: int, end: int, slow: Mapping[str, float], *,
-           instance: str = "i1") -> None:
-    """Write one A/B cycle per minute in [start, end): variant -> slowdown factor."""
+           instance: str = "i1", pairs: Mapping[str, float] | None = None) -> None:
+    """Write one A/B cycle per minute in [start, end): variant -> slowdown factor.
+
+    pairs: the slowdowns the prompt pairs show (default `slow`): a test may make the
+    pairs disagree with the groups to show which one the cause reads.
+    """
+    paired = slow if pairs is None else pairs
     for i in range(start, end):
         t = T0 + timedelta(minutes=i)
         groups = tuple(arm(b, v, p * slow.get(v, 1.0))
-                       for b, p in BUCKETS.items() for v in ("optimized", "eager", "direct"))
+                       for b, p in BUCKETS.items() for v in VARIANTS)
+        prompt_pairs = tuple(
+            PromptPair(b, f"{b}{name}", VARIANTS,
+                       {v: p * f * paired.get(v, 1.0) for v in VARIANTS})
+            for b, p in BUCKETS.items() for name, f in PROMPTS.items())
         add_cycle(s, CycleResult(suite="in_domain", instance_id=instance, started_at=t,
                                  finished_at=t + timedelta(seconds=20), status="ok", ab=True,
-                                 groups=groups, model_version="m1", config_hash="c1"))
+                                 groups=groups, pairs=prompt_pairs, model_version="m1",
+                                 config_hash="c1"))
 
 
 def incident_after(s: Session, fired: list[tuple[Rule, dict[str, str]]]) -> Incident:
@@ -85,6 +101,16 @@ def test_host_or_load_when_the_optimized_and_reference_arms_slow_alike(
                                   "+112% / +108%)")
         assert inc.evidence["arms"]["optimized"] == pytest.approx(1.12, abs=0.005)
         assert inc.evidence["arms"]["eager"] == pytest.approx(1.08, abs=0.005)
+        # The reference arm's change is read through its paired speedup per bucket:
+        # eager / optimized was 1.0 the hour before (3 prompts x the 58 cycles up to the
+        # edge, minute 58) and 2.08 / 2.12 during the incident (minutes 63, a cycle before
+        # the alert went pending and not yet slowed, to 69: 3 prompts x 7 cycles).
+        paired = inc.evidence["paired"]["eager"]["64"]
+        assert paired["before"] == {"speedup": 1.0, "pairs": 174, "cycles": 58,
+                                    "ci95": [1.0, 1.0]}
+        assert paired["during"]["speedup"] == pytest.approx(2.08 / 2.12, abs=1e-4)
+        assert (paired["during"]["pairs"], paired["during"]["cycles"]) == (21, 7)
+        assert "paired per prompt within a cycle" in inc.evidence["measured_by"]
         assert inc.summary.endswith("probable cause: " + inc.cause_text)
         assert "3 buckets (128, 32, 64)" in inc.summary
 
@@ -98,6 +124,20 @@ def test_optimization_regressed_when_only_the_optimized_arm_slows(
         assert inc.cause == "optimization"
         assert inc.cause_text == "optimization regressed (optimized +80%, eager/direct +2%)"
         assert inc.evidence["buckets_read"] == ["64"]
+
+
+def test_the_reference_arms_are_read_from_the_prompt_pairs_not_the_cycle_groups(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 64, {})
+        # The cycle's groups say every arm slowed alike; the pairs, each prompt's requests
+        # back to back, say only the optimized one did: the pairs decide.
+        cycles(s, 64, 71, {"optimized": 1.8, "eager": 1.8, "direct": 1.8},
+               pairs={"optimized": 1.8, "eager": 1.0, "direct": 1.0})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "optimization"
+        assert inc.evidence["paired"]["direct"]["64"]["during"]["speedup"] == pytest.approx(
+            1 / 1.8, abs=1e-4)
 
 
 def test_one_instance_when_the_other_replicas_did_not_slow(

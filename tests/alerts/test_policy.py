@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,11 +13,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.baselines import BaselineConfig
 from alerts.errors import PolicyError
 from alerts.evaluator import EvaluationOptions, evaluate
-from alerts.flags import FlagStore
+from alerts.flags import FlagStore, SqlFlagProvider
 from alerts.policy import Policy, load_policy, parse_policy
 from alerts.rule_file import parse_rule
+from probes.canaries import CanarySuite
+from probes.prober import Prober
 from storage.models import Alert
+from storage.writer import Writer
 from tests.alerts.builders import add_traffic
+from tests.probes.fakes import FakeEngine, FakeTimings, prompt_of
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ACCEPTANCE = parse_rule({"name": "acceptance_drop", "metric": "acceptance_rate",
@@ -189,7 +194,10 @@ def test_shipped_policy_loads_and_bad_policies_name_the_field(tmp_path: Path):
     for patch, field in [({"flag": "turbo"}, "flag"), ({"value": "off"}, "value"),
                          ({"alerts": []}, "alerts"), ({"probation": 2}, "probation"),
                          ({"hold": "later"}, "hold"), ({"scope_from": "path"}, "scope_from"),
-                         ({"recovery": {"measure": "vibes"}}, "recovery.measure")]:
+                         ({"recovery": {"measure": "vibes"}}, "recovery.measure"),
+                         # canary_variant pairs the arm that switches this flag back on.
+                         ({"recovery": {"measure": "canary_variant", "variant": "compiled"}},
+                          "recovery.variant")]:
         doc = {"policies": [{**POLICY_DOC["policies"][0], **patch}]}
         with pytest.raises(PolicyError) as info:
             parse_policy(doc, "user.yaml")
@@ -200,30 +208,102 @@ def test_shipped_policy_loads_and_bad_policies_name_the_field(tmp_path: Path):
         load_policy(str(bad))
 
 
+def _arm_prober(sessions: sessionmaker[Session], engine: FakeEngine, clock: list[datetime],
+                arm: str, buckets: tuple[int, ...] = (40, 45)) -> tuple[Prober, Writer]:
+    """The real prober, every cycle A/B with `arm`, two canaries per bucket."""
+    writer = Writer(sessions)
+    suite = CanarySuite("in_domain", "in_domain",
+                        tuple(prompt_of(n, seed=n) for n in buckets), 12, "test")
+    return Prober(engine, writer, {"in_domain": suite}, instance_id="i1",
+                  canaries_per_bucket=2, ab_share=1.0, ab_arms=(arm,), rng=random.Random(0),
+                  clock=lambda: clock[0]), writer
+
+
+def _run_cycles(prober: Prober, writer: Writer, clock: list[datetime], t0: datetime,
+                minutes: range) -> None:
+    for i in minutes:
+        clock[0] = t0 + timedelta(minutes=i)
+        prober.run_cycle()
+    assert writer.flush(timeout=30) and writer.stats.failed == 0
+
+
 def test_eager_fallback_is_restored_when_the_compiled_arm_recovers(
         sessionmaker: sessionmaker[Session]):
-    from tests.alerts.builders import add_cycle
-
     # A fleet-wide eager policy recovered by the canaries' compiled arm (the shipped one reads
-    # real traffic's recompiles per instance: tests/alerts/test_fallbacks.py).
+    # real traffic's recompiles per instance: tests/alerts/test_fallbacks.py). The arm runs
+    # beside the eager fallback prompt by prompt: the paired speedup decides, not p99s.
     items, _ = parse_policy({"policies": [{
         "name": "eager", "alerts": ["recompiles_per_hour"], "flag": "compiled", "value": False,
         "expires": "6h", "hold": "30m", "cooldown": "1h",
         "recovery": {"measure": "canary_variant", "variant": "compiled", "window": "30m",
                      "min_samples": 8, "within": "+0%"}}]})
     pol = Policy(items)
-    with sessionmaker.begin() as s:
-        _firing(s, "recompiles_per_hour", "", minute(0))
-        assert [(a.kind, a.flag) for a in pol.apply(s, minute(1))] == [("set", "compiled")]
-        assert FlagStore(lambda: minute(1)).runtime_flags(s).compiled is False
+    # Flags expire on the wall clock (the SQL provider reads them now): stay near it.
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    clock = [t0]
+    # Compiled is slower than eager on this host at first (the fake's fixed latencies).
+    total = {("64", "compiled", "speculative"): 0.30, ("64", "eager", "speculative"): 0.21}
+    engine = FakeEngine(flags=SqlFlagProvider(sessionmaker, ttl_s=0.0),
+                        timings=FakeTimings(total_s=total))
+    engine.warm_up()
+    prober, writer = _arm_prober(sessionmaker, engine, clock, "eager")
+    try:
+        with sessionmaker.begin() as s:
+            _firing(s, "recompiles_per_hour", "", t0)
+            assert [(a.kind, a.flag) for a in pol.apply(s, t0 + timedelta(minutes=1))] == [
+                ("set", "compiled")]
         # While eager is in force the canaries probe the compiled path as a reverse A/B arm.
-        for i in range(5, 60, 5):
-            add_cycle(s, minute(i), {"64": 0.30})  # optimized = the eager fallback
-            slow = 0.45 if i < 35 else 0.20  # compiled recovers after minute 35
-            add_cycle(s, minute(i), {"64": slow}, variant="compiled")
-        # Compiled still slower than eager: keep the fallback.
-        assert "restore" not in [a.kind for a in pol.apply(s, minute(34))]
-        actions = pol.apply(s, minute(66))
-        assert [(a.kind, a.flag) for a in actions] == [("restore", "compiled")]
-        assert "compiled arm" in actions[0].reason
-        assert FlagStore(lambda: minute(66)).runtime_flags(s).compiled is True
+        _run_cycles(prober, writer, clock, t0, range(5, 35, 5))
+        with sessionmaker.begin() as s:
+            # Compiled still slower than eager: keep the fallback.
+            assert "restore" not in [a.kind for a in pol.apply(s, t0 + timedelta(minutes=34))]
+        total[("64", "eager", "speculative")] = 0.45  # compiled recovers: 1.5x faster
+        _run_cycles(prober, writer, clock, t0, range(35, 65, 5))
+        with sessionmaker.begin() as s:
+            actions = pol.apply(s, t0 + timedelta(minutes=66))
+            assert [(a.kind, a.flag) for a in actions] == [("restore", "compiled")]
+            # Cycles at minutes 40..60, two prompts each: 10 pairs at eager/compiled = 1.5.
+            assert ("canary compiled arm 1.500x the fallback path, paired per prompt over 10 "
+                    "pairs (95% CI 1.500-1.500x) in every bucket (>= 1.000x, within +0%)"
+                    ) in actions[0].reason
+            assert FlagStore(lambda: t0 + timedelta(minutes=66)).runtime_flags(s).compiled
+    finally:
+        writer.close()
+        engine.close()
+
+
+def test_a_bucket_fallback_is_restored_by_its_own_buckets_pairs_only(
+        sessionmaker: sessionmaker[Session]):
+    items, _ = parse_policy({"policies": [{
+        "name": "direct", "alerts": ["p99_latency_regression"], "flag": "speculative",
+        "scope_from": "bucket", "value": False, "hold": "10m", "cooldown": "1h",
+        "recovery": {"measure": "canary_variant", "variant": "speculative", "window": "10m",
+                     "min_samples": 4, "within": "+5%"}}]})
+    pol = Policy(items)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    clock = [t0]
+    # Speculation pays in bucket 16 and costs in 64: the fake's fixed latencies per arm.
+    total = {("16", "compiled", "speculative"): 0.10, ("16", "compiled", "direct"): 0.14,
+             ("64", "compiled", "speculative"): 0.30, ("64", "compiled", "direct"): 0.20}
+    engine = FakeEngine(flags=SqlFlagProvider(sessionmaker, ttl_s=0.0),
+                        timings=FakeTimings(total_s=total))
+    engine.warm_up()
+    prober, writer = _arm_prober(sessionmaker, engine, clock, "direct",
+                                 buckets=(10, 12, 40, 45))
+    try:
+        with sessionmaker.begin() as s:
+            fired = [_firing(s, "p99_latency_regression", b, t0) for b in ("16", "64")]
+            pol.apply(s, t0)
+            for alert in fired:
+                alert.state = "resolved"
+            assert FlagStore(lambda: t0).runtime_flags(s).speculative == {
+                "16": False, "64": False}
+        _run_cycles(prober, writer, clock, t0, range(1, 12))
+        with sessionmaker.begin() as s:
+            actions = pol.apply(s, t0 + timedelta(minutes=12))
+            assert [(a.kind, a.scope) for a in actions] == [("restore", "16")]
+            assert "1.400x the fallback path" in actions[0].reason
+            assert "in bucket 16" in actions[0].reason
+    finally:
+        writer.close()
+        engine.close()

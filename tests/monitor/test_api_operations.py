@@ -82,7 +82,7 @@ def test_speedups_are_read_from_the_ab_cycles_stored(client: TestClient,
         r = client.post("/v1/probes/run", json={"kind": "cycle", "ab": True}, headers=auth)
         assert r.status_code == 200 and r.json()["stored"], r.text
     got = client.get("/v1/probes/speedups").json()
-    from probes.ab import ab_speedups
+    from storage.queries.speedups import ab_speedups
 
     sessions = services_of(client.app).sessions  # type: ignore[arg-type]
     now = datetime.now(UTC)

@@ -83,6 +83,7 @@ def test_every_reader_shows_what_one_run_wrote(migrated_url: str, tmp_path: Path
                                         notify=False)
             _check_report(outcome.report, outcome.markdown_path.read_text(), rounds)
             _check_reads(http, rounds)
+            _check_speedups(outcome.report, http)
 
 
 def _run(http: httpx.Client) -> None:
@@ -141,6 +142,22 @@ def _check_reads(http: httpx.Client, rounds: int) -> None:
     speedups = http.get("/v1/probes/speedups", headers=AUTH).json()
     assert {(s["optimization"], s["bucket"]) for s in speedups} >= {
         ("compile", "all"), ("speculative", "all"), ("speculative", "64")}
+
+
+def _check_speedups(report, http: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+    """The report quotes the speedups the API serves; speculation costs where it is slower."""
+    served = {(s["optimization"], s["bucket"]): s["speedup"]
+              for s in http.get("/v1/probes/speedups", headers=AUTH).json()}
+    names = {"torch.compile": "compile", "speculative decoding": "speculative"}
+    shown = {(names[o.name], s.bucket): s.measured for o in report.optimizations
+             if o.name in names for s in (*o.speedups, o.overall) if s is not None}
+    assert shown.keys() == served.keys()
+    for key, value in served.items():
+        assert shown[key] == pytest.approx(value, rel=0.01), key
+    slower = {b for (o, b), v in served.items() if o == "speculative" and v < 1}
+    costly = {row.bucket for c in report.costly if c.name == "speculative decoding"
+              for row in c.rows}
+    assert costly == slower
 
 
 @contextmanager

@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from monitor.report import build_report, load_registry, render_markdown, run_weekly_report
 from monitor.report.job import summary_text
 from monitor.report.model import WeeklyReport
 from monitor.settings import Settings
-from probes.ab import ALL_BUCKETS, ab_speedups
 from storage.models import Report, WebhookDelivery
 from tests.monitor.report.synthetic import LATENCY, fill_week
 
@@ -126,22 +126,36 @@ def test_synthetic_week_verdicts_and_numbers(sessionmaker, report_settings: Sett
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_report_speedups_are_the_measured_speedups(sessionmaker,
-                                                   report_settings: Settings) -> None:
+def test_the_report_quotes_the_speedups_the_api_serves(
+        sessionmaker, report_settings: Settings, client: TestClient,
+        auth: dict[str, str]) -> None:
+    # One database: the week the real prober wrote (synthetic.py), read by the report and
+    # by the service's GET /v1/probes/speedups over the same window.
     fill_week(sessionmaker)
     with sessionmaker.begin() as session:
         report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
-        measured = ab_speedups(session, report.start, report.end)
-    assert len(measured) == 9  # compile, speculative, native_step: buckets 16, 64 and all
-    by_key = {(s.optimization, s.bucket): s.speedup for s in measured}
+    r = client.get("/v1/probes/speedups", headers=auth,
+                   params={"since": report.start.isoformat(), "until": report.end.isoformat()})
+    assert r.status_code == 200, r.text
+    served = {(s["optimization"], s["bucket"]): s for s in r.json()}
+    assert len(served) == 9  # compile, speculative, native_step: buckets 16, 64 and all
     names = {"torch.compile": "compile", "speculative decoding": "speculative",
              "C decode step": "native_step"}
-    shown = {(names[o.name], s.bucket if s is not o.overall else ALL_BUCKETS): s.measured
-             for o in report.optimizations if o.name in names
+    shown = {(names[o.name], s.bucket): s for o in report.optimizations if o.name in names
              for s in (*o.speedups, o.overall) if s is not None}
-    assert shown.keys() == by_key.keys()
-    for key, value in by_key.items():
-        assert shown[key] == pytest.approx(value, rel=0.01), key
+    assert shown.keys() == served.keys()
+    for key, s in served.items():
+        assert shown[key].measured == pytest.approx(s["speedup"], rel=0.01), key
+        assert (shown[key].pairs, shown[key].ci_low, shown[key].ci_high) == (
+            s["pairs"], s["ci_low"], s["ci_high"]), key
+    # Speculation is listed as costing more than it earns wherever it is slower than
+    # direct (bucket 64 at 0.9x; 1.3x in bucket 16, and over both buckets it pays).
+    slower = {b for (o, b), s in served.items() if o == "speculative" and s["speedup"] < 1}
+    assert slower == {"64"}
+    (spec,) = [c for c in report.costly if c.name == "speculative decoding"]
+    assert {row.bucket for row in spec.rows} == slower
+    md = render_markdown(report).split("## Optimizations that cost more than they earn")[1]
+    assert "| speculative decoding | 64 | 0.90x |" in md.split("\n## ")[0]
 
 
 def test_every_optimization_that_pays_earns_its_cost(sessionmaker,

@@ -1,4 +1,4 @@
-"""Stored prompt pairs turn into measured speedups per optimization per bucket."""
+"""storage.queries.speedups: stored prompt pairs turn into speedups per optimization."""
 
 from __future__ import annotations
 
@@ -11,13 +11,29 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
-from probes.ab import ALL_BUCKETS, PairRecord, ab_speedups, load_pairs, median_ci, speedups
+from probes.canaries import CanarySuite
 from probes.cycle import ProbeCycle
 from storage.models import ProbeRun
-from tests.probes.fakes import FakeEngine, FakeTimings, store
+from storage.queries.speedups import (
+    ALL_BUCKETS,
+    PairRecord,
+    ab_speedups,
+    instance_speedups,
+    load_pairs,
+    median_ci,
+    overall,
+    speedups,
+)
+from tests.probes.fakes import FakeEngine, FakeTimings, placeholder_suites, store
 
 T = datetime(2026, 11, 30, 10, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+
+
+@pytest.fixture
+def suites() -> dict[str, CanarySuite]:
+    """Return placeholder in_domain and shifted suites covering every bucket."""
+    return placeholder_suites(per_bucket=2)
 
 
 def _pair(bucket: str, run_id: int = 1, **latency: float) -> PairRecord:
@@ -73,7 +89,18 @@ def test_speedups_pair_within_prompts_and_orient_reverse_arms() -> None:
     assert [s.bucket for s in speedups(pairs)][-2:] == [ALL_BUCKETS] * 2
 
 
-# tests/probes has no db pin: sessionmaker runs on SQLite and PostgreSQL.
+def test_an_arms_filter_reads_only_those_arms() -> None:
+    pairs = [_pair("16", optimized=0.1, compiled_step=0.12, direct=0.05),
+             _pair("16", run_id=2, optimized=0.1, native_step=0.05)]
+    got = speedups(pairs, arms=("compiled_step",))
+    assert [(s.bucket, s.optimization, s.arms, s.pairs) for s in got] == [
+        ("16", "native_step", ("compiled_step",), 1),
+        (ALL_BUCKETS, "native_step", ("compiled_step",), 1)]
+    assert got[0].speedup == pytest.approx(1.2)
+    assert speedups(pairs, arms=("bogus",)) == []
+
+
+# sessionmaker runs on SQLite and PostgreSQL.
 def test_speedups_from_pairs_stored_by_the_sink(sessionmaker: sessionmaker[Session],
                                                 suites: dict) -> None:
     flags = InMemoryFlagProvider(RuntimeFlags(speculative={"16": False}))
@@ -186,6 +213,27 @@ def test_the_c_step_is_measured_by_the_compiled_step_arm_and_its_reverse(
         back = {(x.bucket, x.optimization): x
                 for x in ab_speedups(s, later, later + HOUR)}[(ALL_BUCKETS, "native_step")]
     assert back.arms == ("native_step",) and back.speedup == pytest.approx(1.5)
+
+
+def test_instance_speedups_pool_each_instances_buckets(
+        sessionmaker: sessionmaker[Session], suites: dict) -> None:
+    for inst, factor in (("a", 1.5), ("b", 0.8)):
+        engine = FakeEngine(native_step=True, timings=FakeTimings(compiled_step_factor=factor))
+        engine.warm_up()
+        store(sessionmaker, ProbeCycle(engine, suites, instance_id=inst, canaries_per_bucket=2,
+                                       ab_share=1.0, ab_arms=("eager",), rng=random.Random(0),
+                                       clock=lambda: T).run("in_domain"))
+    with sessionmaker() as s:
+        got = instance_speedups(s, T - HOUR, T + HOUR, "native_step",
+                                arms=("compiled_step",))
+        assert instance_speedups(s, T - HOUR, T + HOUR, "native_step", instance_id="b",
+                                 arms=("compiled_step",)).keys() == {"b"}
+        assert instance_speedups(s, T - HOUR, T + HOUR, "int8") == {}
+        every = ab_speedups(s, T - HOUR, T + HOUR, instance_id="a")
+    assert {i: round(m.speedup, 6) for i, m in got.items()} == {"a": 1.5, "b": 0.8}
+    assert got["a"].bucket == ALL_BUCKETS and got["a"].arms == ("compiled_step",)
+    # The same number as the instance's row over all buckets, eager pairs left out.
+    assert got["a"] == overall(every, "native_step")
 
 
 def test_requests_the_c_step_does_not_serve_get_no_step_arm(suites: dict) -> None:

@@ -1,9 +1,10 @@
 """Measured speedup of each optimization: paired per prompt within A/B cycles.
 
-The one definition the report, the API and anything else that speaks of a measured
-speedup use. An A/B cycle runs each canary prompt's optimized request and its fallback
-arms back to back in a random order (probes.cycle) and stores them as
-`ProbeRun.details["pairs"]`. Each (prompt, arm) of a cycle gives one ratio:
+The one definition the weekly report, `GET /v1/probes/speedups`, the auto-fallback policy
+(the C step's trigger, an arm's recovery) and the incident cause use. An A/B cycle runs
+each canary prompt's optimized request and its fallback arms back to back in a random
+order (probes.cycle) and stores them as `ProbeRun.details["pairs"]` (probes.sink). Each
+(prompt, arm) of a cycle gives one ratio:
 
     eager/direct/exact/float32/compiled_step arms:    arm latency / optimized latency
     speculative/compiled/quantized/native_step arms:  optimized latency / arm latency
@@ -12,15 +13,15 @@ arms back to back in a random order (probes.cycle) and stores them as
 speedup > 1 means the optimization is faster than going without it. A forward arm and
 its reverse measure the same optimization (on vs off), so their ratios are pooled. Per
 bucket x optimization, and over all buckets together (bucket "all"), the speedup is the
-median of the ratios
-(taken on their logarithms, so with an even count it is the geometric mean of the two
-middle ratios) with the number of pairs and a distribution-free 95% confidence interval
-for that median: the order statistics x_(k) and x_(n+1-k) of the sorted ratios, with k
+median of the ratios (taken on their logarithms, so with an even count it is the geometric
+mean of the two middle ratios) with the number of pairs and a distribution-free 95%
+confidence interval for that median: the order statistics x_(k) and x_(n+1-k) of the sorted ratios, with k
 the largest rank whose binomial(n, 1/2) tail P(B <= k-1) is at most 2.5% (coverage at
 least 95%; none under 6 pairs).
 
 Cycles stored before pairs were recorded (details without "pairs") are ignored: their
-arms ran minutes after the optimized requests and do not pair.
+arms ran minutes after the optimized requests and do not pair. Per instance
+(`instance_speedups`) is the same number over one instance's pairs.
 """
 
 from __future__ import annotations
@@ -28,31 +29,28 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from probes.cycle import (
-    ARM_COMPILED,
-    ARM_COMPILED_STEP,
-    ARM_FLOAT32,
-    ARM_NATIVE_STEP,
-    ARM_QUANTIZED,
-    ARM_SPECULATIVE,
-)
-from probes.measure import VARIANT_DEFAULT
 from storage.queries.runs import ab_cycle_pairs
+from vocab import Variant
 
 ALL_BUCKETS = "all"
 CONFIDENCE = 0.95
-OPTIMIZATION_OF_ARM = {"eager": "compile", "direct": "speculative", "exact": "bucketing",
-                       ARM_FLOAT32: "int8", ARM_SPECULATIVE: "speculative",
-                       ARM_COMPILED: "compile", ARM_QUANTIZED: "int8",
-                       ARM_COMPILED_STEP: "native_step", ARM_NATIVE_STEP: "native_step"}
+OPTIMIZED = Variant.OPTIMIZED.value
+# A/B arm -> the optimization it measures (the arm turns it off, or a reverse arm back on).
+OPTIMIZATION_OF_ARM: dict[str, str] = {
+    Variant.EAGER.value: "compile", Variant.COMPILED.value: "compile",
+    Variant.DIRECT.value: "speculative", Variant.SPECULATIVE.value: "speculative",
+    Variant.EXACT.value: "bucketing",
+    Variant.FLOAT32.value: "int8", Variant.QUANTIZED.value: "int8",
+    Variant.COMPILED_STEP.value: "native_step", Variant.NATIVE_STEP.value: "native_step"}
 # Reverse arms run the optimization while its flag is off: the ratio is inverted.
-REVERSE_ARMS = (ARM_SPECULATIVE, ARM_COMPILED, ARM_QUANTIZED, ARM_NATIVE_STEP)
+REVERSE_ARMS = (Variant.SPECULATIVE.value, Variant.COMPILED.value, Variant.QUANTIZED.value,
+                Variant.NATIVE_STEP.value)
 
 
 @dataclass(frozen=True)
@@ -92,9 +90,31 @@ class ArmSpeedup:
 
 
 def ab_speedups(session: Session, start: datetime, end: datetime, *,
-                instance_id: str | None = None) -> list[ArmSpeedup]:
+                instance_id: str | None = None,
+                arms: Collection[str] | None = None) -> list[ArmSpeedup]:
     """Return the speedup per bucket x optimization, and over all buckets, in [start, end)."""
-    return speedups(load_pairs(session, start, end, instance_id=instance_id))
+    return speedups(load_pairs(session, start, end, instance_id=instance_id), arms=arms)
+
+
+def instance_speedups(session: Session, start: datetime, end: datetime, optimization: str, *,
+                      instance_id: str | None = None,
+                      arms: Collection[str] | None = None) -> dict[str, ArmSpeedup]:
+    """Return instance -> the speedup of `optimization` over all its buckets in [start, end)."""
+    by_instance: dict[str, list[PairRecord]] = defaultdict(list)
+    for p in load_pairs(session, start, end, instance_id=instance_id):
+        by_instance[p.instance_id].append(p)
+    out = {}
+    for inst, pairs in sorted(by_instance.items()):
+        found = overall(speedups(pairs, arms=arms), optimization)
+        if found is not None:
+            out[inst] = found
+    return out
+
+
+def overall(rows: Iterable[ArmSpeedup], optimization: str) -> ArmSpeedup | None:
+    """Return the ALL_BUCKETS row of `optimization` in `rows`, or None when unmeasured."""
+    return next((s for s in rows if s.bucket == ALL_BUCKETS and s.optimization == optimization),
+                None)
 
 
 def load_pairs(session: Session, start: datetime, end: datetime, *,
@@ -116,16 +136,22 @@ def load_pairs(session: Session, start: datetime, end: datetime, *,
     return out
 
 
-def speedups(pairs: Iterable[PairRecord]) -> list[ArmSpeedup]:
-    """Return the speedup per bucket x optimization and over ALL_BUCKETS of `pairs`."""
+def speedups(pairs: Iterable[PairRecord], *,
+             arms: Collection[str] | None = None) -> list[ArmSpeedup]:
+    """Return the speedup per bucket x optimization and over ALL_BUCKETS of `pairs`.
+
+    arms: read only these A/B arms (None: every arm in OPTIMIZATION_OF_ARM).
+    """
+    wanted = set(OPTIMIZATION_OF_ARM) if arms is None else set(arms) & set(OPTIMIZATION_OF_ARM)
     # (bucket, optimization) -> (optimized s, arm s, arm, run id) per pair
     sides: dict[tuple[str, str], list[tuple[float, float, str, int]]] = defaultdict(list)
     for p in pairs:
-        opt = p.latency_s.get(VARIANT_DEFAULT)
-        if not isinstance(opt, float | int) or opt <= 0:
+        opt = _seconds(p.latency_s.get(OPTIMIZED))
+        if opt is None:
             continue
-        for arm, lat in p.latency_s.items():
-            if arm in OPTIMIZATION_OF_ARM and isinstance(lat, float | int) and lat > 0:
+        for arm, raw in p.latency_s.items():
+            lat = _seconds(raw) if arm in wanted else None
+            if lat is not None:
                 row = (opt, lat, arm, p.run_id)
                 sides[(p.bucket, OPTIMIZATION_OF_ARM[arm])].append(row)
                 sides[(ALL_BUCKETS, OPTIMIZATION_OF_ARM[arm])].append(row)
@@ -174,6 +200,13 @@ def _rank(n: int, tail: float) -> int:
             break
         k = j + 1
     return k
+
+
+def _seconds(x: object) -> float | None:
+    """Return `x` when it is a positive JSON number as the sink writes latencies, else None."""
+    if isinstance(x, int | float) and not isinstance(x, bool) and x > 0:
+        return float(x)
+    return None
 
 
 def _log_choose(n: int, j: int) -> float:
