@@ -102,7 +102,8 @@ def _evaluate(s: AnalysisParts) -> object:
 
     # Every replica flushes its traffic rollups on its own schedule: a minute is judged
     # once each has flushed it (the interval, plus a margin for the write itself).
-    settle = {"traffic": s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S}
+    flushed = s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S
+    settle = {"traffic": flushed, "batch": flushed}  # batch rollups flush with traffic
     with s.sessions.begin() as session:
         report = evaluate(session, s.alerts, s.clock(), settle=settle)
     # The policy may have flipped flags: let the engine see them on its next request.
