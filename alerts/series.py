@@ -309,6 +309,8 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     out = []
     for r in queries.burst_runs(session, start, end):
         d = r.details or {}
+        if d.get("variant", "optimized") != "optimized":
+            continue  # an A/B arm (unbatched) is no regression of the burst itself
         out.append(Row(r.started_at, {"bucket": "", "path": "", "decoding": "", "instance": r.instance_id},
                        {"p99": d.get("latency_p99_s"), "lat_sketch": d.get("latency_sketch"),
                         "requests": r.requests or 0,

@@ -57,18 +57,18 @@ def replica_jobs(s: Services) -> dict[str, Job]:
     return {
         names.PROBE: s.probes.job("cycle"),
         names.BURST: s.probes.job("burst"),
-        names.TRAFFIC_FLUSH: lambda: (_sample_batch(s), s.traffic.flush(s.writer),
-                                      s.probes.record_compiles()),
+        names.TRAFFIC_FLUSH: lambda: _traffic_flush(s),
     }
 
 
-def _sample_batch(s: Services) -> None:
-    """Add a reading of the engine's batching loop to the traffic recorder (if loaded)."""
+def _traffic_flush(s: Services) -> object:
+    """Read the engine's batching loop into this minute, then flush traffic and compiles."""
     from probes.batching import snapshot_of
 
     engine = s.engine_holder.get()
     if engine is not None:
         s.traffic.sample_batch(snapshot_of(engine))
+    return s.traffic.flush(s.writer), s.probes.record_compiles()
 
 
 def analysis_jobs(a: AnalysisParts) -> dict[str, Job]:

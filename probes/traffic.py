@@ -29,6 +29,8 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from functools import partial
 
+from sqlalchemy.orm import Session
+
 from engine.protocol import PATH_OVERFLOW, BatchSnapshot, GenerateResult
 from probes.batching import BatchFolder, BatchRollupItem
 from probes.measure import add_positions
@@ -271,11 +273,15 @@ class TrafficRecorder:
         """
         records = self.drain()
         batches = self.drain_batches()
-        if batches and not writer.submit(partial(add_batch_rollups, items=batches)):
-            log.warning("traffic: the storage writer refused %d batch rollups", len(batches))
-        if not records:
+        if not records and not batches:
             return 0
-        if not writer.submit(partial(add_rollups, items=records)):
+        # One write: a minute's traffic and batching rollups arrive (or are dropped) together.
+        if not writer.submit(partial(add_minutes, traffic=records, batches=batches)):
             log.warning("traffic: the storage writer refused %d rollups", len(records))
             return 0
         return len(records)
+
+
+def add_minutes(session: Session, traffic: list[Rollup], batches: list[BatchRollupItem]) -> int:
+    """Add traffic and batch rollups in the caller's transaction; return the rows touched."""
+    return add_rollups(session, traffic) + add_batch_rollups(session, batches)

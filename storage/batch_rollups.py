@@ -117,9 +117,9 @@ def add_batch_rollups(session: Session, items: Iterable[tuple[BatchKey, BatchDel
         except IntegrityError:
             # Another writer inserted some of these rows meanwhile: add to theirs.
             for key in missing:
-                row = _load(session, [key]).get(key)
-                if row is not None:
-                    _apply(row, merged[key])
+                won = _load(session, [key]).get(key)
+                if won is not None:
+                    _apply(won, merged[key])
                 else:
                     with session.begin_nested():
                         session.add(_new_row(key, merged[key]))

@@ -9,15 +9,21 @@ stamps traffic minutes and is the evaluator's "now"); requests go through /v1/ge
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from sqlalchemy import select
 
 from alerts.flags import FlagStore
+from alerts.series import RowCache
 from monitor.app import create_app
 from monitor.hub import services_of
 from monitor.jobs import scheduled_jobs
 from monitor.loopback import wait_for
+from monitor.report.job import run_weekly_report
+from monitor.report.week import last_seven_days
+from storage.models import ProbeRun
 from storage.queries.batching import batch_loop, batch_usage
 from tests.monitor.conftest import TOKEN, make_settings, suites
 from tests.monitor.fakes import FakeFactory
@@ -38,7 +44,7 @@ def _serve(client: TestClient, n: int) -> list[dict]:
 
 
 def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instance_alone(
-        migrated_url: str) -> None:
+        migrated_url: str, tmp_path: Path) -> None:
     now = [T0]
     factory = FakeFactory()
     settings = make_settings(migrated_url, alerts={"flags_ttl_s": 0.0},
@@ -98,7 +104,9 @@ def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instan
         with services.sessions() as s:
             assert FlagStore(lambda: now[0]).runtime_flags(s, "test-instance").batching is False
 
-        # The engine reads it: every request runs alone although 8 rows would be there.
+        # The engine reads it (its snapshot refreshes in the background: wait for that):
+        # every request runs alone although 8 rows would be there.
+        assert services.flags.refresh_now(10.0)
         assert {r["batch_size_max"] for r in _serve(client, 3)} == {1}
         flags = client.get("/v1/flags", headers=AUTH).json()
         assert any(f["name"] == "batching" and f["scope"] == "instance:test-instance"
@@ -124,3 +132,59 @@ def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instan
                         if a.kind == "restore"]
         assert [(a.flag, a.scope) for a in restored] == [("batching", "instance:test-instance")]
         assert "held 1800s" in restored[0].reason
+
+        # The weekly review's batching lines, from the same rows (and one burst's arms).
+        engine.batch_rows = 8
+        jobs["burst"]()
+        assert services.writer.flush(timeout=30)
+        at = datetime.now(UTC) + timedelta(minutes=5)
+        outcome = run_weekly_report(services.sessions, settings, at,
+                                    week=last_seven_days(at), out_dir=tmp_path)
+        review = {o.name: o for o in outcome.report.optimizations}["continuous batching"]
+        checks = {c.assumption.id: c for c in review.checks}
+        gain = checks["batching-earns-its-keep"].verdict
+        assert gain.value is not None and "median over 1 bursts' arm pairs" in gain.detail
+        window = checks["window-within-token-time"].verdict
+        assert window.value == 0.0 and window.status == "holds"  # the fake's window: 0
+        spec = checks["speculation-pays-at-load"].verdict
+        # Every fake request speculated: no batch size ran both ways, so no speedup.
+        assert spec.value is None and "speculative share 100%" in spec.detail
+        md = outcome.markdown_path.read_text()
+        for line in ("Batching earns its keep", "The window stays within 1.5x the p50 token time",
+                     "Speculation still pays at this load"):
+            assert line in md
+
+
+def test_the_burst_runs_its_unbatched_arm_on_the_same_arrivals(migrated_url: str) -> None:
+    factory = FakeFactory()
+    settings = make_settings(migrated_url, quality={"enabled": False},
+                             probes={"burst_rate_per_s": 100.0, "burst_duration_s": 0.2,
+                                     "burst_concurrency": 8})
+    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
+                     suites=suites())
+    with TestClient(app) as client:
+        wait_for(lambda: client.get("/readyz").status_code == 200)
+        services = services_of(app)
+        jobs = scheduled_jobs(services)
+        engine = factory.engine
+        assert engine is not None
+        engine.batch_rows = None  # unbatched engine (max_batch 1): one arm only
+        jobs["burst"]()
+        engine.batch_rows = 8  # a batching engine: the unbatched arm runs too
+        jobs["burst"]()
+        assert services.writer.flush(timeout=30) and services.writer.stats.failed == 0
+        with services.sessions() as s:
+            runs = sorted(s.scalars(select(ProbeRun).where(ProbeRun.kind == "burst")),
+                          key=lambda r: r.id)
+            arms = [(r.details or {}).get("variant") for r in runs]
+            assert sorted(arms[1:]) == ["optimized", "unbatched"] and arms[0] == "optimized"
+            batched, unbatched = sorted(runs[1:], key=lambda r: r.details["variant"])
+            assert batched.requests == unbatched.requests  # the same arrivals
+            assert {r.variant for r in unbatched.results} == {"unbatched"}
+            assert unbatched.details["throughput_per_s"] >= 0
+            # The burst rule reads the batched bursts only.
+            rows = RowCache(s).rows("burst", T0 - timedelta(days=1),
+                                    datetime.now(UTC) + timedelta(minutes=1))
+            assert len(rows) == 2
+        listed = client.get("/v1/probes/runs", params={"kind": "burst"}, headers=AUTH)
+        assert listed.status_code == 200
