@@ -21,6 +21,7 @@ from storage.batch_rollups import (
 )
 from storage.models import BatchRollup
 from storage.queries.batching import batch_loop, batch_usage
+from storage.queries.export import table_frame
 from storage.retention import prune
 from tests.storage.builders import T0
 
@@ -55,6 +56,9 @@ def test_folded_requests_and_loop_readings_add_up(sessionmaker: sessionmaker[Ses
     with sessionmaker() as s:
         usage = {u.batch: u for u in batch_usage(s, T0, T0 + timedelta(minutes=1))}
         loop = batch_loop(s, T0, T0 + timedelta(minutes=1))
+        exported = table_frame(s, "batch_rollups", T0)  # `tailwatch export --table`
+    assert sorted(exported["batch"]) == ["1", "4", ENGINE_SCOPE]
+    assert all(isinstance(v, str) for v in exported["latency_sketch"])  # JSON as text
     assert set(usage) == {"1", "4"}
     four = usage["4"]
     assert four.requests == 3 and four.batch_size_max == 4  # the max, not a sum
