@@ -9,6 +9,9 @@ Flags (name: scope -> value):
                            engine.quantization is int8)
     speculative_probation  "global" -> share in [0, 1] of a disabled bucket's requests
                            that still speculate, so acceptance recovery can be measured
+    native_step            "global" or "instance:<id>" -> bool (False: the compiled step)
+    batching               "global" or "instance:<id>" -> bool (False: every request runs
+                           with no batch-mates, as engine.max_batch 1)
 
 Each (name, scope) may hold a manual and an automatic row; the manual one always wins,
 expired rows are ignored (and removed with an audit row by `expire`). Every change
@@ -44,10 +47,10 @@ from vocab import utcnow
 log = logging.getLogger(__name__)
 
 FLAG_NAMES = ("speculative", "compiled", "bucketing", "speculative_probation", "quantized",
-              "native_step")
+              "native_step", "batching")
 PER_BUCKET_FLAGS = ("speculative", "quantized")
 # Flags that take "global" or one instance's scope ("instance:<id>").
-PER_INSTANCE_FLAGS = ("compiled", "native_step")
+PER_INSTANCE_FLAGS = ("compiled", "native_step", "batching")
 _BUCKET_RE = re.compile(r"^(\d{1,6}|overflow)$")
 INSTANCE_SCOPE_PREFIX = "instance:"
 # flags.scope is 64 characters: the prefix leaves 55 for the instance id.
@@ -227,9 +230,11 @@ class FlagStore:
 
         compiled = bool(value("compiled", True))
         native_step = bool(value("native_step", True))
+        batching = bool(value("batching", True))
         if instance_id is not None:
             compiled = bool(value("compiled", compiled, instance_scope(instance_id)))
             native_step = bool(value("native_step", native_step, instance_scope(instance_id)))
+            batching = bool(value("batching", batching, instance_scope(instance_id)))
         return RuntimeFlags(
             speculative_default=bool(value("speculative", True)),
             speculative=spec,
@@ -241,6 +246,7 @@ class FlagStore:
             quantized={s: bool(f.value) for (n, s), f in eff.items()
                        if n == "quantized" and s != FLAG_SCOPE_GLOBAL},
             native_step=native_step,
+            batching=batching,
         )
 
     def expire(self, session: Session) -> int:

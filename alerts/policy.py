@@ -74,10 +74,10 @@ from vocab import Variant
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.yaml")
 MEASURES = ("probation_acceptance", "canary_variant", "traffic_recompiles", "canary_agreement",
-            "native_step_arm", "expiry")
+            "native_step_arm", "hold", "expiry")
 # flag -> alert label
 SCOPE_FROM = {"speculative": "bucket", "compiled": "instance", "quantized": "bucket",
-              "native_step": "instance"}
+              "native_step": "instance", "batching": "instance"}
 NATIVE_STEP = Variant.NATIVE_STEP.value
 STEP = OPTIMIZATION_OF_ARM[NATIVE_STEP]  # the optimization the C step's arms measure
 
@@ -414,6 +414,10 @@ def measure_recovery(session: Session, p: FallbackPolicy, scope: str, now: datet
         # The A/B arm that still runs the disabled optimization (int8 switched back on).
         return canary_recovery(session, scope, start, now, variant=r.variant, floor=r.floor,
                                min_samples=r.min_samples)
+    if r.measure == "hold":
+        # Nothing to measure while the fallback runs (unbatched has no batch size to
+        # judge): restore after the hold; the alert still firing brings it back (_retry).
+        return f"held {p.hold_s:g}s"
     return None  # "expiry": only expires_at restores it
 
 

@@ -62,9 +62,16 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rejections": ("share of requests rejected (overloaded or timed out)", ("traffic", "burst")),
     "output_agreement": ("mean token agreement of outputs with the reference path per cycle",
                          ("canary", "traffic")),
+    "batch_p99_ratio": ("p99 latency of the largest batch-size class over the smallest's "
+                        "per cycle", ("traffic",)),
+    "queue_wait_share": ("share of request latency spent waiting for a row or the batching "
+                         "loop", ("traffic",)),
+    "step_throughput": ("tokens per second of the batching steps requests took part in "
+                        "(all rows)", ("traffic",)),
 }
-# variant: the A/B arm (only output_agreement rows carry it).
-SCOPE_LABELS = ("bucket", "path", "decoding", "instance", "variant")
+# variant: the A/B arm (only output_agreement rows carry it); batch: the batch-size class
+# (only the batching metrics' rows carry it).
+SCOPE_LABELS = ("bucket", "path", "decoding", "instance", "variant", "batch")
 SOURCES = tuple(s.value for s in Source)
 SEVERITIES = ("page", "warning", "info")
 _CHANGE_RE = re.compile(r"^\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")

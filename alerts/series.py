@@ -3,7 +3,8 @@
 A cycle is `rule.window_s` long and aligned to the epoch; only finished cycles are
 returned. Canary series read `ProbeResult` rows of kind "cycle" runs in the optimized
 variant (A/B arms stay out), traffic series read `TrafficRollup` minutes, burst series
-read "burst" runs. `recompiles_per_hour`, `compile_failures` and `memory_growth` are
+read "burst" runs; the batching metrics (BATCH_METRICS) read real traffic's
+`BatchRollup` minutes, labelled with the batch-size class ("batch"). `recompiles_per_hour`, `compile_failures` and `memory_growth` are
 sliding: each cycle reports the trailing hour, so one event stays visible for an hour.
 
 Every row belongs to a cohort (model_version, config_hash): the one its instance ran at
@@ -25,9 +26,11 @@ from sqlalchemy.orm import Session
 
 from alerts import quality
 from alerts.rules import Point, Rule, quantile_samples
+from storage.batch_rollups import ENGINE_SCOPE
 from storage.queries import measurements as queries
+from storage.queries.batching import batch_rollups
 from storage.queries.series import NO_COHORT, Cohort, CohortMap, cohort_map, cohort_since
-from storage.sketches import Sketch, merged
+from storage.sketches import Sketch, merged, min_samples
 
 Labels = tuple[tuple[str, str], ...]
 _Key = tuple[Labels, Cohort]
@@ -260,7 +263,7 @@ def plan_rules(cache: RowCache, rules: Iterable[Rule], now: datetime) -> None:
             if _SLIDING[rule.metric] == "compile":
                 cache.plan("canary", first, end)
             continue
-        kind = quality.series_kind(rule.metric, rule.source)
+        kind = series_kind(rule)
         cache.plan(kind, first, end)
         if rule.metric in _SKETCH_METRICS and rule.pool_cycles > 1 \
                 and kind in ("canary", "traffic", "burst"):
@@ -306,11 +309,25 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     out = []
     for r in queries.burst_runs(session, start, end):
         d = r.details or {}
+        if d.get("variant", "optimized") != "optimized":
+            continue  # an A/B arm (unbatched) is no regression of the burst itself
         out.append(Row(r.started_at, {"bucket": "", "path": "", "decoding": "", "instance": r.instance_id},
                        {"p99": d.get("latency_p99_s"), "lat_sketch": d.get("latency_sketch"),
                         "requests": r.requests or 0,
                         "rejections": r.rejections or 0, "ok": r.status == "ok"}))
     return out
+
+
+def _batch_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    return [
+        Row(r.minute, {"bucket": r.bucket, "path": "", "decoding": r.decoding,
+                       "instance": r.instance_id, "batch": r.batch},
+            {"requests": r.requests, "latency_sum": r.latency_sum_s,
+             "wait_sum": r.queue_wait_sum_s + r.batch_wait_sum_s,
+             "row_tokens": r.row_tokens_sum, "decode_s": r.decode_sum_s,
+             "lat_sketch": r.latency_sketch})
+        for r in batch_rollups(session, start, end) if r.bucket != ENGINE_SCOPE
+    ]
 
 
 def _compile_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
@@ -333,10 +350,22 @@ def _agreement_loader(source: str) -> Callable[[Session, datetime, datetime], li
 
 
 _LOADERS = {"canary": _canary_rows, "traffic": _traffic_rows, "burst": _burst_rows,
+            "batch": _batch_rows,
             "compile": _compile_rows, "memory": _memory_rows,
             **{kind: _agreement_loader(src) for src, kind in quality.KINDS.items()}}
 _SLIDING = {"recompiles_per_hour": "compile", "compile_failures": "compile",
             "memory_growth": "memory"}
+
+
+# Metrics read from the batch rollups (kind "batch"): see batch_aggregate.
+BATCH_METRICS = ("batch_p99_ratio", "queue_wait_share", "step_throughput")
+
+
+def series_kind(rule: Rule) -> str:
+    """Return the RowCache kind `rule`'s series reads."""
+    if rule.metric in BATCH_METRICS:
+        return "batch"
+    return quality.series_kind(rule.metric, rule.source)
 
 
 def _key(rule: Rule, labels: Mapping[str, str]) -> Labels | None:
@@ -366,7 +395,7 @@ def cohort_series(rule: Rule, cache: RowCache, start: datetime,
 
 def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
             split: bool) -> dict[_Key, list[Point]]:
-    kind = _SLIDING.get(rule.metric) or quality.series_kind(rule.metric, rule.source)
+    kind = _SLIDING.get(rule.metric) or series_kind(rule)
     # A cycle counts once its rows have all arrived (RowCache.settle).
     starts = cycle_starts(start, end - timedelta(seconds=cache.settle.get(kind, 0.0)),
                           rule.window_s)
@@ -586,6 +615,8 @@ def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, in
             total = n + _sum(rows, "rejections")
             return (_sum(rows, "rejections") / total if total else None), int(total)
         raise ValueError(f"metric: {metric!r} has no traffic series")
+    if kind == "batch":
+        return batch_aggregate(metric, rows)
     if kind == "burst":
         if metric == "burst_p99":
             return _sketch_quantile(metric, rows)
@@ -593,3 +624,37 @@ def aggregate(metric: str, kind: str, rows: list[Row]) -> tuple[float | None, in
             total = _sum(rows, "requests")
             return (_sum(rows, "rejections") / total if total else None), int(total)
     raise ValueError(f"metric: {metric!r} has no {kind} series")
+
+
+def batch_aggregate(metric: str, rows: list[Row]) -> tuple[float | None, int]:
+    """Return (value, samples) of one cycle's batch rollup rows.
+
+    batch_p99_ratio: the p99 latency of the largest batch-size class over that of the
+        smallest, among the classes whose p99 rests on enough requests (a p99's 100):
+        over-batching is the tail rising with the batch size. Samples: the fewer of the two.
+    queue_wait_share: (queue wait + wait for the loop) / latency, summed over requests.
+    step_throughput: tokens per second of the steps the requests took part in (all rows);
+        judged per batch-size class, it falls when a step of the same size got slower.
+    """
+    n = int(_sum(rows, "requests"))
+    if metric == "queue_wait_share":
+        latency = _sum(rows, "latency_sum")
+        return (_sum(rows, "wait_sum") / latency if latency else None), n
+    if metric == "step_throughput":
+        seconds = _sum(rows, "decode_s")
+        return (_sum(rows, "row_tokens") / seconds if seconds else None), n
+    if metric == "batch_p99_ratio":
+        need = min_samples(0.99)
+        by_class: dict[str, list[Row]] = defaultdict(list)
+        for r in rows:
+            by_class[r.labels["batch"]].append(r)
+        sketches = sorted(((int(c), merged(_sketch(r, "lat_sketch") for r in rs))
+                           for c, rs in by_class.items()), key=lambda cs: cs[0])
+        enough = [s for _, s in sketches if s.count >= need]
+        if len(enough) < 2:
+            return None, min((s.count for s in enough), default=0)
+        low, high = enough[0].quantile(0.99), enough[-1].quantile(0.99)
+        if not low or high is None:
+            return None, 0
+        return high / low, min(enough[0].count, enough[-1].count)
+    raise ValueError(f"metric: {metric!r} has no batch series")

@@ -61,7 +61,8 @@ def load_flags(path: Path) -> RuntimeFlags:
     spec = data.get("speculative", {})
     prob = data.get("speculative_probation", 0.0)
     bools = {k: data.get(k, True) for k in ("speculative_default", "compiled", "bucketing",
-                                            "quantized_default", "native_step")}
+                                            "quantized_default", "native_step",
+                                            "batching")}
     quantized = data.get("quantized", {})
     manual = data.get("manual_off", [])
     if (not isinstance(spec, dict) or not all(isinstance(v, bool) for v in spec.values())

@@ -343,6 +343,8 @@ class RuntimeFlags:
         mapping uses quantized_default (both are moot unless engine.quantization is int8).
     native_step: False decodes with the compiled step where the C step is bound (moot
         where it is not).
+    batching: False runs each request with no batch-mates, as engine.max_batch 1 would
+        (moot where max_batch is 1).
     """
 
     speculative_default: bool = True
@@ -354,6 +356,7 @@ class RuntimeFlags:
     quantized_default: bool = True
     quantized: Mapping[str, bool] = field(default_factory=dict)
     native_step: bool = True
+    batching: bool = True
 
     def quantized_for(self, bucket: str) -> bool:
         """Return whether the target runs with int8 weights for `bucket` (when loaded)."""
@@ -379,6 +382,7 @@ class FlagOverride:
     bucketing: bool | None = None
     quantized: bool | None = None
     native_step: bool | None = None
+    batching: bool | None = None
 
     def apply(self, flags: RuntimeFlags, bucket: str) -> RuntimeFlags:
         """Return `flags` with this override applied for `bucket`."""
@@ -394,6 +398,8 @@ class FlagOverride:
             out = replace(out, quantized={**out.quantized, bucket: self.quantized})
         if self.native_step is not None:
             out = replace(out, native_step=self.native_step)
+        if self.batching is not None:
+            out = replace(out, batching=self.batching)
         return out
 
 

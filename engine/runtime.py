@@ -527,7 +527,8 @@ class Runtime:
             path, length, key = self._route(n, flags)
             try:
                 decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized, native)
+                    ids, length, key, slot, k, max_new, deadline, quantized, native,
+                    alone=not flags.batching)
             except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
                 raise
             except Exception:
@@ -537,7 +538,8 @@ class Runtime:
                 self._watch.record_failure()
                 path, key = PATH_EAGER, None
                 decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized, native)
+                    ids, length, key, slot, k, max_new, deadline, quantized, native,
+                    alone=not flags.batching)
         out = decoded.tokens
         if batch is not None:
             # What ran: a request that asked to speculate decodes direct while batched.
@@ -599,14 +601,15 @@ class Runtime:
 
     def _run_any(self, ids: list[int], length: int, key: int | str | None, slot: int,
                  k: int, max_new: int, deadline: float | None, quantized: bool,
-                 native: bool = True
+                 native: bool = True, *, alone: bool = False
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
         """Decode in the batching loop when there is one, else in this thread."""
         if self._scheduler is None:
             return (*self._run(ids, length, key, slot, k, max_new, deadline, quantized,
                                native), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
-                            deadline=deadline, quantized=quantized, row=slot, native=native)
+                            deadline=deadline, quantized=quantized, row=slot, native=native,
+                            alone=alone)
         self._scheduler.submit(job)
         decoded = self._scheduler.wait(job)
         return replace(decoded, kv_request_bytes=job.held), job.t_encoded, job.t_device, job

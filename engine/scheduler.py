@@ -76,6 +76,7 @@ class Job:
     quantized: bool
     row: int  # its admission slot: the index of its caches
     native: bool = True  # False: the compiled step even where the C step is bound
+    alone: bool = False  # the batching flag off: runs with no batch-mates (max_batch 1)
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token: threading.Event = field(default_factory=threading.Event)  # it has one token
@@ -194,15 +195,14 @@ class Scheduler:
                     break
                 self._adapt_window()
                 rows = len(self._active) + len(self._inbox)
-                if self._window > 0 and rows < self.max_batch:
+                if self._window > 0 and rows < self.max_batch and not self._solo():
                     # Wait for more arrivals before this step: a fuller step for everyone,
                     # at the price of this wait for the rows already here.
                     def arrived(n: int = rows) -> bool:
                         return len(self._inbox) + len(self._active) > n or self._closed
 
                     self._cond.wait_for(arrived, timeout=self._window)
-                new = list(self._inbox)
-                self._inbox.clear()
+                new = self._take()
             for job in new:
                 self._join(job)
             self._leave_cancelled()
@@ -210,6 +210,27 @@ class Scheduler:
                 self._step()
             self._leave_finished()
         self._fail_all(NotReady("engine is closed"))
+
+    def _solo(self) -> bool:
+        """Return whether the next step is one job's that runs alone (no window to wait)."""
+        if self._active:
+            return any(job.alone for job, _state in self._active)
+        return bool(self._inbox) and self._inbox[0].alone
+
+    def _take(self) -> list[Job]:
+        """Return the waiting jobs that join now, in arrival order: none while a job that
+        runs alone is in the batch, and a job that runs alone only into an empty batch."""
+        if any(job.alone for job, _state in self._active):
+            return []
+        taken: list[Job] = []
+        while self._inbox:
+            job = self._inbox[0]
+            if job.alone and (taken or self._active):
+                break
+            taken.append(self._inbox.popleft())
+            if job.alone:
+                break
+        return taken
 
     def _adapt_window(self) -> None:
         """Shorten the window while callers wait for rows, lengthen it while none do."""

@@ -57,8 +57,18 @@ def replica_jobs(s: Services) -> dict[str, Job]:
     return {
         names.PROBE: s.probes.job("cycle"),
         names.BURST: s.probes.job("burst"),
-        names.TRAFFIC_FLUSH: lambda: (s.traffic.flush(s.writer), s.probes.record_compiles()),
+        names.TRAFFIC_FLUSH: lambda: _traffic_flush(s),
     }
+
+
+def _traffic_flush(s: Services) -> object:
+    """Read the engine's batching loop into this minute, then flush traffic and compiles."""
+    from probes.batching import snapshot_of
+
+    engine = s.engine_holder.get()
+    if engine is not None:
+        s.traffic.sample_batch(snapshot_of(engine))
+    return s.traffic.flush(s.writer), s.probes.record_compiles()
 
 
 def analysis_jobs(a: AnalysisParts) -> dict[str, Job]:
@@ -92,7 +102,8 @@ def _evaluate(s: AnalysisParts) -> object:
 
     # Every replica flushes its traffic rollups on its own schedule: a minute is judged
     # once each has flushed it (the interval, plus a margin for the write itself).
-    settle = {"traffic": s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S}
+    flushed = s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S
+    settle = {"traffic": flushed, "batch": flushed}  # batch rollups flush with traffic
     with s.sessions.begin() as session:
         report = evaluate(session, s.alerts, s.clock(), settle=settle)
     # The policy may have flipped flags: let the engine see them on its next request.

@@ -39,6 +39,7 @@ from probes.sampler import TrafficSampler
 from probes.traffic import TrafficRecorder
 from storage.db import make_sessionmaker
 from storage.writer import Writer
+from vocab import utcnow
 
 if TYPE_CHECKING:
     from monitor.scheduler import JobScheduler
@@ -88,8 +89,11 @@ def build_services(parts: AppParts, closers: Closers) -> Services:
     deliverer = make_deliverer(sessions, alerts, seams, closers)
     holder = EngineHolder(seams.engine_factory, settings.engine, flags)
     closers.append(holder.close)
+    # A clock given to the app (tests, the demo) stamps traffic minutes too; the default
+    # stays the recorder's own (time.time: one C call per request).
     traffic = TrafficRecorder(settings.instance_id,
-                              buffer_max=settings.probes.rollup_buffer_max)
+                              buffer_max=settings.probes.rollup_buffer_max,
+                              clock=None if seams.clock is utcnow else seams.clock)
     # Runs before the writer closes (closers run last-first): the last rollups.
     closers.append(lambda: traffic.flush(writer))
     sampler = _sampler(settings, writer, closers)

@@ -7,6 +7,11 @@ rejection. Burst requests are synthetic (`canary=True`), so the engine sheds the
 real traffic (engine.admission): a burst measures admission on its own requests and never
 turns a real request away; `rejected` counts its own refusals. The whole probe is bounded by `duration_s + grace_s`; hung calls are
 abandoned, never waited for.
+
+A/B: `override` runs the burst as an arm (its `variant` labels the result). The prober
+runs the `unbatched` arm (batching off: every request alone, as engine.max_batch 1) on the
+same arrivals and prompts as the batched burst, so batching's speedup and its tail cost
+are measured under the burst's shape.
 """
 
 from __future__ import annotations
@@ -22,14 +27,17 @@ from datetime import datetime
 from typing import Any
 
 from engine.errors import Overloaded
-from engine.protocol import Engine, GenerateResult
+from engine.protocol import Engine, FlagOverride, GenerateResult
 from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, Observer
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
 from probes.stats import Distribution
 from storage.sketches import Sketch
-from vocab import utcnow
+from vocab import Variant, utcnow
 
 KIND_BURST = "burst"
+# The burst's A/B arm: batching off, on the same arrivals.
+UNBATCHED = FlagOverride(batching=False)
+VARIANT_UNBATCHED = Variant.UNBATCHED.value
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,13 @@ class BurstResult:
     model_version: str = ""
     config_hash: str = ""
     latency_sketch: dict[str, Any] = field(default_factory=dict)
+    variant: str = VARIANT_DEFAULT  # the arm: optimized, or unbatched (UNBATCHED)
+    pair: str = ""  # the same for the arms of one burst (their shared arrivals)
+
+    @property
+    def throughput_per_s(self) -> float:
+        """Return completed requests per second of the burst's duration."""
+        return self.completed / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
     def rejection_rate(self) -> float:
@@ -110,6 +125,8 @@ def run_burst(
     rng: random.Random | None = None,
     clock: Callable[[], datetime] = utcnow,
     observers: Sequence[Observer] = (),
+    override: FlagOverride | None = None,
+    variant: str = VARIANT_DEFAULT,
 ) -> BurstResult:
     """Run one burst against `engine` and return what it measured."""
     if concurrency < 1:
@@ -127,7 +144,7 @@ def run_burst(
         picked = time.monotonic()
         try:
             r = engine.generate(prompt, max_new_tokens=max_new_tokens, canary=True,
-                                timeout_s=grace_s)
+                                override=override, timeout_s=grace_s)
         except Overloaded:
             with tally.lock:
                 tally.rejected += 1
@@ -184,7 +201,7 @@ def run_burst(
             concurrency=concurrency, offered=len(offsets), completed=len(results),
             rejected=tally.rejected, errors=tally.errors, unfinished=unfinished,
             latency=Distribution.of(tally.latency), queue_wait=Distribution.of(tally.queue_wait),
-            groups=group((VARIANT_DEFAULT, r) for r in results),
+            groups=group((variant, r) for r in results), variant=variant,
             model_version=info.model_version, config_hash=info.config_hash,
             latency_sketch=Sketch.of(tally.latency).to_json(),
         )

@@ -53,6 +53,10 @@ class FakeTimings:
     # native_step flag or override): the compiled step against the C step.
     compiled_step_factor: float = 1.2
     sleep_scale: float = 0.0  # real seconds slept per charged second (0: no sleeping)
+    # Batching: each row beyond the first adds this share to a step's time (over-batching
+    # in tests), and each call waits queue_wait_s for a row before it runs.
+    per_row_factor: float = 0.0
+    queue_wait_s: float = 0.0
     # (bucket, path, decoding) -> a call's total seconds there, overriding the formula
     # (ttft and per-token times scale with it): fixes each A/B arm's latency in tests.
     total_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
@@ -111,6 +115,9 @@ class FakeEngine:
         # native_step: a C decode step is bound (the real engine's engine.native).
         self.native_step = native_step
         self.native_output_shift = 0  # added to the C step's output ids: a broken C step
+        # The rows a call reports stepping with (None: its callers in flight); the batching
+        # flag or override off runs every call alone.
+        self.batch_rows: int | None = None
         self._info = EngineInfo(model_version=model_version, config_hash="fakecfg0001",
                                 device="cpu", dtype="float32", buckets=buckets,
                                 speculative_available=True, compile_mode="default",
@@ -146,7 +153,7 @@ class FakeEngine:
             with self.admission.slot(deadline, synthetic=canary):
                 waited = time.perf_counter() - entered  # the runtime's queue_wait_s
                 result = self._generate(text, n_in, max_new_tokens, canary, override)
-            return replace(result, queue_wait_s=waited)
+            return replace(result, queue_wait_s=waited + result.queue_wait_s)
         with self._lock:
             if self.capacity is not None and self.state.in_flight >= self.capacity:
                 raise Overloaded("queue full", retry_after_s=0.1)
@@ -198,6 +205,10 @@ class FakeEngine:
             st = self.state
             # The callers in flight stand for the rows a batching engine would step together.
             join_step, rows = st.calls, max(st.in_flight, 1)
+            if self.batch_rows is not None:
+                rows = self.batch_rows
+            if not flags.batching:
+                rows = 1
             st.calls += 1
             st.canary_calls += canary
             st.rss_bytes += self.leak_bytes_per_call
@@ -208,10 +219,11 @@ class FakeEngine:
                                   f" actual {padded}"] += 1
                 st.compiled_shapes.add((path, padded))
                 st.graphs += 2
+        per_token *= 1.0 + t.per_row_factor * (rows - 1)
         encoder = t.base_s + t.per_input_token_s * padded
         ttft = encoder + per_token
         decode = tuple([per_token] * (out - 1))
-        total = ttft + per_token * (out - 1)
+        total = ttft + per_token * (out - 1) + t.queue_wait_s
         fixed = t.total_s.get((bucket, path, decoding))
         if fixed is not None:
             scale = fixed / total
@@ -232,7 +244,7 @@ class FakeEngine:
         return GenerateResult(
             text="x" * out, output_ids=ids, input_tokens=n_in, bucket=bucket, native_step=native,
             padded_length=padded, output_tokens=out, path=path, decoding=decoding,
-            queue_wait_s=0.0, encoder_s=encoder, ttft_s=ttft, decode_token_s=decode,
+            queue_wait_s=t.queue_wait_s, encoder_s=encoder, ttft_s=ttft, decode_token_s=decode,
             total_s=total, spec=spec, canary=canary, probation=False,
             batch_join_step=join_step, batch_size_mean=float(rows), batch_size_max=rows)
 
@@ -266,7 +278,7 @@ class FakeEngine:
     def batch_snapshot(self) -> BatchSnapshot:
         """Return the callers in flight as the running batch (no step times)."""
         with self._lock:
-            return BatchSnapshot(max_batch=self.capacity or 1,
+            return BatchSnapshot(max_batch=self.batch_rows or self.capacity or 1,
                                  batch_size=self.state.in_flight, steps=self.state.calls)
 
     def flag_errors(self) -> int:

@@ -11,11 +11,13 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from functools import partial
 
 from engine.protocol import CompileDelta, Engine
-from probes.burst import BurstResult, run_burst
+from probes.batching import snapshot_of
+from probes.burst import UNBATCHED, VARIANT_UNBATCHED, BurstResult, run_burst
 from probes.canaries import CanarySuite
 from probes.cycle import (
     ARMS,
@@ -25,6 +27,7 @@ from probes.cycle import (
     Observer,
     ProbeCycle,
 )
+from probes.measure import VARIANT_DEFAULT
 from probes.reference import OutputChecker, add_checked_cycle
 from probes.settings import ProbeSettings
 from probes.sink import add_burst, add_compile, add_cycle, compile_changed
@@ -60,6 +63,7 @@ class Prober:
         burst_rate_per_s: float = 200.0,
         burst_duration_s: float = 2.0,
         burst_concurrency: int = 64,
+        burst_unbatched: bool = True,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[Observer] = (),
@@ -86,6 +90,8 @@ class Prober:
         self.burst_rate_per_s = burst_rate_per_s
         self.burst_duration_s = burst_duration_s
         self.burst_concurrency = burst_concurrency
+        self.burst_unbatched = burst_unbatched
+        self.last_burst_arms: tuple[BurstResult, ...] = ()  # the latest burst, every arm
         self.cycle_timeout_s = cycle_timeout_s
         # Compile changes outside cycles (real traffic, bursts) are stored by
         # record_unprobed_compiles: everything since the mark less what cycles stored.
@@ -143,16 +149,33 @@ class Prober:
             self._cycle_lock.release()
 
     def run_burst(self, suite: str | None = None) -> BurstResult:
-        """Run one burst probe with the suite's prompts, store it, and return it."""
+        """Run one burst probe with the suite's prompts, store it, and return it.
+
+        On a batching engine (burst_unbatched) the `unbatched` arm runs the same arrivals
+        and prompts with batching off, before or after it (drawn: neither arm always meets
+        the other's leftovers); both are stored, the batched one is returned.
+        """
         s = self.suites[suite or self.suite]
-        result = run_burst(
-            self.engine, s.prompts, instance_id=self.instance_id, suite=s.name,
-            rate_per_s=self.burst_rate_per_s, duration_s=self.burst_duration_s,
-            concurrency=self.burst_concurrency, max_new_tokens=s.max_new_tokens,
-            grace_s=self.cycle_timeout_s, rng=self.rng, clock=self.clock,
-            observers=self.observers)
-        self._store(result)
-        return result
+        seed = self.rng.getrandbits(64)
+        snap = snapshot_of(self.engine)
+        arms = [VARIANT_DEFAULT]
+        if self.burst_unbatched and snap is not None and snap.max_batch > 1:
+            arms.insert(self.rng.randrange(2), VARIANT_UNBATCHED)
+        out: dict[str, BurstResult] = {}
+        for arm in arms:
+            off = arm == VARIANT_UNBATCHED
+            out[arm] = run_burst(
+                self.engine, s.prompts, instance_id=self.instance_id, suite=s.name,
+                rate_per_s=self.burst_rate_per_s, duration_s=self.burst_duration_s,
+                concurrency=self.burst_concurrency, max_new_tokens=s.max_new_tokens,
+                grace_s=self.cycle_timeout_s, rng=random.Random(seed), clock=self.clock,
+                observers=self.observers, override=UNBATCHED if off else None, variant=arm)
+        if len(out) > 1:
+            out = {arm: replace(r, pair=f"{seed:016x}") for arm, r in out.items()}
+        for r in out.values():
+            self._store(r)
+        self.last_burst_arms = tuple(out[arm] for arm in arms)
+        return out[VARIANT_DEFAULT]
 
     def _store(self, result: Result) -> None:
         # The writer retries while the database is down; a full writer counts a drop.
@@ -178,5 +201,5 @@ def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer
         suite=p.suite, canaries_per_bucket=p.canaries_per_bucket, ab_share=p.ab_share,
         ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
         burst_rate_per_s=p.burst_rate_per_s, burst_duration_s=p.burst_duration_s,
-        burst_concurrency=p.burst_concurrency, rng=rng, clock=clock, observers=observers,
+        burst_concurrency=p.burst_concurrency, burst_unbatched=p.burst_unbatched, rng=rng, clock=clock, observers=observers,
         checker=checker, activity=activity)

@@ -22,6 +22,9 @@ class ProbeSettings(BaseModel):
     burst_rate_per_s: float = Field(200.0, gt=0)
     burst_duration_s: float = Field(2.0, gt=0)
     burst_concurrency: int = Field(64, ge=1)
+    # On a batching engine each burst also runs its `unbatched` arm (batching off) on the
+    # same arrivals: batching's speedup and tail cost under the burst's shape.
+    burst_unbatched: bool = True
     rollup_buffer_max: int = 10_000
     # A/B fallback arms run. "exact" (bucketing's arm) compiles one graph per canary length
     # the first time: minutes on a CPU, during which A/B cycles time out; opt in to it.

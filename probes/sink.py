@@ -153,7 +153,8 @@ def add_burst(session: Session, b: BurstResult) -> ProbeRun:
                  "latency_p99_s": b.latency.p99, "latency_max_s": b.latency.max,
                  "latency_samples": b.latency.count, "latency_sketch": b.latency_sketch,
                  "queue_wait_p50_s": b.queue_wait.p50, "queue_wait_max_s": b.queue_wait.max,
-                 "queue_wait_samples": b.queue_wait.count},
+                 "queue_wait_samples": b.queue_wait.count, "variant": b.variant,
+                 "throughput_per_s": b.throughput_per_s, "pair": b.pair},
     )
     run.results = [result_row(g, b.started_at) for g in b.groups]
     session.add(run)

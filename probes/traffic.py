@@ -3,7 +3,9 @@
 Every served (non-canary) GenerateResult adds to the rollup of its minute x instance x
 bucket x path x decoding; canary results are ignored. Rejections and failures have no
 path: they are recorded under path "rejected"/"failed" and decoding "none".
-Keys and deltas are storage.rollups' RollupKey/RollupDelta.
+Keys and deltas are storage.rollups' RollupKey/RollupDelta. The same fold adds each
+request to the batching rollups (probes.batching), and `sample_batch` adds a reading of
+the engine's batching loop; `flush` writes both.
 `record` runs on every served request and only queues (minute, result) on a deque (no
 lock); the queue is folded into the rollups, under the recorder's one lock, once FOLD_AT
 results wait and before anything reads them (`drain`, `flush`, `len`, `dropped`), so a
@@ -27,8 +29,12 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from functools import partial
 
-from engine.protocol import PATH_OVERFLOW, GenerateResult
+from sqlalchemy.orm import Session
+
+from engine.protocol import PATH_OVERFLOW, BatchSnapshot, GenerateResult
+from probes.batching import BatchFolder, BatchRollupItem
 from probes.measure import add_positions
+from storage.batch_rollups import add_batch_rollups
 from storage.rollups import RollupDelta, RollupKey, add_rollups
 from storage.sketches import Sketch
 from storage.writer import Writer
@@ -109,6 +115,7 @@ class TrafficRecorder:
         self._minute_cache: tuple[int, datetime] = (-1, datetime.min.replace(tzinfo=UTC))
         self._pending: deque[tuple[datetime | float, GenerateResult]] = deque()
         self._dropped = 0
+        self._batches = BatchFolder(instance_id, buffer_max=buffer_max)
 
     @property
     def dropped(self) -> int:
@@ -181,6 +188,8 @@ class TrafficRecorder:
                 self._dropped += len(rs) - 1  # _acc counted one
                 continue
             self._add(a, key[2], rs)
+        for key, rs in groups.items():
+            self._batches.add(key[0], rs)
 
     @staticmethod
     def _add(a: _Acc, path: str, rs: list[GenerateResult]) -> None:
@@ -235,6 +244,19 @@ class TrafficRecorder:
             if a is not None:
                 a.errors += 1
 
+    def sample_batch(self, snapshot: BatchSnapshot | None) -> None:
+        """Add one reading of the engine's batching loop to this minute (None: no loop)."""
+        if snapshot is None:
+            return
+        with self._lock:
+            self._batches.sample(self._minute(), snapshot)
+
+    def drain_batches(self) -> list[BatchRollupItem]:
+        """Return and forget every batching rollup held (queued requests folded in first)."""
+        with self._lock:
+            self._fold()
+            return self._batches.drain()
+
     def drain(self) -> list[Rollup]:
         """Return and forget every rollup held (queued requests folded in first)."""
         with self._lock:
@@ -250,9 +272,16 @@ class TrafficRecorder:
         it counts the drop).
         """
         records = self.drain()
-        if not records:
+        batches = self.drain_batches()
+        if not records and not batches:
             return 0
-        if not writer.submit(partial(add_rollups, items=records)):
+        # One write: a minute's traffic and batching rollups arrive (or are dropped) together.
+        if not writer.submit(partial(add_minutes, traffic=records, batches=batches)):
             log.warning("traffic: the storage writer refused %d rollups", len(records))
             return 0
         return len(records)
+
+
+def add_minutes(session: Session, traffic: list[Rollup], batches: list[BatchRollupItem]) -> int:
+    """Add traffic and batch rollups in the caller's transaction; return the rows touched."""
+    return add_rollups(session, traffic) + add_batch_rollups(session, batches)

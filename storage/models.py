@@ -10,6 +10,7 @@ Tables and their classes:
     probe_runs          ProbeRun        one canary cycle, burst or A/B probe
     probe_results       ProbeResult     per run x bucket x path x decoding x variant
     traffic_rollups     TrafficRollup   real traffic per minute x instance x bucket x path x decoding
+    batch_rollups       BatchRollup     batching per minute x instance x bucket x batch size x decoding
     memory_samples      MemorySample
     compile_events      CompileEvent    compile counter deltas (CompileDelta)
     baselines           Baseline
@@ -247,6 +248,58 @@ class TrafficRollup(Base):
     # Exact input / output length counts {"<tokens>": requests}.
     input_lens: Mapped[dict[str, int]] = mapped_column(_json(), default=dict)
     output_lens: Mapped[dict[str, int]] = mapped_column(_json(), default=dict)
+
+
+class BatchRollup(Base):
+    """Batching of one minute; writers add to it via storage.batch_rollups.
+
+    Request rows (real traffic): bucket, `batch` (the request's mean batch size class:
+    "1", "2", "4", ... each class up to the next power of two) and decoding. Engine rows
+    (bucket, batch and decoding "all"): the batching loop, sampled at each traffic flush:
+    rows waiting and in the batch at each sample, step counts and seconds by phase since
+    the previous sample.
+    """
+
+    __tablename__ = "batch_rollups"
+    __table_args__ = (
+        UniqueConstraint("minute", "instance_id", "bucket", "batch", "decoding"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    minute: Mapped[datetime] = mapped_column(UTCDateTime)
+    instance_id: Mapped[str] = mapped_column(String(128))
+    bucket: Mapped[str] = mapped_column(String(16))
+    batch: Mapped[str] = mapped_column(String(16))
+    decoding: Mapped[str] = mapped_column(String(16))
+    # Request rows.
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    batched_requests: Mapped[int] = mapped_column(Integer, default=0)  # ran in the loop
+    batch_size_sum: Mapped[float] = mapped_column(Float, default=0.0)  # of each mean
+    batch_size_max: Mapped[int] = mapped_column(Integer, default=0)
+    queue_wait_sum_s: Mapped[float] = mapped_column(Float, default=0.0)  # entry -> row
+    batch_wait_sum_s: Mapped[float] = mapped_column(Float, default=0.0)  # row -> loop took it
+    latency_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
+    output_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Tokens after each request's first, their seconds, and those tokens times the
+    # request's mean batch size: row_tokens_sum / decode_sum_s is the tokens per second
+    # of the steps the requests took part in, all rows counted.
+    decode_tokens_sum: Mapped[int] = mapped_column(BigInteger, default=0)
+    decode_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
+    row_tokens_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_sketch: Mapped[dict[str, Any]] = mapped_column(_json(), default=dict)
+    # Engine rows.
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    rows_waiting_sum: Mapped[int] = mapped_column(Integer, default=0)
+    rows_waiting_max: Mapped[int] = mapped_column(Integer, default=0)
+    batch_now_sum: Mapped[int] = mapped_column(Integer, default=0)
+    window_sum_s: Mapped[float] = mapped_column(Float, default=0.0)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    encode_steps: Mapped[int] = mapped_column(Integer, default=0)
+    encode_s: Mapped[float] = mapped_column(Float, default=0.0)
+    decode_steps: Mapped[int] = mapped_column(Integer, default=0)
+    decode_s: Mapped[float] = mapped_column(Float, default=0.0)
+    verify_steps: Mapped[int] = mapped_column(Integer, default=0)
+    verify_s: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class MemorySample(Base):

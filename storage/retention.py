@@ -1,7 +1,7 @@
 """Delete data past its retention (the daily retention job calls `prune`).
 
 Raw canary data (probe runs and results, memory samples) and output agreements (per run
-or per sampled request) are kept `raw_days`; per-minute rollups, compile events,
+or per sampled request) are kept `raw_days`; per-minute rollups (traffic and batch), compile events,
 delivered or failed webhooks, resolved alerts (with their transitions), superseded
 rolling baselines, hour chunks of the rule series (`series_chunks`, by hour) and rollout
 verdicts (by their last update) are kept `rollup_days`. The evaluator already drops the
@@ -25,6 +25,7 @@ from storage.models import (
     Alert,
     AlertTransition,
     Baseline,
+    BatchRollup,
     CompileEvent,
     MemorySample,
     OutputAgreement,
@@ -46,6 +47,7 @@ class PruneResult:
     memory_samples: int = 0
     compile_events: int = 0
     traffic_rollups: int = 0
+    batch_rollups: int = 0
     webhook_deliveries: int = 0
     alerts: int = 0
     alert_transitions: int = 0
@@ -94,6 +96,7 @@ def prune(session: Session, now: datetime, raw_days: int, rollup_days: int) -> P
         probe_runs=run(delete(ProbeRun).where(ProbeRun.started_at < raw_cut)),
         memory_samples=run(delete(MemorySample).where(MemorySample.at < raw_cut)),
         traffic_rollups=run(delete(TrafficRollup).where(TrafficRollup.minute < rollup_cut)),
+        batch_rollups=run(delete(BatchRollup).where(BatchRollup.minute < rollup_cut)),
         webhook_deliveries=run(delete(WebhookDelivery).where(
             WebhookDelivery.state.in_(("delivered", "failed")),
             WebhookDelivery.created_at < rollup_cut,

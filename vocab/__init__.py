@@ -44,6 +44,7 @@ class Variant(StrEnum):
     QUANTIZED = "quantized"  # int8 weights back on while the quantized flag is off
     COMPILED_STEP = "compiled_step"  # the C decode step off (the compiled step serves)
     NATIVE_STEP = "native_step"  # the C decode step back on while the native_step flag is off
+    UNBATCHED = "unbatched"  # the burst probe's arm with batching off (every request alone)
     REFERENCE = "reference"  # eager, float32, direct, exact shape: what outputs must match
 
 

@@ -50,6 +50,13 @@ class GenerateResponse(BaseModel):
     ttft_s: float
     per_token_s: float | None
     acceptance_rate: float | None
+    # Batching (engine.max_batch > 1): waits, the loop's step when it joined (-1: not
+    # batched), and the rows in the steps it took part in (its own included).
+    queue_wait_s: float
+    batch_wait_s: float
+    batch_join_step: int
+    batch_size_mean: float
+    batch_size_max: int
 
 
 _REASONS: tuple[tuple[type[EngineError], str], ...] = (
@@ -90,7 +97,9 @@ def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
         text=result.text, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
         bucket=result.bucket, path=result.path, decoding=result.decoding,
         latency_s=result.total_s, ttft_s=result.ttft_s, per_token_s=result.per_token_s,
-        acceptance_rate=result.spec.acceptance_rate)
+        acceptance_rate=result.spec.acceptance_rate, queue_wait_s=result.queue_wait_s,
+        batch_wait_s=result.batch_wait_s, batch_join_step=result.batch_join_step,
+        batch_size_mean=result.batch_size_mean, batch_size_max=result.batch_size_max)
 
 
 def _bucket(engine: EngineDep, text: str) -> str:

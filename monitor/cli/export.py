@@ -15,7 +15,7 @@ class BadExportInput(click.ClickException):
 
 @click.command()
 @click.option("--table", required=True, metavar="NAME",
-              help="probe_results, traffic_rollups, alerts or flag_audits.")
+              help="probe_results, traffic_rollups, batch_rollups, alerts or flag_audits.")
 @click.option("--since", default="7d", show_default=True,
               help="How far back, e.g. 90m, 36h, 7d, 2w.")
 @click.option("--format", "fmt", default="csv", show_default=True, metavar="csv|parquet")

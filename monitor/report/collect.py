@@ -18,7 +18,9 @@ from sqlalchemy.orm import Session
 from monitor.report.data import (
     AcceptanceDay,
     AlertEntry,
+    BatchingWeek,
     BucketDay,
+    BurstPair,
     DaySpeedup,
     FlagChange,
     LengthBin,
@@ -37,8 +39,10 @@ from monitor.report.week import Period
 from storage.models import Alert
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
+from storage.queries import latency, measurements
 from storage.queries import week as queries
 from storage.queries.baselines import baselines_in_force
+from storage.queries.batching import batch_loop, batch_usage
 from storage.queries.runs import current_cohort
 from storage.queries.speedups import PairRecord, load_pairs, speedups
 
@@ -86,6 +90,7 @@ def collect_week(session: Session, week: Period, options: CollectOptions) -> Wee
         sensitivity=collect_sensitivity(session),
         dead_letters=collect_dead_letters(session, start, end),
         incidents=collect_incidents(session, start, end),
+        batching=collect_batching(session, start, end),
         window_note=f"{start.isoformat()} <= at < {end.isoformat()}",
     )
 
@@ -253,3 +258,36 @@ def _flags(session: Session, start: datetime, end: datetime) -> tuple[FlagChange
                               f"{r.action} {r.new_value}" if r.new_value is not None
                               else r.action, actor, r.reason or ""))
     return tuple(out)
+
+
+def collect_batching(session: Session, start: datetime, end: datetime) -> BatchingWeek:
+    """Return the week's batching: traffic by batch-size class, the loop, the burst arms."""
+    day = timedelta(days=1)
+    return BatchingWeek(
+        usage=tuple(batch_usage(session, start, end)),
+        usage_daily=tuple(tuple(batch_usage(session, start + i * day, start + (i + 1) * day))
+                          for i in range(7)),
+        loop=tuple(batch_loop(session, start, end)),
+        token_p50_s=latency.sketch(session, start, end, field="per_token").quantile(0.5),
+        bursts=_burst_pairs(session, start, end))
+
+
+def _burst_pairs(session: Session, start: datetime, end: datetime) -> tuple[BurstPair, ...]:
+    """Return the bursts whose batched and unbatched arms both completed requests."""
+    arms: dict[str, dict[str, Any]] = {}
+    for run in measurements.burst_runs(session, start, end):
+        d = run.details or {}
+        if d.get("pair") and d.get("latency_p99_s") is not None:
+            arms.setdefault(d["pair"], {})[d.get("variant", "optimized")] = run
+    out = []
+    for pair in arms.values():
+        b, u = pair.get("optimized"), pair.get("unbatched")
+        if b is None or u is None:
+            continue
+        out.append(BurstPair(
+            day=(b.started_at - start).days, instance=b.instance_id,
+            batched_per_s=float(b.details.get("throughput_per_s") or 0.0),
+            unbatched_per_s=float(u.details.get("throughput_per_s") or 0.0),
+            batched_p99_s=float(b.details["latency_p99_s"]),
+            unbatched_p99_s=float(u.details["latency_p99_s"])))
+    return tuple(sorted(out, key=lambda p: (p.day, p.instance)))

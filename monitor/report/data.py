@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.report.week import Period
+from storage.queries.batching import BatchLoop, BatchUsage
 from storage.queries.speedups import ArmSpeedup
 
 
@@ -192,6 +193,34 @@ class SensitivityRow:
 
 
 @dataclass(frozen=True)
+class BurstPair:
+    """One burst's batched arm and its unbatched arm (same arrivals, same instance)."""
+
+    day: int
+    instance: str
+    batched_per_s: float  # completed requests per second of the burst
+    unbatched_per_s: float
+    batched_p99_s: float
+    unbatched_p99_s: float
+
+
+@dataclass(frozen=True)
+class BatchingWeek:
+    """Continuous batching over the week (storage.queries.batching, the burst's arms).
+
+    usage: real traffic per bucket x batch-size class x decoding, the whole week;
+    usage_daily: the same per day (0..6); loop: the batching loop per instance;
+    token_p50_s: real traffic's p50 time per output token (the window's yardstick).
+    """
+
+    usage: tuple[BatchUsage, ...] = ()
+    usage_daily: tuple[tuple[BatchUsage, ...], ...] = ()
+    loop: tuple[BatchLoop, ...] = ()
+    token_p50_s: float | None = None
+    bursts: tuple[BurstPair, ...] = ()
+
+
+@dataclass(frozen=True)
 class WeekData:
     """Every measurement the report needs for one week."""
 
@@ -221,6 +250,7 @@ class WeekData:
     # Webhook notifications of the week given up on, per target (monitor.report.deliveries).
     dead_letters: tuple[DeadLetterRow, ...] = ()
     incidents: tuple[IncidentRow, ...] = ()  # alerts grouped (monitor.report.incidents)
+    batching: BatchingWeek = field(default_factory=BatchingWeek)
     window_note: str = ""  # how the queries selected rows, shown as evidence
 
     @property

@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from statistics import median
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from monitor.report.data import WeekData
+from monitor.report.data import BurstPair, WeekData
+from storage.queries.batching import BatchUsage
 from storage.queries.speedups import ALL_BUCKETS, OPTIMIZATION_OF_ARM, ArmSpeedup
 from vocab import BUCKET_OVERFLOW, Variant
 
@@ -276,6 +278,86 @@ def output_agreement(data: WeekData, opt: Optimization) -> MetricReading:
                                  worst[1].n), per_bucket)
 
 
+def batching_gain(data: WeekData, opt: Optimization) -> MetricReading:
+    """Return batching's throughput gain over its p99 cost, from the burst's arm pairs.
+
+    Per burst: the batched arm's completed requests per second over the unbatched arm's
+    (same arrivals), and its p99 over theirs; the value is the week's median gain divided
+    by the median p99 cost (>= 1: batching buys more throughput than it costs the tail).
+    """
+    pairs = [p for p in data.batching.bursts if p.unbatched_per_s > 0 and p.unbatched_p99_s > 0]
+
+    def reading(ps: list[BurstPair]) -> Reading:
+        if not ps:
+            return NO_DATA
+        gain = median(p.batched_per_s / p.unbatched_per_s for p in ps)
+        cost = median(p.batched_p99_s / p.unbatched_p99_s for p in ps)
+        if not cost:
+            return NO_DATA
+        return Reading(gain / cost, f"throughput {gain:.2f}x unbatched at p99 {cost:.2f}x "
+                       f"(median over {len(ps)} bursts' arm pairs)", len(ps))
+
+    week = reading(pairs)
+    daily = tuple(reading([p for p in pairs if p.day == d]).value for d in range(7))
+    return MetricReading(Reading(week.value, week.detail, week.n, daily))
+
+
+def window_vs_token_time(data: WeekData, opt: Optimization) -> MetricReading:
+    """Return the batching window's mean over real traffic's p50 time per output token."""
+    b = data.batching
+    samples = sum(x.samples for x in b.loop if x.window_mean_s is not None)
+    if not samples or not b.token_p50_s:
+        return MetricReading(NO_DATA)
+    window = sum((x.window_mean_s or 0.0) * x.samples for x in b.loop) / samples
+    return MetricReading(Reading(window / b.token_p50_s,
+                                 f"window {window * 1e3:.2f} ms (mean of {samples} samples) / "
+                                 f"p50 token time {b.token_p50_s * 1e3:.2f} ms", samples,
+                                 (None,) * 7))
+
+
+def speculation_speedup_at_load(data: WeekData, opt: Optimization) -> MetricReading:
+    """Return speculation's measured speedup at the batch sizes real traffic ran at.
+
+    Per batch-size class holding both speculative and direct requests: speculative step
+    tokens per second over direct's; the value weighs the classes by their speculative
+    requests. The detail gives the speculative share and the speedup per class.
+    """
+
+    def reading(usage: tuple[BatchUsage, ...]) -> Reading:
+        by_class: dict[str, dict[str, tuple[int, float | None]]] = defaultdict(dict)
+        for u in usage:
+            n, rate = by_class[u.batch].get(u.decoding, (0, None))
+            by_class[u.batch][u.decoding] = (n + u.requests, _mean_rate(rate, n, u))
+        total = sum(u.requests for u in usage)
+        spec = sum(u.requests for u in usage if u.decoding == "speculative")
+        speedups: list[tuple[str, float, int]] = []
+        for cls, d in sorted(by_class.items(), key=lambda kv: int(kv[0])):
+            s, direct = d.get("speculative"), d.get("direct")
+            if s and direct and s[1] and direct[1]:
+                speedups.append((cls, s[1] / direct[1], s[0]))
+        if not speedups:
+            return Reading(None, f"speculative share {spec / total:.0%}; no batch size ran "
+                           "both ways" if total else "no data", total, ())
+        weight = sum(n for _, _, n in speedups)
+        value = sum(x * n for _, x, n in speedups) / weight
+        per = ", ".join(f"{c} rows: {x:.2f}x" for c, x, _ in speedups)
+        return Reading(value, f"speculative share {spec / total:.0%}; speedup by batch size: "
+                       f"{per}", weight, ())
+
+    week = reading(data.batching.usage)
+    daily = tuple(reading(u).value for u in data.batching.usage_daily) or (None,) * 7
+    return MetricReading(Reading(week.value, week.detail, week.n, daily))
+
+
+def _mean_rate(rate: float | None, n: int, u: BatchUsage) -> float | None:
+    """Return the request-weighted mean step rate of a class so far with `u` added."""
+    if u.step_tokens_per_s is None:
+        return rate
+    if rate is None:
+        return u.step_tokens_per_s
+    return (rate * n + u.step_tokens_per_s * u.requests) / (n + u.requests)
+
+
 def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Return (slope, intercept) of the least-squares line through `points`."""
     n = len(points)
@@ -320,5 +402,12 @@ METRICS: dict[str, MetricSpec] = {
                    p99_vs_baseline),
         MetricSpec("output_agreement", "mean token agreement with the reference path",
                    "share", True, output_agreement),
+        MetricSpec("batching_gain", "burst throughput gain over p99 cost, batched vs the "
+                   "unbatched arm", "ratio", False, batching_gain),
+        MetricSpec("window_vs_token_time", "mean batching window / p50 time per output token",
+                   "ratio", False, window_vs_token_time),
+        MetricSpec("speculation_speedup_at_load", "speculative / direct step tokens per "
+                   "second at the batch sizes traffic ran at", "ratio", False,
+                   speculation_speedup_at_load),
     )
 }

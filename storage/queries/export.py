@@ -10,13 +10,22 @@ from sqlalchemy import JSON, select
 from sqlalchemy.orm import Session
 
 from storage.errors import InvalidQuery
-from storage.models import Alert, Base, FlagAudit, ProbeResult, TrafficRollup, UTCDateTime
+from storage.models import (
+    Alert,
+    Base,
+    BatchRollup,
+    FlagAudit,
+    ProbeResult,
+    TrafficRollup,
+    UTCDateTime,
+)
 from storage.queries.week import frame
 
 # table name -> (model, the time column a window filters on)
 EXPORT_TABLES: dict[str, tuple[type[Base], str]] = {
     "probe_results": (ProbeResult, "at"),
     "traffic_rollups": (TrafficRollup, "minute"),
+    "batch_rollups": (BatchRollup, "minute"),
     "alerts": (Alert, "started_at"),
     "flag_audits": (FlagAudit, "at"),
 }

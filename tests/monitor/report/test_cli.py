@@ -26,7 +26,7 @@ def test_report_writes_both_files(sessionmaker, migrated_url: str, tmp_path: Pat
     assert "### speculative decoding: VIOLATED" in md
     assert html.count('<img class="plot"') == 5
     said = capsys.readouterr().out
-    assert "2026-W48: 3 violated, 1 at risk, 6 hold, 3 no data" in said
+    assert "2026-W48: 4 violated, 1 at risk, 6 hold, 5 no data" in said
 
 
 def test_report_on_empty_week_says_no_data(migrated_url: str, tmp_path: Path,

@@ -15,7 +15,8 @@ from monitor.report.registry import load_registry, parse_registry
 def test_shipped_registry_covers_the_optimizations() -> None:
     reg = load_registry()
     assert reg.names() == ("torch.compile", "bucketing", "static KV cache",
-                           "speculative decoding", "int8 weights", "C decode step")
+                           "speculative decoding", "int8 weights", "C decode step",
+                           "continuous batching")
     step = reg.get("C decode step")
     assert step.ab_arm == "compiled_step"
     assert (step.assumptions[0].metric, step.assumptions[0].op,
@@ -42,9 +43,9 @@ def test_user_file_adds_and_replaces_entries(tmp_path: Path) -> None:
     replaced = _entry(name="bucketing", owner="bob")
     path.write_text(yaml.safe_dump({"optimizations": [_entry(), replaced]}))
     reg = load_registry(path)
-    assert reg.names()[-1] == "C decode step"
+    assert reg.names()[-1] == "continuous batching"
     assert reg.get("bucketing").owner == "bob"
-    assert len(reg.optimizations) == 6
+    assert len(reg.optimizations) == 7
 
 
 @pytest.mark.parametrize(("entry", "field", "why"), [

@@ -1,0 +1,81 @@
+"""The batching flag off (or a FlagOverride(batching=False)): a request runs with no
+batch-mates, as engine.max_batch 1 would, and decodes what it decodes alone."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.protocol import FlagOverride, InMemoryFlagProvider, RuntimeFlags  # noqa: E402
+from engine.runtime import Runtime  # noqa: E402
+from engine.scheduler import Job  # noqa: E402
+from tests.engine.conftest import random_texts, tiny_config  # noqa: E402
+
+DIRECT = FlagOverride(speculative=False)
+
+
+def _runtime(tmp_path, dirs, **changes) -> Runtime:
+    rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
+                             **changes))
+    rt.warm_up(background=False)
+    return rt
+
+
+def _job(rt: Runtime, text: str, row: int, *, alone: bool) -> Job:
+    ids = list(rt.tokenizer(text).input_ids)
+    _path, length, _key = rt._route(len(ids), rt._flags.read())
+    return Job(ids=ids, length=length, key=None, k=0, max_new=12, deadline=None,
+               quantized=False, row=row, alone=alone)
+
+
+def test_a_job_that_runs_alone_never_shares_a_step(tmp_path, tiny_dirs):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    try:
+        sched = rt._scheduler
+        assert sched is not None
+        texts = random_texts(4, seed=31)
+        # Two batched, then two alone: arrival order holds (an alone job waits for an empty
+        # batch, and the jobs behind it wait for it).
+        jobs = [_job(rt, t, i, alone=i >= 2) for i, t in enumerate(texts)]
+        with sched._cond:  # the loop sees all four at once
+            for job in jobs:
+                sched.submit(job)
+        decoded = [sched.wait(job) for job in jobs]
+        for job in jobs:
+            if job.alone:
+                assert job.batch_max == 1 and job.batch_sum == job.steps
+        # The two batched jobs joined together and stepped together.
+        assert jobs[0].batch_max == jobs[1].batch_max == 2
+        unbatched = _runtime(tmp_path / "one", tiny_dirs, max_batch=1)
+        try:
+            for text, d in zip(texts, decoded, strict=True):
+                assert tuple(d.tokens) == unbatched.generate(
+                    text, max_new_tokens=12, override=DIRECT).output_ids
+        finally:
+            unbatched.close()
+    finally:
+        rt.close()
+
+
+def test_the_batching_flag_and_override_reach_the_loop(tmp_path, tiny_dirs):
+    flags = InMemoryFlagProvider()
+    rt = Runtime(tiny_config(tiny_dirs, compile_backend="eager",
+                             cache_dir=str(tmp_path / "cache"), max_batch=4), flags=flags)
+    rt.warm_up(background=False)
+    try:
+        texts = random_texts(6, seed=32)
+
+        def run(override: FlagOverride) -> list[int]:
+            with ThreadPoolExecutor(len(texts)) as pool:
+                results = list(pool.map(lambda t: rt.generate(
+                    t, max_new_tokens=12, override=override), texts))
+            return [r.batch_size_max for r in results]
+
+        assert run(FlagOverride(speculative=False, batching=False)) == [1] * len(texts)
+        flags.set(RuntimeFlags(batching=False))
+        assert run(DIRECT) == [1] * len(texts)
+    finally:
+        rt.close()
