@@ -7,7 +7,10 @@ cycle per instance through `probes.sink.add_cycle` (4 canaries per bucket; the A
 `eager` and `direct` in a quarter of the cycles, as `probes.ab_share` does) and a minute
 of real traffic per bucket (60 requests, speculative, acceptance about 0.8). Per-request
 latency factors are resampled from recorded canary cycles (bench.incidents.BlockNoise,
-as recorded unless scaled).
+as recorded unless scaled). The replay is bench.incidents.Replay's: the sensitivity job
+runs as in the service, and every scenario starts from a day of quiet history (what the
+job reads), evaluated once and estimated, so the false-page budget's thresholds are in
+force as in a service that has run a day (one database per instance layout, copied).
 
 Scenarios: a host-wide slowdown 2x for 6 minutes; a milder +30% for 10 minutes; one
 bucket's traffic shifting domain (acceptance 0.8 -> 0.45 in bucket 32); an optimization
@@ -19,7 +22,7 @@ the generic target; it is the incident's while the scenario's cause lasts, and l
 states the expected one (as the API and the resolved notification show it: a cause not
 measurable at the first page, the A/B arms not having run yet, is measured again while
 the incident is open); how many first pages already stated it is printed above. The last
-line:
+line, after each false page's members (rule, scope, threshold in force) tallied by rule:
 
     pages per incident: max N (all rules), cause right: C of S, false pages per 30 days: M
 """
