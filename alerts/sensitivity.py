@@ -58,6 +58,9 @@ DAYS_30 = 30 * 86400.0
 P95 = 0.95
 # Episodes that pin a false-page rate well enough (about +-20%); counting stops there.
 PRECISE_PAGES = 25
+# The detectable shift is searched to this share of (1 + shift): a stated shift lies at
+# most that far above the true p95 point.
+SHIFT_RESOLUTION = 0.005
 
 
 class Timeout(Exception):
@@ -245,7 +248,7 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
             return None
         lo, hi = hi, min(hi * 2, cfg.max_shift)
     # Fine steps: the confirmation rate climbs from 80% to 98% within a few percent.
-    while hi - lo > 0.005 * (1 + hi):
+    while hi - lo > SHIFT_RESOLUTION * (1 + hi):
         mid = (lo + hi) / 2
         if confirmed(mid):
             hi = mid

@@ -60,7 +60,7 @@ from pathlib import Path
 from alerts.detection import BaselineStats
 from alerts.rule_file import load_rules
 from alerts.rules import Point, Rule, evaluate_rule, quantile_samples
-from alerts.sensitivity import Sensitivity, SensitivityConfig, estimate
+from alerts.sensitivity import SHIFT_RESOLUTION, Sensitivity, SensitivityConfig, estimate
 from probes.stats import percentile
 from storage.sketches import Sketch
 
@@ -379,9 +379,11 @@ def calibrate(rule: Rule, draw: Draw, n: int, history: list[Obs], base: Baseline
         return sum(d is not None and d <= within for d in ds) / len(ds)
 
     full, half = rate(shift), rate(shift / 2)
-    # Stated at the threshold in force: no smaller shift can fire by design (the median
-    # must reach it), so the rate steps from none to all there and only the floor applies.
-    at_threshold = est.detectable_change <= est.threshold * 1.01
+    # Stated at the threshold in force (to the search's resolution): no smaller shift can
+    # fire by design (the median must reach it), so the rate steps from none to all there
+    # and only the floor applies.
+    at_threshold = est.detectable_change - est.threshold <= SHIFT_RESOLUTION * (
+        1 + est.detectable_change) + 1e-9
     ok = CALIBRATED[0] <= full <= (1.0 if at_threshold else CALIBRATED[1]) \
         and half < CALIBRATED[0]
     return est, in_force, ok, line + (

@@ -7,7 +7,10 @@ cycle per instance through `probes.sink.add_cycle` (4 canaries per bucket; the A
 `eager` and `direct` in a quarter of the cycles, as `probes.ab_share` does) and a minute
 of real traffic per bucket (60 requests, speculative, acceptance about 0.8). Per-request
 latency factors are resampled from recorded canary cycles (bench.incidents.BlockNoise,
-as recorded unless scaled).
+as recorded unless scaled). The replay is bench.incidents.Replay's: the sensitivity job
+runs as in the service, and every scenario starts from a day of quiet history (what the
+job reads), evaluated once and estimated, so the false-page budget's thresholds are in
+force as in a service that has run a day (one database per instance layout, copied).
 
 Scenarios: a host-wide slowdown 2x for 6 minutes; a milder +30% for 10 minutes; one
 bucket's traffic shifting domain (acceptance 0.8 -> 0.45 in bucket 32); an optimization
@@ -19,7 +22,7 @@ the generic target; it is the incident's while the scenario's cause lasts, and l
 states the expected one (as the API and the resolved notification show it: a cause not
 measurable at the first page, the A/B arms not having run yet, is measured again while
 the incident is open); how many first pages already stated it is printed above. The last
-line:
+line, after each false page's members (rule, scope, threshold in force) tallied by rule:
 
     pages per incident: max N (all rules), cause right: C of S, false pages per 30 days: M
 """
@@ -27,26 +30,26 @@ line:
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from alerts.baselines import BaselineConfig
-from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.policy import load_policy
 from alerts.rule_file import load_rules
+from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget
+from bench.incidents import Replay
 from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from probes.sink import add_cycle
 from probes.stats import Distribution
-from storage.db import make_engine, make_sessionmaker
 from storage.models import Incident, TrafficRollup, WebhookDelivery
+from storage.queries import sensitivity as sensitivity_queries
 from storage.sketches import Sketch
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
@@ -55,7 +58,9 @@ ARMS = {"optimized": ("compiled", "speculative"), "eager": ("eager", "speculativ
         "direct": ("compiled", "direct")}
 AB_SHARE = 0.25
 TRAFFIC_PER_MIN = 60
-HISTORY = 360
+# Quiet minutes before a scenario: a day, the cycles the sensitivity job reads
+# (alerts.sensitivity_history_s), so every series has an estimate in force.
+HISTORY = round(AlertSettings().sensitivity_history_s / 60)
 TARGET = WebhookTarget(name="oncall", url="http://127.0.0.1:9/hook", format="generic")
 MINUTES_30_DAYS = 30 * 24 * 60
 
@@ -89,6 +94,10 @@ class ServiceOutcome:
     quiet_minutes: int = 0
     causes: list[str] = field(default_factory=list)
     stated: str | None = None  # the cause stored on the first page's incident at the end
+    # Of each false (late or early) page, its members: "rule bucket/path (threshold)".
+    false_members: list[str] = field(default_factory=list)
+    # The series' sensitivity estimates at the end: status (or "widened") -> how many.
+    sensitivity: dict[str, int] = field(default_factory=dict)
 
     @property
     def cause_right(self) -> bool:
@@ -101,21 +110,17 @@ class ServiceOutcome:
         return bool(self.pages) and self.pages[0][2] == self.expected
 
 
-class ServiceSim:
+class ServiceSim(Replay):
     """One scenario's database, every shipped rule, the policy, noise and clock."""
 
     def __init__(self, template: Path, workdir: Path, name: str,
-                 noise: Callable[[random.Random], Iterator[list[float]]], seed: int) -> None:
-        path = workdir / f"{name}.db"
-        shutil.copy(template, path)
-        self.engine = make_engine(f"sqlite:///{path}")
-        self.sm: sessionmaker[Session] = make_sessionmaker(self.engine)
-        self.rules = load_rules()
-        self.policy = load_policy()
+                 noise: Callable[[random.Random], Iterator[list[float]]], seed: int,
+                 warmed_at: int | None = None) -> None:
+        super().__init__(template, workdir, name, load_rules(), load_policy(), TARGET,
+                         warmed_at=warmed_at)
         self.rng = random.Random(seed)
         self.streams: dict[tuple[str, str, str], Iterator[list[float]]] = {}
         self.noise = noise
-        self.i = 0
 
     def _factors(self, key: tuple[str, str, str], n: int) -> list[float]:
         if key not in self.streams:
@@ -152,32 +157,15 @@ class ServiceSim:
                 s.add(_traffic(at, inst, bucket, lat, acc))
 
     def run(self, worlds: list[tuple[int, World]], *, history: int = HISTORY) -> int:
-        """Write `history` quiet minutes, then evaluate each minute of `worlds`; return the
-        first evaluated minute."""
+        """Write `history` quiet minutes (unless the template holds them), then evaluate
+        each minute of `worlds`; return the first evaluated minute."""
         quiet = World(instances=worlds[0][1].instances)
-        with self.sm.begin() as s:
-            for _ in range(history):
-                self.write(s, quiet)
-                self.i += 1
+        self.history(history - self.i, lambda s: self.write(s, quiet))
+        if self.job_at is None:
+            self.evaluate()  # the service's state at the end of its history
         first = self.i
-        config = BaselineConfig(warm_in_s=0)
         for count, world in worlds:
-            for _ in range(count):
-                with self.sm.begin() as s:
-                    self.write(s, world)
-                self.i += 1
-                with self.sm.begin() as s:
-                    evaluate(
-                        s,
-                        EvaluationOptions(
-                            self.rules,
-                            targets=[TARGET],
-                            policy=self.policy,
-                            baseline_config=config,
-                            stale_after_s=900.0,
-                        ),
-                        minute(self.i) + timedelta(seconds=30),
-                    )
+            self.step(lambda s, w=world: self.write(s, w), count)  # type: ignore[misc]
         return first
 
     def outcome(self, name: str, window: tuple[int, int] | None, expected: str | None,
@@ -194,19 +182,35 @@ class ServiceSim:
             at = int((r.created_at - T0).total_seconds() // 60)
             if window is not None and window[0] <= at < window[1]:
                 out.pages.append((at, inc["id"], inc["cause"]))
-            elif window is not None and at >= window[1]:
-                out.late += 1
             else:
-                out.early += 1
+                if window is not None and at >= window[1]:
+                    out.late += 1
+                else:
+                    out.early += 1
+                out.false_members += [_member(m) for m in inc.get("members") or ()]
             out.causes.append(f"+{at - (window[0] if window else first)}m #{inc['id']} "
                               f"{inc['probable_cause']}")
         if out.pages:
             with self.sm() as s:
-                inc = s.get(Incident, out.pages[0][1])
-                out.stated = inc.cause if inc is not None else None
+                row = s.get(Incident, out.pages[0][1])
+                out.stated = row.cause if row is not None else None
         out.quiet_minutes = (self.i - first) - ((window[1] - window[0]) if window else 0)
+        with self.sm() as s:
+            for est in sensitivity_queries.by_key(s).values():
+                kind = "widened" if est.threshold > est.configured_threshold else est.status
+                out.sensitivity[kind] = out.sensitivity.get(kind, 0) + 1
         self.engine.dispose()
         return out
+
+
+def _member(alert: Mapping[str, Any]) -> str:
+    """Return "rule bucket/path/decoding (threshold in force)" of a notified member."""
+    labels = alert.get("labels") or {}
+    where = "/".join(labels[k] for k in ("instance", "bucket", "path", "decoding")
+                     if k in labels)
+    threshold = alert.get("threshold")
+    return f"{alert.get('rule')} {where or 'all'}" + (
+        f" ({threshold:+.0%})" if isinstance(threshold, int | float) else "")
 
 
 def _group(bucket: str, arm: str, lat: list[float]) -> GroupResult:
@@ -272,13 +276,30 @@ def scenarios(quick: bool) -> list[tuple[str, list[tuple[int, World]], int, str 
     return out
 
 
+def warmed(template: Path, workdir: Path, instances: Mapping[str, str],
+           noise: Callable[[random.Random], Iterator[list[float]]], seed: int,
+           history: int = HISTORY) -> Path:
+    """Return a database holding `history` quiet minutes of `instances`, evaluated once at
+    their end and the sensitivity job run (the scenarios of one layout start from a copy)."""
+    name = "warm-" + "-".join(f"{i}{v}" for i, v in sorted(instances.items()))
+    sim = ServiceSim(template, workdir, name, noise, seed)
+    sim.run([(0, World(instances=instances))], history=history)
+    sim.engine.dispose()
+    return sim.path
+
+
 def run_service(template: Path, workdir: Path,
                 noise: Callable[[random.Random], Iterator[list[float]]], seed: int,
                 quick: bool) -> list[ServiceOutcome]:
     """Replay every scenario; return their outcomes."""
     outcomes = []
+    warm: dict[tuple[tuple[str, str], ...], Path] = {}
     for k, (name, worlds, start, expected) in enumerate(scenarios(quick)):
-        sim = ServiceSim(template, workdir, f"service{k}", noise, seed + k)
+        layout = tuple(sorted(worlds[0][1].instances.items()))
+        if layout not in warm:
+            warm[layout] = warmed(template, workdir, dict(layout), noise, seed - 1 - len(warm))
+        sim = ServiceSim(warm[layout], workdir, f"service{k}", noise, seed + k,
+                         warmed_at=HISTORY)
         first = sim.run(worlds)
         window = None
         if start >= 0:
@@ -289,6 +310,10 @@ def run_service(template: Path, workdir: Path,
         print(f"{name:<44} pages {len(o.pages)}  late {o.late}  early {o.early}  "
               f"stated {o.stated or '-'}  pages: " + ("; ".join(o.causes) or "none"),
               flush=True)
+        if o.false_members:
+            print(f"{'':<44} false pages' members: " + "; ".join(o.false_members))
+        print(f"{'':<44} sensitivity of its series: " + ", ".join(
+            f"{n} {kind}" for kind, n in sorted(o.sensitivity.items())), flush=True)
     return outcomes
 
 
@@ -302,7 +327,13 @@ def summary(outcomes: list[ServiceOutcome]) -> str:
     quiet = sum(o.quiet_minutes for o in outcomes)
     per_30 = false * MINUTES_30_DAYS / quiet if quiet else 0.0
     missed = [o.name for o in incidents if not o.pages]
+    by_rule: dict[str, int] = {}
+    for o in outcomes:
+        for m in o.false_members:
+            by_rule[m.split()[0]] = by_rule.get(m.split()[0], 0) + 1
     return ((f"missed: {', '.join(missed)}\n" if missed else "")
+            + (("false pages' members by rule: " + ", ".join(
+                f"{r} {n}" for r, n in sorted(by_rule.items())) + "\n") if by_rule else "")
             + f"first page stated the right cause: {first} of {len(incidents)}\n"
             + f"pages per incident: max {worst} (all rules), cause right: {right} of "
               f"{len(incidents)}, false pages per 30 days: {per_30:.0f}")

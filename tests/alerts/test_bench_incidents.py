@@ -108,3 +108,24 @@ def test_a_peak_without_seasonality_is_shown_but_not_counted(capsys) -> None:
     assert report([flat]) == (0, 0.0)
     assert "not counted" in capsys.readouterr().out
     assert report([seasonal, flat]) == (0, 30.0)  # a daily false page counts every day
+
+
+def test_the_replay_runs_the_sensitivity_job_as_the_service_does(
+        template: Path, noise: BlockNoise, tmp_path: Path) -> None:
+    """The false-page budget is in force in the replay: the job runs at the first
+    evaluation until every series is estimated, then on its interval."""
+    from bench.incidents import SENSITIVITY_INTERVAL_MIN
+    from storage.queries import sensitivity as sensitivity_queries
+
+    sim = Sim(template, tmp_path, "job", _rules("p99_latency_regression"), None, noise, 6)
+    sim.history(420, lambda s: sim.canary(s))
+    sim.step(lambda s: sim.canary(s))
+    assert sim.job_at == sim.i and len(sim.jobs) >= 1
+    with sim.sm() as s:
+        (est,) = sensitivity_queries.by_key(s).values()
+    # A day is not yet there, but the series' usable cycles are: estimated, not skipped.
+    assert est.rule == "p99_latency_regression" and est.status == "ok", est.reason
+    assert est.threshold >= est.configured_threshold
+    runs = len(sim.jobs)
+    sim.step(lambda s: sim.canary(s), SENSITIVITY_INTERVAL_MIN)
+    assert len(sim.jobs) == runs + 1 and sim.job_at == sim.i

@@ -13,11 +13,13 @@ from alerts.rules import (
     Rule,
     band_verdict,
     confirm,
+    evaluate_rule,
     judged_points,
     limit_crossed,
     reason,
     recovered,
     relative_changes,
+    run_over,
     score_cycle,
     threshold_in_force,
     unjudgeable,
@@ -152,6 +154,51 @@ def test_recovered_pooled_asks_whether_the_canaries_came_down():
     assert not recovered(r, body, [pts([1.3])[0], *still_slow], [1.3, 1.1, 1.1, 1.1], changes)
     # A series that never breached is not the regression: inside the band.
     assert recovered(r, body, still_slow, [1.1] * 3, [0.1] * 3)
+
+
+def test_run_over_reads_the_latest_cycles_own_samples_not_the_run_median():
+    """A confirmation is over (late, no page) once its latest `for` cycles are back inside
+    the hysteresis band, whatever the run's median or a pooled value still holds."""
+    r = rule()
+    # The run's median still reads the ended slowdown; the latest 3 cycles are back.
+    values = [1.0] * 10 + [1.4] * 8 + [1.0, 1.02, 1.01]
+    res = evaluate_rule(r, {}, BASE, pts(values))
+    assert res.fired and res.over
+    assert "over: the latest cycles' own samples no longer breach" in res.reason
+    # Still outside the band (+8%, under the +15% threshold): not over, it pages; the
+    # alert would not resolve there either.
+    values = [1.0] * 10 + [1.4] * 8 + [1.08] * 3
+    res = evaluate_rule(r, {}, BASE, pts(values))
+    assert res.fired and not res.over
+    # Judged while it lasts: fired, not over.
+    res = evaluate_rule(r, {}, BASE, pts([1.0] * 10 + [1.4] * 8))
+    assert res.fired and not res.over
+    # The step on its own, on the latest cycles only.
+    latest = [1.0, 1.02, 1.01]
+    assert run_over(r, pts(latest), relative_changes(latest, BASE), BASE, False)
+    assert not run_over(r, pts([1.08] * 3), relative_changes([1.08] * 3, BASE), BASE, False)
+
+
+def test_run_over_on_pooled_cycles_merges_their_own_samples():
+    p99 = rule(name="p99", metric="p99_latency")
+    body = BaselineStats(center=1.0, spread=0.05, cycles=500, body=0.5)
+    # A pooled p99 still holding the slowdown (1.3): the cycles' own samples decide.
+    came_down = [pooled_point(1.3, [0.5] * 50) for _ in range(3)]
+    still_slow = [pooled_point(1.3, [0.5] * 49 + [1.5]) for _ in range(3)]
+    assert run_over(p99, came_down, [0.3] * 3, body, True)
+    assert not run_over(p99, still_slow, [0.3] * 3, body, True)
+    # Own samples under the baseline p99 but their median well above the body: not over.
+    assert not run_over(p99, [pooled_point(1.3, [0.9] * 50) for _ in range(3)], [0.3] * 3,
+                        body, True)
+    # A cycle without its own samples cannot say the run ended.
+    assert not run_over(p99, [*came_down[:2], pts([1.3])[0]], [0.3] * 3, body, True)
+    # A pooled quantile scored as a plain one (no tail): the merged own samples' quantile.
+    p50 = rule()
+    base = BaselineStats(center=1.0, spread=0.05, cycles=500)
+    back = [pooled_point(1.3, [1.0] * 10, samples=40) for _ in range(3)]
+    slow = [pooled_point(1.3, [1.3] * 10, samples=40) for _ in range(3)]
+    assert run_over(p50, back, [0.3] * 3, base, False)
+    assert not run_over(p50, slow, [0.3] * 3, base, False)
 
 
 def checks(**kw: object) -> Checks:
