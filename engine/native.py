@@ -38,16 +38,19 @@ from typing import Any
 
 import torch
 
-from engine import aot, t5
+from engine import aot, quantize, t5
 from engine.errors import BoundaryError
 from engine.native_checks import (
     INTEGER,
     Boundary,
     Dims,
     check_tokens,
+    check_weights,
+    expect,
     raise_for,
     raise_for_row,
 )
+from engine.quantize import is_int8
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +58,30 @@ SOURCE = Path(__file__).parent / "native_step.c"
 _ACTS = {"relu": 0, "gelu_new": 1, "gelu_pytorch_tanh": 1, "gelu": 2, "silu": 3}
 _F = ctypes.POINTER(ctypes.c_float)
 _FF = ctypes.POINTER(_F)
+_Q = ctypes.POINTER(ctypes.c_int8)
+_QQ = ctypes.POINTER(_Q)
+_C = ctypes.POINTER(ctypes.c_int32)
+_CC = ctypes.POINTER(_C)
 
 
 _LAYER_WEIGHTS = ("ln_att", "qkv", "o", "ln_cross", "cq", "co", "ln_ff", "wi", "wo")
+_LINEAR = ("qkv", "o", "cq", "co", "wi", "wo")  # the decoder step's linear weights
+# How the C step multiplies int8 weights (engine/native_step.c W_*): "dot" quantizes each
+# activation row to int8 on the fly and sums int8 products in int32 (VNNI / AVX2 maddubs);
+# "widen" converts the int8 rows to float in registers. "dot" is the default: faster here
+# at equal agreement (docs/benchmarks.md#benchquality).
+INT8_KERNELS = {"widen": 1, "dot": 2}
+INT8_KERNEL = "dot"
 _FIELDS: list[tuple[str, Any]] = [
     *((name, ctypes.c_int64) for name in (
         "layers", "d_model", "heads", "d_kv", "inner", "d_ff", "vocab", "gated", "act")),
     ("eps", ctypes.c_float), ("out_scale", ctypes.c_float),
     ("embed", _F), ("lm_head", _F), ("final_ln", _F),
-    *((name, _FF) for name in _LAYER_WEIGHTS)]
+    *((name, _FF) for name in _LAYER_WEIGHTS),
+    ("wmode", ctypes.c_int64), ("lm_head_q", _Q), ("lm_head_s", _F), ("lm_head_c", _C),
+    *((f"{name}_q", _QQ) for name in _LINEAR),
+    *((f"{name}_s", _FF) for name in _LINEAR),
+    *((f"{name}_c", _CC) for name in _LINEAR)]
 
 
 class _Model(ctypes.Structure):
@@ -210,14 +228,22 @@ def applicable(lean: t5.LeanT5) -> str | None:
         return f"device {lean.device_.type}"
     if lean.dtype != torch.float32:
         return f"dtype {lean.dtype}"
-    for layer in lean.dec_layers:
-        for name in _LAYER_WEIGHTS:
-            if not isinstance(getattr(layer, name), torch.Tensor):
-                return "quantized weights"
+    # Float weights, or int8 ones (engine.quantize.Int8Weight) throughout: one mode per model.
+    kinds = {"int8" if is_int8(w) else "float" if isinstance(w, torch.Tensor) else "other"
+             for w in [lean.lm_head, *(getattr(layer, name) for layer in lean.dec_layers
+                                       for name in _LINEAR)]}
+    if kinds not in ({"float"}, {"int8"}):
+        return f"weights {'/'.join(sorted(kinds))}"
     act = getattr(lean, "act_name", None)
     if act not in _ACTS:
         return f"activation {act!r}"
     return None
+
+
+def _rows_cols(w: Any) -> tuple[int, int]:
+    """Return a linear weight's [out, in] (a float tensor or an int8 one)."""
+    t = w.q if is_int8(w) else w
+    return int(t.shape[0]), int(t.shape[1])
 
 
 class NativeStep:
@@ -243,11 +269,13 @@ class NativeStep:
         # Returns 0, or why it refused with the first refused row in out[0] (raise_for_row).
         self._rows = lib.tw_rows
         self._rows.restype = i64
-        self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p]
+        self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p,
+                               p]
 
-    def bind(self, lean: t5.LeanT5) -> BoundStep:
-        """Return the step function for `lean` (see `applicable` first)."""
-        return BoundStep(self._fn, self._chain, lean, self._rows)
+    def bind(self, lean: t5.LeanT5, *, int8_kernel: str | None = None) -> BoundStep:
+        """Return the step function for `lean` (see `applicable` first); `int8_kernel`: how
+        int8 weights are multiplied (INT8_KERNELS; None: INT8_KERNEL)."""
+        return BoundStep(self._fn, self._chain, lean, self._rows, int8_kernel=int8_kernel)
 
 
 class BoundStep:
@@ -257,34 +285,68 @@ class BoundStep:
     requests (engine.t5.decode_rows). A row verified or batched gets bitwise the logits of
     the same row decoded alone, so speculation and batching stay exact."""
 
-    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any = None) -> None:
+    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any = None, *,
+                 int8_kernel: str | None = None) -> None:
         self._fn, self._chain, self._rows_fn = fn, chain, rows
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
         layers = list(lean.dec_layers)
-        self._keep: list[Any] = []  # the pointer arrays must outlive the struct
+        # Every weight C reads, checked once here (dtype, shape, layout): BoundaryError names it.
+        check_weights(lean)
+        self._keep: list[Any] = []  # the pointer arrays (and row sums) must outlive the struct
 
-        def ptr(t: torch.Tensor) -> Any:
-            if not t.is_contiguous() or t.dtype != torch.float32:
-                raise ValueError("native step: weights must be contiguous float32")
-            return ctypes.cast(t.data_ptr(), _F)
+        def ptr(t: torch.Tensor, kind: Any = _F) -> Any:
+            return ctypes.cast(t.data_ptr(), kind)
 
-        def per_layer(name: str) -> Any:
-            arr = (_F * len(layers))(*[ptr(getattr(layer, name)) for layer in layers])
+        def per_layer(get: Any, kind: Any, kinds: Any) -> Any:
+            arr = (kind * len(layers))(*[ptr(get(layer), kind) for layer in layers])
             self._keep.append(arr)
-            return ctypes.cast(arr, _FF)
+            return ctypes.cast(arr, kinds)
 
-        d_ff = layers[0].wo.shape[1]
+        def row_sums(w: quantize.Int8Weight) -> torch.Tensor:
+            # The dot kernel's correction for its unsigned activations (engine/native_step.c).
+            c = w.q.sum(1, dtype=torch.int32).contiguous()
+            self._keep.append(c)
+            return c
+
+        d_ff = _rows_cols(layers[0].wo)[1]
+        vocab = _rows_cols(lean.lm_head)[0]
+        fields: dict[str, Any] = {}
+        int8 = is_int8(lean.lm_head)
+        if int8:
+            kernel = int8_kernel or INT8_KERNEL
+            if kernel not in INT8_KERNELS:
+                raise ValueError(f"int8_kernel: one of {sorted(INT8_KERNELS)}, got {kernel!r}")
+            self.wmode = INT8_KERNELS[kernel]
+            head = lean.lm_head
+            fields.update(lm_head_q=ptr(head.q, _Q), lm_head_s=ptr(head.scale),
+                          lm_head_c=ptr(row_sums(head), _C))
+            for name in _LINEAR:
+                fields[f"{name}_q"] = per_layer(lambda layer, n=name: getattr(layer, n).q, _Q, _QQ)
+                fields[f"{name}_s"] = per_layer(lambda layer, n=name: getattr(layer, n).scale,
+                                                _F, _FF)
+                fields[f"{name}_c"] = per_layer(
+                    lambda layer, n=name: row_sums(getattr(layer, n)), _C, _CC)
+        else:
+            self.wmode = 0
+            fields["lm_head"] = ptr(lean.lm_head)
+            fields.update({name: per_layer(lambda layer, n=name: getattr(layer, n), _F, _FF)
+                           for name in _LINEAR})
         self._model = _Model(
             layers=len(layers), d_model=lean.d_model, heads=lean.n_heads, d_kv=lean.d_kv,
-            inner=lean.inner, d_ff=d_ff, vocab=lean.lm_head.shape[0], gated=int(lean.gated),
+            inner=lean.inner, d_ff=d_ff, vocab=vocab, gated=int(lean.gated),
             act=_ACTS[lean.act_name], eps=lean.eps, out_scale=lean.output_scale,
-            embed=ptr(lean.embed), lm_head=ptr(lean.lm_head), final_ln=ptr(lean.dec_final),
-            **{name: per_layer(name) for name in _LAYER_WEIGHTS})
+            embed=ptr(lean.embed), final_ln=ptr(lean.dec_final), wmode=self.wmode,
+            **{name: per_layer(lambda layer, n=name: getattr(layer, n), _F, _FF)
+               for name in ("ln_att", "ln_cross", "ln_ff")},
+            **fields)
         self._ref = ctypes.byref(self._model)
-        # Scratch floats per decoded row (engine/native_step.c: x, h, qkv, att, u, logits).
+        self.vocab = vocab
+        # Scratch floats per decoded row (engine/native_step.c: x, h, qkv, att, u, logits;
+        # then the int8 activations, one row of qstride bytes, and their scale).
+        widest = max(lean.d_model, lean.inner, d_ff)
         self._per_row = 2 * lean.d_model + 4 * lean.inner + (2 if lean.gated else 1) * d_ff \
-            + lean.lm_head.shape[0]
+            + vocab + (widest + 63) // 64 * 16 + 1
         self._local = threading.local()  # scratch per thread: concurrent requests
         self.boundary = Boundary(Dims.of(lean))
 
@@ -335,17 +397,21 @@ class BoundStep:
 
     def rows(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,
              caches: list[torch.Tensor], crosses: list[torch.Tensor],
-             masks: list[torch.Tensor], dec_bias: torch.Tensor) -> torch.Tensor:
+             masks: list[torch.Tensor], dec_bias: torch.Tensor,
+             logits: torch.Tensor | None = None) -> torch.Tensor:
         """Return the greedy token after each row's token, all rows in one call.
 
         tokens [B] and positions [B] (int64); per row its self-attention cache, its cross
         K/V [L, 2, H, length, d_kv] and mask bias [1, 1, 1, length] (lengths may differ);
         dec_bias: the full causal table [H, slots, slots] (engine.runner.ModelRunner.dec_bias).
         A refused call (a bad tensor, token id or position) raises BoundaryError naming the
-        argument and the row, and writes no row's cache.
+        argument and the row, and writes no row's cache. `logits` (tests): a float32
+        [B, vocab] tensor that receives the rows' logits.
         """
         slots = self.boundary.rows(tokens, positions, caches, crosses, masks, dec_bias)
         b = int(tokens.shape[0])
+        if logits is not None:
+            expect("logits", logits, (b, self.vocab))
         toks = tokens.reshape(b).to(torch.long).contiguous()
         pos = positions.reshape(b).to(torch.long).contiguous()
         crosses = [c.contiguous() for c in crosses]
@@ -359,7 +425,7 @@ class BoundStep:
         scratch = self._scratch(b * self._per_row + max(span, int(lens.max())))
         code = self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, slots, ckv,
                              lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
-                             out.data_ptr())
+                             out.data_ptr(), None if logits is None else logits.data_ptr())
         if code:
             raise_for_row(code, int(out[0]), dims=self.boundary.dims, tokens=toks.tolist(),
                           positions=pos.tolist(), slots=slots, span=span)

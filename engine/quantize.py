@@ -49,8 +49,20 @@ class Int8Weight(nn.Module):
         return self.q.to(self.scale.dtype) * self.scale[:, None]
 
 
+def is_int8(w: object) -> bool:
+    """Return whether a LeanT5 weight is an Int8Weight."""
+    return isinstance(w, Int8Weight)
+
+
+def _shared_copy(lean: LeanT5) -> LeanT5:
+    """Return a copy of `lean`'s modules that shares every tensor with it (the memo answers
+    each with itself): what the copy keeps is held once, what it replaces only in the copy."""
+    memo: dict[int, object] = {id(t): t for t in [*lean.parameters(), *lean.buffers()]}
+    return copy.deepcopy(lean, memo)
+
+
 def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Tensor]) -> LeanT5:
-    out = copy.deepcopy(lean)
+    out = _shared_copy(lean)
     for layer in [*out.enc_layers, *out.dec_layers]:
         for name in LINEAR_WEIGHTS:
             w = getattr(layer, name, None)
@@ -73,6 +85,25 @@ def int8(lean: LeanT5) -> LeanT5:
     """Return a copy of `lean` whose linear weights are int8 (see the module docstring)."""
     with torch.no_grad():
         return _map_weights(lean, Int8Weight)
+
+
+def dequantize(lean: LeanT5) -> LeanT5:
+    """Return a float copy of an int8 `lean` (each weight its q * scale): the float
+    reference the int8 step is tested against, built on demand, never kept for serving."""
+
+    with torch.no_grad():
+        out = _shared_copy(lean)
+        for layer in [*out.enc_layers, *out.dec_layers]:
+            for name in LINEAR_WEIGHTS:
+                w = getattr(layer, name, None)
+                if isinstance(w, Int8Weight):
+                    delattr(layer, name)
+                    setattr(layer, name, nn.Parameter(w.dequantized(), requires_grad=False))
+        if isinstance(out.lm_head, Int8Weight):
+            head = out.lm_head.dequantized()
+            del out.lm_head
+            out.register_parameter("lm_head", nn.Parameter(head, requires_grad=False))
+    return out
 
 
 def noisy(relative: float, seed: int = 0) -> Quantizer:

@@ -225,14 +225,13 @@ class Runtime:
             log.warning("decode step: %s", kind)
             return kind
         kinds = []
-        for runner in (self.target, self.draft):
+        for runner in (self.target, self.target_q, self.draft):  # target_q: int8 weights in C
             if runner is not None:
                 why = native.applicable(runner.m)
                 if why is None:
                     runner.native = lib.bind(runner.m)
                 kinds.append(f"{runner.name} " + ("native" if why is None
                                                   else f"compiled ({why})"))
-        # The int8 target keeps its compiled step (its weights are not float32 tensors).
         kind = ", ".join(kinds)
         log.info("decode step: %s", kind)
         return kind
