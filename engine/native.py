@@ -350,6 +350,10 @@ class BoundStep:
         self._local = threading.local()  # scratch per thread: concurrent requests
         self.boundary = Boundary(Dims.of(lean))
 
+    def scratch_floats(self, rows: int, widest: int) -> int:
+        """Return the scratch floats C uses for `rows` rows attending at most `widest` keys."""
+        return rows * self._per_row + widest
+
     def _scratch(self, floats: int) -> int:
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < floats:
@@ -422,7 +426,7 @@ class BoundStep:
         cb = ptrs(*[mk.data_ptr() for mk in masks])
         span = dec_bias.shape[-1]
         out = torch.empty(b, dtype=torch.long)
-        scratch = self._scratch(b * self._per_row + max(span, int(lens.max())))
+        scratch = self._scratch(self.scratch_floats(b, max(span, int(lens.max()))))
         code = self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, slots, ckv,
                              lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
                              out.data_ptr(), None if logits is None else logits.data_ptr())
@@ -444,7 +448,7 @@ class BoundStep:
         `rows` rows, out) and the cross K/V they point into (keep it alive for the call)."""
         cross_kv = cross_kv.contiguous()
         span, cross = dec_bias.shape[-1], cross_kv.shape[-2]
-        scratch = self._scratch(rows * self._per_row + max(span, cross))
+        scratch = self._scratch(self.scratch_floats(rows, max(span, cross)))
         return ((self_kv.data_ptr(), self_kv.shape[-2], cross_kv.data_ptr(), cross,
                  mask_bias.data_ptr(), dec_bias.data_ptr(), span, scratch, out.data_ptr()),
                 cross_kv)
