@@ -289,13 +289,16 @@ static inline ivec izero(void) { return _mm256_setzero_si256(); }
 #define DW 0
 #endif
 
-/* Quantize x [n] into xq (offset by DOT_OFFSET); return its scale. */
+/* Quantize x [n] into xq (offset by DOT_OFFSET); return its scale. The row is padded to
+ * whole DW-byte chunks with zeros (offset), which meet zero weights in the last chunk. */
 static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
     float top = 0.0f;
     for (int64_t k = 0; k < n; k++) {
         const float a = fabsf(x[k]);
         if (a > top) top = a;
     }
+    const int64_t padded = DW ? (n + DW - 1) / DW * DW : n;
+    for (int64_t k = n; k < padded; k++) xq[k] = (uint8_t)DOT_OFFSET;
     if (!(top > 0.0f) || !isfinite(top)) {
         /* all zero: any scale; inf or NaN: the float path's answer is no better */
         for (int64_t k = 0; k < n; k++) xq[k] = (uint8_t)DOT_OFFSET;
@@ -307,45 +310,31 @@ static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
     return top / 127.0f;
 }
 
-static inline int32_t tail_dot_w(const int8_t *w, int64_t k, int64_t n) {
-    int32_t s = 0;
-    for (; k < n; k++) s += w[k];
-    return s;
-}
-
-static inline int32_t tail_dot(const uint8_t *x, const int8_t *w, int64_t k, int64_t n) {
-    int32_t s = 0;
-    /* Offset activations are unsigned bytes; the others signed bytes stored as unsigned. */
-    for (; k < n; k++)
-        s += (DOT_OFFSET ? (int32_t)x[k] - DOT_OFFSET : (int32_t)(int8_t)x[k]) * (int32_t)w[k];
-    return s;
-}
-
-/* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes, scratch */
+/* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes (at least n
+ * rounded up to DW), scratch. */
 static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const float *X,
                         float *Y, int64_t rows, int64_t n, int64_t q, int64_t ldy, uint8_t *xq,
                         float *xs, int64_t stride) {
-    (void)C;
     for (int64_t i = 0; i < q; i++) xs[i] = quantize_row(X + i * n, xq + i * stride, n);
 #if DW
+    /* A row's last partial chunk is copied into a zero-padded one: every product goes
+     * through the same vector instruction (gcc 12 -O3 miscompiled a scalar tail loop of
+     * unsigned x signed bytes with AVX-512). The offset activations then add 128 x the
+     * row's whole sum of weights, C[r], taken off after. */
     const int64_t whole = n - n % DW;
-    /* Whole chunks are multiplied offset; their correction is 128 * (the sum of the row's
-     * weights over them), which is C[r] less the tail's. */
-#define FIX(r, wrow) (DOT_OFFSET ? DOT_OFFSET * (C[r] - tail_dot_w(wrow, whole, n)) : 0)
-#else
-    const int64_t whole = 0;
-#define FIX(r, wrow) 0
-#endif
+    int8_t tail[DW] __attribute__((aligned(64)));
     /* One weight row at a time, every input against it (the row stays in L1 for them):
      * the weights are one sequential stream, which the hardware prefetchers follow best
      * (a 4-row block as gemm's, prefetched, ran at about half this speed from L3). */
     for (int64_t r = 0; r < rows; r++) {
         const int8_t *w = W + r * n;
-        const int32_t fix = FIX(r, w);
+        if (whole < n) {
+            memset(tail, 0, sizeof tail);
+            memcpy(tail, w + whole, (size_t)(n - whole));
+        }
+        const int32_t fix = DOT_OFFSET * C[r];
         for (int64_t i = 0; i < q; i++) {
             const uint8_t *x0 = xq + i * stride;
-            int32_t s = -fix;
-#if DW
             ivec a = izero(), b = izero();
             int64_t k = 0;
             for (; k + 2 * DW <= whole; k += 2 * DW) {
@@ -353,13 +342,22 @@ static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const
                 b = dp(b, x0 + k + DW, w + k + DW);
             }
             if (k < whole) a = dp(a, x0 + k, w + k);
-            s += isum(a) + isum(b);
-#endif
-            s += tail_dot(x0, w, whole, n);
+            if (whole < n) b = dp(b, x0 + whole, tail);
+            Y[i * ldy + r] = S[r] * (xs[i] * (float)(isum(a) + isum(b) - fix));
+        }
+    }
+#else
+    (void)C;
+    for (int64_t r = 0; r < rows; r++) {
+        const int8_t *w = W + r * n;
+        for (int64_t i = 0; i < q; i++) {
+            const int8_t *x0 = (const int8_t *)(xq + i * stride);
+            int32_t s = 0;
+            for (int64_t k = 0; k < n; k++) s += (int32_t)x0[k] * (int32_t)w[k];
             Y[i * ldy + r] = S[r] * (xs[i] * (float)s);
         }
     }
-#undef FIX
+#endif
 }
 
 /* One linear layer's weight in whichever form the model holds it. */
