@@ -1,7 +1,7 @@
 """float32 vs int8 weights on the same C decode step: ms per request, speedup, agreement.
 
     taskset -c 1 python -m bench.quality [--buckets 16,32,64] [--inputs 3] [--repeats 3]
-        [--new-tokens 32] [--int8-kernel dot|widen] [--small-inputs 2] [--small-new-tokens 32]
+        [--new-tokens 32] [--small-inputs 2] [--small-new-tokens 32]
 
 Built-in target: one engine with `engine.quantization: int8` serves both arms (flag override
 per call), direct decoding, compiled bucketed encoder graphs, and both decode on the C step
@@ -156,7 +156,7 @@ def small(args: argparse.Namespace, cache_dir: Path) -> None:
     torch.manual_seed(0)
     m = small_model()
     q = quantize.int8(m)
-    params = sum(p.numel() for p in m.parameters())
+    params = sum({p.data_ptr(): p.numel() for p in m.parameters()}.values())  # tied: once
     print(f"t5-small: {params / 1e6:.1f} M parameters; int8 adds "
           f"{quantize.weight_bytes(q, beyond=m) / 2**20:.1f} MiB beyond the float model")
     steps = {"f32": lib.bind(m), "int8": lib.bind(q)}
@@ -199,8 +199,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--compile-mode", default="default")
-    parser.add_argument("--int8-kernel", default=None,
-                        help="engine.native INT8_KERNELS (default: engine.native.INT8_KERNEL)")
     parser.add_argument("--small-inputs", type=int, default=2,
                         help="random inputs per bucket for the T5-small-shaped model (0: skip)")
     parser.add_argument("--small-new-tokens", type=int, default=32)
@@ -208,14 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
     import torch
 
-    from engine import native
-
     torch.set_num_threads(1)
-    if args.int8_kernel is not None:
-        if args.int8_kernel not in native.INT8_KERNELS:
-            parser.error(f"--int8-kernel: one of {sorted(native.INT8_KERNELS)}")
-        native.INT8_KERNEL = args.int8_kernel
-    print(f"int8 kernel: {native.INT8_KERNEL}")
     if args.small_inputs > 0:
         small(args, Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
     ratios, agreements = builtin(args)

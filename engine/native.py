@@ -66,12 +66,7 @@ _CC = ctypes.POINTER(_C)
 
 _LAYER_WEIGHTS = ("ln_att", "qkv", "o", "ln_cross", "cq", "co", "ln_ff", "wi", "wo")
 _LINEAR = ("qkv", "o", "cq", "co", "wi", "wo")  # the decoder step's linear weights
-# How the C step multiplies int8 weights (engine/native_step.c W_*): "dot" quantizes each
-# activation row to int8 on the fly and sums int8 products in int32 (VNNI / AVX2 maddubs);
-# "widen" converts the int8 rows to float in registers. "dot" is the default: faster here
-# at equal agreement (docs/benchmarks.md#benchquality).
-INT8_KERNELS = {"widen": 1, "dot": 2}
-INT8_KERNEL = "dot"
+_W_FLOAT, _W_INT8 = 0, 1  # engine/native_step.c's W_* (how the linear weights are held)
 _FIELDS: list[tuple[str, Any]] = [
     *((name, ctypes.c_int64) for name in (
         "layers", "d_model", "heads", "d_kv", "inner", "d_ff", "vocab", "gated", "act")),
@@ -272,10 +267,9 @@ class NativeStep:
         self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p,
                                p]
 
-    def bind(self, lean: t5.LeanT5, *, int8_kernel: str | None = None) -> BoundStep:
-        """Return the step function for `lean` (see `applicable` first); `int8_kernel`: how
-        int8 weights are multiplied (INT8_KERNELS; None: INT8_KERNEL)."""
-        return BoundStep(self._fn, self._chain, lean, self._rows, int8_kernel=int8_kernel)
+    def bind(self, lean: t5.LeanT5) -> BoundStep:
+        """Return the step function for `lean` (see `applicable` first)."""
+        return BoundStep(self._fn, self._chain, lean, self._rows)
 
 
 class BoundStep:
@@ -285,8 +279,7 @@ class BoundStep:
     requests (engine.t5.decode_rows). A row verified or batched gets bitwise the logits of
     the same row decoded alone, so speculation and batching stay exact."""
 
-    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any = None, *,
-                 int8_kernel: str | None = None) -> None:
+    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any = None) -> None:
         self._fn, self._chain, self._rows_fn = fn, chain, rows
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
@@ -304,7 +297,7 @@ class BoundStep:
             return ctypes.cast(arr, kinds)
 
         def row_sums(w: quantize.Int8Weight) -> torch.Tensor:
-            # The dot kernel's correction for its unsigned activations (engine/native_step.c).
+            # The int8 products' correction for their unsigned activations (engine/native_step.c).
             c = w.q.sum(1, dtype=torch.int32).contiguous()
             self._keep.append(c)
             return c
@@ -314,10 +307,7 @@ class BoundStep:
         fields: dict[str, Any] = {}
         int8 = is_int8(lean.lm_head)
         if int8:
-            kernel = int8_kernel or INT8_KERNEL
-            if kernel not in INT8_KERNELS:
-                raise ValueError(f"int8_kernel: one of {sorted(INT8_KERNELS)}, got {kernel!r}")
-            self.wmode = INT8_KERNELS[kernel]
+            self.wmode = _W_INT8
             head = lean.lm_head
             fields.update(lm_head_q=ptr(head.q, _Q), lm_head_s=ptr(head.scale),
                           lm_head_c=ptr(row_sums(head), _C))
@@ -328,7 +318,7 @@ class BoundStep:
                 fields[f"{name}_c"] = per_layer(
                     lambda layer, n=name: row_sums(getattr(layer, n)), _C, _CC)
         else:
-            self.wmode = 0
+            self.wmode = _W_FLOAT
             fields["lm_head"] = ptr(lean.lm_head)
             fields.update({name: per_layer(lambda layer, n=name: getattr(layer, n), _F, _FF)
                            for name in _LINEAR})

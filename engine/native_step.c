@@ -26,9 +26,9 @@ typedef float vec __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 
 enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
 
-/* How the linear weights are stored and multiplied (engine.quantization: int8 is weight-only
- * int8 with one float scale per output row, W[r, :] = q[r, :] * s[r]). */
-enum { W_FLOAT = 0, W_INT8_WIDEN = 1, W_INT8_DOT = 2 };
+/* How the linear weights are stored (engine.quantization: int8 is weight-only int8 with one
+ * float scale per output row, W[r, :] = q[r, :] * s[r]). */
+enum { W_FLOAT = 0, W_INT8 = 1 };
 
 typedef struct {
     int64_t layers, d_model, heads, d_kv, inner, d_ff, vocab, gated, act;
@@ -38,8 +38,8 @@ typedef struct {
     const float *const *ln_att, *const *qkv, *const *o;
     const float *const *ln_cross, *const *cq, *const *co;
     const float *const *ln_ff, *const *wi, *const *wo;
-    /* W_INT8_*: each linear weight as int8 rows (`_q`), their scales (`_s`) and their row
-     * sums (`_c`: W_INT8_DOT's correction for its unsigned activations), per layer */
+    /* W_INT8: each linear weight as int8 rows (`_q`), their scales (`_s`) and their row
+     * sums (`_c`: the correction for the unsigned activations of gemm_q8_dot), per layer */
     int64_t wmode;
     const int8_t *lm_head_q;
     const float *lm_head_s;
@@ -163,95 +163,11 @@ static void gemv(const float *W, const float *x, float *y, int64_t rows, int64_t
     gemm(W, x, y, rows, n, 1, rows);
 }
 
-/* ---- int8 weights, widened: each int8 row is converted to floats in registers and
- * multiplied as gemm does (a quarter of the bytes read; the products in float32). Every
- * row's sum has one order whatever the blocking, as in gemm. ---- */
-/* Sign-extend to int32, then convert (vpmovsxbd, vcvtdq2ps): gcc's vector conversions
- * from int8 go one lane at a time. */
-#if defined(__AVX512F__)
-static inline vec loadq(const int8_t *p) {
-    return (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-#elif defined(__AVX2__)
-static inline vec loadq(const int8_t *p) {
-    return (vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-#else
-static inline vec loadq(const int8_t *p) {
-    vec v;
-    for (int j = 0; j < VW; j++) v[j] = (float)p[j];
-    return v;
-}
-#endif
-
-static inline float dot_q8(const float *x, const int8_t *w, int64_t n) {
-    vec a = {0};
-    int64_t k = 0;
-    for (; k + VW <= n; k += VW) a += load(x + k) * loadq(w + k);
-    float s = hsum(a);
-    for (; k < n; k++) s += x[k] * (float)w[k];
-    return s;
-}
-
-/* Y[i, r] = S[r] * (Q[r, :] . X[i, :]): gemm's blocking on int8 rows. */
-static void gemm_q8(const int8_t *W, const float *S, const float *X, float *Y, int64_t rows,
-                    int64_t n, int64_t q, int64_t ldy) {
-    int64_t r = 0;
-    const int64_t whole = n - n % VW;
-    for (; r + 4 <= rows; r += 4) {
-        const int8_t *w0 = W + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
-        const int8_t *next = r + 8 <= rows ? W + (r + 4) * n : 0;
-        int64_t i = 0;
-        for (; i + 2 <= q; i += 2) {
-            const float *x0 = X + i * n, *x1 = x0 + n;
-            const int8_t *pf = i == 0 ? next : 0;
-            vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-            for (int64_t k = 0; k < whole; k += VW) {
-                if (pf) __builtin_prefetch(pf + 4 * k, 0, 3);
-                vec u = load(x0 + k), v = load(x1 + k);
-                vec c0 = loadq(w0 + k), c1 = loadq(w1 + k), c2 = loadq(w2 + k), c3 = loadq(w3 + k);
-                PIN(u); PIN(v); PIN(c0); PIN(c1); PIN(c2); PIN(c3);
-                a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
-                b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
-            }
-            float s[8] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3),
-                          hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
-            for (int64_t k = whole; k < n; k++) {
-                s[0] += x0[k] * (float)w0[k]; s[1] += x0[k] * (float)w1[k];
-                s[2] += x0[k] * (float)w2[k]; s[3] += x0[k] * (float)w3[k];
-                s[4] += x1[k] * (float)w0[k]; s[5] += x1[k] * (float)w1[k];
-                s[6] += x1[k] * (float)w2[k]; s[7] += x1[k] * (float)w3[k];
-            }
-            for (int j = 0; j < 4; j++) {
-                Y[i * ldy + r + j] = S[r + j] * s[j];
-                Y[(i + 1) * ldy + r + j] = S[r + j] * s[4 + j];
-            }
-        }
-        for (; i < q; i++) {
-            const float *x0 = X + i * n;
-            const int8_t *pf = i == 0 ? next : 0;
-            vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int64_t k = 0; k < whole; k += VW) {
-                if (pf) __builtin_prefetch(pf + 4 * k, 0, 3);
-                vec u = load(x0 + k);
-                a0 += loadq(w0 + k) * u; a1 += loadq(w1 + k) * u;
-                a2 += loadq(w2 + k) * u; a3 += loadq(w3 + k) * u;
-            }
-            float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-            for (int64_t k = whole; k < n; k++) {
-                s[0] += x0[k] * (float)w0[k]; s[1] += x0[k] * (float)w1[k];
-                s[2] += x0[k] * (float)w2[k]; s[3] += x0[k] * (float)w3[k];
-            }
-            for (int j = 0; j < 4; j++) Y[i * ldy + r + j] = S[r + j] * s[j];
-        }
-    }
-    for (; r < rows; r++)
-        for (int64_t i = 0; i < q; i++) Y[i * ldy + r] = S[r] * dot_q8(X + i * n, W + r * n, n);
-}
-
 /* ---- int8 weights times int8 activations: each input row is quantized on the fly
  * (symmetric, its absmax / 127) and the products summed in int32, exactly, whatever the
- * blocking; Y[i, r] = S[r] * xs[i] * sum. With AVX-512 VNNI the activations are stored
+ * blocking; Y[i, r] = S[r] * xs[i] * sum. Kept over widening the int8 rows to float in
+ * registers (the float loop on a quarter of the bytes): as fast from memory and faster
+ * where the weights sit in cache, at the same agreement (docs/benchmarks.md#benchquality). With AVX-512 VNNI the activations are stored
  * offset by 128 (vpdpbusd multiplies unsigned by signed bytes) and 128 * the row's sum of
  * weights (C[r]) is taken off after; AVX2 uses the sign trick (|w| times x with w's
  * sign), which needs no correction. ---- */
@@ -382,10 +298,8 @@ typedef struct {
 /* Y[i, r] = W[r, :] . X[i, :] for every row r < rows and input i < q (see gemm). */
 static void linear(const Model *m, Lin w, const float *X, float *Y, int64_t rows, int64_t n,
                    int64_t q, int64_t ldy, QScratch qs) {
-    if (m->wmode == W_INT8_DOT)
+    if (m->wmode == W_INT8)
         gemm_q8_dot(w.q, w.s, w.c, X, Y, rows, n, q, ldy, qs.xq, qs.xs, qs.stride);
-    else if (m->wmode == W_INT8_WIDEN)
-        gemm_q8(w.q, w.s, X, Y, rows, n, q, ldy);
     else
         gemm(w.f, X, Y, rows, n, q, ldy);
 }
@@ -495,7 +409,7 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
     float *u = att + q * I;
     float *scores = u + q * ff;  /* max(span, max cross) */
     float *logits = scores + widest;
-    /* int8 activations (W_INT8_DOT): q rows of qstride bytes, then q scales */
+    /* int8 activations (W_INT8): q rows of qstride bytes, then q scales */
     const int64_t stride = qstride(m);
     QScratch qs = {(uint8_t *)(logits + q * m->vocab), 0, stride};
     qs.xs = (float *)(qs.xq + q * stride);

@@ -4,10 +4,10 @@ Weight-only int8 for the decoder step: each linear weight it reads (self- and
 cross-attention, feed-forward, lm head) is stored as int8 with one float scale per output
 channel (symmetric, absmax / 127), and the C decode step (engine.native) multiplies them
 as they are (docs/engine.md#int8-weights). The encoder (and the cross K/V projection it
-computes) keeps the float weights, shared with the float model rather than copied: on this
-CPU no int8 path for its multi-row products beat float (dequantizing per call cost ~15%
-more, `torch._weight_int8pack_mm` tens of times more; docs/benchmarks.md#benchquality),
-and a request's encoder runs once where its decoder step runs once per token. Embeddings,
+computes) keeps the float weights, shared with the float model rather than copied: no int8
+path for its multi-row products (dequantizing per call, `torch._weight_int8pack_mm`) beat
+float on the CPU measured (docs/engine.md#int8-weights), and a request's encoder runs once
+where its decoder step runs once per token. Embeddings,
 layer norms and position biases stay float and are shared too, so the int8 target holds
 only its int8 decoder weights beyond the float model.
 

@@ -1,12 +1,10 @@
 """int8 weights in the C decode step (engine.native, engine.quantize).
 
-Stated tolerances, against engine.t5.decode_logits on the dequantized weights (q * scale,
-float32), over every logit of the rows checked:
-- "widen" (int8 rows converted to float, float products): max |diff| <= 1e-4 x (1 + max
-  |reference logit|), float32 summation order only;
-- "dot" (activations quantized per row to int8, int32 sums): max |diff| <= 0.06 x max
-  |reference logit| and the diff's L2 norm <= 0.03 x the reference's (each activation is
-  rounded to 1/254 of its row's absmax).
+Stated tolerance, against engine.t5.decode_logits on the dequantized weights (q * scale,
+float32), over every logit of the rows checked: max |diff| <= 0.06 x max |reference logit|
+and the diff's L2 norm <= 0.03 x the reference's (the step also quantizes each activation
+row to int8, rounding each value to 1/254 of its row's absmax; the int32 sums are exact);
+the K/V written within 0.1.
 A row batched gets bitwise the logits and cache writes of the same row decoded alone.
 """
 
@@ -86,24 +84,20 @@ def _request(m: t5.LeanT5, length: int, seed: int) -> tuple[torch.Tensor, torch.
         return t5.encode(m, ids, bias, m.encoder_bias(length)), bias
 
 
-def _within(kernel: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+def _within(got: torch.Tensor, ref: torch.Tensor) -> None:
     diff = (got - ref).abs().max().item()
     top = ref.abs().max().item()
-    if kernel == "widen":
-        assert diff <= 1e-4 * (1.0 + top), (diff, top)
-    else:
-        assert diff <= 0.06 * top, (diff, top)
-        assert (got - ref).norm().item() <= 0.03 * ref.norm().item()
+    assert diff <= 0.06 * top, (diff, top)
+    assert (got - ref).norm().item() <= 0.03 * ref.norm().item()
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
-@pytest.mark.parametrize("kernel", ["dot", "widen"])
 @pytest.mark.parametrize("shape", ["relu", "gated"])
 def test_int8_step_is_within_tolerance_of_the_dequantized_float_reference(
-        tmp_path, monkeypatch, models, isa, kernel, shape):
+        tmp_path, monkeypatch, models, isa, shape):
     q, ref_m = models[shape]
     assert native.applicable(q) is None
-    step = _load(tmp_path, monkeypatch, isa).bind(q, int8_kernel=kernel)
+    step = _load(tmp_path, monkeypatch, isa).bind(q)
     dec_bias = q.decoder_bias(SLOTS + 1)
     # Three requests of different lengths at different positions, their caches filled.
     rows = [(*_request(ref_m, n, seed), pos, tok)
@@ -122,7 +116,7 @@ def test_int8_step_is_within_tolerance_of_the_dequantized_float_reference(
         for i, (cross, mask, pos, tok) in enumerate(rows):
             ref = t5.decode_logits(ref_m, torch.tensor([[tok]]), torch.tensor([pos]),
                                    ref_caches[i], cross, mask, dec_bias)[0, 0]
-            _within(kernel, logits[i], ref)
+            _within(logits[i], ref)
             assert int(out[i]) == int(logits[i].argmax())
             # The same row alone: the single-row step (tw_chain) and a one-row batch.
             alone = step(q, torch.tensor([[tok]]), torch.tensor([pos]), alone_caches[i],
@@ -136,7 +130,7 @@ def test_int8_step_is_within_tolerance_of_the_dequantized_float_reference(
             assert torch.equal(one[0], logits[i])
     for got, alone, ref in zip(caches, alone_caches, ref_caches, strict=True):
         assert torch.equal(got, alone)  # batched writes what alone writes, bit for bit
-        torch.testing.assert_close(got, ref, rtol=0, atol=1e-4 if kernel == "widen" else 0.1)
+        torch.testing.assert_close(got, ref, rtol=0, atol=0.1)
 
 
 def test_speculative_verification_rows_equal_single_steps(tmp_path, monkeypatch, models):
@@ -196,10 +190,10 @@ def test_a_bad_int8_tensor_is_named_before_c_reads_it(tmp_path, monkeypatch, mod
     assert name in str(err.value)
 
 
-@pytest.mark.parametrize("kernel", ["dot", "widen"])
-def test_nothing_is_written_past_the_buffers(tmp_path, monkeypatch, models, kernel):
+@pytest.mark.parametrize("isa", ["native", "sse"])
+def test_nothing_is_written_past_the_buffers(tmp_path, monkeypatch, models, isa):
     q, ref_m = models["gated"]
-    step = _load(tmp_path, monkeypatch, "native").bind(q, int8_kernel=kernel)
+    step = _load(tmp_path, monkeypatch, isa).bind(q)
     dec_bias = q.decoder_bias(SLOTS + 1)
     lengths = (5, 11)
     reqs = [_request(ref_m, n, n) for n in lengths]
