@@ -160,6 +160,7 @@ def small(args: argparse.Namespace, cache_dir: Path) -> None:
     print(f"t5-small: {params / 1e6:.1f} M parameters; int8 adds "
           f"{quantize.weight_bytes(q, beyond=m) / 2**20:.1f} MiB beyond the float model")
     steps = {"f32": lib.bind(m), "int8": lib.bind(q)}
+    print(_header(False))
     new = args.small_new_tokens
     slots = new + 1
     gen = torch.Generator().manual_seed(1)
