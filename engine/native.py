@@ -305,10 +305,9 @@ class BoundStep:
         d_ff = _rows_cols(layers[0].wo)[1]
         vocab = _rows_cols(lean.lm_head)[0]
         fields: dict[str, Any] = {}
-        int8 = is_int8(lean.lm_head)
-        if int8:
+        head: Any = lean.lm_head  # a Parameter, or the Int8Weight module in its place
+        if is_int8(head):
             self.wmode = _W_INT8
-            head = lean.lm_head
             fields.update(lm_head_q=ptr(head.q, _Q), lm_head_s=ptr(head.scale),
                           lm_head_c=ptr(row_sums(head), _C))
             for name in _LINEAR:
