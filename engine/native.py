@@ -7,10 +7,12 @@ in flight, closer to the cache's bandwidth, all of the step in one call
 (docs/engine.md#the-c-decode-step; figures in docs/benchmarks.md). It computes what
 `engine.t5.decode_steps` and `decode_greedy` compute, on the same cache, cross K/V and
 bias tensors, so they are interchangeable per call; greedy tokens are tested equal to
-Hugging Face.
+Hugging Face. A model whose decoder step weights are engine.quantize.Int8Weight (int8 rows,
+one scale per output row) is served too: C reads the int8 rows as they are and multiplies
+them by activations quantized per row (docs/engine.md#int8-weights).
 
     lib = native.load(cache_dir)           # None: no compiler, or the build failed
-    if native.applicable(lean) is None:    # else a reason: CUDA, bf16, int8 weights, ...
+    if native.applicable(lean) is None:    # else a reason: CUDA, bf16, mixed weights, ...
         fn = lib.bind(lean)                # Fns.step; fn.verify is Fns.verify
         tokens = fn(m, token, pos, self_kv, cross_kv, mask_bias, dec_bias, steps)
 
@@ -19,7 +21,7 @@ Built once per source, compiler (its path and what `--version` prints), flags an
 there that is not owned by this process's user, is writable by group or others, or is a link
 is rebuilt, never loaded, and a folder owned by another user is not used at all. A build
 failure is logged once and the compiled graph serves instead. Every tensor handed to C is
-checked first (engine.native_checks).
+checked first (engine.native_checks): the weights once, when bound.
 """
 
 from __future__ import annotations

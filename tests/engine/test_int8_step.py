@@ -270,3 +270,20 @@ def test_batched_rows_honour_the_native_step_override_and_flag(tmp_path, tiny_di
                 assert fell_back.output_ids == on[0].output_ids
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize(("case", "name"), [("weight float64", "dec_layers[0].o"),
+                                            ("embedding short of the vocabulary", "embed")])
+def test_a_bad_float_weight_is_named_too(tmp_path, monkeypatch, models, case, name):
+    from torch import nn
+
+    _q, ref_m = models["relu"]  # a float model (the dequantized weights)
+    bad = quantize._shared_copy(ref_m)
+    if case == "weight float64":
+        bad.dec_layers[0].o = nn.Parameter(bad.dec_layers[0].o.double(), requires_grad=False)
+    else:
+        bad.embed = nn.Parameter(bad.embed[:-1].contiguous(), requires_grad=False)
+    lib = _load(tmp_path, monkeypatch, "native")
+    with pytest.raises(BoundaryError) as err:
+        lib.bind(bad)
+    assert err.value.tensor == name
