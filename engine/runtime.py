@@ -89,8 +89,8 @@ def _package_only(config: EngineConfig) -> bool:
     """Return whether a start will likely load only the CPU encoder package and the C step,
     so inductor's ISA probe is not needed (a guess before the model is loaded: a wrong one
     costs only the probe's overlap, inductor then probes when it loads)."""
-    if not config.native_step or config.quantization == "int8" or config.dtype not in (
-            "float32", "auto"):
+    # int8 weights too: their step runs in C beside the saved encoder packages.
+    if not config.native_step or config.dtype not in ("float32", "auto"):
         return False
     root = precompile.cache_root(config) / "precompiled"
     return any(root.glob(f"*/*_{aot.cpu_key()}{aot.PACKAGE_SUFFIX}"))
