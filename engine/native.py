@@ -7,10 +7,12 @@ in flight, closer to the cache's bandwidth, all of the step in one call
 (docs/engine.md#the-c-decode-step; figures in docs/benchmarks.md). It computes what
 `engine.t5.decode_steps` and `decode_greedy` compute, on the same cache, cross K/V and
 bias tensors, so they are interchangeable per call; greedy tokens are tested equal to
-Hugging Face.
+Hugging Face. A model whose decoder step weights are engine.quantize.Int8Weight (int8 rows,
+one scale per output row) is served too: C reads the int8 rows as they are and multiplies
+them by activations quantized per row (docs/engine.md#int8-weights).
 
     lib = native.load(cache_dir)           # None: no compiler, or the build failed
-    if native.applicable(lean) is None:    # else a reason: CUDA, bf16, int8 weights, ...
+    if native.applicable(lean) is None:    # else a reason: CUDA, bf16, mixed weights, ...
         fn = lib.bind(lean)                # Fns.step; fn.verify is Fns.verify
         tokens = fn(m, token, pos, self_kv, cross_kv, mask_bias, dec_bias, steps)
 
@@ -19,7 +21,7 @@ Built once per source, compiler (its path and what `--version` prints), flags an
 there that is not owned by this process's user, is writable by group or others, or is a link
 is rebuilt, never loaded, and a folder owned by another user is not used at all. A build
 failure is logged once and the compiled graph serves instead. Every tensor handed to C is
-checked first (engine.native_checks).
+checked first (engine.native_checks): the weights once, when bound.
 """
 
 from __future__ import annotations
@@ -38,16 +40,19 @@ from typing import Any
 
 import torch
 
-from engine import aot, t5
+from engine import aot, quantize, t5
 from engine.errors import BoundaryError
 from engine.native_checks import (
     INTEGER,
     Boundary,
     Dims,
     check_tokens,
+    check_weights,
+    expect,
     raise_for,
     raise_for_row,
 )
+from engine.quantize import is_int8
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +60,25 @@ SOURCE = Path(__file__).parent / "native_step.c"
 _ACTS = {"relu": 0, "gelu_new": 1, "gelu_pytorch_tanh": 1, "gelu": 2, "silu": 3}
 _F = ctypes.POINTER(ctypes.c_float)
 _FF = ctypes.POINTER(_F)
+_Q = ctypes.POINTER(ctypes.c_int8)
+_QQ = ctypes.POINTER(_Q)
+_C = ctypes.POINTER(ctypes.c_int32)
+_CC = ctypes.POINTER(_C)
 
 
 _LAYER_WEIGHTS = ("ln_att", "qkv", "o", "ln_cross", "cq", "co", "ln_ff", "wi", "wo")
+_LINEAR = ("qkv", "o", "cq", "co", "wi", "wo")  # the decoder step's linear weights
+_W_FLOAT, _W_INT8 = 0, 1  # engine/native_step.c's W_* (how the linear weights are held)
 _FIELDS: list[tuple[str, Any]] = [
     *((name, ctypes.c_int64) for name in (
         "layers", "d_model", "heads", "d_kv", "inner", "d_ff", "vocab", "gated", "act")),
     ("eps", ctypes.c_float), ("out_scale", ctypes.c_float),
     ("embed", _F), ("lm_head", _F), ("final_ln", _F),
-    *((name, _FF) for name in _LAYER_WEIGHTS)]
+    *((name, _FF) for name in _LAYER_WEIGHTS),
+    ("wmode", ctypes.c_int64), ("lm_head_q", _Q), ("lm_head_s", _F), ("lm_head_c", _C),
+    *((f"{name}_q", _QQ) for name in _LINEAR),
+    *((f"{name}_s", _FF) for name in _LINEAR),
+    *((f"{name}_c", _CC) for name in _LINEAR)]
 
 
 class _Model(ctypes.Structure):
@@ -210,14 +225,22 @@ def applicable(lean: t5.LeanT5) -> str | None:
         return f"device {lean.device_.type}"
     if lean.dtype != torch.float32:
         return f"dtype {lean.dtype}"
-    for layer in lean.dec_layers:
-        for name in _LAYER_WEIGHTS:
-            if not isinstance(getattr(layer, name), torch.Tensor):
-                return "quantized weights"
+    # Float weights, or int8 ones (engine.quantize.Int8Weight) throughout: one mode per model.
+    kinds = {"int8" if is_int8(w) else "float" if isinstance(w, torch.Tensor) else "other"
+             for w in [lean.lm_head, *(getattr(layer, name) for layer in lean.dec_layers
+                                       for name in _LINEAR)]}
+    if kinds not in ({"float"}, {"int8"}):
+        return f"weights {'/'.join(sorted(kinds))}"
     act = getattr(lean, "act_name", None)
     if act not in _ACTS:
         return f"activation {act!r}"
     return None
+
+
+def _rows_cols(w: Any) -> tuple[int, int]:
+    """Return a linear weight's [out, in] (a float tensor or an int8 one)."""
+    t = w.q if is_int8(w) else w
+    return int(t.shape[0]), int(t.shape[1])
 
 
 class NativeStep:
@@ -243,7 +266,8 @@ class NativeStep:
         # Returns 0, or why it refused with the first refused row in out[0] (raise_for_row).
         self._rows = lib.tw_rows
         self._rows.restype = i64
-        self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p]
+        self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p,
+                               p]
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
         """Return the step function for `lean` (see `applicable` first)."""
@@ -262,31 +286,64 @@ class BoundStep:
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
         layers = list(lean.dec_layers)
-        self._keep: list[Any] = []  # the pointer arrays must outlive the struct
+        # Every weight C reads, checked once here (dtype, shape, layout): BoundaryError names it.
+        check_weights(lean)
+        self._keep: list[Any] = []  # the pointer arrays (and row sums) must outlive the struct
 
-        def ptr(t: torch.Tensor) -> Any:
-            if not t.is_contiguous() or t.dtype != torch.float32:
-                raise ValueError("native step: weights must be contiguous float32")
-            return ctypes.cast(t.data_ptr(), _F)
+        def ptr(t: torch.Tensor, kind: Any = _F) -> Any:
+            return ctypes.cast(t.data_ptr(), kind)
 
-        def per_layer(name: str) -> Any:
-            arr = (_F * len(layers))(*[ptr(getattr(layer, name)) for layer in layers])
+        def per_layer(get: Any, kind: Any, kinds: Any) -> Any:
+            arr = (kind * len(layers))(*[ptr(get(layer), kind) for layer in layers])
             self._keep.append(arr)
-            return ctypes.cast(arr, _FF)
+            return ctypes.cast(arr, kinds)
 
-        d_ff = layers[0].wo.shape[1]
+        def row_sums(w: quantize.Int8Weight) -> torch.Tensor:
+            # The int8 products' correction for their unsigned activations (engine/native_step.c).
+            c = w.q.sum(1, dtype=torch.int32).contiguous()
+            self._keep.append(c)
+            return c
+
+        d_ff = _rows_cols(layers[0].wo)[1]
+        vocab = _rows_cols(lean.lm_head)[0]
+        fields: dict[str, Any] = {}
+        head: Any = lean.lm_head  # a Parameter, or the Int8Weight module in its place
+        if is_int8(head):
+            self.wmode = _W_INT8
+            fields.update(lm_head_q=ptr(head.q, _Q), lm_head_s=ptr(head.scale),
+                          lm_head_c=ptr(row_sums(head), _C))
+            for name in _LINEAR:
+                fields[f"{name}_q"] = per_layer(lambda layer, n=name: getattr(layer, n).q, _Q, _QQ)
+                fields[f"{name}_s"] = per_layer(lambda layer, n=name: getattr(layer, n).scale,
+                                                _F, _FF)
+                fields[f"{name}_c"] = per_layer(
+                    lambda layer, n=name: row_sums(getattr(layer, n)), _C, _CC)
+        else:
+            self.wmode = _W_FLOAT
+            fields["lm_head"] = ptr(lean.lm_head)
+            fields.update({name: per_layer(lambda layer, n=name: getattr(layer, n), _F, _FF)
+                           for name in _LINEAR})
         self._model = _Model(
             layers=len(layers), d_model=lean.d_model, heads=lean.n_heads, d_kv=lean.d_kv,
-            inner=lean.inner, d_ff=d_ff, vocab=lean.lm_head.shape[0], gated=int(lean.gated),
+            inner=lean.inner, d_ff=d_ff, vocab=vocab, gated=int(lean.gated),
             act=_ACTS[lean.act_name], eps=lean.eps, out_scale=lean.output_scale,
-            embed=ptr(lean.embed), lm_head=ptr(lean.lm_head), final_ln=ptr(lean.dec_final),
-            **{name: per_layer(name) for name in _LAYER_WEIGHTS})
+            embed=ptr(lean.embed), final_ln=ptr(lean.dec_final), wmode=self.wmode,
+            **{name: per_layer(lambda layer, n=name: getattr(layer, n), _F, _FF)
+               for name in ("ln_att", "ln_cross", "ln_ff")},
+            **fields)
         self._ref = ctypes.byref(self._model)
-        # Scratch floats per decoded row (engine/native_step.c: x, h, qkv, att, u, logits).
+        self.vocab = vocab
+        # Scratch floats per decoded row (engine/native_step.c: x, h, qkv, att, u, logits;
+        # then the int8 activations, one row of qstride bytes, and their scale).
+        widest = max(lean.d_model, lean.inner, d_ff)
         self._per_row = 2 * lean.d_model + 4 * lean.inner + (2 if lean.gated else 1) * d_ff \
-            + lean.lm_head.shape[0]
+            + vocab + (widest + 63) // 64 * 16 + 1
         self._local = threading.local()  # scratch per thread: concurrent requests
         self.boundary = Boundary(Dims.of(lean))
+
+    def scratch_floats(self, rows: int, widest: int) -> int:
+        """Return the scratch floats C uses for `rows` rows attending at most `widest` keys."""
+        return rows * self._per_row + widest
 
     def _scratch(self, floats: int) -> int:
         buf = getattr(self._local, "buf", None)
@@ -335,17 +392,21 @@ class BoundStep:
 
     def rows(self, m: Any, tokens: torch.Tensor, positions: torch.Tensor,
              caches: list[torch.Tensor], crosses: list[torch.Tensor],
-             masks: list[torch.Tensor], dec_bias: torch.Tensor) -> torch.Tensor:
+             masks: list[torch.Tensor], dec_bias: torch.Tensor,
+             logits: torch.Tensor | None = None) -> torch.Tensor:
         """Return the greedy token after each row's token, all rows in one call.
 
         tokens [B] and positions [B] (int64); per row its self-attention cache, its cross
         K/V [L, 2, H, length, d_kv] and mask bias [1, 1, 1, length] (lengths may differ);
         dec_bias: the full causal table [H, slots, slots] (engine.runner.ModelRunner.dec_bias).
         A refused call (a bad tensor, token id or position) raises BoundaryError naming the
-        argument and the row, and writes no row's cache.
+        argument and the row, and writes no row's cache. `logits` (tests): a float32
+        [B, vocab] tensor that receives the rows' logits.
         """
         slots = self.boundary.rows(tokens, positions, caches, crosses, masks, dec_bias)
         b = int(tokens.shape[0])
+        if logits is not None:
+            expect("logits", logits, (b, self.vocab))
         toks = tokens.reshape(b).to(torch.long).contiguous()
         pos = positions.reshape(b).to(torch.long).contiguous()
         crosses = [c.contiguous() for c in crosses]
@@ -356,10 +417,10 @@ class BoundStep:
         cb = ptrs(*[mk.data_ptr() for mk in masks])
         span = dec_bias.shape[-1]
         out = torch.empty(b, dtype=torch.long)
-        scratch = self._scratch(b * self._per_row + max(span, int(lens.max())))
+        scratch = self._scratch(self.scratch_floats(b, max(span, int(lens.max()))))
         code = self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, slots, ckv,
                              lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
-                             out.data_ptr())
+                             out.data_ptr(), None if logits is None else logits.data_ptr())
         if code:
             raise_for_row(code, int(out[0]), dims=self.boundary.dims, tokens=toks.tolist(),
                           positions=pos.tolist(), slots=slots, span=span)
@@ -378,7 +439,7 @@ class BoundStep:
         `rows` rows, out) and the cross K/V they point into (keep it alive for the call)."""
         cross_kv = cross_kv.contiguous()
         span, cross = dec_bias.shape[-1], cross_kv.shape[-2]
-        scratch = self._scratch(rows * self._per_row + max(span, cross))
+        scratch = self._scratch(self.scratch_floats(rows, max(span, cross)))
         return ((self_kv.data_ptr(), self_kv.shape[-2], cross_kv.data_ptr(), cross,
                  mask_bias.data_ptr(), dec_bias.data_ptr(), span, scratch, out.data_ptr()),
                 cross_kv)

@@ -44,8 +44,9 @@ class Dims:
     @classmethod
     def of(cls, lean: Any) -> Dims:
         """Return the dimensions of a LeanT5's decoder."""
+        head = getattr(lean.lm_head, "q", lean.lm_head)  # an int8 head: its int8 rows
         return cls(layers=len(lean.dec_layers), heads=int(lean.n_heads), d_kv=int(lean.d_kv),
-                   vocab=int(lean.lm_head.shape[0]))
+                   vocab=int(head.shape[0]))
 
 
 def _shape_text(shape: Sequence[int | str]) -> str:
@@ -85,6 +86,59 @@ def _explain(name: str, t: object, shape: Sequence[int | str]) -> NoReturn:
         raise BoundaryError(name, f"expected shape {_shape_text(shape)} with every size >= 1, "
                                   f"got {list(got)}")
     raise BoundaryError(name, f"expected a contiguous tensor, got strides {list(t.stride())}")
+
+
+def expect_weight(name: str, t: object, dtype: torch.dtype, shape: Sequence[int]) -> None:
+    """Check that a weight C reads is a contiguous CPU tensor of `dtype` and `shape`."""
+    if (isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_cpu and t.is_contiguous()
+            and tuple(t.shape) == tuple(shape)):
+        return
+    what = str(dtype).removeprefix("torch.")
+    if not isinstance(t, torch.Tensor):
+        raise BoundaryError(name, f"expected a {what} tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise BoundaryError(name, f"expected {what}, got {str(t.dtype).removeprefix('torch.')}")
+    if t.device.type != "cpu":
+        raise BoundaryError(name, f"expected a CPU tensor, got one on {t.device}")
+    if tuple(t.shape) != tuple(shape):
+        raise BoundaryError(name, f"expected shape {_shape_text(shape)}, got {list(t.shape)}")
+    raise BoundaryError(name, f"expected a contiguous tensor, got strides {list(t.stride())}")
+
+
+def check_weights(lean: Any) -> None:
+    """Check every weight the C step reads against the model's dimensions: float32 weights,
+    or int8 linear weights (engine.quantize.Int8Weight: `.q` int8 [out, in] and `.scale`
+    float32 [out]); raise BoundaryError naming the first wrong one (`dec_layers[2].wi.q`)."""
+    D, inner = int(lean.d_model), int(lean.inner)
+    layers = list(lean.dec_layers)
+    wo = getattr(layers[0].wo, "q", layers[0].wo) if layers else None
+    d_ff = int(wo.shape[-1]) if isinstance(wo, torch.Tensor) and wo.dim() == 2 else -1
+    ff = 2 * d_ff if lean.gated else d_ff
+    head = getattr(lean.lm_head, "q", lean.lm_head)
+    vocab = int(head.shape[0]) if isinstance(head, torch.Tensor) and head.dim() == 2 else -1
+    f32 = torch.float32
+    embed = lean.embed
+    # C indexes the embedding with any token id below the head's vocabulary.
+    if isinstance(embed, torch.Tensor) and embed.dim() == 2 and embed.shape[0] >= vocab:
+        expect_weight("embed", embed, f32, (int(embed.shape[0]), D))
+    else:
+        expect_weight("embed", embed, f32, (max(vocab, 1), D))
+    expect_weight("dec_final", lean.dec_final, f32, (D,))
+
+    def linear(name: str, w: Any, shape: tuple[int, int]) -> None:
+        if hasattr(w, "q") and hasattr(w, "scale"):
+            expect_weight(f"{name}.q", w.q, torch.int8, shape)
+            expect_weight(f"{name}.scale", w.scale, f32, shape[:1])
+        else:
+            expect_weight(name, w, f32, shape)
+
+    linear("lm_head", lean.lm_head, (vocab, D))
+    for i, layer in enumerate(layers):
+        for norm in ("ln_att", "ln_cross", "ln_ff"):
+            expect_weight(f"dec_layers[{i}].{norm}", getattr(layer, norm), f32, (D,))
+        for name, shape in (("qkv", (3 * inner, D)), ("o", (D, inner)), ("cq", (inner, D)),
+                            ("co", (D, inner)), ("wi", (ff, D)), ("wo", (D, d_ff))):
+            linear(f"dec_layers[{i}].{name}", getattr(layer, name), shape)
 
 
 def check_request(dims: Dims, self_kv: object, cross_kv: object, mask_bias: object, *,

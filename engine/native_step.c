@@ -26,14 +26,30 @@ typedef float vec __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 
 enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
 
+/* How the linear weights are stored (engine.quantization: int8 is weight-only int8 with one
+ * float scale per output row, W[r, :] = q[r, :] * s[r]). */
+enum { W_FLOAT = 0, W_INT8 = 1 };
+
 typedef struct {
     int64_t layers, d_model, heads, d_kv, inner, d_ff, vocab, gated, act;
     float eps, out_scale;
     const float *embed, *lm_head, *final_ln;
-    /* per layer, arrays of `layers` pointers */
+    /* per layer, arrays of `layers` pointers (the linear ones unused with int8 weights) */
     const float *const *ln_att, *const *qkv, *const *o;
     const float *const *ln_cross, *const *cq, *const *co;
     const float *const *ln_ff, *const *wi, *const *wo;
+    /* W_INT8: each linear weight as int8 rows (`_q`), their scales (`_s`) and their row
+     * sums (`_c`: the correction for the unsigned activations of gemm_q8_dot), per layer */
+    int64_t wmode;
+    const int8_t *lm_head_q;
+    const float *lm_head_s;
+    const int32_t *lm_head_c;
+    const int8_t *const *qkv_q, *const *o_q, *const *cq_q, *const *co_q, *const *wi_q,
+        *const *wo_q;
+    const float *const *qkv_s, *const *o_s, *const *cq_s, *const *co_s, *const *wi_s,
+        *const *wo_s;
+    const int32_t *const *qkv_c, *const *o_c, *const *cq_c, *const *co_c, *const *wi_c,
+        *const *wo_c;
 } Model;
 
 #if defined(__AVX512F__)
@@ -147,6 +163,154 @@ static void gemv(const float *W, const float *x, float *y, int64_t rows, int64_t
     gemm(W, x, y, rows, n, 1, rows);
 }
 
+/* ---- int8 weights times int8 activations: each input row is quantized on the fly
+ * (symmetric, its absmax / 127) and the products summed in int32, exactly, whatever the
+ * blocking; Y[i, r] = S[r] * xs[i] * sum. Kept over widening the int8 rows to float in
+ * registers (the float loop on a quarter of the bytes): as fast from memory and faster
+ * where the weights sit in cache, at the same agreement (docs/benchmarks.md#benchquality). With AVX-512 VNNI the activations are stored
+ * offset by 128 (vpdpbusd multiplies unsigned by signed bytes) and 128 * the row's sum of
+ * weights (C[r]) is taken off after; AVX2 uses the sign trick (|w| times x with w's
+ * sign), which needs no correction. ---- */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define DOT_OFFSET 128
+#define DW 64
+static inline __m512i dp(__m512i acc, const uint8_t *x, const int8_t *w) {
+    return _mm512_dpbusd_epi32(acc, _mm512_loadu_si512((const void *)x),
+                               _mm512_loadu_si512((const void *)w));
+}
+static inline int32_t isum(__m512i a) { return _mm512_reduce_add_epi32(a); }
+typedef __m512i ivec;
+static inline ivec izero(void) { return _mm512_setzero_si512(); }
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define DOT_OFFSET 0
+#define DW 32
+static inline __m256i dp(__m256i acc, const uint8_t *x, const int8_t *w) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)w);
+    /* |w| (unsigned) times x with w's sign: |products| <= 127 * 127 * 2, no saturation */
+    const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+static inline int32_t isum(__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+typedef __m256i ivec;
+static inline ivec izero(void) { return _mm256_setzero_si256(); }
+#else
+#define DOT_OFFSET 0
+#define DW 0
+#endif
+
+/* Quantize x [n] into xq (offset by DOT_OFFSET); return its scale. The row is padded to
+ * whole DW-byte chunks with zeros (offset), which meet zero weights in the last chunk. */
+static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
+    float top = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        const float a = fabsf(x[k]);
+        if (a > top) top = a;
+    }
+    const int64_t padded = DW ? (n + DW - 1) / DW * DW : n;
+    for (int64_t k = n; k < padded; k++) xq[k] = (uint8_t)DOT_OFFSET;
+    if (!(top > 0.0f) || !isfinite(top)) {
+        /* all zero: any scale; inf or NaN: the float path's answer is no better */
+        for (int64_t k = 0; k < n; k++) xq[k] = (uint8_t)DOT_OFFSET;
+        return top > 0.0f ? top : 0.0f;
+    }
+    const float inv = 127.0f / top;
+    for (int64_t k = 0; k < n; k++)
+        xq[k] = (uint8_t)((int32_t)lrintf(x[k] * inv) + DOT_OFFSET);
+    return top / 127.0f;
+}
+
+/* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes (at least n
+ * rounded up to DW), scratch. */
+static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const float *X,
+                        float *Y, int64_t rows, int64_t n, int64_t q, int64_t ldy, uint8_t *xq,
+                        float *xs, int64_t stride) {
+    for (int64_t i = 0; i < q; i++) xs[i] = quantize_row(X + i * n, xq + i * stride, n);
+#if DW
+    /* A row's last partial chunk is copied into a zero-padded one: every product goes
+     * through the same vector instruction (gcc 12 -O3 miscompiled a scalar tail loop of
+     * unsigned x signed bytes with AVX-512). The offset activations then add 128 x the
+     * row's whole sum of weights, C[r], taken off after. */
+    const int64_t whole = n - n % DW;
+    int8_t tail[DW] __attribute__((aligned(64)));
+    /* One weight row at a time, every input against it (the row stays in L1 for them):
+     * the weights are one sequential stream, which the hardware prefetchers follow best
+     * (a 4-row block as gemm's, prefetched, ran at about half this speed from L3). */
+    for (int64_t r = 0; r < rows; r++) {
+        const int8_t *w = W + r * n;
+        if (whole < n) {
+            memset(tail, 0, sizeof tail);
+            memcpy(tail, w + whole, (size_t)(n - whole));
+        }
+        const int32_t fix = DOT_OFFSET * C[r];
+        for (int64_t i = 0; i < q; i++) {
+            const uint8_t *x0 = xq + i * stride;
+            ivec a = izero(), b = izero();
+            int64_t k = 0;
+            for (; k + 2 * DW <= whole; k += 2 * DW) {
+                a = dp(a, x0 + k, w + k);
+                b = dp(b, x0 + k + DW, w + k + DW);
+            }
+            if (k < whole) a = dp(a, x0 + k, w + k);
+            if (whole < n) b = dp(b, x0 + whole, tail);
+            Y[i * ldy + r] = S[r] * (xs[i] * (float)(isum(a) + isum(b) - fix));
+        }
+    }
+#else
+    (void)C;
+    for (int64_t r = 0; r < rows; r++) {
+        const int8_t *w = W + r * n;
+        for (int64_t i = 0; i < q; i++) {
+            const int8_t *x0 = (const int8_t *)(xq + i * stride);
+            int32_t s = 0;
+            for (int64_t k = 0; k < n; k++) s += (int32_t)x0[k] * (int32_t)w[k];
+            Y[i * ldy + r] = S[r] * (xs[i] * (float)s);
+        }
+    }
+#endif
+}
+
+/* One linear layer's weight in whichever form the model holds it. */
+typedef struct {
+    const float *f;
+    const int8_t *q;
+    const float *s;
+    const int32_t *c;
+} Lin;
+
+#define LAYER_LIN(m, name, l)                                                              \
+    ((m)->wmode == W_FLOAT ? (Lin){(m)->name[l], 0, 0, 0}                                  \
+                           : (Lin){0, (m)->name##_q[l], (m)->name##_s[l], (m)->name##_c[l]})
+
+/* The int8-activation scratch of a call: q rows of `stride` bytes, then q scales. */
+typedef struct {
+    uint8_t *xq;
+    float *xs;
+    int64_t stride;
+} QScratch;
+
+/* Y[i, r] = W[r, :] . X[i, :] for every row r < rows and input i < q (see gemm). */
+static void linear(const Model *m, Lin w, const float *X, float *Y, int64_t rows, int64_t n,
+                   int64_t q, int64_t ldy, QScratch qs) {
+    if (m->wmode == W_INT8)
+        gemm_q8_dot(w.q, w.s, w.c, X, Y, rows, n, q, ldy, qs.xq, qs.xs, qs.stride);
+    else
+        gemm(w.f, X, Y, rows, n, q, ldy);
+}
+
+/* The widest input of any linear layer: the int8 activations' row stride (64-byte rows). */
+static int64_t qstride(const Model *m) {
+    int64_t n = m->d_model > m->inner ? m->d_model : m->inner;
+    if (m->d_ff > n) n = m->d_ff;
+    return (n + 63) / 64 * 64;
+}
+
 static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps) {
     float ss = 0.0f;
     for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
@@ -229,12 +393,13 @@ static void attend(const float *q, const float *K, const float *V, const float *
  * self_kv[i] [layers, 2, heads, slots1, d_kv]; cross_kv[i] [layers, 2, heads, cross[i],
  * d_kv]; dec_bias [heads, span, span] (positions and the causal mask; row pos[i] is read,
  * keys < min(pos[i] + 1, span)); scratch: engine.native's size for q rows, plus
- * max(span, max cross) floats.
+ * max(span, max cross) floats. logits_out (NULL: not wanted) receives the q rows' logits
+ * [q, vocab] (tests compare them with a float reference).
  */
 static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
                  float *const *self_kv, int64_t slots1, const float *const *cross_kv,
                  const int64_t *cross, const float *const *cross_bias, const float *dec_bias,
-                 int64_t span, float *scratch, int64_t *out) {
+                 int64_t span, float *scratch, int64_t *out, float *logits_out) {
     const int64_t D = m->d_model, H = m->heads, dk = m->d_kv, I = m->inner;
     const int64_t ff = m->gated ? 2 * m->d_ff : m->d_ff;
     int64_t widest = span;
@@ -244,12 +409,16 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
     float *u = att + q * I;
     float *scores = u + q * ff;  /* max(span, max cross) */
     float *logits = scores + widest;
+    /* int8 activations (W_INT8): q rows of qstride bytes, then q scales */
+    const int64_t stride = qstride(m);
+    QScratch qs = {(uint8_t *)(logits + q * m->vocab), 0, stride};
+    qs.xs = (float *)(qs.xq + q * stride);
     for (int64_t i = 0; i < q; i++)
         memcpy(x + i * D, m->embed + tokens[i] * D, (size_t)D * sizeof(float));
     for (int64_t l = 0; l < m->layers; l++) {
         /* self-attention over the cache prefix, these positions' K/V written first */
         for (int64_t i = 0; i < q; i++) rms_norm(x + i * D, m->ln_att[l], h + i * D, D, m->eps);
-        gemm(m->qkv[l], h, qkv, 3 * I, D, q, 3 * I);
+        linear(m, LAYER_LIN(m, qkv, l), h, qkv, 3 * I, D, q, 3 * I, qs);
         for (int64_t i = 0; i < q; i++) {
             float *layer_kv = self_kv[i] + l * 2 * H * slots1 * dk;
             for (int64_t hd = 0; hd < H; hd++) {
@@ -268,12 +437,12 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
                        layer_kv + (H + hd) * slots1 * dk, dec_bias + (hd * span + pos[i]) * span,
                        keys, dk, scores, att + i * I + hd * dk);
         }
-        gemm(m->o[l], att, h, D, I, q, D);
+        linear(m, LAYER_LIN(m, o, l), att, h, D, I, q, D, qs);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
         /* cross-attention over each row's encoder K/V */
         for (int64_t i = 0; i < q; i++)
             rms_norm(x + i * D, m->ln_cross[l], h + i * D, D, m->eps);
-        gemm(m->cq[l], h, qkv, I, D, q, I);
+        linear(m, LAYER_LIN(m, cq, l), h, qkv, I, D, q, I, qs);
         for (int64_t i = 0; i < q; i++) {
             const float *ckv = cross_kv[i] + l * 2 * H * cross[i] * dk;
             for (int64_t hd = 0; hd < H; hd++)
@@ -281,11 +450,11 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
                        ckv + (H + hd) * cross[i] * dk, cross_bias[i], cross[i], dk, scores,
                        att + i * I + hd * dk);
         }
-        gemm(m->co[l], att, h, D, I, q, D);
+        linear(m, LAYER_LIN(m, co, l), att, h, D, I, q, D, qs);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
         /* feed-forward */
         for (int64_t i = 0; i < q; i++) rms_norm(x + i * D, m->ln_ff[l], h + i * D, D, m->eps);
-        gemm(m->wi[l], h, u, ff, D, q, ff);
+        linear(m, LAYER_LIN(m, wi, l), h, u, ff, D, q, ff, qs);
         /* Row i's d_ff activations go to u + i * d_ff (a gated row is twice as wide: the
          * destination never passes the source, so in place is safe). */
         for (int64_t i = 0; i < q; i++) {
@@ -295,14 +464,17 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
                 vi[j] = m->gated ? activate(ui[j], m->act) * ui[m->d_ff + j]
                                  : activate(ui[j], m->act);
         }
-        gemm(m->wo[l], u, h, D, m->d_ff, q, D);
+        linear(m, LAYER_LIN(m, wo, l), u, h, D, m->d_ff, q, D, qs);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
     }
     for (int64_t i = 0; i < q; i++) {
         rms_norm(x + i * D, m->final_ln, h + i * D, D, m->eps);
         for (int64_t j = 0; j < D; j++) h[i * D + j] *= m->out_scale;
     }
-    gemm(m->lm_head, h, logits, m->vocab, D, q, m->vocab);
+    const Lin head = m->wmode == W_FLOAT ? (Lin){m->lm_head, 0, 0, 0}
+                                         : (Lin){0, m->lm_head_q, m->lm_head_s, m->lm_head_c};
+    linear(m, head, h, logits, m->vocab, D, q, m->vocab, qs);
+    if (logits_out) memcpy(logits_out, logits, (size_t)(q * m->vocab) * sizeof(float));
     for (int64_t i = 0; i < q; i++) {
         const float *li = logits + i * m->vocab;
         int64_t best = 0;
@@ -353,7 +525,7 @@ static int64_t check_rows(const Model *m, const int64_t *tokens, int64_t q, cons
 int64_t tw_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
                 float *const *self_kv, int64_t slots1, const float *const *cross_kv,
                 const int64_t *cross, const float *const *cross_bias, const float *dec_bias,
-                int64_t span, float *scratch, int64_t *out) {
+                int64_t span, float *scratch, int64_t *out, float *logits_out) {
     int64_t row;
     const int64_t why = check_rows(m, tokens, q, pos, slots1, cross, span, &row);
     if (why != TW_OK) {
@@ -361,7 +533,7 @@ int64_t tw_rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t 
         return why;
     }
     rows(m, tokens, q, pos, self_kv, slots1, cross_kv, cross, cross_bias, dec_bias, span,
-         scratch, out);
+         scratch, out, logits_out);
     return TW_OK;
 }
 
@@ -382,7 +554,7 @@ static void decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos
         lens[i] = cross;
         cb[i] = cross_bias;
     }
-    rows(m, tokens, q, pos, kv, slots1, ckv, lens, cb, dec_bias, span, scratch, out);
+    rows(m, tokens, q, pos, kv, slots1, ckv, lens, cb, dec_bias, span, scratch, out, 0);
 }
 
 /* Decode `q` tokens at positions pos0 .. pos0 + q - 1 (see decode); return TW_OK, or why

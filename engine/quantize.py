@@ -1,13 +1,20 @@
 """int8 weights for the lean T5 forward (engine.quantization: int8).
 
-Weight-only int8: every linear weight (attention, feed-forward, cross-attention, lm head)
-is stored as int8 with one float scale per output channel (symmetric, absmax / 127);
-embeddings, layer norms and position biases stay float. The forward computes
-`linear(x, int8.to(dtype)) * scale`, which torch.compile fuses into the graph like any
-other op, so it composes with the lean forward, the static cache and the bucketed
-compiled graphs. `torch.ao.quantization.quantize_dynamic` does not fit: it only swaps
-`nn.Linear` modules (the lean forward has none) and is deprecated in this torch (it warns);
-docs/benchmarks.md#benchquality compares the two.
+Weight-only int8 for the decoder step: each linear weight it reads (self- and
+cross-attention, feed-forward, lm head) is stored as int8 with one float scale per output
+channel (symmetric, absmax / 127), and the C decode step (engine.native) multiplies them
+as they are (docs/engine.md#int8-weights). The encoder (and the cross K/V projection it
+computes) keeps the float weights, shared with the float model rather than copied: no int8
+path for its multi-row products (dequantizing per call, `torch._weight_int8pack_mm`) beat
+float on the CPU measured (docs/engine.md#int8-weights), and a request's encoder runs once
+where its decoder step runs once per token. Embeddings,
+layer norms and position biases stay float and are shared too, so the int8 target holds
+only its int8 decoder weights beyond the float model.
+
+Where the C step does not serve (no compiler, `native_step` off, eager), the forward
+computes `linear(x, int8.to(dtype)) * scale`: the reference path dequantizes on demand.
+`torch.ao.quantization.quantize_dynamic` does not fit: it only swaps `nn.Linear` modules
+(the lean forward has none) and is deprecated in this torch (it warns).
 
 `Quantizer` is the seam: the runtime builds its int8 target with `int8` unless given
 another one (tests pass `noisy`, float weights with noise, to make outputs disagree).
@@ -26,6 +33,8 @@ from engine.t5 import LeanT5
 
 Quantizer = Callable[[LeanT5], LeanT5]
 LINEAR_WEIGHTS = ("qkv", "o", "cq", "ckv", "co", "wi", "wo")
+# The weights the decoder step reads (the C step's int8 weights; `ckv` is the encoder's).
+STEP_WEIGHTS = ("qkv", "o", "cq", "co", "wi", "wo")
 
 
 class Int8Weight(nn.Module):
@@ -49,10 +58,26 @@ class Int8Weight(nn.Module):
         return self.q.to(self.scale.dtype) * self.scale[:, None]
 
 
-def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Tensor]) -> LeanT5:
-    out = copy.deepcopy(lean)
-    for layer in [*out.enc_layers, *out.dec_layers]:
-        for name in LINEAR_WEIGHTS:
+def is_int8(w: object) -> bool:
+    """Return whether a LeanT5 weight is an Int8Weight."""
+    return isinstance(w, Int8Weight)
+
+
+def _shared_copy(lean: LeanT5) -> LeanT5:
+    """Return a copy of `lean`'s modules that shares every tensor with it (the memo answers
+    each with itself): what the copy keeps is held once, what it replaces only in the copy."""
+    memo: dict[int, object] = {id(t): t for t in [*lean.parameters(), *lean.buffers()]}
+    return copy.deepcopy(lean, memo)
+
+
+def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Tensor], *,
+                 step_only: bool = False) -> LeanT5:
+    """Return a copy of `lean` with `fn` applied to its linear weights (`step_only`: the
+    decoder step's and the lm head; the rest shared with `lean`)."""
+    out = _shared_copy(lean)
+    layers = list(out.dec_layers) if step_only else [*out.enc_layers, *out.dec_layers]
+    for layer in layers:
+        for name in STEP_WEIGHTS if step_only else LINEAR_WEIGHTS:
             w = getattr(layer, name, None)
             if isinstance(w, torch.Tensor):
                 delattr(layer, name)
@@ -70,9 +95,28 @@ def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Te
 
 
 def int8(lean: LeanT5) -> LeanT5:
-    """Return a copy of `lean` whose linear weights are int8 (see the module docstring)."""
+    """Return a copy of `lean` whose decoder step weights are int8 (see the module doc)."""
     with torch.no_grad():
-        return _map_weights(lean, Int8Weight)
+        return _map_weights(lean, Int8Weight, step_only=True)
+
+
+def dequantize(lean: LeanT5) -> LeanT5:
+    """Return a float copy of an int8 `lean` (each weight its q * scale): the float
+    reference the int8 step is tested against, built on demand, never kept for serving."""
+
+    with torch.no_grad():
+        out = _shared_copy(lean)
+        for layer in [*out.enc_layers, *out.dec_layers]:
+            for name in LINEAR_WEIGHTS:
+                w = getattr(layer, name, None)
+                if isinstance(w, Int8Weight):
+                    delattr(layer, name)
+                    setattr(layer, name, nn.Parameter(w.dequantized(), requires_grad=False))
+        if isinstance(out.lm_head, Int8Weight):
+            head = out.lm_head.dequantized()
+            del out.lm_head
+            out.register_parameter("lm_head", nn.Parameter(head, requires_grad=False))
+    return out
 
 
 def noisy(relative: float, seed: int = 0) -> Quantizer:
@@ -92,6 +136,9 @@ def noisy(relative: float, seed: int = 0) -> Quantizer:
     return apply
 
 
-def weight_bytes(lean: LeanT5) -> int:
-    """Return the bytes of `lean`'s parameters (int8 weights count one byte per value)."""
-    return sum(p.numel() * p.element_size() for p in lean.parameters())
+def weight_bytes(lean: LeanT5, *, beyond: LeanT5 | None = None) -> int:
+    """Return the bytes of `lean`'s parameters (int8 weights count one byte per value);
+    `beyond`: only those it does not share with that model."""
+    shared = {p.data_ptr() for p in beyond.parameters()} if beyond is not None else set()
+    return sum(p.numel() * p.element_size() for p in lean.parameters()
+               if p.data_ptr() not in shared)

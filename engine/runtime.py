@@ -89,8 +89,8 @@ def _package_only(config: EngineConfig) -> bool:
     """Return whether a start will likely load only the CPU encoder package and the C step,
     so inductor's ISA probe is not needed (a guess before the model is loaded: a wrong one
     costs only the probe's overlap, inductor then probes when it loads)."""
-    if not config.native_step or config.quantization == "int8" or config.dtype not in (
-            "float32", "auto"):
+    # int8 weights too: their step runs in C beside the saved encoder packages.
+    if not config.native_step or config.dtype not in ("float32", "auto"):
         return False
     root = precompile.cache_root(config) / "precompiled"
     return any(root.glob(f"*/*_{aot.cpu_key()}{aot.PACKAGE_SUFFIX}"))
@@ -225,14 +225,13 @@ class Runtime:
             log.warning("decode step: %s", kind)
             return kind
         kinds = []
-        for runner in (self.target, self.draft):
+        for runner in (self.target, self.target_q, self.draft):  # target_q: int8 weights in C
             if runner is not None:
                 why = native.applicable(runner.m)
                 if why is None:
                     runner.native = lib.bind(runner.m)
                 kinds.append(f"{runner.name} " + ("native" if why is None
                                                   else f"compiled ({why})"))
-        # The int8 target keeps its compiled step (its weights are not float32 tensors).
         kind = ", ".join(kinds)
         log.info("decode step: %s", kind)
         return kind

@@ -126,13 +126,13 @@ def test_an_int8_target_is_saved_and_served_without_tracing(tiny_dirs, tmp_path)
     cache = tmp_path / "cache"
     engine = {**_engine(tiny_dirs, cache), "quantization": "int8"}
     said = _precompile(engine, tmp_path)
-    # The int8 copy of the target has its own encode, step and verify (int8 weights keep
-    # the compiled step); the float target saves its encode.
-    assert "(4 graphs, 4 saved functions" in said, said
-    assert len(list(cache.glob("precompiled/*/target-int8_*.aot"))) == 3
+    # Both targets decode in C (engine.native; int8 weights too): each saves its encode.
+    assert "(2 graphs, 2 saved functions" in said, said
+    assert len(list(cache.glob("precompiled/*/target-int8_*.aot"))) == 1
 
     warm = _fresh(engine, cache)
     assert warm["saved_buckets"] == len(BUCKETS) and warm["saved_failures"] == 0, warm
     assert warm["graphs"] == 0 and warm["frames"].get("ok", 0) == 0, warm
     assert ["int8", True] in warm["quantized"], warm
-    assert warm["same"]["int8"] is True, warm  # the same tokens as int8 eager
+    # Not compared with int8 eager: the C step also quantizes activations, the eager
+    # forward dequantizes the weights (tests/engine/test_int8_step.py bounds the difference).

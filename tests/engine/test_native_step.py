@@ -123,10 +123,11 @@ def test_without_a_compiler_the_compiled_step_serves(tmp_path, tiny_dirs, monkey
     assert out.path == "compiled" and out.output_ids
 
 
-def test_native_step_off_and_int8_keep_the_compiled_step(tmp_path, tiny_dirs):
+def test_native_step_off_keeps_the_compiled_step_and_int8_runs_in_c(tmp_path, tiny_dirs):
     off = _runtime(tmp_path, tiny_dirs["target"], native_step=False)
     assert off.target.native is None and off.step_kind == "compiled (native_step off)"
     assert off.info.config_hash != _runtime(tmp_path, tiny_dirs["target"]).info.config_hash
     q = _runtime(tmp_path, tiny_dirs["target"], quantization="int8")
     assert q.target.native is not None
-    assert q.target_q is not None and q.target_q.native is None  # int8 weights: compiled
+    assert q.target_q is not None and q.target_q.native is not None  # int8 weights in C
+    assert q.step_kind == "target native, target-int8 native"
