@@ -386,8 +386,7 @@ class ProbeCycle:
             arms.append((ARM_QUANTIZED, FlagOverride(quantized=True)))
         if first.native_step:
             arms.append((ARM_COMPILED_STEP, NATIVE_STEP_OFF))
-        elif (first.path == PATH_COMPILED and not first.quantized
-              and info.decode_step.startswith("target native")):
+        elif first.path == PATH_COMPILED and info.decode_step.startswith("target native"):
             # The C step is bound but off here (the native_step flag): measure it back on.
             arms.append((ARM_NATIVE_STEP, NATIVE_STEP_ON))
         return arms
