@@ -271,8 +271,7 @@ STEP_SECONDS_EDGES = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 
 class BatchSnapshot:
     """The batching scheduler now, and its step times since start.
 
-    Read through an engine's optional `batch_snapshot()` (engine.runtime.Runtime, the fake
-    engines); the monitor's engine collector skips an engine without one.
+    Read through the engine's `batch_snapshot()` (Engine).
 
     max_batch: rows the scheduler may run (1: not batched, the other fields stay 0).
     batch_size: rows in the running batch now.
@@ -490,6 +489,14 @@ class Engine(Protocol):
 
     def flag_source(self) -> str:
         """Return where the flags in use came from: "live", "file" (last known) or "defaults"."""
+        ...
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        """Return the batching scheduler's state (max_batch 1: nothing batched)."""
+        ...
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        """Return the draft length k chosen per bucket (0: direct fallback) and its inputs."""
         ...
 
     def close(self) -> None: ...

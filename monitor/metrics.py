@@ -408,13 +408,11 @@ class EngineCollector(_SafeCollector):
         if warm.ready_seconds is not None:
             yield _gauge("engine_ready_seconds", "Engine start to every bucket warm.", {},
                          warm.ready_seconds)
-        draft_k = getattr(engine, "draft_length_snapshot", None)
-        if draft_k is not None:
-            k = GaugeMetricFamily(f"{PREFIX}_spec_decode_k", "Draft tokens per verification "
-                                  "chosen per bucket (0: falls back to direct).", labels=("bucket",))
-            for label, value in draft_k().k.items():
-                k.add_metric([label], value)
-            yield k
+        k = GaugeMetricFamily(f"{PREFIX}_spec_decode_k", "Draft tokens per verification "
+                              "chosen per bucket (0: falls back to direct).", labels=("bucket",))
+        for label, value in engine.draft_length_snapshot().k.items():
+            k.add_metric([label], value)
+        yield k
         info = engine.info
         yield _gauge("spec_decode_available", "1 when a draft model is paired (speculation "
                      "possible), 0 when the engine decodes directly (no draft).", {},
@@ -427,9 +425,7 @@ class EngineCollector(_SafeCollector):
         yield from _memory_families(engine)
         yield _gauge("queue_depth", "Requests waiting for a decode slot.", {},
                      engine.queue_depth())
-        batch = getattr(engine, "batch_snapshot", None)
-        if batch is not None:
-            yield from _batch_families(batch())
+        yield from _batch_families(engine.batch_snapshot())
         yield from _admission(engine.admission_stats())
         yield _counter("flag_provider_errors",
                        "Flag reads that failed: raised or hung (last flags kept; slow reads are not failures).",

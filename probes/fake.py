@@ -27,6 +27,7 @@ from engine.protocol import (
     PATH_OVERFLOW,
     BatchSnapshot,
     CompileSnapshot,
+    DraftLengthSnapshot,
     EngineInfo,
     FlagOverride,
     FlagProvider,
@@ -268,6 +269,10 @@ class FakeEngine:
         with self._lock:
             return BatchSnapshot(max_batch=self.capacity or 1,
                                  batch_size=self.state.in_flight, steps=self.state.calls)
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        """Return no measured draft length (the fake engine does not adapt k)."""
+        return DraftLengthSnapshot()
 
     def flag_errors(self) -> int:
         return 0

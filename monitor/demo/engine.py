@@ -9,7 +9,9 @@ from dataclasses import replace
 from engine.admission import AdmissionStats
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.protocol import (
+    BatchSnapshot,
     CompileSnapshot,
+    DraftLengthSnapshot,
     Engine,
     EngineInfo,
     FlagOverride,
@@ -105,6 +107,12 @@ class SlowableEngine:
 
     def flag_errors(self) -> int:
         return self.inner.flag_errors()
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        return self.inner.batch_snapshot()
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        return self.inner.draft_length_snapshot()
 
     def flag_source(self) -> str:
         return self.inner.flag_source()
