@@ -17,6 +17,7 @@ import torch
 
 from engine import aot, native, quantize, t5
 from engine.config import BUILTIN_DIR, EngineConfig
+from engine.graphs import GraphLedger
 from engine.loader import LoadedModel, load_model, pair_draft
 from engine.protocol import EngineInfo
 from engine.runner import CompileOptions, ModelRunner
@@ -31,6 +32,8 @@ STEPS_PER_CALL = 1
 # RMS-normed input of each one-row product once instead of recomputing it inside the
 # product's loop for every output row (identical tokens; docs/benchmarks.md#benchengine).
 INDUCTOR_OPTIONS: tuple[tuple[str, object], ...] = (("realize_acc_reads_threshold", 1),)
+# Modes whose compiled functions run as CUDA graphs on CUDA (inductor's cudagraph trees).
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -56,6 +59,23 @@ def compile_options(config: EngineConfig) -> CompileOptions | None:
         return None
     return CompileOptions(config.compile_mode, config.compile_backend,
                           config.recompile_limit, INDUCTOR_OPTIONS)
+
+
+def single_owner(config: EngineConfig) -> bool:
+    """Return whether every compiled call must run on one thread: the CUDA-graph modes
+    (cudagraph trees are per thread; on CPU the same rule holds, so tests see it)."""
+    return config.compile_mode in CUDAGRAPH_MODES
+
+
+def cudagraphs_off(config: EngineConfig, device: torch.device) -> str | None:
+    """Return why the compiled functions run without CUDA graphs (None: they use them)."""
+    if device.type != "cuda":
+        return f"{device.type} device"
+    if config.compile_mode not in CUDAGRAPH_MODES:
+        return f"compile_mode {config.compile_mode}"
+    if config.compile_backend != "inductor":
+        return f"compile_backend {config.compile_backend}"
+    return None
 
 
 def package_only(config: EngineConfig, cache_root: Path) -> bool:
@@ -111,7 +131,8 @@ class Models:
 
 def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtype,
                 options: CompileOptions | None, cache_root: Path,
-                quantizer: quantize.Quantizer | None = None) -> Models:
+                quantizer: quantize.Quantizer | None = None,
+                ledger: GraphLedger | None = None) -> Models:
     """Load the target and its draft, build their runners, bind the C step where it applies."""
     target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
     target_loaded = load_model(target_dir)
@@ -131,7 +152,7 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
             lean = t5.LeanT5(loaded.config, loaded.weights, dtype=dtype, device=device)
         return ModelRunner(lean, edges=config.buckets, slots=slots, verify_q=k + 1,
                            options=options, name=name, steps=steps,
-                           compile_encoder=compile_encoder)
+                           compile_encoder=compile_encoder, ledger=ledger)
 
     target = runner(target_loaded, "target", k_max, steps)
     # engine.quantization: int8: a second target with int8 weights, served where the
@@ -142,7 +163,7 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
             lean_q = (quantizer or quantize.int8)(target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
-                               steps=steps)
+                               steps=steps, ledger=ledger)
     # The encoder runs once per request: for a small draft it is not worth a graph.
     draft = (runner(draft_loaded, "draft", k_max, 1, compile_encoder=False)
              if draft_loaded is not None else None)

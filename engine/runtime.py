@@ -13,9 +13,10 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -32,16 +33,23 @@ from engine.errors import (
     RequestTimeout,
 )
 from engine.flags import GuardedFlags
+from engine.graphs import GraphLedger
 from engine.memory import KvAccount, memory_snapshot, static_bytes
 from engine.models import (
     INDUCTOR_OPTIONS,
     compile_options,
+    cudagraphs_off,
     device_of,
     dtype_of,
     load_models,
     package_only,
+    single_owner,
 )
+from engine.owner import DeviceThread
 from engine.protocol import (
+    CUDAGRAPH_NONE,
+    CUDAGRAPH_RECORDED,
+    CUDAGRAPH_REPLAYED,
     DECODING_DIRECT,
     DECODING_SPECULATIVE,
     PATH_COMPILED,
@@ -55,6 +63,7 @@ from engine.protocol import (
     FlagOverride,
     FlagProvider,
     GenerateResult,
+    GraphSnapshot,
     InMemoryFlagProvider,
     MemorySnapshot,
     RuntimeFlags,
@@ -65,6 +74,7 @@ from engine.traffic import BucketTraffic
 from engine.warmup import Warmup
 
 EXACT = "exact"
+T = TypeVar("T")
 
 
 class Runtime:
@@ -90,9 +100,13 @@ class Runtime:
                 and self.device.type == "cpu" and not package_only(config, self.cache_root)):
             aot.start_isa_probe()  # waits on a child process while the weights load
         self._t_created = time.perf_counter()
+        # Why the compiled functions run without CUDA graphs (None: they use them).
+        self.cudagraphs_off = cudagraphs_off(config, self.device) if self._compile_on \
+            else "compile_mode off"
+        self.ledger = GraphLedger(cudagraphs=self.cudagraphs_off is None)
         self.models = load_models(config, device=self.device, dtype=self.dtype,
                                   options=options, cache_root=self.cache_root,
-                                  quantizer=quantizer)
+                                  quantizer=quantizer, ledger=self.ledger)
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
         # Batched, a decode slot is a batch row (its caches); unbatched, a decode stream.
         self._rows = config.max_batch if config.max_batch > 1 else config.max_concurrency
@@ -117,12 +131,20 @@ class Runtime:
         self.warmup = Warmup(self.models, buckets=config.buckets, compile_on=self._compile_on,
                              saved_dir=saved_dir, order=self.warm_order,
                              warm_bucket=self._warm_bucket, watch=self._watch,
-                             created=self._t_created, closed=lambda: self._closed)
+                             created=self._t_created, closed=lambda: self._closed,
+                             finished=self.ledger.warm_done)
+        # The thread that owns every compiled call, warm-up included (cudagraph trees are
+        # per thread): the batching loop, or for the CUDA-graph modes a device thread.
         self._scheduler: scheduler.Scheduler | None = None
+        self._device_thread: DeviceThread | None = None
         if config.max_batch > 1:
             self._scheduler = scheduler.Scheduler(
                 self, max_batch=config.max_batch, window_max_s=config.batch_window_max_s,
                 waiting=lambda: self._admission.waiting)
+            self.ledger.set_owner(self._scheduler.thread)
+        elif self._compile_on and single_owner(config):
+            self._device_thread = DeviceThread()
+            self.ledger.set_owner(self._device_thread.thread)
 
     # --- what loading made (engine.models) ----------------------------------------------
 
@@ -221,6 +243,18 @@ class Runtime:
             return BatchSnapshot(max_batch=1)
         return self._scheduler.snapshot()
 
+    def graph_snapshot(self) -> GraphSnapshot:
+        """Return the compiled calls' graph counts (CUDA graphs recorded and replayed)."""
+        return self.ledger.snapshot()
+
+    def _on_owner(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the thread that owns the compiled calls (this one when none does)."""
+        if self._scheduler is not None:
+            return cast(T, self._scheduler.call(fn))
+        if self._device_thread is not None:
+            return self._device_thread.call(fn)
+        return fn()
+
     # --- warm-up (engine.warmup) -------------------------------------------------------
 
     def warm_up(self, *, background: bool = True) -> None:
@@ -271,9 +305,25 @@ class Runtime:
     def bucket_compile_s(self) -> dict[int, float]:
         return self.warmup.bucket_compile_s
 
-    def _warm_bucket(self, edge: int) -> None:
+    def _warm_bucket(self, edge: int) -> str:
+        """Warm bucket `edge` on the owner thread, on every row's caches; return what it left."""
+        return self._on_owner(lambda: self._warm_rows(edge))
+
+    def _warm_rows(self, edge: int) -> str:
+        recorded = self.ledger.recorded()
+        skips = _cudagraph_skips()
         for runner, verify in self.models.compiled_runners():
-            runner.warm(edge, verify=verify)
+            name = "draft" if runner is self.draft else "target"
+            runner.warm(edge, verify=verify, caches=[row[name] for row in self._caches])
+        if self.cudagraphs_off is not None:
+            return f"no CUDA graphs: {self.cudagraphs_off}"
+        skipped = _cudagraph_skips() - skips
+        if skipped:
+            # The functions run, but as plain compiled code: the bucket is not what the
+            # mode promises. Said as an error; the status and the metric carry it.
+            raise RuntimeError(f"{skipped} graph(s) skipped by cudagraph trees "
+                               "(TORCH_LOGS=cudagraphs says why)")
+        return f"recorded {self.ledger.recorded() - recorded} CUDA graph(s)"
 
     # --- generate ----------------------------------------------------------------------
 
@@ -326,6 +376,7 @@ class Runtime:
         with self._admission.slot(deadline, synthetic=canary) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
+            recorded = self.ledger.recorded()
             try:
                 decoded, t_encoded, t_device, batch = self._run_any(
                     ids, length, key, slot, k, max_new, deadline, quantized, native)
@@ -358,7 +409,7 @@ class Runtime:
             total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
             probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
             quantized=quantized, native_step=self._on_native(key, quantized, native),
-            **_batch_fields(batch, t_slot),
+            cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
         )
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
@@ -373,6 +424,13 @@ class Runtime:
         elif decoded.stamps and self.draft is not None and alone:
             self.draft_length.record_direct(label, len(decoded.tokens),
                                             decoded.stamps[-1] - t_encoded)
+
+    def _cudagraph(self, key: int | str | None, recorded: int) -> str:
+        """Return whether a request routed to `key` replayed CUDA graphs (a recording while
+        it ran, its own or a batch-mate's, counts against it)."""
+        if key is None or self.cudagraphs_off is not None:
+            return CUDAGRAPH_NONE
+        return CUDAGRAPH_REPLAYED if self.ledger.recorded() == recorded else CUDAGRAPH_RECORDED
 
     def _route(self, n: int, flags: RuntimeFlags) -> tuple[str, int, int | str | None]:
         """Return (path, padded length, compiled-function key or None for eager)."""
@@ -404,8 +462,8 @@ class Runtime:
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
         """Decode in the batching loop when there is one, else in this thread."""
         if self._scheduler is None:
-            return (*self._run(ids, length, key, slot, k, max_new, deadline, quantized,
-                               native), None)
+            return (*self._on_owner(lambda: self._run(ids, length, key, slot, k, max_new,
+                                                      deadline, quantized, native)), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
                             deadline=deadline, quantized=quantized, row=slot, native=native)
         self._scheduler.submit(job)
@@ -497,8 +555,21 @@ class Runtime:
         self._closed = True
         if self._scheduler is not None:
             self._scheduler.close()
+        if self._device_thread is not None:
+            self._device_thread.close()
         self._flags.close()
         self.warmup.join(timeout=0.1)
+
+
+def _cudagraph_skips() -> int:
+    """Return the graphs cudagraph trees skipped so far (run without a CUDA graph)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0  # nothing compiled yet
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
 
 
 def _batch_fields(job: scheduler.Job | None, t_slot: float) -> dict[str, Any]:

@@ -25,13 +25,17 @@ class Warmup:
     """Warm the buckets of one runtime's models, in the background or blocking; thread-safe.
 
     warm_bucket(edge): compile bucket `edge` by running its functions (the runtime runs
-    them where requests run them: on the thread and caches requests use).
+    them where requests run them: on the thread and caches requests use); return what it
+    left ("recorded N CUDA graph(s)" or "no CUDA graphs: <why>"), or raise: the bucket then
+    serves eager, which is logged as an error and said in the status ("eager: <why>").
+    finished(): called once every bucket was tried.
     """
 
     def __init__(self, models: Models, *, buckets: Sequence[int], compile_on: bool,
                  saved_dir: Path | None, order: Callable[[], list[int]],
-                 warm_bucket: Callable[[int], None], watch: CompileWatch,
-                 created: float, closed: Callable[[], bool]) -> None:
+                 warm_bucket: Callable[[int], str], watch: CompileWatch,
+                 created: float, closed: Callable[[], bool],
+                 finished: Callable[[], None] = lambda: None) -> None:
         self._models = models
         self._buckets = tuple(buckets)
         self._compile_on = compile_on
@@ -41,6 +45,8 @@ class Warmup:
         self._watch = watch
         self._created = created
         self._closed = closed
+        self._finished = finished
+        self._graphs: dict[int, str] = {}
         self._lock = threading.Lock()
         self._warm: set[int] = set()
         self.bucket_compile_s: dict[int, float] = {}
@@ -93,7 +99,8 @@ class Warmup:
                                 done=self._done, error=self._error,
                                 bucket_seconds={str(e): round(v, 3)
                                                 for e, v in self.bucket_compile_s.items()},
-                                cache_hit=self.cache_hit, ready_seconds=self._ready_seconds)
+                                cache_hit=self.cache_hit, ready_seconds=self._ready_seconds,
+                                bucket_graphs={str(e): g for e, g in self._graphs.items()})
 
     def join(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for a background warm-up (not from its own thread)."""
@@ -156,14 +163,18 @@ class Warmup:
                 break
             started = time.perf_counter()
             try:
-                if not self._load_saved(edge):
-                    self._warm_bucket(edge)
+                self._load_saved(edge)  # then warm: its graphs are recorded on the rows
+                graphs = self._warm_bucket(edge)
             except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
                 self._watch.record_failure()
+                why = f"{type(exc).__name__}: {exc}"[:480]
+                log.error("engine: bucket %d serves eager: its warm-up failed: %s", edge, why)
                 with self._lock:
-                    self._error = f"bucket {edge}: {type(exc).__name__}: {exc}"[:500]
+                    self._error = f"bucket {edge}: {why}"
+                    self._graphs[edge] = f"eager: {why}"
                 continue
             with self._lock:
+                self._graphs[edge] = graphs
                 self._warm.add(edge)
                 self.bucket_compile_s[edge] = time.perf_counter() - started
                 self._seconds = time.perf_counter() - (self._started or 0.0)
@@ -176,3 +187,4 @@ class Warmup:
             if len(self._warm) == len(self._buckets):
                 self._ready_seconds = time.perf_counter() - self._created
             self.cache_hit = self.saved_buckets == len(self._buckets)
+        self._finished()

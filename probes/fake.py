@@ -28,6 +28,7 @@ from engine.protocol import (
     BatchSnapshot,
     CompileSnapshot,
     DraftLengthSnapshot,
+    GraphSnapshot,
     EngineInfo,
     FlagOverride,
     FlagProvider,
@@ -273,6 +274,10 @@ class FakeEngine:
     def draft_length_snapshot(self) -> DraftLengthSnapshot:
         """Return no measured draft length (the fake engine does not adapt k)."""
         return DraftLengthSnapshot()
+
+    def graph_snapshot(self) -> GraphSnapshot:
+        """Return no graphs (the fake engine compiles nothing)."""
+        return GraphSnapshot()
 
     def flag_errors(self) -> int:
         return 0

@@ -14,6 +14,7 @@ from engine.protocol import (
     DraftLengthSnapshot,
     Engine,
     EngineInfo,
+    GraphSnapshot,
     FlagOverride,
     FlagProvider,
     GenerateResult,
@@ -113,6 +114,9 @@ class SlowableEngine:
 
     def draft_length_snapshot(self) -> DraftLengthSnapshot:
         return self.inner.draft_length_snapshot()
+
+    def graph_snapshot(self) -> GraphSnapshot:
+        return self.inner.graph_snapshot()
 
     def flag_source(self) -> str:
         return self.inner.flag_source()
