@@ -132,19 +132,23 @@ class Runtime:
                              saved_dir=saved_dir, order=self.warm_order,
                              warm_bucket=self._warm_bucket, watch=self._watch,
                              created=self._t_created, closed=lambda: self._closed,
-                             finished=self.ledger.warm_done)
-        # The thread that owns every compiled call, warm-up included (cudagraph trees are
-        # per thread): the batching loop, or for the CUDA-graph modes a device thread.
+                             finished=self.ledger.warm_done, on_owner=self._on_owner)
+        # In the CUDA-graph modes one thread owns every compiled call, warm-up included
+        # (cudagraph trees are per thread): the batching loop, else a device thread.
+        # Elsewhere the warm-up compiles on its own thread, beside the requests.
+        self._owned = self._compile_on and single_owner(config)
         self._scheduler: scheduler.Scheduler | None = None
         self._device_thread: DeviceThread | None = None
         if config.max_batch > 1:
             self._scheduler = scheduler.Scheduler(
                 self, max_batch=config.max_batch, window_max_s=config.batch_window_max_s,
                 waiting=lambda: self._admission.waiting)
-            self.ledger.set_owner(self._scheduler.thread)
-        elif self._compile_on and single_owner(config):
+        elif self._owned:
             self._device_thread = DeviceThread()
-            self.ledger.set_owner(self._device_thread.thread)
+        if self._owned:
+            owner = self._scheduler or self._device_thread
+            assert owner is not None
+            self.ledger.set_owner(owner.thread)
 
     # --- what loading made (engine.models) ----------------------------------------------
 
@@ -249,7 +253,7 @@ class Runtime:
 
     def _on_owner(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the thread that owns the compiled calls (this one when none does)."""
-        if self._scheduler is not None:
+        if self._owned and self._scheduler is not None:
             return cast(T, self._scheduler.call(fn))
         if self._device_thread is not None:
             return self._device_thread.call(fn)
@@ -306,15 +310,16 @@ class Runtime:
         return self.warmup.bucket_compile_s
 
     def _warm_bucket(self, edge: int) -> str:
-        """Warm bucket `edge` on the owner thread, on every row's caches; return what it left."""
-        return self._on_owner(lambda: self._warm_rows(edge))
-
-    def _warm_rows(self, edge: int) -> str:
+        """Warm bucket `edge` (on every row's caches in the CUDA-graph modes); return what it
+        left. Warmup runs it on the owner thread."""
         recorded = self.ledger.recorded()
         skips = _cudagraph_skips()
         for runner, verify in self.models.compiled_runners():
             name = "draft" if runner is self.draft else "target"
-            runner.warm(edge, verify=verify, caches=[row[name] for row in self._caches])
+            # On the rows' own caches only where the owner thread serializes the warm-up
+            # with the requests (a row decoding beside it would read the warm-up's writes).
+            caches = [row[name] for row in self._caches] if self._owned else []
+            runner.warm(edge, verify=verify, caches=caches)
         if self.cudagraphs_off is not None:
             return f"no CUDA graphs: {self.cudagraphs_off}"
         skipped = _cudagraph_skips() - skips

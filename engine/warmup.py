@@ -7,6 +7,7 @@ eager: it is counted as a compile failure, logged as an error and said in the st
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,13 +30,16 @@ class Warmup:
     left ("recorded N CUDA graph(s)" or "no CUDA graphs: <why>"), or raise: the bucket then
     serves eager, which is logged as an error and said in the status ("eager: <why>").
     finished(): called once every bucket was tried.
+    on_owner(fn): run fn on the thread that owns the compiled calls (the saved functions'
+    first calls and warm_bucket run there).
     """
 
     def __init__(self, models: Models, *, buckets: Sequence[int], compile_on: bool,
                  saved_dir: Path | None, order: Callable[[], list[int]],
                  warm_bucket: Callable[[int], str], watch: CompileWatch,
                  created: float, closed: Callable[[], bool],
-                 finished: Callable[[], None] = lambda: None) -> None:
+                 finished: Callable[[], None] = lambda: None,
+                 on_owner: Callable[[Callable[[], str]], str] = lambda fn: fn()) -> None:
         self._models = models
         self._buckets = tuple(buckets)
         self._compile_on = compile_on
@@ -46,6 +50,7 @@ class Warmup:
         self._created = created
         self._closed = closed
         self._finished = finished
+        self._on_owner = on_owner
         self._graphs: dict[int, str] = {}
         self._lock = threading.Lock()
         self._warm: set[int] = set()
@@ -156,6 +161,10 @@ class Warmup:
             self.saved_buckets += 1
         return True
 
+    def _warm_one(self, edge: int) -> str:
+        self._load_saved(edge)  # then warmed all the same: graphs are recorded on the rows
+        return self._warm_bucket(edge)
+
     def _warm_all(self) -> None:
         aot.join_isa_probe()  # loading or compiling would otherwise run the probe again
         for edge in self._order():
@@ -163,9 +172,10 @@ class Warmup:
                 break
             started = time.perf_counter()
             try:
-                self._load_saved(edge)  # then warm: its graphs are recorded on the rows
-                graphs = self._warm_bucket(edge)
+                graphs = self._on_owner(functools.partial(self._warm_one, edge))
             except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
+                if self._closed():
+                    break  # closed under it: not a failure of the bucket
                 self._watch.record_failure()
                 why = f"{type(exc).__name__}: {exc}"[:480]
                 log.error("engine: bucket %d serves eager: its warm-up failed: %s", edge, why)
