@@ -364,18 +364,19 @@ class ModelRunner:
             self._compiled.pop(SHARED, None)
             self._loaded = {}
 
-    def warm(self, edge: int, *, verify: bool,
-             caches: Sequence[torch.Tensor] = ()) -> None:
+    def warm(self, edge: int, *, verify: bool, caches: Sequence[torch.Tensor] = (),
+             mark: bool = True) -> None:
         """Compile bucket `edge` by running each function on dummy inputs.
 
         `caches`: the rows' self-attention caches requests use: the step and verify then
         run on each of them at every span a request can use, so a CUDA graph is recorded
         for each (its static inputs' addresses are part of it) here, not on a request.
         Each cache is restored after, so a request decoding in it meanwhile is unharmed.
+        `mark`: mark the dynamic dimensions (False for saved functions: they need none).
         """
         fns = self.compiled(edge)
         with torch.no_grad():
-            examples = self._examples(edge, fns.encode)
+            examples = self._examples(edge, fns.encode, mark=mark)
             if not caches or self.native is not None:
                 fns.step(*examples[STEP])
                 if verify:

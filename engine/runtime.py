@@ -133,21 +133,24 @@ class Runtime:
                              warm_bucket=self._warm_bucket, watch=self._watch,
                              created=self._t_created, closed=lambda: self._closed,
                              finished=self.ledger.warm_done, on_owner=self._on_owner)
-        # In the CUDA-graph modes one thread owns every compiled call, warm-up included
-        # (cudagraph trees are per thread): the batching loop, else a device thread.
-        # Elsewhere the warm-up compiles on its own thread, beside the requests.
         self._owned = self._compile_on and single_owner(config)
         self._scheduler: scheduler.Scheduler | None = None
         self._device_thread: DeviceThread | None = None
+        self._start_threads()
+
+    def _start_threads(self) -> None:
+        """Start the batching loop (max_batch > 1) and, in the CUDA-graph modes, make one
+        thread own every compiled call, warm-up included (cudagraph trees are per thread):
+        the loop, else a device thread. Elsewhere the warm-up compiles on its own thread."""
+        config = self.config
         if config.max_batch > 1:
             self._scheduler = scheduler.Scheduler(
                 self, max_batch=config.max_batch, window_max_s=config.batch_window_max_s,
                 waiting=lambda: self._admission.waiting)
         elif self._owned:
             self._device_thread = DeviceThread()
-        if self._owned:
-            owner = self._scheduler or self._device_thread
-            assert owner is not None
+        owner = self._scheduler or self._device_thread
+        if self._owned and owner is not None:
             self.ledger.set_owner(owner.thread)
 
     # --- what loading made (engine.models) ----------------------------------------------
@@ -309,17 +312,20 @@ class Runtime:
     def bucket_compile_s(self) -> dict[int, float]:
         return self.warmup.bucket_compile_s
 
-    def _warm_bucket(self, edge: int) -> str:
+    def _warm_bucket(self, edge: int, loaded: bool) -> str:
         """Warm bucket `edge` (on every row's caches in the CUDA-graph modes); return what it
-        left. Warmup runs it on the owner thread."""
+        left. Warmup runs it on the owner thread; `loaded`: from the saved functions."""
         recorded = self.ledger.recorded()
         skips = _cudagraph_skips()
-        for runner, verify in self.models.compiled_runners():
+        # Saved functions were called once as they loaded: enough unless graphs are to be
+        # recorded on the rows (a warm CPU start so never imports dynamo to mark inputs).
+        runners = self.models.compiled_runners() if self._owned or not loaded else []
+        for runner, verify in runners:
             name = "draft" if runner is self.draft else "target"
             # On the rows' own caches only where the owner thread serializes the warm-up
             # with the requests (a row decoding beside it would read the warm-up's writes).
             caches = [row[name] for row in self._caches] if self._owned else []
-            runner.warm(edge, verify=verify, caches=caches)
+            runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
         if self.cudagraphs_off is not None:
             return f"no CUDA graphs: {self.cudagraphs_off}"
         skipped = _cudagraph_skips() - skips

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 class Warmup:
     """Warm the buckets of one runtime's models, in the background or blocking; thread-safe.
 
-    warm_bucket(edge): compile bucket `edge` by running its functions (the runtime runs
+    warm_bucket(edge, loaded): compile bucket `edge` by running its functions (`loaded`: its
+    functions were loaded from the saved files, and each called once already) (the runtime runs
     them where requests run them: on the thread and caches requests use); return what it
     left ("recorded N CUDA graph(s)" or "no CUDA graphs: <why>"), or raise: the bucket then
     serves eager, which is logged as an error and said in the status ("eager: <why>").
@@ -36,7 +37,7 @@ class Warmup:
 
     def __init__(self, models: Models, *, buckets: Sequence[int], compile_on: bool,
                  saved_dir: Path | None, order: Callable[[], list[int]],
-                 warm_bucket: Callable[[int], str], watch: CompileWatch,
+                 warm_bucket: Callable[[int, bool], str], watch: CompileWatch,
                  created: float, closed: Callable[[], bool],
                  finished: Callable[[], None] = lambda: None,
                  on_owner: Callable[[Callable[[], str]], str] = lambda fn: fn()) -> None:
@@ -162,8 +163,7 @@ class Warmup:
         return True
 
     def _warm_one(self, edge: int) -> str:
-        self._load_saved(edge)  # then warmed all the same: graphs are recorded on the rows
-        return self._warm_bucket(edge)
+        return self._warm_bucket(edge, self._load_saved(edge))
 
     def _warm_all(self) -> None:
         aot.join_isa_probe()  # loading or compiling would otherwise run the probe again
