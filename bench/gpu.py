@@ -7,15 +7,18 @@
 mode (`eager` = compile off, `default`, `reduce-overhead`; `max-autotune` only with
 --max-autotune), on the built-in model: ms per request and per output token (direct, median),
 speculative ms per request, HF `generate()` on the same GPU and dtype, graphs compiled,
-CUDA graphs recorded / replayed (n/a until the runtime exposes them) and cudagraph-tree
-skips, recompiles after warm-up, peak allocated / reserved CUDA memory and KV bytes.
+CUDA graphs recorded / replayed (the runtime's Engine.graph_snapshot; n/a in a mode without
+CUDA graphs) and cudagraph-tree skips, recompiles after warm-up, peak allocated / reserved
+CUDA memory and KV bytes.
 Correctness, with the tolerance rule of tests/engine/test_gpu.py: float32 on the GPU
 (eager) gives exactly the CPU float32 tokens; each bfloat16 mode agrees with them on at
 least half the inputs; speculative output equals direct output everywhere.
 
-Exit status: 0 all checks passed; 1 a check failed (a compiled bucket that served eager, a
-warm-up error or compile failure, recompiles after warm-up, a cudagraph skip under
-reduce-overhead, a correctness rule); 2 no CUDA. The table and the checks are printed and
+Exit status: 0 all checks passed; 1 a check failed (a compiled bucket that served eager or
+whose warm-up fell back to eager, a warm-up error or compile failure, recompiles after
+warm-up; under a CUDA-graph mode: a bucket whose warm-up recorded no CUDA graph, a graph
+recorded after warm-up or a request that did not replay, a cudagraph skip; a correctness
+rule); 2 no CUDA. The table and the checks are printed and
 written to DIR/summary.md (DIR/results.json holds the numbers).
 """
 
@@ -36,8 +39,9 @@ from engine.protocol import PATH_EAGER  # the contract only: no torch
 
 EAGER = "eager"  # compile_mode "off": the baseline every compiled mode is compared with
 MIB = 2**20
-NA_CUDAGRAPHS = ("CUDA graphs recorded / replayed: n/a: the runtime does not expose them "
-                 "yet (cudagraph-tree skips are counted from torch's own counters)")
+NA_CUDAGRAPHS = ("CUDA graphs recorded / replayed: n/a: no mode ran with CUDA graphs "
+                 "(cudagraph-tree skips are counted from torch's own counters)")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # engine.models.CUDAGRAPH_MODES
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ class BucketTiming:
     spec_ms_per_request: float | None  # speculative decoding, median (None: no draft)
     paths: tuple[str, ...]  # the paths the requests were served on (engine.protocol.PATHS)
     spec_equal: bool = True  # speculative output ids == direct output ids on every input
+    # What the requests' compiled calls did (GenerateResult.cudagraph: replayed, recorded,
+    # none), each value once.
+    cudagraph: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,11 @@ class ModeResult:
     graphs: int = 0
     recompiles_after_warmup: int = 0
     compile_failures: int = 0
-    cudagraphs_recorded: int | None = None  # None: the runtime does not expose it
+    cudagraphs_recorded: int | None = None  # None: the mode ran without CUDA graphs
     cudagraphs_replayed: int | None = None
+    cudagraphs_recorded_after_warmup: int | None = None
+    # str(bucket edge) -> what its warm-up left (WarmupStatus.bucket_graphs).
+    bucket_graphs: Mapping[str, str] = field(default_factory=dict)
     cudagraph_skips: int | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
@@ -131,6 +141,14 @@ def problems_of(result: ModeResult, reference: Mapping[str, tuple[int, ...]]) ->
             if PATH_EAGER in b.paths:
                 out.append(f"{mode}: bucket {b.bucket} served eager instead of compiled "
                            "(an eager fallback)")
+    if compiled:
+        for label, graphs in result.bucket_graphs.items():
+            if graphs.startswith("eager"):
+                out.append(f"{mode}: bucket {label}'s warm-up fell back to eager: {graphs}")
+            elif mode in CUDAGRAPH_MODES and not graphs.startswith("recorded"):
+                out.append(f"{mode}: bucket {label}: no CUDA graph recorded ({graphs})")
+    if mode in CUDAGRAPH_MODES:
+        out += _cudagraph_problems(result)
     if compiled and result.recompiles_after_warmup:
         out.append(f"{mode}: {result.recompiles_after_warmup} recompile(s) after warm-up "
                    "(must be 0)")
@@ -148,6 +166,21 @@ def problems_of(result: ModeResult, reference: Mapping[str, tuple[int, ...]]) ->
     elif result.dtype != "float32" and texts and agree < len(texts) // 2:
         out.append(f"{mode} {result.dtype}: {agree} of {len(texts)} outputs equal float32's "
                    f"(at least {len(texts) // 2} required)")
+    return out
+
+
+def _cudagraph_problems(result: ModeResult) -> list[str]:
+    """Return what shows a CUDA-graph mode's requests did not all replay recorded graphs."""
+    mode, out = result.mode, []
+    if result.cudagraphs_recorded is None:
+        out.append(f"{mode}: the runtime ran without CUDA graphs")
+    if result.cudagraphs_recorded_after_warmup:
+        out.append(f"{mode}: {result.cudagraphs_recorded_after_warmup} CUDA graph(s) recorded "
+                   "after warm-up (must be 0: the warm-up missed a cache, span or thread)")
+    for b in result.buckets:
+        if "recorded" in b.cudagraph:
+            out.append(f"{mode}: bucket {b.bucket}: a request recorded a CUDA graph instead "
+                       "of replaying one")
     return out
 
 
@@ -369,34 +402,41 @@ class TorchRunner:
             timings, outputs = [], {}
             for label, texts in groups.items():
                 direct_s, per_token, spec_s, paths, equal = [], [], [], set(), True
+                graphs: set[str] = set()
                 for text in texts:
                     for _ in range(self.repeats):
                         d = engine.generate(text, override=FlagOverride(speculative=False))
                         direct_s.append(d.total_s)
                         per_token.append(d.total_s / max(d.output_tokens, 1))
                         paths.add(d.path)
+                        graphs.add(d.cudagraph)
                         outputs[text] = d.output_ids
                         if engine.info.speculative_available:
                             s = engine.generate(text, override=FlagOverride(speculative=True))
                             spec_s.append(s.total_s)
                             paths.add(s.path)
+                            graphs.add(s.cudagraph)
                             equal = equal and s.output_ids == d.output_ids
                 timings.append(BucketTiming(
                     bucket=label, requests=len(direct_s),
                     ms_per_request=statistics.median(direct_s) * 1e3,
                     ms_per_token=statistics.median(per_token) * 1e3,
                     spec_ms_per_request=statistics.median(spec_s) * 1e3 if spec_s else None,
-                    paths=tuple(sorted(paths)), spec_equal=equal))
+                    paths=tuple(sorted(paths)), spec_equal=equal,
+                    cudagraph=tuple(sorted(graphs))))
             after = engine.compile_snapshot()
             mem = engine.memory_snapshot()
-            counts = getattr(engine, "cudagraph_counts", None)  # exposed by a later runtime
-            recorded, replayed = counts() if callable(counts) else (None, None)
+            g = engine.graph_snapshot()
             return ModeResult(
                 mode=mode, dtype=dtype, buckets=tuple(timings), outputs=outputs,
                 warm_up_s=warm_s, warm_error=status.error, graphs=after.graphs - start.graphs,
                 recompiles_after_warmup=after.recompiles - before.recompiles,
                 compile_failures=after.compile_failures - start.compile_failures,
-                cudagraphs_recorded=recorded, cudagraphs_replayed=replayed,
+                cudagraphs_recorded=g.recorded if g.cudagraphs else None,
+                cudagraphs_replayed=g.replayed if g.cudagraphs else None,
+                cudagraphs_recorded_after_warmup=(g.recorded_after_warmup if g.cudagraphs
+                                                  else None),
+                bucket_graphs=dict(status.bucket_graphs),
                 cudagraph_skips=int(counters["inductor"].get("cudagraph_skips", 0) - skips0),
                 peak_allocated_bytes=(int(torch.cuda.max_memory_allocated())
                                       if self.cuda else None),

@@ -42,7 +42,8 @@ class EngineConfig:
     max_batch: rows decoded together by the batching scheduler (engine.scheduler): requests
         join and leave a running batch at step boundaries; 1 = no scheduler, each request
         decodes alone in its caller's thread with max_concurrency streams (as before
-        batching). Above 1 the rows replace the streams (max_concurrency is not used).
+        batching; in the CUDA-graph compile modes they take turns on one device thread:
+        engine.owner). Above 1 the rows replace the streams (max_concurrency is not used).
     batch_window_max_s: the longest the scheduler waits for more arrivals before a step
         while the batch is not full (0: never waits); it adapts below this to the queue.
     native_step: on the optimized path, run the decode steps and the speculative

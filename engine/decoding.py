@@ -62,6 +62,10 @@ def encode(runner: ModelRunner, fns: Fns, ids: torch.Tensor, attention_mask: tor
     m = runner.m
     mask_bias = m.mask_bias(attention_mask)
     cross = fns.encode(m, ids, mask_bias, runner.encoder_bias(ids.shape[1]))
+    if fns.encode is not runner.eager.encode:
+        # It feeds every step: under CUDA graphs the encoder's next replay would overwrite
+        # a compiled call's output, so the request holds its own copy.
+        cross = cross.clone()
     return Encoded(cross, mask_bias)
 
 
@@ -94,7 +98,7 @@ def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max
         pos += steps
         if not done:
             _check(deadline, clock)
-            cur = out[-1:].view(1, 1)
+            cur = out[-1:].view(1, 1).clone()  # the next replay overwrites `out`
     return Decoded(tokens, stamps, SpecStats(target_forwards=len(tokens)))
 
 
@@ -202,7 +206,7 @@ class RowState:
                 # Kept past later calls: under CUDA graphs a call's outputs are overwritten
                 # by the next replay, so hold a copy (one int).
                 proposed_one.append(nxt.clone())
-                cur = nxt.view(1, 1)
+                cur = proposed_one[-1].view(1, 1)
             props = torch.cat(proposed_one)
         self.draft_steps += k
         t1 = clock()

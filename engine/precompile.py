@@ -22,12 +22,29 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 
+DEFAULT_CACHE_DIR = "var/compile-cache"
+_INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
 
 def cache_root(config: EngineConfig) -> Path:
-    """Return the compile cache directory the runtime uses for `config`."""
+    """Return the compile cache directory for `config`: engine.cache_dir, else the one the
+    operator gave inductor (TORCHINDUCTOR_CACHE_DIR), else ./var/compile-cache.
+
+    The runtime resolves it once and passes it on (saved functions, the C step's build,
+    the traffic file); nothing reads it back from the environment later.
+    """
     if config.cache_dir is not None:
         return Path(config.cache_dir).resolve()
-    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "var/compile-cache")).resolve()
+    return Path(os.environ.get(_INDUCTOR_ENV, DEFAULT_CACHE_DIR)).resolve()
+
+
+def point_inductor(root: Path) -> None:
+    """Make inductor cache its compiled code under `root`.
+
+    torch reads its cache directory only from this environment variable (inductor has no
+    config option for it), so this is the one place the engine writes it.
+    """
+    os.environ[_INDUCTOR_ENV] = str(root)
 
 
 def saved_key(model_version: str, config_hash: str, device_type: str,
@@ -39,14 +56,15 @@ def saved_key(model_version: str, config_hash: str, device_type: str,
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def saved_dir(config: EngineConfig, model_version: str, device_type: str,
+def saved_dir(root: Path, config: EngineConfig, model_version: str, device_type: str,
               compile_options: str) -> Path:
-    """Return where the saved functions for this model, config and device live.
+    """Return where the saved functions for this model, config and device live under the
+    cache `root` (cache_root).
 
     compile_options: the engine's own inductor options (a new release may change them).
     """
     key = saved_key(model_version, config.config_hash(), device_type, compile_options)
-    return cache_root(config) / "precompiled" / key
+    return root / "precompiled" / key
 
 
 def dir_bytes(path: Path) -> int:

@@ -31,6 +31,11 @@ DECODINGS = (DECODING_DIRECT, DECODING_SPECULATIVE)
 
 BUCKET_OVERFLOW = vocab.BUCKET_OVERFLOW
 
+# GenerateResult.cudagraph values: whether a request's compiled calls replayed CUDA graphs.
+CUDAGRAPH_REPLAYED = "replayed"  # every call replayed a graph recorded before it
+CUDAGRAPH_RECORDED = "recorded"  # a graph was recorded while it ran (after warm-up: a miss)
+CUDAGRAPH_NONE = "none"  # no CUDA graphs on its path (eager, CPU, compile_mode default)
+
 
 @dataclass(frozen=True)
 class SpecStats:
@@ -109,6 +114,7 @@ class GenerateResult:
     batch_join_step: int = -1
     batch_size_mean: float = 1.0
     batch_size_max: int = 1
+    cudagraph: str = CUDAGRAPH_NONE  # one of the CUDAGRAPH_* values
 
     @property
     def padding_waste(self) -> float:
@@ -261,6 +267,38 @@ class WarmupStatus:
     bucket_seconds: Mapping[str, float] = field(default_factory=dict)
     cache_hit: bool | None = None
     ready_seconds: float | None = None
+    # str(bucket edge) -> what its warm-up left: "recorded N CUDA graph(s)", "no CUDA
+    # graphs: <why>" (CPU, compile_mode default), or "eager: <why>" (it failed: served eager).
+    bucket_graphs: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def eager_buckets(self) -> tuple[str, ...]:
+        """Return the buckets whose warm-up failed, so they serve eager."""
+        return tuple(b for b, g in self.bucket_graphs.items() if g.startswith("eager"))
+
+
+@dataclass(frozen=True)
+class GraphSnapshot:
+    """Compiled calls since start, counted by signature (engine.graphs).
+
+    A signature is what decides whether torch replays a recorded CUDA graph: the function,
+    its inputs' shapes and its static inputs' addresses. Counted on every device; only
+    where `cudagraphs` is True does a new signature record a CUDA graph.
+    recorded / replayed: calls with a new / an already seen signature.
+    recorded_after_warmup: new signatures once the warm-up finished (a request paid for a
+        recording; 0 when the warm-up covered what requests call).
+    off_owner_calls: compiled calls made off the thread that owns them (must stay 0).
+    aliased_inputs: inputs that shared storage with another compiled call's output (counted
+        only where the runtime checks it, tests; must stay 0).
+    """
+
+    cudagraphs: bool = False
+    signatures: int = 0
+    recorded: int = 0
+    recorded_after_warmup: int = 0
+    replayed: int = 0
+    off_owner_calls: int = 0
+    aliased_inputs: int = 0
 
 
 # Upper edges (seconds) of the step-duration histogram buckets (BatchSnapshot.step_buckets).
@@ -271,8 +309,7 @@ STEP_SECONDS_EDGES = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 
 class BatchSnapshot:
     """The batching scheduler now, and its step times since start.
 
-    Read through an engine's optional `batch_snapshot()` (engine.runtime.Runtime, the fake
-    engines); the monitor's engine collector skips an engine without one.
+    Read through the engine's `batch_snapshot()` (Engine).
 
     max_batch: rows the scheduler may run (1: not batched, the other fields stay 0).
     batch_size: rows in the running batch now.
@@ -496,6 +533,18 @@ class Engine(Protocol):
 
     def flag_source(self) -> str:
         """Return where the flags in use came from: "live", "file" (last known) or "defaults"."""
+        ...
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        """Return the batching scheduler's state (max_batch 1: nothing batched)."""
+        ...
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        """Return the draft length k chosen per bucket (0: direct fallback) and its inputs."""
+        ...
+
+    def graph_snapshot(self) -> GraphSnapshot:
+        """Return the compiled calls' graph counts (CUDA graphs recorded and replayed)."""
         ...
 
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ import torch
 
 from engine import aot, compat, t5
 from engine.compile_watch import shared_watch, specialize
+from engine.graphs import GraphLedger
 
 KIND_ENCODE = "encode"
 KIND_STEP = "step"
@@ -76,7 +77,7 @@ class ModelRunner:
 
     def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
                  options: CompileOptions | None, name: str, steps: int = 1,
-                 compile_encoder: bool = True) -> None:
+                 compile_encoder: bool = True, ledger: GraphLedger | None = None) -> None:
         self.m = lean
         self.name = name
         self.slots = slots
@@ -86,6 +87,8 @@ class ModelRunner:
         # bucket (each costs tens of seconds of warm-up on a small CPU).
         self.compile_encoder = compile_encoder
         self._options = options
+        # Counts and checks every compiled call (engine.graphs); None: not counted.
+        self.ledger = ledger
         self._lock = threading.Lock()
         with torch.no_grad():
             self.dec_bias = lean.decoder_bias(slots)
@@ -216,7 +219,11 @@ class ModelRunner:
 
     def _compile(self, fn: Callable, tag: str) -> Callable:
         self._prepare_compile()
-        return torch.compile(specialize(fn, tag), **self._compile_kwargs(saved=False))
+        return self._counted(torch.compile(specialize(fn, tag),
+                                           **self._compile_kwargs(saved=False)), tag)
+
+    def _counted(self, fn: Callable, tag: str) -> Callable:
+        return fn if self.ledger is None else self.ledger.wrap(fn, tag)
 
     def _encode_example(self, edge: int, *, mark: bool = True) -> tuple[Any, ...]:
         """Return dummy encoder inputs of bucket `edge`, the input length marked dynamic
@@ -241,7 +248,9 @@ class ModelRunner:
         m = self.m
         enc = self._encode_example(edge, mark=mark)
         mask = enc[2]
-        cross = encode(*enc)
+        # A compiled call's output is copied before it feeds another compiled call: under
+        # CUDA graphs the next replay overwrites it (the request path does the same).
+        cross = encode(*enc).clone()
         if mark:
             torch._dynamo.mark_dynamic(cross, 3)  # [L, 2, H, length, d_kv]
         kv = m.new_self_cache(self.slots, static=self.native is None)
@@ -326,6 +335,8 @@ class ModelRunner:
             for kind in kinds:
                 if kind not in loaded:
                     loaded[kind] = aot.load(self.saved_path(directory, kind), examples[kind])
+            loaded = {kind: (fn if kind in self._loaded else self._counted(
+                fn, self._tag(SHARED, kind))) for kind, fn in loaded.items()}
             step = self.native or loaded[STEP]
             try:  # one call each, as a warm-up would: the first call may still load code
                 step(*examples[STEP])
@@ -353,11 +364,44 @@ class ModelRunner:
             self._compiled.pop(SHARED, None)
             self._loaded = {}
 
-    def warm(self, edge: int, *, verify: bool) -> None:
-        """Compile bucket `edge` by running each function once on dummy inputs."""
+    def warm(self, edge: int, *, verify: bool, caches: Sequence[torch.Tensor] = (),
+             mark: bool = True) -> None:
+        """Compile bucket `edge` by running each function on dummy inputs.
+
+        `caches`: the rows' self-attention caches requests use: the step and verify then
+        run on each of them at every span a request can use, so a CUDA graph is recorded
+        for each (its static inputs' addresses are part of it) here, not on a request.
+        Each cache is restored after, so a request decoding in it meanwhile is unharmed.
+        `mark`: mark the dynamic dimensions (False for saved functions: they need none).
+        """
         fns = self.compiled(edge)
         with torch.no_grad():
-            examples = self._examples(edge, fns.encode)
-            fns.step(*examples[STEP])
-            if verify:
-                fns.verify(*examples[VERIFY])
+            examples = self._examples(edge, fns.encode, mark=mark)
+            if not caches or self.native is not None:
+                fns.step(*examples[STEP])
+                if verify:
+                    fns.verify(*examples[VERIFY])
+                return
+            for cache in caches:
+                kept = cache.clone()
+                try:
+                    self._warm_spans(fns, examples, cache, verify=verify)
+                finally:
+                    cache.copy_(kept)
+
+    def _warm_spans(self, fns: Fns, examples: dict[str, tuple[Any, ...]],
+                    cache: torch.Tensor, *, verify: bool) -> None:
+        """Call the step (and verify) on `cache` once per span a request can attend."""
+        m, _tok, _pos, _kv, cross, mask, _bias, steps = examples[STEP]
+        toks = examples[VERIFY][1]
+        last_end: dict[int, int] = {}  # span corner -> the largest end it serves
+        for end in range(1, self.slots + 1):
+            last_end[id(self._bias_for[end - 1])] = end
+        for end in last_end.values():
+            bias = self.bias_for(end)
+            if end >= steps:
+                fns.step(m, self.start, self.positions[end - steps], cache, cross, mask,
+                         bias, steps)
+            if verify and end >= self.verify_q:
+                fns.verify(m, toks, self.windows[end - self.verify_q], cache, cross, mask,
+                           bias)

@@ -1,32 +1,30 @@
-"""The torch runtime: load, warm up, admit and run greedy requests.
+"""The torch runtime: a request's path from its text to its GenerateResult.
 
-A request is tokenized, admitted (bounded streams, bounded queue), padded to its
-bucket, encoded, decoded directly or speculatively, and measured into a
-GenerateResult. Flags are read on every request through GuardedFlags, so a flip
-takes effect on the next request and a broken flag source never fails one.
+A request is tokenized, admitted (bounded streams, bounded queue), routed to a bucket,
+padded, encoded, decoded directly or speculatively (in the batching loop when there is
+one), and measured into a GenerateResult. Flags are read on every request through
+GuardedFlags, so a flip takes effect on the next request and a broken flag source never
+fails one. The rest lives beside it: loading (engine.models), warm-up (engine.warmup),
+KV and memory accounting (engine.memory), bucket traffic (engine.traffic).
 """
 
 from __future__ import annotations
 
-import gc
-import hashlib
-import json
-import logging
-import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
-from engine import aot, decoding, native, precompile, quantize, scheduler, t5, validation
+from engine import aot, decoding, precompile, quantize, scheduler, validation
 from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_edge, bucket_label
 from engine.compile_watch import shared_watch
-from engine.config import BUILTIN_DIR, EngineConfig
+from engine.config import EngineConfig
 from engine.draft_length import DraftLength
 from engine.errors import (
     Cancelled,
@@ -35,8 +33,23 @@ from engine.errors import (
     RequestTimeout,
 )
 from engine.flags import GuardedFlags
-from engine.loader import LoadedModel, load_model, pair_draft
+from engine.graphs import GraphLedger
+from engine.memory import KvAccount, memory_snapshot, static_bytes
+from engine.models import (
+    INDUCTOR_OPTIONS,
+    compile_options,
+    cudagraphs_off,
+    device_of,
+    dtype_of,
+    load_models,
+    package_only,
+    single_owner,
+)
+from engine.owner import DeviceThread
 from engine.protocol import (
+    CUDAGRAPH_NONE,
+    CUDAGRAPH_RECORDED,
+    CUDAGRAPH_REPLAYED,
     DECODING_DIRECT,
     DECODING_SPECULATIVE,
     PATH_COMPILED,
@@ -50,50 +63,18 @@ from engine.protocol import (
     FlagOverride,
     FlagProvider,
     GenerateResult,
+    GraphSnapshot,
     InMemoryFlagProvider,
     MemorySnapshot,
     RuntimeFlags,
     WarmupStatus,
 )
-from engine.runner import CompileOptions, Fns, ModelRunner
-
-log = logging.getLogger(__name__)
+from engine.runner import Fns, ModelRunner
+from engine.traffic import BucketTraffic
+from engine.warmup import Warmup
 
 EXACT = "exact"
-K_MAX = 8  # the largest draft length the adaptive choice may pick
-# Greedy tokens per direct step call. More per call saves per-token overhead but the steps
-# are unrolled in the graph, so compiling takes that many times longer.
-STEPS_PER_CALL = 1
-# Inductor options for every compiled function. realize_acc_reads_threshold=1 stores the
-# RMS-normed input of each one-row product once instead of recomputing it inside the
-# product's loop for every output row (identical tokens; docs/benchmarks.md#benchengine).
-_INDUCTOR_OPTIONS: tuple[tuple[str, object], ...] = (("realize_acc_reads_threshold", 1),)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"dtype: must be auto or one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
-
-
-def _package_only(config: EngineConfig) -> bool:
-    """Return whether a start will likely load only the CPU encoder package and the C step,
-    so inductor's ISA probe is not needed (a guess before the model is loaded: a wrong one
-    costs only the probe's overlap, inductor then probes when it loads)."""
-    # int8 weights too: their step runs in C beside the saved encoder packages.
-    if not config.native_step or config.dtype not in ("float32", "auto"):
-        return False
-    root = precompile.cache_root(config) / "precompiled"
-    return any(root.glob(f"*/*_{aot.cpu_key()}{aot.PACKAGE_SUFFIX}"))
+T = TypeVar("T")
 
 
 class Runtime:
@@ -104,59 +85,29 @@ class Runtime:
         if config.kv_headroom < config.speculative_k:
             raise ValueError("kv_headroom: must be >= speculative_k (verification look-ahead)")
         self.config = config
-        self.device = _device(config.device)
-        self.dtype = _dtype(config.dtype, self.device)
+        self.device = device_of(config.device)
+        self.dtype = dtype_of(config.dtype, self.device)
         torch.set_num_threads(config.num_threads)
-        if config.cache_dir is not None:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir).resolve())
-        else:
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
+        self.cache_root = precompile.cache_root(config)
+        precompile.point_inductor(self.cache_root)
         # Dynamo is imported (its recompile limit raised, the watch's hooks installed) by
         # the first runner that compiles: a warm CPU start serving the saved encoder package
         # and the C step never does.
         self._watch = shared_watch()
-        self._compile_on = config.compile_mode != "off"
+        options = compile_options(config)
+        self._compile_on = options is not None
         if (self._compile_on and config.compile_backend == "inductor"
-                and self.device.type == "cpu" and not _package_only(config)):
+                and self.device.type == "cpu" and not package_only(config, self.cache_root)):
             aot.start_isa_probe()  # waits on a child process while the weights load
-        options = (CompileOptions(config.compile_mode, config.compile_backend,
-                                  config.recompile_limit, _INDUCTOR_OPTIONS)
-                   if self._compile_on else None)
         self._t_created = time.perf_counter()
-
-        target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
-        self._target_loaded = load_model(target_dir)
-        self._draft_loaded, self.speculative_reason = pair_draft(config, self._target_loaded)
-        # Said once, at start: a user model without draft_dir runs direct decoding.
-        quiet = self._draft_loaded is not None or not config.use_draft
-        (log.info if quiet else log.warning)("speculative decoding %s", self.speculative_reason)
-        self.tokenizer = self._target_loaded.tokenizer
-        self.slots = config.max_new_tokens_cap + config.kv_headroom
-        # Verification covers k_max + 1 positions whatever k is chosen (one verification shape).
-        self.k_max = max(config.speculative_k, min(K_MAX, config.kv_headroom))
-        # A step call may run past max_new by steps - 1 positions: they must fit the slots.
-        steps = max(1, min(STEPS_PER_CALL, config.kv_headroom + 1))
-        self.target = self._runner(self._target_loaded, options, "target", self.k_max, steps)
-        # engine.quantization: int8: a second target with int8 weights, served where the
-        # `quantized` flag is on (`quantizer` is a test seam: noisy weights disagree).
-        self.target_q: ModelRunner | None = None
-        if config.quantization == "int8":
-            with torch.no_grad():
-                lean_q = (quantizer or quantize.int8)(self.target.m)
-            self.target_q = ModelRunner(lean_q, edges=config.buckets, slots=self.slots,
-                                        verify_q=self.k_max + 1, options=options,
-                                        name="target-int8", steps=steps)
-        self.draft = (self._runner(self._draft_loaded, options, "draft", self.k_max, 1,
-                                   compile_encoder=False)
-                      if self._draft_loaded is not None else None)
+        # Why the compiled functions run without CUDA graphs (None: they use them).
+        self.cudagraphs_off = cudagraphs_off(config, self.device) if self._compile_on \
+            else "compile_mode off"
+        self.ledger = GraphLedger(cudagraphs=self.cudagraphs_off is None)
+        self.models = load_models(config, device=self.device, dtype=self.dtype,
+                                  options=options, cache_root=self.cache_root,
+                                  quantizer=quantizer, ledger=self.ledger)
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
-        self.step_kind = self._bind_native_step(config)
-        # The lean copies hold the weights now: drop the checkpoint's so they are resident once.
-        self._target_loaded = self._target_loaded.released()
-        if self._draft_loaded is not None:
-            self._draft_loaded = self._draft_loaded.released()
-        gc.collect()
-
         # Batched, a decode slot is a batch row (its caches); unbatched, a decode stream.
         self._rows = config.max_batch if config.max_batch > 1 else config.max_concurrency
         self._admission = Admission(self._rows, config.max_queue)
@@ -167,74 +118,78 @@ class Runtime:
                                    state_file=state_file or None)
         with torch.no_grad():
             self._caches = [self._new_caches() for _ in range(self._rows)]
+        self._kv = KvAccount(static_bytes(self._caches))
         self._lock = threading.Lock()
         self._rng = random.Random(0)
-        self._warm: set[int] = set()
-        # KV bytes of tensors actually allocated: static self caches, per-request cross K/V.
-        self._kv_static = sum(t.numel() * t.element_size()
-                              for caches in self._caches for t in caches.values())
-        self._kv_running = 0
-        self._kv_request_peak = 0
-        self._kv_peak = self._kv_static
-        self._ready_seconds: float | None = None
-        # Requests per bucket label, this run and (from the cache dir) earlier runs: the
-        # warm-up compiles the busiest buckets first.
-        self._traffic: dict[str, int] = {}
-        self._traffic_before: dict[str, int] = {}
-        self.cache_hit: bool | None = None  # set once the warm-up knows (see WarmupStatus)
-        self.bucket_compile_s: dict[int, float] = {}
-        self._warm_thread: threading.Thread | None = None
-        self._warm_started: float | None = None
-        self._warm_seconds = 0.0
-        self._warm_done = False
-        self._warm_error: str | None = None
+        self._traffic = BucketTraffic(self.cache_root)
         self._closed = False
-        self._info = self._make_info()
-        self.saved_dir: Path | None = None  # compiled functions saved by precompile
-        self.saved_buckets = 0  # buckets this warm-up loaded from saved functions
-        self.saved_failures = 0  # saved functions that failed to load (0 or 1: all compiled)
+        saved_dir = None
+        if self._compile_on:
+            saved_dir = precompile.saved_dir(self.cache_root, config, self.info.model_version,
+                                             self.device.type, repr(INDUCTOR_OPTIONS))
+            self._traffic.load()
+        self.warmup = Warmup(self.models, buckets=config.buckets, compile_on=self._compile_on,
+                             saved_dir=saved_dir, order=self.warm_order,
+                             warm_bucket=self._warm_bucket, watch=self._watch,
+                             created=self._t_created, closed=lambda: self._closed,
+                             finished=self.ledger.warm_done, on_owner=self._on_owner)
+        self._owned = self._compile_on and single_owner(config)
         self._scheduler: scheduler.Scheduler | None = None
+        self._device_thread: DeviceThread | None = None
+        self._start_threads()
+
+    def _start_threads(self) -> None:
+        """Start the batching loop (max_batch > 1) and, in the CUDA-graph modes, make one
+        thread own every compiled call, warm-up included (cudagraph trees are per thread):
+        the loop, else a device thread. Elsewhere the warm-up compiles on its own thread."""
+        config = self.config
         if config.max_batch > 1:
             self._scheduler = scheduler.Scheduler(
                 self, max_batch=config.max_batch, window_max_s=config.batch_window_max_s,
                 waiting=lambda: self._admission.waiting)
-        if self._compile_on:
-            self.saved_dir = precompile.saved_dir(config, self._info.model_version,
-                                                  self.device.type, repr(_INDUCTOR_OPTIONS))
-            self._traffic_before = self._load_traffic()
+        elif self._owned:
+            self._device_thread = DeviceThread()
+        owner = self._scheduler or self._device_thread
+        if self._owned and owner is not None:
+            self.ledger.set_owner(owner.thread)
 
-    def _runner(self, loaded: LoadedModel, options: CompileOptions | None, name: str,
-                k: int, steps: int, *, compile_encoder: bool = True) -> ModelRunner:
-        assert loaded.weights is not None, "runners are built before the weights are released"
-        with torch.no_grad():
-            lean = t5.LeanT5(loaded.config, loaded.weights, dtype=self.dtype, device=self.device)
-        return ModelRunner(lean, edges=self.config.buckets, slots=self.slots, verify_q=k + 1,
-                           options=options, name=name, steps=steps,
-                           compile_encoder=compile_encoder)
+    # --- what loading made (engine.models) ----------------------------------------------
 
-    def _bind_native_step(self, config: EngineConfig) -> str:
-        """Serve the optimized decode step in C where it applies; return what serves, said
-        once in the log ("native" or "compiled (why)")."""
-        if not self._compile_on:
-            return "eager (compile_mode off)"
-        if not config.native_step:
-            return "compiled (native_step off)"
-        lib = native.load(precompile.cache_root(config))
-        if lib is None:
-            kind = "compiled (no C compiler, or its build failed)"
-            log.warning("decode step: %s", kind)
-            return kind
-        kinds = []
-        for runner in (self.target, self.target_q, self.draft):  # target_q: int8 weights in C
-            if runner is not None:
-                why = native.applicable(runner.m)
-                if why is None:
-                    runner.native = lib.bind(runner.m)
-                kinds.append(f"{runner.name} " + ("native" if why is None
-                                                  else f"compiled ({why})"))
-        kind = ", ".join(kinds)
-        log.info("decode step: %s", kind)
-        return kind
+    @property
+    def target(self) -> ModelRunner:
+        return self.models.target
+
+    @property
+    def target_q(self) -> ModelRunner | None:
+        return self.models.target_q
+
+    @property
+    def draft(self) -> ModelRunner | None:
+        return self.models.draft
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.models.tokenizer
+
+    @property
+    def slots(self) -> int:
+        return self.models.slots
+
+    @property
+    def k_max(self) -> int:
+        return self.models.k_max
+
+    @property
+    def step_kind(self) -> str:
+        return self.models.step_kind
+
+    @property
+    def speculative_reason(self) -> str:
+        return self.models.speculative_reason
+
+    @property
+    def _target_loaded(self) -> Any:
+        return self.models.target_loaded
 
     def _new_caches(self) -> dict[str, torch.Tensor]:
         # Marked static only for a compiled step (the C step and eager need no mark).
@@ -242,28 +197,11 @@ class Runtime:
                                            static=self._compile_on and r.native is None)
                 for r in (self.target, self.draft) if r is not None}
 
-    def _make_info(self) -> EngineInfo:
-        h = hashlib.sha256(self._target_loaded.weights_hash.encode())
-        if self._draft_loaded is not None:
-            h.update(self._draft_loaded.weights_hash.encode())
-        return EngineInfo(
-            model_version=h.hexdigest()[:12],
-            config_hash=self.config.config_hash(),
-            device=str(self.device),
-            dtype=str(self.dtype).removeprefix("torch."),
-            buckets=tuple(self.config.buckets),
-            speculative_available=self.draft is not None,
-            compile_mode=self.config.compile_mode,
-            speculative_reason=self.speculative_reason,
-            quantization=self.config.quantization,
-            decode_step=self.step_kind,
-        )
-
     # --- Engine protocol ---------------------------------------------------------------
 
     @property
     def info(self) -> EngineInfo:
-        return self._info
+        return self.models.info
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokenize(text))
@@ -287,51 +225,15 @@ class Runtime:
         return self._watch.snapshot()
 
     def memory_snapshot(self) -> MemorySnapshot:
-        import psutil
-
-        rss = psutil.Process().memory_info().rss
-        with self._lock:
-            kv = dict(kv_cache_bytes=self._kv_static + self._kv_running,
-                      kv_static_bytes=self._kv_static, kv_request_bytes=self._kv_running,
-                      kv_request_peak_bytes=self._kv_request_peak, kv_peak_bytes=self._kv_peak,
-                      weight_bytes=self.weight_bytes())
-        if self.device.type != "cuda":
-            return MemorySnapshot(device=str(self.device), rss_bytes=rss, **kv)
-        stats = torch.cuda.memory_stats(self.device)
-        return MemorySnapshot(
-            device=str(self.device), rss_bytes=rss, **kv,
-            cuda_allocated_bytes=int(torch.cuda.memory_allocated(self.device)),
-            cuda_reserved_bytes=int(torch.cuda.memory_reserved(self.device)),
-            cuda_peak_bytes=int(torch.cuda.max_memory_allocated(self.device)),
-            cuda_alloc_retries=int(stats.get("num_alloc_retries", 0)),
-            cuda_ooms=int(stats.get("num_ooms", 0)),
-        )
+        return memory_snapshot(self.device, self._kv, self.weight_bytes())
 
     def weight_bytes(self) -> int:
         """Return the bytes of the lean weights (target + draft), each storage counted once."""
-        storages: dict[tuple[str, int], int] = {}
-        for runner in (self.target, self.target_q, self.draft):
-            if runner is not None:
-                for p in runner.m.parameters():
-                    s = p.untyped_storage()
-                    storages[(str(p.device), s.data_ptr())] = s.nbytes()
-        return sum(storages.values())
+        return self.models.weight_bytes()
 
     def kv_cache_bytes(self) -> int:
         """Return the KV bytes allocated now: static self caches plus running requests' K/V."""
-        with self._lock:
-            return self._kv_static + self._kv_running
-
-    def _kv_hold(self, nbytes: int, request_bytes: int) -> None:
-        """Count `nbytes` more K/V held by a request that now holds `request_bytes` in all."""
-        with self._lock:
-            self._kv_running += nbytes
-            self._kv_request_peak = max(self._kv_request_peak, request_bytes)
-            self._kv_peak = max(self._kv_peak, self._kv_static + self._kv_running)
-
-    def _kv_release(self, nbytes: int) -> None:
-        with self._lock:
-            self._kv_running -= nbytes
+        return self._kv.total()
 
     def draft_length_snapshot(self) -> DraftLengthSnapshot:
         """Return the draft length k chosen per bucket (0 = direct fallback) and its inputs."""
@@ -342,7 +244,25 @@ class Runtime:
             expected_speedup={b: v.expected_speedup for b, v in view.items()
                               if v.expected_speedup is not None})
 
-    # --- warm-up -----------------------------------------------------------------------
+    def batch_snapshot(self) -> BatchSnapshot:
+        """Return the batching scheduler's state (max_batch 1: nothing batched)."""
+        if self._scheduler is None:
+            return BatchSnapshot(max_batch=1)
+        return self._scheduler.snapshot()
+
+    def graph_snapshot(self) -> GraphSnapshot:
+        """Return the compiled calls' graph counts (CUDA graphs recorded and replayed)."""
+        return self.ledger.snapshot()
+
+    def _on_owner(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the thread that owns the compiled calls (this one when none does)."""
+        if self._owned and self._scheduler is not None:
+            return cast(T, self._scheduler.call(fn))
+        if self._device_thread is not None:
+            return self._device_thread.call(fn)
+        return fn()
+
+    # --- warm-up (engine.warmup) -------------------------------------------------------
 
     def warm_up(self, *, background: bool = True) -> None:
         """Compile every bucket of the target and the draft (in a thread when background).
@@ -350,127 +270,71 @@ class Runtime:
         Functions that `tailwatch engine precompile` saved are loaded from those files
         instead (no tracing); the buckets share them, so the first bucket pays the load.
         """
-        with self._lock:
-            running = self._warm_thread
-            if self._warm_started is None:
-                self._warm_started = time.perf_counter()
-                if not self._compile_on:
-                    self._warm_done = True
-                    self._ready_seconds = time.perf_counter() - self._t_created
-                    return
-                if background:
-                    self._warm_thread = threading.Thread(target=self._warm_all,
-                                                         name="engine-warmup", daemon=True)
-                    self._warm_thread.start()
-                    return
-                running = None
-            elif running is None or background:
-                return  # already warm, or warming in the background
-        if running is not None:
-            running.join()  # a blocking call waits for the warm-up already under way
-        else:
-            self._warm_all()
-
-    def _runners(self) -> list[tuple[ModelRunner, bool]]:
-        """Return each compiled runner with whether it needs its verify function."""
-        verify = self.draft is not None
-        runners = [(self.target, verify)]
-        if self.target_q is not None:
-            runners.append((self.target_q, verify))
-        if self.draft is not None:
-            runners.append((self.draft, False))
-        return runners
-
-    def precompiled(self) -> bool:
-        """Return whether every function the buckets need is saved for this runtime."""
-        saved = self.saved_dir
-        return saved is not None and all(
-            runner.has_saved(saved, verify=verify) for runner, verify in self._runners())
-
-    def save_compiled(self) -> int:
-        """Compile the shared functions ahead of time and save them (precompile); return how many."""
-        assert self.saved_dir is not None
-        saved = 0
-        for runner, verify in self._runners():
-            try:
-                saved += runner.save(self.saved_dir, verify=verify)
-            except Exception as exc:  # noqa: BLE001 - starts then compile, as before
-                log.warning("engine: %s: compiled functions not saved: %s: %s",
-                            runner.name, type(exc).__name__, str(exc)[:300])
-        return saved
-
-    def _load_saved(self, edge: int) -> bool:
-        """Serve bucket `edge` from saved functions; False when it must be compiled."""
-        saved = self.saved_dir
-        runners = self._runners()
-        if self.saved_failures:
-            return False  # the buckets share the files: one failure stands for all
-        if saved is None or not all(runner.has_saved(saved, verify=verify)
-                                    for runner, verify in runners):
-            return False  # never precompiled (or another shape): the usual compile
-        try:
-            for runner, verify in runners:
-                runner.load_saved(edge, saved, verify=verify)
-        except aot.AOTLoadError as exc:
-            for runner, _verify in runners:
-                runner.forget()
-            with self._lock:
-                self.saved_failures += 1
-                first = self.saved_failures == 1
-            # Once at warning: every bucket usually fails for the same reason.
-            (log.warning if first else log.info)(
-                "engine: bucket %d: saved compiled functions not used, compiling: %s",
-                edge, exc)
-            return False
-        with self._lock:
-            self.saved_buckets += 1
-        return True
-
-    def _warm_all(self) -> None:
-        aot.join_isa_probe()  # loading or compiling would otherwise run the probe again
-        for edge in self.warm_order():
-            if self._closed:
-                break
-            started = time.perf_counter()
-            try:
-                if not self._load_saved(edge):
-                    for runner, verify in self._runners():
-                        runner.warm(edge, verify=verify)
-            except Exception as exc:  # noqa: BLE001 - a bucket that fails to compile stays eager
-                self._watch.record_failure()
-                with self._lock:
-                    self._warm_error = f"bucket {edge}: {type(exc).__name__}: {exc}"[:500]
-                continue
-            with self._lock:
-                self._warm.add(edge)
-                self.bucket_compile_s[edge] = time.perf_counter() - started
-                self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
-                warm = len(self._warm)
-            log.info("engine: bucket %d warm in %.1f s (%d of %d)", edge,
-                     self.bucket_compile_s[edge], warm, len(self.config.buckets))
-        with self._lock:
-            self._warm_seconds = time.perf_counter() - (self._warm_started or 0.0)
-            self._warm_done = True
-            if len(self._warm) == len(self.config.buckets):
-                self._ready_seconds = time.perf_counter() - self._t_created
-            self.cache_hit = self.saved_buckets == len(self.config.buckets)
+        self.warmup.start(background=background)
 
     def warmup_status(self) -> WarmupStatus:
-        with self._lock:
-            seconds = self._warm_seconds
-            if self._warm_started is not None and not self._warm_done:
-                seconds = time.perf_counter() - self._warm_started
-            return WarmupStatus(total_buckets=len(self.config.buckets),
-                                warm_buckets=len(self._warm), seconds=seconds,
-                                done=self._warm_done, error=self._warm_error,
-                                bucket_seconds={str(e): round(v, 3)
-                                                for e, v in self.bucket_compile_s.items()},
-                                cache_hit=self.cache_hit, ready_seconds=self._ready_seconds)
+        return self.warmup.status()
 
     def is_warm(self, edge: int) -> bool:
         """Return whether bucket `edge` has compiled graphs ready."""
-        with self._lock:
-            return edge in self._warm
+        return self.warmup.is_warm(edge)
+
+    def warm_order(self) -> list[int]:
+        """Return the bucket edges busiest first (by the last run's traffic), then ascending."""
+        return self._traffic.order(self.config.buckets)
+
+    def precompiled(self) -> bool:
+        """Return whether every function the buckets need is saved for this runtime."""
+        return self.warmup.precompiled()
+
+    def save_compiled(self) -> int:
+        """Compile the shared functions ahead of time and save them (precompile); return how
+        many."""
+        return self.warmup.save_compiled()
+
+    @property
+    def saved_dir(self) -> Path | None:
+        return self.warmup.saved_dir
+
+    @property
+    def saved_buckets(self) -> int:
+        return self.warmup.saved_buckets
+
+    @property
+    def saved_failures(self) -> int:
+        return self.warmup.saved_failures
+
+    @property
+    def cache_hit(self) -> bool | None:
+        return self.warmup.cache_hit
+
+    @property
+    def bucket_compile_s(self) -> dict[int, float]:
+        return self.warmup.bucket_compile_s
+
+    def _warm_bucket(self, edge: int, loaded: bool) -> str:
+        """Warm bucket `edge` (on every row's caches in the CUDA-graph modes); return what it
+        left. Warmup runs it on the owner thread; `loaded`: from the saved functions."""
+        recorded = self.ledger.recorded()
+        skips = _cudagraph_skips()
+        # Saved functions were called once as they loaded: enough unless graphs are to be
+        # recorded on the rows (a warm CPU start so never imports dynamo to mark inputs).
+        runners = self.models.compiled_runners() if self._owned or not loaded else []
+        for runner, verify in runners:
+            name = "draft" if runner is self.draft else "target"
+            # On the rows' own caches only where the owner thread serializes the warm-up
+            # with the requests (a row decoding beside it would read the warm-up's writes).
+            caches = [row[name] for row in self._caches] if self._owned else []
+            runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
+        if self.cudagraphs_off is not None:
+            return f"no CUDA graphs: {self.cudagraphs_off}"
+        skipped = _cudagraph_skips() - skips
+        if skipped:
+            # The functions run, but as plain compiled code: the bucket is not what the
+            # mode promises. Said as an error; the status and the metric carry it.
+            raise RuntimeError(f"{skipped} graph(s) skipped by cudagraph trees "
+                               "(TORCH_LOGS=cudagraphs says why)")
+        return f"recorded {self.ledger.recorded() - recorded} CUDA graph(s)"
 
     # --- generate ----------------------------------------------------------------------
 
@@ -503,8 +367,7 @@ class Runtime:
         n = len(ids)
         validation.check_input_tokens(self.config, n)
         label = bucket_label(n, self.config.buckets)
-        with self._lock:
-            self._traffic[label] = self._traffic.get(label, 0) + 1
+        self._traffic.count(label)
         flags = self._flags.read()
         if override is not None:
             flags = override.apply(flags, label)
@@ -524,6 +387,7 @@ class Runtime:
         with self._admission.slot(deadline, synthetic=canary) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
+            recorded = self.ledger.recorded()
             try:
                 decoded, t_encoded, t_device, batch = self._run_any(
                     ids, length, key, slot, k, max_new, deadline, quantized, native,
@@ -558,7 +422,7 @@ class Runtime:
             total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
             probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
             quantized=quantized, native_step=self._on_native(key, quantized, native),
-            **_batch_fields(batch, t_slot),
+            cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
         )
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
@@ -573,6 +437,13 @@ class Runtime:
         elif decoded.stamps and self.draft is not None and alone:
             self.draft_length.record_direct(label, len(decoded.tokens),
                                             decoded.stamps[-1] - t_encoded)
+
+    def _cudagraph(self, key: int | str | None, recorded: int) -> str:
+        """Return whether a request routed to `key` replayed CUDA graphs (a recording while
+        it ran, its own or a batch-mate's, counts against it)."""
+        if key is None or self.cudagraphs_off is not None:
+            return CUDAGRAPH_NONE
+        return CUDAGRAPH_REPLAYED if self.ledger.recorded() == recorded else CUDAGRAPH_RECORDED
 
     def _route(self, n: int, flags: RuntimeFlags) -> tuple[str, int, int | str | None]:
         """Return (path, padded length, compiled-function key or None for eager)."""
@@ -604,8 +475,8 @@ class Runtime:
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
         """Decode in the batching loop when there is one, else in this thread."""
         if self._scheduler is None:
-            return (*self._run(ids, length, key, slot, k, max_new, deadline, quantized,
-                               native), None)
+            return (*self._on_owner(lambda: self._run(ids, length, key, slot, k, max_new,
+                                                      deadline, quantized, native)), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
                             deadline=deadline, quantized=quantized, row=slot, native=native,
                             alone=alone)
@@ -629,7 +500,7 @@ class Runtime:
             tfns = self._fns(target, job.key, job.native)
             tenc = decoding.encode(target, tfns, padded, mask)
             job.held = tenc.nbytes
-            self._kv_hold(job.held, job.held)
+            self._kv.hold(job.held, job.held)
             if job.k > 0 and self.draft is not None:
                 draft = self.draft
                 dfns = self._fns(draft, job.key, job.native)
@@ -639,7 +510,7 @@ class Runtime:
                     # only ever decodes batched never pays for the draft's encoder.
                     denc = decoding.encode(draft, dfns, padded, mask)
                     job.held += denc.nbytes
-                    self._kv_hold(denc.nbytes, job.held)
+                    self._kv.hold(denc.nbytes, job.held)
                     return denc
 
                 row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new,
@@ -652,13 +523,7 @@ class Runtime:
 
     def kv_release(self, nbytes: int) -> None:
         """Forget `nbytes` of request K/V (a batched request left)."""
-        self._kv_release(nbytes)
-
-    def batch_snapshot(self) -> BatchSnapshot:
-        """Return the batching scheduler's state (max_batch 1: nothing batched)."""
-        if self._scheduler is None:
-            return BatchSnapshot(max_batch=1)
-        return self._scheduler.snapshot()
+        self._kv.release(nbytes)
 
     def _padded(self, ids: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         padded = torch.full((1, length), self.target.m.pad_id, dtype=torch.long)
@@ -678,13 +543,13 @@ class Runtime:
             tfns = self._fns(target, key, native)
             tenc = decoding.encode(target, tfns, padded, mask)
             held = tenc.nbytes
-            self._kv_hold(held, held)
+            self._kv.hold(held, held)
             try:
                 if k > 0 and self.draft is not None:
                     dfns = self._fns(self.draft, key, native)
                     denc = decoding.encode(self.draft, dfns, padded, mask)
                     held += denc.nbytes
-                    self._kv_hold(denc.nbytes, held)  # the peak is per request: both models
+                    self._kv.hold(denc.nbytes, held)  # the peak is per request: both models
                     t_encoded = time.perf_counter()
                     decoded = decoding.speculative(
                         target, tfns, tenc, caches["target"], self.draft, dfns, denc,
@@ -694,49 +559,31 @@ class Runtime:
                     decoded = decoding.direct(target, tfns, tenc, caches["target"],
                                               max_new, deadline)
             finally:
-                self._kv_release(held)
+                self._kv.release(held)
         return replace(decoded, kv_request_bytes=held), t_encoded, t_device
-
-    def warm_order(self) -> list[int]:
-        """Return the bucket edges busiest first (by the last run's traffic), then ascending."""
-        share = self._traffic_before
-        return sorted(self.config.buckets, key=lambda e: (-share.get(str(e), 0), e))
-
-    def _traffic_file(self) -> Path:
-        return precompile.cache_root(self.config) / "bucket-traffic.json"
-
-    def _load_traffic(self) -> dict[str, int]:
-        try:
-            data = json.loads(self._traffic_file().read_text())
-            return {str(k): int(v) for k, v in data.items()}
-        except (OSError, ValueError, AttributeError):
-            return {}  # no earlier run (or an unreadable file): warm in ascending order
-
-    def _save_traffic(self) -> None:
-        with self._lock:
-            if not self._traffic:
-                return
-            merged = {label: count // 2 for label, count in self._traffic_before.items()}
-            for label, count in self._traffic.items():
-                merged[label] = merged.get(label, 0) + count  # recent runs weigh more
-        try:
-            path = self._traffic_file()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(merged, sort_keys=True))
-        except OSError:
-            pass  # the order is an optimization; a read-only cache dir only loses it
 
     def close(self) -> None:
         """Refuse new requests, stop background threads, remember the traffic per bucket."""
         if not self._closed and self._compile_on:
-            self._save_traffic()
+            self._traffic.save()
         self._closed = True
         if self._scheduler is not None:
             self._scheduler.close()
+        if self._device_thread is not None:
+            self._device_thread.close()
         self._flags.close()
-        thread = self._warm_thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=0.1)
+        self.warmup.join(timeout=0.1)
+
+
+def _cudagraph_skips() -> int:
+    """Return the graphs cudagraph trees skipped so far (run without a CUDA graph)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0  # nothing compiled yet
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
 
 
 def _batch_fields(job: scheduler.Job | None, t_slot: float) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -123,6 +124,7 @@ class Scheduler:
         self._clock = clock
         self._cond = threading.Condition()
         self._inbox: deque[Job] = deque()
+        self._tasks: deque[tuple[Callable[[], Any], Future]] = deque()  # run by the loop
         self._active: list[tuple[Job, RowState]] = []
         self._closed = False
         self._steps = 0
@@ -152,6 +154,24 @@ class Scheduler:
                 raise NotReady("engine is closed")
             self._inbox.append(job)
             self._cond.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the loop thread between steps (the warm-up's compiled calls: the
+        loop owns them); return its result or raise its error."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise NotReady("engine is closed")
+            self._tasks.append((fn, future))
+            self._cond.notify()
+        return future.result()
+
+    @property
+    def thread(self) -> threading.Thread:
+        """Return the loop thread (it owns every compiled call)."""
+        return self._thread
 
     def wait(self, job: Job) -> Decoded:
         """Block until the loop finished `job`; return its tokens or raise its error."""
@@ -189,10 +209,16 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._inbox and not self._active and not self._closed:
+                while (not self._inbox and not self._active and not self._tasks
+                       and not self._closed):
                     self._cond.wait()
                 if self._closed:
                     break
+                tasks = list(self._tasks)
+                self._tasks.clear()
+            for fn, future in tasks:
+                _run_task(fn, future)
+            with self._cond:
                 self._adapt_window()
                 rows = len(self._active) + len(self._inbox)
                 if self._window > 0 and rows < self.max_batch and not self._solo():
@@ -210,6 +236,11 @@ class Scheduler:
                 self._step()
             self._leave_finished()
         self._fail_all(NotReady("engine is closed"))
+        with self._cond:
+            tasks = list(self._tasks)
+            self._tasks.clear()
+        for _fn, future in tasks:
+            future.set_exception(NotReady("engine is closed"))
 
     def _solo(self) -> bool:
         """Return whether the next step is one job's that runs alone (no window to wait)."""
@@ -374,6 +405,13 @@ class Scheduler:
             self._active, self._inbox = [], deque()
         for job in jobs:
             self._finish(job, None, error)
+
+
+def _run_task(fn: Callable[[], Any], future: Future) -> None:
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - its caller gets it
+        future.set_exception(exc)
 
 
 def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:

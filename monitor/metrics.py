@@ -408,13 +408,11 @@ class EngineCollector(_SafeCollector):
         if warm.ready_seconds is not None:
             yield _gauge("engine_ready_seconds", "Engine start to every bucket warm.", {},
                          warm.ready_seconds)
-        draft_k = getattr(engine, "draft_length_snapshot", None)
-        if draft_k is not None:
-            k = GaugeMetricFamily(f"{PREFIX}_spec_decode_k", "Draft tokens per verification "
-                                  "chosen per bucket (0: falls back to direct).", labels=("bucket",))
-            for label, value in draft_k().k.items():
-                k.add_metric([label], value)
-            yield k
+        k = GaugeMetricFamily(f"{PREFIX}_spec_decode_k", "Draft tokens per verification "
+                              "chosen per bucket (0: falls back to direct).", labels=("bucket",))
+        for label, value in engine.draft_length_snapshot().k.items():
+            k.add_metric([label], value)
+        yield k
         info = engine.info
         yield _gauge("spec_decode_available", "1 when a draft model is paired (speculation "
                      "possible), 0 when the engine decodes directly (no draft).", {},
@@ -424,12 +422,11 @@ class EngineCollector(_SafeCollector):
                       "device": info.device, "dtype": info.dtype,
                       "compile_mode": info.compile_mode, "decode_step": info.decode_step}, 1)
         yield from _compile_families(engine)
+        yield from _graph_families(engine, warm.eager_buckets)
         yield from _memory_families(engine)
         yield _gauge("queue_depth", "Requests waiting for a decode slot.", {},
                      engine.queue_depth())
-        batch = getattr(engine, "batch_snapshot", None)
-        if batch is not None:
-            yield from _batch_families(batch())
+        yield from _batch_families(engine.batch_snapshot())
         yield from _admission(engine.admission_stats())
         yield _counter("flag_provider_errors",
                        "Flag reads that failed: raised or hung (last flags kept; slow reads are not failures).",
@@ -455,6 +452,26 @@ def _compile_families(engine: Engine) -> Iterator[Metric]:
                    "Times a function hit the recompile limit and runs eager for good.",
                    snap.recompile_limit_hits)
     yield _counter("compile_failures", "Compilations that failed.", snap.compile_failures)
+
+
+def _graph_families(engine: Engine, eager_buckets: tuple[str, ...]) -> Iterator[Metric]:
+    """Yield the CUDA graphs replayed and recorded, and the buckets that fell back to eager."""
+    snap = engine.graph_snapshot()
+    cuda = snap.cudagraphs
+    yield _counter("engine_cudagraph_replays",
+                   "Compiled calls that replayed a recorded CUDA graph (0 without CUDA graphs).",
+                   snap.replayed if cuda else 0)
+    recordings = CounterMetricFamily(
+        f"{PREFIX}_engine_cudagraph_recordings",
+        "CUDA graphs recorded, in the warm-up or while serving (serving must stay 0).",
+        labels=("phase",))
+    after = snap.recorded_after_warmup if cuda else 0
+    recordings.add_metric(["warmup"], (snap.recorded - snap.recorded_after_warmup) if cuda else 0)
+    recordings.add_metric(["serving"], after)
+    yield recordings
+    yield _gauge("engine_eager_buckets",
+                 "Buckets whose warm-up failed, so they serve eager instead of compiled.", {},
+                 len(eager_buckets))
 
 
 def _memory_families(engine: Engine) -> Iterator[Metric]:

@@ -27,10 +27,12 @@ from engine.protocol import (
     PATH_OVERFLOW,
     BatchSnapshot,
     CompileSnapshot,
+    DraftLengthSnapshot,
     EngineInfo,
     FlagOverride,
     FlagProvider,
     GenerateResult,
+    GraphSnapshot,
     InMemoryFlagProvider,
     MemorySnapshot,
     SpecStats,
@@ -280,6 +282,14 @@ class FakeEngine:
         with self._lock:
             return BatchSnapshot(max_batch=self.batch_rows or self.capacity or 1,
                                  batch_size=self.state.in_flight, steps=self.state.calls)
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        """Return no measured draft length (the fake engine does not adapt k)."""
+        return DraftLengthSnapshot()
+
+    def graph_snapshot(self) -> GraphSnapshot:
+        """Return no graphs (the fake engine compiles nothing)."""
+        return GraphSnapshot()
 
     def flag_errors(self) -> int:
         return 0

@@ -9,12 +9,15 @@ from dataclasses import replace
 from engine.admission import AdmissionStats
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.protocol import (
+    BatchSnapshot,
     CompileSnapshot,
+    DraftLengthSnapshot,
     Engine,
     EngineInfo,
     FlagOverride,
     FlagProvider,
     GenerateResult,
+    GraphSnapshot,
     MemorySnapshot,
     RuntimeFlags,
     WarmupStatus,
@@ -105,6 +108,15 @@ class SlowableEngine:
 
     def flag_errors(self) -> int:
         return self.inner.flag_errors()
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        return self.inner.batch_snapshot()
+
+    def draft_length_snapshot(self) -> DraftLengthSnapshot:
+        return self.inner.draft_length_snapshot()
+
+    def graph_snapshot(self) -> GraphSnapshot:
+        return self.inner.graph_snapshot()
 
     def flag_source(self) -> str:
         return self.inner.flag_source()

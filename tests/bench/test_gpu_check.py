@@ -16,15 +16,22 @@ REFERENCE = {t: (5, 6, 1) for texts in GROUPS.values() for t in texts}
 
 def _result(mode: str, dtype: str, **changes: object) -> gpu.ModeResult:
     compiled = mode != gpu.EAGER
+    cuda_graphs = mode in gpu.CUDAGRAPH_MODES
     ms = 10.0 if compiled else 40.0
     buckets = tuple(gpu.BucketTiming(bucket=label, requests=4, ms_per_request=ms,
                                       ms_per_token=ms / 3, spec_ms_per_request=ms * 0.8,
-                                      paths=("compiled",) if compiled else ("eager",))
+                                      paths=("compiled",) if compiled else ("eager",),
+                                      cudagraph=("replayed",) if cuda_graphs else ("none",))
                     for label in GROUPS)
+    warmed = {label: ("recorded 6 CUDA graph(s)" if cuda_graphs
+                      else f"no CUDA graphs: compile_mode {mode}") for label in GROUPS}
     base = dict(mode=mode, dtype=dtype, buckets=buckets, outputs=dict(REFERENCE),
                 graphs=4 if compiled else 0, cudagraph_skips=0,
                 peak_allocated_bytes=300 * gpu.MIB, peak_reserved_bytes=512 * gpu.MIB,
-                kv_bytes=3 * gpu.MIB)
+                kv_bytes=3 * gpu.MIB, bucket_graphs=warmed if compiled else {})
+    if cuda_graphs:
+        base.update(cudagraphs_recorded=12, cudagraphs_replayed=480,
+                    cudagraphs_recorded_after_warmup=0)
     base.update(changes)
     return gpu.ModeResult(**base)  # type: ignore[arg-type]
 
@@ -81,7 +88,7 @@ def test_a_clean_run_passes_with_one_table(tmp_path):
     assert text.startswith("GPU check ") and "Fake GPU, 1 GiB" in text
     assert "| bucket | mode | ms/request | ms/token | spec ms/request | speedup vs eager |" in text
     assert text.rstrip().endswith("all checks passed")
-    assert gpu.NA_CUDAGRAPHS in text  # the runtime exposes no CUDA-graph counts yet: said
+    assert gpu.NA_CUDAGRAPHS not in text  # reduce-overhead ran with CUDA graphs
     rows = [r for r in rep.rows if r["bucket"] == "16"]
     assert [r["mode"] for r in rows] == ["eager (float32)", "eager (bfloat16)",
                                          "default (bfloat16)", "reduce-overhead (bfloat16)",
@@ -90,6 +97,7 @@ def test_a_clean_run_passes_with_one_table(tmp_path):
     assert default["ms/request"] == "10.00" and default["speedup vs eager"] == "4.00x"
     assert default["peak alloc MiB"] == "300.0" and default["KV MiB"] == "3.0"
     assert default["CUDA graphs rec/replay"] == "n/a" and default["paths"] == "compiled"
+    assert rows[3]["CUDA graphs rec/replay"] == "12/480"
     assert rows[-1]["speedup vs eager"] == "0.50x"  # HF against bf16 eager: slower
     assert (tmp_path / "results.json").is_file()
 
@@ -104,6 +112,36 @@ def test_a_bucket_that_silently_ran_eager_fails_the_check(tmp_path):
                             "(an eager fallback)",)
     text = (tmp_path / "summary.md").read_text()
     assert "FAILED (1):" in text and "- reduce-overhead: bucket 32 served eager" in text
+
+
+def test_a_bucket_whose_warm_up_fell_back_to_eager_fails_the_check(tmp_path):
+    """The warm-up failed for bucket 32 (its requests would serve eager): named, exit 1,
+    whichever compiled mode it was."""
+    for mode in ("default", "reduce-overhead"):
+        graphs = {**_result(mode, "bfloat16").bucket_graphs,
+                  "32": "eager: RuntimeError: CUDA graph output overwritten"}
+        problems = gpu.problems_of(_result(mode, "bfloat16", bucket_graphs=graphs), REFERENCE)
+        assert problems == [f"{mode}: bucket 32's warm-up fell back to eager: eager: "
+                            "RuntimeError: CUDA graph output overwritten"]
+    runner = FakeRunner({("default", "bfloat16"): {"bucket_graphs": {"16": "eager: boom"}}})
+    assert _run(tmp_path, runner).exit_code == 1
+
+
+def test_cuda_graphs_that_did_not_replay_fail_the_check():
+    base = _result("reduce-overhead", "bfloat16")
+    recorded = (replace(base.buckets[0], cudagraph=("recorded", "replayed")),)
+    cases = {
+        "the runtime ran without CUDA graphs": dict(cudagraphs_recorded=None),
+        "3 CUDA graph(s) recorded after warm-up": dict(cudagraphs_recorded_after_warmup=3),
+        "bucket 16: a request recorded a CUDA graph": dict(buckets=recorded),
+        "bucket 16: no CUDA graph recorded (no CUDA graphs: cpu device)": dict(
+            bucket_graphs={**base.bucket_graphs, "16": "no CUDA graphs: cpu device"}),
+    }
+    for said, changes in cases.items():
+        problems = gpu.problems_of(replace(base, **changes), REFERENCE)  # type: ignore[arg-type]
+        assert len(problems) == 1 and said in problems[0], (said, problems)
+    # The default mode makes no CUDA graphs: nothing to replay, nothing wrong.
+    assert gpu.problems_of(_result("default", "bfloat16"), REFERENCE) == []
 
 
 def test_overflow_and_eager_mode_paths_are_not_fallbacks():

@@ -1,0 +1,137 @@
+"""The seam between compiled calls: which graphs were recorded, replayed, and on what thread.
+
+Under CUDA graphs (compile_mode reduce-overhead or max-autotune on CUDA) torch records one
+graph per distinct call: the shapes of its inputs and the addresses of its static inputs
+(the row caches). A call that matches a recorded one replays it; any other records anew,
+which after warm-up costs a recording on a request's path. Each compiled function is
+wrapped here so every call is counted by that signature (on CPU too, where nothing is
+recorded: the same counts prove the warm-up covered what requests call), and so the rules
+CUDA graphs need are checked where they can be seen:
+
+- a compiled call's outputs live in graph memory that the next replay overwrites: an
+  output must be copied before it feeds another compiled call (`aliases` counts inputs
+  that share storage with an output still held; `check_aliases` holds outputs so their
+  storage cannot be reused by another tensor, which a test needs and CUDA graphs forbid);
+- cudagraph trees are per thread: every compiled call runs on the owner thread
+  (`off_owner` counts those that did not, once an owner is set).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.protocol import GraphSnapshot
+
+
+@dataclass
+class _Counts:
+    recorded: int = 0
+    recorded_after_warmup: int = 0
+    replayed: int = 0
+    off_owner: int = 0
+    aliases: int = 0
+
+
+def _signature(tag: str, args: tuple[Any, ...]) -> tuple[Hashable, ...]:
+    """Return what decides whether a call replays a recorded graph: the function, each
+    tensor's shape and dtype, a static input's address, and the other plain arguments."""
+    sig: list[Hashable] = [tag]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            static = getattr(a, "_dynamo_static_input_type", None) is not None
+            sig.append((tuple(a.shape), a.dtype, a.data_ptr() if static else None))
+        elif isinstance(a, (int, float, str, bool)) or a is None:
+            sig.append(a)
+        else:
+            sig.append(type(a).__name__)  # the model: one per wrapped function
+    return tuple(sig)
+
+
+def _storages(value: Any) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        return [value.untyped_storage().data_ptr()]
+    if isinstance(value, (tuple, list)):
+        return [p for v in value for p in _storages(v)]
+    return []
+
+
+class GraphLedger:
+    """Count the compiled calls of one runtime by signature; check the hand-offs."""
+
+    def __init__(self, *, cudagraphs: bool, check_aliases: bool = False) -> None:
+        self.cudagraphs = cudagraphs  # whether torch records CUDA graphs for these calls
+        self.check_aliases = check_aliases
+        self._lock = threading.Lock()
+        self._seen: set[tuple[Hashable, ...]] = set()
+        self._counts = _Counts()
+        self._warm_done = False
+        self._owner: threading.Thread | None = None
+        self._held: dict[str, Any] = {}  # tag -> its last outputs (check_aliases only)
+        self._held_ptrs: dict[str, list[int]] = {}
+
+    def set_owner(self, thread: threading.Thread) -> None:
+        """Make `thread` the only one compiled calls may run on."""
+        self._owner = thread
+
+    def warm_done(self) -> None:
+        """Mark the end of warm-up: a new signature from now on is a recording on a request."""
+        with self._lock:
+            self._warm_done = True
+
+    def wrap(self, fn: Callable, tag: str) -> Callable:
+        """Return `fn` counted and checked at every call."""
+
+        def counted(*args: Any) -> Any:
+            self._before(tag, args)
+            out = fn(*args)
+            self._after(tag, out)
+            return out
+
+        counted.__wrapped__ = fn  # type: ignore[attr-defined]
+        return counted
+
+    def _before(self, tag: str, args: tuple[Any, ...]) -> None:
+        sig = _signature(tag, args)
+        owner = self._owner
+        off = owner is not None and threading.current_thread() is not owner
+        aliased = 0
+        if self.check_aliases:
+            held = {p for ptrs in self._held_ptrs.values() for p in ptrs}
+            aliased = sum(1 for a in args for p in _storages(a) if p in held)
+        with self._lock:
+            new = sig not in self._seen
+            if new:
+                self._seen.add(sig)
+                self._counts.recorded += 1
+                if self._warm_done:
+                    self._counts.recorded_after_warmup += 1
+            else:
+                self._counts.replayed += 1
+            self._counts.off_owner += off
+            self._counts.aliases += aliased
+
+    def _after(self, tag: str, out: Any) -> None:
+        if self.check_aliases:
+            with self._lock:
+                self._held[tag] = out
+                self._held_ptrs[tag] = _storages(out)
+
+    def recorded(self) -> int:
+        """Return the calls so far that recorded a graph (a signature not seen before)."""
+        with self._lock:
+            return self._counts.recorded
+
+    def snapshot(self) -> GraphSnapshot:
+        """Return the counts since start."""
+        with self._lock:
+            c = self._counts
+            return GraphSnapshot(cudagraphs=self.cudagraphs, signatures=len(self._seen),
+                                 recorded=c.recorded,
+                                 recorded_after_warmup=c.recorded_after_warmup,
+                                 replayed=c.replayed, off_owner_calls=c.off_owner,
+                                 aliased_inputs=c.aliases)

@@ -1,0 +1,70 @@
+"""KV and memory accounting: the bytes the caches and the running requests hold."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from engine.protocol import MemorySnapshot
+
+
+class KvAccount:
+    """Count the KV bytes of tensors actually allocated: the static self-attention caches
+    (once per row) and each running request's cross-attention K/V; thread-safe."""
+
+    def __init__(self, static_bytes: int) -> None:
+        self._lock = threading.Lock()
+        self.static = static_bytes
+        self._running = 0
+        self._request_peak = 0
+        self._peak = static_bytes
+
+    def hold(self, nbytes: int, request_bytes: int) -> None:
+        """Count `nbytes` more K/V held by a request that now holds `request_bytes` in all."""
+        with self._lock:
+            self._running += nbytes
+            self._request_peak = max(self._request_peak, request_bytes)
+            self._peak = max(self._peak, self.static + self._running)
+
+    def release(self, nbytes: int) -> None:
+        """Forget `nbytes` of request K/V (its request left)."""
+        with self._lock:
+            self._running -= nbytes
+
+    def total(self) -> int:
+        """Return the KV bytes allocated now: static caches plus running requests' K/V."""
+        with self._lock:
+            return self.static + self._running
+
+    def fields(self) -> dict[str, int]:
+        """Return MemorySnapshot's KV fields."""
+        with self._lock:
+            return dict(kv_cache_bytes=self.static + self._running,
+                        kv_static_bytes=self.static, kv_request_bytes=self._running,
+                        kv_request_peak_bytes=self._request_peak, kv_peak_bytes=self._peak)
+
+
+def static_bytes(caches: list[dict[str, torch.Tensor]]) -> int:
+    """Return the bytes of the static self-attention caches of every row."""
+    return sum(t.numel() * t.element_size() for row in caches for t in row.values())
+
+
+def memory_snapshot(device: torch.device, kv: KvAccount, weight_bytes: int) -> MemorySnapshot:
+    """Return the process's RSS, the KV account, the weights and (on CUDA) the allocator's."""
+    import psutil
+
+    rss = psutil.Process().memory_info().rss
+    fields = kv.fields()
+    if device.type != "cuda":
+        return MemorySnapshot(device=str(device), rss_bytes=rss, weight_bytes=weight_bytes,
+                              **fields)
+    stats = torch.cuda.memory_stats(device)
+    return MemorySnapshot(
+        device=str(device), rss_bytes=rss, weight_bytes=weight_bytes, **fields,
+        cuda_allocated_bytes=int(torch.cuda.memory_allocated(device)),
+        cuda_reserved_bytes=int(torch.cuda.memory_reserved(device)),
+        cuda_peak_bytes=int(torch.cuda.max_memory_allocated(device)),
+        cuda_alloc_retries=int(stats.get("num_alloc_retries", 0)),
+        cuda_ooms=int(stats.get("num_ooms", 0)),
+    )

@@ -1,0 +1,227 @@
+"""The models a runtime serves: loaded, made lean, compiled per bucket, bound to the C step.
+
+`load_models` reads the target (and the draft it pairs with), builds a ModelRunner per
+model (and the int8 target where configured), binds the C decode step where it applies
+and releases the checkpoint's weights, so the lean copies are resident once.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import aot, native, quantize, t5
+from engine.config import BUILTIN_DIR, EngineConfig
+from engine.graphs import GraphLedger
+from engine.loader import LoadedModel, load_model, pair_draft
+from engine.protocol import EngineInfo
+from engine.runner import CompileOptions, ModelRunner
+
+log = logging.getLogger(__name__)
+
+K_MAX = 8  # the largest draft length the adaptive choice may pick
+# Greedy tokens per direct step call. More per call saves per-token overhead but the steps
+# are unrolled in the graph, so compiling takes that many times longer.
+STEPS_PER_CALL = 1
+# Inductor options for every compiled function. realize_acc_reads_threshold=1 stores the
+# RMS-normed input of each one-row product once instead of recomputing it inside the
+# product's loop for every output row (identical tokens; docs/benchmarks.md#benchengine).
+INDUCTOR_OPTIONS: tuple[tuple[str, object], ...] = (("realize_acc_reads_threshold", 1),)
+# Modes whose compiled functions run as CUDA graphs on CUDA (inductor's cudagraph trees).
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def device_of(name: str) -> torch.device:
+    """Return the torch device `engine.device` names ("auto": CUDA when available)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def dtype_of(name: str, device: torch.device) -> torch.dtype:
+    """Return the torch dtype `engine.dtype` names ("auto": bfloat16 on CUDA, else float32)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: must be auto or one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def compile_options(config: EngineConfig) -> CompileOptions | None:
+    """Return how every function is compiled (None: compile_mode off)."""
+    if config.compile_mode == "off":
+        return None
+    return CompileOptions(config.compile_mode, config.compile_backend,
+                          config.recompile_limit, INDUCTOR_OPTIONS)
+
+
+def single_owner(config: EngineConfig) -> bool:
+    """Return whether every compiled call must run on one thread: the CUDA-graph modes
+    (cudagraph trees are per thread; on CPU the same rule holds, so tests see it)."""
+    return config.compile_mode in CUDAGRAPH_MODES
+
+
+def cudagraphs_off(config: EngineConfig, device: torch.device) -> str | None:
+    """Return why the compiled functions run without CUDA graphs (None: they use them)."""
+    if device.type != "cuda":
+        return f"{device.type} device"
+    if config.compile_mode not in CUDAGRAPH_MODES:
+        return f"compile_mode {config.compile_mode}"
+    if config.compile_backend != "inductor":
+        return f"compile_backend {config.compile_backend}"
+    return None
+
+
+def package_only(config: EngineConfig, cache_root: Path) -> bool:
+    """Return whether a start will likely load only the CPU encoder package and the C step,
+    so inductor's ISA probe is not needed (a guess before the model is loaded: a wrong one
+    costs only the probe's overlap, inductor then probes when it loads)."""
+    # int8 weights too: their step runs in C beside the saved encoder packages.
+    if not config.native_step or config.dtype not in ("float32", "auto"):
+        return False
+    root = cache_root / "precompiled"
+    return any(root.glob(f"*/*_{aot.cpu_key()}{aot.PACKAGE_SUFFIX}"))
+
+
+@dataclass
+class Models:
+    """The runners one runtime serves and what identifies them."""
+
+    target: ModelRunner
+    target_q: ModelRunner | None  # int8 weights (engine.quantization: int8)
+    draft: ModelRunner | None
+    tokenizer: object
+    speculative_reason: str
+    step_kind: str  # what serves the decode step, said once in the log
+    info: EngineInfo
+    slots: int  # decoder cache slots per row: max_new_tokens_cap + kv_headroom
+    k_max: int  # the largest draft length; verification covers k_max + 1 positions
+    target_loaded: LoadedModel  # its weights released: the tokenizer and the hash stay
+    draft_loaded: LoadedModel | None
+
+    def runners(self) -> list[ModelRunner]:
+        """Return every runner (target, int8 target, draft) that is loaded."""
+        return [r for r in (self.target, self.target_q, self.draft) if r is not None]
+
+    def compiled_runners(self) -> list[tuple[ModelRunner, bool]]:
+        """Return each compiled runner with whether it needs its verify function."""
+        verify = self.draft is not None
+        runners = [(self.target, verify)]
+        if self.target_q is not None:
+            runners.append((self.target_q, verify))
+        if self.draft is not None:
+            runners.append((self.draft, False))
+        return runners
+
+    def weight_bytes(self) -> int:
+        """Return the bytes of the lean weights (target + draft), each storage counted once."""
+        storages: dict[tuple[str, int], int] = {}
+        for runner in self.runners():
+            for p in runner.m.parameters():
+                s = p.untyped_storage()
+                storages[(str(p.device), s.data_ptr())] = s.nbytes()
+        return sum(storages.values())
+
+
+def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtype,
+                options: CompileOptions | None, cache_root: Path,
+                quantizer: quantize.Quantizer | None = None,
+                ledger: GraphLedger | None = None) -> Models:
+    """Load the target and its draft, build their runners, bind the C step where it applies."""
+    target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
+    target_loaded = load_model(target_dir)
+    draft_loaded, reason = pair_draft(config, target_loaded)
+    # Said once, at start: a user model without draft_dir runs direct decoding.
+    quiet = draft_loaded is not None or not config.use_draft
+    (log.info if quiet else log.warning)("speculative decoding %s", reason)
+    slots = config.max_new_tokens_cap + config.kv_headroom
+    k_max = max(config.speculative_k, min(K_MAX, config.kv_headroom))
+    # A step call may run past max_new by steps - 1 positions: they must fit the slots.
+    steps = max(1, min(STEPS_PER_CALL, config.kv_headroom + 1))
+
+    def runner(loaded: LoadedModel, name: str, k: int, steps: int, *,
+               compile_encoder: bool = True) -> ModelRunner:
+        assert loaded.weights is not None, "runners are built before the weights are released"
+        with torch.no_grad():
+            lean = t5.LeanT5(loaded.config, loaded.weights, dtype=dtype, device=device)
+        return ModelRunner(lean, edges=config.buckets, slots=slots, verify_q=k + 1,
+                           options=options, name=name, steps=steps,
+                           compile_encoder=compile_encoder, ledger=ledger)
+
+    target = runner(target_loaded, "target", k_max, steps)
+    # engine.quantization: int8: a second target with int8 weights, served where the
+    # `quantized` flag is on (`quantizer` is a test seam: noisy weights disagree).
+    target_q: ModelRunner | None = None
+    if config.quantization == "int8":
+        with torch.no_grad():
+            lean_q = (quantizer or quantize.int8)(target.m)
+        target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
+                               verify_q=k_max + 1, options=options, name="target-int8",
+                               steps=steps, ledger=ledger)
+    # The encoder runs once per request: for a small draft it is not worth a graph.
+    draft = (runner(draft_loaded, "draft", k_max, 1, compile_encoder=False)
+             if draft_loaded is not None else None)
+    step_kind = _bind_native_step(config, options is not None, cache_root,
+                                  (target, target_q, draft))
+    info = _info(config, target_loaded, draft_loaded, device, dtype, reason, step_kind)
+    # The lean copies hold the weights now: drop the checkpoint's so they are resident once.
+    target_loaded = target_loaded.released()
+    if draft_loaded is not None:
+        draft_loaded = draft_loaded.released()
+    gc.collect()
+    return Models(target=target, target_q=target_q, draft=draft,
+                  tokenizer=target_loaded.tokenizer, speculative_reason=reason,
+                  step_kind=step_kind, info=info, slots=slots, k_max=k_max,
+                  target_loaded=target_loaded, draft_loaded=draft_loaded)
+
+
+def _bind_native_step(config: EngineConfig, compile_on: bool, cache_root: Path,
+                      runners: tuple[ModelRunner | None, ...]) -> str:
+    """Serve the optimized decode step in C where it applies; return what serves, said
+    once in the log ("native" or "compiled (why)")."""
+    if not compile_on:
+        return "eager (compile_mode off)"
+    if not config.native_step:
+        return "compiled (native_step off)"
+    lib = native.load(cache_root)
+    if lib is None:
+        kind = "compiled (no C compiler, or its build failed)"
+        log.warning("decode step: %s", kind)
+        return kind
+    kinds = []
+    for runner in runners:  # the int8 target's weights are read by the C step as int8
+        if runner is not None:
+            why = native.applicable(runner.m)
+            if why is None:
+                runner.native = lib.bind(runner.m)
+            kinds.append(f"{runner.name} " + ("native" if why is None
+                                              else f"compiled ({why})"))
+    kind = ", ".join(kinds)
+    log.info("decode step: %s", kind)
+    return kind
+
+
+def _info(config: EngineConfig, target: LoadedModel, draft: LoadedModel | None,
+          device: torch.device, dtype: torch.dtype, reason: str, step_kind: str
+          ) -> EngineInfo:
+    h = hashlib.sha256(target.weights_hash.encode())
+    if draft is not None:
+        h.update(draft.weights_hash.encode())
+    return EngineInfo(
+        model_version=h.hexdigest()[:12],
+        config_hash=config.config_hash(),
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        buckets=tuple(config.buckets),
+        speculative_available=draft is not None,
+        compile_mode=config.compile_mode,
+        speculative_reason=reason,
+        quantization=config.quantization,
+        decode_step=step_kind,
+    )

@@ -1,0 +1,175 @@
+"""CUDA-graph safety, checked on CPU where it can be seen: a compiled call never receives
+another compiled call's output uncopied, compiled calls run only on the owner thread, and
+the warm-up records on the caches and spans requests use (none recorded after it)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from engine import compat
+from engine.protocol import CUDAGRAPH_NONE, PATH_COMPILED, FlagOverride
+from engine.runtime import Runtime
+from tests.engine.conftest import random_texts, tiny_config
+
+SPECULATE = FlagOverride(speculative=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters():
+    """Leave dynamo's counters as the next test expects them (per process)."""
+    yield
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+
+
+def _runtime(tiny_dirs, **changes: object) -> Runtime:
+    # A cheap backend: what is checked is the engine's hand-offs, not the compiler.
+    base: dict[str, object] = dict(compile_backend="eager", compile_mode="reduce-overhead",
+                                   native_step=False)
+    base.update(changes)
+    return Runtime(tiny_config(tiny_dirs, **base))
+
+
+def test_no_compiled_output_feeds_a_compiled_call_uncopied(tiny_dirs):
+    rt = _runtime(tiny_dirs)
+    rt.ledger.check_aliases = True  # holds each call's outputs: their storage stays theirs
+    try:
+        rt.warm_up(background=False)
+        for i, text in enumerate(random_texts(12, seed=3, overflow=False)):
+            r = rt.generate(text, max_new_tokens=24, override=SPECULATE if i % 2 else None)
+            assert r.path == PATH_COMPILED
+        snap = rt.graph_snapshot()
+        assert snap.replayed > 100  # the seam saw the decode steps and verifications
+        assert snap.aliased_inputs == 0
+        # The check itself: an output fed back without a copy is caught.
+        fns, m = rt.target.compiled(16), rt.target.m
+        enc = rt.target._encode_example(16, mark=False)
+        cross = fns.encode(*enc)
+        kv = rt._caches[0]["target"]
+        out = fns.step(m, rt.target.start, rt.target.positions[0], kv, cross.clone(), enc[2],
+                       rt.target.bias_for(1), 1)
+        fns.step(m, out[-1:].view(1, 1), rt.target.positions[1], kv, cross, enc[2],
+                 rt.target.bias_for(2), 1)
+        assert rt.graph_snapshot().aliased_inputs == 2  # the token and the encoder output
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_compiled_calls_run_only_on_the_owner_thread(tiny_dirs, max_batch):
+    rt = _runtime(tiny_dirs, max_batch=max_batch, max_concurrency=2)
+    try:
+        rt.warm_up(background=True)  # its compiled calls too run on the owner
+        texts = random_texts(8, seed=5, overflow=False)
+        errors: list[BaseException] = []
+
+        def client(offset: int) -> None:
+            try:
+                for i, text in enumerate(texts[offset::4]):
+                    rt.generate(text, max_new_tokens=12,
+                                override=SPECULATE if (offset + i) % 2 else None)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        rt.warm_up(background=False)  # waits for the warm-up
+        assert errors == []
+        for text in texts:
+            assert rt.generate(text, max_new_tokens=12).path == PATH_COMPILED
+        snap = rt.graph_snapshot()
+        assert snap.replayed > 0 and snap.off_owner_calls == 0
+        # The check itself: a compiled call from this thread is counted.
+        fns = rt.target.compiled(8)
+        fns.encode(*rt.target._encode_example(8, mark=False))
+        assert rt.graph_snapshot().off_owner_calls == 1
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("older_torch", [False, True], ids=["pinned", "features_off"])
+def test_warm_up_records_what_200_requests_use(tiny_dirs, older_torch):
+    """200 requests over every bucket, direct and speculative, up to the cache's last span:
+    no new signature (a CUDA graph recording) and no recompile after the warm-up."""
+    features = compat.FEATURES if older_torch else ()
+    with compat.forced_off(*features):
+        rt = _runtime(tiny_dirs, max_concurrency=2)
+        try:
+            rt.warm_up(background=False)
+            status = rt.warmup_status()
+            assert status.error is None and status.eager_buckets == ()
+            assert status.bucket_graphs == {
+                str(e): "no CUDA graphs: cpu device" for e in rt.config.buckets}
+            before, compiled = rt.graph_snapshot(), rt.compile_snapshot()
+            assert before.recorded > 0 and before.recorded_after_warmup == 0
+            texts = random_texts(200, seed=11, overflow=False)
+            for i, text in enumerate(texts):
+                r = rt.generate(text, max_new_tokens=[4, 16, rt.config.max_new_tokens_cap][i % 3],
+                                override=SPECULATE if i % 2 else None)
+                assert r.path == PATH_COMPILED and r.cudagraph == CUDAGRAPH_NONE
+            after = rt.graph_snapshot()
+            assert after.recorded_after_warmup == 0
+            assert after.signatures == before.signatures
+            assert after.replayed > before.replayed + 200
+            assert rt.compile_snapshot().diff(compiled).recompiles == 0
+        finally:
+            rt.close()
+
+
+def test_a_bucket_that_falls_back_to_eager_is_an_error_and_a_metric(tiny_dirs, caplog,
+                                                                    monkeypatch):
+    from prometheus_client import CollectorRegistry
+
+    from monitor.metrics import EngineCollector, Metrics
+
+    rt = _runtime(tiny_dirs)
+    real = type(rt.target).warm
+
+    def warm(runner, edge, **kwargs):
+        if edge == 16:
+            raise RuntimeError("no graph for you")
+        return real(runner, edge, **kwargs)
+
+    monkeypatch.setattr(type(rt.target), "warm", warm)
+    try:
+        with caplog.at_level(logging.ERROR, logger="engine.warmup"):
+            rt.warm_up(background=False)
+        assert any("bucket 16 serves eager" in r.getMessage() for r in caplog.records)
+        status = rt.warmup_status()
+        assert status.eager_buckets == ("16",)
+        assert status.bucket_graphs["16"] == "eager: RuntimeError: no graph for you"
+        assert status.error == "bucket 16: RuntimeError: no graph for you"
+        text = next(t for t in random_texts(9, seed=2, overflow=False)
+                    if rt.bucket_for(rt.count_tokens(t)) == "16")
+        assert rt.generate(text, max_new_tokens=4).path == "eager"
+        registry = CollectorRegistry()
+        EngineCollector(Metrics(registry), lambda: rt)
+        assert registry.get_sample_value("tailwatch_engine_eager_buckets") == 1
+        assert registry.get_sample_value("tailwatch_engine_cudagraph_replays_total") == 0
+        assert registry.get_sample_value("tailwatch_engine_cudagraph_recordings_total",
+                                         {"phase": "serving"}) == 0
+    finally:
+        rt.close()
+
+
+def test_warm_up_leaves_a_rows_cache_as_it_found_it(tiny_dirs):
+    """The warm-up writes every span of each row's cache: a request decoding in that row
+    meanwhile (eager, its bucket not warm yet) must find its keys and values unchanged."""
+    rt = _runtime(tiny_dirs)
+    try:
+        cache = rt._caches[0]["target"]
+        with torch.no_grad():
+            cache.normal_()
+        kept = cache.clone()
+        rt.warm_up(background=False)
+        assert torch.equal(cache, kept)
+    finally:
+        rt.close()
