@@ -94,13 +94,20 @@ def shared_flags() -> InMemoryFlagProvider:
     return InMemoryFlagProvider()
 
 
+WARM_GRAPHS: dict[str, int] = {}  # graphs the shared warm engine's load and warm-up compiled
+
+
 @pytest.fixture(scope="session")
 def warm_engine(tiny_dirs: dict[str, Path], shared_flags: InMemoryFlagProvider):
     """Return one warmed tiny engine shared by the session (compiling costs seconds)."""
     from engine import load_engine
+    from engine.compile_watch import shared_watch
 
+    # Dynamo counts graphs per process: other tests' runtimes may have compiled before.
+    before = shared_watch().snapshot().graphs
     engine = load_engine(tiny_config(tiny_dirs), flags=shared_flags)
     engine.warm_up(background=False)
+    WARM_GRAPHS["warm_engine"] = engine.compile_snapshot().graphs - before
     yield engine
     engine.close()
 

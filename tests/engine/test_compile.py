@@ -7,7 +7,7 @@ import random
 import torch
 
 from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride
-from tests.engine.conftest import BUCKETS, CAP, random_texts, tiny_config
+from tests.engine.conftest import BUCKETS, CAP, WARM_GRAPHS, random_texts, tiny_config
 
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
@@ -15,7 +15,7 @@ def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     # target encode (the steps and the verification run in C, engine.native; the draft's
     # encoder runs eager): one graph, shared by every bucket (the length is dynamic)
     assert warm_engine.step_kind == "target native, draft native"
-    assert before.graphs == 1, before
+    assert WARM_GRAPHS["warm_engine"] == 1, before
     texts = random_texts(210, seed=5)
     rng = random.Random(5)
     paths = set()
