@@ -19,7 +19,7 @@ def test_text_over_32_chars_per_token_is_refused_before_tokenizing(tiny_dirs):
         tokenized.append(len(text))
         return real(text, *args, **kwargs)
 
-    engine.tokenizer = counting  # observe the production path: is the tokenizer reached?
+    engine.models.tokenizer = counting  # observe the production path: is it reached?
     try:
         with pytest.raises(InputTooLong) as info:
             engine.generate("x" * (MAX_INPUT * 32 + 1), max_new_tokens=2)
