@@ -21,11 +21,16 @@ def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
     Each group holds `count` canaries: 2% at the p99 value, the rest at 0.8 x (so the
     cycle's sketch reads p99 = value, p50 = 0.8 x value), TTFT value / 4, 40 tokens each.
     """
+    # details as probes.sink writes them for a cycle without A/B arms.
     run = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=5), status="ok",
                    instance_id=instance, model_version=model_version,
-                   config_hash=config_hash, suite="in_domain", kind=kind)
+                   config_hash=config_hash, suite="in_domain", kind=kind,
+                   requests=count * len(p99), rejections=0,
+                   details={"ab": False, "rejected": 0, "missing_buckets": [],
+                            "rss_growth_bytes": 0, "ab_compile": None, "jobs_during": []})
     for bucket, v in p99.items():
         acc = (acceptance or {}).get(bucket, 0.8)
+        edge = int(bucket) if bucket.isdigit() else 512  # overflow: past the largest edge
         lat, ttft, per_token = Sketch(), Sketch(), Sketch()
         top = max(1, count // 50)
         lat.add(v * 0.8, count - top)
@@ -35,7 +40,9 @@ def add_cycle(session: Session, at: datetime, p99: Mapping[str, float], *,
         run.results.append(ProbeResult(
             at=at, bucket=bucket, path="compiled", decoding=decoding, variant=variant,
             count=count, errors=0, p50_s=v * 0.8, p95_s=v * 0.95, p99_s=v, max_s=v,
-            ttft_p95_s=v / 4, per_token_p50_s=v / 40, padding_waste=0.1, output_tokens=40,
+            ttft_p50_s=v / 4, ttft_p95_s=v / 4, per_token_p50_s=v / 40, padding_waste=0.1,
+            output_tokens=40, input_tokens_min=edge // 2 + 1,
+            input_tokens_mean=edge * 0.9, input_tokens_max=edge, padded_length=edge,
             drafts=25, draft_tokens=100, accepted_tokens=int(round(100 * acc)),
             latency_sketch=lat.to_json(), ttft_sketch=ttft.to_json(),
             per_token_sketch=per_token.to_json(), samples=count))
