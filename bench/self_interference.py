@@ -24,7 +24,7 @@ requests, never real ones; target 0). Last line:
 
     history effect: ratio N%, traffic p99 M%, stall Kx; real requests shed by probes: R
 
-    taskset -c 1 python -m bench.self_interference [--minutes 20] [--rate 10] [--quick]
+    taskset -c 1 python -m bench.self_interference [--minutes 20] [--rate 3] [--quick]
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ def run_once(name: str, folder: Path, *, minutes: float, rate: float,
              history_days: float, replicas: int) -> RunResult:
     """Run the service once for `minutes` under traffic; return what it measured."""
     folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "service.db").exists():
+        raise SystemExit(f"--folder: {folder / 'service.db'} exists; choose another folder")
     url = f"sqlite:///{folder / 'service.db'}"
     if history_days > 0:
         db = make_engine(url)
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the service on an empty database and on a week of history; print the effect."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=20.0, help="traffic per run")
-    ap.add_argument("--rate", type=float, default=10.0, help="real requests per second")
+    ap.add_argument("--rate", type=float, default=3.0, help="real requests per second")
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--quick", action="store_true",

@@ -33,8 +33,9 @@ import math
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -127,6 +128,34 @@ class Answers:
     rejected_in_bursts: int  # 429s to requests due within a burst window
 
 
+def paged_rules(payload: Any) -> list[str]:
+    """Return the rules a generic-format payload pages for (empty unless a firing page)."""
+    if not isinstance(payload, dict) or notification_counts([payload])[2] == 0:
+        return []
+    if payload.get("kind") == "incident":
+        members = (payload.get("incident") or {}).get("members") or []
+        return sorted({str(m.get("rule")) for m in members if m.get("status") == "firing"})
+    return [str((payload.get("alert") or {}).get("rule"))]
+
+
+def read_notifications(path: Path) -> list[tuple[float, Any]]:
+    """Return (unix time, payload) of every POST the receiver logged to `path`."""
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            out.append((float(entry["at"]), entry.get("body")))
+    return out
+
+
+def armed_at(rows: Sequence[Row]) -> float | None:
+    """Return the unix time the rules armed, from the first row that knows it."""
+    for r in rows:
+        if r.armed_min is not None:
+            return datetime.fromisoformat(r.at).timestamp() - r.armed_min * 60
+    return None
+
+
 def answer_counts(answers: Sequence[Answer], bursts: Sequence[Window] = ()) -> Answers:
     """Return a minute's answers counted; `bursts` are the burst windows known so far."""
     ok = [a.latency_s * 1e3 for a in answers if a.status == 200]
@@ -214,6 +243,9 @@ class Summary:
     bursts: int
     rejected_in_bursts: int
     burst_window_s: float
+    # rule -> pages in the first hour after arming (from the receiver's log; {}: not read)
+    first_hour_rules: dict[str, int] = field(default_factory=dict)
+    page_rules: dict[str, int] = field(default_factory=dict)  # the same over the whole run
 
     @property
     def expected_in_bursts(self) -> float:
@@ -236,13 +268,15 @@ class Summary:
             f"minutes: {self.minutes}; real requests: {self.ok} ok, {self.rejected_429} "
             f"answered 429, {self.errors} other errors; probe cycles {self.probe_cycles}, "
             f"bursts {self.bursts}",
-            f"notifications: {self.firing} firing ({self.pages} pages), {self.resolved} "
+            f"notifications: {self.firing} firing ({self.pages} pages{_rules(self.page_rules)}), "
+            f"{self.resolved} "
             f"resolved; admission refused {self.real_refused} real, "
             f"{self.synthetic_refused} synthetic",
             f"rss growth after {WARM_MINUTES} min: serve {mbh(self.serve_mb_per_h)}{rss}, "
             f"worker {mbh(self.worker_mb_per_h)} (least squares; target < 5 MB/h)",
-            f"pages in the first hour after the rules armed: {self.pages_first_hour}{hour} "
-            "(target 0)",
+            f"pages in the first hour after the rules armed: {self.pages_first_hour}{hour}"
+            + (f" ({_rules(self.first_hour_rules)[2:]})" if self.first_hour_rules else "")
+            + " (target 0)",
             f"real requests shed by probes: {self.rejected_in_bursts} (429 answers to real "
             f"requests due during the {self.bursts} bursts' {self.burst_window_s:.0f} s, "
             f"{self.expected_in_bursts:.1f} expected there at the other 429s' rate; "
@@ -250,8 +284,20 @@ class Summary:
         ]
 
 
-def summarize(rows: Sequence[Row]) -> Summary:
-    """Return the summary of a soak's rows."""
+def _rules(counts: dict[str, int]) -> str:
+    return "".join(f"; {rule} x{n}" for rule, n in sorted(counts.items()))
+
+
+def summarize(rows: Sequence[Row],
+              notifications: Sequence[tuple[float, Any]] = ()) -> Summary:
+    """Return the summary of a soak's rows; `notifications` (time, payload) name the pages."""
+    armed = armed_at(rows)
+    rules: Counter[str] = Counter()
+    every: Counter[str] = Counter()
+    for at, payload in notifications:
+        every.update(paged_rules(payload))
+        if armed is not None and 0 <= at - armed < ARMED_HOUR * 60:
+            rules.update(paged_rules(payload))
     warm = [r for r in rows if r.minute >= WARM_MINUTES]
     serve = [(float(r.minute), r.serve_rss_mb) for r in warm]
     worker = [(float(r.minute), r.worker_rss_mb) for r in warm if r.worker_rss_mb is not None]
@@ -276,6 +322,8 @@ def summarize(rows: Sequence[Row]) -> Summary:
         bursts=sum(r.bursts for r in rows),
         rejected_in_bursts=sum(r.rejected_in_bursts for r in rows),
         burst_window_s=sum(r.burst_window_s for r in rows),
+        first_hour_rules=dict(rules),
+        page_rules=dict(every),
     )
 
 
@@ -391,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit("--minutes must be >= 1 and --rate > 0")
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
         path = run(args.folder, args.minutes, args.rate)
-    for line in summarize(read_rows(path)).lines():
+    log = path.parent / "notifications.jsonl"
+    notifications = read_notifications(log) if log.is_file() else []
+    for line in summarize(read_rows(path), notifications).lines():
         print(line)
 
 

@@ -118,7 +118,14 @@ def test_the_summary_fits_rss_after_warm_up_and_counts_pages_after_arming(
     for r in rows:
         write_row(path, r)
     assert read_rows(path) == rows
-    s = summarize(read_rows(path))
+    armed = T.timestamp() + 30 * 60  # the first row: 30 minutes before arming
+    page = format_payload(GENERIC, _incident("page", "firing"))
+    warning = format_payload(GENERIC, _incident("warning", "firing"))
+    notifications = [(armed - 300, page), (armed + 600, page), (armed + 601, warning),
+                     (armed + 3700, page)]
+    s = summarize(read_rows(path), notifications)
+    assert s.first_hour_rules == {"p99_latency_regression": 1}
+    assert s.page_rules == {"p99_latency_regression": 3}
     assert s.serve_mb_per_h == pytest.approx(2.0)  # 1 MB per 30 min after minute 30
     assert s.worker_mb_per_h == pytest.approx(0.0)
     assert (s.pages, s.pages_first_hour, s.armed_minutes) == (3, 1, 60)
