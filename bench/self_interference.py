@@ -43,6 +43,7 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from bench.service import Answer, PoissonTraffic, ServiceProcess, percentile, settings_for
+from bench.service_soak import SATURATED_SHARE
 from monitor.loopback import WebhookReceiver
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import upgrade
@@ -187,6 +188,10 @@ def run_once(name: str, folder: Path, *, minutes: float, rate: float,
           f"{result.stall_s * 1e3:.0f} ms; burst {burst}; paired cycles {cycles}; "
           "optimized/direct p50: "
           + ", ".join(f"{b} {r:.3f}" for b, r in result.ratios.items()), flush=True)
+    total = result.ok + result.rejected_429 + result.errors
+    if total and result.rejected_429 / total > SATURATED_SHARE:
+        print(f"{name}: saturated: {result.rejected_429 / total:.0%} of the real requests "
+              "were answered 429; latencies measure the queue, not the monitor", flush=True)
     return result
 
 

@@ -56,6 +56,7 @@ from monitor.loopback import WebhookReceiver
 WARM_MINUTES = 30  # RSS growth is fitted after this
 ARMED_HOUR = 60
 TICK_S = 5.0
+SATURATED_SHARE = 0.01  # more real requests than this answered 429: the engine is saturated
 BURST_GRACE_S = 2.0  # answers to requests due just after a burst still meet its queue
 
 Window = tuple[float, float]  # unix start, end
@@ -264,7 +265,12 @@ class Summary:
                f" ({self.serve_rss_mb[0]:.0f} -> {self.serve_rss_mb[1]:.0f} MB)")
         hour = ("" if self.armed_minutes >= ARMED_HOUR else
                 f" (only {self.armed_minutes:.0f} of its 60 minutes so far)")
-        return [
+        total = self.ok + self.rejected_429 + self.errors
+        share = self.rejected_429 / total if total else 0.0
+        saturated = ([f"saturated: {share:.0%} of the real requests were answered 429 (the "
+                      "engine did not carry the rate on this host; latency and rejection "
+                      "rules page on that, rightly)"] if share > SATURATED_SHARE else [])
+        return [*saturated,
             f"minutes: {self.minutes}; real requests: {self.ok} ok, {self.rejected_429} "
             f"answered 429, {self.errors} other errors; probe cycles {self.probe_cycles}, "
             f"bursts {self.bursts}",

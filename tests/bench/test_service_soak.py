@@ -155,3 +155,10 @@ def test_summarize_reads_a_run_in_progress(tmp_path: Path,
 def test_summarize_names_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--summarize: .* is no file"):
         main(["--summarize", str(tmp_path / "none.csv")])
+
+
+def test_a_saturated_run_says_so_first() -> None:
+    rows = [_row(m, ok=450, rejected_429=150) for m in range(1, 11)]
+    lines = summarize(rows).lines()
+    assert lines[0].startswith("saturated: 25% of the real requests were answered 429")
+    assert len(summarize([_row(1)]).lines()) == 5
