@@ -19,8 +19,11 @@ Compared between the two runs:
     stall         the largest extra wait of a real request: its latency minus its
                   bucket's median in that run (target <= 2x)
 
-and the real requests answered 429 in both runs (`R`; a burst must shed its own
-requests, never real ones; target 0). Last line:
+and R, the real requests answered 429 that were due while a burst ran (its window from
+the service's `tailwatch_probe_*{kind="burst"}` gauges, plus 2 s; both runs; a burst
+must shed its own requests, never real ones; target 0). A saturated engine refuses real
+requests on its own: each run's line also gives how many 429s the burst window would
+hold at the rest of the run's rate. Last line:
 
     history effect: ratio N%, traffic p99 M%, stall Kx; real requests shed by probes: R
 
@@ -43,7 +46,7 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from bench.service import Answer, PoissonTraffic, ServiceProcess, percentile, settings_for
-from bench.service_soak import SATURATED_SHARE
+from bench.service_soak import SATURATED_SHARE, Window, answer_counts, burst_windows
 from monitor.loopback import WebhookReceiver
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import upgrade
@@ -65,6 +68,8 @@ class RunResult:
     stall_s: float
     ok: int
     rejected_429: int
+    rejected_in_burst: int  # 429s to real requests due during the burst window
+    expected_in_burst: float  # the same at the rest of the run's 429 rate
     errors: int
     burst: str  # the burst probe's outcome as the API answered it
 
@@ -126,13 +131,20 @@ def largest_stall(answers: Sequence[Answer]) -> float:
 
 
 def measure(name: str, answers: Sequence[Answer], ratios: Mapping[str, float], cycles: int,
-            burst: str) -> RunResult:
+            burst: str, windows: Sequence[Window] = ()) -> RunResult:
     """Return a run's result from its real requests' answers and its stored canary ratios."""
+    counts = answer_counts(answers, windows)
     ok = [a.latency_s for a in answers if a.status == 200]
-    n429 = sum(a.status == 429 for a in answers)
+    dues = [a.due for a in answers]
+    span = max(dues) - min(dues) if dues else 0.0
+    inside = sum(hi - lo for lo, hi in windows)
+    rest = counts.rejected_429 - counts.rejected_in_bursts
+    expected = rest / (span - inside) * inside if span > inside else 0.0
     return RunResult(name=name, ratios=dict(ratios), cycles=cycles,
-                     p99_s=percentile(ok, 0.99), stall_s=largest_stall(answers), ok=len(ok),
-                     rejected_429=n429, errors=len(answers) - len(ok) - n429, burst=burst)
+                     p99_s=percentile(ok, 0.99), stall_s=largest_stall(answers),
+                     ok=counts.ok, rejected_429=counts.rejected_429,
+                     rejected_in_burst=counts.rejected_in_bursts, expected_in_burst=expected,
+                     errors=counts.errors, burst=burst)
 
 
 def headline(empty: RunResult, history: RunResult) -> str:
@@ -142,7 +154,7 @@ def headline(empty: RunResult, history: RunResult) -> str:
                 default=float("nan"))
     p99 = history.p99_s / empty.p99_s - 1 if empty.p99_s > 0 else float("nan")
     stall = history.stall_s / empty.stall_s if empty.stall_s > 0 else float("nan")
-    shed = empty.rejected_429 + history.rejected_429
+    shed = empty.rejected_in_burst + history.rejected_in_burst
     return (f"history effect: ratio {ratio * 100:.1f}%, traffic p99 {p99 * 100:+.1f}%, "
             f"stall {stall:.2f}x; real requests shed by probes: {shed}")
 
@@ -173,6 +185,7 @@ def run_once(name: str, folder: Path, *, minutes: float, rate: float,
                 time.sleep(minutes * 30)
                 done = svc.post("/v1/probes/run", {"kind": "burst"})
                 burst = f"{done.get('status')} in {done.get('duration_s', 0):.1f} s"
+                windows = sorted(burst_windows(svc.metrics()))
                 time.sleep(max(0.0, minutes * 30 - float(done.get("duration_s") or 0)))
             finally:
                 traffic.stop()
@@ -182,8 +195,10 @@ def run_once(name: str, folder: Path, *, minutes: float, rate: float,
         ratios, cycles = read_ratios(db)
     finally:
         db.dispose()
-    result = measure(name, answers, ratios, cycles, burst)
-    print(f"{name}: {result.ok} ok, {result.rejected_429} answered 429, {result.errors} "
+    result = measure(name, answers, ratios, cycles, burst, windows)
+    print(f"{name}: {result.ok} ok, {result.rejected_429} answered 429 ("
+          f"{result.rejected_in_burst} due during the burst, {result.expected_in_burst:.1f} "
+          f"expected there at the other 429s' rate), {result.errors} "
           f"errors; traffic p99 {result.p99_s * 1e3:.0f} ms, largest stall "
           f"{result.stall_s * 1e3:.0f} ms; burst {burst}; paired cycles {cycles}; "
           "optimized/direct p50: "

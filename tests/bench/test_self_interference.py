@@ -69,17 +69,23 @@ def test_ratios_pair_optimized_and_direct_canaries_of_the_same_cycle(tmp_path: P
 
 
 def _answers(stall_s: float, p99_s: float, n429: int) -> list[Answer]:
-    out = [Answer(0.0, 200, 0.02, "16")] * 100 + [Answer(0.0, 200, p99_s, "256")] * 100
-    out.append(Answer(0.0, 200, 0.02 + stall_s, "16"))  # the one stalled request
-    return out + [Answer(0.0, 429, 0.001)] * n429 + [Answer(0.0, 0, 120.0)]
+    out = [Answer(float(i), 200, 0.02, "16") for i in range(100)]
+    out += [Answer(float(i), 200, p99_s, "256") for i in range(100)]
+    out.append(Answer(50.0, 200, 0.02 + stall_s, "16"))  # the one stalled request
+    out += [Answer(40.0 + i / 10, 429, 0.001) for i in range(n429)]  # due during the burst
+    return out + [Answer(10.0, 429, 0.001), Answer(20.0, 0, 120.0)]
 
 
 def test_the_headline_compares_the_history_run_with_the_empty_one() -> None:
-    empty = measure("empty", _answers(0.2, 0.05, 0), {"16": 2.0, "32": 1.0}, 10, "ok")
+    empty = measure("empty", _answers(0.2, 0.05, 0), {"16": 2.0, "32": 1.0}, 10, "ok",
+                    [(39.0, 43.0)])
     history = measure("history", _answers(0.3, 0.055, 2), {"16": 2.02, "32": 0.95, "64": 1.0},
-                      10, "ok")
+                      10, "ok", [(39.0, 43.0)])
     assert isinstance(empty, RunResult)
-    assert (history.ok, history.rejected_429, history.errors) == (201, 2, 1)
+    assert (history.ok, history.rejected_429, history.errors) == (201, 3, 1)
+    assert history.rejected_in_burst == 2
+    # One 429 in the 95 s outside the 4 s window: 4/95 of one expected inside it.
+    assert history.expected_in_burst == pytest.approx(4 / 95)
     assert history.stall_s == pytest.approx(0.3)
     assert headline(empty, history) == ("history effect: ratio 5.0%, traffic p99 +10.0%, "
                                         "stall 1.50x; real requests shed by probes: 2")
