@@ -230,6 +230,7 @@ class Summary:
     serve_mb_per_h: float | None
     worker_mb_per_h: float | None
     serve_rss_mb: tuple[float, float] | None  # at the warm-up's end, at the last row
+    last_hour_mb_per_h: tuple[float | None, float | None]  # serve, worker over the last 60 rows
     armed_minutes: float  # minutes of the first hour after arming the rows cover (<= 60)
     pages_first_hour: int
     pages: int
@@ -279,7 +280,9 @@ class Summary:
             f"resolved; admission refused {self.real_refused} real, "
             f"{self.synthetic_refused} synthetic",
             f"rss growth after {WARM_MINUTES} min: serve {mbh(self.serve_mb_per_h)}{rss}, "
-            f"worker {mbh(self.worker_mb_per_h)} (least squares; target < 5 MB/h)",
+            f"worker {mbh(self.worker_mb_per_h)} (least squares; target < 5 MB/h)"
+            + (f"; over the last hour: serve {mbh(self.last_hour_mb_per_h[0])}, worker "
+               f"{mbh(self.last_hour_mb_per_h[1])}" if self.minutes >= 2 * ARMED_HOUR else ""),
             f"pages in the first hour after the rules armed: {self.pages_first_hour}{hour}"
             + (f" ({_rules(self.first_hour_rules)[2:]})" if self.first_hour_rules else "")
             + " (target 0)",
@@ -314,6 +317,8 @@ def summarize(rows: Sequence[Row],
         serve_mb_per_h=slope_per_hour(serve),
         worker_mb_per_h=slope_per_hour(worker),
         serve_rss_mb=(warm[0].serve_rss_mb, warm[-1].serve_rss_mb) if warm else None,
+        last_hour_mb_per_h=(slope_per_hour(serve[-ARMED_HOUR:]),
+                            slope_per_hour(worker[-ARMED_HOUR:])),
         armed_minutes=float(len(first_hour)),
         pages_first_hour=sum(r.pages for r in first_hour),
         pages=sum(r.pages for r in rows),

@@ -128,6 +128,7 @@ def test_the_summary_fits_rss_after_warm_up_and_counts_pages_after_arming(
     assert s.page_rules == {"p99_latency_regression": 3}
     assert s.serve_mb_per_h == pytest.approx(2.0)  # 1 MB per 30 min after minute 30
     assert s.worker_mb_per_h == pytest.approx(0.0)
+    assert s.last_hour_mb_per_h == (pytest.approx(2.0), pytest.approx(0.0))
     assert (s.pages, s.pages_first_hour, s.armed_minutes) == (3, 1, 60)
     assert (s.rejected_429, s.rejected_in_bursts, s.bursts) == (126, 2, 8)
     assert s.synthetic_refused == 120
