@@ -16,6 +16,7 @@ Checks: RSS after warm-up (cycle 200) to the end grows < 5%; probe runs kept equ
 what 14 days of retention allows. Last line: RSS growth in percent.
 
     python -m bench.soak [--cycles 2000]
+    python -m bench.soak --service [--minutes 120] ...   (the live soak: bench.service_soak)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -91,6 +93,11 @@ def rss() -> int:
 
 
 def main() -> None:
+    if "--service" in sys.argv[1:]:
+        from bench import service_soak
+
+        service_soak.main([a for a in sys.argv[1:] if a != "--service"])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
@@ -138,7 +145,7 @@ def main() -> None:
         rss_end = rss()
         heap_end = sqlite_heap()
         with sessions() as s:
-            runs = s.scalar(select(func.count()).select_from(ProbeRun))
+            runs = s.scalar(select(func.count()).select_from(ProbeRun)) or 0
             results = s.scalar(select(func.count()).select_from(ProbeResult))
             samples = s.scalar(select(func.count()).select_from(MemorySample))
             rollups = s.scalar(select(func.count()).select_from(TrafficRollup))
