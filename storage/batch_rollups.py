@@ -13,13 +13,12 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, tuple_
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage import sketches
 from storage.models import BatchRollup
 from storage.rollups import truncate_minute
+from storage.upsert import RollupTable, add_deltas
 
 # Bucket, batch and decoding of the rows that sample the batching loop itself.
 ENGINE_SCOPE = "all"
@@ -48,10 +47,6 @@ class BatchKey:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "minute", truncate_minute(self.minute))
-
-    def sort_key(self) -> tuple[datetime, str, str, str, str]:
-        """Return the key as a tuple (the order rows are locked in)."""
-        return (self.minute, self.instance_id, self.bucket, self.batch, self.decoding)
 
 
 @dataclass(frozen=True)
@@ -103,57 +98,12 @@ def add_batch_rollups(session: Session, items: Iterable[tuple[BatchKey, BatchDel
     for key, delta in items:
         prev = merged.get(key)
         merged[key] = delta if prev is None else prev.merge(delta)
-    if not merged:
-        return 0
-    merged = dict(sorted(merged.items(), key=lambda kv: kv[0].sort_key()))
-    existing = _load(session, list(merged))
-    for key, row in existing.items():
-        _apply(row, merged[key])
-    missing = [k for k in merged if k not in existing]
-    if missing:
-        try:
-            with session.begin_nested():
-                session.add_all([_new_row(k, merged[k]) for k in missing])
-        except IntegrityError:
-            # Another writer inserted some of these rows meanwhile: add to theirs.
-            for key in missing:
-                won = _load(session, [key]).get(key)
-                if won is not None:
-                    _apply(won, merged[key])
-                else:
-                    with session.begin_nested():
-                        session.add(_new_row(key, merged[key]))
-    session.flush()
-    return len(merged)
+    return add_deltas(session, TABLE, merged)
 
 
-def _apply(row: BatchRollup, delta: BatchDelta) -> None:
-    for f in fields(delta):
-        value = getattr(delta, f.name)
-        if value:
-            # Assign a new value: JSON columns do not track in-place changes.
-            setattr(row, f.name, _add(f.name, getattr(row, f.name), value))
+def _new_value(name: str, value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
 
 
-def _new_row(key: BatchKey, delta: BatchDelta) -> BatchRollup:
-    row = BatchRollup(minute=key.minute, instance_id=key.instance_id, bucket=key.bucket,
-                      batch=key.batch, decoding=key.decoding)
-    for f in fields(delta):
-        value = getattr(delta, f.name)
-        setattr(row, f.name, dict(value) if isinstance(value, dict) else value)
-    return row
-
-
-def _load(session: Session, keys: list[BatchKey]) -> dict[BatchKey, BatchRollup]:
-    cols = (BatchRollup.minute, BatchRollup.instance_id, BatchRollup.bucket,
-            BatchRollup.batch, BatchRollup.decoding)
-    out: dict[BatchKey, BatchRollup] = {}
-    for i in range(0, len(keys), 200):
-        chunk = keys[i:i + 200]
-        stmt = (select(BatchRollup)
-                .where(tuple_(*cols).in_([k.sort_key() for k in chunk]))
-                .order_by(*cols).with_for_update())
-        for row in session.scalars(stmt):
-            key = BatchKey(row.minute, row.instance_id, row.bucket, row.batch, row.decoding)
-            out[key] = row
-    return out
+TABLE: RollupTable[BatchKey, BatchDelta, BatchRollup] = RollupTable(
+    BatchRollup, BatchKey, _add, _new_value)

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, tuple_
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage import histograms, sketches
 from storage.models import NaiveDatetimeError, TrafficRollup
+from storage.upsert import RollupTable, add_deltas
 
 _SKETCHES = ("latency_sketch", "ttft_sketch", "per_token_sketch")
 _LENS = ("input_lens", "output_lens")
@@ -134,24 +133,8 @@ class RollupDelta:
         return RollupDelta(**values)
 
 
-def _apply(row: TrafficRollup, delta: RollupDelta) -> None:
-    for f in fields(delta):
-        value = getattr(delta, f.name)
-        if value:
-            # Assign a new value: JSON columns do not track in-place changes.
-            setattr(row, f.name, _add(f.name, getattr(row, f.name), value))
-
-
-def _new_row(key: RollupKey, delta: RollupDelta) -> TrafficRollup:
-    row = TrafficRollup(
-        minute=key.minute, instance_id=key.instance_id, bucket=key.bucket,
-        path=key.path, decoding=key.decoding,
-    )
-    for f in fields(delta):
-        value = getattr(delta, f.name)
-        setattr(row, f.name, list(value) if f.name in _LISTS else
-                dict(value) if isinstance(value, dict) else value)
-    return row
+def _new_value(name: str, value: Any) -> Any:
+    return list(value) if name in _LISTS else dict(value) if isinstance(value, dict) else value
 
 
 def merge_deltas(items: Iterable[tuple[RollupKey, RollupDelta]]) -> dict[RollupKey, RollupDelta]:
@@ -165,55 +148,8 @@ def merge_deltas(items: Iterable[tuple[RollupKey, RollupDelta]]) -> dict[RollupK
 
 def add_rollups(session: Session, items: Iterable[tuple[RollupKey, RollupDelta]]) -> int:
     """Add each delta to its row, creating missing rows; return the rows touched."""
-    merged = merge_deltas(items)
-    if not merged:
-        return 0
-    # One lock order for every writer (rows locked, then rows inserted, both sorted):
-    # two transactions adding to the same keys queue instead of deadlocking.
-    merged = dict(sorted(merged.items(), key=lambda kv: _sort_key(kv[0])))
-    existing = _load(session, list(merged))
-    missing = [k for k in merged if k not in existing]
-    for key, row in existing.items():
-        _apply(row, merged[key])
-    if missing:
-        try:
-            with session.begin_nested():
-                session.add_all([_new_row(k, merged[k]) for k in missing])
-        except IntegrityError:
-            # Another writer inserted some of these rows meanwhile: add to theirs.
-            for key in missing:
-                _add_one(session, key, merged[key])
-    session.flush()
-    return len(merged)
+    return add_deltas(session, TABLE, merge_deltas(items))
 
 
-def _add_one(session: Session, key: RollupKey, delta: RollupDelta) -> None:
-    row = _load(session, [key]).get(key)
-    if row is not None:
-        _apply(row, delta)
-        return
-    with session.begin_nested():
-        session.add(_new_row(key, delta))
-
-
-def _sort_key(key: RollupKey) -> tuple[datetime, str, str, str, str]:
-    return (key.minute, key.instance_id, key.bucket, key.path, key.decoding)
-
-
-def _load(session: Session, keys: list[RollupKey]) -> dict[RollupKey, TrafficRollup]:
-    cols = (TrafficRollup.minute, TrafficRollup.instance_id, TrafficRollup.bucket,
-            TrafficRollup.path, TrafficRollup.decoding)
-    out: dict[RollupKey, TrafficRollup] = {}
-    for i in range(0, len(keys), 200):
-        chunk = keys[i:i + 200]
-        stmt = (
-            select(TrafficRollup)
-            .where(tuple_(*cols).in_([(k.minute, k.instance_id, k.bucket, k.path, k.decoding)
-                                      for k in chunk]))
-            .order_by(*cols)
-            .with_for_update()
-        )
-        for row in session.scalars(stmt):
-            key = RollupKey(row.minute, row.instance_id, row.bucket, row.path, row.decoding)
-            out[key] = row
-    return out
+TABLE: RollupTable[RollupKey, RollupDelta, TrafficRollup] = RollupTable(
+    TrafficRollup, RollupKey, _add, _new_value)
