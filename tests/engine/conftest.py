@@ -118,3 +118,25 @@ def flags(shared_flags: InMemoryFlagProvider) -> InMemoryFlagProvider:
     shared_flags.set(RuntimeFlags())
     yield shared_flags
     shared_flags.set(RuntimeFlags())
+
+
+# Compiler flags that build the C step without the wider vector paths (parametrized ISAs).
+ISA_LIMITS = {"sse": "-mno-avx -mno-avx2 -mno-avx512f", "avx2": "-mno-avx512f"}
+
+
+def limit_isa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isa: str) -> None:
+    """Make the C step build for `isa` ("native": the machine's own; skip where it cannot)."""
+    if isa not in ISA_LIMITS:
+        return
+    import platform
+
+    from engine import native
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"x86 only: {ISA_LIMITS[isa]}")
+    if isa == "avx2" and " avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no AVX2 on this CPU")
+    cc = tmp_path / f"cc-{isa}"
+    cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" {ISA_LIMITS[isa]}\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
-torch = pytest.importorskip("torch")
-
-from engine.protocol import FlagOverride, InMemoryFlagProvider, RuntimeFlags  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
-from engine.scheduler import Job  # noqa: E402
-from tests.engine.conftest import random_texts, tiny_config  # noqa: E402
+from engine.protocol import FlagOverride, InMemoryFlagProvider, RuntimeFlags
+from engine.runtime import Runtime
+from engine.scheduler import Job
+from tests.engine.conftest import random_texts, tiny_config
 
 DIRECT = FlagOverride(speculative=False)
 

@@ -10,21 +10,19 @@ A row batched gets bitwise the logits and cache writes of the same row decoded a
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from engine import native, quantize, t5  # noqa: E402
-from engine.errors import BoundaryError, EngineError  # noqa: E402
+from engine import native, quantize, t5
+from engine.errors import BoundaryError, EngineError
+from tests.engine.conftest import limit_isa
 
 pytestmark = pytest.mark.skipif(native._compiler() is None, reason="no C compiler")
 
 # Built without AVX-512 ("avx2": the maddubs kernel, 8-float vectors) or without AVX at all
 # ("sse": the portable int8 loops), on an x86 machine that has them.
-_NO = {"sse": "-mno-avx -mno-avx2 -mno-avx512f", "avx2": "-mno-avx512f"}
 SLOTS = 24
 VOCAB = 300
 
@@ -59,15 +57,7 @@ def models() -> dict[str, tuple[t5.LeanT5, t5.LeanT5]]:
 
 
 def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isa: str) -> native.NativeStep:
-    if isa in _NO:
-        if platform.machine() not in ("x86_64", "AMD64"):
-            pytest.skip(f"x86 only: {_NO[isa]}")
-        if isa == "avx2" and " avx2" not in Path("/proc/cpuinfo").read_text():
-            pytest.skip("no AVX2 on this CPU")
-        cc = tmp_path / f"cc-{isa}"
-        cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" {_NO[isa]}\n')
-        cc.chmod(0o755)
-        monkeypatch.setenv("CC", str(cc))
+    limit_isa(tmp_path, monkeypatch, isa)
     lib = native.load(tmp_path / "cache")
     assert lib is not None
     return lib

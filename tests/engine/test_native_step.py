@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from engine import native, t5
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
-from tests.engine.conftest import build_tiny_t5, random_texts, tiny_config
+from tests.engine.conftest import build_tiny_t5, limit_isa, random_texts, tiny_config
 
 pytestmark = pytest.mark.skipif(native._compiler() is None, reason="no C compiler")
 
@@ -25,24 +23,13 @@ def _runtime(tmp_path, model_dir, **changes) -> Runtime:
 # tails). "sse": built without AVX, so the 4-float width is tested on any x86 machine;
 # "avx2": built without AVX-512, the 8-float width on any AVX2 machine (the machine's own
 # width is "native").
-_NO = {"sse": "-mno-avx -mno-avx2 -mno-avx512f", "avx2": "-mno-avx512f"}
 
 
 @pytest.mark.parametrize(("d_model", "isa"), [(32, "native"), (20, "native"), (18, "sse"),
                                               (20, "avx2")])
 def test_native_step_writes_the_same_cache_and_picks_the_same_token(
         tmp_path, monkeypatch, d_model, isa):
-    if isa in _NO:
-        import platform
-
-        if platform.machine() not in ("x86_64", "AMD64"):
-            pytest.skip(f"x86 only: {_NO[isa]}")
-        if isa == "avx2" and " avx2" not in Path("/proc/cpuinfo").read_text():
-            pytest.skip("no AVX2 on this CPU")
-        cc = tmp_path / f"cc-{isa}"
-        cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" {_NO[isa]}\n')
-        cc.chmod(0o755)
-        monkeypatch.setenv("CC", str(cc))
+    limit_isa(tmp_path, monkeypatch, isa)
     model = build_tiny_t5(tmp_path / "m", seed=3, d_model=d_model, heads=2)
     rt = _runtime(tmp_path, model)
     assert rt.step_kind == "target native" and rt.info.decode_step == "target native"
