@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/var/compile-cache
 
-.PHONY: install run test test-deps lint demo bench clean gpu-wheels
+.PHONY: install run test test-deps bench-deps lint demo bench clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,10 @@ test: install test-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal
+
+# CTranslate2, the comparison bench.engine, bench.throughput and bench.quality run when present.
+bench-deps: install
+	$(BIN)/pip install -q -e '.[test,bench]'
 
 lint: install
 	$(BIN)/ruff check .
