@@ -32,3 +32,17 @@ def test_the_p99_limit_is_the_last_rate_within_twice_the_unloaded_p50(monkeypatc
     limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0, 4.0, 8.0], 4, 0.010)
     assert limit == 2.0
     assert [r.rate for r in runs] == [1.0, 2.0, 4.0]  # stops at the first rate past it
+
+
+def test_the_p99_limit_halves_the_lowest_rate_until_one_is_within(monkeypatch) -> None:
+    import bench.throughput as bt
+
+    def fake_open_loop(call, texts, rate, requests, seed=0):
+        return OpenLoop(rate, 0.005, 0.010 if rate <= 0.25 else 0.050, 0)
+
+    monkeypatch.setattr(bt, "open_loop", fake_open_loop)
+    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0], 4, 0.010)
+    assert limit == 0.25
+    assert [r.rate for r in runs] == [1.0, 0.5, 0.25]
+    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, 0.010, halvings=2)
+    assert limit == 0.0 and [r.rate for r in runs] == [4.0, 2.0, 1.0]  # none: 0, said so
