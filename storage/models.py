@@ -771,9 +771,9 @@ class AppliedBatch(Base):
     """The token of one committed storage Writer batch, written in the batch's transaction.
 
     A retry after an ambiguous commit (the connection lost after COMMIT was sent) finds its
-    token here and writes nothing (storage.writer). Each writer deletes its previous token
-    with its next batch, so the table holds about one row per writer; retention prunes the
-    last token of writers that stopped.
+    token here and writes nothing (storage.writer). Each writer deletes its committed
+    tokens in bulk with a later batch, so the table holds at most
+    storage.writer.TOKENS_KEPT rows per writer; retention prunes what stopped writers left.
     """
 
     __tablename__ = "applied_batches"

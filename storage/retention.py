@@ -8,8 +8,8 @@ verdicts (by their last update) are kept `rollup_days`. The evaluator already dr
 chunks older than each configured rule's baseline window; retention also removes those
 of rules no longer configured. Flag audits, reports, flags and canary references (one
 per cohort and prompt: what agreement is measured against when a cohort comes back) are
-never pruned. Writer batch tokens (`applied_batches`: each live writer deletes its own
-previous one) left by writers that stopped are pruned after `raw_days`: a token matters
+never pruned. Writer batch tokens (`applied_batches`: each running writer deletes its
+own in bulk) left by writers that stopped are pruned after `raw_days`: a token matters
 only while its batch is retried, which a reachable database ends within the writer's
 backoff. Measured size: see bench.storage and tests/storage/test_retention.py
 (30 days of 1-minute cycles on 5 buckets, 14 raw days: well under 200 MB on SQLite).

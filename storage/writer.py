@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert
+from sqlalchemy import bindparam, delete, insert
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,6 +43,15 @@ from vocab import utcnow
 log = logging.getLogger(__name__)
 
 WriteFn = Callable[[Session], object]
+
+# Tokens of batches known committed are deleted this many at a time, with a later batch:
+# a token matters only while its own batch may be retried.
+TOKENS_KEPT = 64
+# Core statements on the session's connection: the ORM layer would cost more per batch
+# than the insert itself.
+_INSERT_TOKEN = insert(AppliedBatch)
+_DELETE_TOKENS = delete(AppliedBatch).where(
+    AppliedBatch.token.in_(bindparam("tokens", expanding=True)))
 
 
 @dataclass(frozen=True)
@@ -102,8 +111,8 @@ class Writer:
         self._written = self._retries = self._dropped = self._failed = 0
         self._already_applied = 0
         self._last_error: str | None = None
-        # The token of the last batch known committed: deleted with the next batch.
-        self._last_token: str | None = None
+        # Tokens of batches known committed (writer thread only), deleted in bulk.
+        self._committed_tokens: list[str] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -197,9 +206,11 @@ class Writer:
                 backoff = min(backoff * 2, self._max_backoff)
 
     def _write(self, batch: list[WriteFn], token: str) -> None:
+        done = self._committed_tokens
+        stale = done if len(done) >= TOKENS_KEPT else []
         try:
             with self._sessionmaker.begin() as session:
-                _record(session, token, self._last_token)
+                _record(session, token, stale)
                 for fn in batch:
                     fn(session)
         except _AlreadyApplied:
@@ -211,7 +222,11 @@ class Writer:
         else:
             with self._cond:
                 self._written += len(batch)
-        self._last_token = token
+        # Committed either way, and with it the deletion of the stale tokens.
+        if stale:
+            self._committed_tokens = [token]
+        else:
+            done.append(token)
 
     def _isolate(self, batch: list[WriteFn], error: BaseException) -> bool:
         """Write a failed batch item by item so one bad item does not sink the others."""
@@ -234,18 +249,19 @@ class _AlreadyApplied(Exception):
     """The batch's token is recorded: an earlier attempt of this batch committed."""
 
 
-def _record(session: Session, token: str, previous: str | None) -> None:
-    """Insert the batch's token, first in its transaction; delete the writer's previous one.
+def _record(session: Session, token: str, stale: list[str]) -> None:
+    """Insert the batch's token, first in its transaction; delete the writer's `stale` ones.
 
     Raises _AlreadyApplied (rolling the transaction back) when the token is there.
     """
+    connection = session.connection()
     try:
-        session.execute(insert(AppliedBatch).values(token=token, applied_at=utcnow()))
+        connection.execute(_INSERT_TOKEN, {"token": token, "applied_at": utcnow()})
     except sa_exc.IntegrityError as exc:
         raise _AlreadyApplied(token) from exc
-    if previous is not None:
-        # Committed, and this writer has moved past it: no retry can need it again.
-        session.execute(delete(AppliedBatch).where(AppliedBatch.token == previous))
+    if stale:
+        # Committed, and this writer has moved past them: no retry can need them again.
+        connection.execute(_DELETE_TOKENS, {"tokens": stale})
 
 
 def _one_line(error: BaseException) -> str:

@@ -6,9 +6,9 @@ Create Date: 2026-12-03 16:30:00
 
 applied_batches holds the token of each storage Writer batch, inserted in the batch's own
 transaction; a retry whose token is already there was committed by the attempt that lost
-its connection, and is skipped. Each writer deletes its previous token with its next
-batch and retention prunes what stopped writers left, so the table stays about one row
-per writer. No existing table changes. Downgrade drops it (writers of an older release
+its connection, and is skipped. Each writer deletes its committed tokens in bulk with a
+later batch and retention prunes what stopped writers left, so the table stays small (at
+most 64 rows per writer). No existing table changes. Downgrade drops it (writers of an older release
 do not use it).
 """
 

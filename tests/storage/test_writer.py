@@ -24,7 +24,7 @@ from storage.models import (
     ProbeRun,
     TrafficRollup,
 )
-from storage.writer import Writer
+from storage.writer import TOKENS_KEPT, Writer
 from tests.probes.fakes import FakeEngine, placeholder_suites
 from tests.storage.ambiguous import ambiguous_commit
 from tests.storage.builders import T0, minutes
@@ -197,13 +197,16 @@ def test_rollup_deltas_committed_before_the_connection_failed_are_added_once(
     assert (stats.retries, stats.already_applied, stats.written) == (1, 1, 2)
 
 
-def test_each_writer_keeps_one_batch_token(sessionmaker: sessionmaker[Session]) -> None:
+def test_a_writer_deletes_its_committed_batch_tokens_in_bulk(
+        sessionmaker: sessionmaker[Session]) -> None:
     writer = Writer(sessionmaker, batch_size=1)
+    batches = TOKENS_KEPT + 6
     try:
-        for i in range(5):
+        for i in range(batches):
             writer.submit(_sample(i))
-        assert writer.flush(timeout=30)
+        assert writer.flush(timeout=60)
     finally:
         writer.close()
-    assert writer.stats.written == 5 and _count(sessionmaker) == 5
-    assert _rows(sessionmaker, AppliedBatch) == 1  # the last batch's: retention prunes it
+    assert writer.stats.written == batches and _count(sessionmaker) == batches
+    # The 65th batch deleted the first 64 tokens; retention prunes the rest once stopped.
+    assert _rows(sessionmaker, AppliedBatch) == 6
