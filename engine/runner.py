@@ -392,10 +392,8 @@ class ModelRunner:
     def warm_compiled_step(self, edge: int, *, verify: bool) -> None:
         """Compile the compiled step beside a bound C step on bucket `edge`'s dummy inputs.
 
-        The native_step flag off (the policy's fallback, the `compiled_step` A/B arm) runs
-        it: compiled here, length-dynamic like the other graphs, not on the first request
-        or probe that asks for it (a compile on the serving thread stalls real traffic for
-        seconds, and a graph specialized to one length recompiles for every other bucket).
+        Length-dynamic like the other graphs: compiled on a request's unmarked inputs it
+        specialized to that length and recompiled for every other bucket.
         """
         if self.native is None:
             return  # the compiled step is what serves: warm() compiled it

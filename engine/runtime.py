@@ -10,6 +10,7 @@ KV and memory accounting (engine.memory), bucket traffic (engine.traffic).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -76,6 +77,8 @@ from engine.warmup import Warmup
 EXACT = "exact"
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 
 class Runtime:
     """The torch-backed Engine (see engine.protocol.Engine); thread-safe."""
@@ -120,6 +123,8 @@ class Runtime:
             self._caches = [self._new_caches() for _ in range(self._rows)]
         self._kv = KvAccount(static_bytes(self._caches))
         self._lock = threading.Lock()
+        self._compiled_step_lock = threading.Lock()
+        self._compiled_step_warm = False  # see _warm_compiled_step
         self._rng = random.Random(0)
         self._traffic = BucketTraffic(self.cache_root)
         self._closed = False
@@ -326,8 +331,6 @@ class Runtime:
             # with the requests (a row decoding beside it would read the warm-up's writes).
             caches = [row[name] for row in self._caches] if self._owned else []
             runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
-        for runner, verify in self.models.compiled_runners():
-            runner.warm_compiled_step(edge, verify=verify)  # never saved: warmed either way
         if self.cudagraphs_off is not None:
             return f"no CUDA graphs: {self.cudagraphs_off}"
         skipped = _cudagraph_skips() - skips
@@ -386,6 +389,8 @@ class Runtime:
         native = flags.native_step
         deadline = None if timeout_s is None else t_entry + timeout_s
         batch: scheduler.Job | None = None
+        if not native:
+            self._warm_compiled_step(n, flags)
         with self._admission.slot(deadline, synthetic=canary) as slot:
             t_slot = time.perf_counter()
             path, length, key = self._route(n, flags)
@@ -426,6 +431,32 @@ class Runtime:
             quantized=quantized, native_step=self._on_native(key, quantized, native),
             cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
         )
+
+    def _warm_compiled_step(self, n: int, flags: RuntimeFlags) -> None:
+        """Compile the compiled step beside the C step once, before taking a row.
+
+        The native_step flag off (the policy's fallback, the `compiled_step` A/B arm) runs
+        it. Compiled inside the admission slot, its first call held the only decode row for
+        the seconds a compile takes while real requests queued behind it; compiled here,
+        with the length marked dynamic, one graph serves every bucket. Not at warm-up: a
+        warm start from saved functions compiles nothing (the compiled step is not saved).
+        """
+        if self._compiled_step_warm:
+            return
+        _path, _length, key = self._route(n, flags)
+        if not isinstance(key, int):
+            return  # eager, exact or overflow: no compiled step
+        with self._compiled_step_lock:
+            if self._compiled_step_warm:
+                return
+            try:
+                for runner, verify in self.models.compiled_runners():
+                    runner.warm_compiled_step(key, verify=verify)
+            except Exception as exc:  # noqa: BLE001 - the request's own fallback runs eager
+                self._watch.record_failure()
+                log.error("engine: the compiled step did not compile: %s: %s",
+                          type(exc).__name__, str(exc)[:300])
+            self._compiled_step_warm = True
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
                speculated: bool, *, alone: bool = True) -> None:

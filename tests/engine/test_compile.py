@@ -9,17 +9,13 @@ import torch
 from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride
 from tests.engine.conftest import BUCKETS, CAP, WARM_GRAPHS, random_texts, tiny_config
 
-# The compiled step beside the C step, compiled at warm-up for the native_step flag off:
-# the target's step and verification, the draft's step.
-COMPILED_STEP_GRAPHS = 3
-
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     before = warm_engine.compile_snapshot()
     # target encode (the steps and the verification run in C, engine.native; the draft's
     # encoder runs eager): one graph, shared by every bucket (the length is dynamic)
     assert warm_engine.step_kind == "target native, draft native"
-    assert WARM_GRAPHS["warm_engine"] == 1 + COMPILED_STEP_GRAPHS, before
+    assert WARM_GRAPHS["warm_engine"] == 1, before
     texts = random_texts(210, seed=5)
     rng = random.Random(5)
     paths = set()
@@ -36,9 +32,19 @@ def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     assert after.graph_breaks == before.graph_breaks
 
 
-def test_the_compiled_step_beside_the_c_step_is_warm(warm_engine, flags):
-    """The native_step flag off (the policy's fallback, the compiled_step A/B arm) runs
-    graphs compiled at warm-up: no compile on a request or probe, in any bucket."""
+def test_the_compiled_step_compiles_once_outside_the_admission_slot(warm_engine, flags,
+                                                                    monkeypatch):
+    """The native_step flag off (the policy's fallback, the compiled_step A/B arm): its
+    graphs compile once, before the request takes a row (real requests do not queue
+    behind a compile), length-dynamic: no recompile in any other bucket."""
+    rows_held: list[int] = []
+    warm = warm_engine.target.warm_compiled_step
+
+    def spy(edge: int, *, verify: bool) -> None:
+        rows_held.append(warm_engine._admission.running)
+        warm(edge, verify=verify)
+
+    monkeypatch.setattr(warm_engine.target, "warm_compiled_step", spy)
     before = warm_engine.compile_snapshot()
     rng = random.Random(8)
     buckets = set()
@@ -50,7 +56,8 @@ def test_the_compiled_step_beside_the_c_step_is_warm(warm_engine, flags):
             buckets.add(r.bucket)
     assert len(buckets) == len(BUCKETS), buckets
     delta = warm_engine.compile_snapshot().diff(before)
-    assert delta.recompiles == 0 and delta.graphs == 0, delta
+    assert rows_held == [0]  # compiled once, no row held while it did
+    assert delta.recompiles == 0 and delta.recompile_limit_hits == 0, delta
 
 
 def test_answers_crossing_attention_spans_compile_nothing(warm_engine, flags):
