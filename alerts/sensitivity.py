@@ -26,7 +26,7 @@ import random
 import statistics
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -43,12 +43,12 @@ from alerts.detection import (
     relative_change,
 )
 from alerts.rules import QUANTILE_METRICS, Point, Rule, evaluate_rule, quantile_samples
-from alerts.series import RowCache, cohort_series
+from alerts.series import Labels, sliced_cohort_series
 from storage.models import scope_key
 from storage.queries import baselines as baseline_queries
 from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.baselines import StoredBaseline, decide_in_force
-from storage.queries.sensitivity import StoredSensitivity
+from storage.queries.sensitivity import SensitivityKey, StoredSensitivity
 from storage.sketches import GAMMA, Sketch
 
 OK = "ok"
@@ -414,6 +414,10 @@ def _pooled(fresh: list[Sketch | None], samples: int, pool: int, q: float) -> fl
 # -- the scheduled refresh ----------------------------------------------------------------
 
 TIMED_OUT = "timed out"
+# Raw history one read holds: a rule's rows of this long a stretch at a time. Read whole,
+# a day of every rule's raw cycles stayed in memory through the job, and its peak (and
+# so the worker's resident memory) grew with a young install's history for a day.
+READ_SLICE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -424,6 +428,7 @@ class RefreshReport:
     left: int = 0
     cpu_s: float = 0.0
     errors: tuple[str, ...] = ()
+    rows_held: int = 0  # the most measurement rows one read held (a slice's, not the history's)
 
 
 @dataclass(frozen=True)
@@ -447,18 +452,18 @@ def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, 
     last `history_s` (a seasonal one: those of its season).
     """
     start = clock()
-    todo = sorted(_due(session, rules, config, now, history_s),
-                  key=lambda s: (s.old is not None, s.old.computed_at if s.old else now))
+    due, held = _due(session, rules, config, now, history_s)
+    todo = sorted(due, key=lambda s: (s.old is not None, s.old.computed_at if s.old else now))
     done, errors = 0, list[str]()
     for i, s in enumerate(todo):
         if clock() - start >= budget_s:
-            return RefreshReport(done, len(todo) - i, clock() - start, tuple(errors))
+            return RefreshReport(done, len(todo) - i, clock() - start, tuple(errors), held)
         try:
             _store(session, s, _estimate(s, config, clock), now)
             done += 1
         except Exception as e:  # noqa: BLE001 - one bad series must not stop the rest
             errors.append(f"{s.rule.name} {s.baseline.scope_key}: {type(e).__name__}: {e}")
-    return RefreshReport(done, 0, clock() - start, tuple(errors))
+    return RefreshReport(done, 0, clock() - start, tuple(errors), held)
 
 
 def _estimate(s: _Series, config: SensitivityConfig,
@@ -490,35 +495,71 @@ def _store(session: Session, s: _Series, est: Sensitivity, now: datetime) -> Non
         budget_per_30d=est.budget_per_30d, reason=est.reason, cpu_s=est.cpu_s))
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    labels: Labels
+    cohort: tuple[str, str]
+    baseline: StoredBaseline
+    season: str | None
+    old: StoredSensitivity | None
+
+
 def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,
-         history_s: float) -> list[_Series]:
-    """Return the series whose stored estimate is missing or no longer matches."""
+         history_s: float) -> tuple[list[_Series], int]:
+    """Return the series whose stored estimate is missing or no longer matches, and the
+    most rows one read held.
+
+    What is due is decided from the stored baselines and estimates alone; only a rule
+    with a due series reads its history, one rule and one slice at a time.
+    """
     stored = sensitivity_queries.by_key(session, [r.name for r in rules])
     active = baseline_queries.active_by_metric(session, {r.metric for r in rules})
-    cache = RowCache(session)
     out: list[_Series] = []
+    held = 0
     for rule in rules:
-        per_scope = cohort_series(rule, cache, now - timedelta(seconds=history_s), now)
-        rows = active[rule.metric]
-        for labels, cohorts in per_scope.items():
-            key = scope_key(rule_scope(rule, dict(labels)))
-            seasonal = [k for k in rows if "season" in dict(_pairs(k))
-                        and scope_key({x: y for x, y in _pairs(k) if x != "season"}) == key] \
-                if rule.seasonality else []
-            for cohort, pts in cohorts.items():
-                for k in [key, *seasonal]:
-                    b = decide_in_force(rows.get(k, []), cohort).rolling
-                    if b is None or b.spread is None or b.kind != "rolling":
-                        continue
-                    mine = _in_season(pts, dict(_pairs(k)).get("season"))
-                    old = stored.get((rule.name, k, *cohort))
-                    budget = rule.budget_for(dict(labels), config.budget_per_30d)
-                    if old is None or old.baseline_id != b.id \
-                            or old.configured_threshold != rule.threshold \
-                            or old.budget_per_30d != budget \
-                            or old.within_cycles != config.within_cycles:
-                        out.append(_Series(rule, dict(labels), cohort, b, mine, old))
-    return out
+        wanted = _candidates(rule, active[rule.metric], stored, config)
+        if not wanted:
+            continue
+        per_scope, rows = sliced_cohort_series(rule, session,
+                                               now - timedelta(seconds=history_s), now,
+                                               READ_SLICE_S)
+        held = max(held, rows)
+        for c in wanted:
+            pts = per_scope.get(c.labels, {}).get(c.cohort)
+            if pts is not None:  # no cycles in the history: nothing to estimate on
+                out.append(_Series(rule, dict(c.labels), c.cohort, c.baseline,
+                                   _in_season(pts, c.season), c.old))
+    return out, held
+
+
+def _candidates(rule: Rule, rows: Mapping[str, list[StoredBaseline]],
+                stored: Mapping[SensitivityKey, StoredSensitivity],
+                config: SensitivityConfig) -> list[_Candidate]:
+    """Return `rule`'s series (scope, cohort, season) whose rolling baseline has no
+    matching estimate stored."""
+    out = []
+    for k, baselines in rows.items():
+        pairs = dict(_pairs(k))
+        season = pairs.pop("season", None)
+        if season is not None and not rule.seasonality:
+            continue
+        labels = tuple((p, pairs[p]) for p in rule.per if p in pairs)
+        if len(labels) != len(rule.per) \
+                or scope_key(rule_scope(rule, dict(labels))) != scope_key(pairs):
+            continue  # another rule's scope (same metric, other match or window)
+        budget = rule.budget_for(dict(labels), config.budget_per_30d)
+        for cohort in sorted({(b.model_version, b.config_hash) for b in baselines
+                              if b.active and b.kind == "rolling"}):
+            b = decide_in_force(baselines, cohort).rolling
+            if b is None or b.spread is None or b.kind != "rolling":
+                continue
+            old = stored.get((rule.name, k, *cohort))
+            if old is None or old.baseline_id != b.id \
+                    or old.configured_threshold != rule.threshold \
+                    or old.budget_per_30d != budget \
+                    or old.within_cycles != config.within_cycles:
+                out.append(_Candidate(labels, cohort, b, season, old))
+    return sorted(out, key=lambda c: (c.labels, c.cohort, c.season or ""))
 
 
 def _pairs(key: str) -> list[tuple[str, str]]:

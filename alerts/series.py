@@ -15,6 +15,7 @@ keeps them apart, so a new model version is judged on its own cycles.
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -391,6 +392,35 @@ def cohort_series(rule: Rule, cache: RowCache, start: datetime,
     return out
 
 
+
+
+def sliced_cohort_series(rule: Rule, session: Session, start: datetime, end: datetime,
+                         slice_s: float = _HOUR) -> tuple[
+                             dict[Labels, dict[Cohort, list[Point]]], int]:
+    """Return `cohort_series` of [start, end) read `slice_s` at a time, and the most rows
+    one slice read.
+
+    For windows much longer than a detector's (a day of raw cycles): the rows held at
+    once stay one slice's however long the window, where one read held all of them. The
+    slices are cycle-aligned and each reaches back for pooled cycles as the whole window
+    would, so a scope's non-empty points are those of one read; a scope's empty cycles
+    appear only in the slices where it has rows, and a cohort new to a scope borrows
+    only from cohorts with rows in the same slice.
+    """
+    step = timedelta(seconds=rule.window_s)
+    width = step * max(1, math.floor(slice_s / rule.window_s))
+    out: dict[Labels, dict[Cohort, list[Point]]] = {}
+    held = 0
+    lo, hi = start, cycle_start(start, rule.window_s) + width
+    while lo < end:
+        hi = min(hi, end)
+        cache = RowCache(session)  # dropped with the slice: its rows, groups and sketches
+        for labels, per_cohort in cohort_series(rule, cache, lo, hi).items():
+            for cohort, pts in per_cohort.items():
+                out.setdefault(labels, {}).setdefault(cohort, []).extend(pts)
+        held = max(held, cache.rows_read)
+        lo, hi = hi, hi + width
+    return out, held
 
 
 def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,

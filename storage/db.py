@@ -21,6 +21,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage.errors import InvalidQuery
 
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
+# SQLite's heap in this process, all connections together (`PRAGMA soft_heap_limit`: past
+# it, a connection's page cache recycles its own pages instead of growing). Each pooled
+# connection may cache 16 MiB, and the caches fill with the pages that a growing
+# database's writes and reads touch, every pooled connection in turn: unbounded, RSS rose
+# for hours toward 16 MiB per pooled connection, in the serving process and the worker
+# alike. One connection's worth for the whole process: a long scan still gets it.
+SQLITE_HEAP_LIMIT_BYTES = 16 * 1024 * 1024
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -106,6 +113,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             # 16 MiB page cache per connection (default 2 MiB): report queries scan weeks.
             cursor.execute("PRAGMA cache_size=-16384")
+            cursor.execute(f"PRAGMA soft_heap_limit={SQLITE_HEAP_LIMIT_BYTES}")  # per process
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,8 +16,14 @@ from alerts.baselines import rule_scope
 from alerts.detection import BaselineStats
 from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.rule_file import load_rules
-from alerts.rules import Rule
-from alerts.sensitivity import RefreshReport, SensitivityConfig, refresh, widening_reason
+from alerts.rules import Point, Rule
+from alerts.sensitivity import (
+    RefreshReport,
+    SensitivityConfig,
+    refresh,
+    widening_reason,
+)
+from alerts.series import RowCache, cohort_series, sliced_cohort_series
 from monitor.metrics import DatabaseCollector, Metrics
 from storage.models import Baseline, scope_key
 from storage.queries import sensitivity as queries
@@ -140,3 +147,70 @@ def test_the_scheduled_job_reads_its_settings(sessionmaker: sessionmaker[Session
     with sessionmaker() as s:
         [st] = queries.listing(s)
     assert st.within_cycles == 5 and st.budget_per_30d is None and st.threshold == 0.20
+
+
+class _Reads:
+    """Record how many rows each read of the traffic rollups returned (the loader's own
+    result, passed through)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from storage.queries import measurements
+
+        self.sizes: list[int] = []
+        real = measurements.traffic_rollups
+
+        def traffic_rollups(session: Session, start: datetime, end: datetime) -> list[Any]:
+            rows = real(session, start, end)
+            self.sizes.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(measurements, "traffic_rollups", traffic_rollups)
+
+
+def test_the_refresh_holds_an_hour_of_rows_however_long_the_history(
+        sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(sessionmaker)  # 600 minutes: one traffic row each
+    reads = _Reads(monkeypatch)
+    with sessionmaker.begin() as s:
+        done = refresh(s, [acceptance_rule()], CFG, NOW, history_s=MINUTES * 60.0)
+    assert done.estimated == 1 and not done.errors
+    # Read whole, one read held all 600 minutes: the job's peak grew with the history.
+    assert sum(reads.sizes) >= MINUTES
+    assert max(reads.sizes) <= 60 and 0 < done.rows_held <= 61  # an hour, a cohort span
+
+
+def test_a_refresh_with_nothing_due_reads_no_history(
+        sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(sessionmaker)
+    rule = acceptance_rule()
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0).estimated == 1
+    reads = _Reads(monkeypatch)
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0).estimated == 0
+    assert reads.sizes == []
+
+
+def test_sliced_reads_give_the_points_of_one_read(sessionmaker: sessionmaker[Session]) -> None:
+    # Minutes of 5 to 150 requests: a p99 pools earlier minutes (across slice edges) when
+    # a minute holds fewer than 100.
+    rng = random.Random(3)
+    with sessionmaker.begin() as s:
+        for i in range(200):
+            for bucket in ("16", "64"):
+                add_traffic(s, T0 + timedelta(minutes=i), bucket,
+                            requests=rng.randint(5, 150), latency_s=rng.uniform(0.05, 0.2))
+    rule = {r.name: r for r in load_rules()}["traffic_p99_regression"]
+    start, end = T0 + timedelta(seconds=30), T0 + timedelta(minutes=200)
+    with sessionmaker() as s:
+        whole = cohort_series(rule, RowCache(s), start, end)
+        sliced, held = sliced_cohort_series(rule, s, start, end, slice_s=1800.0)
+    assert set(sliced) == set(whole) and len(whole) == 2
+
+    def values(series: dict[Any, dict[Any, list[Point]]]) -> dict[Any, list[Any]]:
+        return {(labels, cohort): [(p.at, p.value, p.samples) for p in pts if p.value is not None]
+                for labels, per in series.items() for cohort, pts in per.items()}
+
+    assert values(sliced) == values(whole)
+    assert any(p.samples > 150 for per in whole.values() for pts in per.values() for p in pts)
+    assert held < 2 * 200  # at most half an hour of two buckets, plus the pooled cycles

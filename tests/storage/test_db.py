@@ -148,3 +148,39 @@ def test_writer_waits_out_a_held_lock(tmp_path: Path) -> None:
         writer.close()
         engine.dispose()
         blocker.dispose()
+
+
+def _sqlite_heap_bytes() -> int:
+    """Return SQLite's own count of the heap it holds in this process."""
+    import _sqlite3  # the extension the pysqlite driver loads: the library's own counter
+    import ctypes
+
+    used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    used.restype = ctypes.c_int64
+    return int(used())
+
+
+def test_sqlite_page_caches_stay_within_one_heap_limit(tmp_path: Path) -> None:
+    from storage.db import SQLITE_HEAP_LIMIT_BYTES
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'tw.db'}")
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE big (x INTEGER, y TEXT)")
+            conn.exec_driver_sql(  # about 24 MiB: more than one connection's 16 MiB cache
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                "WHERE i < 100000) INSERT INTO big SELECT i, printf('%.240d', i) FROM n")
+        # Five pooled connections each read the whole table (as jobs and scrapes do in
+        # turn over hours): unbounded, each kept its own 16 MiB of pages.
+        # (Autocommit: plain reads, none waits on another's BEGIN IMMEDIATE.)
+        conns = [engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                 for _ in range(5)]
+        try:
+            for conn in conns:
+                assert conn.exec_driver_sql("SELECT count(y) FROM big").scalar() == 100000
+            assert _sqlite_heap_bytes() < SQLITE_HEAP_LIMIT_BYTES + 4 * 1024 * 1024
+        finally:
+            for conn in conns:
+                conn.close()
+    finally:
+        engine.dispose()
