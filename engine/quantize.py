@@ -37,6 +37,12 @@ LINEAR_WEIGHTS = ("qkv", "o", "cq", "ckv", "co", "wi", "wo")
 STEP_WEIGHTS = ("qkv", "o", "cq", "co", "wi", "wo")
 
 
+def step_names(lean: LeanT5) -> list[str]:
+    """Return the parameter names of the weights int8 replaces (decoder step and lm head)."""
+    return [f"dec_layers.{i}.{n}" for i in range(len(lean.dec_layers)) for n in STEP_WEIGHTS
+            ] + ["lm_head"]
+
+
 class Int8Weight(nn.Module):
     """A linear weight [out, in] as int8 with one scale per output channel."""
 

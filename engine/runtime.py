@@ -382,48 +382,54 @@ class Runtime:
         probation = probation and speculate
         quantized = self.target_q is not None and flags.quantized_for(label)
         native = flags.native_step
+        runner = self.target_q if quantized and self.target_q is not None else self.target
         deadline = None if timeout_s is None else t_entry + timeout_s
-        batch: scheduler.Job | None = None
-        with self._admission.slot(deadline, synthetic=canary) as slot:
-            t_slot = time.perf_counter()
-            path, length, key = self._route(n, flags)
-            recorded = self.ledger.recorded()
-            try:
-                decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized, native,
-                    alone=not flags.batching)
-            except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
-                raise
-            except Exception:
-                if key is None:
+        with runner.held() as reload_s:
+            # Float weights int8 serving had released come back from disk first: that wait
+            # is not the model's time (the float32 arm's latency measures the model), so
+            # the request's times start after it; its deadline does not move.
+            t_entry += reload_s
+            batch: scheduler.Job | None = None
+            with self._admission.slot(deadline, synthetic=canary) as slot:
+                t_slot = time.perf_counter()
+                path, length, key = self._route(n, flags)
+                recorded = self.ledger.recorded()
+                try:
+                    decoded, t_encoded, t_device, batch = self._run_any(
+                        ids, length, key, slot, k, max_new, deadline, quantized, native,
+                        alone=not flags.batching)
+                except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
                     raise
-                # A compile that fails must not fail the request: count it, run eager.
-                self._watch.record_failure()
-                path, key = PATH_EAGER, None
-                decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized, native,
-                    alone=not flags.batching)
-        out = decoded.tokens
-        if batch is not None:
-            # What ran: a request that asked to speculate decodes direct while batched.
-            speculate = decoded.spec.drafts > 0
-            k = k if speculate else 0
-        self._learn(label, decoded, t_encoded, speculate,
-                    alone=batch is None or batch.batch_max <= 1)
-        text_out = self.tokenizer.decode(out, skip_special_tokens=True)
-        stamps = decoded.stamps
-        return GenerateResult(
-            text=text_out, output_ids=tuple(out), input_tokens=n, bucket=label,
-            padded_length=length, output_tokens=len(out), path=path,
-            decoding=DECODING_SPECULATIVE if speculate else DECODING_DIRECT,
-            queue_wait_s=t_slot - t_entry, encoder_s=t_encoded - t_device,
-            ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
-            decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
-            total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
-            probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
-            quantized=quantized, native_step=self._on_native(key, quantized, native),
-            cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
-        )
+                except Exception:
+                    if key is None:
+                        raise
+                    # A compile that fails must not fail the request: count it, run eager.
+                    self._watch.record_failure()
+                    path, key = PATH_EAGER, None
+                    decoded, t_encoded, t_device, batch = self._run_any(
+                        ids, length, key, slot, k, max_new, deadline, quantized, native,
+                        alone=not flags.batching)
+            out = decoded.tokens
+            if batch is not None:
+                # What ran: a request that asked to speculate decodes direct while batched.
+                speculate = decoded.spec.drafts > 0
+                k = k if speculate else 0
+            self._learn(label, decoded, t_encoded, speculate,
+                        alone=batch is None or batch.batch_max <= 1)
+            text_out = self.tokenizer.decode(out, skip_special_tokens=True)
+            stamps = decoded.stamps
+            return GenerateResult(
+                text=text_out, output_ids=tuple(out), input_tokens=n, bucket=label,
+                padded_length=length, output_tokens=len(out), path=path,
+                decoding=DECODING_SPECULATIVE if speculate else DECODING_DIRECT,
+                queue_wait_s=t_slot - t_entry, encoder_s=t_encoded - t_device,
+                ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
+                decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
+                total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
+                probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
+                quantized=quantized, native_step=self._on_native(key, quantized, native),
+                cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
+            )
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
                speculated: bool, *, alone: bool = True) -> None:
@@ -572,6 +578,8 @@ class Runtime:
         if self._device_thread is not None:
             self._device_thread.close()
         self._flags.close()
+        if self.target.weights is not None:
+            self.target.weights.close()
         self.warmup.join(timeout=0.1)
 
 
