@@ -122,6 +122,16 @@ def builtin(args: argparse.Namespace) -> tuple[list[float], list[float]]:
 def small_model() -> Any:
     """Return a T5-small-shaped LeanT5 with random weights (float32, CPU)."""
     import torch
+
+    from engine import t5
+
+    cfg, weights = small_weights()
+    return t5.LeanT5(cfg, weights, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def small_weights() -> tuple[Any, dict[str, Any]]:
+    """Return a T5-small-shaped config and random weights by Hugging Face name."""
+    import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
     from engine import t5
@@ -139,7 +149,7 @@ def small_model() -> Any:
         else:  # wide enough that greedy outputs vary
             std = 1.0 if "shared" in name or "relative" in name else 1.5 / shape[-1] ** 0.5
             weights[name] = torch.randn(shape, generator=gen) * std
-    return t5.LeanT5(cfg, weights, dtype=torch.float32, device=torch.device("cpu"))
+    return cfg, weights
 
 
 def small(args: argparse.Namespace, cache_dir: Path) -> None:
@@ -192,6 +202,30 @@ def small(args: argparse.Namespace, cache_dir: Path) -> None:
                    arms["int8"], None))
 
 
+def resident_memory(args: argparse.Namespace) -> None:
+    """Print float32 vs int8 serving's resident memory (bench.resident) on both models."""
+    import tempfile
+
+    from bench import resident
+
+    models: list[tuple[str, str | None]] = [("built-in", args.model_dir)]
+    with tempfile.TemporaryDirectory(prefix="t5-small-") as tmp:
+        if args.small_inputs > 0:
+            cfg, weights = small_weights()
+            models.append(("t5-small", str(resident.save_checkpoint(cfg, weights, Path(tmp)))))
+            del weights
+        print("resident memory (one engine per process, after warm-up and serving; int8: "
+              "float decoder weights released)")
+        print(resident.HEADER)
+        verdicts = []
+        for name, model_dir in models:
+            rows, met = resident.report(name, resident.compare(
+                model_dir, buckets=args.buckets, compile_mode=args.compile_mode))
+            print(rows)
+            verdicts.append(f"{name} {'met' if met else 'MISSED'}")
+    print(f"resident memory int8 <= float32 (tensors and RSS): {', '.join(verdicts)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", default="16,32,64")
@@ -203,11 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small-inputs", type=int, default=2,
                         help="random inputs per bucket for the T5-small-shaped model (0: skip)")
     parser.add_argument("--small-new-tokens", type=int, default=32)
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip resident memory (bench.resident, a process per serving)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
     import torch
 
     torch.set_num_threads(1)
+    if not args.no_memory:
+        resident_memory(args)
     if args.small_inputs > 0:
         small(args, Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
     ratios, agreements = builtin(args)

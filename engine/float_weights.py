@@ -8,7 +8,8 @@ target's own decoder-step weights are `OnDemandWeights`: read back from the chec
 on disk (the original weights, not a dequantized int8 copy: the float32 arm measures
 int8 against the real float32 model) when a float request comes, and released once none
 has held them for `HOLD_S`. So int8 serving alone holds less than float32 serving alone,
-and the float32 arm costs a reload when it finds them released (docs/engine.md#int8-weights).
+and the float32 arm costs a reload when it finds them released
+(docs/engine.md#what-the-float32-arm-costs).
 """
 
 from __future__ import annotations

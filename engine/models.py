@@ -165,7 +165,9 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
             lean_q = (quantizer or quantize.int8)(target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
-                               steps=steps, ledger=ledger, tables_of=target)
+                               steps=steps, ledger=ledger, tables_of=target,
+                               encoder_of=target if quantize.shares_encoder(target.m, lean_q)
+                               else None)
     # The encoder runs once per request: for a small draft it is not worth a graph.
     draft = (runner(draft_loaded, "draft", k_max, 1, compile_encoder=False)
              if draft_loaded is not None else None)

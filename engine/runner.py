@@ -80,9 +80,14 @@ class ModelRunner:
     def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
                  options: CompileOptions | None, name: str, steps: int = 1,
                  compile_encoder: bool = True, ledger: GraphLedger | None = None,
-                 tables_of: ModelRunner | None = None) -> None:
+                 tables_of: ModelRunner | None = None,
+                 encoder_of: ModelRunner | None = None) -> None:
         """`tables_of`: a runner whose bias and position tables this one can share (same
-        position-bias tensors, slots, verification width and edges), else built anew."""
+        position-bias tensors, slots, verification width and edges), else built anew.
+        `encoder_of`: a runner whose encoder reads the very tensors this one's would (the
+        int8 target beside the float one): its encoder function serves this runner too,
+        called with its own model, so it is compiled, saved and held once."""
+        self.encoder_of = encoder_of
         self.m = lean
         self.name = name
         self.slots = slots
@@ -183,8 +188,11 @@ class ModelRunner:
         with self._lock:
             fns = self._compiled.get(key)
             if fns is None:
-                encode = (self._compile(t5.encode, self._tag(key, ENC))
-                          if self.compile_encoder else t5.encode)
+                if self.encoder_of is not None:
+                    encode = self._borrowed(self.encoder_of.compiled(key).encode)
+                else:
+                    encode = (self._compile(t5.encode, self._tag(key, ENC))
+                              if self.compile_encoder else t5.encode)
                 if self.native is not None:
                     fns = Fns(encode, self.native, self.native.verify, chain=True)
                 else:
@@ -305,8 +313,28 @@ class ModelRunner:
                 VERIFY: (m, toks, self.windows[0], kv, cross, mask,
                          self.bias_for(self.verify_q))}
 
+    def _borrowed(self, encode: Callable) -> Callable:
+        """Return `encoder_of`'s `encode` called with its own model, whatever model it is
+        given: it was traced and saved for that model (its guards on it are off)."""
+        owner = self.encoder_of
+        assert owner is not None
+
+        def run(_m: Any, *tensors: Any) -> Any:
+            return encode(owner.m, *tensors)
+
+        return run
+
+    def _shared_encode(self, loaded: dict[str, Callable]) -> Callable:
+        """Return the encode function a runner serving saved functions uses."""
+        if self.encoder_of is not None:
+            # The owner loads first (Models.compiled_runners' order): its saved encoder.
+            return self._borrowed(self.encoder_of.compiled(self.edges[0]).encode)
+        return loaded.get(ENC, t5.encode)
+
     def _saved_kinds(self, verify: bool) -> dict[str, Callable]:
-        kinds: dict[str, Callable] = {ENC: t5.encode} if self.compile_encoder else {}
+        kinds: dict[str, Callable] = ({ENC: t5.encode}
+                                      if self.compile_encoder and self.encoder_of is None
+                                      else {})
         if self.native is None:
             kinds[STEP] = t5.decode_steps
             if verify:
@@ -379,7 +407,7 @@ class ModelRunner:
                 loaded[ENC] = (aot.load_package(path) if self._packaged(ENC)
                                else aot.load(path, self._encode_example(edge, mark=False)))
             # Saved functions are called with their guards off: no dynamo marks needed.
-            examples = self._examples(edge, loaded.get(ENC, t5.encode), mark=False)
+            examples = self._examples(edge, self._shared_encode(loaded), mark=False)
             for kind in kinds:
                 if kind not in loaded:
                     loaded[kind] = aot.load(self.saved_path(directory, kind), examples[kind])
@@ -397,7 +425,7 @@ class ModelRunner:
                                        f"{type(exc).__name__}: {exc}"[:500]) from exc
         with self._lock:
             if not self._loaded:
-                encode = loaded.get(ENC, t5.encode)
+                encode = self._shared_encode(loaded)
                 # A function not saved (verify without a draft) compiles on first use.
                 verify_fn = (self.native.verify if self.native is not None
                              else loaded.get(VERIFY)

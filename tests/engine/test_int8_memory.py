@@ -87,6 +87,12 @@ def test_the_float32_arm_is_a_float32_runtime_token_for_token(float32_and_int8):
     # Reloaded once for the whole run of float requests, then released when idle.
     assert weights.reloads == reloads + 1
     assert weights.release_idle() and _bytes(i8) <= _bytes(f32)
+    # The compiled step (native_step off) reads the reloaded weights too.
+    off = FlagOverride(quantized=False, native_step=False)
+    arm = i8.generate(texts[0], override=off)
+    alone = f32.generate(texts[0], override=FlagOverride(native_step=False))
+    assert not arm.native_step and arm.output_ids == alone.output_ids
+    assert weights.reloads == reloads + 2
 
 
 def test_the_c_step_refuses_released_weights(float32_and_int8):
