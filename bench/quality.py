@@ -17,6 +17,10 @@ for `--small-new-tokens` tokens (no EOS stop), float32 vs int8 weights, random i
 each bucket's length; agreement of int8 tokens against float32's (random weights give
 near-flat logits, so one flipped argmax changes the rest of the output: a lower bound).
 
+Resident memory first (`resident_memory`, bench.resident; `--no-memory` skips it): float32
+and int8 serving of each model, one engine per process, tensor bytes by kind and RSS, and
+whether int8 holds no more than float32 alone.
+
 Last line: `int8 speedup: N.NNx, agreement: A.AAAA` (built-in target: geometric-mean
 speedup over buckets and domains; mean token agreement over every canary).
 """
