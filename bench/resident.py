@@ -19,7 +19,6 @@ import argparse
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,16 +109,29 @@ def compare(model_dir: str | None, *, buckets: str, compile_mode: str, requests:
 
 
 def save_checkpoint(cfg: Any, weights: dict[str, Any], path: Path) -> Path:
-    """Save HF-named `weights` with `cfg` as a model directory the engine loads (the
-    built-in target's byte-level tokenizer: its ids lie within any T5 vocabulary)."""
-    from safetensors.torch import save_file
+    """Save HF-named `weights` with `cfg` as a model directory the engine loads, with a
+    character-level tokenizer as large as its vocabulary (random weights emit any id)."""
+    import string
 
-    from engine.config import BUILTIN_DIR
+    from safetensors.torch import save_file
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(path)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
-    shutil.copy(BUILTIN_DIR / "target" / "tokenizer_config.json", path)
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+    for c in string.printable:
+        if not c.isspace() or c == " ":
+            vocab.setdefault(c, len(vocab))
+    vocab.update({f"<t{i}>": i for i in range(len(vocab), cfg.vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(path)
     return path
 
 

@@ -168,7 +168,9 @@ def releasable(lean: torch.nn.Module, names: Sequence[str],
     def key(t: Any) -> int:
         return int(t.untyped_storage().data_ptr())
 
-    kept = {key(p) for n, p in lean.named_parameters() if n not in wanted}
+    # Every name, duplicates included: a parameter registered twice is held by both names.
+    named = list(lean.named_parameters(remove_duplicate=False))
+    kept = {key(p) for n, p in named if n not in wanted}
     for m in keep:
         kept |= {key(p) for p in m.parameters()}
-    return [n for n, p in lean.named_parameters() if n in wanted and key(p) not in kept]
+    return [n for n, p in named if n in wanted and key(p) not in kept]
