@@ -162,6 +162,8 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
     target_q: ModelRunner | None = None
     if config.quantization == "int8":
         with torch.no_grad():
+            if device.type == "cpu":
+                _own_storages(target.m, released=quantize.step_names(target.m))
             lean_q = (quantizer or quantize.int8)(target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
@@ -187,6 +189,24 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
                   target_loaded=target_loaded, draft_loaded=draft_loaded)
 
 
+def _own_storages(lean: t5.LeanT5, *, released: list[str]) -> None:
+    """Give `lean`'s parameters that int8 serving keeps storages of their own (tensors that
+    shared one, a tied lm head and the embedding, keep sharing one; `released`: the others,
+    left as they are): the checkpoint's tensors can be views of one buffer per file, and a
+    kept view would hold the memory of every weight int8 serving releases."""
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    params = list(lean.named_parameters(remove_duplicate=False))
+    names = set(released)
+    for name, p in [*(x for x in params if x[0] not in names),
+                    *(x for x in params if x[0] in names)]:
+        key = (p.data_ptr(), tuple(p.shape), p.stride())
+        if key not in copies:
+            if name in names:
+                continue  # not shared with a kept one: released, not copied
+            copies[key] = p.data.clone()
+        p.data = copies[key]
+
+
 def _on_demand(target: ModelRunner, target_q: ModelRunner, loaded: LoadedModel, *,
                device: torch.device, dtype: torch.dtype) -> OnDemandWeights | None:
     """Return the float target's decoder-step weights as weights reloaded from the
@@ -210,7 +230,8 @@ def _on_demand(target: ModelRunner, target_q: ModelRunner, loaded: LoadedModel, 
         with torch.no_grad():
             fresh = t5.LeanT5(cfg, read_weights(path), dtype=dtype, device=device)
         params = dict(fresh.named_parameters())
-        return {name: params[name].detach() for name in names}
+        # Copies: a view would keep the whole checkpoint buffer resident while held.
+        return {name: params[name].detach().clone() for name in names}
 
     weights = OnDemandWeights(target.m, names, reload,
                               bound=[target.native] if target.native is not None else [])
