@@ -26,6 +26,10 @@ share of inputs where its float32 gives the engine float32's tokens exactly (the
 checked). Second to last line: `engine int8 / CTranslate2 int8 time: built-in Nx (Nx without
 the eager overflow rows), t5-small Nx` (median over buckets; below 1x the engine is faster).
 
+Resident memory first (`resident_memory`, bench.resident; `--no-memory` skips it): float32
+and int8 serving of each model, one engine per process, tensor bytes by kind and RSS, and
+whether int8 holds no more than float32 alone.
+
 Last line: `int8 speedup: N.NNx, agreement: A.AAAA` (built-in target: geometric-mean
 speedup over buckets and domains; mean token agreement over every canary).
 """
@@ -294,6 +298,31 @@ def _median(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}x" if ratios else "not measured"
 
 
+def resident_memory(args: argparse.Namespace) -> None:
+    """Print float32 vs int8 serving's resident memory (bench.resident) on both models."""
+    import tempfile
+
+    from bench import resident
+
+    models: list[tuple[str, str | None]] = [("built-in", args.model_dir)]
+    with tempfile.TemporaryDirectory(prefix="t5-small-") as tmp:
+        if args.small_inputs > 0:
+            cfg = small_config()
+            weights = small_weights(cfg)
+            models.append(("t5-small", str(resident.save_checkpoint(cfg, weights, Path(tmp)))))
+            del weights
+        print("resident memory (one engine per process, after warm-up and serving; int8: "
+              "float decoder weights released)")
+        print(resident.HEADER)
+        verdicts = []
+        for name, model_dir in models:
+            rows, met = resident.report(name, resident.compare(
+                model_dir, buckets=args.buckets, compile_mode=args.compile_mode))
+            print(rows)
+            verdicts.append(f"{name} {'met' if met else 'MISSED'}")
+    print(f"resident memory int8 <= float32 (tensors and RSS): {', '.join(verdicts)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", default="16,32,64")
@@ -308,11 +337,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
                         help="where CTranslate2's conversions are kept (converted once)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip resident memory (bench.resident, a process per serving)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
     import torch
 
     torch.set_num_threads(1)
+    if not args.no_memory:
+        resident_memory(args)
     small_vs_ct2 = small(args, Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])) \
         if args.small_inputs > 0 else []
     ratios, agreements, builtin_vs_ct2 = builtin(args)

@@ -88,6 +88,16 @@ def weights_hash(path: Path) -> str:
     return h.hexdigest()[:12]
 
 
+def fingerprint(path: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """Return what identifies the weight files of `path` on disk now (name, inode, size,
+    modification time): a file replaced or rewritten since changes it."""
+    out = []
+    for p in weight_files(path):
+        st = p.stat()
+        out.append((p.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 def check_config(config: Any, path: Path) -> None:
     """Refuse, by field name, a config whose math the lean forward does not implement."""
     model_type = getattr(config, "model_type", None)

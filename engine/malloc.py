@@ -41,3 +41,16 @@ def limit_arenas(arenas: int = DEFAULT_ARENAS, *,
     if ok:
         log.debug("malloc: at most %d arenas", arenas)
     return ok
+
+
+def trim() -> bool:
+    """Return freed heap pages to the system (glibc's malloc_trim); return whether any
+    were (False: not glibc, or nothing to return)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = (ctypes.c_size_t,)
+    return bool(fn(0))

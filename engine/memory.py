@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -68,3 +69,40 @@ def memory_snapshot(device: torch.device, kv: KvAccount, weight_bytes: int) -> M
         cuda_alloc_retries=int(stats.get("num_alloc_retries", 0)),
         cuda_ooms=int(stats.get("num_ooms", 0)),
     )
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def held_tensors(runners: list[Any]) -> dict[str, int]:
+    """Return the bytes of the tensors `runners` (engine.runner.ModelRunner) hold, by label.
+
+    Each storage is counted once, under the first label that reaches it: the model's
+    parameters and buffers (`<runner>.<name>`), its bias and position tables
+    (`<runner>.tables`) and what its C step keeps beside the weights (`<runner>.c_step`:
+    the int8 rows' sums). KV caches and per-thread scratch are working memory, not counted.
+    """
+    seen: set[tuple[str, int]] = set()
+    out: dict[str, int] = {}
+
+    def add(label: str, t: torch.Tensor) -> None:
+        key = _storage_key(t)
+        if key in seen or key[1] == 0:
+            return
+        seen.add(key)
+        out[label] = out.get(label, 0) + t.untyped_storage().nbytes()
+
+    for runner in runners:
+        m = runner.m
+        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+            add(f"{runner.name}.{name}", t)
+        tables = [runner.dec_bias, *runner.tables(), runner.start, *runner.positions,
+                  *runner.windows]
+        for t in tables:
+            add(f"{runner.name}.tables", t)
+        native = runner.native
+        for t in getattr(native, "_keep", ()):
+            if isinstance(t, torch.Tensor):
+                add(f"{runner.name}.c_step", t)
+    return out

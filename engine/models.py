@@ -17,8 +17,10 @@ import torch
 
 from engine import aot, native, quantize, t5
 from engine.config import BUILTIN_DIR, EngineConfig
+from engine.errors import ModelLoadError
+from engine.float_weights import OnDemandWeights, releasable
 from engine.graphs import GraphLedger
-from engine.loader import LoadedModel, load_model, pair_draft
+from engine.loader import LoadedModel, fingerprint, load_model, pair_draft, read_weights
 from engine.protocol import EngineInfo
 from engine.runner import CompileOptions, ModelRunner
 
@@ -160,16 +162,22 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
     target_q: ModelRunner | None = None
     if config.quantization == "int8":
         with torch.no_grad():
+            if device.type == "cpu":
+                _own_storages(target.m, released=quantize.step_names(target.m))
             lean_q = (quantizer or quantize.int8)(target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
-                               steps=steps, ledger=ledger)
+                               steps=steps, ledger=ledger, tables_of=target,
+                               encoder_of=target if quantize.shares_encoder(target.m, lean_q)
+                               else None)
     # The encoder runs once per request: for a small draft it is not worth a graph.
     draft = (runner(draft_loaded, "draft", k_max, 1, compile_encoder=False)
              if draft_loaded is not None else None)
     step_kind = _bind_native_step(config, options is not None, cache_root,
                                   (target, target_q, draft))
     info = _info(config, target_loaded, draft_loaded, device, dtype, reason, step_kind)
+    if target_q is not None:
+        target.weights = _on_demand(target, target_q, target_loaded, device=device, dtype=dtype)
     # The lean copies hold the weights now: drop the checkpoint's so they are resident once.
     target_loaded = target_loaded.released()
     if draft_loaded is not None:
@@ -179,6 +187,58 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
                   tokenizer=target_loaded.tokenizer, speculative_reason=reason,
                   step_kind=step_kind, info=info, slots=slots, k_max=k_max,
                   target_loaded=target_loaded, draft_loaded=draft_loaded)
+
+
+def _own_storages(lean: t5.LeanT5, *, released: list[str]) -> None:
+    """Give `lean`'s parameters that int8 serving keeps storages of their own (tensors that
+    shared one, a tied lm head and the embedding, keep sharing one; `released`: the others,
+    left as they are): the checkpoint's tensors can be views of one buffer per file, and a
+    kept view would hold the memory of every weight int8 serving releases."""
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    params = list(lean.named_parameters(remove_duplicate=False))
+    names = set(released)
+    for name, p in [*(x for x in params if x[0] not in names),
+                    *(x for x in params if x[0] in names)]:
+        key = (p.data_ptr(), tuple(p.shape), p.stride())
+        if key not in copies:
+            if name in names:
+                continue  # not shared with a kept one: released, not copied
+            copies[key] = p.data.clone()
+        p.data = copies[key]
+
+
+def _on_demand(target: ModelRunner, target_q: ModelRunner, loaded: LoadedModel, *,
+               device: torch.device, dtype: torch.dtype) -> OnDemandWeights | None:
+    """Return the float target's decoder-step weights as weights reloaded from the
+    checkpoint on demand (engine.float_weights), or None where they stay resident."""
+    if device.type != "cpu":
+        # CUDA graphs record the weights' addresses: a reload would need new graphs.
+        return None
+    names = releasable(target.m, quantize.step_names(target.m), keep=[target_q.m])
+    if not names:
+        return None
+    stamp = fingerprint(loaded.path)
+    path, cfg = loaded.path, loaded.config
+
+    def reload() -> dict[str, torch.Tensor]:
+        # The float32 arm measures int8 against the model that was loaded: not another
+        # one put in its place since (restart to serve that).
+        if fingerprint(path) != stamp:
+            raise ModelLoadError(f"{path}: the weights changed on disk since the engine "
+                                 "loaded them; the float32 weights are not reloaded from "
+                                 "another model (restart the engine to serve it)")
+        with torch.no_grad():
+            fresh = t5.LeanT5(cfg, read_weights(path), dtype=dtype, device=device)
+        params = dict(fresh.named_parameters())
+        # Copies: a view would keep the whole checkpoint buffer resident while held.
+        return {name: params[name].detach().clone() for name in names}
+
+    weights = OnDemandWeights(target.m, names, reload,
+                              bound=[target.native] if target.native is not None else [])
+    # Released once warm-up (or the first float requests) stop holding them.
+    weights.acquire()
+    weights.release()
+    return weights
 
 
 def _bind_native_step(config: EngineConfig, compile_on: bool, cache_root: Path,

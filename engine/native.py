@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from engine import aot, quantize, t5
-from engine.errors import BoundaryError
+from engine.errors import BoundaryError, EngineError
 from engine.native_checks import (
     INTEGER,
     Boundary,
@@ -285,6 +285,15 @@ class BoundStep:
         self._fn, self._chain, self._rows_fn = fn, chain, rows
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
+        self._ref: Any = None
+        self.rebind()
+        self._local = threading.local()  # scratch per thread: concurrent requests
+        self.boundary = Boundary(Dims.of(lean))
+
+    def rebind(self) -> None:
+        """Point C at the model's weights as they are now (checked again): after they were
+        released and loaded anew (engine.float_weights), their addresses have changed."""
+        lean = self._lean
         layers = list(lean.dec_layers)
         # Every weight C reads, checked once here (dtype, shape, layout): BoundaryError names it.
         check_weights(lean)
@@ -331,15 +340,25 @@ class BoundStep:
             **{name: per_layer(lambda layer, n=name: getattr(layer, n), _F, _FF)
                for name in ("ln_att", "ln_cross", "ln_ff")},
             **fields)
-        self._ref = ctypes.byref(self._model)
         self.vocab = vocab
         # Scratch floats per decoded row (engine/native_step.c: x, h, qkv, att, u, logits;
         # then the int8 activations, one row of qstride bytes, and their scale).
         widest = max(lean.d_model, lean.inner, d_ff)
         self._per_row = 2 * lean.d_model + 4 * lean.inner + (2 if lean.gated else 1) * d_ff \
             + vocab + (widest + 63) // 64 * 16 + 1
-        self._local = threading.local()  # scratch per thread: concurrent requests
-        self.boundary = Boundary(Dims.of(lean))
+        self._ref = ctypes.byref(self._model)
+
+    def unbind(self) -> None:
+        """Forget the weights' addresses before they are released: a call then raises
+        EngineError instead of reading freed memory."""
+        self._ref = None
+        self._keep = []
+
+    def _bound(self) -> Any:
+        ref = self._ref
+        if ref is None:
+            raise EngineError("native step: called while its model's weights are released")
+        return ref
 
     def scratch_floats(self, rows: int, widest: int) -> int:
         """Return the scratch floats C uses for `rows` rows attending at most `widest` keys."""
@@ -365,7 +384,7 @@ class BoundStep:
         out = torch.empty(max(steps, 0), dtype=torch.long)
         tail, _keep = self._tail(1, self_kv, cross_kv, mask_bias, dec_bias, out)
         # Every step in one C call: a draft proposes a whole round without a call per token.
-        code = self._chain(self._ref, first, steps, at, *tail)
+        code = self._chain(self._bound(), first, steps, at, *tail)
         if code:
             self._refused(code, [first], "token", at, steps, self_kv, cross_kv, dec_bias)
         return out
@@ -385,7 +404,7 @@ class BoundStep:
         out = torch.empty(q, dtype=torch.long)
         flat = tokens.reshape(q).to(torch.long).contiguous()
         tail, _keep = self._tail(q, self_kv, cross_kv, mask_bias, dec_bias, out)
-        code = self._fn(self._ref, flat.data_ptr(), q, first, *tail)
+        code = self._fn(self._bound(), flat.data_ptr(), q, first, *tail)
         if code:
             self._refused(code, flat.tolist(), "tokens", first, q, self_kv, cross_kv, dec_bias)
         return out
@@ -418,7 +437,7 @@ class BoundStep:
         span = dec_bias.shape[-1]
         out = torch.empty(b, dtype=torch.long)
         scratch = self._scratch(self.scratch_floats(b, max(span, int(lens.max()))))
-        code = self._rows_fn(self._ref, toks.data_ptr(), b, pos.data_ptr(), kv, slots, ckv,
+        code = self._rows_fn(self._bound(), toks.data_ptr(), b, pos.data_ptr(), kv, slots, ckv,
                              lens.data_ptr(), cb, dec_bias.data_ptr(), span, scratch,
                              out.data_ptr(), None if logits is None else logits.data_ptr())
         if code:

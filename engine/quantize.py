@@ -9,7 +9,8 @@ path for its multi-row products (dequantizing per call, `torch._weight_int8pack_
 float on the CPU measured (docs/engine.md#int8-weights), and a request's encoder runs once
 where its decoder step runs once per token. Embeddings,
 layer norms and position biases stay float and are shared too, so the int8 target holds
-only its int8 decoder weights beyond the float model.
+only its int8 decoder weights beyond the float model, whose own float decoder weights
+int8 serving releases (engine.float_weights; docs/engine.md#what-int8-serving-holds).
 
 Where the C step does not serve (no compiler, `native_step` off, eager), the forward
 computes `linear(x, int8.to(dtype)) * scale`: the reference path dequantizes on demand.
@@ -35,6 +36,26 @@ Quantizer = Callable[[LeanT5], LeanT5]
 LINEAR_WEIGHTS = ("qkv", "o", "cq", "ckv", "co", "wi", "wo")
 # The weights the decoder step reads (the C step's int8 weights; `ckv` is the encoder's).
 STEP_WEIGHTS = ("qkv", "o", "cq", "co", "wi", "wo")
+
+
+def shares_encoder(a: LeanT5, b: LeanT5) -> bool:
+    """Return whether `a` and `b` compute one encoder: every tensor `engine.t5.encode` reads
+    (embedding, encoder layers, final norm, position bias, cross K/V projection) is the
+    same tensor in both, with the same dtype and epsilon."""
+
+    def read(m: LeanT5) -> list[object]:
+        return [m.embed, m.enc_rel, m.enc_final, *m.enc_layers.parameters(),
+                *(layer.ckv for layer in m.dec_layers)]
+
+    ta, tb = read(a), read(b)
+    return (a.dtype == b.dtype and a.eps == b.eps and len(ta) == len(tb)
+            and all(isinstance(x, torch.Tensor) and x is y for x, y in zip(ta, tb, strict=True)))
+
+
+def step_names(lean: LeanT5) -> list[str]:
+    """Return the parameter names of the weights int8 replaces (decoder step and lm head)."""
+    return [f"dec_layers.{i}.{n}" for i in range(len(lean.dec_layers)) for n in STEP_WEIGHTS
+            ] + ["lm_head"]
 
 
 class Int8Weight(nn.Module):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 
 from engine import aot, compat, t5
 from engine.compile_watch import shared_watch, specialize
+from engine.float_weights import OnDemandWeights
 from engine.graphs import GraphLedger
 
 KIND_ENCODE = "encode"
@@ -77,7 +79,15 @@ class ModelRunner:
 
     def __init__(self, lean: t5.LeanT5, *, edges: Sequence[int], slots: int, verify_q: int,
                  options: CompileOptions | None, name: str, steps: int = 1,
-                 compile_encoder: bool = True, ledger: GraphLedger | None = None) -> None:
+                 compile_encoder: bool = True, ledger: GraphLedger | None = None,
+                 tables_of: ModelRunner | None = None,
+                 encoder_of: ModelRunner | None = None) -> None:
+        """`tables_of`: a runner whose bias and position tables this one can share (same
+        position-bias tensors, slots, verification width and edges), else built anew.
+        `encoder_of`: a runner whose encoder reads the very tensors this one's would (the
+        int8 target beside the float one): its encoder function serves this runner too,
+        called with its own model, so it is compiled, saved and held once."""
+        self.encoder_of = encoder_of
         self.m = lean
         self.name = name
         self.slots = slots
@@ -90,10 +100,33 @@ class ModelRunner:
         # Counts and checks every compiled call (engine.graphs); None: not counted.
         self.ledger = ledger
         self._lock = threading.Lock()
+        self.edges = tuple(edges)
+        # The float weights int8 serving reloads on demand (engine.float_weights); None:
+        # every weight stays resident.
+        self.weights: OnDemandWeights | None = None
+        self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy, chain=True)
+        self._compiled: dict[object, Fns] = {}
+        self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
+        # The C decode step (engine.native.BoundStep) when it serves this model: then no
+        # step or verify graph is compiled or saved; every bucket calls it instead.
+        self.native: Any = None
+        self._prepared = False
+        self.dec_bias: torch.Tensor
+        self._enc_bias: dict[int, torch.Tensor]
+        self.positions: list[torch.Tensor]
+        self.windows: list[torch.Tensor]
+        self.start: torch.Tensor
+        self._bias_for: list[torch.Tensor] = []
+        self._corners: list[torch.Tensor]
+        if tables_of is not None and tables_of.can_share_tables(self):
+            t = tables_of  # the int8 target beside the float one: the same tables, held once
+            self.dec_bias, self._enc_bias, self.positions, self.windows, self.start = (
+                t.dec_bias, t._enc_bias, t.positions, t.windows, t.start)
+            self._bias_for, self._corners = t._bias_for, t._corners
+            return
         with torch.no_grad():
             self.dec_bias = lean.decoder_bias(slots)
             self._enc_bias = {edge: lean.encoder_bias(edge) for edge in edges}
-        self.edges = tuple(edges)
         # Built once: the loop indexes these instead of making tensors per token.
         self.positions = [torch.tensor([i], device=lean.device_) for i in range(slots)]
         self.windows = [torch.arange(i, i + verify_q, device=lean.device_)
@@ -105,20 +138,36 @@ class ModelRunner:
         # its length marked dynamic, so every span runs the same compiled graph.
         # (Marked when something is first compiled: see _prepare_compile.)
         spans: dict[int, torch.Tensor] = {}
-        self._bias_for: list[torch.Tensor] = []
         for end in range(1, slots + 1):
             span = min(slots, -(-end // SPAN_STEP) * SPAN_STEP)
             if span not in spans:
                 spans[span] = self.dec_bias[:, :span, :span].contiguous()
             self._bias_for.append(spans[span])
         self._corners = list(spans.values())
-        self._prepared = False
-        self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy, chain=True)
-        self._compiled: dict[object, Fns] = {}
-        self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
-        # The C decode step (engine.native.BoundStep) when it serves this model: then no
-        # step or verify graph is compiled or saved; every bucket calls it instead.
-        self.native: Any = None
+
+    def can_share_tables(self, other: ModelRunner) -> bool:
+        """Return whether `other` may use this runner's tables: built from the same
+        position-bias tensors for the same slots, verification width and edges."""
+        a, b = self.m, other.m
+        return (a.enc_rel.data_ptr() == b.enc_rel.data_ptr()
+                and a.dec_rel.data_ptr() == b.dec_rel.data_ptr()
+                and a.dtype == b.dtype and a.device_ == b.device_
+                and (self.slots, self.verify_q, self.edges)
+                == (other.slots, other.verify_q, other.edges))
+
+    @contextmanager
+    def held(self) -> Iterator[float]:
+        """Keep every weight resident while the block runs (reloading released ones);
+        yield the seconds a reload took (0.0: nothing to reload)."""
+        if self.weights is None:
+            yield 0.0
+            return
+        with self.weights.held() as seconds:
+            yield seconds
+
+    def tables(self) -> list[torch.Tensor]:
+        """Return the precomputed bias tables (encoder bias per edge, self-attention corners)."""
+        return [*self._enc_bias.values(), *self._corners]
 
     def bias_for(self, end: int) -> torch.Tensor:
         """Return the self-attention bias for a call whose positions all lie below `end`."""
@@ -139,8 +188,11 @@ class ModelRunner:
         with self._lock:
             fns = self._compiled.get(key)
             if fns is None:
-                encode = (self._compile(t5.encode, self._tag(key, ENC))
-                          if self.compile_encoder else t5.encode)
+                if self.encoder_of is not None:
+                    encode = self._borrowed(self.encoder_of.compiled(key).encode)
+                else:
+                    encode = (self._compile(t5.encode, self._tag(key, ENC))
+                              if self.compile_encoder else t5.encode)
                 if self.native is not None:
                     fns = Fns(encode, self.native, self.native.verify, chain=True)
                 else:
@@ -261,8 +313,28 @@ class ModelRunner:
                 VERIFY: (m, toks, self.windows[0], kv, cross, mask,
                          self.bias_for(self.verify_q))}
 
+    def _borrowed(self, encode: Callable) -> Callable:
+        """Return `encoder_of`'s `encode` called with its own model, whatever model it is
+        given: it was traced and saved for that model (its guards on it are off)."""
+        owner = self.encoder_of
+        assert owner is not None
+
+        def run(_m: Any, *tensors: Any) -> Any:
+            return encode(owner.m, *tensors)
+
+        return run
+
+    def _shared_encode(self, loaded: dict[str, Callable]) -> Callable:
+        """Return the encode function a runner serving saved functions uses."""
+        if self.encoder_of is not None:
+            # The owner loads first (Models.compiled_runners' order): its saved encoder.
+            return self._borrowed(self.encoder_of.compiled(self.edges[0]).encode)
+        return loaded.get(ENC, t5.encode)
+
     def _saved_kinds(self, verify: bool) -> dict[str, Callable]:
-        kinds: dict[str, Callable] = {ENC: t5.encode} if self.compile_encoder else {}
+        kinds: dict[str, Callable] = ({ENC: t5.encode}
+                                      if self.compile_encoder and self.encoder_of is None
+                                      else {})
         if self.native is None:
             kinds[STEP] = t5.decode_steps
             if verify:
@@ -298,6 +370,10 @@ class ModelRunner:
             raise aot.AOTLoadError(f"torch {torch.__version__} has no AOT precompile "
                                    "(torch.compile(...).aot_compile): nothing saved, a start "
                                    "compiles instead")
+        with self.held():
+            return self._save(directory, kinds)
+
+    def _save(self, directory: Path, kinds: dict[str, Callable]) -> int:
         with torch.no_grad():
             examples = self._examples(self.edges[0], t5.encode)
         for kind, fn in kinds.items():
@@ -324,14 +400,14 @@ class ModelRunner:
         kinds = self._saved_kinds(verify)
         with self._lock:
             loaded = dict(self._loaded)
-        with torch.no_grad():
+        with torch.no_grad(), self.held():
             if ENC in kinds and ENC not in loaded:
                 # The encoder's output feeds the other examples: load and check it first.
                 path = self.saved_path(directory, ENC)
                 loaded[ENC] = (aot.load_package(path) if self._packaged(ENC)
                                else aot.load(path, self._encode_example(edge, mark=False)))
             # Saved functions are called with their guards off: no dynamo marks needed.
-            examples = self._examples(edge, loaded.get(ENC, t5.encode), mark=False)
+            examples = self._examples(edge, self._shared_encode(loaded), mark=False)
             for kind in kinds:
                 if kind not in loaded:
                     loaded[kind] = aot.load(self.saved_path(directory, kind), examples[kind])
@@ -349,7 +425,7 @@ class ModelRunner:
                                        f"{type(exc).__name__}: {exc}"[:500]) from exc
         with self._lock:
             if not self._loaded:
-                encode = loaded.get(ENC, t5.encode)
+                encode = self._shared_encode(loaded)
                 # A function not saved (verify without a draft) compiles on first use.
                 verify_fn = (self.native.verify if self.native is not None
                              else loaded.get(VERIFY)
@@ -375,7 +451,7 @@ class ModelRunner:
         `mark`: mark the dynamic dimensions (False for saved functions: they need none).
         """
         fns = self.compiled(edge)
-        with torch.no_grad():
+        with torch.no_grad(), self.held():
             examples = self._examples(edge, fns.encode, mark=mark)
             if not caches or self.native is not None:
                 fns.step(*examples[STEP])

@@ -124,7 +124,7 @@ class Runtime:
         self._kv = KvAccount(static_bytes(self._caches))
         self._lock = threading.Lock()
         self._compiled_step_lock = threading.Lock()
-        self._compiled_step_warm = False  # see _warm_compiled_step
+        self._compiled_step_warm: set[int] = set()  # id() of runners: see _warm_compiled_step
         self._rng = random.Random(0)
         self._traffic = BucketTraffic(self.cache_root)
         self._closed = False
@@ -387,76 +387,86 @@ class Runtime:
         probation = probation and speculate
         quantized = self.target_q is not None and flags.quantized_for(label)
         native = flags.native_step
+        runner = self.target_q if quantized and self.target_q is not None else self.target
         deadline = None if timeout_s is None else t_entry + timeout_s
-        batch: scheduler.Job | None = None
-        if not native:
-            self._warm_compiled_step(n, flags)
-        with self._admission.slot(deadline, synthetic=canary) as slot:
-            t_slot = time.perf_counter()
-            path, length, key = self._route(n, flags)
-            recorded = self.ledger.recorded()
-            try:
-                decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized, native,
-                    alone=not flags.batching)
-            except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
-                raise
-            except Exception:
-                if key is None:
+        with runner.held() as reload_s:
+            # Float weights int8 serving had released come back from disk first: that wait
+            # is not the model's time (the float32 arm's latency measures the model), so
+            # the request's times start after it; its deadline does not move.
+            t_entry += reload_s
+            batch: scheduler.Job | None = None
+            if not native:
+                self._warm_compiled_step(n, flags, runner)
+            with self._admission.slot(deadline, synthetic=canary) as slot:
+                t_slot = time.perf_counter()
+                path, length, key = self._route(n, flags)
+                recorded = self.ledger.recorded()
+                try:
+                    decoded, t_encoded, t_device, batch = self._run_any(
+                        ids, length, key, slot, k, max_new, deadline, quantized, native,
+                        alone=not flags.batching)
+                except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
                     raise
-                # A compile that fails must not fail the request: count it, run eager.
-                self._watch.record_failure()
-                path, key = PATH_EAGER, None
-                decoded, t_encoded, t_device, batch = self._run_any(
-                    ids, length, key, slot, k, max_new, deadline, quantized, native,
-                    alone=not flags.batching)
-        out = decoded.tokens
-        if batch is not None:
-            # What ran: a request that asked to speculate decodes direct while batched.
-            speculate = decoded.spec.drafts > 0
-            k = k if speculate else 0
-        self._learn(label, decoded, t_encoded, speculate,
-                    alone=batch is None or batch.batch_max <= 1)
-        text_out = self.tokenizer.decode(out, skip_special_tokens=True)
-        stamps = decoded.stamps
-        return GenerateResult(
-            text=text_out, output_ids=tuple(out), input_tokens=n, bucket=label,
-            padded_length=length, output_tokens=len(out), path=path,
-            decoding=DECODING_SPECULATIVE if speculate else DECODING_DIRECT,
-            queue_wait_s=t_slot - t_entry, encoder_s=t_encoded - t_device,
-            ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
-            decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
-            total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
-            probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
-            quantized=quantized, native_step=self._on_native(key, quantized, native),
-            cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
-        )
+                except Exception:
+                    if key is None:
+                        raise
+                    # A compile that fails must not fail the request: count it, run eager.
+                    self._watch.record_failure()
+                    path, key = PATH_EAGER, None
+                    decoded, t_encoded, t_device, batch = self._run_any(
+                        ids, length, key, slot, k, max_new, deadline, quantized, native,
+                        alone=not flags.batching)
+            out = decoded.tokens
+            if batch is not None:
+                # What ran: a request that asked to speculate decodes direct while batched.
+                speculate = decoded.spec.drafts > 0
+                k = k if speculate else 0
+            self._learn(label, decoded, t_encoded, speculate,
+                        alone=batch is None or batch.batch_max <= 1)
+            text_out = self.tokenizer.decode(out, skip_special_tokens=True)
+            stamps = decoded.stamps
+            return GenerateResult(
+                text=text_out, output_ids=tuple(out), input_tokens=n, bucket=label,
+                padded_length=length, output_tokens=len(out), path=path,
+                decoding=DECODING_SPECULATIVE if speculate else DECODING_DIRECT,
+                queue_wait_s=t_slot - t_entry, encoder_s=t_encoded - t_device,
+                ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
+                decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
+                total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
+                probation=probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
+                quantized=quantized, native_step=self._on_native(key, quantized, native),
+                cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
+            )
 
-    def _warm_compiled_step(self, n: int, flags: RuntimeFlags) -> None:
-        """Compile the compiled step beside the C step once, before taking a row.
+    def _warm_compiled_step(self, n: int, flags: RuntimeFlags, runner: ModelRunner) -> None:
+        """Compile the compiled step beside the C step once per runner, before taking a row.
 
         The native_step flag off (the policy's fallback, the `compiled_step` A/B arm) runs
         it. Compiled inside the admission slot, its first call held the only decode row for
         the seconds a compile takes while real requests queued behind it; compiled here,
         with the length marked dynamic, one graph serves every bucket. Not at warm-up: a
         warm start from saved functions compiles nothing (the compiled step is not saved).
+        `runner` (the target this request decodes with) is held by the caller.
         """
-        if self._compiled_step_warm:
+        runners = [(runner, self.draft is not None)]
+        if self.draft is not None:
+            runners.append((self.draft, False))
+        if all(id(r) in self._compiled_step_warm for r, _ in runners):
             return
         _path, _length, key = self._route(n, flags)
         if not isinstance(key, int):
             return  # eager, exact or overflow: no compiled step
         with self._compiled_step_lock:
-            if self._compiled_step_warm:
-                return
-            try:
-                for runner, verify in self.models.compiled_runners():
-                    runner.warm_compiled_step(key, verify=verify)
-            except Exception as exc:  # noqa: BLE001 - the request's own fallback runs eager
-                self._watch.record_failure()
-                log.error("engine: the compiled step did not compile: %s: %s",
-                          type(exc).__name__, str(exc)[:300])
-            self._compiled_step_warm = True
+            for r, verify in runners:
+                if id(r) in self._compiled_step_warm:
+                    continue
+                try:
+                    r.warm_compiled_step(key, verify=verify)
+                except Exception as exc:  # noqa: BLE001 - the request's own fallback runs eager
+                    self._watch.record_failure()
+                    log.error("engine: %s: the compiled step did not compile: %s: %s",
+                              r.name, type(exc).__name__, str(exc)[:300])
+                self._compiled_step_warm.add(id(r))
 
     def _learn(self, label: str, decoded: decoding.Decoded, t_encoded: float,
                speculated: bool, *, alone: bool = True) -> None:
@@ -605,6 +615,8 @@ class Runtime:
         if self._device_thread is not None:
             self._device_thread.close()
         self._flags.close()
+        if self.target.weights is not None:
+            self.target.weights.close()
         self.warmup.join(timeout=0.1)
 
 
