@@ -34,8 +34,11 @@ from sqlalchemy.orm import Session
 
 from alerts.baselines import hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
+    HELD_SUFFIX,
+    INSUFFICIENT_HISTORY,
     TAIL_QUANTILE,
     BaselineStats,
+    Cusum,
     count_above,
     exceedance_llr,
     llr,
@@ -50,7 +53,7 @@ from storage.queries.sensitivity import StoredSensitivity
 from storage.sketches import GAMMA, Sketch, bin_of
 
 OK = "ok"
-INSUFFICIENT = "insufficient history"
+INSUFFICIENT = INSUFFICIENT_HISTORY
 NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in time
 DAYS_30 = 30 * 86400.0
 P95 = 0.95
@@ -106,6 +109,7 @@ class SensitivityConfig:
         budget, as many as it takes for a count of none to meet it (`budget_days`).
     max_days: the most days simulated for a budget (a budget of 0 is met by none in them).
     min_history: fewest usable cycles an estimate rests on.
+    min_history_s: the least time they span (a host's month is not read off an hour).
     block: fewest cycles resampled together; blocks span at least 4 of the rule's
         lookbacks (each join restarts the series' state: an excursion cut there, or the
         CUSUM build-up before it, would not page, undercounting false pages on an
@@ -120,6 +124,7 @@ class SensitivityConfig:
     days: float = 60.0
     max_days: float = 360.0
     min_history: int = 360
+    min_history_s: float = 6 * 3600.0
     block: int = 5
     max_shift: float = 3.0
     cpu_s: float = 2.0
@@ -223,10 +228,14 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
                        within_cycles=cfg.within_cycles, configured_threshold=rule.threshold,
                        threshold=rule.threshold, budget_per_30d=budget)
     need = max(cfg.min_history, 3 * (rule.lookback_cycles + cfg.within_cycles))
+    # While it is, a budgeted series' pages are held as warnings (alerts.baselines): said.
+    held = HELD_SUFFIX if budget is not None else ""
     if baseline is None or baseline.center == 0 or baseline.cycles < rule.min_baseline_cycles:
-        return replace(base, reason="insufficient history: no usable baseline yet")
-    if len(pts) < need:
-        return replace(base, reason=f"insufficient history: {len(pts)} of {need} cycles")
+        return replace(base, reason=f"{INSUFFICIENT}: no usable baseline yet{held}")
+    span = (pts[-1].at - pts[0].at).total_seconds() + rule.window_s if pts else 0.0
+    if len(pts) < need or span < cfg.min_history_s:
+        return replace(base, reason=f"{INSUFFICIENT}: {len(pts)} of {need} cycles, "
+                       f"{span / 3600:.1f} of {cfg.min_history_s / 3600:g} h{held}")
     noise = _Noise(rule, history, baseline, cfg.block)
     cycles = max(1, round(cfg.budget_days(budget) * 86400.0 / rule.window_s))
     sim = _Sim(noise, noise.indices(rng, noise.warm + cycles))
@@ -431,20 +440,42 @@ class _Noise:
         run = np.cumsum(inc)
         s = run - np.minimum(0.0, np.minimum.accumulate(run))
         may = s >= h * (1.0 - 1e-9)  # the cumulative sums round differently from the rule's
+        reach: np.ndarray | None = None
         if self._scored_by_exceedance(rule):
             may &= self.may_reach(rule, sim)
+        elif not self.repool:
+            # The run's median must reach the threshold: half its cycles at least.
+            reach = np.nan_to_num(self.rels[sim.seq] * rule.direction, nan=-np.inf) \
+                >= rule.threshold
+        beyond = np.zeros(len(sim.seq), dtype=bool)
         if rule.ceiling is not None or rule.floor is not None:
             v = self.baseline.center * (1.0 + self.rels[sim.seq])
-            may |= (v > rule.ceiling) if rule.ceiling is not None else False
-            may |= (v < rule.floor) if rule.floor is not None else False
+            beyond |= (v > rule.ceiling) if rule.ceiling is not None else False
+            beyond |= (v < rule.floor) if rule.floor is not None else False
+        may[:self.warm] = False
+        # The CUSUM restarted at each candidate's window start (the rule's) must reach h.
+        cand = np.flatnonzero(may)
+        if len(cand):
+            idx = cand[:, None] + np.arange(1 - n, 1)[None, :]
+            win = np.where(idx >= 0, inc[np.maximum(idx, 0)], 0.0)
+            c = np.cumsum(win, axis=1)
+            final = c[:, -1] - np.minimum(0.0, c.min(axis=1))
+            may[cand[final < h * (1.0 - 1e-6)]] = False
+        may |= beyond
         may[:self.warm] = False
         pages, t = 0, 0
-        for c in np.flatnonzero(may):
+        for k, c in enumerate(np.flatnonzero(may)):
             if c < t:
                 continue
             t = int(c)
-            if not rule_fires(rule, self.baseline, sim, t, n):
+            if k % 64 == 0:
                 timer.check()
+            if not beyond[t] and not _window_may_fire(inc[max(0, t - n + 1):t + 1], reach if
+                                                      reach is None else
+                                                      reach[max(0, t - n + 1):t + 1],
+                                                      rule.cusum, rule.for_cycles):
+                continue
+            if not rule_fires(rule, self.baseline, sim, t, n):
                 continue
             pages += 1
             if pages >= limit:
@@ -452,9 +483,9 @@ class _Noise:
             # Firing until the rule says it recovered; a new episode may start after.
             while t + 1 < len(sim.seq):
                 t += 1
-                timer.check()
                 if evaluate_rule(rule, {}, self.baseline, sim.window(t, n)).recovered:
                     break
+            timer.check()
             t += 1
         return _Count(pages, judged, rule.window_s)
 
@@ -468,6 +499,25 @@ class _Noise:
         shifted = sim.shifted(onset, factor)
         return any(rule_fires(rule, self.baseline, shifted, t, rule.lookback_cycles)
                    for t in range(onset, min(onset + within, len(sim.seq))))
+
+
+def _window_may_fire(inc: np.ndarray, reach: np.ndarray | None, cusum: Cusum,
+                     for_cycles: int) -> bool:
+    """Return False where the rule's window cannot confirm a change (a screen; the rule
+    decides): its CUSUM, restarted at the window's start, stays under h; or, where the
+    increments are the rule's own scores, fewer than half of its current run's cycles
+    reach the threshold (their median must)."""
+    s, start = 0.0, 0
+    for k, x in enumerate(inc.tolist()):
+        s = max(0.0, s + x)
+        if s == 0.0:
+            start = k + 1
+    if s < cusum.h * (1.0 - 1e-9):
+        return False
+    if reach is None:
+        return True
+    run = reach[start:]
+    return len(run) >= for_cycles and 2 * int(run.sum()) >= len(run)
 
 
 def rule_fires(rule: Rule, baseline: BaselineStats, sim: _Sim, t: int, n: int) -> bool:
