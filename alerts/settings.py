@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class IncidentSettings(BaseModel):
@@ -66,3 +66,14 @@ class AlertSettings(BaseModel):
 
         parse_targets(v)  # raises naming the target and field
         return v
+
+    @model_validator(mode="after")
+    def _min_history(self) -> AlertSettings:
+        # An estimate reads sensitivity_history_s of cycles: asking for more would hold a
+        # series' pages for ever.
+        if self.sensitivity_min_history_s > self.sensitivity_history_s:
+            raise ValueError(
+                f"sensitivity_min_history_s: {self.sensitivity_min_history_s:g} s exceeds "
+                f"sensitivity_history_s ({self.sensitivity_history_s:g} s), the history an "
+                "estimate reads")
+        return self

@@ -7,6 +7,8 @@ import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -89,6 +91,11 @@ def test_budget_off_keeps_paging_from_the_first_cycle(
     # Opted out of the budget: the configured threshold, whatever the noise, as before.
     cfg = load_config(AlertSettings(false_page_budget_per_30d=None))
     assert cfg.baselines.hold_cycles == 0 and cfg.baselines.hold_s == 0
+
+
+def test_a_minimum_history_longer_than_the_history_read_is_refused() -> None:
+    with pytest.raises(ValidationError, match="sensitivity_min_history_s"):
+        AlertSettings(sensitivity_history_s=3600.0)  # 6 h asked of 1 h
 
 
 def test_an_absolute_limit_still_pages_while_held() -> None:
