@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,7 +46,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from alerts.detection import BaselineStats
+from alerts.detection import HELD_SUFFIX, INSUFFICIENT_HISTORY, BaselineStats
 from alerts.errors import BaselineError
 from alerts.rule_file import METRICS, SCOPE_LABELS, SOURCES
 from alerts.rules import Point, Rule
@@ -79,6 +79,11 @@ class BaselineConfig:
     backfill_hours: int = 6
     # alerts.false_page_budget_per_30d is set: stored widened thresholds apply.
     false_page_budget: bool = True
+    # With the budget on, a series whose false-page estimate says insufficient history
+    # (or, not estimated yet, whose baseline rests on fewer than hold_cycles cycles or
+    # spans less than hold_s) fires warnings, not pages (alerts.rules.pages_held). 0: off.
+    hold_cycles: int = 0
+    hold_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,10 @@ def baselines_for_rule(
     by_scope = dict(active)
     # Every rule's stored sensitivity (threshold in force) in one read per evaluation.
     sens = cache.once(("sensitivities",), lambda: sensitivity_queries.by_key(session))
+    # Rule x scope where some cohort's estimate is made: the host's noise there is known,
+    # so a new version's young series keeps paging through a rollout.
+    known = cache.once(("sensitivities_known",), lambda: {
+        (k[0], k[1]) for k, v in sens.items() if v.status != INSUFFICIENT_HISTORY})
     # The hour of the latest finished cycle (the one judged), not of `now`.
     judged = now - timedelta(seconds=rule.window_s)
     seasons: list[tuple[str, int]] = [(kind, season(judged))
@@ -253,7 +262,7 @@ def baselines_for_rule(
             active[k] = [b for b in active.get(k, []) if b.id not in gone] + rows
     out: dict[Labels, dict[Cohort, CohortBaseline]] = {}
     for labels, cohort, key, skeys in plan:
-        widen = _widening(rule, dict(labels), sens, config)
+        widen = _widening(rule, dict(labels), sens, config, known)
         out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skeys, widen)
     return out
 
@@ -317,21 +326,46 @@ _Widen = Callable[[StoredBaseline, BaselineStats], BaselineStats]
 
 
 def _widening(rule: Rule, labels: Mapping[str, str],
-              sens: Mapping[SensitivityKey, StoredSensitivity], config: BaselineConfig) -> _Widen:
+              sens: Mapping[SensitivityKey, StoredSensitivity], config: BaselineConfig,
+              known: Collection[tuple[str, str]] = frozenset()) -> _Widen:
     """Return what sets a chosen baseline's threshold in force from its stored estimate.
 
     The widened threshold applies while the budget is on for the rule and scope and the
     estimate was made for the configured threshold (a changed rule waits for the next one).
+    Pages are held where the series is too young for its estimate and no other cohort of
+    the scope has one (`known`).
     """
     on = config.false_page_budget and rule.budget_for(labels, 1.0) is not None
 
     def widen(b: StoredBaseline, stats: BaselineStats) -> BaselineStats:
         s = sens.get((rule.name, b.scope_key, b.model_version, b.config_hash))
+        held = _held(b, s, config) if on and (rule.name, b.scope_key) not in known else ""
+        if held:
+            stats = replace(stats, held=held)
         if not on or s is None or s.budget_per_30d is None or s.threshold <= rule.threshold \
                 or not math.isclose(s.configured_threshold, rule.threshold):
             return stats
         return replace(stats, threshold=s.threshold, widened=s.reason)
     return widen
+
+
+def _held(b: StoredBaseline, s: StoredSensitivity | None, config: BaselineConfig) -> str:
+    """Return why the series' pages are held (its history is too short for its false-page
+    estimate), or "" where they page."""
+    if not (config.hold_cycles or config.hold_s) or "season" in b.scope:
+        return ""  # a season is in force only once seen on two days: never a young series
+    if s is not None:
+        return s.reason.removesuffix(HELD_SUFFIX) if s.status == INSUFFICIENT_HISTORY else ""
+    if b.kind != "rolling":
+        return ""
+    # Not estimated yet (the job runs on its own schedule): judged by the baseline's own
+    # history, so a young series' first cycles after arming cannot page before it runs.
+    span = (b.window_end - b.window_start).total_seconds() \
+        if b.window_start is not None and b.window_end is not None else 0.0
+    if b.samples >= config.hold_cycles and span >= config.hold_s:
+        return ""
+    return (f"{INSUFFICIENT_HISTORY}: {b.samples} of {config.hold_cycles} cycles, "
+            f"{span / 3600:.1f} of {config.hold_s / 3600:g} h (not estimated yet)")
 
 
 def _stats(b: StoredBaseline, spread: float) -> BaselineStats:

@@ -42,14 +42,21 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
 
     Raises ConfigError (a ValueError) naming the file, entry and field on bad input.
     """
+    sensitivity = SensitivityConfig(within_cycles=settings.sensitivity_within_cycles,
+                                    budget_per_30d=settings.false_page_budget_per_30d,
+                                    cpu_s=settings.sensitivity_cpu_s,
+                                    min_history_s=settings.sensitivity_min_history_s)
+    budget_on = settings.false_page_budget_per_30d is not None
     return AlertsConfig(
         rules=tuple(load_rules(settings.rules_file)),
         targets=tuple(parse_targets(settings.webhooks)),
         policy=load_policy(settings.policy_file),
         baselines=BaselineConfig(refresh_s=settings.baseline_refresh_s,
                                  warm_in_s=settings.baseline_warm_in_s,
-                                 false_page_budget=settings.false_page_budget_per_30d
-                                 is not None),
+                                 false_page_budget=budget_on,
+                                 # Until a series can state its false pages, it warns.
+                                 hold_cycles=sensitivity.min_history if budget_on else 0,
+                                 hold_s=sensitivity.min_history_s if budget_on else 0.0),
         external_url=settings.external_url,
         resend_s=settings.resend_interval_s,
         flags_ttl_s=settings.flags_ttl_s,
@@ -59,9 +66,7 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
             window_s=settings.incidents.window_s, hold_s=settings.incidents.hold_s,
             group_interval_s=settings.incidents.group_interval_s,
             update_formats=frozenset(settings.incidents.update_formats)),
-        sensitivity=SensitivityConfig(within_cycles=settings.sensitivity_within_cycles,
-                                      budget_per_30d=settings.false_page_budget_per_30d,
-                                      cpu_s=settings.sensitivity_cpu_s),
+        sensitivity=sensitivity,
         sensitivity_history_s=settings.sensitivity_history_s,
         sensitivity_job_cpu_s=settings.sensitivity_job_cpu_s,
     )

@@ -42,6 +42,10 @@ _Q05_Q95_TO_SIGMA = 3.29
 EXCEEDANCE_RATIO = 10.0
 # Quantiles from here up are scored by exceedances when pooled (alerts.rules).
 TAIL_QUANTILE = 0.9
+# A series whose false-page rate cannot be estimated yet (alerts.sensitivity).
+INSUFFICIENT_HISTORY = "insufficient history"
+# What such a series' stored reason ends with while the budget holds its pages.
+HELD_SUFFIX = "; pages held as warnings until then"
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class BaselineStats:
     # this series' noise (alerts.sensitivity), and why; None: the configured one.
     threshold: float | None = None
     widened: str = ""
+    # Why this series' pages are held as warnings: its history is too short to estimate
+    # how often it would page on noise (alerts.sensitivity); "": it pages.
+    held: str = ""
 
     @classmethod
     def of(cls, values: Iterable[float], *, pinned: bool = False,

@@ -111,7 +111,7 @@ class Lifecycle:
                 return out
             alert = Alert(
                 fingerprint=fingerprint(rule.name, result.labels), rule=rule.name,
-                labels=dict(result.labels), severity=rule.severity, state="pending",
+                labels=dict(result.labels), severity=result.severity, state="pending",
                 started_at=self.now, updated_at=self.now, consecutive_breaches=0,
                 consecutive_ok=0)
             self.session.add(alert)
@@ -127,6 +127,8 @@ class Lifecycle:
                 out.append(self._move(alert, "pending", "late", result, state="resolved"))
             elif result.fired:
                 alert.fired_at = self.now
+                # The result's: a series too young to state its false pages fires a warning.
+                alert.severity = result.severity
                 out.append(self._move(alert, "pending", "firing", result))
                 self._notify(alert, out[-1])
             elif not result.breaching:

@@ -29,6 +29,7 @@ from alerts.detection import (
 )
 from storage.sketches import Sketch, min_samples
 
+PAGE, WARNING = "page", "warning"
 # Quantile metrics: the quantile each reads; a cycle's value must rest on
 # storage.sketches.min_samples(q) samples (p99: 100), else the rule says insufficient_samples.
 QUANTILE_METRICS: dict[str, float] = {
@@ -178,6 +179,10 @@ def evaluate_rule(
 ) -> RuleResult:
     """Check one scope's per-cycle series (oldest first) against its baseline."""
     rule, widened = threshold_in_force(rule, baseline)
+    paging, held = rule, pages_held(rule, baseline)
+    if held:
+        rule = replace(rule, severity=WARNING)
+    widened += held
     center = baseline.center if baseline is not None else None
     thin = unjudgeable(rule, points)
     if thin is not None:
@@ -209,7 +214,9 @@ def evaluate_rule(
     why = reason(rule, center, checks)
     if late:
         why += "; over: the latest cycles' own samples no longer breach"
-    return _result(rule, labels, center, why + widened, current=current,
+    # An absolute limit is the operator's own statement, not a guess about noise: it pages.
+    return _result(paging if limit_fired else rule, labels, center, why + widened,
+                   current=current,
                    relative_change=changes[-1], fired=limit_fired or confirmation.fired,
                    breaching=checks.breaching,
                    recovered=recovered(rule, baseline, judged, values, changes),
@@ -234,6 +241,17 @@ def threshold_in_force(rule: Rule, baseline: BaselineStats | None) -> tuple[Rule
         return rule, ""
     widened = f"; {baseline.widened}" if baseline.widened else ""
     return replace(rule, threshold=baseline.threshold), widened
+
+
+def pages_held(rule: Rule, baseline: BaselineStats | None) -> str:
+    """Return the suffix every reason gets where the series' pages are held as warnings.
+
+    A series too young for its false-page estimate (alerts.sensitivity) cannot say how
+    often it would page on noise: its confirmed changes are warnings until it can.
+    """
+    if baseline is None or not baseline.held or rule.severity != PAGE:
+        return ""
+    return f"; pages held as warnings: {baseline.held}"
 
 
 def unjudgeable(rule: Rule, points: Sequence[Point]) -> tuple[int, str] | None:

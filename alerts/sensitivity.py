@@ -23,24 +23,25 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from alerts.baselines import hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
+    HELD_SUFFIX,
+    INSUFFICIENT_HISTORY,
     TAIL_QUANTILE,
     BaselineStats,
     Cusum,
     count_above,
     exceedance_llr,
     llr,
-    relative_change,
 )
 from alerts.rules import QUANTILE_METRICS, Point, Rule, evaluate_rule, quantile_samples
 from alerts.series import Labels, sliced_cohort_series
@@ -49,18 +50,50 @@ from storage.queries import baselines as baseline_queries
 from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.baselines import StoredBaseline, decide_in_force
 from storage.queries.sensitivity import SensitivityKey, StoredSensitivity
-from storage.sketches import GAMMA, Sketch
+from storage.sketches import GAMMA, Sketch, bin_of
 
 OK = "ok"
-INSUFFICIENT = "insufficient history"
+INSUFFICIENT = INSUFFICIENT_HISTORY
 NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in time
 DAYS_30 = 30 * 86400.0
 P95 = 0.95
-# Episodes that pin a false-page rate well enough (about +-20%); counting stops there.
-PRECISE_PAGES = 25
+# Episodes that pin a false-page rate well enough (about +-14%); counting stops there.
+PRECISE_PAGES = 50
 # The detectable shift is searched to this share of (1 + shift): a stated shift lies at
 # most that far above the true p95 point.
 SHIFT_RESOLUTION = 0.005
+
+
+# One-sided confidence of the false-page rate the budget is checked against: 80%. At 95%
+# one page in the simulated days (a dedicated host's rare stall pair, a fifth of the
+# budget) failed every threshold up to where that one excursion stops paging (+178%).
+UPPER_Z = 0.8416
+
+
+def poisson_upper(k: int) -> float:
+    """Return the one-sided 80% upper bound of a Poisson mean with k events seen
+    (Wilson-Hilferty; 1.6 for none, 3.0 for one)."""
+    n = k + 1
+    return n * (1.0 - 1.0 / (9.0 * n) + UPPER_Z / (3.0 * math.sqrt(n))) ** 3
+
+
+@dataclass(frozen=True)
+class _Count:
+    """Alert episodes counted over simulated cycles of `window_s` seconds."""
+
+    pages: int
+    cycles: int
+    window_s: float
+
+    @property
+    def per_30d(self) -> float:
+        """Return the rate per 30 days (the point estimate stated)."""
+        return self.pages * DAYS_30 / self.window_s / max(1, self.cycles)
+
+    @property
+    def upper_30d(self) -> float:
+        """Return its 80% upper bound: what the budget is checked against."""
+        return poisson_upper(self.pages) * DAYS_30 / self.window_s / max(1, self.cycles)
 
 
 class Timeout(Exception):
@@ -74,8 +107,11 @@ class SensitivityConfig:
     within_cycles: N, the cycles after onset within which a shift must be confirmed.
     budget_per_30d: false pages per 30 days a series may cost; None: no budget (`off`).
     trials: resampled trials per shift tried.
-    days: stationary days simulated for the false-page count (at least 30).
+    days: stationary days simulated for the false-page count (at least 30); with a
+        budget, as many as it takes for a count of none to meet it (`budget_days`).
+    max_days: the most days simulated for a budget (a budget of 0 is met by none in them).
     min_history: fewest usable cycles an estimate rests on.
+    min_history_s: the least time they span (a host's month is not read off an hour).
     block: fewest cycles resampled together; blocks span at least 4 of the rule's
         lookbacks (each join restarts the series' state: an excursion cut there, or the
         CUSUM build-up before it, would not page, undercounting false pages on an
@@ -88,7 +124,9 @@ class SensitivityConfig:
     budget_per_30d: float | None = 0.5
     trials: int = 100
     days: float = 60.0
+    max_days: float = 360.0
     min_history: int = 360
+    min_history_s: float = 6 * 3600.0
     block: int = 5
     max_shift: float = 3.0
     cpu_s: float = 2.0
@@ -99,8 +137,20 @@ class SensitivityConfig:
             raise ValueError(f"within_cycles: must be >= 1, got {self.within_cycles}")
         if self.budget_per_30d is not None and not self.budget_per_30d >= 0:
             raise ValueError(f"budget_per_30d: must be >= 0, got {self.budget_per_30d}")
-        if self.trials < 20 or self.days < 30 or self.block < 1 or self.min_history < 10:
-            raise ValueError("trials >= 20, days >= 30, block >= 1 and min_history >= 10")
+        if self.trials < 20 or self.days < 30 or self.block < 1 or self.min_history < 10 \
+                or self.max_days < self.days:
+            raise ValueError("trials >= 20, days >= 30, max_days >= days, block >= 1 and "
+                             "min_history >= 10")
+
+    def budget_days(self, budget: float | None) -> float:
+        """Return the days simulated: enough for one page in them to meet `budget` at the
+        upper bound (180 for 0.5 per 30 days), within [days, max_days]."""
+        if budget is None:
+            return self.days
+        if budget <= 0:
+            return self.max_days
+        # A hair more, so that rounding to whole cycles never leaves the bound over it.
+        return min(self.max_days, max(self.days, 30.0 * poisson_upper(1) / budget * 1.001))
 
 
 @dataclass(frozen=True)
@@ -181,17 +231,22 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
                        within_cycles=cfg.within_cycles, configured_threshold=rule.threshold,
                        threshold=rule.threshold, budget_per_30d=budget)
     need = max(cfg.min_history, 3 * (rule.lookback_cycles + cfg.within_cycles))
+    # While it is, a budgeted series' pages are held as warnings (alerts.baselines): said.
+    held = HELD_SUFFIX if budget is not None else ""
     if baseline is None or baseline.center == 0 or baseline.cycles < rule.min_baseline_cycles:
-        return replace(base, reason="insufficient history: no usable baseline yet")
-    if len(pts) < need:
-        return replace(base, reason=f"insufficient history: {len(pts)} of {need} cycles")
-    noise = _Noise(rule, pts, baseline, max(cfg.block, 4 * rule.lookback_cycles))
-    cycles = max(1, round(cfg.days * 86400.0 / rule.window_s))
-    seq = noise.indices(rng, cycles)
-    at_configured = noise.false_pages(rule, seq, timer)
+        return replace(base, reason=f"{INSUFFICIENT}: no usable baseline yet{held}")
+    span = (pts[-1].at - pts[0].at).total_seconds() + rule.window_s if pts else 0.0
+    if len(pts) < need or span < cfg.min_history_s:
+        return replace(base, reason=f"{INSUFFICIENT}: {len(pts)} of {need} cycles, "
+                       f"{span / 3600:.1f} of {cfg.min_history_s / 3600:g} h{held}")
+    noise = _Noise(rule, history, baseline, cfg.block)
+    cycles = max(1, round(cfg.budget_days(budget) * 86400.0 / rule.window_s))
+    sim = _Sim(noise, noise.indices(rng, noise.warm + cycles))
+    configured = noise.false_pages(rule, sim, timer)
+    at_configured = configured.per_30d
     threshold, pages = rule.threshold, at_configured
-    if budget is not None and at_configured > budget:
-        threshold, pages = _widen(rule, noise, seq, budget, timer)
+    if budget is not None and configured.upper_30d > budget:
+        threshold, pages = _widen(rule, noise, sim, budget, timer)
     in_force = replace(rule, threshold=threshold)
     detectable = _detectable(in_force, noise, cfg, rng, timer)
     reason = widening_reason(rule.direction, rule.threshold, threshold, at_configured) \
@@ -201,41 +256,43 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
                    false_pages_configured=at_configured, reason=reason, cpu_s=timer.spent)
 
 
-def _widen(rule: Rule, noise: _Noise, seq: list[int], budget: float,
+def _widen(rule: Rule, noise: _Noise, sim: _Sim, budget: float,
            timer: _Clock) -> tuple[float, float]:
-    """Return the smallest threshold (to a whole percent) paging within `budget`."""
+    """Return the smallest threshold (to a whole percent) whose false pages' upper bound
+    is within `budget`, and its stated rate."""
     # A falling metric cannot fall by more than 100%; a rising one may.
     top = 1.0 if rule.direction < 0 else 50.0
     lo, hi = rule.threshold, rule.threshold
-    pages = math.inf
-    while pages > budget:
+    count = _Count(PRECISE_PAGES, 1, rule.window_s)
+    while count.upper_30d > budget:
         if hi >= top:  # nothing meets the budget: the widest threshold, its cost stated
-            return hi, pages
+            return hi, count.per_30d
         lo, hi = hi, min(hi * 1.5, top)
-        pages = noise.false_pages(replace(rule, threshold=hi), seq, timer, budget)
+        count = noise.false_pages(replace(rule, threshold=hi), sim, timer, budget)
     while hi - lo > 0.01:
         mid = math.ceil((lo + hi) / 2 * 100) / 100
         if mid >= hi:
             break
-        p = noise.false_pages(replace(rule, threshold=mid), seq, timer, budget)
-        if p <= budget:
-            hi, pages = mid, p
+        c = noise.false_pages(replace(rule, threshold=mid), sim, timer, budget)
+        if c.upper_30d <= budget:
+            hi, count = mid, c
         else:
             lo = mid
-    return math.ceil(round(hi * 100, 6)) / 100, pages
+    return math.ceil(round(hi * 100, 6)) / 100, count.per_30d
 
 
 def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.Random,
                 timer: _Clock) -> float | None:
     """Return the smallest shift confirmed within N cycles in >= 95% of trials (to 0.5%)."""
-    pre = rule.lookback_cycles
-    trials = [noise.indices(rng, pre + cfg.within_cycles) for _ in range(cfg.trials)]
+    onset = noise.warm + rule.lookback_cycles
+    trials = [_Sim(noise, noise.indices(rng, onset + cfg.within_cycles))
+              for _ in range(cfg.trials)]
 
     def confirmed(shift: float) -> bool:
         allowed = cfg.trials - math.ceil(P95 * cfg.trials)
         misses = 0
-        for idx in trials:
-            if not noise.fires_within(rule, idx, pre, shift):
+        for sim in trials:
+            if not noise.fires_within(rule, sim, onset, cfg.within_cycles, shift):
                 misses += 1
                 if misses > allowed:
                     return False
@@ -258,135 +315,272 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
 
 
 class _Noise:
-    """A series' usable cycles, resampled in blocks; shifts injected as the series would
-    carry them (a pooled quantile re-pooled from its cycles' own samples)."""
+    """A series' own cycles, resampled in blocks and read as the rule reads them.
 
-    def __init__(self, rule: Rule, pts: list[Point], baseline: BaselineStats,
-                 block: int) -> None:
-        self.pts, self.baseline = pts, baseline
-        q = QUANTILE_METRICS.get(rule.metric)
-        self.q = q
-        self.tail = q is not None and q >= TAIL_QUANTILE
-        pools = [math.ceil(p.samples / p.fresh.count) for p in pts
-                 if p.fresh is not None and p.fresh.count and p.pooled]
-        self.pool = round(statistics.median(pools)) if pools else 1
-        # A pooled value stays correlated over its pool: its blocks must span it.
-        self.block = min(max(block, self.pool), len(pts) // 3)
-        self.rels = [relative_change(float(p.value), baseline.center)  # type: ignore[arg-type]
-                     for p in pts]
-        self.exceed: list[float | None] = [
-            exceedance_llr(count_above(p.fresh, baseline.center), p.fresh.count, q)
-            if self.tail and q is not None and p.fresh is not None and p.fresh.count else None
-            for p in pts]
+    A pooled quantile is re-pooled along each resampled sequence from its cycles' own
+    samples, newest first until `quantile_samples` are in (at most `rule.pool_cycles`),
+    as `alerts.series` pools it; a block join therefore carries the pool and the CUSUM on
+    instead of restarting them, and blocks need only span the cycles' own dependence, not
+    the pool. Their length is read from the series (`block_length`): a host whose slow
+    cycles cluster keeps its clusters, and short blocks recombine the history's slow
+    cycles into runs it did not happen to hold (reusing whole days of it would state the
+    excursions of that day, not the host's).
+    """
 
-    def indices(self, rng: random.Random, n: int) -> list[int]:
+    def __init__(self, rule: Rule, history: Sequence[Point], baseline: BaselineStats,
+                 min_block: int) -> None:
+        self.baseline = baseline
+        self.q = QUANTILE_METRICS.get(rule.metric)
+        self.need = quantile_samples(rule.metric)
+        self.tail = self.q is not None and self.q >= TAIL_QUANTILE
+        self.repool = self.q is not None and any(p.pooled for p in history)
+        self.pts = [p for p in history if p.fresh is not None and p.fresh.count] \
+            if self.repool else usable(rule, history)
+        self.pool = rule.pool_cycles if self.repool else 1
+        center = baseline.center
+        counts = [p.fresh.count if p.fresh is not None else 0 for p in self.pts]
+        self.counts = np.array(counts, dtype=np.int64)
+        # A cycle's own value: its value (plain), or its own quantile (re-pooled).
+        own = [(p.fresh.quantile(self.q) if self.repool and p.fresh is not None
+                and self.q is not None else p.value) for p in self.pts]
+        self.rels = np.array([(float(v) - center) / abs(center) if v is not None else np.nan
+                              for v in own])
+        # The exceedance score of a pooled tail quantile's new samples (rule.score_cycle).
+        self.exceed = np.array([
+            exceedance_llr(count_above(p.fresh, center), p.fresh.count, self.q)
+            if self.tail and self.q is not None and p.fresh is not None and p.fresh.count
+            else 0.0 for p in self.pts])
+        # Each cycle's sketch bins, flat, for the pooled quantile's screen.
+        self._bin_cycle = np.array([i for i, p in enumerate(self.pts) if p.fresh is not None
+                                    for _ in p.fresh.bins], dtype=np.int64)
+        self._bin_key = np.array([k for p in self.pts if p.fresh is not None
+                                  for k in p.fresh.bins], dtype=np.int64)
+        self._bin_count = np.array([c for p in self.pts if p.fresh is not None
+                                    for c in p.fresh.bins.values()], dtype=np.float64)
+        stats = [np.nan_to_num(self.rels)]
+        if self.tail and self.repool:
+            stats.append(self.exceed)
+        self.block = block_length(stats, min_block, max(min_block, len(self.pts) // 8))
+
+    def indices(self, rng: random.Random, n: int) -> np.ndarray:
         """Return n cycle indices: blocks of `block` consecutive cycles at random starts."""
-        out: list[int] = []
-        last = len(self.pts) - self.block
-        while len(out) < n:
-            s = rng.randint(0, last)
-            out.extend(range(s, s + self.block))
-        return out[:n]
+        starts = [rng.randint(0, len(self.pts) - self.block)
+                  for _ in range(-(-n // self.block))]
+        return (np.array(starts, dtype=np.int64)[:, None]
+                + np.arange(self.block, dtype=np.int64)[None, :]).ravel()[:n]
 
-    def _bounds(self, rule: Rule) -> list[float]:
-        """Return per cycle an upper bound of what the rule's CUSUM adds for it."""
+    @property
+    def warm(self) -> int:
+        """Return the cycles a simulated sequence runs before its first judged cycle."""
+        return self.pool - 1
+
+    def _scored_by_exceedance(self, rule: Rule) -> bool:
+        return self.repool and self.tail and rule.direction > 0
+
+    def increments(self, rule: Rule, sim: _Sim) -> np.ndarray:
+        """Return the CUSUM increment of every simulated cycle (rules.score_cycle)."""
         sigma = self.baseline.relative_noise(rule.cusum)
-        out = []
-        for r, e in zip(self.rels, self.exceed, strict=True):
-            s = llr(rule.direction * r, rule.threshold, sigma) if r is not None else -math.inf
-            out.append(max(s, e) if e is not None and rule.direction > 0 else s)
+        if not self.repool:
+            r = self.rels[sim.seq] * rule.direction
+            return np.where(np.isnan(r), -np.inf, rule.threshold * (r - rule.threshold / 2)
+                            / (sigma * sigma))
+        if self._scored_by_exceedance(rule):
+            own = self.counts[sim.seq] >= self.need  # a cycle that needs no pool
+            r = np.nan_to_num(self.rels[sim.seq] * rule.direction, nan=-np.inf)
+            plain = rule.threshold * (r - rule.threshold / 2) / (sigma * sigma)
+            return np.where(own, plain, self.exceed[sim.seq])
+        # Any other re-pooled quantile is scored on its pooled value: read every cycle.
+        out = np.full(len(sim.seq), -np.inf)
+        for t in range(self.warm, len(sim.seq)):
+            p = sim.point(t)
+            if p.value is not None and p.samples >= self.need:
+                out[t] = llr(rule.direction * (p.value - self.baseline.center)
+                             / abs(self.baseline.center), rule.threshold, sigma)
         return out
 
-    def false_pages(self, rule: Rule, seq: list[int], timer: _Clock,
-                    enough: float | None = None) -> float:
-        """Return alert episodes per 30 days the rule opens over the stationary cycles `seq`.
+    def may_reach(self, rule: Rule, sim: _Sim) -> np.ndarray:
+        """Return, per simulated cycle, whether its pooled quantile may reach the threshold
+        (a screen: the pooled count above the level's bin, one bin lenient)."""
+        assert self.q is not None
+        level = self.baseline.center * (1.0 + rule.threshold)
+        k = bin_of(level) - 1
+        above = np.bincount(self._bin_cycle[self._bin_key >= k],
+                            weights=self._bin_count[self._bin_key >= k],
+                            minlength=len(self.pts))
+        c = np.concatenate(([0], np.cumsum(self.counts[sim.seq])))
+        a = np.concatenate(([0.0], np.cumsum(above[sim.seq])))
+        t1 = np.arange(1, len(sim.seq) + 1)
+        s = np.searchsorted(c, c[1:] - self.need, side="right") - 1
+        s = np.maximum(s, np.maximum(t1 - self.pool, 0))
+        n = c[t1] - c[s]
+        rank = self.q * (n - 1)
+        return (n >= self.need) & (a[t1] - a[s] >= n - rank - 1e-9)
 
-        enough: stop once the rate is known to exceed this many per 30 days, or once
-        PRECISE_PAGES episodes are in (the rate then rests on the cycles run so far).
+    def false_pages(self, rule: Rule, sim: _Sim, timer: _Clock,
+                    budget: float | None = None) -> _Count:
+        """Return the alert episodes the rule opens over the stationary cycles of `sim`
+        (judged from its `warm`-th cycle on).
+
+        budget: stop once the count's upper bound exceeds this many per 30 days over all
+        the cycles; and once PRECISE_PAGES episodes are in (the rate then rests on the
+        cycles run so far).
         """
-        per_30d = DAYS_30 / rule.window_s
-        limit = PRECISE_PAGES if enough is None else min(
-            PRECISE_PAGES, math.floor(enough * len(seq) / per_30d) + 1)
-        bound = self._bounds(rule)
+        judged = len(sim.seq) - self.warm
+        limit = PRECISE_PAGES
+        if budget is not None:
+            limit = 0  # the fewest pages whose upper bound over every cycle exceeds it
+            while limit < PRECISE_PAGES \
+                    and _Count(limit, judged, rule.window_s).upper_30d <= budget:
+                limit += 1
+            limit = max(limit, 1)
         h, cap, n = rule.cusum.h, rule.cusum.cap, rule.lookback_cycles
-        # Where the rule has an absolute limit, a cycle beyond it may fire without the CUSUM.
-        beyond = [(rule.ceiling is not None and float(p.value) > rule.ceiling)  # type: ignore[arg-type]
-                  or (rule.floor is not None and float(p.value) < rule.floor)  # type: ignore[arg-type]
-                  for p in self.pts]
-        reach = [r is not None and rule.direction * r >= rule.threshold for r in self.rels]
-        pts = self.pts
-        s = 0.0
-        firing = False
-        pages = 0
-        # The rule is a function of its window: a window of history cycles seen before
-        # (blocks repeat them: 60 simulated days resample 7 recorded ones) is judged once.
-        judged: dict[tuple[int, ...], tuple[bool, bool]] = {}
-        may: dict[tuple[int, ...], bool] = {}
-        for t, i in enumerate(seq):
-            s = max(0.0, s + min(bound[i], cap))
-            if s < h and not firing and not beyond[i]:
+        # The CUSUM over the whole sequence (Lindley: S_t = C_t - min(0, min C_s)) bounds
+        # the rule's, which restarts at its window's start: only cycles where it reaches h
+        # can fire, and a pooled quantile only where its latest value may reach the
+        # threshold; the rule decides on those.
+        inc = np.minimum(self.increments(rule, sim), cap)
+        inc[:self.warm] = 0.0
+        run = np.cumsum(inc)
+        s = run - np.minimum(0.0, np.minimum.accumulate(run))
+        may = s >= h * (1.0 - 1e-9)  # the cumulative sums round differently from the rule's
+        reach: np.ndarray | None = None
+        if self._scored_by_exceedance(rule):
+            may &= self.may_reach(rule, sim)
+        elif not self.repool:
+            # The run's median must reach the threshold: half its cycles at least.
+            reach = np.nan_to_num(self.rels[sim.seq] * rule.direction, nan=-np.inf) \
+                >= rule.threshold
+        beyond = np.zeros(len(sim.seq), dtype=bool)
+        if rule.ceiling is not None or rule.floor is not None:
+            v = self.baseline.center * (1.0 + self.rels[sim.seq])
+            beyond |= (v > rule.ceiling) if rule.ceiling is not None else False
+            beyond |= (v < rule.floor) if rule.floor is not None else False
+        may[:self.warm] = False
+        # The CUSUM restarted at each candidate's window start (the rule's) must reach h.
+        cand = np.flatnonzero(may)
+        if len(cand):
+            idx = cand[:, None] + np.arange(1 - n, 1)[None, :]
+            win = np.where(idx >= 0, inc[np.maximum(idx, 0)], 0.0)
+            run_w = np.cumsum(win, axis=1)
+            final = run_w[:, -1] - np.minimum(0.0, run_w.min(axis=1))
+            may[cand[final < h * (1.0 - 1e-6)]] = False
+        may |= beyond
+        may[:self.warm] = False
+        pages, t = 0, 0
+        for k, at in enumerate(np.flatnonzero(may).tolist()):
+            if at < t:
                 continue
-            key = tuple(seq[max(0, t - n + 1):t + 1])
-            if not firing and not beyond[i]:
-                ok = may.get(key)
-                if ok is None:
-                    ok = may[key] = self._may_fire(list(key), bound, reach, rule.cusum,
-                                                   rule.for_cycles)
-                if not ok:
-                    continue
-            verdict = judged.get(key)
-            if verdict is None:
-                res = evaluate_rule(rule, {}, self.baseline, [pts[j] for j in key])
-                verdict = judged[key] = (res.fired, res.recovered)
-            fired, recovered = verdict
-            if not firing and fired:
-                firing, pages = True, pages + 1
-                if pages >= limit:
-                    return pages * per_30d / (t + 1)
-            elif firing and recovered:
-                firing = False
+            t = at
+            if k % 64 == 0:
+                timer.check()
+            if not beyond[t] and not _window_may_fire(inc[max(0, t - n + 1):t + 1], reach if
+                                                      reach is None else
+                                                      reach[max(0, t - n + 1):t + 1],
+                                                      rule.cusum, rule.for_cycles):
+                continue
+            if not rule_fires(rule, self.baseline, sim, t, n):
+                continue
+            pages += 1
+            if pages >= limit:
+                return _Count(pages, t + 1 - self.warm, rule.window_s)
+            # Firing until the rule says it recovered; a new episode may start after.
+            while t + 1 < len(sim.seq):
+                t += 1
+                if evaluate_rule(rule, {}, self.baseline, sim.window(t, n)).recovered:
+                    break
             timer.check()
-        return pages * per_30d / len(seq)
+            t += 1
+        return _Count(pages, judged, rule.window_s)
 
-    def _may_fire(self, idx: list[int], bound: list[float], reach: list[bool],
-                  cusum: Cusum, for_cycles: int) -> bool:
-        """Return False where the rule's window cannot confirm a change (a screen; the rule
-        decides): its CUSUM, restarted at the window's start, stays under h; or a pooled
-        latest value misses the threshold; or fewer than half of the current run's cycles
-        reach it (their median must), the run being exact where the bound is the score."""
-        if self.tail and self.pts[idx[-1]].pooled and not reach[idx[-1]]:
-            return False
-        s, start = 0.0, 0
-        for k, j in enumerate(idx):
-            s = max(0.0, s + min(bound[j], cusum.cap))
-            if s == 0.0:
-                start = k + 1
-        if s < cusum.h:
-            return False
-        if self.tail:
-            return True  # the bound may exceed the exceedance score: the run is not exact
-        run = idx[start:]
-        return len(run) >= for_cycles and 2 * sum(reach[j] for j in run) >= len(run)
-
-    def fires_within(self, rule: Rule, idx: list[int], pre: int, shift: float) -> bool:
-        """Return whether the rule fires within the cycles after `pre` shifted by `shift`."""
+    def fires_within(self, rule: Rule, sim: _Sim, onset: int, within: int,
+                     shift: float) -> bool:
+        """Return whether the rule fires within `within` cycles of `onset`, every cycle
+        from `onset` on scaled by 1 + shift (a pooled quantile re-pooled with them)."""
         factor = 1.0 + rule.direction * shift
         if factor <= 0:
             return True  # a fall to zero or below is beyond any relative threshold
-        pts = [self.pts[i] for i in idx[:pre]]
-        fresh = [p.fresh for p in pts]
-        for i in idx[pre:]:
-            p = self.pts[i]
-            f = _scaled(p.fresh, factor) if p.fresh is not None else None
-            fresh.append(f)
-            if p.pooled and f is not None and self.q is not None:
-                value = _pooled(fresh, p.samples, self.pool, self.q)
-            else:
-                value = float(p.value) * factor  # type: ignore[arg-type]
-            pts.append(replace(p, value=value, fresh=f))
-            if evaluate_rule(rule, {}, self.baseline, pts[-rule.lookback_cycles:]).fired:
-                return True
+        shifted = sim.shifted(onset, factor)
+        return any(rule_fires(rule, self.baseline, shifted, t, rule.lookback_cycles)
+                   for t in range(onset, min(onset + within, len(sim.seq))))
+
+
+def _window_may_fire(inc: np.ndarray, reach: np.ndarray | None, cusum: Cusum,
+                     for_cycles: int) -> bool:
+    """Return False where the rule's window cannot confirm a change (a screen; the rule
+    decides): its CUSUM, restarted at the window's start, stays under h; or, where the
+    increments are the rule's own scores, fewer than half of its current run's cycles
+    reach the threshold (their median must)."""
+    s, start = 0.0, 0
+    for k, x in enumerate(inc.tolist()):
+        s = max(0.0, s + x)
+        if s == 0.0:
+            start = k + 1
+    if s < cusum.h * (1.0 - 1e-9):
         return False
+    if reach is None:
+        return True
+    run = reach[start:]
+    return len(run) >= for_cycles and 2 * int(run.sum()) >= len(run)
+
+
+def rule_fires(rule: Rule, baseline: BaselineStats, sim: _Sim, t: int, n: int) -> bool:
+    """Return whether the production rule fires on the simulated window ending at t."""
+    return evaluate_rule(rule, {}, baseline, sim.window(t, n)).fired
+
+
+class _Sim:
+    """One resampled sequence of a series' cycles, its points built as the rule reads
+    them (a quantile pooled over the sequence's own latest cycles), cached."""
+
+    def __init__(self, noise: _Noise, seq: np.ndarray, onset: int | None = None,
+                 factor: float = 1.0, points: dict[int, Point] | None = None) -> None:
+        self.noise, self.seq = noise, seq
+        self.onset = len(seq) if onset is None else onset
+        self.factor = factor
+        self._points: dict[int, Point] = points if points is not None else {}
+        self._fresh: dict[int, Sketch] = {}
+
+    def shifted(self, onset: int, factor: float) -> _Sim:
+        """Return this sequence with every cycle from `onset` on scaled by `factor`."""
+        self.point(onset - 1)  # the unshifted points before onset are shared
+        return _Sim(self.noise, self.seq, onset, factor,
+                    {t: p for t, p in self._points.items() if t < onset})
+
+    def fresh(self, t: int) -> Sketch | None:
+        f = self.noise.pts[self.seq[t]].fresh
+        if f is None or t < self.onset:
+            return f
+        out = self._fresh.get(t)
+        if out is None:
+            out = self._fresh[t] = _scaled(f, self.factor)
+        return out
+
+    def point(self, t: int) -> Point:
+        """Return simulated cycle t as the rule reads it."""
+        p = self._points.get(t)
+        if p is not None:
+            return p
+        nz = self.noise
+        src = nz.pts[int(self.seq[t])]
+        if not nz.repool or nz.q is None:
+            value = None if src.value is None else float(src.value) * (
+                self.factor if t >= self.onset else 1.0)
+            p = replace(src, value=value)
+        else:
+            merged = Sketch()
+            for j in range(t, max(-1, t - nz.pool), -1):
+                f = self.fresh(j)
+                if f is not None:
+                    merged.merge(f)
+                if merged.count >= nz.need:
+                    break
+            p = Point(src.at, merged.quantile(nz.q), merged.count, fresh=self.fresh(t))
+        self._points[t] = p
+        return p
+
+    def window(self, t: int, n: int) -> list[Point]:
+        """Return the rule's window ending at cycle t (its last n cycles)."""
+        return [self.point(j) for j in range(max(0, t - n + 1), t + 1)]
 
 
 def _scaled(sketch: Sketch, factor: float) -> Sketch:
@@ -398,17 +592,36 @@ def _scaled(sketch: Sketch, factor: float) -> Sketch:
     return out
 
 
-def _pooled(fresh: list[Sketch | None], samples: int, pool: int, q: float) -> float:
-    """Return the q-quantile of the latest cycles' samples, pooled as the series pools them
-    (newest first until `samples` are in, at most `pool` cycles)."""
-    merged = Sketch()
-    for f in reversed(fresh[-pool:]):
-        if f is not None:
-            merged.merge(f)
-        if merged.count >= samples:
-            break
-    v = merged.quantile(q)
-    return 0.0 if v is None else v
+def block_length(stats: Sequence[np.ndarray], floor: int, cap: int) -> int:
+    """Return the block length that keeps the series' autocorrelation (Politis 2003).
+
+    Per statistic, m is the first lag after which K = max(5, sqrt(log10 n)) lags in a row
+    have an insignificant autocorrelation (|r| < 2 sqrt(log10 n / n)); blocks span four
+    times the largest m (twice, Politis' choice for a mean, cut enough of a strongly
+    autocorrelated host's dependence at the joins to halve its stated false pages), at
+    least `floor` and at most `cap` cycles.
+    """
+    m = 0
+    for x in stats:
+        n = len(x)
+        if n < 4:
+            continue
+        x = x - x.mean()
+        var = float(np.dot(x, x))
+        if var <= 0:
+            continue
+        k_n = max(5, math.ceil(math.sqrt(math.log10(n))))
+        band = 2.0 * math.sqrt(math.log10(n) / n)
+        top = min(n - 1, cap + k_n)
+        r = np.array([float(np.dot(x[:-k], x[k:])) / var for k in range(1, top + 1)])
+        small = np.abs(r) < band
+        for lag in range(0, top - k_n + 1):
+            if small[lag:lag + k_n].all():
+                m = max(m, lag)
+                break
+        else:
+            m = max(m, cap)
+    return int(min(max(floor, 4 * m), cap))
 
 
 # -- the scheduled refresh ----------------------------------------------------------------

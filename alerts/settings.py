@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class IncidentSettings(BaseModel):
@@ -51,6 +51,10 @@ class AlertSettings(BaseModel):
     # cycles' own samples), and the CPU one series' estimate may take.
     sensitivity_history_s: float = Field(86400.0, gt=0)
     sensitivity_cpu_s: float = Field(2.0, gt=0)
+    # A series states its false pages only from this much history (and 360 cycles); until
+    # then, with the budget on, its pages are held as warnings: a month's false pages are
+    # not read off an hour of a host (one cron run, one neighbour's job).
+    sensitivity_min_history_s: float = Field(21600.0, ge=0)
     # The scheduled refresh: how often, and the CPU one run may spend (the rest waits).
     sensitivity_interval_s: float = Field(300.0, gt=0)
     sensitivity_job_cpu_s: float = Field(20.0, gt=0)
@@ -62,3 +66,14 @@ class AlertSettings(BaseModel):
 
         parse_targets(v)  # raises naming the target and field
         return v
+
+    @model_validator(mode="after")
+    def _min_history(self) -> AlertSettings:
+        # An estimate reads sensitivity_history_s of cycles: asking for more would hold a
+        # series' pages for ever.
+        if self.sensitivity_min_history_s > self.sensitivity_history_s:
+            raise ValueError(
+                f"sensitivity_min_history_s: {self.sensitivity_min_history_s:g} s exceeds "
+                f"sensitivity_history_s ({self.sensitivity_history_s:g} s), the history an "
+                "estimate reads")
+        return self

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
+from alerts.detection import INSUFFICIENT_HISTORY
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.fields import Name64
 from storage.queries import sensitivity as queries
@@ -38,6 +39,9 @@ class SensitivityOut(BaseModel):
     configured_threshold: float
     threshold: float = Field(description="the threshold in force")
     widened: bool
+    pages_held: bool = Field(description=(
+        "the series is too young to state its false pages: its confirmed changes fire as "
+        "warnings, not pages, until it can (status insufficient history, budget on)"))
     reason: str
     summary: str
 
@@ -51,7 +55,9 @@ def sensitivity_out(s: StoredSensitivity) -> SensitivityOut:
         within_cycles=s.within_cycles, detectable_change=s.detectable_change,
         false_pages_30d=s.false_pages_30d, false_pages_configured=s.false_pages_configured,
         budget_per_30d=s.budget_per_30d, configured_threshold=s.configured_threshold,
-        threshold=s.threshold, widened=s.threshold > s.configured_threshold, reason=s.reason,
+        threshold=s.threshold, widened=s.threshold > s.configured_threshold,
+        pages_held=s.status == INSUFFICIENT_HISTORY and s.budget_per_30d is not None,
+        reason=s.reason,
         summary=queries.describe(s))
 
 

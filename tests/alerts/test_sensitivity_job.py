@@ -128,7 +128,8 @@ def test_insufficient_history_is_stated_and_the_time_bound_leaves_the_rest(
     with sessionmaker() as s:
         [st] = queries.listing(s)
     assert st.status == "insufficient history" and st.threshold == 0.20
-    assert queries.describe(st) == "insufficient history: 100 of 360 cycles; threshold -20% kept"
+    assert queries.describe(st) == ("insufficient history: 100 of 360 cycles, 1.7 of 6 h; "
+                                    "pages held as warnings until then; threshold -20% kept")
 
 
 def test_the_scheduled_job_reads_its_settings(sessionmaker: sessionmaker[Session]) -> None:

@@ -68,10 +68,13 @@ def test_rules_sensitivity_lists_every_series_with_its_threshold_in_force(
     wide = by_bucket["64"]
     assert wide["widened"] is True and wide["threshold"] == 0.27
     assert wide["configured_threshold"] == 0.15 and wide["reason"] == WHY
+    assert wide["pages_held"] is False
     assert wide["summary"] == ("confirms +31% within 10 cycles (p95); 0.5 false pages per "
                                f"30 days at +27%; {WHY}")
     short = by_bucket["16"]
     assert short["widened"] is False and short["detectable_change"] is None
+    # Too young to state its false pages, with the budget on: its pages are warnings.
+    assert short["pages_held"] is True
     assert short["summary"] == "insufficient history: 100 of 360 cycles; threshold +15% kept"
     assert httpx.get(server.url + "/v1/rules/sensitivity",
                      params={"rule": "acceptance_drop"}).json() == []
