@@ -3,10 +3,11 @@
     python -m bench.engine [--buckets 16,32,64,128,256] [--inputs 4] [--repeats 2]
 
 Both run greedy on the same built-in canary inputs in this process after warm-up,
-one intra-op thread. With `ctranslate2` installed (the `bench` extra), CTranslate2
-float32 and int8 run the same inputs on the same model (converted with its
-TransformersConverter), one thread, and their outputs are checked against the
-engine's. Run pinned to one core: `taskset -c 1 python -m bench.engine`. The warm
+one intra-op thread. With `ctranslate2` installed (the `bench` extra, `make
+bench-deps`; --no-ct2 leaves it out), CTranslate2 float32 and int8 run the same inputs
+on the same weights (converted once with its TransformersConverter into --ct2-dir,
+bench.ct2), one thread, in this process, and their outputs are compared token for token
+with the engine's (identical outputs and token agreement per compute type). Run pinned to one core: `taskset -c 1 python -m bench.engine`. The warm
 restart runs in a subprocess sharing TORCHINDUCTOR_CACHE_DIR. Last line:
 `median speedup: N.Nx` (engine over HF generate).
 """
@@ -21,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench import ct2
 
 
 def _canaries(domain: str) -> list[str]:
@@ -38,31 +41,6 @@ def by_bucket(engine, texts: list[str], per_bucket: int) -> dict[str, list[str]]
         if len(group) < per_bucket:
             group.append(text)
     return out
-
-
-def ct2_translators(model_dir: str, out_root: Path) -> dict[str, object]:
-    """Convert `model_dir` for CTranslate2 and return float32 and int8 translators (or {})."""
-    try:
-        import ctranslate2
-        from ctranslate2.converters import TransformersConverter
-    except ImportError:
-        return {}
-    out = {}
-    for compute in ("float32", "int8"):
-        path = out_root / f"ct2-{compute}"
-        if not (path / "model.bin").is_file():
-            TransformersConverter(model_dir).convert(str(path), quantization=compute, force=True)
-        out[compute] = ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
-                                              inter_threads=1, intra_threads=1)
-    return out
-
-
-def ct2_generate(translator, tokenizer, text: str, new: int) -> list[int]:
-    """Greedy-decode `text` with CTranslate2; return output ids with the EOS, like HF."""
-    source = tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids)
-    result = translator.translate_batch([source], beam_size=1, max_decoding_length=new,
-                                        return_end_token=True)
-    return tokenizer.convert_tokens_to_ids(result[0].hypotheses[0])
 
 
 def _config(args: argparse.Namespace, **changes):
@@ -95,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-mode", default="default")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--skip-restart", action="store_true")
+    parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
+                        help="where CTranslate2's conversions are kept (converted once)")
+    parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     parser.add_argument("--restart-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", default=None,
                         help="inductor cache to start from (default: a new empty one, "
@@ -121,21 +102,23 @@ def main(argv: list[str] | None = None) -> None:
     hf = T5ForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     groups = by_bucket(engine, _canaries("in_domain"), args.inputs)
     direct = FlagOverride(speculative=False)
-    ct2 = ct2_translators(model_dir, Path(cache_dir))
+    cts = {} if args.no_ct2 else ct2.load(model_dir, Path(args.ct2_dir))
     print(f"threads={torch.get_num_threads()} compile={args.compile_mode}/{args.backend} "
           f"inputs/bucket={args.inputs} repeats={args.repeats} "
-          f"ctranslate2={'yes' if ct2 else 'not installed'}")
+          f"ctranslate2={ct2.version() + ' (same process, one thread)' if cts else 'no'}")
     print(f"{'bucket':>8} {'new':>4} {'hf_ms':>8} {'engine_ms':>10} {'speedup':>8} "
           f"{'path':>9} {'compile_s':>9}"
-          + (f" {'ct2_f32_ms':>10} {'ct2_i8_ms':>9} {'eng/f32':>7} {'eng/i8':>7}" if ct2 else ""))
+          + (f" {'ct2_f32_ms':>10} {'ct2_i8_ms':>9} {'eng/f32':>7} {'eng/i8':>7}" if cts else ""))
     speedups, vs_f32, vs_i8 = [], [], []
+    # Engine and CTranslate2 outputs per compute type, input by input (every repeat).
+    pairs: dict[str, tuple[list[list[int]], list[list[int]]]] = {c: ([], []) for c in cts}
     for label in [str(b) for b in engine.config.buckets]:
         texts = groups.get(label, [])
         if not texts:
             continue
         for new in (int(n) for n in args.new_tokens.split(",")):
             hf_times, our_times, paths = [], [], set()
-            ct2_times: dict[str, list[float]] = {name: [] for name in ct2}
+            ct2_times: dict[str, list[float]] = {name: [] for name in cts}
             for text in texts:
                 ids = torch.tensor([engine.tokenizer(text).input_ids])
                 for _ in range(args.repeats):
@@ -148,18 +131,18 @@ def main(argv: list[str] | None = None) -> None:
                     paths.add(result.path)
                     if list(result.output_ids) != ref[0].tolist()[1:]:
                         print(f"  warning: output differs from HF on {text!r}")
-                    for name, translator in ct2.items():
+                    for name, model in cts.items():
                         t0 = time.perf_counter()
-                        ids_ct2 = ct2_generate(translator, engine.tokenizer, text, new)
+                        ids_ct2 = model.generate(ids.tolist(), new)[0]
                         ct2_times[name].append(time.perf_counter() - t0)
-                        if ids_ct2 != list(result.output_ids):
-                            print(f"  note: CTranslate2 {name} output differs on {text[:40]!r}")
+                        pairs[name][0].append(list(result.output_ids))
+                        pairs[name][1].append(ids_ct2)
             h, o = statistics.median(hf_times), statistics.median(our_times)
             speedups.append(h / o)
             compile_s = engine.bucket_compile_s.get(int(label), 0.0)
             row = (f"{label:>8} {new:>4} {h * 1e3:8.1f} {o * 1e3:10.1f} {h / o:7.2f}x "
                    f"{','.join(sorted(paths)):>9} {compile_s:9.1f}")
-            if ct2:
+            if cts:
                 f32 = statistics.median(ct2_times["float32"])
                 i8 = statistics.median(ct2_times["int8"])
                 vs_f32.append(o / f32)
@@ -179,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"warm restart (inductor cache reused): {warm:.1f} s vs cold {cold:.1f} s "
               f"({cold / max(warm, 1e-9):.1f}x faster)")
     engine.close()
+    for name, (ours, theirs) in pairs.items():
+        print(f"CTranslate2 {name} outputs against the engine's: {ct2.compare(ours, theirs)}")
     if vs_f32:
         print(f"engine time / CTranslate2 float32: {statistics.median(vs_f32):.2f}x, "
               f"/ int8: {statistics.median(vs_i8):.2f}x (median over rows; < 1 is faster)")

@@ -185,6 +185,13 @@ class ServiceProcess:
         text = self._client.get("/metrics").text
         return parse_metrics(text)
 
+    def get(self, path: str, *, timeout_s: float = 120.0, **params: Any) -> Any:
+        """GET an authenticated operator request; return its JSON (raise on non-2xx)."""
+        r = self._client.get(path, params=params, timeout=timeout_s,
+                             headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return r.json()
+
     def post(self, path: str, body: Mapping[str, Any], *, timeout_s: float = 300.0) -> Any:
         """POST an authenticated operator request; return its JSON (raise on non-2xx)."""
         r = self._client.post(path, json=dict(body), timeout=timeout_s,

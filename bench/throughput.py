@@ -8,7 +8,13 @@ decode stream). Both serve the same in-domain canaries; every output of the batc
 engine is compared with the unbatched one's (`output differences` must be 0).
 
 (1) Closed loop: C callers at once for C in --callers, each sending its next request when
-the last returned: requests per second per engine and the ratio.
+the last returned: requests per second per engine and the ratio. With CTranslate2
+installed (the `bench` extra, `make bench-deps`; --no-ct2 leaves it out): the same
+weights converted once into --ct2-dir (bench.ct2), float32 and int8, one thread, in this
+process, the same requests in one `translate_batch` with `max_batch_size` C (greedy, the
+same max new tokens): requests per second, and its outputs compared token for token with
+the unbatched engine's; then the batched engine at the most callers against CTranslate2
+float32 at that batch size and int8 at its best.
 (2) Open loop: Poisson arrivals at a sweep of offered rates, multiples of the unbatched
 engine's measured closed-loop one-caller throughput (its capacity with one decode stream),
 from well below it upward (--rates); each request is sent by its own thread at its
@@ -16,7 +22,8 @@ scheduled time and its latency runs from that scheduled time (no coordinated omi
 A request's slowdown is its latency over the same input's unloaded latency on the same
 engine (the median of --unloaded-repeats requests sent one at a time). The p99 limit of an
 engine: the highest offered rate, sweeping upward until the first that fails, whose p99
-slowdown is <= 2 with no errors; p50 / p99 latency and p99 slowdown at 50% and 80% of it.
+slowdown is <= 2 with no errors (where even the lowest rate is past it, half of it,
+down to an eighth); p50 / p99 latency and p99 slowdown at 50% and 80% of it.
 Last line: `batched throughput at the p99 limit: Nx unbatched`.
 
 Why slowdown and not the issue's "p99 within 2x the unloaded p50": the canaries mix input
@@ -41,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import ct2
 from bench.engine import _canaries
 
 # From well below the unbatched engine's capacity (1x) to far past it: the batched engine's
@@ -151,18 +159,30 @@ SLOWDOWN_LIMIT = 2.0
 
 
 def p99_limit(call: Callable[[str], object], texts: Sequence[str], rates: Sequence[float],
-              requests: int, unloaded: Sequence[float]) -> tuple[float, list[OpenLoop]]:
+              requests: int, unloaded: Sequence[float], halvings: int = 3
+              ) -> tuple[float, list[OpenLoop]]:
     """Return the highest rate, sweeping `rates` upward to the first that fails, whose p99
     slowdown (latency over the input's unloaded latency) is <= SLOWDOWN_LIMIT with no
-    errors (0: none), and every run."""
+    errors (0: none), and every run.
+
+    Where the lowest rate is already past the limit, half of it is offered, up to
+    `halvings` times, so that the last line compares two limits rather than none."""
     runs, best = [], 0.0
-    for rate in sorted(rates):
+
+    def within(rate: float) -> bool:
         run = open_loop(call, texts, rate, requests, unloaded=unloaded)
         runs.append(run)
-        if run.errors == 0 and run.p99_slowdown <= SLOWDOWN_LIMIT:
-            best = rate
-        else:
+        return run.errors == 0 and run.p99_slowdown <= SLOWDOWN_LIMIT
+
+    for rate in sorted(rates):
+        if not within(rate):
             break  # past the limit the queue only grows
+        best = rate
+    lowest = min(rates, default=0.0)
+    for _ in range(halvings if best == 0.0 and lowest > 0 else 0):
+        lowest /= 2
+        if within(lowest):
+            return lowest, runs
     return best, runs
 
 
@@ -177,11 +197,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unloaded-repeats", type=int, default=3)
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--cache-dir", default="var/compile-cache")
+    parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
+                        help="where CTranslate2's conversions are kept (converted once)")
+    parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
 
     from engine import load_engine
-    from engine.config import EngineConfig
+    from engine.config import BUILTIN_DIR, EngineConfig
 
     callers = [int(c) for c in args.callers.split(",")]
     base = dict(model_dir=args.model_dir, max_queue=4 * max(callers) + 1024,
@@ -208,17 +231,43 @@ def main(argv: list[str] | None = None) -> None:
         for text in texts:
             call(text)
     diffs = sum(outputs["batched"][t] != outputs["unbatched"][t] for t in texts)
+    cts = {} if args.no_ct2 else ct2.load(args.model_dir or BUILTIN_DIR / "target",
+                                          Path(args.ct2_dir))
     print(f"inputs={len(texts)} new_tokens={args.new_tokens} max_batch={args.max_batch} "
-          f"requests/measurement={args.requests} ctranslate2=not compared")
+          f"requests/measurement={args.requests} ctranslate2="
+          f"{ct2.version() + ' (same process, one thread)' if cts else 'not compared'}")
     print(f"output differences (batched vs unbatched, every input): {diffs}")
 
-    print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}")
+    # CTranslate2: the closed loop's requests in one translate_batch, max_batch_size C.
+    sent = [texts[i % len(texts)] for i in range(args.requests)]
+    tokenizer = engines["unbatched"].tokenizer
+    inputs = [tokenizer(t).input_ids for t in sent]
+    expected = [list(outputs["unbatched"][t]) for t in sent]
+    compared: dict[str, list[str]] = {name: [] for name in cts}
+    print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}"
+          + "".join(f" {'ct2_' + name + '_rps':>16}" for name in cts))
     rps: dict[tuple[str, int], float] = {}
     for c in callers:
         for name, call in calls.items():
             rps[(name, c)] = closed_loop(call, texts, c, args.requests)
+        row = ""
+        for name, model in cts.items():
+            start = time.perf_counter()
+            got = model.generate(inputs, args.new_tokens, max_batch_size=c)
+            rps[(name, c)] = args.requests / (time.perf_counter() - start)
+            compared[name].append(f"batch {c}: {ct2.compare(expected, got)}")
+            row += f" {rps[(name, c)]:>16.1f}"
         b, u = rps[("batched", c)], rps[("unbatched", c)]
-        print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x")
+        print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x" + row)
+    for name, lines in compared.items():
+        print(f"CTranslate2 {name} outputs against the engine's: {'; '.join(lines)}")
+    if cts:
+        top = max(callers)
+        best = max(callers, key=lambda c: rps[("int8", c)])
+        print(f"closed loop at {top} callers: batched engine "
+              f"{rps[('batched', top)] / rps[('float32', top)]:.2f}x CTranslate2 float32 at "
+              f"batch {top}, {rps[('batched', top)] / rps[('int8', best)]:.2f}x CTranslate2 "
+              f"int8's best (batch {best})")
 
     unloaded = {name: unloaded_latencies(call, texts, args.unloaded_repeats)
                 for name, call in calls.items()}
@@ -247,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     for engine in engines.values():
         engine.close()
     ratio = limits["batched"] / limits["unbatched"] if limits["unbatched"] else float("nan")
+    if not limits["unbatched"]:
+        print(f"note: no offered rate kept the unbatched p99 slowdown within "
+              f"{SLOWDOWN_LIMIT:g}x (a loaded machine?): the ratio is undefined")
     print(f"batched throughput at the p99 limit: {ratio:.2f}x unbatched")
 
 

@@ -389,6 +389,23 @@ class ModelRunner:
                 finally:
                     cache.copy_(kept)
 
+    def warm_compiled_step(self, edge: int, *, verify: bool) -> None:
+        """Compile the compiled step beside a bound C step on bucket `edge`'s dummy inputs.
+
+        The native_step flag off (the policy's fallback, the `compiled_step` A/B arm) runs
+        it: compiled here, length-dynamic like the other graphs, not on the first request
+        or probe that asks for it (a compile on the serving thread stalls real traffic for
+        seconds, and a graph specialized to one length recompiles for every other bucket).
+        """
+        if self.native is None:
+            return  # the compiled step is what serves: warm() compiled it
+        stepped = self.compiled_step(edge)
+        with torch.no_grad():
+            examples = self._examples(edge, stepped.encode, mark=True)
+            stepped.step(*examples[STEP])
+            if verify:
+                stepped.verify(*examples[VERIFY])
+
     def _warm_spans(self, fns: Fns, examples: dict[str, tuple[Any, ...]],
                     cache: torch.Tensor, *, verify: bool) -> None:
         """Call the step (and verify) on `cache` once per span a request can attend."""

@@ -326,6 +326,8 @@ class Runtime:
             # with the requests (a row decoding beside it would read the warm-up's writes).
             caches = [row[name] for row in self._caches] if self._owned else []
             runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
+        for runner, verify in self.models.compiled_runners():
+            runner.warm_compiled_step(edge, verify=verify)  # never saved: warmed either way
         if self.cudagraphs_off is not None:
             return f"no CUDA graphs: {self.cudagraphs_off}"
         skipped = _cudagraph_skips() - skips

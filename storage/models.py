@@ -25,6 +25,7 @@ Tables and their classes:
     series_chunks       SeriesChunk     an hour of a baseline series' per-cycle values per cohort
     rollout_verdicts    RolloutVerdict  a new cohort judged against the old one per metric x bucket
     rule_sensitivities  RuleSensitivity what a rule can see on one series, and its threshold in force
+    applied_batches     AppliedBatch    the storage Writer's batch tokens (exactly-once retries)
 """
 
 from __future__ import annotations
@@ -764,3 +765,18 @@ class RuleSensitivity(Base):
     budget_per_30d: Mapped[float | None] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text, default="")
     cpu_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class AppliedBatch(Base):
+    """The token of one committed storage Writer batch, written in the batch's transaction.
+
+    A retry after an ambiguous commit (the connection lost after COMMIT was sent) finds its
+    token here and writes nothing (storage.writer). Each writer deletes its committed
+    tokens in bulk with a later batch, so the table holds at most
+    storage.writer.TOKENS_KEPT rows per writer; retention prunes what stopped writers left.
+    """
+
+    __tablename__ = "applied_batches"
+
+    token: Mapped[str] = mapped_column(String(32), primary_key=True)
+    applied_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -8,7 +8,10 @@ verdicts (by their last update) are kept `rollup_days`. The evaluator already dr
 chunks older than each configured rule's baseline window; retention also removes those
 of rules no longer configured. Flag audits, reports, flags and canary references (one
 per cohort and prompt: what agreement is measured against when a cohort comes back) are
-never pruned. Measured size: see bench.storage and tests/storage/test_retention.py
+never pruned. Writer batch tokens (`applied_batches`: each running writer deletes its
+own in bulk) left by writers that stopped are pruned after `raw_days`: a token matters
+only while its batch is retried, which a reachable database ends within the writer's
+backoff. Measured size: see bench.storage and tests/storage/test_retention.py
 (30 days of 1-minute cycles on 5 buckets, 14 raw days: well under 200 MB on SQLite).
 """
 
@@ -24,6 +27,7 @@ from storage.errors import InvalidQuery
 from storage.models import (
     Alert,
     AlertTransition,
+    AppliedBatch,
     Baseline,
     BatchRollup,
     CompileEvent,
@@ -55,6 +59,7 @@ class PruneResult:
     output_agreements: int = 0
     series_chunks: int = 0
     rollout_verdicts: int = 0
+    applied_batches: int = 0
 
     @property
     def total(self) -> int:
@@ -109,4 +114,5 @@ def prune(session: Session, now: datetime, raw_days: int, rollup_days: int) -> P
         output_agreements=agreements,
         series_chunks=run(delete(SeriesChunk).where(SeriesChunk.start < rollup_cut)),
         rollout_verdicts=run(delete(RolloutVerdict).where(RolloutVerdict.updated_at < rollup_cut)),
+        applied_batches=run(delete(AppliedBatch).where(AppliedBatch.applied_at < raw_cut)),
     )

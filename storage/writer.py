@@ -8,6 +8,13 @@ way an item is lost, besides submitting after `close`, and both are counted in
 `stats.dropped`). Errors that a retry cannot cure (a bug, bad data, a constraint
 violation) discard only the offending item, counted in `stats.failed`.
 
+Exactly once: each batch carries a token (a UUID drawn once, kept across its retries)
+inserted first in its transaction into `applied_batches`. When the connection is lost
+after COMMIT was sent, the writer cannot tell whether the batch committed; the retry's
+token insert then conflicts if it did (on PostgreSQL it waits for a commit still in
+progress), and the batch is skipped, counted in `stats.already_applied`, instead of
+being written twice.
+
 Example:
     writer = Writer(sessionmaker)
     writer.submit(lambda s: s.add(MemorySample(...)))
@@ -20,18 +27,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import bindparam, delete, insert
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.errors import InvalidQuery
+from storage.models import AppliedBatch
+from vocab import utcnow
 
 log = logging.getLogger(__name__)
 
 WriteFn = Callable[[Session], object]
+
+# Tokens of batches known committed are deleted this many at a time, with a later batch:
+# a token matters only while its own batch may be retried.
+TOKENS_KEPT = 64
+# Core statements on the session's connection: the ORM layer would cost more per batch
+# than the insert itself.
+_INSERT_TOKEN = insert(AppliedBatch)
+_DELETE_TOKENS = delete(AppliedBatch).where(
+    AppliedBatch.token.in_(bindparam("tokens", expanding=True)))
 
 
 @dataclass(frozen=True)
@@ -41,7 +61,9 @@ class WriterStats:
     pending: queued or being written; written: committed; retries: failed
     attempts that will be retried; dropped: refused because the queue was full;
     failed: items that raised a non-transient error (a bug or bad data) and were
-    discarded after being isolated from their batch.
+    discarded after being isolated from their batch; already_applied: batches a retry
+    found committed by an attempt that had lost its connection (their items count in
+    `written` once).
     """
 
     pending: int
@@ -50,6 +72,7 @@ class WriterStats:
     dropped: int
     failed: int
     last_error: str | None
+    already_applied: int = 0
 
 
 def is_transient(error: BaseException) -> bool:
@@ -86,7 +109,10 @@ class Writer:
         self._cond = threading.Condition()
         self._closing = False
         self._written = self._retries = self._dropped = self._failed = 0
+        self._already_applied = 0
         self._last_error: str | None = None
+        # Tokens of batches known committed (writer thread only), deleted in bulk.
+        self._committed_tokens: list[str] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -136,7 +162,7 @@ class Writer:
             return WriterStats(
                 pending=len(self._queue) + self._in_flight, written=self._written,
                 retries=self._retries, dropped=self._dropped, failed=self._failed,
-                last_error=self._last_error,
+                last_error=self._last_error, already_applied=self._already_applied,
             )
 
     def _run(self) -> None:
@@ -158,10 +184,11 @@ class Writer:
 
     def _write_with_retry(self, batch: list[WriteFn]) -> bool:
         """Write `batch`; return False if it was put back because the writer is closing."""
+        token = uuid.uuid4().hex  # the same for every retry of this batch
         backoff = self._initial_backoff
         while True:
             try:
-                self._write(batch)
+                self._write(batch, token)
                 return True
             except Exception as error:
                 if not is_transient(error):
@@ -178,12 +205,28 @@ class Writer:
                     self._cond.wait(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
-    def _write(self, batch: list[WriteFn]) -> None:
-        with self._sessionmaker.begin() as session:
-            for fn in batch:
-                fn(session)
-        with self._cond:
-            self._written += len(batch)
+    def _write(self, batch: list[WriteFn], token: str) -> None:
+        done = self._committed_tokens
+        stale = done if len(done) >= TOKENS_KEPT else []
+        try:
+            with self._sessionmaker.begin() as session:
+                _record(session, token, stale)
+                for fn in batch:
+                    fn(session)
+        except _AlreadyApplied:
+            with self._cond:
+                self._already_applied += 1
+                self._written += len(batch)
+            log.warning("storage writer: batch already applied (%d writes): an attempt whose "
+                        "connection was lost had committed it; not written again", len(batch))
+        else:
+            with self._cond:
+                self._written += len(batch)
+        # Committed either way, and with it the deletion of the stale tokens.
+        if stale:
+            self._committed_tokens = [token]
+        else:
+            done.append(token)
 
     def _isolate(self, batch: list[WriteFn], error: BaseException) -> bool:
         """Write a failed batch item by item so one bad item does not sink the others."""
@@ -200,6 +243,25 @@ class Writer:
                     self._queue.extendleft(reversed(batch[i:]))
                 return False
         return True
+
+
+class _AlreadyApplied(Exception):
+    """The batch's token is recorded: an earlier attempt of this batch committed."""
+
+
+def _record(session: Session, token: str, stale: list[str]) -> None:
+    """Insert the batch's token, first in its transaction; delete the writer's `stale` ones.
+
+    Raises _AlreadyApplied (rolling the transaction back) when the token is there.
+    """
+    connection = session.connection()
+    try:
+        connection.execute(_INSERT_TOKEN, {"token": token, "applied_at": utcnow()})
+    except sa_exc.IntegrityError as exc:
+        raise _AlreadyApplied(token) from exc
+    if stale:
+        # Committed, and this writer has moved past them: no retry can need them again.
+        connection.execute(_DELETE_TOKENS, {"tokens": stale})
 
 
 def _one_line(error: BaseException) -> str:

@@ -65,3 +65,17 @@ def test_the_open_loop_slowdown_is_each_latency_over_its_own_inputs_unloaded_lat
     assert run.errors == 2
     assert 0 < run.p99_slowdown < 0.01
     assert math.isnan(open_loop(lambda t: None, ["a"], 1000.0, 2).p99_slowdown)
+
+
+def test_the_p99_limit_halves_the_lowest_rate_until_one_is_within(monkeypatch) -> None:
+    import bench.throughput as bt
+
+    def fake_open_loop(call, texts, rate, requests, seed=0, unloaded=None):
+        return OpenLoop(rate, 0.005, 0.050, 0, 1.5 if rate <= 0.25 else 2.5)
+
+    monkeypatch.setattr(bt, "open_loop", fake_open_loop)
+    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0], 4, [0.010])
+    assert limit == 0.25
+    assert [r.rate for r in runs] == [1.0, 0.5, 0.25]
+    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, [0.010], halvings=2)
+    assert limit == 0.0 and [r.rate for r in runs] == [4.0, 2.0, 1.0]  # none: 0, said so

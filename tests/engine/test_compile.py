@@ -9,13 +9,17 @@ import torch
 from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride
 from tests.engine.conftest import BUCKETS, CAP, WARM_GRAPHS, random_texts, tiny_config
 
+# The compiled step beside the C step, compiled at warm-up for the native_step flag off:
+# the target's step and verification, the draft's step.
+COMPILED_STEP_GRAPHS = 3
+
 
 def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     before = warm_engine.compile_snapshot()
     # target encode (the steps and the verification run in C, engine.native; the draft's
     # encoder runs eager): one graph, shared by every bucket (the length is dynamic)
     assert warm_engine.step_kind == "target native, draft native"
-    assert WARM_GRAPHS["warm_engine"] == 1, before
+    assert WARM_GRAPHS["warm_engine"] == 1 + COMPILED_STEP_GRAPHS, before
     texts = random_texts(210, seed=5)
     rng = random.Random(5)
     paths = set()
@@ -30,6 +34,23 @@ def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     assert delta.recompiles == 0 and delta.graphs == 0, delta
     assert delta.recompile_limit_hits == 0 and delta.compile_failures == 0
     assert after.graph_breaks == before.graph_breaks
+
+
+def test_the_compiled_step_beside_the_c_step_is_warm(warm_engine, flags):
+    """The native_step flag off (the policy's fallback, the compiled_step A/B arm) runs
+    graphs compiled at warm-up: no compile on a request or probe, in any bucket."""
+    before = warm_engine.compile_snapshot()
+    rng = random.Random(8)
+    buckets = set()
+    for text in random_texts(60, seed=8, overflow=False):
+        for spec in (False, True):
+            r = warm_engine.generate(text, max_new_tokens=rng.randint(1, CAP),
+                                     override=FlagOverride(native_step=False, speculative=spec))
+            assert r.path == PATH_COMPILED and not r.native_step, r
+            buckets.add(r.bucket)
+    assert len(buckets) == len(BUCKETS), buckets
+    delta = warm_engine.compile_snapshot().diff(before)
+    assert delta.recompiles == 0 and delta.graphs == 0, delta
 
 
 def test_answers_crossing_attention_spans_compile_nothing(warm_engine, flags):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select
@@ -188,3 +190,62 @@ def test_the_burst_runs_its_unbatched_arm_on_the_same_arrivals(migrated_url: str
             assert len(rows) == 2
         listed = client.get("/v1/probes/runs", params={"kind": "burst"}, headers=AUTH)
         assert listed.status_code == 200
+
+
+# What changes after the healthy minutes, per rule judged on its baseline (relative change,
+# below any absolute limit): every step of 8 rows 1.5x slower, or 2.5x the wait for a row.
+SHIFTS = {"step_throughput_drop": ("per_output_token_s", 1.5),
+          "queue_wait_share": ("queue_wait_s", 2.5)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", sorted(SHIFTS))
+def test_a_shift_at_the_same_batch_size_fires_its_rule_against_the_baseline(
+        migrated_url: str, rule: str) -> None:
+    """The shipped rules on their shipped thresholds: a baseline of healthy minutes at 8
+    rows (a few percent of noise, as real steps have), then one shift; its rule fires on
+    the relative change after `for: 3` cycles, never before, and the others stay quiet."""
+    now = [T0]
+    factory = FakeFactory()
+    settings = make_settings(migrated_url, quality={"enabled": False})
+    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
+                     suites=suites(), clock=lambda: now[0])
+    healthy, shifted = 32, 5
+    knob, factor = SHIFTS[rule]
+    with TestClient(app) as client:
+        wait_for(lambda: client.get("/readyz").status_code == 200)
+        services = services_of(app)
+        jobs = scheduled_jobs(services)
+        engine = factory.engine
+        assert engine is not None
+        engine.batch_rows = 8
+        engine.timings.queue_wait_s = 0.004  # a share of ~10%, under the ceiling of 50%
+        base = {k: getattr(engine.timings, k) for k in ("per_output_token_s", "queue_wait_s")}
+        fired: dict[int, Any] = {}  # minute -> the evaluation that fired the rule
+        for minute in range(healthy + shifted):
+            noise = 1.0 + 0.01 * ((minute * 7) % 5 - 2)
+            for k, v in base.items():
+                setattr(engine.timings, k, v * noise * (
+                    factor if k == knob and minute >= healthy else 1.0))
+            now[0] = T0 + timedelta(minutes=minute, seconds=5)
+            _serve(client, 25)
+            jobs["traffic_flush"]()
+            assert services.writer.flush(timeout=30) and services.writer.stats.failed == 0
+            now[0] = T0 + timedelta(minutes=minute, seconds=55)
+            report = jobs["evaluate"]()
+            if any(a.rule == rule for a in report.firing):
+                fired[minute] = report
+        # Never on the healthy minutes; once the shifted ones are `for: 3` cycles long.
+        assert fired and min(fired) >= healthy + 2, sorted(fired)
+        report = fired[min(fired)]
+        alert = next(a for a in report.firing if a.rule == rule)
+        labels = {"instance": "test-instance"}
+        if rule == "step_throughput_drop":
+            labels["batch"] = "8"  # judged per batch-size class
+        assert dict(alert.labels) == labels
+        result = next(r for r in report.results if r.rule == rule)
+        assert result.baseline is not None and result.current is not None
+        assert result.relative_change is not None and abs(result.relative_change) >= 0.2
+        assert "vs baseline" in result.reason and "CUSUM" in result.reason, result.reason
+        others = {"overbatching", "queue_wait_share", "step_throughput_drop"} - {rule}
+        assert not {a.rule for r in fired.values() for a in r.firing} & others

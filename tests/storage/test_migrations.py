@@ -107,3 +107,26 @@ def test_0002_backfills_spread_and_alert_id_and_downgrade_restores_the_text(db_u
     finally:
         engine.dispose()
         migrate.downgrade(db_url, "base")
+
+
+def test_0012_adds_batch_tokens_unique_per_token_and_downgrade_drops_them(db_url: str) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    migrate.upgrade(db_url, "0011_batchmon")
+    engine = make_engine(db_url)
+    insert = text("INSERT INTO applied_batches (token, applied_at) VALUES ('t1', :at)")
+    at = {"at": "2026-11-02 00:00:00+00:00"}
+    try:
+        with engine.connect() as conn:
+            assert "applied_batches" not in inspect(conn).get_table_names()
+        migrate.upgrade(db_url, "0012_batch_tokens")
+        with engine.begin() as conn:
+            conn.execute(insert, at)
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(insert, at)  # what tells a retry that its batch committed
+        migrate.downgrade(db_url, "0011_batchmon")
+        with engine.connect() as conn:
+            assert "applied_batches" not in inspect(conn).get_table_names()
+    finally:
+        engine.dispose()
+        migrate.downgrade(db_url, "base")

@@ -15,6 +15,7 @@ from storage.errors import InvalidQuery
 from storage.models import (
     Alert,
     AlertTransition,
+    AppliedBatch,
     Baseline,
     CanaryReference,
     FlagAudit,
@@ -108,6 +109,17 @@ def test_prune_covers_agreements_chunks_and_verdicts(sessionmaker: sessionmaker[
         assert set(s.scalars(select(SeriesChunk.start))) == {NOW - 30 * DAY}
         assert s.scalars(select(RolloutVerdict.new_model_version)).all() == ["m30"]
         assert _count(s, CanaryReference) == 1  # references stay: a cohort may come back
+
+
+def test_prune_drops_batch_tokens_stopped_writers_left(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        s.add_all([AppliedBatch(token="old", applied_at=NOW - 15 * DAY),
+                   AppliedBatch(token="recent", applied_at=NOW - 13 * DAY)])
+    with sessionmaker.begin() as s:
+        assert prune(s, NOW, raw_days=14, rollup_days=90).applied_batches == 1
+    with sessionmaker() as s:
+        assert s.scalars(select(AppliedBatch.token)).all() == ["recent"]
 
 
 def test_prune_refuses_bad_retention(sessionmaker: sessionmaker[Session]) -> None:

@@ -1,17 +1,32 @@
-"""The writer delays writes while the database is down or locked, and never loses them."""
+"""The writer delays writes while the database is down or locked, never loses them, and
+never writes a batch twice when a retry follows a commit that did arrive."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench.proxy import TcpProxy as _Proxy
+from engine.protocol import GenerateResult, SpecStats
+from probes.prober import Prober
+from probes.traffic import TrafficRecorder
 from storage import migrate
 from storage.db import make_engine, make_sessionmaker
-from storage.models import MemorySample
-from storage.writer import Writer
+from storage.models import (
+    AppliedBatch,
+    BatchRollup,
+    MemorySample,
+    ProbeResult,
+    ProbeRun,
+    TrafficRollup,
+)
+from storage.writer import TOKENS_KEPT, Writer
+from tests.probes.fakes import FakeEngine, placeholder_suites
+from tests.storage.ambiguous import ambiguous_commit
 from tests.storage.builders import T0, minutes
 
 
@@ -120,3 +135,78 @@ def test_a_bad_item_is_discarded_alone(sessionmaker: sessionmaker[Session]) -> N
         writer.close()
     assert _count(sessionmaker) == 4
     assert stats.failed == 1 and stats.written == 4 and "bad data" in (stats.last_error or "")
+
+
+def _rows(maker: sessionmaker[Session], model: type) -> int:
+    with maker() as s:
+        return s.scalar(select(func.count()).select_from(model)) or 0
+
+
+def test_a_probe_cycle_committed_before_the_connection_failed_is_stored_once(
+        db_engine: Engine, sessionmaker: sessionmaker[Session],
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = FakeEngine()
+    engine.warm_up()
+    writer = Writer(sessionmaker, initial_backoff_s=0.01, max_backoff_s=0.05)
+    prober = Prober(engine, writer, placeholder_suites(per_bucket=1), instance_id="a",
+                    canaries_per_bucket=1, ab_share=0.0, rng=random.Random(0))
+    try:
+        with ambiguous_commit("probe_results", db_engine) as fired:
+            result = prober.run_cycle()
+            assert writer.flush(timeout=30)
+        stats = writer.stats
+    finally:
+        writer.close()
+        engine.close()
+    assert fired == ["probe_results"]  # the commit arrived and the writer saw it fail
+    assert _rows(sessionmaker, ProbeRun) == 1
+    assert _rows(sessionmaker, ProbeResult) == len(result.groups) > 0
+    assert (stats.retries, stats.already_applied, stats.written, stats.failed) == (1, 1, 1, 0)
+    assert "batch already applied" in caplog.text
+
+
+def _served() -> GenerateResult:
+    return GenerateResult(
+        text="x", output_ids=(1, 2), input_tokens=20, bucket="32", padded_length=32,
+        output_tokens=10, path="compiled", decoding="speculative", queue_wait_s=0.0,
+        encoder_s=0.001, ttft_s=0.005, decode_token_s=(0.002,) * 9, total_s=0.03,
+        spec=SpecStats(2, 8, 6, (2, 2, 1, 1), 2))
+
+
+def test_rollup_deltas_committed_before_the_connection_failed_are_added_once(
+        db_engine: Engine, sessionmaker: sessionmaker[Session]) -> None:
+    recorder = TrafficRecorder("a", clock=lambda: T0)
+    writer = Writer(sessionmaker, initial_backoff_s=0.01, max_backoff_s=0.05)
+    try:
+        for _ in range(3):
+            recorder.record(_served())
+        assert recorder.flush(writer) == 1  # creates the minute's rows
+        assert writer.flush(timeout=30)
+        with ambiguous_commit("traffic_rollups", db_engine) as fired:
+            for _ in range(2):
+                recorder.record(_served())
+            assert recorder.flush(writer) == 1  # adds to them: must not add twice
+            assert writer.flush(timeout=30)
+        stats = writer.stats
+    finally:
+        writer.close()
+    assert fired == ["traffic_rollups"]
+    with sessionmaker() as s:
+        assert s.scalars(select(TrafficRollup.requests)).all() == [5]
+        assert s.scalar(select(func.sum(BatchRollup.requests))) == 5
+    assert (stats.retries, stats.already_applied, stats.written) == (1, 1, 2)
+
+
+def test_a_writer_deletes_its_committed_batch_tokens_in_bulk(
+        sessionmaker: sessionmaker[Session]) -> None:
+    writer = Writer(sessionmaker, batch_size=1)
+    batches = TOKENS_KEPT + 6
+    try:
+        for i in range(batches):
+            writer.submit(_sample(i))
+        assert writer.flush(timeout=60)
+    finally:
+        writer.close()
+    assert writer.stats.written == batches and _count(sessionmaker) == batches
+    # The 65th batch deleted the first 64 tokens; retention prunes the rest once stopped.
+    assert _rows(sessionmaker, AppliedBatch) == 6
