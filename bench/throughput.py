@@ -15,13 +15,23 @@ process, the same requests in one `translate_batch` with `max_batch_size` C (gre
 same max new tokens): requests per second, and its outputs compared token for token with
 the unbatched engine's; then the batched engine at the most callers against CTranslate2
 float32 at that batch size and int8 at its best.
-(2) Open loop: Poisson arrivals at a sweep of offered rates (multiples of the unbatched
-engine's one-at-a-time rate); each request is sent by its own thread at its scheduled
-time and its latency runs from that scheduled time (no coordinated omission). The p99
-limit of an engine: the highest offered rate whose p99 stays within 2x its unloaded p50
-(where even the lowest rate is past it, half of it, down to an eighth); p50 / p99 at 50%
-and 80% of it. Last line: `batched throughput at the p99 limit: Nx
-unbatched`.
+(2) Open loop: Poisson arrivals at a sweep of offered rates, multiples of the unbatched
+engine's measured closed-loop one-caller throughput (its capacity with one decode stream),
+from well below it upward (--rates); each request is sent by its own thread at its
+scheduled time and its latency runs from that scheduled time (no coordinated omission).
+A request's slowdown is its latency over the same input's unloaded latency on the same
+engine (the median of --unloaded-repeats requests sent one at a time). The p99 limit of an
+engine: the highest offered rate, sweeping upward until the first that fails, whose p99
+slowdown is <= 2 with no errors (where even the lowest rate is past it, half of it,
+down to an eighth); p50 / p99 latency and p99 slowdown at 50% and 80% of it.
+Last line: `batched throughput at the p99 limit: Nx unbatched`.
+
+Why slowdown and not the issue's "p99 within 2x the unloaded p50": the canaries mix input
+lengths from one bucket to the largest, so the unloaded latencies of the mix already spread
+past 2x their median (the longest inputs' encoders alone take several times a short
+request), and that rule fails at any load, an idle engine included. Each request measured
+against its own unloaded latency keeps the issue's intent (the tail at most doubles under
+load) for a mixed workload.
 """
 
 from __future__ import annotations
@@ -41,6 +51,10 @@ from pathlib import Path
 from bench import ct2
 from bench.engine import _canaries
 
+# From well below the unbatched engine's capacity (1x) to far past it: the batched engine's
+# limit is expected at several times it.
+RATES = "0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1,1.2,1.4,1.7,2,2.4,2.8,3.3,4,5,6,8"
+
 
 @dataclass(frozen=True)
 class OpenLoop:
@@ -50,6 +64,7 @@ class OpenLoop:
     p50_s: float
     p99_s: float
     errors: int
+    p99_slowdown: float = math.nan  # latency over the input's unloaded latency (nan: unknown)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -80,15 +95,31 @@ def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: in
     return requests / (time.perf_counter() - start)
 
 
+def unloaded_latencies(call: Callable[[str], object], texts: Sequence[str],
+                       repeats: int = 3) -> list[float]:
+    """Return each input's median latency over `repeats` requests sent one at a time."""
+    times: list[list[float]] = [[] for _ in texts]
+    for _ in range(repeats):
+        for i, text in enumerate(texts):
+            t0 = time.perf_counter()
+            call(text)
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
 def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
-              requests: int, seed: int = 0) -> OpenLoop:
-    """Offer `requests` Poisson arrivals at `rate` per second; measure from the schedule."""
+              requests: int, seed: int = 0, unloaded: Sequence[float] | None = None
+              ) -> OpenLoop:
+    """Offer `requests` Poisson arrivals at `rate` per second; measure from the schedule
+    (request i sends texts[i % len(texts)]; `unloaded`: their unloaded latencies, for the
+    p99 slowdown)."""
     rng = random.Random(seed)
     at, schedule = 0.0, []
     for _ in range(requests):
         at += rng.expovariate(rate)
         schedule.append(at)
     latencies: list[float] = []
+    slowdowns: list[float] = []
     errors = [0]
     lock = threading.Lock()
     start = time.perf_counter() + 0.05
@@ -101,8 +132,11 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
             with lock:
                 errors[0] += 1
             return
+        latency = time.perf_counter() - due
         with lock:
-            latencies.append(time.perf_counter() - due)
+            latencies.append(latency)
+            if unloaded is not None:
+                slowdowns.append(latency / unloaded[i % len(texts)])
 
     threads = []
     for i, offset in enumerate(schedule):
@@ -115,27 +149,34 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
     for t in threads:
         t.join()
     if not latencies:
-        return OpenLoop(rate, float("inf"), float("inf"), errors[0])
-    return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99), errors[0])
+        return OpenLoop(rate, math.inf, math.inf, errors[0], math.inf)
+    return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99), errors[0],
+                    percentile(slowdowns, 0.99) if slowdowns else math.nan)
+
+
+# A request may take at most this many times its own unloaded latency at the p99.
+SLOWDOWN_LIMIT = 2.0
 
 
 def p99_limit(call: Callable[[str], object], texts: Sequence[str], rates: Sequence[float],
-              requests: int, unloaded_p50: float, halvings: int = 3
+              requests: int, unloaded: Sequence[float], halvings: int = 3
               ) -> tuple[float, list[OpenLoop]]:
-    """Return the highest rate whose p99 <= 2x the unloaded p50 (0: none), and every run.
+    """Return the highest rate, sweeping `rates` upward to the first that fails, whose p99
+    slowdown (latency over the input's unloaded latency) is <= SLOWDOWN_LIMIT with no
+    errors (0: none), and every run.
 
     Where the lowest rate is already past the limit, half of it is offered, up to
     `halvings` times, so that the last line compares two limits rather than none."""
     runs, best = [], 0.0
 
     def within(rate: float) -> bool:
-        run = open_loop(call, texts, rate, requests)
+        run = open_loop(call, texts, rate, requests, unloaded=unloaded)
         runs.append(run)
-        return run.errors == 0 and run.p99_s <= 2 * unloaded_p50
+        return run.errors == 0 and run.p99_slowdown <= SLOWDOWN_LIMIT
 
-    for rate in rates:
+    for rate in sorted(rates):
         if not within(rate):
-            break  # rates ascend: past the limit the queue only grows
+            break  # past the limit the queue only grows
         best = rate
     lowest = min(rates, default=0.0)
     for _ in range(halvings if best == 0.0 and lowest > 0 else 0):
@@ -151,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--callers", default="1,8,32")
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--rates", default="0.5,1,2,3,4,6,8,12,16",
-                        help="offered rates, multiples of the unbatched one-at-a-time rate")
+    parser.add_argument("--rates", default=RATES, help="offered rates, multiples of the "
+                        "unbatched engine's closed-loop one-caller throughput")
+    parser.add_argument("--unloaded-repeats", type=int, default=3)
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--cache-dir", default="var/compile-cache")
     parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
@@ -227,36 +269,36 @@ def main(argv: list[str] | None = None) -> None:
               f"batch {top}, {rps[('batched', top)] / rps[('int8', best)]:.2f}x CTranslate2 "
               f"int8's best (batch {best})")
 
-    unloaded = {}
-    for name, call in calls.items():
-        times = []
-        for text in texts[:16]:
-            t0 = time.perf_counter()
-            call(text)
-            times.append(time.perf_counter() - t0)
-        unloaded[name] = statistics.median(times)
-    unit = 1.0 / unloaded["unbatched"]
+    unloaded = {name: unloaded_latencies(call, texts, args.unloaded_repeats)
+                for name, call in calls.items()}
+    unit = rps[("unbatched", 1)] if ("unbatched", 1) in rps else closed_loop(
+        calls["unbatched"], texts, 1, args.requests)
     rates = [float(r) * unit for r in args.rates.split(",")]
+    print(f"open loop: rates x {unit:.1f}/s (unbatched closed-loop one-caller throughput); "
+          f"limit: p99 slowdown <= {SLOWDOWN_LIMIT:g}x the input's unloaded latency")
     limits = {}
     for name, call in calls.items():
         limit, runs = p99_limit(call, texts, rates, args.requests, unloaded[name])
         limits[name] = limit
-        print(f"{name}: unloaded p50 {unloaded[name] * 1e3:.1f} ms; p99 limit "
-              f"{limit:.1f} req/s")
+        print(f"{name}: unloaded p50 {statistics.median(unloaded[name]) * 1e3:.1f} ms, p99 "
+              f"{percentile(unloaded[name], 0.99) * 1e3:.1f} ms; p99 limit {limit:.1f} req/s")
         for run in runs:
             print(f"  offered {run.rate:7.1f}/s  p50 {run.p50_s * 1e3:8.1f} ms  "
-                  f"p99 {run.p99_s * 1e3:8.1f} ms  errors {run.errors}")
+                  f"p99 {run.p99_s * 1e3:8.1f} ms  p99 slowdown {run.p99_slowdown:5.2f}x  "
+                  f"errors {run.errors}")
         for share in (0.5, 0.8):
             if limit > 0:
-                run = open_loop(call, texts, share * limit, args.requests, seed=1)
+                run = open_loop(call, texts, share * limit, args.requests, seed=1,
+                                unloaded=unloaded[name])
                 print(f"  at {share:.0%} of the limit ({run.rate:.1f}/s): p50 "
-                      f"{run.p50_s * 1e3:.1f} ms, p99 {run.p99_s * 1e3:.1f} ms")
+                      f"{run.p50_s * 1e3:.1f} ms, p99 {run.p99_s * 1e3:.1f} ms, p99 slowdown "
+                      f"{run.p99_slowdown:.2f}x")
     for engine in engines.values():
         engine.close()
     ratio = limits["batched"] / limits["unbatched"] if limits["unbatched"] else float("nan")
     if not limits["unbatched"]:
-        print("note: no offered rate kept the unbatched p99 within 2x its unloaded p50 "
-              "(a loaded machine?): the ratio is undefined")
+        print(f"note: no offered rate kept the unbatched p99 slowdown within "
+              f"{SLOWDOWN_LIMIT:g}x (a loaded machine?): the ratio is undefined")
     print(f"batched throughput at the p99 limit: {ratio:.2f}x unbatched")
 
 

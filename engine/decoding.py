@@ -125,7 +125,7 @@ class RowState:
         self.k, self.max_new, self.clock = k, max_new, clock
         tm = target.m
         self.seq = [tm.decoder_start_id]
-        self.last = target.start  # seq[-1] on the device
+        self._last: torch.Tensor | None = target.start  # seq[-1] on the device (see last)
         self.prev: torch.Tensor | None = None  # seq[-2] on the device after a full accept
         self.d_pos = 0
         self.tokens: list[int] = []
@@ -143,6 +143,14 @@ class RowState:
                                   device=tm.device_)
 
     @property
+    def last(self) -> torch.Tensor:
+        """Return seq[-1] on the device as [1, 1] (made when first needed: a batched step
+        feeds tokens from `seq`, so a row that only decodes batched never makes one)."""
+        if self._last is None:
+            self._last = torch.tensor([[self.seq[-1]]], device=self.target.m.device_)
+        return self._last
+
+    @property
     def position(self) -> int:
         """Return the position the next direct step feeds seq[-1] at."""
         return len(self.seq) - 1
@@ -158,7 +166,7 @@ class RowState:
         self.seq.append(token)
         self.tokens.append(token)
         self.stamps.append(now)
-        self.last = torch.tensor([[token]], device=self.target.m.device_)
+        self._last = None
         self.prev = None  # the draft catches up from `seq`
         if token == self.target.m.eos_id or len(self.tokens) >= self.max_new:
             self.done = True
@@ -236,7 +244,7 @@ class RowState:
         emitted = emitted[: self.max_new - len(self.tokens)]
         seq.extend(emitted)
         self.d_pos = min(d_pos, len(seq) - 1)
-        self.last = choice_t[n:n + 1].clone().view(1, 1)
+        self._last = choice_t[n:n + 1].clone().view(1, 1)
         self.prev = props[-1:].view(1, 1) if n == k else None
         self.stamps.extend([now] * len(emitted))  # confirmed together, by this verification
         self.tokens.extend(emitted)

@@ -1,9 +1,11 @@
 """bench.throughput's arithmetic on a fake engine: percentiles, the closed loop's count,
-the p99 limit's stopping rule."""
+the p99 limit's stopping rule and its per-input slowdown."""
 
 from __future__ import annotations
 
-from bench.throughput import OpenLoop, closed_loop, p99_limit, percentile
+import math
+
+from bench.throughput import OpenLoop, closed_loop, open_loop, p99_limit, percentile
 from probes.fake import FakeEngine
 
 
@@ -20,29 +22,60 @@ def test_closed_loop_sends_exactly_the_requests_asked() -> None:
     assert engine.state.calls == 10 and rps > 0
 
 
-def test_the_p99_limit_is_the_last_rate_within_twice_the_unloaded_p50(monkeypatch) -> None:
+def test_the_p99_limit_is_the_last_rate_whose_p99_slowdown_is_within_two(monkeypatch) -> None:
     import bench.throughput as bt
 
-    p99 = {1.0: 0.010, 2.0: 0.019, 4.0: 0.050, 8.0: 0.010}
+    slowdown = {1.0: 1.2, 2.0: 1.9, 4.0: 2.5, 8.0: 1.0}
+    seen = []
 
-    def fake_open_loop(call, texts, rate, requests, seed=0):
-        return OpenLoop(rate, 0.005, p99[rate], 0)
+    def fake_open_loop(call, texts, rate, requests, seed=0, unloaded=None):
+        seen.append(unloaded)
+        # p99 latency far past twice the p50: a mixed workload's spread, not a failure
+        return OpenLoop(rate, 0.005, 0.050, 0, slowdown[rate])
 
     monkeypatch.setattr(bt, "open_loop", fake_open_loop)
-    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0, 4.0, 8.0], 4, 0.010)
+    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 1.0, 8.0, 2.0], 4, [0.010])
     assert limit == 2.0
-    assert [r.rate for r in runs] == [1.0, 2.0, 4.0]  # stops at the first rate past it
+    assert [r.rate for r in runs] == [1.0, 2.0, 4.0]  # upward, stops at the first past it
+    assert seen == [[0.010]] * 3  # every run measures against the inputs' unloaded latency
+
+
+def test_a_run_with_errors_is_past_the_limit(monkeypatch) -> None:
+    import bench.throughput as bt
+
+    monkeypatch.setattr(bt, "open_loop", lambda call, texts, rate, requests, seed=0,
+                        unloaded=None: OpenLoop(rate, 0.005, 0.006, 1 if rate > 1 else 0, 1.0))
+    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0, 3.0], 4, [0.010])
+    assert limit == 1.0 and len(runs) == 2
+
+
+def test_the_open_loop_slowdown_is_each_latency_over_its_own_inputs_unloaded_latency() -> None:
+    sent: list[str] = []
+
+    def call(text: str) -> None:
+        sent.append(text)
+        if text == "bad":
+            raise RuntimeError("429")
+
+    # An hour of unloaded latency per input: every slowdown is far below 1, and the failed
+    # input counts as an error, not a latency.
+    run = open_loop(call, ["a", "bad", "b"], rate=1000.0, requests=6,
+                    unloaded=[3600.0, 3600.0, 3600.0])
+    assert sorted(sent) == ["a", "a", "b", "b", "bad", "bad"]
+    assert run.errors == 2
+    assert 0 < run.p99_slowdown < 0.01
+    assert math.isnan(open_loop(lambda t: None, ["a"], 1000.0, 2).p99_slowdown)
 
 
 def test_the_p99_limit_halves_the_lowest_rate_until_one_is_within(monkeypatch) -> None:
     import bench.throughput as bt
 
-    def fake_open_loop(call, texts, rate, requests, seed=0):
-        return OpenLoop(rate, 0.005, 0.010 if rate <= 0.25 else 0.050, 0)
+    def fake_open_loop(call, texts, rate, requests, seed=0, unloaded=None):
+        return OpenLoop(rate, 0.005, 0.050, 0, 1.5 if rate <= 0.25 else 2.5)
 
     monkeypatch.setattr(bt, "open_loop", fake_open_loop)
-    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0], 4, 0.010)
+    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0], 4, [0.010])
     assert limit == 0.25
     assert [r.rate for r in runs] == [1.0, 0.5, 0.25]
-    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, 0.010, halvings=2)
+    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, [0.010], halvings=2)
     assert limit == 0.0 and [r.rate for r in runs] == [4.0, 2.0, 1.0]  # none: 0, said so

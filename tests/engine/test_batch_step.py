@@ -55,3 +55,32 @@ def test_rows_of_mixed_buckets_and_positions_equal_each_row_alone(tmp_path, use_
             assert torch.equal(batched, single)  # bitwise: the same sums per row
         else:
             torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-5)
+
+
+def test_bucket_padding_keys_are_never_read_by_the_c_step(tmp_path):
+    # The C step skips the trailing masked (padding) keys of each row's cross-attention, the
+    # bulk of a batched step's memory traffic: their weight is exactly 0, so skipping them
+    # changes no bit. NaN written into the padding's K/V shows they are not read at all.
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    model = build_tiny_t5(tmp_path / "m", seed=5, d_model=20, heads=2)
+    rt = Runtime(tiny_config({"target": model, "draft": model}, use_draft=False,
+                             compile_backend="eager", cache_dir=str(tmp_path / "cache")))
+    r = rt.target
+    m = r.m
+    gen = torch.Generator().manual_seed(3)
+    lengths, where = [16, 32, 8], [0, 9, 4]
+    caches, crosses, masks = _rows(r, gen, lengths)
+    poisoned = [c.clone() for c in crosses]
+    for cross, length in zip(poisoned, lengths, strict=True):
+        cross[..., length - length // 4:, :] = float("nan")  # the masked padding's K/V
+    tokens, positions = torch.tensor([5, 40, 77]), torch.tensor(where)
+    clean = torch.empty((3, r.native.vocab))
+    dirty = torch.empty((3, r.native.vocab))
+    with torch.no_grad():
+        want = r.native.rows(m, tokens, positions, [c.clone() for c in caches], crosses,
+                             masks, r.dec_bias, logits=clean)
+        got = r.native.rows(m, tokens, positions, caches, poisoned, masks, r.dec_bias,
+                            logits=dirty)
+    assert got.tolist() == want.tolist()
+    assert torch.equal(dirty, clean)  # bitwise, NaN-free
