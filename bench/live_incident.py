@@ -361,7 +361,7 @@ class Minute:
     p99_ms: float | None
     serve_rss_mb: float
     worker_rss_mb: float | None
-    probe_cycles: int
+    probe_cycles: int  # -1: the serving process's /metrics could not be read
     evaluations: int  # -1: the worker's /metrics could not be read
     notifications: int  # POSTs to every receiver
 
@@ -387,7 +387,12 @@ class Recorder:
         self.before = self._counts()
 
     def _counts(self) -> tuple[float, float]:
-        m = self.svc.metrics()
+        try:
+            m = self.svc.metrics()
+        except httpx.HTTPError as e:
+            # A service too busy to answer its scrape is what the run records, not an end.
+            print(f"{_hms(time.time())} /metrics of serve not read: {e!r}", flush=True)
+            return math.nan, math.nan
         probes = metric_sum(m, "tailwatch_job_duration_seconds_count", scheduled_job="probe")
         try:
             w = parse_metrics(httpx.get(f"http://127.0.0.1:{self.svc.worker_port}/metrics",
@@ -396,7 +401,7 @@ class Recorder:
                                scheduled_job="evaluate")
         except httpx.HTTPError:
             evals = math.nan
-        if self.phases.first_probe is None and probes > 0:
+        if self.phases.first_probe is None and probes > 0:  # nan > 0 is False
             self.phases.first_probe = time.time()
         return probes, evals
 
@@ -451,11 +456,16 @@ class Recorder:
             errors=answers.errors, p50_ms=answers.p50_ms, p99_ms=answers.p99_ms,
             serve_rss_mb=round(serve / 1e6, 1),
             worker_rss_mb=None if worker is None else round(worker / 1e6, 1),
-            probe_cycles=int(probes - self.before[0]),
+            probe_cycles=-1 if math.isnan(probes) or math.isnan(self.before[0])
+            else int(probes - self.before[0]),
             evaluations=-1 if math.isnan(evals) or math.isnan(self.before[1])
             else int(evals - self.before[1]),
             notifications=posts - self.posts)
-        self.before, self.posts = (probes, evals), posts
+        if not math.isnan(probes):
+            self.before = (probes, self.before[1])
+        if not math.isnan(evals):
+            self.before = (self.before[0], evals)
+        self.posts = posts
         new = not self.csv.exists()
         with self.csv.open("a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -539,7 +549,7 @@ def _phase_traffic(rows: Sequence[Mapping[str, str]], phase: str) -> str | None:
     p99 = [float(r["p99_ms"]) for r in mine if r["p99_ms"]]
     rss = [float(r["serve_rss_mb"]) for r in mine]
     worker = [float(r["worker_rss_mb"]) for r in mine if r["worker_rss_mb"]]
-    cycles = sum(int(r["probe_cycles"]) for r in mine)
+    cycles = sum(max(0, int(r["probe_cycles"])) for r in mine)
     return (f"{phase}: {len(mine)} min, {sum(int(r['ok']) for r in mine)} ok / "
             f"{sum(int(r['rejected_429']) for r in mine)} 429 / "
             f"{sum(int(r['errors']) for r in mine)} other; client p50 "
@@ -629,10 +639,11 @@ class Summary:
             first = min(p.armed_rules, key=lambda k: p.armed_rules[k]) if p.armed_rules else "?"
             after = f"; {(p.armed - p.ready) / 60:.1f} min after ready" if p.ready else ""
             out.append(f"armed at {_hms(p.armed)} UTC ({first} first{after})")
-            before = firing_between(generic, p.ready or 0.0, p.armed)
-            if before:
-                out.append(f"before arming: {len(before)} firing at generic")
-                out += self._evidence("before", before, p.armed)
+        since = p.ready or p.started
+        before = firing_between(generic, since, p.armed or math.inf)
+        if before:
+            out.append(f"before arming: {len(before)} firing at generic")
+            out += self._evidence("before", before, since)
         if quiet is not None:
             fired = {t: firing_between(rs, *quiet) for t, rs in self.received.items()}
             out.append("quiet, per target (pages/warnings): " + ", ".join(
@@ -737,7 +748,10 @@ def run(folder: Path, phases: Phases) -> None:
         phases.save(folder)
         rec.phase = "quiet"
         rec.wait(phases.quiet[1])
-        phases.open_at_hog = [dict(i) for i in svc.get("/v1/incidents", state="open")]
+        try:
+            phases.open_at_hog = [dict(i) for i in svc.get("/v1/incidents", state="open")]
+        except httpx.HTTPError as e:
+            phases.note += f"; open incidents not read at the hog's start: {e!r}"
         busy, period = MILD if phases.mild else FULL
         print(f"hog on CPUs {phases.cpus} ({busy:g} ms busy in {period:g} ms) for "
               f"{phases.hog_minutes:g} min", flush=True)
@@ -757,6 +771,8 @@ def run(folder: Path, phases: Phases) -> None:
 
 
 def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    # Once: a second SIGTERM must not cut short the unwinding that stops hog and serve.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)  # unwinds through the with-blocks: hog and serve stop
 
 
