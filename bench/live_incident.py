@@ -70,9 +70,10 @@ from types import FrameType
 from typing import Any
 
 import httpx
+import yaml
 
 from alerts.baselines import rule_scope
-from alerts.rule_file import load_rules
+from alerts.rule_file import DEFAULT_RULES_FILE, load_rules
 from alerts.rules import Rule
 from alerts.settings import AlertSettings
 from alerts.webhooks import FORMATS, payload_status
@@ -317,6 +318,7 @@ class Phases:
     hog_minutes: float
     after_minutes: float
     warm_in_s: float | None = None  # None: the shipped alerts.baseline_warm_in_s
+    min_baseline_cycles: int | None = None  # None: the shipped rules as they are
     cpus: list[int] = field(default_factory=list)
     targets: dict[str, str] = field(default_factory=dict)  # name -> format
     ready: float | None = None
@@ -630,6 +632,8 @@ class Summary:
         out = [f"conditions: {p.rate:g} real requests/s, CPUs {p.cpus or '?'}, probe and "
                f"evaluation every {CYCLE_S:g} s, warm-in "
                + ("shipped" if p.warm_in_s is None else f"{p.warm_in_s:g} s (not shipped)")
+               + ("" if p.min_baseline_cycles is None else
+                  f", rules' min_baseline_cycles {p.min_baseline_cycles} (not shipped)")
                + f", targets {', '.join(p.targets) or '?'}"
                + (f"; {p.note}" if p.note else "")]
         out += [t for ph in ("warm-in", "quiet", "hog", "after")
@@ -707,6 +711,19 @@ def summarize(folder: Path) -> Summary:
 
 # --- the run -----------------------------------------------------------------------------
 
+def thin_rules(folder: Path, cycles: int) -> Path:
+    """Write the shipped rules with `min_baseline_cycles` set to `cycles`; return the file.
+
+    A user rule replaces a shipped one by name, so this file replaces them all.
+    """
+    data = yaml.safe_load(DEFAULT_RULES_FILE.read_text())
+    for rule in data["rules"]:
+        rule["min_baseline_cycles"] = cycles
+    path = folder / "rules.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def _finish(folder: Path, svc: ServiceProcess, phases: Phases) -> None:
     phases.ended = time.time()
     try:
@@ -726,6 +743,8 @@ def run(folder: Path, phases: Phases) -> None:
                                                for t, rx in receivers.items()]}
         if phases.warm_in_s is not None:
             alerts["baseline_warm_in_s"] = phases.warm_in_s
+        if phases.min_baseline_cycles is not None:
+            alerts["rules_file"] = str(thin_rules(folder, phases.min_baseline_cycles))
         settings = settings_for(folder, receivers["generic"].url, probe_interval_s=CYCLE_S,
                                 evaluate_interval_s=CYCLE_S, extra={"alerts": alerts})
         phases.targets = {t: t for t in TARGETS}
@@ -787,6 +806,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=3.0, help="real requests per second")
     ap.add_argument("--warm-in-s", type=float, default=None,
                     help="alerts.baseline_warm_in_s (default: the shipped one)")
+    ap.add_argument("--min-baseline-cycles", type=int, default=None,
+                    help="the shipped rules with this min_baseline_cycles (arm sooner; a "
+                    "check of the hog's path, not a result)")
     ap.add_argument("--quick", action="store_true",
                     help="phases 3/2/3 min and a 60 s warm-in (a check, not a result)")
     ap.add_argument("--folder", type=Path, default=Path("var/live-incident"))
@@ -805,12 +827,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.warm_in_s is not None and not (math.isfinite(args.warm_in_s)
                                                and args.warm_in_s >= 0):
             raise SystemExit(f"--warm-in-s: must be >= 0, got {args.warm_in_s}")
+        if args.min_baseline_cycles is not None and args.min_baseline_cycles < 1:
+            raise SystemExit(f"--min-baseline-cycles: must be >= 1, got "
+                             f"{args.min_baseline_cycles}")
         if (args.folder / "phases.json").exists():
             raise SystemExit(f"--folder: {args.folder} holds a run already; choose another")
         args.folder.mkdir(parents=True, exist_ok=True)
         phases = Phases(started=time.time(), rate=args.rate, mild=args.mild,
                         quiet_minutes=args.quiet_minutes, hog_minutes=args.hog_minutes,
                         after_minutes=args.after_minutes, warm_in_s=args.warm_in_s,
+                        min_baseline_cycles=args.min_baseline_cycles,
                         note="quick" if args.quick else "")
         phases.save(args.folder)
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
