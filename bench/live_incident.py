@@ -12,7 +12,8 @@ When the rules arm: the service says so through `GET /v1/baselines`. A rule judg
 against a baseline is silent ("baseline warming in") until a stored rolling baseline of
 its metric and scope (source, match labels, window) rests on `min_baseline_cycles`
 cycles; a fresh cohort's baselines only start `alerts.baseline_warm_in_s` after its
-first probe cycle. The bench polls the active baselines every 10 s; once one is usable
+first probe cycle (with the shipped 30 minutes and 30 one-minute cycles for the
+latency rules: about an hour after the first probe). The bench polls the active baselines every 10 s; once one is usable
 for a shipped rule, the armed time is the earliest `created_at` of any usable baseline
 row (inactive ones included), i.e. the evaluation that first could fire, so a page in
 the very evaluation that armed the rules counts. Rules with only an absolute ceiling or
@@ -47,7 +48,11 @@ The last line, also from `--summarize FOLDER` (a finished run, or one in progres
     taskset -c 1 python -m bench.live_incident [--quiet-minutes 60] [--hog-minutes 6]
         [--after-minutes 10] [--mild] [--rate 3] [--folder var/live-incident]
     python -m bench.live_incident --summarize var/live-incident
-    taskset -c 0 python -m bench.live_incident --quick     # phases 3/2/3 min, warm-in 60 s
+    taskset -c 0 python -m bench.live_incident --quick     # a check of every phase, 25 min
+
+`--quick` (phases 3/6/5 minutes, `--warm-in-s 60`, `--min-baseline-cycles 5`: the shipped
+rules with baselines usable after 5 cycles, so the rules arm minutes after the start)
+checks every phase; its figures are no result.
 """
 
 from __future__ import annotations
@@ -88,7 +93,8 @@ CYCLE_S = 10.0  # probe and evaluation interval
 TICK_S = 5.0
 ARM_POLL_S = 10.0
 ARM_TIMEOUT_MARGIN_S = 3600.0  # after the warm-in: baselines still need their cycles
-QUICK = {"quiet": 3.0, "hog": 2.0, "after": 3.0, "warm_in_s": 60.0}
+# A hog shorter than the latency rules' `for` cycles plus their confirmation pages nothing.
+QUICK = {"quiet": 3.0, "hog": 6.0, "after": 5.0, "warm_in_s": 60.0, "min_baseline_cycles": 5}
 MILD = (30.0, 100.0)  # busy ms in every period ms
 FULL = (100.0, 100.0)
 
@@ -810,7 +816,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="the shipped rules with this min_baseline_cycles (arm sooner; a "
                     "check of the hog's path, not a result)")
     ap.add_argument("--quick", action="store_true",
-                    help="phases 3/2/3 min and a 60 s warm-in (a check, not a result)")
+                    help="phases 3/6/5 min, a 60 s warm-in and 5 baseline cycles: arms in "
+                    "minutes (a check of every phase, not a result)")
     ap.add_argument("--folder", type=Path, default=Path("var/live-incident"))
     ap.add_argument("--summarize", type=Path, default=None, metavar="FOLDER",
                     help="print the summary of a run's folder (one in progress too) and exit")
@@ -819,7 +826,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.quick:
             args.quiet_minutes, args.hog_minutes, args.after_minutes = (
                 QUICK["quiet"], QUICK["hog"], QUICK["after"])
-            args.warm_in_s = QUICK["warm_in_s"] if args.warm_in_s is None else args.warm_in_s
+            if args.warm_in_s is None:
+                args.warm_in_s = QUICK["warm_in_s"]
+            if args.min_baseline_cycles is None:
+                args.min_baseline_cycles = int(QUICK["min_baseline_cycles"])
         values = (args.quiet_minutes, args.hog_minutes, args.after_minutes, args.rate)
         if not all(math.isfinite(v) and v > 0 for v in values):
             raise SystemExit("--quiet-minutes, --hog-minutes, --after-minutes and --rate "
