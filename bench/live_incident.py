@@ -741,7 +741,6 @@ def _finish(folder: Path, svc: ServiceProcess, phases: Phases) -> None:
 
 def run(folder: Path, phases: Phases) -> None:
     """Run the phases against the real service, recording into `folder`."""
-    rules = load_rules()
     with ExitStack() as stack:
         receivers = {t: stack.enter_context(WebhookReceiver(
             log_file=folder / f"notifications-{t}.jsonl")) for t in TARGETS}
@@ -749,8 +748,11 @@ def run(folder: Path, phases: Phases) -> None:
                                                for t, rx in receivers.items()]}
         if phases.warm_in_s is not None:
             alerts["baseline_warm_in_s"] = phases.warm_in_s
+        rules_file = None
         if phases.min_baseline_cycles is not None:
-            alerts["rules_file"] = str(thin_rules(folder, phases.min_baseline_cycles))
+            rules_file = str(thin_rules(folder, phases.min_baseline_cycles))
+            alerts["rules_file"] = rules_file
+        rules = load_rules(rules_file)  # the rules the service judges with: when they arm
         settings = settings_for(folder, receivers["generic"].url, probe_interval_s=CYCLE_S,
                                 evaluate_interval_s=CYCLE_S, extra={"alerts": alerts})
         phases.targets = {t: t for t in TARGETS}
