@@ -12,7 +12,8 @@ When the rules arm: the service says so through `GET /v1/baselines`. A rule judg
 against a baseline is silent ("baseline warming in") until a stored rolling baseline of
 its metric and scope (source, match labels, window) rests on `min_baseline_cycles`
 cycles; a fresh cohort's baselines only start `alerts.baseline_warm_in_s` after its
-first probe cycle. The bench polls the active baselines every 10 s; once one is usable
+first probe cycle (with the shipped 30 minutes and 30 one-minute cycles for the
+latency rules: about an hour after the first probe). The bench polls the active baselines every 10 s; once one is usable
 for a shipped rule, the armed time is the earliest `created_at` of any usable baseline
 row (inactive ones included), i.e. the evaluation that first could fire, so a page in
 the very evaluation that armed the rules counts. Rules with only an absolute ceiling or
@@ -47,7 +48,11 @@ The last line, also from `--summarize FOLDER` (a finished run, or one in progres
     taskset -c 1 python -m bench.live_incident [--quiet-minutes 60] [--hog-minutes 6]
         [--after-minutes 10] [--mild] [--rate 3] [--folder var/live-incident]
     python -m bench.live_incident --summarize var/live-incident
-    taskset -c 0 python -m bench.live_incident --quick     # phases 3/2/3 min, warm-in 60 s
+    taskset -c 0 python -m bench.live_incident --quick     # a check of every phase, 25 min
+
+`--quick` (phases 3/6/5 minutes, `--warm-in-s 60`, `--min-baseline-cycles 5`: the shipped
+rules with baselines usable after 5 cycles, so the rules arm minutes after the start)
+checks every phase; its figures are no result.
 """
 
 from __future__ import annotations
@@ -70,9 +75,10 @@ from types import FrameType
 from typing import Any
 
 import httpx
+import yaml
 
 from alerts.baselines import rule_scope
-from alerts.rule_file import load_rules
+from alerts.rule_file import DEFAULT_RULES_FILE, load_rules
 from alerts.rules import Rule
 from alerts.settings import AlertSettings
 from alerts.webhooks import FORMATS, payload_status
@@ -87,7 +93,8 @@ CYCLE_S = 10.0  # probe and evaluation interval
 TICK_S = 5.0
 ARM_POLL_S = 10.0
 ARM_TIMEOUT_MARGIN_S = 3600.0  # after the warm-in: baselines still need their cycles
-QUICK = {"quiet": 3.0, "hog": 2.0, "after": 3.0, "warm_in_s": 60.0}
+# A hog shorter than the latency rules' `for` cycles plus their confirmation pages nothing.
+QUICK = {"quiet": 3.0, "hog": 6.0, "after": 5.0, "warm_in_s": 60.0, "min_baseline_cycles": 5}
 MILD = (30.0, 100.0)  # busy ms in every period ms
 FULL = (100.0, 100.0)
 
@@ -317,6 +324,7 @@ class Phases:
     hog_minutes: float
     after_minutes: float
     warm_in_s: float | None = None  # None: the shipped alerts.baseline_warm_in_s
+    min_baseline_cycles: int | None = None  # None: the shipped rules as they are
     cpus: list[int] = field(default_factory=list)
     targets: dict[str, str] = field(default_factory=dict)  # name -> format
     ready: float | None = None
@@ -361,7 +369,7 @@ class Minute:
     p99_ms: float | None
     serve_rss_mb: float
     worker_rss_mb: float | None
-    probe_cycles: int
+    probe_cycles: int  # -1: the serving process's /metrics could not be read
     evaluations: int  # -1: the worker's /metrics could not be read
     notifications: int  # POSTs to every receiver
 
@@ -387,7 +395,12 @@ class Recorder:
         self.before = self._counts()
 
     def _counts(self) -> tuple[float, float]:
-        m = self.svc.metrics()
+        try:
+            m = self.svc.metrics()
+        except httpx.HTTPError as e:
+            # A service too busy to answer its scrape is what the run records, not an end.
+            print(f"{_hms(time.time())} /metrics of serve not read: {e!r}", flush=True)
+            return math.nan, math.nan
         probes = metric_sum(m, "tailwatch_job_duration_seconds_count", scheduled_job="probe")
         try:
             w = parse_metrics(httpx.get(f"http://127.0.0.1:{self.svc.worker_port}/metrics",
@@ -396,7 +409,7 @@ class Recorder:
                                scheduled_job="evaluate")
         except httpx.HTTPError:
             evals = math.nan
-        if self.phases.first_probe is None and probes > 0:
+        if self.phases.first_probe is None and probes > 0:  # nan > 0 is False
             self.phases.first_probe = time.time()
         return probes, evals
 
@@ -451,11 +464,16 @@ class Recorder:
             errors=answers.errors, p50_ms=answers.p50_ms, p99_ms=answers.p99_ms,
             serve_rss_mb=round(serve / 1e6, 1),
             worker_rss_mb=None if worker is None else round(worker / 1e6, 1),
-            probe_cycles=int(probes - self.before[0]),
+            probe_cycles=-1 if math.isnan(probes) or math.isnan(self.before[0])
+            else int(probes - self.before[0]),
             evaluations=-1 if math.isnan(evals) or math.isnan(self.before[1])
             else int(evals - self.before[1]),
             notifications=posts - self.posts)
-        self.before, self.posts = (probes, evals), posts
+        if not math.isnan(probes):
+            self.before = (probes, self.before[1])
+        if not math.isnan(evals):
+            self.before = (self.before[0], evals)
+        self.posts = posts
         new = not self.csv.exists()
         with self.csv.open("a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -539,7 +557,7 @@ def _phase_traffic(rows: Sequence[Mapping[str, str]], phase: str) -> str | None:
     p99 = [float(r["p99_ms"]) for r in mine if r["p99_ms"]]
     rss = [float(r["serve_rss_mb"]) for r in mine]
     worker = [float(r["worker_rss_mb"]) for r in mine if r["worker_rss_mb"]]
-    cycles = sum(int(r["probe_cycles"]) for r in mine)
+    cycles = sum(max(0, int(r["probe_cycles"])) for r in mine)
     return (f"{phase}: {len(mine)} min, {sum(int(r['ok']) for r in mine)} ok / "
             f"{sum(int(r['rejected_429']) for r in mine)} 429 / "
             f"{sum(int(r['errors']) for r in mine)} other; client p50 "
@@ -620,6 +638,8 @@ class Summary:
         out = [f"conditions: {p.rate:g} real requests/s, CPUs {p.cpus or '?'}, probe and "
                f"evaluation every {CYCLE_S:g} s, warm-in "
                + ("shipped" if p.warm_in_s is None else f"{p.warm_in_s:g} s (not shipped)")
+               + ("" if p.min_baseline_cycles is None else
+                  f", rules' min_baseline_cycles {p.min_baseline_cycles} (not shipped)")
                + f", targets {', '.join(p.targets) or '?'}"
                + (f"; {p.note}" if p.note else "")]
         out += [t for ph in ("warm-in", "quiet", "hog", "after")
@@ -629,10 +649,11 @@ class Summary:
             first = min(p.armed_rules, key=lambda k: p.armed_rules[k]) if p.armed_rules else "?"
             after = f"; {(p.armed - p.ready) / 60:.1f} min after ready" if p.ready else ""
             out.append(f"armed at {_hms(p.armed)} UTC ({first} first{after})")
-            before = firing_between(generic, p.ready or 0.0, p.armed)
-            if before:
-                out.append(f"before arming: {len(before)} firing at generic")
-                out += self._evidence("before", before, p.armed)
+        since = p.ready or p.started
+        before = firing_between(generic, since, p.armed or math.inf)
+        if before:
+            out.append(f"before arming: {len(before)} firing at generic")
+            out += self._evidence("before", before, since)
         if quiet is not None:
             fired = {t: firing_between(rs, *quiet) for t, rs in self.received.items()}
             out.append("quiet, per target (pages/warnings): " + ", ".join(
@@ -696,6 +717,19 @@ def summarize(folder: Path) -> Summary:
 
 # --- the run -----------------------------------------------------------------------------
 
+def thin_rules(folder: Path, cycles: int) -> Path:
+    """Write the shipped rules with `min_baseline_cycles` set to `cycles`; return the file.
+
+    A user rule replaces a shipped one by name, so this file replaces them all.
+    """
+    data = yaml.safe_load(DEFAULT_RULES_FILE.read_text())
+    for rule in data["rules"]:
+        rule["min_baseline_cycles"] = cycles
+    path = folder / "rules.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def _finish(folder: Path, svc: ServiceProcess, phases: Phases) -> None:
     phases.ended = time.time()
     try:
@@ -707,7 +741,6 @@ def _finish(folder: Path, svc: ServiceProcess, phases: Phases) -> None:
 
 def run(folder: Path, phases: Phases) -> None:
     """Run the phases against the real service, recording into `folder`."""
-    rules = load_rules()
     with ExitStack() as stack:
         receivers = {t: stack.enter_context(WebhookReceiver(
             log_file=folder / f"notifications-{t}.jsonl")) for t in TARGETS}
@@ -715,6 +748,11 @@ def run(folder: Path, phases: Phases) -> None:
                                                for t, rx in receivers.items()]}
         if phases.warm_in_s is not None:
             alerts["baseline_warm_in_s"] = phases.warm_in_s
+        rules_file = None
+        if phases.min_baseline_cycles is not None:
+            rules_file = str(thin_rules(folder, phases.min_baseline_cycles))
+            alerts["rules_file"] = rules_file
+        rules = load_rules(rules_file)  # the rules the service judges with: when they arm
         settings = settings_for(folder, receivers["generic"].url, probe_interval_s=CYCLE_S,
                                 evaluate_interval_s=CYCLE_S, extra={"alerts": alerts})
         phases.targets = {t: t for t in TARGETS}
@@ -737,7 +775,10 @@ def run(folder: Path, phases: Phases) -> None:
         phases.save(folder)
         rec.phase = "quiet"
         rec.wait(phases.quiet[1])
-        phases.open_at_hog = [dict(i) for i in svc.get("/v1/incidents", state="open")]
+        try:
+            phases.open_at_hog = [dict(i) for i in svc.get("/v1/incidents", state="open")]
+        except httpx.HTTPError as e:
+            phases.note += f"; open incidents not read at the hog's start: {e!r}"
         busy, period = MILD if phases.mild else FULL
         print(f"hog on CPUs {phases.cpus} ({busy:g} ms busy in {period:g} ms) for "
               f"{phases.hog_minutes:g} min", flush=True)
@@ -757,6 +798,8 @@ def run(folder: Path, phases: Phases) -> None:
 
 
 def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    # Once: a second SIGTERM must not cut short the unwinding that stops hog and serve.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)  # unwinds through the with-blocks: hog and serve stop
 
 
@@ -771,8 +814,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=3.0, help="real requests per second")
     ap.add_argument("--warm-in-s", type=float, default=None,
                     help="alerts.baseline_warm_in_s (default: the shipped one)")
+    ap.add_argument("--min-baseline-cycles", type=int, default=None,
+                    help="the shipped rules with this min_baseline_cycles (arm sooner; a "
+                    "check of the hog's path, not a result)")
     ap.add_argument("--quick", action="store_true",
-                    help="phases 3/2/3 min and a 60 s warm-in (a check, not a result)")
+                    help="phases 3/6/5 min, a 60 s warm-in and 5 baseline cycles: arms in "
+                    "minutes (a check of every phase, not a result)")
     ap.add_argument("--folder", type=Path, default=Path("var/live-incident"))
     ap.add_argument("--summarize", type=Path, default=None, metavar="FOLDER",
                     help="print the summary of a run's folder (one in progress too) and exit")
@@ -781,7 +828,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.quick:
             args.quiet_minutes, args.hog_minutes, args.after_minutes = (
                 QUICK["quiet"], QUICK["hog"], QUICK["after"])
-            args.warm_in_s = QUICK["warm_in_s"] if args.warm_in_s is None else args.warm_in_s
+            if args.warm_in_s is None:
+                args.warm_in_s = QUICK["warm_in_s"]
+            if args.min_baseline_cycles is None:
+                args.min_baseline_cycles = int(QUICK["min_baseline_cycles"])
         values = (args.quiet_minutes, args.hog_minutes, args.after_minutes, args.rate)
         if not all(math.isfinite(v) and v > 0 for v in values):
             raise SystemExit("--quiet-minutes, --hog-minutes, --after-minutes and --rate "
@@ -789,12 +839,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.warm_in_s is not None and not (math.isfinite(args.warm_in_s)
                                                and args.warm_in_s >= 0):
             raise SystemExit(f"--warm-in-s: must be >= 0, got {args.warm_in_s}")
+        if args.min_baseline_cycles is not None and args.min_baseline_cycles < 1:
+            raise SystemExit(f"--min-baseline-cycles: must be >= 1, got "
+                             f"{args.min_baseline_cycles}")
         if (args.folder / "phases.json").exists():
             raise SystemExit(f"--folder: {args.folder} holds a run already; choose another")
         args.folder.mkdir(parents=True, exist_ok=True)
         phases = Phases(started=time.time(), rate=args.rate, mild=args.mild,
                         quiet_minutes=args.quiet_minutes, hog_minutes=args.hog_minutes,
                         after_minutes=args.after_minutes, warm_in_s=args.warm_in_s,
+                        min_baseline_cycles=args.min_baseline_cycles,
                         note="quick" if args.quick else "")
         phases.save(args.folder)
         signal.signal(signal.SIGTERM, _stop_on_sigterm)

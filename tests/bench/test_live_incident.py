@@ -41,6 +41,7 @@ from bench.live_incident import (
     main,
     read_posts,
     summarize,
+    thin_rules,
 )
 from monitor.api.baselines import BaselineOut
 from monitor.api.incidents import EventOut, IncidentDetail
@@ -246,3 +247,13 @@ def test_a_run_refuses_bad_phases_and_a_used_folder(tmp_path: Path) -> None:
     (tmp_path / "phases.json").write_text("{}")
     with pytest.raises(SystemExit, match="holds a run already"):
         main(["--folder", str(tmp_path)])
+
+
+def test_thin_rules_replace_every_shipped_rule_with_fewer_baseline_cycles(tmp_path: Path
+                                                                          ) -> None:
+    thin = load_rules(str(thin_rules(tmp_path, 5)))
+    assert {r.name for r in thin} == {r.name for r in RULES}
+    assert {r.min_baseline_cycles for r in thin} == {5}
+    shipped = {r.name: r for r in RULES}
+    assert all(replace(r, min_baseline_cycles=shipped[r.name].min_baseline_cycles)
+               == shipped[r.name] for r in thin)
