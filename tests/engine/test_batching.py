@@ -3,6 +3,7 @@ request's tokens are what it decodes alone at batch 1."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -29,6 +30,21 @@ def _job(rt: Runtime, text: str, row: int, *, k: int = 0, max_new: int = 16,
     path, length, key = rt._route(len(ids), rt._flags.read())
     return Job(ids=ids, length=length, key=None if eager else key, k=k, max_new=max_new,
                deadline=None, quantized=False, row=row)
+
+
+class _Handshake(threading.Event):
+    """A first-token event whose set() (on the loop thread) waits for `go`: the loop holds
+    after a row's first token until the test has acted on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def set(self) -> None:
+        first = not self.is_set()
+        super().set()
+        if first:
+            self.go.wait(timeout=60)
 
 
 def _submit_together(rt: Runtime, jobs: list[Job]) -> None:
@@ -122,9 +138,11 @@ def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_di
     texts = random_texts(3, seed=13, overflow=False)
     try:
         keep, drop = _job(rt, texts[0], 0, max_new=40), _job(rt, texts[1], 1, max_new=40)
+        drop.first_token = _Handshake()
         _submit_together(rt, [keep, drop])
         drop.first_token.wait()
-        drop.cancel()
+        drop.cancel()  # while the loop waits: the cancel lands mid-answer on any timing
+        drop.first_token.go.set()
         with pytest.raises(Cancelled):
             rt._scheduler.wait(drop)
         # Its row is free: another request takes it while `keep` still runs or after.
