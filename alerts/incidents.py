@@ -13,7 +13,8 @@ Notifications (one outbox row per target, order kept per incident through its fi
 member's alert id): firing once when it opens (or reopens), with its members, a summary
 line and the probable cause (`alerts.cause`); at most one update per `group_interval_s`
 while members join or leave, to the formats in `update_formats` (Alertmanager's by
-default); resolved once. alertmanager_api targets get the members re-sent every
+default); escalated once to every target when a page joins an incident notified as a
+warning (or less); resolved once. alertmanager_api targets get the members re-sent every
 `resend_s` while it is open (Alertmanager resolves pushed alerts not re-sent).
 """
 
@@ -252,6 +253,11 @@ class Incidents:
         elif fire:
             kind, key, targets = "firing", notification_key(
                 "incident", inc.id, "firing", inc.reopened), self.life.targets
+        elif inc.state == "open" and _escalated(inc):
+            # A page joined an incident its receivers heard of as a warning: every target
+            # hears it now, whatever the update settings (generic and slack get none).
+            kind, key, targets = "escalated", notification_key(
+                "incident", inc.id, "escalated", inc.severity, inc.reopened), self.life.targets
         elif inc.state == "open" and self._due(inc, self.config.group_interval_s) \
                 and ids != sorted(inc.notified_members or []):
             kind, key = "update", notification_key("incident", inc.id, "update",
@@ -273,6 +279,8 @@ class Incidents:
         else:
             inc.last_notified_at = self.now
             inc.notified_members = ids
+            if kind != "resolved":
+                inc.notified_severity = inc.severity
         self._event(inc, "notified", None, key)
 
     def _due(self, inc: Incident, interval_s: float, *, resend: bool = False) -> bool:
@@ -293,9 +301,18 @@ class Incidents:
             ends_at=inc.resolved_at, members=infos)
         lead = infos[0]
         title = (f"incident {inc.id}: {len(members)} alert{'s' if len(members) != 1 else ''}"
-                 f" ({', '.join(inc.families)}) {status}")
+                 f" ({', '.join(inc.families)}) {status}"
+                 + (f" (escalated to {inc.severity})" if kind == "escalated" else ""))
         return Notification(key=key, title=title, text=inc.summary, at=self.now,
                             alert=replace(lead, status=status), incident=info)
+
+
+def _escalated(inc: Incident) -> bool:
+    """Return whether `inc` is more severe than its last firing notification said."""
+    told = inc.notified_severity
+    if told not in SEVERITY_ORDER or inc.severity not in SEVERITY_ORDER:
+        return False  # never notified (firing goes out), or rows from before the column
+    return SEVERITY_ORDER.index(inc.severity) < SEVERITY_ORDER.index(told)
 
 
 def _where(alert: Alert) -> str:

@@ -82,8 +82,9 @@ class AlertInfo:
 class IncidentInfo:
     """The incident a notification is about (alerts.incidents): its members and cause.
 
-    kind: firing (opened or reopened), update (members joined or left), resend (for
-    alertmanager_api) or resolved.
+    kind: firing (opened or reopened), update (members joined or left), escalated (a
+    more severe member joined: sent to every target), resend (for alertmanager_api) or
+    resolved.
     """
 
     incident_id: int

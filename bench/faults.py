@@ -222,13 +222,13 @@ def run_webhooks(cfg: Config, workdir: Path) -> Outcome:
                 life = Lifecycle(s, clock(), a.targets, external_url=a.external_url)
                 labels = {"bucket": str(16 << (i % 3)), "canary": f"c{i}"}
                 life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.4, 0.4, 0.15, True,
-                                            "bench: fired", breaching=True), None)
+                                            "bench: fired", breaching=True, severity=rule.severity), None)
                 fired.append(labels)
                 if i >= 3:  # the alert fired three rounds ago recovers
                     old = fired[i - 3]
                     alert = open_alerts(s).get(fingerprint(rule.name, old))
                     life.apply(rule, RuleResult(rule.name, old, 1.0, 1.0, 0.0, 0.15, False,
-                                                "bench: recovered", recovered=True), alert)
+                                                "bench: recovered", recovered=True, severity=rule.severity), alert)
                 if i % 5 == 0:
                     enqueue_message(s, "Weekly report", f"bench message {i}", a.targets,
                                     now=clock(), key=f"bench-report-{i}")

@@ -474,6 +474,8 @@ class Incident(Base):
     last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_resent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # alertmanager_api
     notified_members: Mapped[list[int]] = mapped_column(_json(), default=list)
+    # The severity of the last firing notification: a higher one is an escalation.
+    notified_severity: Mapped[str | None] = mapped_column(String(16))
 
     events: Mapped[list[IncidentEvent]] = relationship(
         back_populates="incident", cascade="all, delete-orphan", passive_deletes=True,

@@ -80,11 +80,11 @@ def incident_after(s: Session, fired: list[tuple[Rule, dict[str, str]]]) -> Inci
     for rule, labels in fired:
         life = Lifecycle(s, pend, per_alert=False)
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
-                                    breaching=True), None)
+                                    breaching=True, severity=rule.severity), None)
     life = Lifecycle(s, now, per_alert=False)
     for rule, labels in fired:
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 2.0, 1.0, 0.15, True, "fired",
-                                    breaching=True),
+                                    breaching=True, severity=rule.severity),
                    open_alerts(s)[fingerprint(rule.name, labels)])
     group(s, now, life, IncidentConfig())
     return s.scalars(select(Incident)).one()

@@ -37,10 +37,10 @@ def fire(s: Session, now: datetime, rule: Rule, labels: dict[str, str]) -> Incid
     current = open_alerts(s).get(fingerprint(rule.name, labels))
     if current is None:
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
-                                    breaching=True), None)
+                                    breaching=True, severity=rule.severity), None)
         current = open_alerts(s)[fingerprint(rule.name, labels)]
     life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, True, "fired",
-                                breaching=True), current)
+                                breaching=True, severity=rule.severity), current)
     return group(s, now, life, CONFIG)
 
 
@@ -48,7 +48,7 @@ def recover(s: Session, now: datetime, rule: Rule, labels: dict[str, str]) -> In
     life = Lifecycle(s, now, per_alert=False)
     current = open_alerts(s)[fingerprint(rule.name, labels)]
     life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.0, 0.0, 0.15, False, "recovered",
-                                recovered=True), current)
+                                recovered=True, severity=rule.severity), current)
     return group(s, now, life, CONFIG)
 
 

@@ -49,10 +49,11 @@ def step(s: Session, now: datetime, tg: list[WebhookTarget], *,
     """Fire and recover scopes in one evaluation (as the evaluator does), then group."""
     life = Lifecycle(s, now, tg, external_url="http://tw.example", per_alert=False)
     for rule, labels in fire:
+        # The severity as evaluate_rule gives it: the rule's.
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
-                                    breaching=True), None)
+                                    breaching=True, severity=rule.severity), None)
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 2.1, 1.1, 0.15, True,
-                                    "fired", breaching=True),
+                                    "fired", breaching=True, severity=rule.severity),
                    open_alerts(s)[fingerprint(rule.name, labels)])
     for rule, labels in recover:
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.0, 0.0, 0.15, False,
@@ -183,3 +184,31 @@ def test_a_member_resolving_alone_is_an_update_for_alertmanager_only(
         ("firing", ["firing", "firing"]), ("firing", ["firing", "resolved"]),
         ("resolved", ["resolved", "resolved"])]
     assert [p["incident"]["notification"] for p in generic] == ["firing", "resolved"]
+
+
+def test_a_page_joining_a_warning_incident_is_sent_to_every_target_once(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Receivers first heard a warning; the page that joins is not left to the updates
+    (which generic and slack do not get): every target hears the escalation, once."""
+    tg = targets()
+    with sessionmaker.begin() as s:
+        step(s, at(0), tg, fire=((P50, {"bucket": "64"}),))  # a warning opens it
+        step(s, at(1), tg, fire=((P99, {"bucket": "64"}),))  # a page joins
+        step(s, at(2), tg, fire=((P99, {"bucket": "32"}),))  # another page: no second one
+        step(s, at(20), tg, recover=((P50, {"bucket": "64"}), (P99, {"bucket": "64"}),
+                                     (P99, {"bucket": "32"})))
+        inc = s.scalars(select(Incident)).one()
+        assert inc.severity == "page" and inc.notified_severity == "page"
+        for fmt in ("generic", "slack"):
+            sent = [r.payload for r in rows(s, fmt)]
+            assert len(sent) == 3, (fmt, sent)
+        generic = [r.payload for r in rows(s, "generic")]
+        assert [p["incident"]["notification"] for p in generic] == [
+            "firing", "escalated", "resolved"]
+        assert [p["incident"]["severity"] for p in generic[:2]] == ["warning", "page"]
+        assert "escalated to page" in generic[1]["title"]
+        slack = [r.payload for r in rows(s, "slack")]
+        assert "escalated to page" in slack[1]["text"]
+        am = [r.payload for r in rows(s, "alertmanager")]
+        assert [p["status"] for p in am] == ["firing", "firing", "resolved"]
+        assert {a["labels"]["severity"] for a in am[1]["alerts"]} == {"warning", "page"}

@@ -39,9 +39,9 @@ def make_incident(sessions: sessionmaker[Session]) -> tuple[int, list[int]]:
         for b in buckets:
             labels = {"bucket": b}
             life.apply(P99, RuleResult(P99.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
-                                       breaching=True), None)
+                                       breaching=True, severity=P99.severity), None)
             life.apply(P99, RuleResult(P99.name, labels, 1.0, 2.0, 1.0, 0.15, True, "fired",
-                                       breaching=True),
+                                       breaching=True, severity=P99.severity),
                        open_alerts(s)[fingerprint(P99.name, labels)])
         report = group(s, T0, life, IncidentConfig())
         ids = sorted(a.id for a in life.fired)

@@ -29,10 +29,10 @@ def move(s: Session, now: datetime, rule: Rule, labels: dict[str, str], *, fired
     current = open_alerts(s).get(fingerprint(rule.name, labels))
     if current is None:
         life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False, "pending",
-                                    breaching=True), None)
+                                    breaching=True, severity=rule.severity), None)
         current = open_alerts(s)[fingerprint(rule.name, labels)]
     life.apply(rule, RuleResult(rule.name, labels, 1.0, 2.0, 1.0, 0.15, fired, "moved",
-                                breaching=fired, over=over, recovered=recovered), current)
+                                breaching=fired, over=over, recovered=recovered, severity=rule.severity), current)
     group(s, now, life, IncidentConfig())
     return life
 
