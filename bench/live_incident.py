@@ -83,7 +83,14 @@ from alerts.rules import Rule
 from alerts.settings import AlertSettings
 from alerts.webhooks import FORMATS, payload_status
 from bench.hog import Hog
-from bench.service import PoissonTraffic, ServiceProcess, metric_sum, parse_metrics, settings_for
+from bench.service import (
+    PoissonTraffic,
+    ServiceProcess,
+    metric_sum,
+    parse_metrics,
+    read_posts,
+    settings_for,
+)
 from bench.service_soak import answer_counts
 from monitor.loopback import WebhookReceiver
 
@@ -105,8 +112,9 @@ FULL = (100.0, 100.0)
 class Received:
     """One notification a receiver got, classified.
 
-    kind: firing (a group opened or reopened), repeat (a firing-status payload of a group
-    already open: an update or a re-send), resolved, or message.
+    kind: firing (a group opened or reopened), escalated (a page for a group first sent
+    as a warning: counted as its page), repeat (a firing-status payload of a group already
+    open: an update or a re-send), resolved, or message.
     """
 
     at: float
@@ -249,7 +257,7 @@ def classify(target: str, fmt: str, posts: Iterable[tuple[float, Any]],
              rule_severity: Mapping[str, str]) -> list[Received]:
     """Classify the payloads one target received, in arrival order (see the module doc)."""
     out: list[Received] = []
-    open_groups: set[str] = set()
+    open_groups: dict[str, str | None] = {}  # group -> the highest severity it was sent
     for at, payload in sorted(posts, key=lambda p: p[0]):
         if not isinstance(payload, dict | list) or (fmt == "alertmanager_api") != isinstance(
                 payload, list):
@@ -260,25 +268,18 @@ def classify(target: str, fmt: str, posts: Iterable[tuple[float, Any]],
         group, severity, members, cause = describe(fmt, payload, rule_severity)
         if payload_status(fmt, payload) == "resolved":
             kind = "resolved"
-            open_groups.discard(group)
+            open_groups.pop(group, None)
         elif group in open_groups:
-            kind = "repeat"
+            # A page for a group first sent as a warning is the page (alerts.incidents
+            # sends every target an escalation).
+            escalated = severity == "page" and open_groups[group] != "page"
+            kind = "escalated" if escalated else "repeat"
+            if escalated:
+                open_groups[group] = severity
         else:
             kind = "firing"
-            open_groups.add(group)
+            open_groups[group] = severity
         out.append(Received(at, target, kind, group, severity, members, cause))
-    return out
-
-
-def read_posts(path: Path) -> list[tuple[float, Any]]:
-    """Return (unix time, JSON body) of every POST a receiver logged to `path`."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            out.append((float(entry["at"]), entry.get("body")))
     return out
 
 
@@ -523,6 +524,8 @@ def hog_counts(received: Sequence[Received], start: float, end: float) -> HogCou
             pages += r.severity == "page"
         elif r.group not in fired_in:
             carried += 1
+        elif r.kind == "escalated":
+            pages += 1
         elif r.kind == "repeat":
             repeats += 1
         else:
@@ -685,9 +688,12 @@ class Summary:
         if quiet is None:
             head = "quiet: not armed"
         else:
-            fired = firing_between(self.received.get("generic", []), *quiet)
-            pages = sum(r.severity == "page" for r in fired)
-            head = (f"quiet: {pages} pages, {len(fired) - pages} warnings in "
+            generic = self.received.get("generic", [])
+            fired = firing_between(generic, *quiet)
+            paged = sum(r.severity == "page" for r in fired)
+            pages = paged + sum(r.kind == "escalated" and quiet[0] <= r.at < quiet[1]
+                                for r in generic)
+            head = (f"quiet: {pages} pages, {len(fired) - paged} warnings in "
                     f"{(quiet[1] - quiet[0]) / 60:.0f} min after arming")
         if not counts:
             return head + "; hog: not run"

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -310,3 +311,16 @@ def percentile(values: Sequence[float], q: float) -> float:
         return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def read_posts(path: Path) -> list[tuple[float, Any]]:
+    """Return (unix time, JSON body) of every POST a receiver logged to `path` (none if
+    it logged nothing yet)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            out.append((float(entry["at"]), entry.get("body")))
+    return out

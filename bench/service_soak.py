@@ -49,6 +49,7 @@ from bench.service import (
     ServiceProcess,
     metric_sum,
     percentile,
+    read_posts,
     settings_for,
 )
 from monitor.loopback import WebhookReceiver
@@ -137,16 +138,6 @@ def paged_rules(payload: Any) -> list[str]:
         members = (payload.get("incident") or {}).get("members") or []
         return sorted({str(m.get("rule")) for m in members if m.get("status") == "firing"})
     return [str((payload.get("alert") or {}).get("rule"))]
-
-
-def read_notifications(path: Path) -> list[tuple[float, Any]]:
-    """Return (unix time, payload) of every POST the receiver logged to `path`."""
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            out.append((float(entry["at"]), entry.get("body")))
-    return out
 
 
 def armed_at(rows: Sequence[Row]) -> float | None:
@@ -451,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
         path = run(args.folder, args.minutes, args.rate)
     log = path.parent / "notifications.jsonl"
-    notifications = read_notifications(log) if log.is_file() else []
+    notifications = read_posts(log)
     for line in summarize(read_rows(path), notifications).lines():
         print(line)
 

@@ -39,10 +39,10 @@ from bench.live_incident import (
     classify,
     hog_counts,
     main,
-    read_posts,
     summarize,
     thin_rules,
 )
+from bench.service import read_posts
 from monitor.api.baselines import BaselineOut
 from monitor.api.incidents import EventOut, IncidentDetail
 from monitor.loopback import WebhookReceiver
@@ -257,3 +257,22 @@ def test_thin_rules_replace_every_shipped_rule_with_fewer_baseline_cycles(tmp_pa
     shipped = {r.name: r for r in RULES}
     assert all(replace(r, min_baseline_cycles=shipped[r.name].min_baseline_cycles)
                == shipped[r.name] for r in thin)
+
+
+def test_a_page_that_escalates_a_warning_incident_counts_as_its_one_page(
+        sessionmaker: Any) -> None:
+    """What alerts.incidents sends when a page joins a warning's incident (the outbox's
+    own payloads, every format): one firing, one page (the escalation), one resolved."""
+    from tests.alerts.test_incident_notifications import P50, P99, at, rows, step, targets
+
+    with sessionmaker.begin() as s:
+        tg = targets()
+        step(s, at(0), tg, fire=((P50, {"bucket": "64"}),))
+        step(s, at(1), tg, fire=((P99, {"bucket": "64"}),))
+        step(s, at(20), tg, recover=((P50, {"bucket": "64"}), (P99, {"bucket": "64"})))
+        for fmt in FORMATS:
+            posts = [(START + i, r.payload) for i, r in enumerate(rows(s, fmt))]
+            got = classify(fmt, fmt, posts, SEVERITY)
+            assert [r.kind for r in got][:2] == ["firing", "escalated"], fmt
+            c = hog_counts(got, START, START + 100)
+            assert (c.firing, c.pages, c.resolved) == (1, 1, 1), fmt
