@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,18 +72,21 @@ class AnalysisWorker:
         self.scheduler: JobScheduler | None = None
         self._http: HealthServer | None = None
 
-    def start(self) -> None:
-        """Prepare the database, start the jobs, then serve /healthz and /metrics."""
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Prepare the database, start the jobs, then serve /healthz and /metrics.
+
+        A locked SQLite database is waited for until it frees or `stop` is set.
+        """
         try:
-            self._start()
+            self._start(stop)
         except BaseException:
             self.close()
             raise
 
-    def _start(self) -> None:
+    def _start(self, stop: threading.Event | None) -> None:
         settings = self.settings
         authenticator = Authenticator.from_settings(settings)
-        db = prepare_database(settings)
+        db = prepare_database(settings, stop=stop)
         self._closers.append(db.dispose)
         sessions = make_sessionmaker(db)
         alerts = load_alerts(settings)

@@ -9,6 +9,7 @@ cover a deferred read lock that must be upgraded), so writers queue instead.
 from __future__ import annotations
 
 import json
+import sqlite3
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,13 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def is_locked(error: BaseException) -> bool:
+    """Return True when `error` is SQLite's "database is locked" (another connection's lock)."""
+    orig = getattr(error, "orig", None) or error
+    code = getattr(orig, "sqlite_errorcode", None)  # the extended code: BUSY_SNAPSHOT too
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

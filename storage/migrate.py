@@ -76,8 +76,17 @@ def head() -> str:
 
 def current(target: str | URL | Engine | Connection) -> str | None:
     """Return the database's revision, or None when it was never migrated."""
-    with _connection(target) as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+    if isinstance(target, Connection):
+        return MigrationContext.configure(target).get_current_revision()
+    engine = target if isinstance(target, Engine) else make_engine(target)
+    try:
+        # Autocommit: a read that never takes SQLite's write lock (a transaction here
+        # opens BEGIN IMMEDIATE), so a busy writer elsewhere cannot hold up a start-up check.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        if engine is not target:
+            engine.dispose()
 
 
 def check_schema(target: str | URL | Engine | Connection) -> str:

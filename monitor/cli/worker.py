@@ -51,14 +51,16 @@ def worker(ctx: click.Context, host: str | None, port: int | None, log_level: st
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if watch is not None:
+        watch.start()  # before start-up: a worker waiting for a locked database stops too
     analysis = AnalysisWorker(settings, port=port)
     try:
-        preflight(settings, probes=False)
-        analysis.start()
+        preflight(settings, probes=False, stop=stop)
+        analysis.start(stop)
     except Exception as exc:
+        if stop.is_set():
+            return  # asked to stop while it waited for the database: not a failure
         raise click.ClickException(startup_error(settings, exc)) from None
-    if watch is not None:
-        watch.start()
     try:
         while not stop.wait(0.5):  # a timed wait: signal handlers run between waits
             pass

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
+from monitor.database import prepare_database
 from monitor.leader import LeaderLock, PgAdvisoryLeader, make_leader
+from monitor.loopback import free_port
 from monitor.settings import Settings
 from monitor.worker import AnalysisWorker, WorkerPortError, WorkerSeams
-from tests.monitor.conftest import make_settings, wait_for
+from storage.errors import DatabaseUnavailable
+from storage.migrate import check_schema, head
+from tests.monitor.conftest import TOKEN, make_settings, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FAST = {"enabled": True, "evaluate_interval_s": 0.2, "delivery_interval_s": 0.2}
 
@@ -115,3 +127,154 @@ def test_starting_the_worker_never_imports_torch(sqlite_url: str, db_kind: str) 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "", f"the worker imported {out.stdout.strip()}"
+
+
+def sqlite_path(url: str) -> str:
+    path = make_url(url).database
+    assert path is not None
+    return path
+
+
+def write_transaction(url: str) -> sqlite3.Connection:
+    """Return a connection holding SQLite's write lock (as `serve`'s writer does mid-batch)."""
+    holder = sqlite3.connect(sqlite_path(url), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("UPDATE alembic_version SET version_num = version_num")
+    return holder
+
+
+def exclusive_lock(url: str) -> sqlite3.Connection:
+    """Return a connection that keeps every other one out, readers too, until it closes."""
+    locker = sqlite3.connect(sqlite_path(url), isolation_level=None, check_same_thread=False)
+    locker.execute("PRAGMA locking_mode=EXCLUSIVE")  # WAL: no shared memory, no readers
+    locker.execute("BEGIN EXCLUSIVE")
+    locker.execute("UPDATE alembic_version SET version_num = version_num")
+    return locker
+
+
+class LockLog(logging.Handler):
+    """Collect monitor.database's lines; set `retried` once it tried `tries` times locked."""
+
+    def __init__(self, tries: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.tries = tries
+        self.retried = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if sum("locked" in r.getMessage() for r in self.records) >= self.tries:
+            self.retried.set()
+
+    def lines(self, level: int) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+@contextmanager
+def lock_log(tries: int) -> Iterator[LockLog]:
+    logger = logging.getLogger("monitor.database")
+    handler, level = LockLog(tries), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+@pytest.mark.parametrize("auto_migrate", [False, True])
+def test_the_worker_starts_while_another_connection_holds_the_write_lock(
+        migrated_url: str, auto_migrate: bool) -> None:
+    # The schema check took the write lock (BEGIN IMMEDIATE) and, behind a writer that
+    # kept it past the busy timeout, exited 1 on "database is locked".
+    holder = write_transaction(migrated_url)
+    worker = AnalysisWorker(worker_settings(migrated_url, auto_migrate=auto_migrate))
+    try:
+        worker.start()
+        assert worker.health()["status"] == "ok"
+        holder.execute("COMMIT")
+        wait_for(lambda: jobs(worker)["evaluate"]["runs"] >= 1, 60.0)
+    finally:
+        holder.close()
+        worker.close()
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_setup_waits_for_a_locked_database_and_says_so_once(migrated_url: str) -> None:
+    settings = make_settings(migrated_url)
+    locker = exclusive_lock(migrated_url)
+    prepared: list[Engine] = []
+    try:
+        with lock_log(tries=3) as log:
+            setup = threading.Thread(target=lambda: prepared.append(
+                prepare_database(settings, busy_timeout_s=0.05)))
+            setup.start()
+            assert log.retried.wait(60.0), "the setup never retried the locked database"
+            assert setup.is_alive() and not prepared
+            locker.close()  # exclusive mode keeps the lock until the connection closes
+            setup.join(60.0)
+    finally:
+        locker.close()
+    assert prepared, "the setup did not finish once the lock was released"
+    try:
+        assert check_schema(prepared[0]) == head()
+    finally:
+        prepared[0].dispose()
+    assert len(log.lines(logging.WARNING)) == 1
+    assert "locked by another connection; waiting" in log.lines(logging.WARNING)[0]
+    assert len(log.lines(logging.DEBUG)) >= 2  # the tries between: debug only
+    assert [m for m in log.lines(logging.INFO) if "lock was released" in m]
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_stop_ends_the_wait_for_a_locked_database_with_one_line(migrated_url: str) -> None:
+    stop = threading.Event()
+    stop.set()
+    locker = exclusive_lock(migrated_url)
+    try:
+        with pytest.raises(DatabaseUnavailable, match=r"^database: .*database is locked$"):
+            prepare_database(make_settings(migrated_url), stop=stop, busy_timeout_s=0.05)
+    finally:
+        locker.close()
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_the_worker_process_waits_for_a_locked_database_instead_of_exiting(
+        migrated_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "TAILWATCH_DATABASE_URL": migrated_url, "TAILWATCH_API_TOKEN": TOKEN,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("TAILWATCH_CONFIG", None)
+    log = tmp_path / "worker.log"
+    locker = exclusive_lock(migrated_url)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "monitor.cli", "worker", "--port", str(port),
+             "--exit-with-parent"], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=out,
+            stderr=subprocess.STDOUT)
+    try:
+        # The first try gives up after the busy timeout; the worker then says it waits.
+        wait_for(lambda: proc.poll() is not None or "waiting for it" in log.read_text(),
+                 120.0, interval_s=0.1, what="the worker's first locked try")
+        assert proc.poll() is None, log.read_text()
+        locker.close()
+        wait_for(lambda: worker_answers(port), 120.0, interval_s=0.1,
+                 what="the worker answers /healthz")
+        assert proc.stdin is not None
+        proc.stdin.close()  # as `serve` exiting does
+        assert proc.wait(60.0) == 0, log.read_text()
+    finally:
+        locker.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60.0)
+    assert log.read_text().count("locked by another connection; waiting") == 1
+
+
+def worker_answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
