@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.outbox import Deliverer, enqueue, enqueue_message, retry_dead
 from alerts.webhooks import AlertInfo, Notification, WebhookTarget
-from monitor.loopback import WebhookReceiver, free_port
+from monitor.loopback import WebhookReceiver, free_port, wait_for
 from storage.models import Alert, WebhookDelivery
 from storage.queries.deliveries import pending_count
 
@@ -251,19 +251,20 @@ def test_a_hanging_target_does_not_hold_up_later_runs(sessionmaker: sessionmaker
             reports.append(d.run_once())  # returns with the hung request still held
             with sessionmaker.begin() as s:
                 enqueue(s, note(2), [ok])
-            for _ in range(100):
-                reports.append(d.run_once())
-                if len(healthy.accepted) == 2:
-                    break
-                time.sleep(0.05)
+
+            def runs_until(done: Callable[[], bool]) -> Callable[[], bool]:
+                def run() -> bool:
+                    reports.append(d.run_once())
+                    return done()
+                return run
+
+            wait_for(runs_until(lambda: len(healthy.accepted) == 2), interval_s=0.05,
+                     what="the healthy target's two deliveries")
             assert set(healthy.accepted) == {"tw-alert-1-firing", "tw-alert-2-firing"}
             assert hung.held == []  # both went while the hung request was still unanswered
             release.set()
-            for _ in range(100):
-                reports.append(d.run_once())
-                if sum(r.delivered for r in reports) == 3:
-                    break
-                time.sleep(0.05)
+            wait_for(runs_until(lambda: sum(r.delivered for r in reports) == 3),
+                     interval_s=0.05, what="three deliveries")
     assert hung.held == [True] and hung.accepted == {"tw-alert-1-firing": 1}
     assert sum(r.delivered for r in reports) == 3 and sum(r.claimed for r in reports) == 3
 

@@ -15,6 +15,7 @@ from engine.errors import (
     RequestTimeout,
 )
 from engine.protocol import PATH_OVERFLOW, Engine
+from monitor.loopback import wait_for
 from tests.engine.conftest import CAP, MAX_INPUT, tiny_config
 
 
@@ -110,11 +111,7 @@ def test_overloaded_and_timeout(tiny_dirs, monkeypatch, max_batch):
         assert started.wait(10)
     waiting = threading.Thread(target=call)
     waiting.start()
-    for _ in range(200):
-        if engine.queue_depth() == 1:
-            break
-        threading.Event().wait(0.01)
-    assert engine.queue_depth() == 1
+    wait_for(lambda: engine.queue_depth() == 1, what="one queued caller")
     with pytest.raises(Overloaded) as info:
         engine.generate("abc", max_new_tokens=2)
     assert info.value.retry_after_s > 0

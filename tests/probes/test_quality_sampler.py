@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import REFERENCE, FlagOverride, GenerateResult
+from monitor.loopback import wait_for
 from probes.sampler import TrafficSampler
 from storage.models import OutputAgreement
 from storage.writer import Writer
@@ -64,10 +65,7 @@ def test_replays_run_off_the_request_thread_and_respect_the_queue_bound(
         canary = engine.generate("river stone 9", canary=True)
         assert not sampler.offer(engine, "river stone 9", None, canary)
         engine.gate.set()
-        for _ in range(200):
-            if sampler.stats.replayed == 3:
-                break
-            threading.Event().wait(0.05)
+        wait_for(lambda: sampler.stats.replayed == 3, what="three replays")
         assert sampler.stats.replayed == 3 and sampler.stats.failed == 0
         assert engine.max_running == 1  # concurrency 1
         assert writer.flush(timeout=30) and writer.stats.failed == 0
