@@ -10,7 +10,7 @@ or are rebuilt from the saved source when it is empty).
 On the CPU the encoder is saved as an AOTInductor package instead (`save_package`,
 `load_package`): exported with its input length dynamic, compiled to one shared library
 with its weights, and loaded by torch's C++ loader, so a warm start imports neither
-dynamo nor inductor (~2.5 s of a restart). Its code is built for this CPU's vector ISA:
+dynamo nor inductor (seconds of a restart). Its code is built for this CPU's vector ISA:
 the file name carries the CPU's tag (`cpu_tag`), so another machine compiles its own.
 
 Two torch 2.13 limits shape the `.aot` functions:
@@ -61,7 +61,7 @@ def start_isa_probe() -> None:
 
     The first inductor kernel loaded on a CPU asks which vector ISA the machine and the
     compiler support: a cached test library dlopened in a child Python per candidate ISA
-    (one, ~0.7 s, on an AVX2-only CPU; ten, ~2.5 s, on an AVX-512 one with AMX), waiting
+    (one on an AVX2-only CPU; ten on an AVX-512 one with AMX), waiting
     on other processes (the answer is cached for the process). Run here, it waits on the
     second core while the main thread loads weights and tokenizers; the warm-up
     joins it before it loads or compiles anything.

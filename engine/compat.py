@@ -39,7 +39,7 @@ def _compile_recompile_limit() -> bool:
 
 
 def _aot_precompile() -> bool:
-    # Importing dynamo costs ~1.5 s: asked only where the engine compiles anyway.
+    # Importing dynamo costs seconds of a start: asked only where the engine compiles anyway.
     import torch._dynamo.config as dynamo_config
 
     return (getattr(dynamo_config, "enable_aot_compile", False) is True

@@ -83,7 +83,7 @@ class CompileWatch:
     def attach(self) -> None:
         """Install the torch hooks (idempotent); call before anything is compiled.
 
-        Not at construction: importing torch._dynamo costs ~1.5 s of a start, and a warm
+        Not at construction: importing torch._dynamo costs seconds of a start, and a warm
         CPU start serves saved packages and the C step without it (nothing to watch).
         """
         with self._lock:

@@ -1,8 +1,8 @@
 """The analysis process: evaluation, delivery, retention and the weekly report.
 
-These jobs read and write only SQL. Run beside the engine they shared its GIL and
-slowed the requests they measure, more as history grew; here they run in a process
-of their own (`tailwatch worker`) under the same leader lock as before (a PostgreSQL
+These jobs read and write only SQL. Beside the engine they would share its GIL and
+slow the requests they measure, more as history grows; so they run in a process of
+their own (`tailwatch worker`), each singleton under a leader lock (a PostgreSQL
 advisory lock: one worker of many runs each singleton; SQLite: always the leader). The
 worker never loads the engine or torch. Policy actions (flag flips) are SQL writes: each
 serving process's flag snapshot picks them up within `alerts.flags_ttl_s`.

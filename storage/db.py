@@ -25,9 +25,9 @@ DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 # SQLite's heap in this process, all connections together (`PRAGMA soft_heap_limit`: past
 # it, a connection's page cache recycles its own pages instead of growing). Each pooled
 # connection may cache 16 MiB, and the caches fill with the pages that a growing
-# database's writes and reads touch, every pooled connection in turn: unbounded, RSS rose
-# for hours toward 16 MiB per pooled connection, in the serving process and the worker
-# alike. One connection's worth for the whole process: a long scan still gets it.
+# database's writes and reads touch, every pooled connection in turn: unbounded, a
+# long-running process (serving or worker) would grow toward 16 MiB per pooled
+# connection. One connection's worth for the whole process: a long scan still gets it.
 SQLITE_HEAP_LIMIT_BYTES = 16 * 1024 * 1024
 
 

@@ -11,8 +11,8 @@ per cohort and prompt: what agreement is measured against when a cohort comes ba
 never pruned. Writer batch tokens (`applied_batches`: each running writer deletes its
 own in bulk) left by writers that stopped are pruned after `raw_days`: a token matters
 only while its batch is retried, which a reachable database ends within the writer's
-backoff. Measured size: see bench.storage and tests/storage/test_retention.py
-(30 days of 1-minute cycles on 5 buckets, 14 raw days: well under 200 MB on SQLite).
+backoff. The size this keeps: docs/operations.md#storage-and-retention (bench.storage;
+tests/storage/test_retention.py holds a bound).
 """
 
 from __future__ import annotations
