@@ -40,35 +40,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import random
-import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from alerts.baselines import BaselineConfig
-from alerts.config import AlertsConfig, load_config
-from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.flags import FlagStore
 from alerts.policy import Policy, load_policy
 from alerts.rule_file import load_rules
 from alerts.rules import Rule
-from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget
-from monitor.jobs import refresh_sensitivity
+from bench.replay import T0, Replay, minute
 from probes.cycle import CANARIES_PER_BUCKET
 from storage import migrate
-from storage.db import make_engine, make_sessionmaker
 from storage.models import (
     Alert,
     AlertTransition,
@@ -81,15 +75,11 @@ from storage.models import (
 from storage.sketches import Sketch
 
 NOISE_FILE = Path(__file__).parent / "data" / "canary_noise.json"
-T0 = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday, 00:00
 HISTORY = 360  # quiet cycles before a scenario: a deployment's first six hours
 GRACE = 60  # minutes after an incident's end that its pages still belong to it
 MINUTES_30_DAYS = 30 * 24 * 60
 TARGET = WebhookTarget(name="oncall", url="http://127.0.0.1:9/hook", format="alertmanager")
-STALE_AFTER_S = 900.0
 STORM_RECOMPILES_PER_MIN = 3  # real traffic's shape churn while compiled is on
-# The sensitivity job's schedule in evaluated minutes (alerts.sensitivity_interval_s).
-SENSITIVITY_INTERVAL_MIN = max(1, round(AlertSettings().sensitivity_interval_s / 60))
 
 class BlockNoise:
     """Moving-block bootstrap of recorded canary cycles (per-request latency factors)."""
@@ -134,10 +124,6 @@ class BlockNoise:
                 yield [math.exp(x) for x in c]
 
 
-def minute(i: int) -> datetime:
-    return T0 + timedelta(minutes=i)
-
-
 @dataclass
 class Outcome:
     """What one scenario produced."""
@@ -155,95 +141,6 @@ class Outcome:
     daily: bool = False  # a regular daily event: its false pages repeat every day
     # False: shown, not in the last line (a demonstration of what a setting prevents).
     counted: bool = True
-
-
-class Replay:
-    """A scenario's database on an injected clock, driven as the service drives it.
-
-    Minutes are written as the probes would write them; each evaluated minute is judged
-    just after it finished (`alerts.evaluator.evaluate`), and the sensitivity job (the
-    scheduled job's body, `monitor.jobs.refresh_sensitivity`: the false-page budget's
-    widened thresholds) runs every `alerts.sensitivity_interval_s` with its production
-    bounds. The history before the first evaluation is the service's past: that
-    evaluation chunks all of it (a service evaluating all along has every finished hour
-    chunked), and the job then runs until every series is estimated (it would have kept up
-    with each baseline refresh). Shared by the single-rule scenarios (`Sim`) and the
-    whole-service ones (bench.service_incidents).
-    """
-
-    def __init__(self, template: Path, workdir: Path, name: str, rules: Sequence[Rule],
-                 policy: Policy | None, target: WebhookTarget,
-                 stale_after_s: float | None = STALE_AFTER_S,
-                 warmed_at: int | None = None) -> None:
-        """warmed_at: the template is a replay's database already evaluated up to this
-        minute (its history written, the sensitivity job run); None: a fresh one."""
-        path = workdir / f"{name}.db"
-        shutil.copy(template, path)
-        self.path = path
-        self.engine = make_engine(f"sqlite:///{path}")
-        self.sm: sessionmaker[Session] = make_sessionmaker(self.engine)
-        self.rules, self.policy, self.target = list(rules), policy, target
-        self.stale_after_s = stale_after_s
-        self.i = warmed_at or 0  # minutes written
-        self.config = BaselineConfig(warm_in_s=0)
-        self.job_at = warmed_at  # the minute the sensitivity job last ran
-        self.jobs: list[object] = []  # what each run of the sensitivity job reported
-
-    def history(self, cycles: int, write: Callable[[Session], None]) -> None:
-        """Write `cycles` minutes without evaluating (the time before the replay)."""
-        with self.sm.begin() as s:
-            for _ in range(cycles):
-                write(s)
-                self.i += 1
-
-    def evaluate(self) -> None:
-        """Evaluate just after minute i - 1 finished; run the sensitivity job when due."""
-        first = self.job_at is None
-        # The first evaluation chunks every hour of the rules' baseline windows at once:
-        # a service evaluating all along has (chunked a few hours at a time, each
-        # evaluation's baselines refreshed until done, the job re-estimating them all).
-        hours = max(round(r.baseline_window_s / 3600) for r in self.rules) + 2
-        config = dataclasses.replace(self.config, backfill_hours=max(
-            self.config.backfill_hours, hours)) if first else self.config
-        with self.sm.begin() as s:
-            evaluate(
-                s,
-                EvaluationOptions(
-                    self.rules,
-                    targets=[self.target],
-                    policy=self.policy,
-                    baseline_config=config,
-                    stale_after_s=self.stale_after_s,
-                ),
-                minute(self.i) + timedelta(seconds=30),
-            )
-        if first or self.i - (self.job_at or 0) >= SENSITIVITY_INTERVAL_MIN:
-            self.sensitivity(until_done=first)
-
-    def sensitivity(self, *, until_done: bool = False) -> None:
-        """Run the sensitivity job now (until_done: again until no series is left)."""
-        alerts = dataclasses.replace(_alerts_config(), rules=tuple(self.rules))
-        clock = lambda: minute(self.i) + timedelta(seconds=30)  # noqa: E731 - the job's clock
-        while True:
-            report = refresh_sensitivity(self.sm, alerts, clock)
-            self.jobs.append(report)
-            if not until_done or not getattr(report, "left", 0):
-                break
-        self.job_at = self.i
-
-    def step(self, write: Callable[[Session], None], cycles: int = 1) -> None:
-        """Write `cycles` minutes, evaluating just after each one finished."""
-        for _ in range(cycles):
-            with self.sm.begin() as s:
-                write(s)
-            self.i += 1
-            self.evaluate()
-
-
-@functools.cache
-def _alerts_config() -> AlertsConfig:
-    """Return the shipped alerts configuration (what a service runs with by default)."""
-    return load_config(AlertSettings())
 
 
 class Sim(Replay):

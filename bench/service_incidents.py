@@ -7,7 +7,7 @@ cycle per instance through `probes.sink.add_cycle` (4 canaries per bucket; the A
 `eager` and `direct` in a quarter of the cycles, as `probes.ab_share` does) and a minute
 of real traffic per bucket (60 requests, speculative, acceptance about 0.8). Per-request
 latency factors are resampled from recorded canary cycles (bench.incidents.BlockNoise,
-as recorded unless scaled). The replay is bench.incidents.Replay's: the sensitivity job
+as recorded unless scaled). The replay is bench.replay.Replay: the sensitivity job
 runs as in the service, and every scenario starts from a day of quiet history (what the
 job reads), evaluated once and estimated, so the false-page budget's thresholds are in
 force as in a service that has run a day (one database per instance layout, copied).
@@ -43,7 +43,7 @@ from alerts.policy import load_policy
 from alerts.rule_file import load_rules
 from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget
-from bench.incidents import Replay
+from bench.replay import Replay
 from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from probes.sink import add_cycle

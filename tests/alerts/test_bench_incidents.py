@@ -114,7 +114,7 @@ def test_the_replay_runs_the_sensitivity_job_as_the_service_does(
         template: Path, noise: BlockNoise, tmp_path: Path) -> None:
     """The false-page budget is in force in the replay: the job runs at the first
     evaluation until every series is estimated, then on its interval."""
-    from bench.incidents import SENSITIVITY_INTERVAL_MIN
+    from bench.replay import SENSITIVITY_INTERVAL_MIN
     from storage.queries import sensitivity as sensitivity_queries
 
     sim = Sim(template, tmp_path, "job", _rules("p99_latency_regression"), None, noise, 6)
