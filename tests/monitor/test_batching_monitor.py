@@ -8,6 +8,9 @@ stamps traffic minutes and is the evaluator's "now"); requests go through /v1/ge
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,20 +23,51 @@ from sqlalchemy import select
 from alerts.flags import FlagStore
 from alerts.series import RowCache
 from monitor.app import create_app
-from monitor.hub import services_of
-from monitor.jobs import scheduled_jobs
+from monitor.hub import Services, services_of
+from monitor.jobs import Job, scheduled_jobs
 from monitor.loopback import wait_for
 from monitor.report.job import run_weekly_report
 from monitor.report.week import last_seven_days
+from monitor.settings import Settings
 from storage.models import ProbeRun
 from storage.queries.batching import batch_loop, batch_usage
 from tests.monitor.conftest import TOKEN, make_settings, suites
-from tests.monitor.fakes import FakeFactory
+from tests.monitor.fakes import FakeFactory, ServiceFakeEngine
 
 # Flags expire on the wall clock (the SQL provider reads them now): stay near it.
 T0 = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TEXT = "the river runs past"  # bucket 32 (20 byte tokens)
+
+
+@dataclass(frozen=True)
+class Running:
+    """One running app: its client, services, every scheduled job and the fake engine."""
+
+    settings: Settings
+    client: TestClient
+    services: Services
+    jobs: dict[str, Job]
+    engine: ServiceFakeEngine
+
+
+@contextmanager
+def running_app(url: str, clock: Callable[[], datetime] | None = None,
+                **overrides: Any) -> Iterator[Running]:
+    """Run the production app (`create_app`, its lifespan) on the fake engine until ready.
+
+    Quality sampling is off; `overrides` are settings sections; `clock` is the app's seam
+    (None: the production clock).
+    """
+    factory = FakeFactory()
+    settings = make_settings(url, quality={"enabled": False}, **overrides)
+    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
+                     suites=suites(), clock=clock)
+    with TestClient(app) as client:
+        wait_for(lambda: client.get("/readyz").status_code == 200)
+        services = services_of(app)
+        assert factory.engine is not None
+        yield Running(settings, client, services, scheduled_jobs(services), factory.engine)
 
 
 def _serve(client: TestClient, n: int) -> list[dict]:
@@ -48,17 +82,8 @@ def _serve(client: TestClient, n: int) -> list[dict]:
 def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instance_alone(
         migrated_url: str, tmp_path: Path) -> None:
     now = [T0]
-    factory = FakeFactory()
-    settings = make_settings(migrated_url, alerts={"flags_ttl_s": 0.0},
-                             quality={"enabled": False})
-    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
-                     suites=suites(), clock=lambda: now[0])
-    with TestClient(app) as client:
-        wait_for(lambda: client.get("/readyz").status_code == 200)
-        services = services_of(app)
-        jobs = scheduled_jobs(services)
-        engine = factory.engine
-        assert engine is not None
+    with running_app(migrated_url, lambda: now[0], alerts={"flags_ttl_s": 0.0}) as run:
+        client, services, jobs, engine = run.client, run.services, run.jobs, run.engine
         # Each row beyond the first adds its share to a step: the tail at 8 rows is
         # several times that at 1.
         engine.timings.per_row_factor = 10.0
@@ -140,7 +165,7 @@ def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instan
         jobs["burst"]()
         assert services.writer.flush(timeout=30)
         at = datetime.now(UTC) + timedelta(minutes=5)
-        outcome = run_weekly_report(services.sessions, settings, at,
+        outcome = run_weekly_report(services.sessions, run.settings, at,
                                     week=last_seven_days(at), out_dir=tmp_path)
         review = {o.name: o for o in outcome.report.optimizations}["continuous batching"]
         checks = {c.assumption.id: c for c in review.checks}
@@ -158,18 +183,9 @@ def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instan
 
 
 def test_the_burst_runs_its_unbatched_arm_on_the_same_arrivals(migrated_url: str) -> None:
-    factory = FakeFactory()
-    settings = make_settings(migrated_url, quality={"enabled": False},
-                             probes={"burst_rate_per_s": 100.0, "burst_duration_s": 0.2,
-                                     "burst_concurrency": 8})
-    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
-                     suites=suites())
-    with TestClient(app) as client:
-        wait_for(lambda: client.get("/readyz").status_code == 200)
-        services = services_of(app)
-        jobs = scheduled_jobs(services)
-        engine = factory.engine
-        assert engine is not None
+    burst = {"burst_rate_per_s": 100.0, "burst_duration_s": 0.2, "burst_concurrency": 8}
+    with running_app(migrated_url, probes=burst) as run:
+        client, services, jobs, engine = run.client, run.services, run.jobs, run.engine
         engine.batch_rows = None  # unbatched engine (max_batch 1): one arm only
         jobs["burst"]()
         engine.batch_rows = 8  # a batching engine: the unbatched arm runs too
@@ -206,18 +222,10 @@ def test_a_shift_at_the_same_batch_size_fires_its_rule_against_the_baseline(
     rows (a few percent of noise, as real steps have), then one shift; its rule fires on
     the relative change after `for: 3` cycles, never before, and the others stay quiet."""
     now = [T0]
-    factory = FakeFactory()
-    settings = make_settings(migrated_url, quality={"enabled": False})
-    app = create_app(settings, engine_factory=factory, registry=CollectorRegistry(),
-                     suites=suites(), clock=lambda: now[0])
     healthy, shifted = 32, 5
     knob, factor = SHIFTS[rule]
-    with TestClient(app) as client:
-        wait_for(lambda: client.get("/readyz").status_code == 200)
-        services = services_of(app)
-        jobs = scheduled_jobs(services)
-        engine = factory.engine
-        assert engine is not None
+    with running_app(migrated_url, lambda: now[0]) as run:
+        client, services, jobs, engine = run.client, run.services, run.jobs, run.engine
         engine.batch_rows = 8
         engine.timings.queue_wait_s = 0.004  # a share of ~10%, under the ceiling of 50%
         base = {k: getattr(engine.timings, k) for k in ("per_output_token_s", "queue_wait_s")}
