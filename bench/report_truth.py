@@ -13,8 +13,9 @@ After `--minutes`:
 1. Dashboard panels: every PromQL expression of the shipped dashboards is evaluated over
    the run (a range query, run start to now, as Grafana draws a panel over its time
    range; `offset` dropped: a run has no history a day back). A panel is EMPTY when it
-   returns no finite value although every metric it reads has a series in Prometheus;
-   a panel reading a metric the run never exposed is "not produced" (listed, not counted).
+   returns no finite value although every series selector in it (metric and label
+   matchers, e.g. `tailwatch_alerts{state="pending"}`) matches series in Prometheus; a
+   panel with a selector the run never produced is "not produced" (listed, not counted).
 2. The service is stopped, so that the database holds exactly what the run wrote, and
    the real CLI writes the report: `tailwatch --config FILE report --out DIR --no-notify`.
 3. The service is started again on the same database with its scheduler off (nothing new
@@ -26,7 +27,7 @@ After `--minutes`:
      (the report prints 3 significant digits: 0.5% at most of rounding);
    - costly: every optimization x bucket the API measures below 1 is listed under
      "Optimizations that cost more than they earn" (and nothing else is);
-   - sections: a section is EMPTY when the run wrote the data it needs (NEEDS, counted
+   - sections (and the HTML report's plots, PLOT_NEEDS): a section is EMPTY when the run wrote the data it needs (NEEDS, counted
      in the database with plain queries on the tables, not through the readers) and it
      shows the sentence it shows for no data, or when it is blank; a section shown
      without data must say so (its sentence), never be blank;
@@ -41,10 +42,13 @@ The last line:
     empty reads A, empty panels P
 
     taskset -c 0 python -m bench.report_truth [--minutes 15] [--rate 0.5] [--interval 10]
-        [--burst-interval-s 300] [--warm-in-s 120 --min-baseline-cycles 5]
+        [--burst-interval-s 300] [--warm-in-s 120 --min-baseline-cycles 5] [--suite shifted]
         [--folder var/report-truth] [--database-url postgresql+psycopg://...]
+    python -m bench.report_truth --check var/report-truth    # a finished run, checked again
 
-`--warm-in-s` / `--min-baseline-cycles` arm the shipped rules minutes after the start
+`--suite shifted` runs the canaries on the shipped suite of text the draft model predicts
+badly, so speculation measures slower than direct in some buckets and the costly list
+has something to show. `--warm-in-s` / `--min-baseline-cycles` arm the shipped rules minutes after the start
 (baselines, sensitivity estimates, possibly alerts), so more readers have data to show;
 without them the rules stay silent for the shipped warm-in and those readers must say
 that they have nothing.
@@ -73,16 +77,18 @@ from sqlalchemy.orm import Session
 
 from bench.live_incident import thin_rules
 from bench.service import PoissonTraffic, ServiceProcess, settings_for
-from monitor.loopback import WebhookReceiver
+from monitor.loopback import WebhookReceiver, free_port
 from monitor.report.registry import load_registry
 from storage import make_engine, make_sessionmaker
 from storage.models import (
     Alert,
     Baseline,
+    CompileEvent,
     FlagAudit,
     Incident,
     MemorySample,
     OutputAgreement,
+    ProbeResult,
     ProbeRun,
     Report,
     RolloutVerdict,
@@ -122,6 +128,9 @@ class Written:
     active_baselines: int = 0
     dead_deliveries: int = 0
     reports: int = 0
+    canary_p99_rows: int = 0  # optimized canary results of cycles with a p99
+    drafted: int = 0  # draft tokens proposed, real traffic and canaries
+    recompiles: int = 0  # recompiles and recompile-limit hits
     measured_arms: frozenset[str] = frozenset()  # A/B arms with at least one pair
 
 
@@ -155,6 +164,12 @@ def count_written(session: Session) -> Written:
         dead_deliveries=n(select(func.count()).select_from(WebhookDelivery)
                           .where(WebhookDelivery.state == "dead")),
         reports=n(select(func.count()).select_from(Report)),
+        canary_p99_rows=n(select(func.count()).select_from(ProbeResult).join(ProbeRun).where(
+            ProbeRun.kind == "cycle", ProbeResult.variant == "optimized",
+            ProbeResult.p99_s.is_not(None))),
+        drafted=n(select(func.sum(TrafficRollup.draft_tokens)))
+        + n(select(func.sum(ProbeResult.draft_tokens))),
+        recompiles=n(select(func.sum(CompileEvent.recompiles + CompileEvent.limit_hits))),
         measured_arms=frozenset(arms))
 
 
@@ -192,6 +207,15 @@ NEEDS: dict[str, tuple[Need, ...]] = {
              "being retried.", lambda w: w.dead_deliveries > 0, "dead webhook deliveries"),),
     "Recommendations": (Need("None.", lambda w: w.traffic_requests > 0,
                              "real traffic (the context cap is always recommended)"),),
+}
+
+# Per plot of the HTML report (its id, plot-KEY): the data it draws.
+PLOT_NEEDS: dict[str, Need] = {
+    "p99": Need("", lambda w: w.canary_p99_rows > 0, "optimized canary p99s of cycles"),
+    "acceptance": Need("", lambda w: w.drafted > 0, "draft tokens proposed"),
+    "memory": Need("", lambda w: w.memory_samples > 0, "memory samples"),
+    "recompiles": Need("", lambda w: w.recompiles > 0, "recompiles or recompile-limit hits"),
+    "shapes": Need("", lambda w: w.traffic_requests > 0, "real requests in traffic rollups"),
 }
 
 # Per GET /v1 read (its defaults): the data that forbids an empty answer.
@@ -340,6 +364,13 @@ def empty_sections(markdown: str, wrote: Written,
     return out
 
 
+def missing_plots(html: str, wrote: Written) -> list[str]:
+    """Return each HTML plot left out although the run wrote the data it draws."""
+    shown = set(re.findall(r'id="plot-([\w-]+)"', html))
+    return [f"Plots: no {key!r} plot although the run wrote {need.what}"
+            for key, need in PLOT_NEEDS.items() if need.wrote(wrote) and key not in shown]
+
+
 def is_empty(body: Any) -> bool:
     """Return whether a JSON answer shows nothing: [], {}, or only empty lists and objects."""
     if isinstance(body, list | dict) and not body:
@@ -364,13 +395,17 @@ def empty_reads(answers: Mapping[str, Any], wrote: Written) -> tuple[list[str], 
 
 # --------------------------------------------------------------------------- panels
 
+# A series selector of a panel: metric name and label matchers (e.g. state="pending").
+SELECTOR = re.compile(r"\btailwatch_\w+(?:\{[^}]*\})?")
+
+
 @dataclass(frozen=True)
 class Panel:
     """One dashboard expression evaluated over the run."""
 
     expr: str
-    metrics: tuple[str, ...]
-    missing: tuple[str, ...]  # metrics without any series in Prometheus: not produced
+    metrics: tuple[str, ...]  # its series selectors
+    missing: tuple[str, ...]  # selectors matching no series in Prometheus: not produced
     has_data: bool
 
     @property
@@ -400,8 +435,8 @@ def evaluate_panels(prom: str, start: float, end: float) -> list[Panel]:
 
         for raw in panel_exprs():
             expr = re.sub(r"\s+offset\s+\w+", "", raw)  # a run has no history a day back
-            metrics = tuple(sorted(set(re.findall(r"\btailwatch_\w+", expr))))
-            missing = tuple(m for m in metrics if not rng(f'count({{__name__="{m}"}})'))
+            metrics = tuple(sorted(set(SELECTOR.findall(expr))))
+            missing = tuple(m for m in metrics if not rng(f"count({m})"))
             finite = any(not math.isnan(float(v)) for s in rng(expr) for _, v in s["values"])
             out.append(Panel(raw, metrics, missing, finite))
     return out
@@ -431,6 +466,7 @@ class Options:
     warm_in_s: float | None = None  # None: shipped alerts.baseline_warm_in_s
     min_baseline_cycles: int | None = None  # None: the shipped rules as they are
     database_url: str | None = None
+    suite: str | None = None  # probes.suite; None: shipped (in_domain)
 
 
 def service_settings(folder: Path, webhook_url: str, opts: Options) -> dict[str, Any]:
@@ -447,7 +483,9 @@ def service_settings(folder: Path, webhook_url: str, opts: Options) -> dict[str,
         scheduler["burst_interval_s"] = 10 * 365 * 86400.0  # none within the run
     return settings_for(folder, webhook_url, database_url=opts.database_url,
                         probe_interval_s=opts.interval_s, evaluate_interval_s=opts.interval_s,
-                        extra={"probes": {"ab_share": 1.0}, "alerts": alerts,
+                        extra={"probes": {"ab_share": 1.0,
+                                          **({"suite": opts.suite} if opts.suite else {})},
+                               "alerts": alerts,
                                "scheduler": scheduler})
 
 
@@ -510,6 +548,7 @@ def run(folder: Path, opts: Options) -> dict[str, Any]:
         # The service is stopped: the database holds what the run wrote, and no more.
         md_path = run_report_cli(folder / "tailwatch.yaml", folder / "reports")
         markdown = md_path.read_text()
+        html = md_path.with_suffix(".html").read_text()
         frozen = {**settings, "scheduler": {**settings["scheduler"], "enabled": False}}
         with ServiceProcess(folder, frozen) as svc:
             reads, speedups = read_all(svc, report_window(markdown))
@@ -519,17 +558,19 @@ def run(folder: Path, opts: Options) -> dict[str, Any]:
             wrote = count_written(session)
     finally:
         engine.dispose()
-    return findings(folder, markdown, wrote, reads, speedups, panels,
+    return findings(folder, markdown, wrote, reads, speedups, panels, html=html,
                     ok=sum(a.status == 200 for a in answers), sent=len(answers))
 
 
 def findings(folder: Path, markdown: str, wrote: Written, reads: Mapping[str, Any],
              speedups: Sequence[Mapping[str, Any]], panels: Sequence[Panel], *,
-             ok: int = 0, sent: int = 0) -> dict[str, Any]:
+             html: str | None = None, ok: int = 0, sent: int = 0) -> dict[str, Any]:
     """Check everything, write reads.json, panels.json and truth.json; return the findings."""
     names = optimization_keys()
     cmp = compare(report_speedups(markdown, names), costly_listed(markdown, names), speedups)
     sections_empty = empty_sections(markdown, wrote, names)
+    if html is not None:
+        sections_empty += missing_plots(html, wrote)
     reads_empty, undefined = empty_reads(reads, wrote)
     out: dict[str, Any] = {
         "requests": {"sent": sent, "ok": ok},
@@ -551,6 +592,34 @@ def findings(folder: Path, markdown: str, wrote: Written, reads: Mapping[str, An
     return out
 
 
+def check_folder(folder: Path) -> dict[str, Any]:
+    """Return the findings of a finished run's folder again (after the checks changed)."""
+    import yaml
+
+    settings = yaml.safe_load((folder / "tailwatch.yaml").read_text())
+    md_path = sorted((folder / "reports").glob("report-*.md"), key=lambda p: p.stat().st_mtime)[-1]
+    saved = json.loads((folder / "reads.json").read_text())
+    engine = make_engine(settings["database_url"])
+    try:
+        with make_sessionmaker(engine)() as session:
+            wrote = count_written(session)
+            first, last = session.execute(select(func.min(ProbeRun.started_at),
+                                                 func.max(ProbeRun.started_at))).one()
+    finally:
+        engine.dispose()
+    if (folder / "prometheus" / "tsdb").is_dir() and first is not None:
+        # Prometheus's own data of the run: the panels are evaluated again as now defined.
+        from tests.monitor.prometheus import running_prometheus
+
+        with running_prometheus(free_port(), folder / "prometheus") as prom:
+            panels = evaluate_panels(prom, first.timestamp() - 60, last.timestamp() + 60)
+    else:
+        panels = [Panel(p["expr"], tuple(p["metrics"]), tuple(p["missing"]), p["has_data"])
+                  for p in json.loads((folder / "panels.json").read_text())]
+    return findings(folder, md_path.read_text(), wrote, saved["reads"], saved["speedups"],
+                    panels, html=md_path.with_suffix(".html").read_text())
+
+
 def last_line(cmp: Comparison, sections_empty: int, reads_empty: int, panels_empty: int) -> str:
     """Return the run's one-line result."""
     return (f"report truth: {cmp.compared} speedups compared, max diff "
@@ -562,7 +631,9 @@ def last_line(cmp: Comparison, sections_empty: int, reads_empty: int, panels_emp
 def print_findings(out: Mapping[str, Any]) -> None:
     """Print every finding, then the last line."""
     cmp = out["comparison"]
-    print(f"real requests: {out['requests']['ok']} of {out['requests']['sent']} answered 200")
+    if out["requests"]["sent"]:
+        print(f"real requests: {out['requests']['ok']} of {out['requests']['sent']} "
+              "answered 200")
     print("written: " + ", ".join(f"{k} {v}" for k, v in out["written"].items()))
     for title, items in (("speedup mismatches", cmp["mismatched"]),
                          ("slower than the reference, not listed as costly",
@@ -594,14 +665,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="alerts.baseline_warm_in_s (default: shipped)")
     ap.add_argument("--min-baseline-cycles", type=int, default=None,
                     help="every shipped rule's min_baseline_cycles (default: as shipped)")
+    ap.add_argument("--suite", default=None,
+                    help="probes.suite for the canaries (default: shipped in_domain; "
+                    "shifted: text the draft model predicts badly)")
     ap.add_argument("--database-url", default=None, help="an EMPTY database (default: SQLite "
                     "in the folder, made fresh)")
     ap.add_argument("--folder", type=Path, default=Path("var/report-truth"))
+    ap.add_argument("--check", type=Path, default=None, metavar="FOLDER",
+                    help="check a finished run's folder again; run nothing")
     args = ap.parse_args(argv)
+    if args.check is not None:
+        print_findings(check_folder(args.check))
+        return
     if args.minutes <= 0 or args.rate <= 0 or args.interval <= 0:
         ap.error("--minutes, --rate and --interval: must be > 0")
     opts = Options(args.minutes, args.rate, args.interval, args.burst_interval_s,
-                   args.warm_in_s, args.min_baseline_cycles, args.database_url)
+                   args.warm_in_s, args.min_baseline_cycles, args.database_url, args.suite)
     print(f"started {datetime.now(UTC):%Y-%m-%d %H:%M}Z; folder {args.folder}", flush=True)
     print_findings(run(args.folder, opts))
 

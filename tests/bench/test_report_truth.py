@@ -28,12 +28,13 @@ from bench.report_truth import (
     empty_sections,
     findings,
     is_empty,
+    missing_plots,
     optimization_keys,
     report_speedups,
     report_window,
 )
 from monitor.api.probes import SpeedupOut
-from monitor.report import build_report, load_registry, render_markdown
+from monitor.report import build_report, load_registry, render_html, render_markdown
 from monitor.settings import Settings, get_settings
 from storage.queries.speedups import ab_speedups
 from tests.monitor.report.synthetic import WEEK, fill_week
@@ -154,6 +155,22 @@ def test_the_last_line_counts_what_was_found(week, tmp_path) -> None:  # type: i
                            f"{out['comparison']['costly_expected']}, empty sections 0, "
                            "empty reads 1, empty panels 1")
     assert json.loads((tmp_path / "truth.json").read_text())["empty_reads"]
+
+
+def test_a_plot_left_out_of_the_html_for_data_the_run_wrote_is_named(
+        sessionmaker, report_settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    fill_week(sessionmaker)
+    with sessionmaker.begin() as session:
+        report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
+        wrote = count_written(session)
+    html = render_html(report)
+    # The synthetic week has every plot's data: canaries, traffic, memory, a recompile.
+    assert wrote.recompiles and wrote.canary_p99_rows and wrote.drafted
+    assert missing_plots(html, wrote) == []
+    without = html.replace('id="plot-memory"', 'id="plot-gone"')
+    assert missing_plots(without, wrote) == [
+        "Plots: no 'memory' plot although the run wrote memory samples"]
+    assert missing_plots(without, Written()) == []
 
 
 def test_the_window_is_read_from_the_report(week) -> None:  # type: ignore[no-untyped-def]
