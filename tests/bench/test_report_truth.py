@@ -44,12 +44,12 @@ NAMES = optimization_keys()
 
 
 @pytest.fixture
-def report_settings(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
+def report_settings(tmp_path) -> Settings:
     return get_settings(report={"out_dir": str(tmp_path / "reports"), "notify": False})
 
 
 @pytest.fixture
-def week(sessionmaker, report_settings: Settings):  # type: ignore[no-untyped-def]
+def week(sessionmaker, report_settings: Settings):
     """Return (Markdown, the API's speedups as JSON, what the tables hold) of the week."""
     fill_week(sessionmaker)
     with sessionmaker.begin() as session:
@@ -60,7 +60,7 @@ def week(sessionmaker, report_settings: Settings):  # type: ignore[no-untyped-de
     return render_markdown(report), served, wrote
 
 
-def test_a_truthful_report_matches_the_api_and_lists_every_slower_bucket(week) -> None:  # type: ignore[no-untyped-def]
+def test_a_truthful_report_matches_the_api_and_lists_every_slower_bucket(week) -> None:
     md, served, wrote = week
     shown = report_speedups(md, NAMES)
     cmp = compare(shown, costly_listed(md, NAMES), served)
@@ -73,7 +73,7 @@ def test_a_truthful_report_matches_the_api_and_lists_every_slower_bucket(week) -
     assert empty_sections(md, wrote, NAMES) == []
 
 
-def test_a_report_off_by_more_than_1_percent_or_missing_a_row_is_named(week) -> None:  # type: ignore[no-untyped-def]
+def test_a_report_off_by_more_than_1_percent_or_missing_a_row_is_named(week) -> None:
     md, served, _ = week
     shown = report_speedups(md, NAMES)
     key = next(k for k in shown if k[1] == "all")
@@ -90,7 +90,7 @@ def test_a_report_off_by_more_than_1_percent_or_missing_a_row_is_named(week) -> 
     assert len(compare(miscounted, set(), served).mismatched) == 1
 
 
-def test_a_slower_bucket_left_out_of_the_costly_list_is_named(week) -> None:  # type: ignore[no-untyped-def]
+def test_a_slower_bucket_left_out_of_the_costly_list_is_named(week) -> None:
     md, served, _ = week
     # The costly table without its bucket-64 speculation row, as a report that missed it.
     costly = md.split("## Optimizations that cost more than they earn")[1].split("\n## ")[0]
@@ -103,7 +103,7 @@ def test_a_slower_bucket_left_out_of_the_costly_list_is_named(week) -> None:  # 
 
 
 def test_an_empty_report_says_so_in_every_section_and_matches_the_bench(
-        sessionmaker, report_settings: Settings) -> None:  # type: ignore[no-untyped-def]
+        sessionmaker, report_settings: Settings) -> None:
     with sessionmaker.begin() as session:
         md = render_markdown(build_report(session, "2026-W48", NOW, load_registry(),
                                           report_settings))
@@ -142,7 +142,7 @@ def test_reads_empty_for_written_data_are_named_and_unknown_reads_listed() -> No
     assert set(READ_NEEDS) >= {"/v1/probes/runs", "/v1/probes/speedups", "/v1/flags"}
 
 
-def test_the_last_line_counts_what_was_found(week, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_last_line_counts_what_was_found(week, tmp_path) -> None:
     md, served, wrote = week
     panels = [Panel("sum(tailwatch_a)", ("tailwatch_a",), (), True),
               Panel("sum(tailwatch_b)", ("tailwatch_b",), (), False),
@@ -158,7 +158,7 @@ def test_the_last_line_counts_what_was_found(week, tmp_path) -> None:  # type: i
 
 
 def test_a_plot_left_out_of_the_html_for_data_the_run_wrote_is_named(
-        sessionmaker, report_settings: Settings) -> None:  # type: ignore[no-untyped-def]
+        sessionmaker, report_settings: Settings) -> None:
     fill_week(sessionmaker)
     with sessionmaker.begin() as session:
         report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
@@ -173,6 +173,6 @@ def test_a_plot_left_out_of_the_html_for_data_the_run_wrote_is_named(
     assert missing_plots(without, Written()) == []
 
 
-def test_the_window_is_read_from_the_report(week) -> None:  # type: ignore[no-untyped-def]
+def test_the_window_is_read_from_the_report(week) -> None:
     md, _, _ = week
     assert report_window(md) == ("2026-11-23T00:00:00Z", "2026-11-30T00:00:00Z")
