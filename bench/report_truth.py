@@ -27,15 +27,18 @@ After `--minutes`:
      (the report prints 3 significant digits: 0.5% at most of rounding);
    - costly: every optimization x bucket the API measures below 1 is listed under
      "Optimizations that cost more than they earn" (and nothing else is);
-   - sections (and the HTML report's plots, PLOT_NEEDS): a section is EMPTY when the run wrote the data it needs (NEEDS, counted
+   - sections: a section is EMPTY when the run wrote the data it needs (NEEDS, counted
      in the database with plain queries on the tables, not through the readers) and it
      shows the sentence it shows for no data, or when it is blank; a section shown
-     without data must say so (its sentence), never be blank;
+     without data must say so (its sentence), never be blank; an optimization whose A/B
+     arm has pairs must not say "measured: n/a"; a plot of the HTML report missing
+     although the run wrote what it draws (PLOT_NEEDS) counts as an empty section;
    - reads: a GET is EMPTY when its data (READ_NEEDS, the endpoint's default filter) is
-     in the database and it answers nothing ([] or an object whose lists are all empty).
+     in the database and it answers nothing ([], or only empty lists and objects).
 
 FOLDER holds `tailwatch.yaml`, `service.db`, `serve.log`, `reports/report-*.md`,
-`reads.json` (every GET's answer), `panels.json` and `truth.json` (every finding).
+`reads.json` (every GET's answer), `panels.json`, `truth.json` (every finding) and
+`prometheus/` (its data: `--check` evaluates the panels again from it).
 The last line:
 
     report truth: S speedups compared, max diff D%, costly listed C of K, empty sections E,
@@ -48,8 +51,9 @@ The last line:
 
 `--suite shifted` runs the canaries on the shipped suite of text the draft model predicts
 badly, so speculation measures slower than direct in some buckets and the costly list
-has something to show. `--warm-in-s` / `--min-baseline-cycles` arm the shipped rules minutes after the start
-(baselines, sensitivity estimates, possibly alerts), so more readers have data to show;
+has something to show. `--warm-in-s` / `--min-baseline-cycles` arm the shipped rules
+minutes after the start (baselines, sensitivity estimates, possibly alerts), so more
+readers have data to show;
 without them the rules stay silent for the shipped warm-in and those readers must say
 that they have nothing.
 """
