@@ -117,12 +117,16 @@ def test_an_empty_report_says_so_in_every_section_and_matches_the_bench(
             assert need.empty in body, (title, need.empty)
     # The same report where the tables hold everything: each no-data sentence is named.
     everything = Written(ab_pairs=1, probe_runs=1, traffic_requests=1, memory_samples=1,
-                         flag_audits=1, alerts=1, open_alerts=1, incidents=1, agreements=1,
+                         flag_audits=1, alerts=1, fired_alerts=1, open_alerts=1, incidents=1,
+                         agreements=1,
                          rollout_verdicts=1, sensitivities=1, active_baselines=1,
                          dead_deliveries=1, reports=1, measured_arms=frozenset({"eager"}))
     found = empty_sections(md, everything, NAMES)
     assert len(found) == sum(len(n) for n in NEEDS.values()) + 1  # + torch.compile n/a
     assert any(f.startswith("Optimizations: torch.compile") for f in found)
+    # Alerts that went pending and cleared without firing notified nobody: the report
+    # lists fired ones, so "no alerts this week" is its truth.
+    assert empty_sections(md, Written(alerts=3, open_alerts=1), NAMES) == []
     blank = re.sub(r"(## Flag changes\n\n)_[^\n]*_\n", r"\1", md)
     assert "Flag changes: blank" in empty_sections(blank, nothing, NAMES)
 
