@@ -75,6 +75,10 @@ class ArmSpeedup:
     cycles they came from. speedup: median of the per-pair ratios (module docstring);
     ci_low/ci_high: its 95% confidence interval (None under 6 pairs).
     optimized_p50_s / arm_p50_s: median latency of each side over the same pairs.
+    off_p50_s / on_p50_s: median latency without and with the optimization over the same
+    pairs (a reverse arm's request is the one with it on). Where forward and reverse arms
+    are pooled, the optimized request runs with the optimization in some pairs and
+    without it in others, so only these two read in the speedup's direction.
     """
 
     bucket: str
@@ -87,6 +91,8 @@ class ArmSpeedup:
     ci_high: float | None
     optimized_p50_s: float
     arm_p50_s: float
+    off_p50_s: float
+    on_p50_s: float
 
 
 def ab_speedups(session: Session, start: datetime, end: datetime, *,
@@ -164,7 +170,9 @@ def speedups(pairs: Iterable[PairRecord], *,
             arms=tuple(sorted({arm for _, _, arm, _ in xs})), pairs=len(xs),
             runs=len({r for _, _, _, r in xs}), speedup=mid, ci_low=lo, ci_high=hi,
             optimized_p50_s=statistics.median(o for o, _, _, _ in xs),
-            arm_p50_s=statistics.median(a for _, a, _, _ in xs)))
+            arm_p50_s=statistics.median(a for _, a, _, _ in xs),
+            off_p50_s=statistics.median(o if arm in REVERSE_ARMS else a for o, a, arm, _ in xs),
+            on_p50_s=statistics.median(a if arm in REVERSE_ARMS else o for o, a, arm, _ in xs)))
     return sorted(out, key=lambda s: (_bucket_key(s.bucket), s.optimization))
 
 

@@ -29,15 +29,18 @@ def installed() -> bool:
 
 @contextmanager
 def running_prometheus(target_port: int, workdir: Path, *,
-                       rule_files: Sequence[Path] = ()) -> Iterator[str]:
-    """Run a Prometheus scraping 127.0.0.1:`target_port` every second; yield its URL."""
+                       rule_files: Sequence[Path] = (),
+                       extra_targets: Sequence[int] = (),
+                       scrape_interval_s: int = 1) -> Iterator[str]:
+    """Run a Prometheus scraping loopback `target_port` (and `extra_targets`); yield its URL."""
     port = free_port()
     config = workdir / "prometheus.yml"
     config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "global": {"scrape_interval": f"{scrape_interval_s}s", "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [{"job_name": "tailwatch",
-                            "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
+                            "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in
+                                                            (target_port, *extra_targets)]}]}],
     }))
     with (workdir / "prometheus.log").open("w") as log:
         proc = subprocess.Popen(

@@ -243,3 +243,29 @@ def test_requests_the_c_step_does_not_serve_get_no_step_arm(suites: dict) -> Non
                        ab_arms=(), rng=random.Random(0), clock=lambda: T)
     assert {frozenset(p.order) for p in cycle.run("in_domain").pairs} == {
         frozenset({"optimized"})}
+
+
+def test_pooled_forward_and_reverse_arms_report_latency_without_and_with_the_optimization(
+        sessionmaker: sessionmaker[Session], suites: dict) -> None:
+    # Speculation slower than direct (0.4 s vs 0.2 s in 16), measured by the `direct` arm
+    # while it is on and by the reverse `speculative` arm while its flag is off in 16:
+    # the optimized request is speculative in the first cycle, direct in the others.
+    flags = InMemoryFlagProvider(RuntimeFlags())
+    engine = FakeEngine(flags=flags, timings=FakeTimings(total_s={
+        ("16", "compiled", "speculative"): 0.4, ("16", "compiled", "direct"): 0.2}))
+    engine.warm_up()
+    for i, off in enumerate((False, True, True, True)):
+        flags.set(RuntimeFlags(speculative={"16": False} if off else {}))
+        at = T + timedelta(minutes=i)
+        store(sessionmaker, ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2,
+                                       ab_share=1.0, ab_arms=("direct",), rng=random.Random(i),
+                                       clock=lambda at=at: at).run("in_domain"))
+    with sessionmaker() as s:
+        spec = {(x.bucket, x.optimization): x
+                for x in ab_speedups(s, T - HOUR, T + HOUR)}[("16", "speculative")]
+    assert spec.arms == ("direct", "speculative") and spec.pairs == 8
+    assert spec.speedup == pytest.approx(0.5)
+    # Without speculation is faster, with it slower, whichever side ran as "optimized".
+    assert (spec.off_p50_s, spec.on_p50_s) == (pytest.approx(0.2), pytest.approx(0.4))
+    # The optimized request ran direct in 6 of the 8 pairs: its median is the fast side.
+    assert spec.optimized_p50_s < spec.arm_p50_s

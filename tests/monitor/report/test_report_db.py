@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,12 +12,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from engine.protocol import InMemoryFlagProvider, RuntimeFlags
 from monitor.report import build_report, load_registry, render_markdown, run_weekly_report
 from monitor.report.job import summary_text
 from monitor.report.model import WeeklyReport
 from monitor.settings import Settings
+from probes.cycle import ProbeCycle
 from storage.models import Report, WebhookDelivery
 from tests.monitor.report.synthetic import LATENCY, fill_week
+from tests.probes.fakes import FakeEngine, FakeTimings, placeholder_suites, store
 
 NOW = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
 
@@ -261,3 +265,31 @@ def test_the_last_seven_days_on_day_one_have_data_and_are_not_stored(
     assert outcome.report_id is None
     with sessionmaker() as session:
         assert session.scalars(select(Report)).all() == []
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_costly_evidence_reads_without_vs_with_when_the_flag_changed_in_the_week(
+        sessionmaker, report_settings: Settings) -> None:
+    # Speculation costs 0.4 s, direct 0.2 s in bucket 16. One cycle measures it with the
+    # `direct` arm (speculation on), three with the reverse `speculative` arm (its flag off
+    # in 16, as the engine's or the policy's fallback leaves it): the optimized request is
+    # the slow side in one cycle and the fast side in three.
+    flags = InMemoryFlagProvider(RuntimeFlags())
+    engine = FakeEngine(flags=flags, timings=FakeTimings(total_s={
+        ("16", "compiled", "speculative"): 0.4, ("16", "compiled", "direct"): 0.2}))
+    engine.warm_up()
+    suites = placeholder_suites(per_bucket=2)
+    for i, off in enumerate((False, True, True, True)):
+        flags.set(RuntimeFlags(speculative={"16": False} if off else {}))
+        at = datetime(2026, 11, 25, 12, i, tzinfo=UTC)
+        store(sessionmaker, ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=2,
+                                       ab_share=1.0, ab_arms=("direct",), rng=random.Random(i),
+                                       clock=lambda at=at: at).run("in_domain"))
+    with sessionmaker.begin() as session:
+        report = build_report(session, "2026-W48", NOW, load_registry(), report_settings)
+    (costly,) = [c for c in report.costly if c.name == "speculative decoding"]
+    row = next(r for r in costly.rows if r.bucket == "16")
+    assert row.measured == pytest.approx(0.5)
+    # The faster side is the one without speculation, as the 0.5x says.
+    assert "without it 200.0 ms vs with it 400.0 ms (medians; arms direct/speculative)" in \
+        row.evidence, row.evidence
