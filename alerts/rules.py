@@ -12,6 +12,7 @@ ended: late) and `reason` (the numbers in words). The YAML form and its loader l
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,10 @@ from alerts.detection import (
 from storage.sketches import Sketch, min_samples
 
 PAGE, WARNING = "page", "warning"
+# A recovering series' median must sit this many standard errors from the threshold.
+RECOVERY_Z = 3.0
+# The standard error of the median of n normal values is MEDIAN_SE * sigma / sqrt(n).
+MEDIAN_SE = 1.2533
 # Quantile metrics: the quantile each reads; a cycle's value must rest on
 # storage.sketches.min_samples(q) samples (p99: 100), else the rule says insufficient_samples.
 QUANTILE_METRICS: dict[str, float] = {
@@ -376,6 +381,22 @@ def limit_crossed(rule: Rule, values: Sequence[float]) -> bool:
         and all(over_limit(rule, value) for value in last)
 
 
+def recovery_cycles(rule: Rule, baseline: BaselineStats | None) -> int:
+    """Return how many latest cycles a plain series' recovery reads: resolve_for, or more.
+
+    Their median must tell a series back inside the band from one still at the threshold
+    (RECOVERY_Z standard errors of a median apart) on this series' noise; fewer cycles
+    resolve a noisy series still at the threshold, and it fires again (a second page).
+    At most the lookback: a series too noisy for it waits that long.
+    """
+    gap = rule.threshold - rule.resolve_threshold
+    if baseline is None or baseline.center == 0 or gap <= 0:
+        return rule.resolve_for
+    sigma = baseline.relative_noise(rule.cusum)
+    need = math.ceil((RECOVERY_Z * MEDIAN_SE * sigma / gap) ** 2)
+    return max(rule.resolve_for, min(need, rule.lookback_cycles))
+
+
 def median_inside_band(rule: Rule, changes: Sequence[float | None]) -> bool:
     """Return whether the median of the known changes is inside the band (none known: inside).
 
@@ -423,7 +444,8 @@ def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point
               values: Sequence[float], changes: Sequence[float | None]) -> bool:
     """Return whether the last resolve_for cycles say the series is back (and inside limits).
 
-    Plain series: the median change of those cycles is inside the hysteresis band.
+    Plain series: the median change of those cycles (more on a noisy series:
+    `recovery_cycles`) is inside the hysteresis band.
     Pooled tail quantiles: every pooled value inside the band, or, while the pool still
     holds an ended regression's samples, the cycles' own samples read as no change
     (`own_samples_back`) and, where the series breached, its canaries came down.
@@ -434,7 +456,8 @@ def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point
         return False
     last = [change for _, _, change in tail]
     if not (is_tail_metric(rule.metric) and any(p.pooled for p, _, _ in tail)):
-        return median_inside_band(rule, last)
+        need = recovery_cycles(rule, baseline)
+        return len(changes) >= need and median_inside_band(rule, changes[-need:])
     if all(inside_band(rule, change) for change in last):
         return True
     return own_samples_back(rule, baseline, [p for p, _, _ in tail]) \

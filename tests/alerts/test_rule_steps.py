@@ -17,6 +17,7 @@ from alerts.rules import (
     limit_crossed,
     median_inside_band,
     own_samples_back,
+    recovery_cycles,
     reason,
     recovered,
     relative_changes,
@@ -128,6 +129,25 @@ def test_median_inside_band_reads_the_run_not_each_cycle():
     assert median_inside_band(r, [None, None])
 
 
+def test_a_noisy_series_still_over_the_threshold_does_not_resolve_on_a_lucky_run():
+    """Five cycles of a noisy series can read inside the band while it still sits over the
+    threshold; resolving then fires it again (a second page). Its median is read over as
+    many cycles as its noise needs (recovery_cycles) to tell the two apart."""
+    r = rule(change="+10%", resolve_change="+3%", resolve_for=5)
+    noisy = BaselineStats(center=1.0, spread=0.10, cycles=500)
+    assert recovery_cycles(r, noisy) == 29  # (3 x 1.2533 x 10% / 7%) ** 2, rounded up
+    assert recovery_cycles(r, BaselineStats(center=1.0, spread=0.02, cycles=500)) == 5
+    assert recovery_cycles(r, None) == 5
+    still = [1.15] * 24 + [1.0, 1.0, 1.0, 1.2, 1.2]  # still +15%; the last 5's median 0%
+    changes = relative_changes(still, noisy)
+    assert median_inside_band(r, changes[-5:])
+    assert not recovered(r, noisy, pts(still), still, changes)
+    back = [1.15] * 5 + [1.0, 0.95, 1.05, 1.1, 0.9] * 6  # back: the last 29's median 0%
+    assert recovered(r, noisy, pts(back), back, relative_changes(back, noisy))
+    # Too few cycles since it fired to read that many: not yet.
+    assert not recovered(r, noisy, pts(back[:20]), back[:20], relative_changes(back[:20], noisy))
+
+
 def test_own_samples_back_scores_the_new_samples_as_the_detector_does():
     r = rule(name="p99", metric="p99_latency")
     # q0 = 1.0. 20 new samples, none above: no change is likelier. One above of 20 (5%,
@@ -149,12 +169,13 @@ def test_recovered_needs_resolve_for_cycles_inside_band_and_limits():
     r = rule()
     values = [1.3] * 5 + [1.0] * 3
     assert recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
-    # One stray cycle of a healthy series does not hold the alert; a run still above the
-    # band (median +8%) does.
+    # One stray cycle of a quiet healthy series does not hold the alert; a run still above
+    # the band (median +8%) does.
+    quiet = BaselineStats(center=1.0, spread=0.02, cycles=500)
     values = [1.3] * 5 + [1.0, 1.1, 1.0]
-    assert recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
+    assert recovered(r, quiet, pts(values), values, relative_changes(values, quiet))
     values = [1.3] * 5 + [1.0, 1.1, 1.08]
-    assert not recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
+    assert not recovered(r, quiet, pts(values), values, relative_changes(values, quiet))
     assert not recovered(r, BASE, pts([1.0] * 2), [1.0] * 2, relative_changes([1.0] * 2, BASE))
     ceiling = rule(ceiling=2.0)
     values = [2.5, 1.0, 2.5]

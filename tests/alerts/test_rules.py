@@ -92,8 +92,9 @@ def test_hysteresis_resolves_once_the_last_resolve_for_cycles_sit_inside_band():
     assert results[8].fired
     # +10%: under the firing threshold, above the +5% resolve band: not recovered.
     assert not any(r.recovered for r in results[9:13])
-    assert not results[13].recovered  # one cycle of 3 at +2%
-    assert results[14].recovered and results[15].recovered  # their median at +2%
+    # On this series' noise (spread 5%) the median reads 4 cycles (recovery_cycles).
+    assert not results[13].recovered and not results[14].recovered  # median +6%
+    assert results[15].recovered  # the median of the last 4 at +2%
 
 
 def test_down_direction_acceptance_drop():
