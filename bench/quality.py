@@ -97,6 +97,7 @@ def builtin(args: argparse.Namespace
     from probes.quality import compare
 
     config = EngineConfig(model_dir=args.model_dir, use_draft=False, quantization="int8",
+                          int8_encoder=args.int8_encoder,
                           buckets=tuple(int(b) for b in args.buckets.split(",")),
                           compile_mode=args.compile_mode, flags_file="")
     engine = Runtime(config)
@@ -250,7 +251,7 @@ def small(args: argparse.Namespace, cache_dir: Path) -> list[float]:
     cfg = small_config()
     weights = small_weights(cfg)
     m = small_model(cfg, weights)
-    q = quantize.int8(m)
+    q = quantize.int8(m, encoder=args.int8_encoder)
     params = sum({p.data_ptr(): p.numel() for p in m.parameters()}.values())  # tied: once
     print(f"t5-small: {params / 1e6:.1f} M parameters; int8 adds "
           f"{quantize.weight_bytes(q, beyond=m) / 2**20:.1f} MiB beyond the float model")
@@ -317,7 +318,8 @@ def resident_memory(args: argparse.Namespace) -> None:
         verdicts = []
         for name, model_dir in models:
             rows, met = resident.report(name, resident.compare(
-                model_dir, buckets=args.buckets, compile_mode=args.compile_mode))
+                model_dir, buckets=args.buckets, compile_mode=args.compile_mode,
+                int8_encoder=args.int8_encoder))
             print(rows)
             verdicts.append(f"{name} {'met' if met else 'MISSED'}")
     print(f"resident memory int8 <= float32 (tensors and RSS): {', '.join(verdicts)}")
@@ -337,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
                         help="where CTranslate2's conversions are kept (converted once)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument("--int8-encoder", action="store_true",
+                        help="the int8 arm's encoder in int8 too (engine.int8_encoder)")
     parser.add_argument("--no-memory", action="store_true",
                         help="skip resident memory (bench.resident, a process per serving)")
     args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ import gc
 import hashlib
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -164,7 +165,8 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
         with torch.no_grad():
             if device.type == "cpu":
                 _own_storages(target.m, released=quantize.step_names(target.m))
-            lean_q = (quantizer or quantize.int8)(target.m)
+            lean_q = (quantizer or partial(quantize.int8, encoder=config.int8_encoder))(
+                target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
                                steps=steps, ledger=ledger, tables_of=target,

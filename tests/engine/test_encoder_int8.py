@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from engine import encoder_int8, native, quantize, t5
 from engine.encoder_int8 import PackedInt8Weight
+from tests.engine.conftest import random_texts, tiny_config
 
 pytestmark = pytest.mark.skipif(not encoder_int8.available(),
                                 reason="no quantized::linear_dynamic in this torch")
@@ -121,3 +122,41 @@ def test_the_builtin_targets_int8_encoder_keeps_agreement(tmp_path: Path) -> Non
             ref = _greedy(lib, m, ids, 32)
             agreements.append(compare(_greedy(lib, q, ids, 32), ref).agreement)
     assert sum(agreements) / len(agreements) >= 0.99, agreements
+
+
+def test_int8_encoder_needs_int8_and_changes_the_artifact(tiny_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="int8_encoder: needs quantization int8"):
+        tiny_config(tiny_dirs, int8_encoder=True)
+    on = tiny_config(tiny_dirs, quantization="int8", int8_encoder=True)
+    assert on.config_hash() != tiny_config(tiny_dirs, quantization="int8").config_hash()
+
+
+@pytest.mark.slow
+def test_the_runtime_serves_int8_requests_through_the_int8_encoder(
+        tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from engine.memory import held_tensors
+    from engine.protocol import REFERENCE, FlagOverride
+    from engine.runtime import Runtime
+
+    engine = Runtime(tiny_config(tiny_dirs, quantization="int8", int8_encoder=True,
+                                 use_draft=False, flags_file="",
+                                 cache_dir=str(tmp_path / "cache")))
+    try:
+        engine.warm_up(background=False)
+        target, target_q = engine.target, engine.target_q
+        assert target_q is not None and quantize.int8_encoder(target_q.m)
+        # Its own encoder, eager (packed weights are not tensors); the float target's
+        # encoder keeps its float weights and its compiled graph.
+        assert target_q.encoder_of is None and not target_q.compile_encoder
+        assert not quantize.int8_encoder(target.m) and target.compile_encoder
+        assert isinstance(target.m.enc_layers[0].qkv, torch.Tensor)
+        held = held_tensors(engine.models.runners())
+        assert held["target-int8.encoder_int8"] == encoder_int8.packed_bytes(target_q.m) > 0
+        for text in random_texts(4, seed=5, overflow=False):
+            r = engine.generate(text, override=FlagOverride(quantized=True))
+            assert r.quantized and r.output_ids
+            f32 = engine.generate(text, override=FlagOverride(quantized=False))
+            ref = engine.generate(text, override=REFERENCE)
+            assert not f32.quantized and not ref.quantized and ref.path == "eager"
+    finally:
+        engine.close()
