@@ -2,6 +2,7 @@
 
     taskset -c 1 python -m bench.quality [--buckets 16,32,64] [--inputs 3] [--repeats 3]
         [--new-tokens 32] [--small-inputs 2] [--small-new-tokens 32] [--ct2-dir var/ct2]
+        [--int8-encoder]
 
 Built-in target: one engine with `engine.quantization: int8` serves both arms (flag override
 per call), direct decoding, compiled bucketed encoder graphs, and both decode on the C step
@@ -25,6 +26,11 @@ reference; T5-small: the engine's float32 tokens), engine int8 ms / its int8 ms,
 share of inputs where its float32 gives the engine float32's tokens exactly (the conversion
 checked). Second to last line: `engine int8 / CTranslate2 int8 time: built-in Nx (Nx without
 the eager overflow rows), t5-small Nx` (median over buckets; below 1x the engine is faster).
+
+`--int8-encoder`: the int8 arm's encoder multiplies int8 weights too (engine.int8_encoder,
+engine.encoder_int8; eager), on both models and in the resident memory; without it the int8
+arm shares the float32 arm's encoder (compiled on the built-in target, eager on the T5-small
+shape, for both arms).
 
 Resident memory first (`resident_memory`, bench.resident; `--no-memory` skips it): float32
 and int8 serving of each model, one engine per process, tensor bytes by kind and RSS, and

@@ -3,11 +3,11 @@
 Weight-only int8 for the decoder step: each linear weight it reads (self- and
 cross-attention, feed-forward, lm head) is stored as int8 with one float scale per output
 channel (symmetric, absmax / 127), and the C decode step (engine.native) multiplies them
-as they are (docs/engine.md#int8-weights). The encoder (and the cross K/V projection it
-computes) keeps the float weights, shared with the float model rather than copied: no int8
-path for its multi-row products (dequantizing per call, `torch._weight_int8pack_mm`) beat
-float on the CPU measured (docs/engine.md#int8-weights), and a request's encoder runs once
-where its decoder step runs once per token. Embeddings,
+as they are (docs/engine.md#int8-weights). By default the encoder (and the cross K/V
+projection it computes) keeps the float weights, shared with the float model rather than
+copied: the compiled float encoder is the fastest on the built-in target. `int8(encoder=True)`
+(`engine.int8_encoder`) puts prepacked int8 weights in its products too (engine.encoder_int8),
+which pays on wide models (docs/engine.md#the-int8-encoder). Embeddings,
 layer norms and position biases stay float and are shared too, so the int8 target holds
 only its int8 decoder weights beyond the float model, whose own float decoder weights
 int8 serving releases (engine.float_weights; docs/engine.md#what-int8-serving-holds).
