@@ -78,10 +78,10 @@ def products(rows_list: list[int], calls: int) -> None:
                 x = torch.randn(1, rows, in_f, generator=gen)
                 packed = PackedInt8Weight(w)
                 ref = F.linear(x, w)
-                f32 += _cpu_ms(lambda x=x, w=w: F.linear(x, w), calls)
-                dyn += _cpu_ms(lambda x=x, p=packed.packed:
-                               torch.ops.quantized.linear_dynamic(x, p, True), calls)
-                norm += _cpu_ms(lambda x=x, p=packed: p.linear(x), calls)
+                f32 += _cpu_ms(partial(F.linear, x, w), calls)
+                dyn += _cpu_ms(partial(torch.ops.quantized.linear_dynamic, x, packed.packed,
+                                       True), calls)
+                norm += _cpu_ms(partial(packed.linear, x), calls)
                 errs["dyn"] = max(errs["dyn"], _relerr(
                     torch.ops.quantized.linear_dynamic(x, packed.packed, True), ref))
                 errs["norm"] = max(errs["norm"], _relerr(packed.linear(x), ref))
@@ -99,6 +99,7 @@ def encoders(rows_list: list[int], calls: int, small: bool) -> None:
     from engine.config import BUILTIN_DIR
 
     loaded = loader.load_model(BUILTIN_DIR / "target")
+    assert loaded.weights is not None
     models = {"built-in": t5.LeanT5(loaded.config, loaded.weights, dtype=torch.float32,
                                     device=torch.device("cpu"))}
     if small:
@@ -114,9 +115,9 @@ def encoders(rows_list: list[int], calls: int, small: bool) -> None:
             args = (ids, m.mask_bias(torch.ones_like(ids)), m.encoder_bias(rows))
             with torch.no_grad():
                 err = _relerr(t5.encode(q, *args), t5.encode(m, *args))
-                fc = _cpu_ms(lambda m=m, a=args: compiled(m, *a), calls)
-                fe = _cpu_ms(lambda m=m, a=args: t5.encode(m, *a), calls)
-                ie = _cpu_ms(lambda q=q, a=args: t5.encode(q, *a), calls)
+                fc = _cpu_ms(partial(compiled, m, *args), calls)
+                fe = _cpu_ms(partial(t5.encode, m, *args), calls)
+                ie = _cpu_ms(partial(t5.encode, q, *args), calls)
             print(f"{name:<9} {rows:>5} {fc:>15.2f} {fe:>12.2f} {ie:>13.2f} "
                   f"{fc / ie:>14.2f}x {err:>11.4f}")
 
