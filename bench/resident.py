@@ -36,7 +36,7 @@ def _kinds(held: dict[str, int]) -> dict[str, int]:
             kind = "tables"
         elif name == "c_step":
             kind = "int8 row sums"
-        elif name.endswith((".q", ".scale")):
+        elif name.endswith((".q", ".scale")) or name == "encoder_int8":
             kind = "int8 weights"
         else:
             kind = "float weights"
@@ -58,6 +58,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     proc = psutil.Process()
     engine = Runtime(EngineConfig(
         model_dir=args.model_dir, use_draft=False, quantization=args.quantization,
+        int8_encoder=args.int8_encoder and args.quantization == "int8",
         buckets=tuple(int(b) for b in args.buckets.split(",")),
         compile_mode=args.compile_mode, flags_file=""))
     engine.warm_up(background=False)
@@ -91,9 +92,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def compare(model_dir: str | None, *, buckets: str, compile_mode: str, requests: int = 6,
-            new_tokens: int = 16) -> dict[str, dict[str, Any]]:
+            new_tokens: int = 16, int8_encoder: bool = False) -> dict[str, dict[str, Any]]:
     """Return `measure` for float32 and int8 serving of `model_dir` (None: built-in), each
-    in a fresh process pinned like this one."""
+    in a fresh process pinned like this one (`int8_encoder`: int8 serving's encoder too)."""
     out = {}
     for q in ("none", "int8"):
         cmd = [sys.executable, "-m", "bench.resident", "--quantization", q,
@@ -101,6 +102,8 @@ def compare(model_dir: str | None, *, buckets: str, compile_mode: str, requests:
                "--requests", str(requests), "--new-tokens", str(new_tokens)]
         if model_dir is not None:
             cmd += ["--model-dir", model_dir]
+        if int8_encoder:
+            cmd.append("--int8-encoder")
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"bench.resident failed ({q}): {done.stderr.strip()[-2000:]}")
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-mode", default="default")
     parser.add_argument("--requests", type=int, default=6)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--int8-encoder", action="store_true",
+                        help="int8 serving's encoder in int8 too (engine.int8_encoder)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
     import torch

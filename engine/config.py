@@ -39,6 +39,10 @@ class EngineConfig:
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
     quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
         served where the `quantized` flag is on and watched by output agreement.
+    int8_encoder: with quantization int8, the int8 target's encoder multiplies int8 weights
+        too (engine.encoder_int8, run eager) instead of sharing the float target's compiled
+        encoder: it pays on wide models (d_model 512 and up on the CPU measured) and costs
+        on narrow ones such as the built-in target (docs/engine.md#the-int8-encoder).
     max_batch: rows decoded together by the batching scheduler (engine.scheduler): requests
         join and leave a running batch at step boundaries; 1 = no scheduler, each request
         decodes alone in its caller's thread with max_concurrency streams (as before
@@ -74,6 +78,7 @@ class EngineConfig:
     flags_file: str = "./var/last-flags.json"
     extra: dict[str, str] = field(default_factory=dict)
     quantization: str = "none"
+    int8_encoder: bool = False
     native_step: bool = True
     max_batch: int = 1
     batch_window_max_s: float = 0.0
@@ -104,6 +109,9 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization: must be one of {QUANTIZATIONS}, "
                              f"got {self.quantization!r}")
+        if self.int8_encoder and self.quantization != "int8":
+            raise ValueError("int8_encoder: needs quantization int8, got quantization "
+                             f"{self.quantization!r}")
 
     def config_hash(self) -> str:
         """Return a short hash of everything that changes the optimized artifact."""
@@ -112,6 +120,8 @@ class EngineConfig:
         data = {k: asdict(self)[k] for k in keys}
         if self.quantization != "none":  # absent when off: earlier hashes stay valid
             data["quantization"] = self.quantization
+        if self.int8_encoder:  # absent when off: earlier hashes stay valid
+            data["int8_encoder"] = True
         if self.native_step:  # another step implementation: another artifact (cohort)
             data["step"] = "native"
         blob = json.dumps(data, sort_keys=True, default=str)

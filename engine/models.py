@@ -11,6 +11,7 @@ import gc
 import hashlib
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -164,10 +165,14 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
         with torch.no_grad():
             if device.type == "cpu":
                 _own_storages(target.m, released=quantize.step_names(target.m))
-            lean_q = (quantizer or quantize.int8)(target.m)
+            lean_q = (quantizer or partial(quantize.int8, encoder=config.int8_encoder))(
+                target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
                                steps=steps, ledger=ledger, tables_of=target,
+                               # Prepacked int8 weights are not tensors: an int8 encoder
+                               # runs eager (engine.encoder_int8).
+                               compile_encoder=not quantize.int8_encoder(lean_q),
                                encoder_of=target if quantize.shares_encoder(target.m, lean_q)
                                else None)
     # The encoder runs once per request: for a small draft it is not worth a graph.

@@ -3,11 +3,11 @@
 Weight-only int8 for the decoder step: each linear weight it reads (self- and
 cross-attention, feed-forward, lm head) is stored as int8 with one float scale per output
 channel (symmetric, absmax / 127), and the C decode step (engine.native) multiplies them
-as they are (docs/engine.md#int8-weights). The encoder (and the cross K/V projection it
-computes) keeps the float weights, shared with the float model rather than copied: no int8
-path for its multi-row products (dequantizing per call, `torch._weight_int8pack_mm`) beat
-float on the CPU measured (docs/engine.md#int8-weights), and a request's encoder runs once
-where its decoder step runs once per token. Embeddings,
+as they are (docs/engine.md#int8-weights). By default the encoder (and the cross K/V
+projection it computes) keeps the float weights, shared with the float model rather than
+copied: the compiled float encoder is the fastest on the built-in target. `int8(encoder=True)`
+(`engine.int8_encoder`) puts prepacked int8 weights in its products too (engine.encoder_int8),
+which pays on wide models (docs/engine.md#the-int8-encoder). Embeddings,
 layer norms and position biases stay float and are shared too, so the int8 target holds
 only its int8 decoder weights beyond the float model, whose own float decoder weights
 int8 serving releases (engine.float_weights; docs/engine.md#what-int8-serving-holds).
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine import encoder_int8
 from engine.t5 import LeanT5
 
 Quantizer = Callable[[LeanT5], LeanT5]
@@ -115,10 +116,35 @@ def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Te
     return out
 
 
-def int8(lean: LeanT5) -> LeanT5:
-    """Return a copy of `lean` whose decoder step weights are int8 (see the module doc)."""
+def int8(lean: LeanT5, *, encoder: bool = False) -> LeanT5:
+    """Return a copy of `lean` whose decoder step weights are int8 (see the module doc);
+    `encoder`: its encoder's products (and the cross K/V projection) too, prepacked for
+    the quantized engine (engine.encoder_int8), the float ones still shared, not copied."""
     with torch.no_grad():
-        return _map_weights(lean, Int8Weight, step_only=True)
+        out = _map_weights(lean, Int8Weight, step_only=True)
+        if encoder:
+            _pack_encoder(out)
+        return out
+
+
+def _pack_encoder(lean: LeanT5) -> None:
+    """Put a PackedInt8Weight in place of each encoder product's float weight of `lean` (a
+    copy whose modules are its own: the float model keeps its weights)."""
+    if not encoder_int8.available():
+        raise RuntimeError("int8 encoder: this torch has no quantized::linear_dynamic "
+                           f"(quantized engine {torch.backends.quantized.engine})")
+    for layer, name in [*((layer, n) for layer in lean.enc_layers
+                          for n in encoder_int8.ENCODER_WEIGHTS),
+                        *((layer, "ckv") for layer in lean.dec_layers)]:
+        w = getattr(layer, name)
+        delattr(layer, name)
+        setattr(layer, name, encoder_int8.PackedInt8Weight(w))
+
+
+def int8_encoder(lean: LeanT5) -> bool:
+    """Return whether `lean`'s encoder multiplies int8 weights (engine.encoder_int8)."""
+    return any(encoder_int8.is_packed(getattr(layer, name, None)) for layer in lean.enc_layers
+               for name in encoder_int8.ENCODER_WEIGHTS)
 
 
 def dequantize(lean: LeanT5) -> LeanT5:
@@ -130,7 +156,7 @@ def dequantize(lean: LeanT5) -> LeanT5:
         for layer in [*out.enc_layers, *out.dec_layers]:
             for name in LINEAR_WEIGHTS:
                 w = getattr(layer, name, None)
-                if isinstance(w, Int8Weight):
+                if isinstance(w, Int8Weight | encoder_int8.PackedInt8Weight):
                     delattr(layer, name)
                     setattr(layer, name, nn.Parameter(w.dequantized(), requires_grad=False))
         if isinstance(out.lm_head, Int8Weight):
@@ -162,4 +188,4 @@ def weight_bytes(lean: LeanT5, *, beyond: LeanT5 | None = None) -> int:
     `beyond`: only those it does not share with that model."""
     shared = {p.data_ptr() for p in beyond.parameters()} if beyond is not None else set()
     return sum(p.numel() * p.element_size() for p in lean.parameters()
-               if p.data_ptr() not in shared)
+               if p.data_ptr() not in shared) + encoder_int8.packed_bytes(lean)

@@ -1,0 +1,162 @@
+"""The encoder's int8 products (engine.encoder_int8, engine.quantize.int8(encoder=True)).
+
+Stated tolerance, against float products of the dequantized weights (q * scale): every row's
+L2 error within 6% of that row's reference norm, whatever the other rows' magnitudes (the
+activations are quantized per call to 7 bits after each row is scaled to absmax 1, so an
+outlier channel leaves the rest of its row few levels); the
+whole encoder's cross K/V within 5% (L2) of the dequantized float encoder's on a small
+random model; on the built-in target, greedy tokens of the int8 encoder and int8 C step
+agree with the float32 C step's on >= 99% of the canaries' tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from engine import encoder_int8, native, quantize, t5
+from engine.encoder_int8 import PackedInt8Weight
+from tests.engine.conftest import random_texts, tiny_config
+
+pytestmark = pytest.mark.skipif(not encoder_int8.available(),
+                                reason="no quantized::linear_dynamic in this torch")
+
+
+def _row_errors(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (got - ref).norm(dim=-1) / ref.norm(dim=-1)
+
+
+def test_each_row_is_within_tolerance_of_the_dequantized_product() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 80, generator=gen) / 80 ** 0.5
+    p = PackedInt8Weight(w)
+    deq = p.dequantized()
+    # Half a quantization step per weight: the scale is the row's absmax / 127.
+    step = w.abs().amax(1, keepdim=True) / 127
+    assert bool(((deq - w).abs() <= step / 2 + 1e-6).all())
+    x = torch.randn(1, 12, 80, generator=gen)
+    x[0, 3] *= 1e-3  # a quiet row beside loud ones: per-tensor rounding would flatten it
+    x[0, 7] *= 50.0
+    x[0, :, 5] *= 20.0  # an outlier channel
+    got = p.linear(x)
+    ref = F.linear(x, deq)
+    assert got.shape == ref.shape and got.dtype == x.dtype
+    errors = _row_errors(got[0], ref[0])
+    assert float(errors.max()) <= 0.06, errors
+
+
+def test_packed_weights_count_a_quarter_of_the_float_bytes() -> None:
+    p = PackedInt8Weight(torch.randn(64, 32))
+    assert p.nbytes == 64 * 32 + 4 * 64
+    assert list(p.parameters()) == []  # not a tensor: counted through packed_bytes
+    other = PackedInt8Weight(torch.randn(16, 32))
+    # Each module once, however often it is reachable.
+    assert encoder_int8.packed_bytes(torch.nn.ModuleList([p, other, p])) == p.nbytes + 16 * 36
+
+
+def _small_lean() -> t5.LeanT5:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=120, d_model=64, d_kv=16, d_ff=96, num_layers=2,
+                   num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                   relative_attention_max_distance=32, decoder_start_token_id=0,
+                   pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    hf = T5ForConditionalGeneration(cfg).eval()
+    return t5.LeanT5(cfg, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_the_int8_encoder_is_within_tolerance_and_shares_the_float_rest() -> None:
+    m = _small_lean()
+    q = quantize.int8(m, encoder=True)
+    assert quantize.int8_encoder(q) and not quantize.int8_encoder(quantize.int8(m))
+    assert not quantize.shares_encoder(m, q)
+    # The float model is untouched; what the int8 copy does not replace is the same tensor.
+    assert isinstance(m.enc_layers[0].qkv, torch.Tensor)
+    assert q.embed is m.embed and q.enc_layers[0].ln_att is m.enc_layers[0].ln_att
+    packed = [getattr(layer, n) for layer in q.enc_layers for n in encoder_int8.ENCODER_WEIGHTS]
+    packed += [layer.ckv for layer in q.dec_layers]
+    assert all(encoder_int8.is_packed(w) for w in packed)
+    assert (quantize.weight_bytes(q, beyond=m)
+            == quantize.weight_bytes(quantize.int8(m), beyond=m)
+            + sum(w.nbytes for w in packed))
+    ids = torch.randint(2, 120, (1, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, -2:] = 0
+    bias = m.mask_bias(mask)
+    with torch.no_grad():
+        got = t5.encode(q, ids, bias, m.encoder_bias(9))
+        ref = t5.encode(quantize.dequantize(q), ids, bias, m.encoder_bias(9))
+    assert got.shape == ref.shape
+    assert float((got - ref).norm() / ref.norm()) <= 0.05
+
+
+def _greedy(lib: native.NativeStep, m: t5.LeanT5, ids: torch.Tensor, new: int) -> list[int]:
+    from bench.quality import small_decode
+
+    out = small_decode(lib.bind(m), m, ids, new)
+    return out[:out.index(m.eos_id) + 1] if m.eos_id in out else out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(native._compiler() is None, reason="no C compiler")
+def test_the_builtin_targets_int8_encoder_keeps_agreement(tmp_path: Path) -> None:
+    from bench.engine import _canaries
+    from engine import loader
+    from engine.config import BUILTIN_DIR
+    from probes.quality import compare
+
+    loaded = loader.load_model(BUILTIN_DIR / "target")
+    m = t5.LeanT5(loaded.config, loaded.weights, dtype=torch.float32,
+                  device=torch.device("cpu"))
+    q = quantize.int8(m, encoder=True)
+    lib = native.load(tmp_path / "cache")
+    assert lib is not None
+    agreements = []
+    for domain in ("in_domain", "shifted"):
+        for text in _canaries(domain)[:6]:
+            ids = torch.tensor([loaded.tokenizer(text).input_ids])
+            ref = _greedy(lib, m, ids, 32)
+            agreements.append(compare(_greedy(lib, q, ids, 32), ref).agreement)
+    assert sum(agreements) / len(agreements) >= 0.99, agreements
+
+
+def test_int8_encoder_needs_int8_and_changes_the_artifact(tiny_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="int8_encoder: needs quantization int8"):
+        tiny_config(tiny_dirs, int8_encoder=True)
+    on = tiny_config(tiny_dirs, quantization="int8", int8_encoder=True)
+    assert on.config_hash() != tiny_config(tiny_dirs, quantization="int8").config_hash()
+
+
+@pytest.mark.slow
+def test_the_runtime_serves_int8_requests_through_the_int8_encoder(
+        tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from engine.memory import held_tensors
+    from engine.protocol import REFERENCE, FlagOverride
+    from engine.runtime import Runtime
+
+    engine = Runtime(tiny_config(tiny_dirs, quantization="int8", int8_encoder=True,
+                                 use_draft=False, flags_file="",
+                                 cache_dir=str(tmp_path / "cache")))
+    try:
+        engine.warm_up(background=False)
+        target, target_q = engine.target, engine.target_q
+        assert target_q is not None and quantize.int8_encoder(target_q.m)
+        # Its own encoder, eager (packed weights are not tensors); the float target's
+        # encoder keeps its float weights and its compiled graph.
+        assert target_q.encoder_of is None and not target_q.compile_encoder
+        assert not quantize.int8_encoder(target.m) and target.compile_encoder
+        assert isinstance(target.m.enc_layers[0].qkv, torch.Tensor)
+        held = held_tensors(engine.models.runners())
+        assert held["target-int8.encoder_int8"] == encoder_int8.packed_bytes(target_q.m) > 0
+        for text in random_texts(4, seed=5, overflow=False):
+            r = engine.generate(text, override=FlagOverride(quantized=True))
+            assert r.quantized and r.output_ids
+            f32 = engine.generate(text, override=FlagOverride(quantized=False))
+            ref = engine.generate(text, override=REFERENCE)
+            assert not f32.quantized and not ref.quantized and ref.path == "eager"
+    finally:
+        engine.close()
