@@ -138,6 +138,9 @@ class RowState:
         # Between `propose` and `settle` (a batched verification): the draft's position
         # after the proposals, and the seconds the draft took.
         self._pending, self._proposed_s = 0, 0.0
+        # The last `_propose`'s parts: its draft encoder's seconds (0.0: it had run before)
+        # and its k proposals' seconds (the batching loop's cost of a proposal).
+        self.encoded_s = self.chain_s = 0.0
         if k > 0:
             q = target.verify_q
             if not 1 <= k < q:
@@ -210,8 +213,11 @@ class RowState:
     def _propose(self, k: int) -> tuple[torch.Tensor, int]:
         """Run the draft: catch up on accepted tokens, then propose k tokens after seq[-1];
         return the proposals and the draft's position after them."""
+        self.encoded_s = 0.0
         if self.denc is None and self._make_denc is not None:
+            t0 = self.clock()
             self.denc = self._make_denc()
+            self.encoded_s = self.clock() - t0
         assert self.draft is not None and self.dfns is not None and self.denc is not None
         assert self.dcache is not None
         draft, dfns, denc, dcache = self.draft, self.dfns, self.denc, self.dcache
@@ -234,6 +240,7 @@ class RowState:
             self.d_pos += 1
             self.draft_steps += 1
         d_pos = self.d_pos
+        t_chain = self.clock()
         if k == 0:
             return torch.empty(0, dtype=torch.long, device=dm.device_), d_pos
         if dfns.chain:
@@ -253,6 +260,7 @@ class RowState:
                 cur = proposed_one[-1].view(1, 1)
             props = torch.cat(proposed_one)
         self.draft_steps += k
+        self.chain_s = self.clock() - t_chain
         return props, d_pos
 
     def _settle(self, proposals: list[int], choice: list[int], d_pos: int,

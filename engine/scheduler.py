@@ -124,12 +124,14 @@ class _Phase:
 class StepCosts:
     """What the loop measured of C-step calls: seconds as fixed + per_position * positions
     (exponentially weighted least squares over the calls), the draft's seconds per
-    proposal, and the share of proposals the target accepts."""
+    proposal and per draft encoder (a row's first proposal runs it), and the share of
+    proposals the target accepts."""
 
     def __init__(self, decay: float = COST_DECAY) -> None:
         self._decay = decay
         self._n = self._x = self._xx = self._y = self._xy = 0.0
         self.draft_s: float | None = None
+        self.draft_encoder_s: float | None = None
         self._accepted, self._trials = 0.0, 0.0
 
     def observe(self, positions: int, seconds: float) -> None:
@@ -156,6 +158,10 @@ class StepCosts:
     def observe_draft(self, proposals: int, seconds: float) -> None:
         """Fold in one step's draft work: `proposals` tokens proposed in `seconds`."""
         self.draft_s = _smooth(self.draft_s, seconds / proposals)
+
+    def observe_draft_encoder(self, seconds: float) -> None:
+        """Fold in one row's draft encoder (run at its first proposal)."""
+        self.draft_encoder_s = _smooth(self.draft_encoder_s, seconds)
 
     def observe_acceptance(self, accepted: int, block: list[int], choice: list[int]) -> None:
         """Fold in one row's round: proposals tried (up to the first rejection) and kept."""
@@ -440,8 +446,11 @@ class Scheduler:
         fixed, per_position = fit
         spec_tokens = sum(expected_tokens(costs.acceptance(s), k)
                           for (_j, s), k in zip(rows, ks, strict=True))
-        spec_s = (fixed + per_position * (len(ks) + sum(ks))
-                  + costs.draft_s * sum(ks))
+        # A row that never speculated runs its draft's encoder first: a cost of this step.
+        unencoded = sum(1 for (_j, s), k in zip(rows, ks, strict=True)
+                        if k and s.denc is None)
+        spec_s = (fixed + per_position * (len(ks) + sum(ks)) + costs.draft_s * sum(ks)
+                  + (costs.draft_encoder_s or 0.0) * unencoded)
         direct_s = fixed + per_position * len(ks)
         speculate = spec_tokens / spec_s >= len(ks) / direct_s
         if self._choices % EXPLORE_EVERY == 0:
@@ -453,8 +462,7 @@ class Scheduler:
         and, where ks says so, its draft's proposals after it (a verification), so each
         weight is read once for every position of every row."""
         blocks: list[tuple[Job, RowState, list[int]]] = []
-        started = self._clock()
-        drafted = 0
+        drafted, chain_s = 0, 0.0
         for (job, state), k in zip(rows, ks, strict=True):
             if not k:
                 blocks.append((job, state, [state.seq[-1]]))
@@ -467,11 +475,14 @@ class Scheduler:
                 self._finish(job, None, exc)
                 continue
             drafted += k
+            chain_s += state.chain_s
+            if state.encoded_s:
+                self._costs.observe_draft_encoder(state.encoded_s)
         if not blocks:
             return
         t1 = self._clock()
         if drafted:
-            self._costs.observe_draft(drafted, t1 - started)
+            self._costs.observe_draft(drafted, chain_s)
         try:
             with torch.no_grad():
                 choices = _verified([(s, block) for _j, s, block in blocks])

@@ -293,7 +293,7 @@ class _Favour:
     (`speculate`), the reverse makes direct steps pay."""
 
     def __init__(self, speculate: bool) -> None:
-        self.draft_s = 1e-9
+        self.draft_s = self.draft_encoder_s = 1e-9
         self._fit = (1.0, 1e-9) if speculate else (1e-9, 1.0)
 
     def fit(self) -> tuple[float, float]:
@@ -306,6 +306,9 @@ class _Favour:
         pass
 
     def observe_draft(self, proposals, seconds) -> None:
+        pass
+
+    def observe_draft_encoder(self, seconds) -> None:
         pass
 
     def observe_acceptance(self, accepted, block, choice) -> None:
@@ -408,7 +411,8 @@ def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
     try:
         def row(k: int = 4):
             return (None, SimpleNamespace(k=k, max_new=64, tokens=[], can_speculate=k > 0,
-                                          accepted=0, drafts=0, per_position=[0] * k))
+                                          accepted=0, drafts=0, per_position=[0] * k,
+                                          denc=None))
 
         sched._costs = costs
         costs.observe_draft(1, 0.00005)
@@ -421,6 +425,13 @@ def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
         near_end = row()
         near_end[1].tokens = [5] * 63
         assert sched._draft_lengths([near_end, row()]) == [0, 4]
+        # Rows whose draft encoder has not run pay for it in the step that first speculates.
+        costs.observe_draft_encoder(1.0)
+        assert sched._draft_lengths([row(), row()]) == [0, 0]
+        encoded = [row(), row()]
+        for _job, state in encoded:
+            state.denc = object()
+        assert sched._draft_lengths(encoded) == [4, 4]
         for _ in range(400):  # now the target rejects every first proposal
             costs.observe_acceptance(0, [0] * 5, [1] * 5)
         assert sched._draft_lengths([row(), row()]) == [0, 0]  # direct pays
