@@ -1,13 +1,16 @@
 """The batched C step's cost against its rows: is a step of B rows nearly a one-row step?
 
     taskset -c 1 python -m bench.batch_step [--rows 1,2,4,8,16,32] [--position 30]
-        [--cross 64] [--filled 0.7] [--calls 50] [--rounds 5]
+        [--cross 64] [--filled 0.7] [--calls 50] [--rounds 5] [--verify 4]
 
 One process, the built-in target, one thread: `native.rows` on B rows at one position,
 each row with its own self-attention cache and its own cross K/V of --cross keys, of which
 the first --filled share is unmasked (the rest: bucket padding). Median over --rounds of
---calls calls; the C call's own time and the call with its Python (checks, pointer arrays).
-Last line: `32 rows: Nx a one-row step, Mx its rows per second`.
+--calls calls; the C call's own time and the call with its Python (checks, pointer arrays),
+and the call's CPU seconds (`cpu us`: the thread's own time, what a contended core still
+measures). With --verify K, a batched verification as the batching loop runs it: each row
+feeds K + 1 consecutive positions on its own cache in the same call (the `positions` column).
+Last line: `32 rows: Nx a one-row step, Mx its rows per second` (per position with --verify).
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ from functools import partial
 from typing import Any
 
 
-def _median_s(fn: Callable[[], Any], calls: int, rounds: int) -> float:
+def _median_s(fn: Callable[[], Any], calls: int, rounds: int,
+              clock: Callable[[], float] = time.perf_counter) -> float:
     for _ in range(3):
         fn()
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(calls):
             fn()
-        times.append((time.perf_counter() - t0) / calls)
+        times.append((clock() - t0) / calls)
     return statistics.median(times)
 
 
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--filled", type=float, default=0.7)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--verify", type=int, default=0,
+                    help="draft tokens each row verifies (0: a direct step, one position)")
     args = ap.parse_args(argv)
     import torch
 
@@ -57,9 +63,11 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no C step here ({rt.step_kind})")
         keep = torch.zeros((1, args.cross), dtype=torch.long)
         keep[0, : max(1, int(args.cross * args.filled))] = 1
+        q = args.verify + 1
         print(f"position {args.position}, cross {args.cross} keys ({keep.sum()} unmasked), "
-              f"one thread")
-        print(f"{'rows':>5} {'step us':>9} {'C us':>9} {'x one row':>10} {'rows/s x':>9}")
+              f"{q} position(s) a row, one thread")
+        print(f"{'rows':>5} {'positions':>9} {'step us':>9} {'C us':>9} {'cpu us':>9} "
+              f"{'x one row':>10} {'pos/s x':>8}")
         first, last = 0.0, ""
         for b in [int(x) for x in args.rows.split(",")]:
             caches = [torch.randn(m.new_self_cache(r.slots, static=False).shape)
@@ -67,27 +75,33 @@ def main(argv: list[str] | None = None) -> None:
             crosses = [torch.randn((len(m.dec_layers), 2, m.n_heads, args.cross, m.d_kv))
                        for _ in range(b)]
             masks = [m.mask_bias(keep) for _ in range(b)]
-            tokens = torch.randint(2, m.embed.shape[0], (b,))
-            positions = torch.full((b,), args.position)
+            # Row i's q positions follow each other on its own cache (a verification).
+            caches, crosses, masks = ([t for t in ts for _ in range(q)]
+                                      for ts in (caches, crosses, masks))
+            n = b * q
+            tokens = torch.randint(2, m.embed.shape[0], (n,))
+            positions = torch.tensor([args.position + j for _ in range(b) for j in range(q)])
             span = r.dec_bias.shape[-1]
-            ptrs = ctypes.c_void_p * b
-            lens = torch.full((b,), args.cross)
-            out = torch.empty(b, dtype=torch.long)
-            raw = (step._ref, tokens.data_ptr(), b, positions.data_ptr(),
+            ptrs = ctypes.c_void_p * n
+            lens = torch.full((n,), args.cross)
+            out = torch.empty(n, dtype=torch.long)
+            raw = (step._ref, tokens.data_ptr(), n, positions.data_ptr(),
                    ptrs(*[c.data_ptr() for c in caches]), caches[0].shape[-2],
                    ptrs(*[c.data_ptr() for c in crosses]), lens.data_ptr(),
                    ptrs(*[k.data_ptr() for k in masks]), r.dec_bias.data_ptr(), span,
-                   step._scratch(step.scratch_floats(b, max(span, args.cross))),
+                   step._scratch(step.scratch_floats(n, max(span, args.cross))),
                    out.data_ptr(), None)
+            call = partial(step.rows, m, tokens, positions, caches, crosses, masks, r.dec_bias)
             with torch.no_grad():
-                full = _median_s(partial(step.rows, m, tokens, positions, caches, crosses,
-                                         masks, r.dec_bias), args.calls, args.rounds)
+                full = _median_s(call, args.calls, args.rounds)
                 c_only = _median_s(partial(step._rows_fn, *raw), args.calls, args.rounds)
+                cpu = _median_s(call, args.calls, args.rounds, time.thread_time)
             first = first or full
             last = (f"{b} rows: {full / first:.1f}x a one-row step, "
-                    f"{b * first / full:.1f}x its rows per second")
-            print(f"{b:>5} {full * 1e6:>9.0f} {c_only * 1e6:>9.0f} {full / first:>9.1f}x "
-                  f"{b * first / full:>8.1f}x")
+                    f"{n * first / (q * full):.1f}x its {'positions' if q > 1 else 'rows'} "
+                    "per second")
+            print(f"{b:>5} {n:>9} {full * 1e6:>9.0f} {c_only * 1e6:>9.0f} {cpu * 1e6:>9.0f} "
+                  f"{full / first:>9.1f}x {n * first / (q * full):>7.1f}x")
         print(last)
 
 

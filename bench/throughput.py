@@ -26,6 +26,11 @@ slowdown is <= 2 with no errors (where even the lowest rate is past it, half of 
 down to an eighth); p50 / p99 latency and p99 slowdown at 50% and 80% of it.
 Last line: `batched throughput at the p99 limit: Nx unbatched`.
 
+The closed loop also prints each engine's CPU milliseconds per request (this process's CPU
+time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
+the other work's load, and the CPU time per request is the direction that still holds.
+--quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
+
 Why slowdown and not the issue's "p99 within 2x the unloaded p50": the canaries mix input
 lengths from one bucket to the largest, so the unloaded latencies of the mix already spread
 past 2x their median (the longest inputs' encoders alone take several times a short
@@ -154,6 +159,7 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
                     percentile(slowdowns, 0.99) if slowdowns else math.nan)
 
 
+QUICK_RATES = "0.5,1,1.5,2,3,4,6"
 # A request may take at most this many times its own unloaded latency at the p99.
 SLOWDOWN_LIMIT = 2.0
 
@@ -200,7 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
                         help="where CTranslate2's conversions are kept (converted once)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument("--quick", action="store_true", help="32 requests, rates "
+                        f"{QUICK_RATES}, one unloaded repeat: directions, not results")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.rates, args.unloaded_repeats = 32, QUICK_RATES, 1
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
 
     from engine import load_engine
@@ -245,11 +255,15 @@ def main(argv: list[str] | None = None) -> None:
     expected = [list(outputs["unbatched"][t]) for t in sent]
     compared: dict[str, list[str]] = {name: [] for name in cts}
     print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}"
+          f" {'batched_cpu_ms':>15} {'unbatched_cpu_ms':>17}"
           + "".join(f" {'ct2_' + name + '_rps':>16}" for name in cts))
     rps: dict[tuple[str, int], float] = {}
+    cpu_ms: dict[tuple[str, int], float] = {}
     for c in callers:
         for name, call in calls.items():
+            cpu0 = time.process_time()
             rps[(name, c)] = closed_loop(call, texts, c, args.requests)
+            cpu_ms[(name, c)] = (time.process_time() - cpu0) * 1e3 / args.requests
         row = ""
         for name, model in cts.items():
             start = time.perf_counter()
@@ -258,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
             compared[name].append(f"batch {c}: {ct2.compare(expected, got)}")
             row += f" {rps[(name, c)]:>16.1f}"
         b, u = rps[("batched", c)], rps[("unbatched", c)]
-        print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x" + row)
+        print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x"
+              f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}" + row)
     for name, lines in compared.items():
         print(f"CTranslate2 {name} outputs against the engine's: {'; '.join(lines)}")
     if cts:

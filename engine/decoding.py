@@ -135,6 +135,12 @@ class RowState:
         self.draft_steps = self.verifies = 0
         self.draft_s = self.verify_s = 0.0
         self.per_position = [0] * max(k, 0)
+        # Between `propose` and `settle` (a batched verification): the draft's position
+        # after the proposals, and the seconds the draft took.
+        self._pending, self._proposed_s = 0, 0.0
+        # The last `_propose`'s parts: its draft encoder's seconds (0.0: it had run before)
+        # and its k proposals' seconds (the batching loop's cost of a proposal).
+        self.encoded_s = self.chain_s = 0.0
         if k > 0:
             q = target.verify_q
             if not 1 <= k < q:
@@ -174,14 +180,48 @@ class RowState:
     def round(self) -> None:
         """Run one speculative round: the draft proposes k tokens, the target checks them."""
         t0 = self.clock()
+        props, d_pos = self._propose(self.k)
+        k, tm, target, seq = self.k, self.target.m, self.target, self.seq
+        t1 = self.clock()
+        q = target.verify_q
+        t_pos = len(seq) - 1
+        block = torch.cat([self.last.view(1), props, self.pad]).view(1, q)
+        choice_t = self.tfns.verify(tm, block, target.windows[t_pos], self.tcache,
+                                    self.tenc.cross, self.tenc.mask_bias,
+                                    target.bias_for(t_pos + q))
+        both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync a round
+        now = self.clock()
+        n = self._settle(both[:k], both[k:], d_pos, props, now, t1 - t0, now - t1)
+        self._last = choice_t[n:n + 1].clone().view(1, 1)
+
+    def propose(self, k: int) -> list[int]:
+        """Run the draft for a batched verification (engine.scheduler): return the k + 1
+        tokens to verify at positions `position` onward (seq[-1], then k proposals)."""
+        t0 = self.clock()
+        props, self._pending = self._propose(k)
+        self._proposed_s = self.clock() - t0
+        return [self.seq[-1], *props.tolist()]
+
+    def settle(self, block: list[int], choice: list[int], now: float, verify_s: float) -> None:
+        """Take a batched verification's greedy choices after `block` (what `propose`
+        returned); `verify_s`: this row's share of the verification's seconds."""
+        k = len(block) - 1
+        # No device copy of the last proposal: the draft catches up on it from `seq`.
+        self._settle(block[1:], choice[:k + 1], self._pending, None, now, self._proposed_s,
+                     verify_s)
+
+    def _propose(self, k: int) -> tuple[torch.Tensor, int]:
+        """Run the draft: catch up on accepted tokens, then propose k tokens after seq[-1];
+        return the proposals and the draft's position after them."""
+        self.encoded_s = 0.0
         if self.denc is None and self._make_denc is not None:
+            t0 = self.clock()
             self.denc = self._make_denc()
+            self.encoded_s = self.clock() - t0
         assert self.draft is not None and self.dfns is not None and self.denc is not None
         assert self.dcache is not None
-        target, draft, dfns, denc, dcache = self.target, self.draft, self.dfns, self.denc, \
-            self.dcache
-        tm, dm, k, clock, seq = target.m, draft.m, self.k, self.clock, self.seq
-        q = target.verify_q
+        draft, dfns, denc, dcache = self.draft, self.dfns, self.denc, self.dcache
+        dm, seq = draft.m, self.seq
         # The draft catches up on accepted tokens it has not seen (after a full accept, or
         # direct steps taken in a batch). Several at once in C: one call writes their K/V
         # (bitwise what one step each writes); its choices are not needed.
@@ -200,6 +240,9 @@ class RowState:
             self.d_pos += 1
             self.draft_steps += 1
         d_pos = self.d_pos
+        t_chain = self.clock()
+        if k == 0:
+            return torch.empty(0, dtype=torch.long, device=dm.device_), d_pos
         if dfns.chain:
             # The whole round in one call: each proposal feeds the next inside it.
             props = dfns.step(dm, self.last, draft.positions[d_pos], dcache, denc.cross,
@@ -217,18 +260,18 @@ class RowState:
                 cur = proposed_one[-1].view(1, 1)
             props = torch.cat(proposed_one)
         self.draft_steps += k
-        t1 = clock()
-        t_pos = len(seq) - 1
-        block = torch.cat([self.last.view(1), props, self.pad]).view(1, q)
-        choice_t = self.tfns.verify(tm, block, target.windows[t_pos], self.tcache,
-                                    self.tenc.cross, self.tenc.mask_bias,
-                                    target.bias_for(t_pos + q))
-        both = torch.cat([block[0, 1:k + 1], choice_t[:k + 1]]).tolist()  # one sync a round
-        now = clock()
-        self.draft_s += t1 - t0
-        self.verify_s += now - t1
+        self.chain_s = self.clock() - t_chain
+        return props, d_pos
+
+    def _settle(self, proposals: list[int], choice: list[int], d_pos: int,
+                props: torch.Tensor | None, now: float, draft_s: float,
+                verify_s: float) -> int:
+        """Emit the accepted prefix of `proposals` and the target's own next token (its
+        greedy choices after seq[-1] and each proposal); return how many were accepted."""
+        tm, seq, k = self.target.m, self.seq, len(proposals)
+        self.draft_s += draft_s
+        self.verify_s += verify_s
         self.verifies += 1
-        proposals, choice = both[:k], both[k:]
         self.forwards += 1
         n = 0
         while n < k and proposals[n] == choice[n]:
@@ -244,12 +287,13 @@ class RowState:
         emitted = emitted[: self.max_new - len(self.tokens)]
         seq.extend(emitted)
         self.d_pos = min(d_pos, len(seq) - 1)
-        self._last = choice_t[n:n + 1].clone().view(1, 1)
-        self.prev = props[-1:].view(1, 1) if n == k else None
+        self._last = None  # made from seq[-1] when needed
+        self.prev = props[-1:].view(1, 1) if n == k and props is not None and k else None
         self.stamps.extend([now] * len(emitted))  # confirmed together, by this verification
         self.tokens.extend(emitted)
         if len(self.tokens) >= self.max_new:
             self.done = True
+        return n
 
     def decoded(self) -> Decoded:
         """Return what this request decoded so far."""

@@ -35,6 +35,7 @@ import torch
 
 from engine import t5
 from engine.decoding import Decoded, RowState
+from engine.draft_length import expected_tokens
 from engine.errors import Cancelled, DoesNotFit, NotReady, RequestTimeout
 from engine.protocol import STEP_SECONDS_EDGES, BatchSnapshot
 
@@ -46,6 +47,14 @@ PHASES = (PHASE_ENCODE, PHASE_DECODE, PHASE_VERIFY)
 # smoothing): a burst shortens it at once, an idle stretch lengthens it back slowly.
 WINDOW_SMOOTHING_S = 15.0
 Clock = Callable[[], float]
+# The per-step choice between batched verification and batched direct steps: the cost fit
+# forgets old calls (weight per call), acceptance forgets old rounds, a row's own rounds
+# count against this many pseudo-trials of every row's, and one step in EXPLORE_EVERY takes
+# the other choice so that its cost stays measured.
+COST_DECAY = 0.98
+ACCEPT_DECAY = 0.995
+PRIOR_TRIALS = 8.0
+EXPLORE_EVERY = 16
 
 
 class RowOwner(Protocol):
@@ -112,6 +121,62 @@ class _Phase:
                 self.buckets[i] += 1
 
 
+class StepCosts:
+    """What the loop measured of C-step calls: seconds as fixed + per_position * positions
+    (exponentially weighted least squares over the calls), the draft's seconds per
+    proposal and per draft encoder (a row's first proposal runs it), and the share of
+    proposals the target accepts."""
+
+    def __init__(self, decay: float = COST_DECAY) -> None:
+        self._decay = decay
+        self._n = self._x = self._xx = self._y = self._xy = 0.0
+        self.draft_s: float | None = None
+        self.draft_encoder_s: float | None = None
+        self._accepted, self._trials = 0.0, 0.0
+
+    def observe(self, positions: int, seconds: float) -> None:
+        """Fold in one target call of `positions` positions that took `seconds`."""
+        d, x = self._decay, float(positions)
+        self._n = d * self._n + 1.0
+        self._x = d * self._x + x
+        self._xx = d * self._xx + x * x
+        self._y = d * self._y + seconds
+        self._xy = d * self._xy + x * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """Return (fixed seconds, seconds per position), None until the calls measured
+        varied in size enough to tell them apart."""
+        n, x = self._n, self._x
+        spread = n * self._xx - x * x
+        if n < 2 or spread <= 1e-9 * max(n * self._xx, 1.0):
+            return None
+        per = (n * self._xy - x * self._y) / spread
+        if per <= 0:
+            return None
+        return max((self._y - per * x) / n, 0.0), per
+
+    def observe_draft(self, proposals: int, seconds: float) -> None:
+        """Fold in one step's draft work: `proposals` tokens proposed in `seconds`."""
+        self.draft_s = _smooth(self.draft_s, seconds / proposals)
+
+    def observe_draft_encoder(self, seconds: float) -> None:
+        """Fold in one row's draft encoder (run at its first proposal)."""
+        self.draft_encoder_s = _smooth(self.draft_encoder_s, seconds)
+
+    def observe_acceptance(self, accepted: int, block: list[int], choice: list[int]) -> None:
+        """Fold in one row's round: proposals tried (up to the first rejection) and kept."""
+        d = ACCEPT_DECAY
+        self._accepted = d * self._accepted + accepted
+        self._trials = d * self._trials + min(accepted + 1, len(block) - 1)
+
+    def acceptance(self, state: RowState) -> float:
+        """Return the chance that `state`'s draft's next proposal is accepted: its own
+        rounds so far, weighed with every row's as a prior."""
+        prior_a = (self._accepted + 1.0) / (self._trials + 2.0)
+        trials = state.drafts + sum(state.per_position[:-1])
+        return min((state.accepted + PRIOR_TRIALS * prior_a) / (trials + PRIOR_TRIALS), 1.0)
+
+
 class Scheduler:
     """Own up to `max_batch` rows and the loop that steps them (see the module doc)."""
 
@@ -136,6 +201,10 @@ class Scheduler:
         # second of speculative rounds (the per-step choice between them: _speculate).
         self._step_s: dict[int, float] = {}
         self._round_tps: float | None = None
+        # C-step calls' measured costs: the per-step choice between verifying every row's
+        # draft proposals in one call and a direct step of every row (_draft_lengths).
+        self._costs = StepCosts()
+        self._choices = 0
         self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
         self._thread.start()
 
@@ -333,19 +402,25 @@ class Scheduler:
         active = list(self._active)
         b = len(active)
         started = self._clock()
-        if self._speculate(active):
-            for job, state in active:
-                self._round(job, state)
-            phase = PHASE_VERIFY
-        else:
-            groups: dict[tuple[int, int], list[tuple[Job, RowState]]] = {}
-            for job, state in active:
-                groups.setdefault((id(state.target), id(state.tfns)), []).append((job, state))
-            for rows in groups.values():
+        groups: dict[tuple[int, int], list[tuple[Job, RowState]]] = {}
+        for job, state in active:
+            groups.setdefault((id(state.target), id(state.tfns)), []).append((job, state))
+        speculated = direct_only = False
+        for rows in groups.values():
+            if _on_c(rows[0][1]):
+                ks = self._draft_lengths(rows)
+                self._verify(rows, ks)
+                speculated = speculated or any(ks)
+            elif self._speculate(rows):
+                for job, state in rows:
+                    self._round(job, state)
+                speculated = True
+            else:
                 self._direct(rows)
-            phase = PHASE_DECODE
-            if b > 1:
-                self._step_s[b] = _smooth(self._step_s.get(b), self._clock() - started)
+                direct_only = True
+        if direct_only and not speculated and b > 1:
+            self._step_s[b] = _smooth(self._step_s.get(b), self._clock() - started)
+        phase = PHASE_VERIFY if speculated else PHASE_DECODE
         self._phases[phase].observe(self._clock() - started)
         with self._cond:
             self._steps += 1
@@ -353,6 +428,93 @@ class Scheduler:
             job.steps += 1
             job.batch_sum += b
             job.batch_max = max(job.batch_max, b)
+
+    def _draft_lengths(self, rows: list[tuple[Job, RowState]]) -> list[int]:
+        """Return the tokens each row's draft proposes this step (0: a direct step for it):
+        every row with a draft at its own k (capped to what it still needs), or none,
+        whichever the measured costs expect to emit more tokens per second."""
+        ks = [min(s.k, s.max_new - len(s.tokens) - 1) if s.can_speculate else 0
+              for _j, s in rows]
+        if not any(ks) or len(rows) == 1:
+            return ks  # a lone row speculates, as unbatched
+        self._choices += 1
+        costs = self._costs
+        fit = costs.fit()
+        if fit is None or costs.draft_s is None:
+            # Not measured yet: alternate, so that both kinds of call are measured.
+            return ks if self._choices % 2 else [0] * len(ks)
+        fixed, per_position = fit
+        spec_tokens = sum(expected_tokens(costs.acceptance(s), k)
+                          for (_j, s), k in zip(rows, ks, strict=True))
+        # A row that never speculated runs its draft's encoder first: a cost of this step.
+        unencoded = sum(1 for (_j, s), k in zip(rows, ks, strict=True)
+                        if k and s.denc is None)
+        spec_s = (fixed + per_position * (len(ks) + sum(ks)) + costs.draft_s * sum(ks)
+                  + (costs.draft_encoder_s or 0.0) * unencoded)
+        direct_s = fixed + per_position * len(ks)
+        speculate = spec_tokens / spec_s >= len(ks) / direct_s
+        if self._choices % EXPLORE_EVERY == 0:
+            speculate = not speculate  # keep the other choice's costs measured
+        return ks if speculate else [0] * len(ks)
+
+    def _verify(self, rows: list[tuple[Job, RowState]], ks: list[int]) -> None:
+        """Decode the rows of one C-step model in one call: each row feeds its next token
+        and, where ks says so, its draft's proposals after it (a verification), so each
+        weight is read once for every position of every row."""
+        blocks: list[tuple[Job, RowState, list[int]]] = []
+        drafted, chain_s = 0, 0.0
+        for (job, state), k in zip(rows, ks, strict=True):
+            if not k:
+                blocks.append((job, state, [state.seq[-1]]))
+                continue
+            try:
+                with torch.no_grad():
+                    blocks.append((job, state, state.propose(k)))
+            except BaseException as exc:  # noqa: BLE001 - fails this request only
+                self._remove(job)
+                self._finish(job, None, exc)
+                continue
+            drafted += k
+            chain_s += state.chain_s
+            if state.encoded_s:
+                self._costs.observe_draft_encoder(state.encoded_s)
+        if not blocks:
+            return
+        t1 = self._clock()
+        if drafted:
+            self._costs.observe_draft(drafted, chain_s)
+        try:
+            with torch.no_grad():
+                choices = _verified([(s, block) for _j, s, block in blocks])
+        except Exception:  # noqa: BLE001 - find the row that failed: each alone
+            choices = None
+        now = self._clock()
+        if choices is not None:
+            positions = sum(len(block) for _j, _s, block in blocks)
+            self._costs.observe(positions, now - t1)
+            for (job, state, block), choice in zip(blocks, choices, strict=True):
+                self._settle(job, state, block, choice, now, (now - t1) * len(block)
+                             / positions)
+            return
+        for job, state, block in blocks:
+            try:
+                with torch.no_grad():
+                    choice = _verified([(state, block)])[0]
+            except BaseException as exc:  # noqa: BLE001 - fails this request only
+                self._remove(job)
+                self._finish(job, None, exc)
+                continue
+            self._settle(job, state, block, choice, self._clock(), 0.0)
+
+    def _settle(self, job: Job, state: RowState, block: list[int], choice: list[int],
+                now: float, verify_s: float) -> None:
+        if len(block) == 1:
+            state.accept(choice[0], now)
+        else:
+            before = state.accepted
+            state.settle(block, choice, now, verify_s)
+            self._costs.observe_acceptance(state.accepted - before, block, choice)
+        job.first_token.set()
 
     def _round(self, job: Job, state: RowState) -> None:
         """Run one speculative round of one row; measure its tokens per second."""
@@ -450,3 +612,35 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
                 for s in states]
         out = torch.cat(outs)
     return [int(t) for t in out.tolist()]
+
+
+def _on_c(state: RowState) -> bool:
+    """Return whether a row's target step is the C step (it verifies rows batched)."""
+    native: Any = state.target.native
+    return native is not None and state.tfns.step is native
+
+
+def _verified(blocks: list[tuple[RowState, list[int]]]) -> list[list[int]]:
+    """Return, for each row, the target's greedy token after each of its block's tokens (fed
+    at the row's positions onward), every row of one C-step model in one call."""
+    first = blocks[0][0]
+    runner, m = first.target, first.target.m
+    tokens: list[int] = []
+    positions: list[int] = []
+    caches: list[torch.Tensor] = []
+    crosses: list[torch.Tensor] = []
+    masks: list[torch.Tensor] = []
+    for state, block in blocks:
+        tokens += block
+        positions += range(state.position, state.position + len(block))
+        caches += [state.tcache] * len(block)
+        crosses += [state.tenc.cross] * len(block)
+        masks += [state.tenc.mask_bias] * len(block)
+    out = runner.native.rows(m, torch.tensor(tokens, dtype=torch.long),
+                             torch.tensor(positions, dtype=torch.long), caches, crosses,
+                             masks, runner.dec_bias).tolist()
+    choices, at = [], 0
+    for _state, block in blocks:
+        choices.append(out[at:at + len(block)])
+        at += len(block)
+    return choices

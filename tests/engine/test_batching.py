@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.errors import Cancelled, DoesNotFit, InputTooLong
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
+from engine import scheduler as scheduler_module
 from engine.scheduler import Job
 from tests.engine.conftest import random_texts, tiny_config
 
@@ -286,19 +287,154 @@ def test_several_rows_speculate_when_measured_rounds_beat_the_batched_step():
         sched.close()
 
 
-def test_rows_speculating_together_stay_exact(tmp_path, tiny_dirs, alone):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=3)
-    texts = random_texts(3, seed=41, overflow=False)
+class _Favour:
+    """Measured costs (engine.scheduler.StepCosts) that make the loop's choice: a call's
+    fixed cost far above its cost per position makes verifying every row's proposals pay
+    (`speculate`), the reverse makes direct steps pay."""
+
+    def __init__(self, speculate: bool) -> None:
+        self.draft_s = self.draft_encoder_s = 1e-9
+        self._fit = (1.0, 1e-9) if speculate else (1e-9, 1.0)
+
+    def fit(self) -> tuple[float, float]:
+        return self._fit
+
+    def acceptance(self, state) -> float:
+        return 0.5
+
+    def observe(self, positions, seconds) -> None:
+        pass
+
+    def observe_draft(self, proposals, seconds) -> None:
+        pass
+
+    def observe_draft_encoder(self, seconds) -> None:
+        pass
+
+    def observe_acceptance(self, accepted, block, choice) -> None:
+        pass
+
+
+def _count_c_calls(rt: Runtime, monkeypatch) -> list[tuple[int, int]]:
+    """Record (rows of distinct requests, positions) of every C call on the target."""
+    calls: list[tuple[int, int]] = []
+    step = rt.target.native
+    rows, verify = step.rows, step.verify
+
+    def counted_rows(m, tokens, positions, caches, *args, **kwargs):
+        calls.append((len({id(c) for c in caches}), len(caches)))
+        return rows(m, tokens, positions, caches, *args, **kwargs)
+
+    def counted_verify(m, tokens, *args, **kwargs):
+        calls.append((1, tokens.shape[-1]))
+        return verify(m, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(step, "rows", counted_rows)
+    monkeypatch.setattr(step, "verify", counted_verify)
+    return calls
+
+
+def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    texts = random_texts(7, seed=41, overflow=False)  # mixed buckets
     try:
         sched = rt._scheduler
-        sched._round_tps = 1e9  # measured rounds far faster than any batched step
-        sched._step_s.update({2: 1.0, 3: 1.0})
-        jobs = [_job(rt, t, row, k=2, max_new=24) for row, t in enumerate(texts)]
+        sched._costs = _Favour(speculate=True)
+        calls = _count_c_calls(rt, monkeypatch)
+        # Mixed token limits and draft lengths (one row without a draft), joining together
+        # and later into a running batch; rows leave at different steps.
+        first = [_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
+                 enumerate(zip(texts[:4], (40, 6, 17, 3), (3, 2, 0, 1), strict=True))]
+        _submit_together(rt, first)
+        first[0].first_token.wait()
+        for job in first[1:]:
+            sched.wait(job)
+        later = [_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
+                 zip((1, 2, 3), zip(texts[4:7], (9, 40, 12), (2, 3, 1), strict=True),
+                     strict=True)]
+        _submit_together(rt, later)
+        for job, text in zip(first + later, texts, strict=True):
+            decoded = sched.wait(job)
+            assert tuple(decoded.tokens) == alone(text, job.max_new), text
+            assert (decoded.spec.drafts > 0) == (job.k > 0), text
+        assert first[0].batch_max == 4 and all(j.joined_step > 0 for j in later)
+        # Several rows' proposals checked by one call on the target: each weight read once
+        # for every position of every row (no per-row verification).
+        assert any(rows > 1 and positions > rows for rows, positions in calls)
+        assert max(rows for rows, _positions in calls) == 4
+        snap = rt.batch_snapshot()
+        assert snap.step_count["verify"] > 0
+    finally:
+        rt.close()
+
+
+def test_the_loop_steps_direct_when_measured_costs_say_verifying_does_not_pay(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=3)
+    texts = random_texts(3, seed=43, overflow=False)
+    try:
+        sched = rt._scheduler
+        sched._costs = _Favour(speculate=False)
+        monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
+        jobs = [_job(rt, t, row, k=3, max_new=24) for row, t in enumerate(texts)]
         _submit_together(rt, jobs)
         for job, text in zip(jobs, texts, strict=True):
             decoded = sched.wait(job)
             assert tuple(decoded.tokens) == alone(text, 24), text
-            assert decoded.spec.drafts > 0 and job.batch_max == 3
-        assert rt.batch_snapshot().step_count["decode"] == 0  # rounds only
+        # Batched direct steps while several rows run; a row left alone speculates.
+        assert rt.batch_snapshot().step_count["decode"] > 0
     finally:
         rt.close()
+
+
+def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
+    from types import SimpleNamespace
+
+    from engine.scheduler import Scheduler, StepCosts
+
+    costs = StepCosts()
+    assert costs.fit() is None
+    costs.observe(8, 0.001 + 8 * 0.0003)
+    assert costs.fit() is None  # one size of call: fixed and per-position not told apart
+    for n in (8, 40, 8, 40, 16):
+        costs.observe(n, 0.001 + n * 0.0003)
+    fixed, per = costs.fit()
+    assert fixed == pytest.approx(0.001) and per == pytest.approx(0.0003)
+
+    sched = Scheduler(None, max_batch=8, window_max_s=0.0,  # type: ignore[arg-type]
+                      waiting=lambda: 0)
+    try:
+        def row(k: int = 4):
+            return (None, SimpleNamespace(k=k, max_new=64, tokens=[], can_speculate=k > 0,
+                                          accepted=0, drafts=0, per_position=[0] * k,
+                                          denc=None))
+
+        sched._costs = costs
+        costs.observe_draft(1, 0.00005)
+        for _ in range(20):  # the target accepts every proposal
+            costs.observe_acceptance(4, [0] * 5, [0] * 5)
+        assert sched._draft_lengths([row(), row()]) == [4, 4]
+        assert sched._draft_lengths([row(1), row(1)]) == [1, 1]
+        assert sched._draft_lengths([row(4), row(0)]) == [4, 0]  # a row without a draft
+        # A row that needs one more token proposes none: nothing after it would be kept.
+        near_end = row()
+        near_end[1].tokens = [5] * 63
+        assert sched._draft_lengths([near_end, row()]) == [0, 4]
+        # Rows whose draft encoder has not run pay for it in the step that first speculates.
+        costs.observe_draft_encoder(1.0)
+        assert sched._draft_lengths([row(), row()]) == [0, 0]
+        encoded = [row(), row()]
+        for _job, state in encoded:
+            state.denc = object()
+        assert sched._draft_lengths(encoded) == [4, 4]
+        for _ in range(400):  # now the target rejects every first proposal
+            costs.observe_acceptance(0, [0] * 5, [1] * 5)
+        assert sched._draft_lengths([row(), row()]) == [0, 0]  # direct pays
+        assert sched._draft_lengths([row()]) == [4]  # alone: as unbatched (its own k)
+    finally:
+        sched.close()
