@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from engine import native
+from engine import scheduler as scheduler_module
 from engine.config import EngineConfig
 from engine.errors import Cancelled, DoesNotFit, InputTooLong
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
-from engine import scheduler as scheduler_module
 from engine.scheduler import Job
 from tests.engine.conftest import random_texts, tiny_config
 
