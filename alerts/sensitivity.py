@@ -42,8 +42,17 @@ from alerts.detection import (
     count_above,
     exceedance_llr,
     llr,
+    relative_change,
 )
-from alerts.rules import QUANTILE_METRICS, Point, Rule, evaluate_rule, quantile_samples
+from alerts.rules import (
+    QUANTILE_METRICS,
+    Point,
+    Rule,
+    breaches,
+    evaluate_rule,
+    has_limit,
+    quantile_samples,
+)
 from alerts.series import Labels, sliced_cohort_series
 from storage.models import scope_key
 from storage.queries import baselines as baseline_queries
@@ -500,8 +509,22 @@ class _Noise:
         if factor <= 0:
             return True  # a fall to zero or below is beyond any relative threshold
         shifted = sim.shifted(onset, factor)
-        return any(rule_fires(rule, self.baseline, shifted, t, rule.lookback_cycles)
+        return any(self._latest_may_fire(rule, shifted, t)
+                   and rule_fires(rule, self.baseline, shifted, t, rule.lookback_cycles)
                    for t in range(onset, min(onset + within, len(sim.seq))))
+
+    def _latest_may_fire(self, rule: Rule, sim: _Sim, t: int) -> bool:
+        """Return False where the rule cannot fire at cycle t on its latest value alone (a
+        screen; the rule decides): a judged pooled tail quantile confirms on its latest
+        value (rules.run_change), which must reach the threshold; an unjudged one fires
+        nothing."""
+        if not (self.repool and self.tail) or has_limit(rule):
+            return True
+        p = sim.point(t)
+        if p.value is None or p.samples < max(rule.min_samples, self.need):
+            return False
+        return not p.pooled or breaches(rule, relative_change(float(p.value),
+                                                              self.baseline.center))
 
 
 def _window_may_fire(inc: np.ndarray, reach: np.ndarray | None, cusum: Cusum,

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from alerts.detection import BaselineStats
+from alerts.detection import BaselineStats, relative_change
 from alerts.rule_file import load_rules
-from alerts.rules import Point, Rule, evaluate_rule
+from alerts.rules import Point, Rule, breaches, evaluate_rule
 from alerts.sensitivity import (
     INSUFFICIENT,
     OK,
@@ -247,3 +247,39 @@ def _assert_screen_agrees(r: Rule, pts: list[Point], base: BaselineStats, n: int
     assert pages > 0 or not some
     assert screened.pages == pages
     assert screened.cycles == n or screened.pages == PRECISE_PAGES
+
+
+def test_the_detection_screen_agrees_with_the_rule_and_spares_its_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pooled p99 confirms on its latest pooled value: the search skips the rule on a
+    # cycle whose value is under the threshold, and must agree with it on every trial.
+    import alerts.sensitivity as sensitivity
+    from alerts.sensitivity import _Noise, _Sim, rule_fires
+
+    r = replace({x.name: x for x in load_rules()}["p99_latency_regression"], threshold=0.25)
+    pts = slow_cycles(2000, seed=4)
+    base = BaselineStats.of(p.value for p in pts[30:] if p.value is not None)
+    assert base is not None
+    noise = _Noise(r, pts, base, 5)
+    onset, within = noise.warm + r.lookback_cycles, 10
+    rng = random.Random(1)
+    sims = [_Sim(noise, noise.indices(rng, onset + within)) for _ in range(40)]
+    asked: list[bool] = []  # per call of the rule: whether the latest value breaches
+
+    def counted(rule: Rule, baseline: BaselineStats, sim: _Sim, t: int, n: int) -> bool:
+        p = sim.point(t)
+        asked.append(p.value is not None and breaches(rule, relative_change(p.value,
+                                                                            base.center)))
+        return rule_fires(rule, baseline, sim, t, n)
+
+    monkeypatch.setattr(sensitivity, "rule_fires", counted)
+    fired = 0
+    for shift in (0.2, 0.3, 0.45):
+        for sim in sims:
+            shifted = sim.shifted(onset, 1.0 + shift)
+            truth = any(rule_fires(r, base, shifted, t, r.lookback_cycles)
+                        for t in range(onset, onset + within))
+            assert noise.fires_within(r, sim, onset, within, shift) == truth
+            fired += truth
+    assert 0 < fired < 3 * len(sims)  # some trials confirm, some do not
+    assert asked and all(asked), f"{asked.count(False)} of {len(asked)} under the threshold"
