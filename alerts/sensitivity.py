@@ -126,7 +126,9 @@ class SensitivityConfig:
         CUSUM build-up before it, would not page, undercounting false pages on an
         autocorrelated series) and a pooled quantile's pool.
     max_shift: the largest relative shift tried.
-    cpu_s: CPU seconds one series may take (`Timeout` past it).
+    cpu_s: CPU seconds one series may take (`Timeout` past it), of the calling thread:
+        the job shares its process with threads that serve and probe, whose CPU is not
+        this estimate's.
     """
 
     within_cycles: int = 10
@@ -224,7 +226,7 @@ def usable(rule: Rule, history: Sequence[Point]) -> list[Point]:
 def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | None,
              config: SensitivityConfig | None = None, *, budget_on: bool = True,
              rng: random.Random | None = None,
-             clock: Callable[[], float] = time.process_time) -> Sensitivity:
+             clock: Callable[[], float] = time.thread_time) -> Sensitivity:
     """Estimate the rule's sensitivity and threshold in force on one series' history.
 
     budget_on: False where the rule or scope opted out (`budget: off`): the configured
@@ -679,7 +681,7 @@ class _Series:
 
 def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,
             *, history_s: float = 86400.0, budget_s: float = 30.0,
-            clock: Callable[[], float] = time.process_time) -> RefreshReport:
+            clock: Callable[[], float] = time.thread_time) -> RefreshReport:
     """Re-estimate the series whose baseline, threshold or budget changed, stalest first,
     until `budget_s` CPU seconds of `clock` are spent (the rest wait for the next run).
 

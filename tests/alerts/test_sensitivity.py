@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
+import threading
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -130,6 +133,28 @@ def test_the_cpu_budget_is_enforced_with_the_injected_clock() -> None:
     ticks = iter(range(10**9))
     with pytest.raises(Timeout):
         estimate(rule(), pts, base, SensitivityConfig(cpu_s=50), clock=lambda: next(ticks))
+
+
+def test_the_cpu_budget_counts_only_the_estimating_thread() -> None:
+    """Threads that serve and probe share the job's process: their CPU is not charged."""
+    pts, base = history(AR1(0.05, 0.3, seed=7), n=WEEK // 2)
+    stop = threading.Event()
+
+    def busy() -> None:  # sha256 of a large buffer releases the GIL: CPU on another core
+        data = bytes(1 << 22)
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    spinner = threading.Thread(target=busy, daemon=True)
+    spinner.start()
+    try:
+        before = time.thread_time()
+        s = estimate(rule(), pts, base)
+        own = time.thread_time() - before
+    finally:
+        stop.set()
+        spinner.join()
+    assert s.status == OK and 0.0 < s.cpu_s <= own
 
 
 def test_widening_reason_reads_as_the_operator_sees_it() -> None:
