@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.engine.conftest import BUCKETS, CAP, MAX_INPUT
+
+pytestmark = pytest.mark.slow
 
 # A fresh process: warms up (loading saved functions when there are any), then serves
 # texts compiled (direct and speculative) and eager, and prints torch's own counters

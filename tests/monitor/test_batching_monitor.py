@@ -79,6 +79,7 @@ def _serve(client: TestClient, n: int) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instance_alone(
         migrated_url: str, tmp_path: Path) -> None:
     now = [T0]

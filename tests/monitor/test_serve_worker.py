@@ -22,6 +22,7 @@ from tests.monitor.conftest import TOKEN
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0
 T = TypeVar("T")
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

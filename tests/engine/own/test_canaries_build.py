@@ -30,6 +30,7 @@ def config_file(tmp_path, own_models, sqlite_url, monkeypatch):
     return path
 
 
+@pytest.mark.slow
 def test_build_covers_every_bucket_with_references_then_probe_stores_every_bucket(
         tmp_path, config_file, own_models, sqlite_url, capsys):
     from engine import load_engine
