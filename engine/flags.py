@@ -208,6 +208,22 @@ class GuardedFlags:
         with self._lock:
             return self._errors
 
+    def settle(self, timeout_s: float) -> bool:
+        """Wait for the provider read in flight, if any; return whether none is left.
+
+        A read's outcome is booked before it completes, so after True `last`, `source`
+        and `errors` include it.
+        """
+        with self._lock:
+            pending = self._pending
+        if pending is None:
+            return True
+        try:
+            pending.result(timeout=timeout_s)
+        except FutureTimeout:
+            return False
+        return True
+
     def close(self) -> None:
         """Stop the reader thread without waiting for a hung provider."""
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -4,7 +4,8 @@
  * self-attention cache, the cross K/V and both biases are the runtime's own tensors),
  * in one call: every one-row product streams its weights once with several rows and
  * accumulators in flight, where inductor's generated loop keeps one accumulator per row
- * and reaches about half the L3 bandwidth (README, Benchmarks: the decode step).
+ * and waits on its chain of dependent adds rather than on memory
+ * (docs/engine.md#the-c-decode-step, docs/benchmarks.md#benchdecode_step).
  * GCC vector extensions: AVX-512, AVX2 or SSE as -march=native allows.
  */
 #include <float.h>
@@ -14,8 +15,8 @@
 
 /* One vector register: 16 floats with AVX-512, 8 with AVX/AVX2, 4 otherwise. A wider
  * vector than the machine's would be split in two, and the 4 x 2 block below would need
- * 16 accumulators: more than AVX2's 16 registers hold with the loads (measured on an AVX2-only
- * EPYC: a step of 1.1-2.0 ms, slower than the compiled one; 0.30-0.55 ms at 8 floats). */
+ * 16 accumulators: more than AVX2's 16 registers hold with the loads, and the spills
+ * make the step slower than the compiled one (docs/engine.md#the-c-decode-step). */
 #if defined(__AVX512F__)
 #define VW 16
 #elif defined(__AVX__)
@@ -618,7 +619,8 @@ int64_t tw_decode(const Model *m, const int64_t *tokens, int64_t q, int64_t pos0
 /* Decode `steps` tokens greedily from `token` at positions pos0 .. pos0 + steps - 1, each
  * step's choice the next step's input (a draft's proposals for one round): out[i] is the
  * greedy token after out[i - 1]. The same arithmetic as `steps` calls of tw_decode, without
- * a call from Python per token (~4x the draft's own arithmetic at the built-in draft's size). */
+ * a call from Python per token (at a small draft's size that call costs more than the
+ * step's own arithmetic). */
 int64_t tw_chain(const Model *m, int64_t token, int64_t steps, int64_t pos0, float *self_kv,
                  int64_t slots1, const float *cross_kv, int64_t cross, const float *cross_bias,
                  const float *dec_bias, int64_t span, float *scratch, int64_t *out) {

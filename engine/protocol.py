@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import vocab
-from engine.admission import AdmissionStats
+from engine.admission import AdmissionStats as AdmissionStats  # Engine.admission_stats()
 from vocab import Decoding, Path
 
 # Path values: how the input shapes ran.

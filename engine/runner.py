@@ -24,9 +24,9 @@ ENC, STEP, VERIFY = "enc", "step", "verify"
 COMPILED_STEP = "compiled_step"  # the compiled step beside a bound C step (native_step off)
 # Key of the compiled functions every bucket edge shares: the input length (encoder) and
 # the cross-attention length (decoder) are dynamic dimensions, so one graph per function
-# serves every bucket. Per-bucket graphs were as fast per call (same-process A/B, pinned:
-# ratios 0.7-1.3 around 1.0 per bucket, no trend) and cost one compile each: 20 graphs,
-# ~16 s each on one core, against 4 for the built-in target and draft.
+# serves every bucket. Per-bucket graphs are no faster per call and cost one compile per
+# bucket and function, so warm-up would grow with the bucket count
+# (docs/benchmarks.md#benchengine).
 SHARED = "buckets"
 _prepare_lock = threading.Lock()
 # Granularity of the attended cache prefix (slots). Finer spans attend fewer stale slots;
@@ -245,8 +245,8 @@ class ModelRunner:
     def _prepare_compile(self) -> None:
         """Set up what dynamo needs, once, before this runner first compiles anything.
 
-        Not at construction: importing torch._dynamo costs ~1.5 s of a start, and a warm
-        CPU start (saved encoder package, C step) never compiles.
+        Not at construction: importing torch._dynamo is a noticeable part of a start, and
+        a warm CPU start (saved encoder package, C step) never compiles.
         """
         with _prepare_lock:  # not self._lock: compiled() holds it while compiling
             if self._prepared:

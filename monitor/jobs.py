@@ -63,11 +63,9 @@ def replica_jobs(s: Services) -> dict[str, Job]:
 
 def _traffic_flush(s: Services) -> object:
     """Read the engine's batching loop into this minute, then flush traffic and compiles."""
-    from probes.batching import snapshot_of
-
     engine = s.engine_holder.get()
     if engine is not None:
-        s.traffic.sample_batch(snapshot_of(engine))
+        s.traffic.sample_batch(engine.batch_snapshot())
     return s.traffic.flush(s.writer), s.probes.record_compiles()
 
 

@@ -35,9 +35,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from alerts.cause import CAUSES
-from engine.admission import AdmissionStats
 from engine.protocol import (
     STEP_SECONDS_EDGES,
+    AdmissionStats,
     BatchSnapshot,
     Engine,
     FlagProvider,

@@ -108,9 +108,3 @@ def _requests(rs: list[GenerateResult]) -> BatchDelta:
         row_tokens_sum=math.fsum(r.batch_size_mean * len(r.decode_token_s) for r in rs),
         latency_sketch=Sketch.of([r.total_s for r in rs]).to_json())
 
-
-def snapshot_of(engine: object) -> BatchSnapshot | None:
-    """Return the engine's BatchSnapshot, or None for an engine without one."""
-    read = getattr(engine, "batch_snapshot", None)
-    return read() if read is not None else None
-

@@ -16,7 +16,6 @@ from datetime import datetime
 from functools import partial
 
 from engine.protocol import CompileDelta, Engine
-from probes.batching import snapshot_of
 from probes.burst import UNBATCHED, VARIANT_UNBATCHED, BurstResult, run_burst
 from probes.canaries import CanarySuite
 from probes.cycle import (
@@ -157,9 +156,9 @@ class Prober:
         """
         s = self.suites[suite or self.suite]
         seed = self.rng.getrandbits(64)
-        snap = snapshot_of(self.engine)
+        snap = self.engine.batch_snapshot()
         arms = [VARIANT_DEFAULT]
-        if self.burst_unbatched and snap is not None and snap.max_batch > 1:
+        if self.burst_unbatched and snap.max_batch > 1:
             arms.insert(self.rng.randrange(2), VARIANT_UNBATCHED)
         out: dict[str, BurstResult] = {}
         for arm in arms:

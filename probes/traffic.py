@@ -244,10 +244,8 @@ class TrafficRecorder:
             if a is not None:
                 a.errors += 1
 
-    def sample_batch(self, snapshot: BatchSnapshot | None) -> None:
-        """Add one reading of the engine's batching loop to this minute (None: no loop)."""
-        if snapshot is None:
-            return
+    def sample_batch(self, snapshot: BatchSnapshot) -> None:
+        """Add one reading of the engine's batching loop to this minute."""
         with self._lock:
             self._batches.sample(self._minute(), snapshot)
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from alerts import baselines
 from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
 from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Name64, Note, check_label_value
-from monitor.api.sensitivity import SensitivityOut, sensitivity_out
+from monitor.api.sensitivity import SensitivityOut
 from storage.models import scope_key
 from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.baselines import StoredBaseline
@@ -79,7 +79,7 @@ def list_baselines(
         by_series: dict[tuple[str, str, str, str], list[SensitivityOut]] = {}
         for s in sensitivity_queries.listing(session):
             key = (s.metric, s.scope_key, s.model_version, s.config_hash)
-            by_series.setdefault(key, []).append(sensitivity_out(s))
+            by_series.setdefault(key, []).append(SensitivityOut.of(s))
     return [BaselineOut(**asdict(v), sensitivity=by_series.get(
         (v.metric, v.scope_key, v.model_version, v.config_hash), [])) for v in views]
 

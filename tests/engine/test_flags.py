@@ -14,9 +14,9 @@ from engine.protocol import (
     PATH_EXACT,
     RuntimeFlags,
 )
-from monitor.loopback import wait_for
 
 TEXT = "x" * 12  # 13 tokens: bucket 16
+WAIT_S = 30.0  # a deadline for a read in flight, never a sleep
 
 
 def test_flag_changes_take_effect_on_next_request(warm_engine, flags):
@@ -77,6 +77,7 @@ def test_guarded_flags_keep_last_known_on_error_and_hang():
     clock = ManualClock()
     guarded = GuardedFlags(provider, timeout_s=0.05, hang_s=0.2, monotonic=clock)
     try:
+        assert guarded.settle(0)  # nothing read yet: nothing in flight
         assert guarded.read() == RuntimeFlags()
         provider.current = RuntimeFlags(compiled=False)
         assert guarded.read().compiled is False
@@ -91,9 +92,11 @@ def test_guarded_flags_keep_last_known_on_error_and_hang():
         assert guarded.read() == RuntimeFlags(compiled=False)
         assert guarded.read() == RuntimeFlags(compiled=False)  # still hung: not re-called
         assert guarded.errors == 2
+        assert not guarded.settle(0.01)  # still in flight: settle says so, not a stale True
         provider.mode = "ok"
         provider.release.set()
-        wait_for(lambda: guarded.last == RuntimeFlags(bucketing=False))  # the hung read lands
+        assert guarded.settle(WAIT_S)  # the hung read lands
+        assert guarded.last == RuntimeFlags(bucketing=False)
         assert guarded.read() == RuntimeFlags(bucketing=False)
         assert guarded.errors == 2
     finally:
@@ -140,7 +143,8 @@ def test_32_concurrent_reads_of_a_slow_healthy_provider_count_no_error(caplog):
         # Readers shared reads: far fewer provider calls than requests.
         assert provider.calls < 20
         # The slow reads complete: later requests see their flags.
-        wait_for(lambda: guarded.last == RuntimeFlags(compiled=False))
+        assert guarded.settle(WAIT_S)
+        assert guarded.last == RuntimeFlags(compiled=False)
         assert guarded.read() == RuntimeFlags(compiled=False)
     finally:
         guarded.close()

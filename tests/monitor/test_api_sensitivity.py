@@ -4,12 +4,14 @@ sensitivity`, over real HTTP on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import fields
 from datetime import UTC, datetime
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from monitor.api.sensitivity import SensitivityOut
 from monitor.app import create_app
 from monitor.cli import main
 from monitor.settings import Settings
@@ -80,6 +82,20 @@ def test_rules_sensitivity_lists_every_series_with_its_threshold_in_force(
                      params={"rule": "acceptance_drop"}).json() == []
     bad = httpx.get(server.url + "/v1/rules/sensitivity", params={"rule": "x" * 65})
     assert bad.status_code == 422 and "rule" in bad.text
+
+
+def test_the_api_serves_the_stored_view_and_what_it_implies(server: LiveServer) -> None:
+    # Derived from storage's view, not a field-by-field copy: a field added there is served.
+    assert issubclass(SensitivityOut, StoredSensitivity)
+    internal = {"scope_key", "cpu_s"}  # `scope` says the first; the estimator's accounting
+    derived = {"widened", "pages_held", "summary"}
+    served = {f.name for f in fields(StoredSensitivity)} - internal | derived
+    body = httpx.get(server.url + "/v1/rules/sensitivity").json()
+    assert body and all(set(s) == served for s in body)
+    schema = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+    out = schema["SensitivityOut"]["properties"]
+    assert internal.isdisjoint(out)
+    assert out["threshold"]["description"] == "the threshold in force"
 
 
 def test_baselines_carry_their_series_sensitivity(server: LiveServer) -> None:
