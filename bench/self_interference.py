@@ -11,11 +11,11 @@ database of its own, of one of two arms:
               worker's evaluation reads and backfills a week of rows while the serving
               process probes and serves
 
-The arms alternate in rounds, E H then H E (`--rounds 2`: E H H E), so a drift of the host
-over the run (a neighbour's load, the core's temperature) falls on both arms alike instead
-of on whichever ran second. Every canary cycle runs the A/B arms (`probes.ab_share: 1`)
-so that each bucket gets a paired sample a minute; halfway through each block a burst
-probe (`POST /v1/probes/run`, kind burst) runs under the real traffic.
+The arms alternate in rounds, E H then H E (`--rounds 2`: E H H E), so a drift of the
+host over the run (a neighbour's load) falls on both arms alike instead of on whichever
+ran second. Every canary cycle runs the A/B arms (`probes.ab_share: 1`) so that each
+bucket gets a paired sample a minute; halfway through each block a burst probe
+(`POST /v1/probes/run`, kind burst) runs under the real traffic.
 
 Compared between the arms, each over all its blocks:
 

@@ -149,9 +149,8 @@ def test_a_tiny_run_goes_through_every_block(tmp_path: Path,
           # Eager and without the C step: ready in seconds, as the compiled engine is not.
           "--set", "engine.compile_mode=off", "--set", "engine.native_step=false"])
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines if line.startswith("block ")] == [
-        "block 1/2 empty", "block 1/2 empty", "block 2/2 history", "block 2/2 history",
-        "block 2/2 history"], lines  # ready + result; history written + ready + result
+    labels = [line.split(":")[0] for line in lines if line.startswith("block ")]
+    assert list(dict.fromkeys(labels)) == ["block 1/2 empty", "block 2/2 history"], lines
     assert "rows of history (0.01 days x 1 replicas)" in "\n".join(lines)
     assert any(line.startswith("empty (1 blocks): ") for line in lines)
     assert any(line.startswith("history (1 blocks): ") for line in lines)
