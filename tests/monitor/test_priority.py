@@ -166,16 +166,17 @@ def test_tailwatch_worker_runs_its_evaluation_at_worker_nice(
            "PYTHONPATH": str(ROOT)}
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # in a session of its own, as `serve` starts it
             [sys.executable, "-m", "monitor.cli", "worker", "--port", str(port),
              "--exit-with-parent"], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=out,
-            stderr=subprocess.STDOUT)
+            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: proc.poll() is not None or _evaluations(port) >= 1, 120.0,
                  interval_s=0.1, what="the worker's first evaluation")
         assert proc.poll() is None, log.read_text()
         nice = {tid: _nice_of(proc.pid, tid)
                 for tid in map(int, os.listdir(f"/proc/{proc.pid}/task"))}
+        group = _autogroup_nice(Path(f"/proc/{proc.pid}/autogroup"))
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
@@ -186,3 +187,32 @@ def test_tailwatch_worker_runs_its_evaluation_at_worker_nice(
             proc.wait(60.0)
     assert nice[proc.pid] == base, nice  # the main thread (and /healthz) keep theirs
     assert set(nice.values()) == {base, max(base, 12)}, nice  # the analysis threads: 12
+    # Its session's autogroup yields to serve's as a whole (kernels with autogroups).
+    assert group is None or group >= 12, group
+
+
+def _autogroup_nice(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[-1])
+    except OSError:
+        return None  # a kernel without autogroups
+
+
+SESSION_PROBE = ("from pathlib import Path; from monitor.priority import AUTOGROUP, "
+                 "lower_session_priority as lower\n"
+                 "print(lower(12), AUTOGROUP.read_text().split()[-1] if AUTOGROUP.exists() "
+                 "else None)\n")
+
+
+@pytest.mark.parametrize(("new_session", "lowered"), [(True, True), (False, False)])
+def test_only_a_session_leader_lowers_its_autogroup(new_session: bool, lowered: bool) -> None:
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("kernel without autogroups")
+    before = _autogroup_nice(Path("/proc/self/autogroup"))
+    out = subprocess.run([sys.executable, "-c", SESSION_PROBE], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         start_new_session=new_session).stdout.split()
+    assert out[0] == str(lowered)
+    # A child in this session shares this session's autogroup: left as it was.
+    assert int(out[1]) == (12 if lowered else before)
