@@ -1,38 +1,49 @@
 """Self-interference: does the monitor's own history change what it measures?
 
 The real service (`bench.service`: `tailwatch serve` with its worker, built-in model,
-shipped rules, policy and intervals, SQLite) runs twice under the same open-loop real
-traffic (Poisson, `--rate` per second): once on an empty database, once on 7 days x 4
-replicas of history (`storage.synthetic.simulate`, the generator `bench.evaluation`
-uses, ending when the service starts), so the worker's evaluation reads and backfills
-a week of rows while the serving process probes and serves. Every canary cycle runs
-the A/B arms (`probes.ab_share: 1`) so that each bucket gets a paired sample a minute;
-halfway through each run a burst probe (`POST /v1/probes/run`, kind burst) runs under
-the real traffic.
+shipped rules, policy and intervals, SQLite) runs in blocks of `--minutes` under the same
+open-loop real traffic (Poisson, `--rate` per second), each block a fresh service on a
+database of its own, of one of two arms:
 
-Compared between the two runs:
+    empty     an empty database
+    history   7 days x 4 replicas of history (`storage.synthetic.simulate`, the generator
+              `bench.evaluation` uses, ending when the block's service starts), so the
+              worker's evaluation reads and backfills a week of rows while the serving
+              process probes and serves
+
+The arms alternate in rounds, E H then H E (`--rounds 2`: E H H E), so a drift of the
+host over the run (a neighbour's load) falls on both arms alike instead of on whichever
+ran second. Every canary cycle runs the A/B arms (`probes.ab_share: 1`) so that each
+bucket gets a paired sample a minute; halfway through each block a burst probe
+(`POST /v1/probes/run`, kind burst) runs under the real traffic.
+
+Compared between the arms, each over all its blocks:
 
     ratio         per bucket, the median over cycles of optimized p50 / direct p50 (the
                   same cycle's canaries, paired); the effect is the largest relative
                   difference over buckets (target <= 3%)
     traffic p99   client-side p99 of the real requests answered 200 (target <= 10%)
     stall         the largest extra wait of a real request: its latency minus its
-                  bucket's median in that run (target <= 2x)
+                  bucket's median in its block (target <= 2x)
 
 and R, the real requests answered 429 that were due while a burst ran (its window from
-the service's `tailwatch_probe_*{kind="burst"}` gauges, plus 2 s; both runs; a burst
+the service's `tailwatch_probe_*{kind="burst"}` gauges, plus 2 s; every block; a burst
 must shed its own requests, never real ones; target 0). A saturated engine refuses real
-requests on its own: each run's line also gives how many 429s the burst window would
-hold at the rest of the run's rate. Last line:
+requests on its own: each block's line also gives how many 429s the burst window would
+hold at the rest of the block's rate. `--set KEY=VALUE` (repeatable; a JSON value, else text) changes
+one setting of the service under test in every block, e.g. `--set worker.nice=0`. Last
+line:
 
     history effect: ratio N%, traffic p99 M%, stall Kx; real requests shed by probes: R
 
-    taskset -c 1 python -m bench.self_interference [--minutes 20] [--rate 3] [--quick]
+    taskset -c 1 python -m bench.self_interference [--rounds 2] [--minutes 10] [--rate 3]
+        [--quick] [--set worker.nice=0]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -42,12 +53,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, select
 
 from bench.service import Answer, PoissonTraffic, ServiceProcess, percentile, settings_for
 from bench.service_soak import SATURATED_SHARE, Window, answer_counts, burst_windows
 from monitor.loopback import WebhookReceiver
+from monitor.settings import Settings, check_keys
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 from storage.models import ProbeResult, ProbeRun
@@ -55,23 +68,45 @@ from storage.synthetic import simulate
 from vocab import Variant
 
 INSTANCE = "bench"  # bench.service's instance_id
+EMPTY, HISTORY = "empty", "history"
+
+
+@dataclass(frozen=True)
+class Block:
+    """What one block (a fresh service on a database of its own) recorded."""
+
+    arm: str  # EMPTY or HISTORY
+    answers: tuple[Answer, ...]
+    samples: dict[str, list[float]]  # bucket -> paired optimized/direct p50, one per cycle
+    cycles: int  # canary cycles with both arms
+    windows: tuple[Window, ...]  # the burst's window(s)
+    burst: str  # the burst probe's outcome as the API answered it
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What one run of the service measured."""
+    """What one arm measured over its blocks."""
 
     name: str
+    blocks: int
     ratios: dict[str, float]  # bucket -> median paired optimized/direct canary p50
     cycles: int  # canary cycles with both arms
     p99_s: float
     stall_s: float
     ok: int
     rejected_429: int
-    rejected_in_burst: int  # 429s to real requests due during the burst window
-    expected_in_burst: float  # the same at the rest of the run's 429 rate
+    rejected_in_burst: int  # 429s to real requests due during the burst windows
+    expected_in_burst: float  # the same at the rest of each block's 429 rate
     errors: int
-    burst: str  # the burst probe's outcome as the API answered it
+    burst: str  # the burst probes' outcomes, block by block
+
+
+def block_order(rounds: int) -> list[str]:
+    """Return the blocks' arms: rounds alternate E H and H E (2 rounds: E H H E)."""
+    if rounds < 1:
+        raise ValueError(f"rounds: must be >= 1, got {rounds}")
+    return [arm for r in range(rounds)
+            for arm in ((EMPTY, HISTORY) if r % 2 == 0 else (HISTORY, EMPTY))]
 
 
 def fill_history(engine: Engine, end: datetime, *, days: float = 7.0,
@@ -86,8 +121,9 @@ def fill_history(engine: Engine, end: datetime, *, days: float = 7.0,
     return rows
 
 
-def paired_ratios(rows: Iterable[tuple[int, str, str, float | None]]) -> tuple[dict[str, float], int]:
-    """Return bucket -> median over cycles of optimized p50 / direct p50, and the cycles.
+def paired_samples(rows: Iterable[tuple[int, str, str, float | None]]
+                   ) -> tuple[dict[str, list[float]], int]:
+    """Return bucket -> optimized p50 / direct p50 per cycle, and the cycles.
 
     `rows` are (run id, bucket, variant, p50 s); a cycle counts for a bucket only when
     both its optimized canaries and its direct arm measured it.
@@ -102,12 +138,18 @@ def paired_ratios(rows: Iterable[tuple[int, str, str, float | None]]) -> tuple[d
         if Variant.OPTIMIZED in arms and Variant.DIRECT in arms:
             per_bucket[bucket].append(arms[Variant.OPTIMIZED] / arms[Variant.DIRECT])
             runs.add(run_id)
-    ratios = {b: statistics.median(v) for b, v in per_bucket.items()}
-    return dict(sorted(ratios.items(), key=lambda kv: int(kv[0]))), len(runs)
+    return dict(per_bucket), len(runs)
 
 
-def read_ratios(engine: Engine, instance_id: str = INSTANCE) -> tuple[dict[str, float], int]:
-    """Return `paired_ratios` of the instance's stored canary cycles."""
+def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Return bucket -> median of its samples, buckets in ascending order."""
+    return {b: statistics.median(v)
+            for b, v in sorted(samples.items(), key=lambda kv: int(kv[0])) if v}
+
+
+def read_samples(engine: Engine, instance_id: str = INSTANCE
+                 ) -> tuple[dict[str, list[float]], int]:
+    """Return `paired_samples` of the instance's stored canary cycles."""
     with make_sessionmaker(engine)() as s:
         rows = s.execute(
             select(ProbeResult.run_id, ProbeResult.bucket, ProbeResult.variant,
@@ -115,7 +157,7 @@ def read_ratios(engine: Engine, instance_id: str = INSTANCE) -> tuple[dict[str, 
             .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
             .where(ProbeRun.instance_id == instance_id, ProbeRun.kind == "cycle",
                    ProbeRun.status == "ok")).all()
-    return paired_ratios(rows)
+    return paired_samples(rows)
 
 
 def largest_stall(answers: Sequence[Answer]) -> float:
@@ -130,21 +172,37 @@ def largest_stall(answers: Sequence[Answer]) -> float:
     return worst
 
 
-def measure(name: str, answers: Sequence[Answer], ratios: Mapping[str, float], cycles: int,
-            burst: str, windows: Sequence[Window] = ()) -> RunResult:
-    """Return a run's result from its real requests' answers and its stored canary ratios."""
-    counts = answer_counts(answers, windows)
-    ok = [a.latency_s for a in answers if a.status == 200]
+def expected_in_windows(answers: Sequence[Answer], windows: Sequence[Window],
+                        rejected_outside: int) -> float:
+    """Return the 429s the windows would hold at the rate of those outside them."""
     dues = [a.due for a in answers]
     span = max(dues) - min(dues) if dues else 0.0
     inside = sum(hi - lo for lo, hi in windows)
-    rest = counts.rejected_429 - counts.rejected_in_bursts
-    expected = rest / (span - inside) * inside if span > inside else 0.0
-    return RunResult(name=name, ratios=dict(ratios), cycles=cycles,
-                     p99_s=percentile(ok, 0.99), stall_s=largest_stall(answers),
-                     ok=counts.ok, rejected_429=counts.rejected_429,
-                     rejected_in_burst=counts.rejected_in_bursts, expected_in_burst=expected,
-                     errors=counts.errors, burst=burst)
+    return rejected_outside / (span - inside) * inside if span > inside else 0.0
+
+
+def measure(name: str, blocks: Sequence[Block]) -> RunResult:
+    """Return an arm's result over its blocks: answers pooled, stalls and 429s per block."""
+    ok: list[float] = []
+    samples: dict[str, list[float]] = defaultdict(list)
+    totals = [0, 0, 0, 0]  # ok, 429, 429 in bursts, errors
+    expected = stall = 0.0
+    for b in blocks:
+        counts = answer_counts(b.answers, b.windows)
+        ok += [a.latency_s for a in b.answers if a.status == 200]
+        for bucket, values in b.samples.items():
+            samples[bucket] += values
+        for i, v in enumerate((counts.ok, counts.rejected_429, counts.rejected_in_bursts,
+                               counts.errors)):
+            totals[i] += v
+        expected += expected_in_windows(b.answers, b.windows,
+                                        counts.rejected_429 - counts.rejected_in_bursts)
+        stall = max(stall, largest_stall(b.answers))  # against its own block's medians
+    return RunResult(name=name, blocks=len(blocks), ratios=medians(samples),
+                     cycles=sum(b.cycles for b in blocks), p99_s=percentile(ok, 0.99),
+                     stall_s=stall, ok=totals[0], rejected_429=totals[1],
+                     rejected_in_burst=totals[2], expected_in_burst=expected,
+                     errors=totals[3], burst="; ".join(b.burst for b in blocks))
 
 
 def headline(empty: RunResult, history: RunResult) -> str:
@@ -159,79 +217,157 @@ def headline(empty: RunResult, history: RunResult) -> str:
             f"stall {stall:.2f}x; real requests shed by probes: {shed}")
 
 
-def run_once(name: str, folder: Path, *, minutes: float, rate: float,
-             history_days: float, replicas: int) -> RunResult:
-    """Run the service once for `minutes` under traffic; return what it measured."""
+@dataclass(frozen=True)
+class Plan:
+    """How every block runs: its length, traffic, history and settings overrides."""
+
+    minutes: float
+    rate: float
+    days: float
+    replicas: int
+    overrides: Mapping[str, Any]  # settings sections merged over the bench's own
+
+
+def _prepare(label: str, arm: str, folder: Path, plan: Plan) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / "service.db").exists():
         raise SystemExit(f"--folder: {folder / 'service.db'} exists; choose another folder")
     url = f"sqlite:///{folder / 'service.db'}"
-    if history_days > 0:
+    if arm == HISTORY:
         db = make_engine(url)
         upgrade(db)
         t0 = time.perf_counter()
-        rows = fill_history(db, datetime.now(UTC), days=history_days, replicas=replicas)
+        rows = fill_history(db, datetime.now(UTC), days=plan.days, replicas=plan.replicas)
         db.dispose()
-        print(f"{name}: {rows} rows of history ({history_days:g} days x {replicas} replicas) "
-              f"written in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"{label}: {rows} rows of history ({plan.days:g} days x {plan.replicas} "
+              f"replicas) written in {time.perf_counter() - t0:.0f} s", flush=True)
+    return url
+
+
+def run_block(label: str, arm: str, folder: Path, plan: Plan) -> Block:
+    """Run a fresh service of `arm` for `plan.minutes` under traffic; return what it recorded."""
+    url = _prepare(label, arm, folder, plan)
     with WebhookReceiver() as rx:
-        settings = settings_for(folder, rx.url, database_url=url,
-                                extra={"probes": {"ab_share": 1.0}})
+        # Flags a block's policy flipped must not carry into the next block's engine.
+        own = {"probes": {"ab_share": 1.0},
+               "engine": {"flags_file": str(folder / "last-flags.json")}}
+        extra = merged(own, plan.overrides)
+        settings = settings_for(folder, rx.url, database_url=url, extra=extra)
         with ServiceProcess(folder, settings) as svc:
-            print(f"{name}: ready; {rate:g} requests/s for {minutes:g} min", flush=True)
-            traffic = PoissonTraffic(svc.url, rate_per_s=rate, token=svc.token)
+            print(f"{label}: ready; {plan.rate:g} requests/s for {plan.minutes:g} min",
+                  flush=True)
+            traffic = PoissonTraffic(svc.url, rate_per_s=plan.rate, token=svc.token)
             traffic.start()
             try:
-                time.sleep(minutes * 30)
+                time.sleep(plan.minutes * 30)
                 done = svc.post("/v1/probes/run", {"kind": "burst"})
                 burst = f"{done.get('status')} in {done.get('duration_s', 0):.1f} s"
-                windows = sorted(burst_windows(svc.metrics()))
-                time.sleep(max(0.0, minutes * 30 - float(done.get("duration_s") or 0)))
+                windows = tuple(sorted(burst_windows(svc.metrics())))
+                time.sleep(max(0.0, plan.minutes * 30 - float(done.get("duration_s") or 0)))
             finally:
                 traffic.stop()
-            answers = traffic.drain()
+            answers = tuple(traffic.drain())
     db = make_engine(url)
     try:
-        ratios, cycles = read_ratios(db)
+        samples, cycles = read_samples(db)
     finally:
         db.dispose()
-    result = measure(name, answers, ratios, cycles, burst, windows)
-    print(f"{name}: {result.ok} ok, {result.rejected_429} answered 429 ("
-          f"{result.rejected_in_burst} due during the burst, {result.expected_in_burst:.1f} "
-          f"expected there at the other 429s' rate), {result.errors} "
-          f"errors; traffic p99 {result.p99_s * 1e3:.0f} ms, largest stall "
-          f"{result.stall_s * 1e3:.0f} ms; burst {burst}; paired cycles {cycles}; "
-          "optimized/direct p50: "
-          + ", ".join(f"{b} {r:.3f}" for b, r in result.ratios.items()), flush=True)
-    total = result.ok + result.rejected_429 + result.errors
-    if total and result.rejected_429 / total > SATURATED_SHARE:
-        print(f"{name}: saturated: {result.rejected_429 / total:.0%} of the real requests "
-              "were answered 429; latencies measure the queue, not the monitor", flush=True)
-    return result
+    block = Block(arm=arm, answers=answers, samples=samples, cycles=cycles, windows=windows,
+                  burst=burst)
+    report(label, measure(arm, [block]))
+    return block
+
+
+def report(label: str, r: RunResult) -> None:
+    """Print one block's or one arm's line (and say so when the engine was saturated)."""
+    print(f"{label}: {r.ok} ok, {r.rejected_429} answered 429 ({r.rejected_in_burst} due "
+          f"during the burst, {r.expected_in_burst:.1f} expected there at the other 429s' "
+          f"rate), {r.errors} errors; traffic p99 {r.p99_s * 1e3:.0f} ms, largest stall "
+          f"{r.stall_s * 1e3:.0f} ms; burst {r.burst}; paired cycles {r.cycles}; "
+          "optimized/direct p50: " + ", ".join(f"{b} {v:.3f}" for b, v in r.ratios.items()),
+          flush=True)
+    total = r.ok + r.rejected_429 + r.errors
+    if total and r.rejected_429 / total > SATURATED_SHARE:
+        print(f"{label}: saturated: {r.rejected_429 / total:.0%} of the real requests were "
+              "answered 429; latencies measure the queue, not the monitor", flush=True)
+
+
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Return `base` with `over` merged into it, nested mappings key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _value(text: str) -> Any:
+    # JSON where it parses (0, false, [16, 32]), else the text: YAML would read "off" as false.
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """Return `--set section.key=value` items as nested settings; SystemExit names a bad one."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set: expected KEY=VALUE, got {item!r}")
+        value: Any = _value(text)
+        for part in reversed(key.strip().split(".")):
+            value = {part: value}
+        out = merged(out, value)
+    try:
+        check_keys(out, Settings)
+    except ValueError as exc:
+        raise SystemExit(f"--set: {exc}") from None
+    return out
+
+
+def run_blocks(root: Path, rounds: int, plan: Plan) -> tuple[RunResult, RunResult]:
+    """Run the blocks in their alternating order; return each arm's result."""
+    blocks: dict[str, list[Block]] = {EMPTY: [], HISTORY: []}
+    order = block_order(rounds)
+    for i, arm in enumerate(order, 1):
+        label = f"block {i}/{len(order)} {arm}"
+        blocks[arm].append(run_block(label, arm, root / f"{i}-{arm}", plan))
+    empty, history = measure(EMPTY, blocks[EMPTY]), measure(HISTORY, blocks[HISTORY])
+    for r in (empty, history):
+        report(f"{r.name} ({r.blocks} blocks)", r)
+    return empty, history
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the service on an empty database and on a week of history; print the effect."""
+    """Run empty and history blocks alternately; print the history's effect."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=20.0, help="traffic per run")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds of two blocks, E H then H E (2: E H H E)")
+    ap.add_argument("--minutes", type=float, default=10.0, help="traffic per block")
     ap.add_argument("--rate", type=float, default=3.0, help="real requests per second")
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--quick", action="store_true",
-                    help="5 minutes per run on 1 day x 2 replicas of history")
+                    help="2.5 minutes per block on 1 day x 2 replicas of history")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the service under test, e.g. worker.nice=0")
     ap.add_argument("--folder", type=Path, default=None,
                     help="keep databases and logs here (default: a temporary folder)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.minutes, args.days, args.replicas = 5.0, 1.0, 2
-    if args.minutes <= 0 or args.rate <= 0 or args.days <= 0 or args.replicas < 1:
-        raise SystemExit("--minutes, --rate and --days must be > 0, --replicas >= 1")
+        args.minutes, args.days, args.replicas = 2.5, 1.0, 2
+    if args.minutes <= 0 or args.rate <= 0 or args.days <= 0 or args.replicas < 1 \
+            or args.rounds < 1:
+        raise SystemExit("--minutes, --rate and --days must be > 0, --replicas and "
+                         "--rounds >= 1")
+    plan = Plan(minutes=args.minutes, rate=args.rate, days=args.days,
+                replicas=args.replicas, overrides=parse_sets(args.sets))
     with tempfile.TemporaryDirectory(prefix="self-interference-") as tmp:
-        root = args.folder or Path(tmp)
-        empty = run_once("empty", root / "empty", minutes=args.minutes, rate=args.rate,
-                         history_days=0, replicas=0)
-        history = run_once("history", root / "history", minutes=args.minutes,
-                           rate=args.rate, history_days=args.days, replicas=args.replicas)
+        empty, history = run_blocks(args.folder or Path(tmp), args.rounds, plan)
     print(headline(empty, history))
 
 

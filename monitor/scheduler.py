@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
@@ -26,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from monitor.leader import LeaderLock
+from monitor.priority import analysis_executor
 from storage.errors import DatabaseUnavailable
 from vocab import utcnow
 
@@ -45,6 +47,7 @@ REPORT = "report"
 SENSITIVITY = "sensitivity"
 EVERY_REPLICA = (PROBE, BURST, TRAFFIC_FLUSH)
 SINGLETONS = (EVALUATE, DELIVERY, RETENTION, REPORT, SENSITIVITY)
+ANALYSIS_EXECUTOR = "analysis"  # the singletons' threads, at nice worker.nice
 
 Job = Callable[[], object]
 
@@ -92,15 +95,16 @@ class JobScheduler:
         self._idle = threading.Condition(self._lock)  # notified when a run finishes
 
     def add(self, name: str, fn: Job, trigger: BaseTrigger, *, singleton: bool,
-            misfire_grace_s: int) -> None:
-        """Schedule `fn` under `name` (singletons only run while this replica leads)."""
+            misfire_grace_s: int, executor: str = "default") -> None:
+        """Schedule `fn` under `name` on `executor` (singletons only run while this replica
+        leads)."""
         with self._lock:
             self._stats[name] = JobStats(name, singleton)
         if self.metrics is not None:
             self.metrics.track(name)
         self.aps.add_job(self._wrap(name, fn, singleton), trigger, id=name, name=name,
-                         max_instances=1, coalesce=True, misfire_grace_time=misfire_grace_s,
-                         replace_existing=True)
+                         executor=executor, max_instances=1, coalesce=True,
+                         misfire_grace_time=misfire_grace_s, replace_existing=True)
 
     def _update(self, name: str, **changes: Any) -> None:
         with self._lock:
@@ -269,17 +273,25 @@ def build_scheduler(
     clock: Callable[[], datetime] = utcnow,
     metrics: JobMetrics | None = None,
 ) -> JobScheduler:
-    """Return a JobScheduler (not started) with every given job that settings enable."""
+    """Return a JobScheduler (not started) with every given job that settings enable.
+
+    The analysis jobs (SINGLETONS) run on threads of their own at nice `worker.nice`
+    (monitor.priority); the measurement jobs keep the process's priority.
+    """
     unknown = set(jobs) - set(EVERY_REPLICA) - set(SINGLETONS)
     if unknown:
         raise ValueError(f"jobs: unknown job {sorted(unknown)[0]!r}")
     trig = triggers(settings)
-    aps = BackgroundScheduler(timezone=UTC)
+    aps = BackgroundScheduler(timezone=UTC, executors={
+        "default": ThreadPoolExecutor(),
+        ANALYSIS_EXECUTOR: analysis_executor(settings.worker.nice, len(SINGLETONS))})
     js = JobScheduler(aps, leader, clock, metrics)
     for name, fn in jobs.items():
         if name not in trig:
             log.info("job %s disabled by settings", name)
             continue
-        js.add(name, fn, trig[name], singleton=name in SINGLETONS,
-               misfire_grace_s=settings.scheduler.misfire_grace_s)
+        singleton = name in SINGLETONS
+        js.add(name, fn, trig[name], singleton=singleton,
+               misfire_grace_s=settings.scheduler.misfire_grace_s,
+               executor=ANALYSIS_EXECUTOR if singleton else "default")
     return js

@@ -85,6 +85,9 @@ class WorkerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8001, ge=0, le=65535)  # its /healthz and /metrics (0: any free port)
     restart_backoff_max_s: float = Field(60.0, gt=0)  # `serve` restarts a crashed worker
+    # The analysis jobs' threads run at this nice value (monitor.priority): they yield the
+    # CPU to the engine, the API and the canaries. 0 leaves them at the process's own.
+    nice: int = Field(10, ge=0, le=19)
 
 
 class ReportSettings(BaseModel):

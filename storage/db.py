@@ -124,7 +124,23 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
         if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_connection: Any, _record: Any) -> None:
+        # Returning an AUTOCOMMIT connection (`ping`) resets pysqlite's isolation_level to
+        # "", its own implicit BEGINs: hand transactions back to SQLAlchemy (see "connect").
+        dbapi_connection.isolation_level = None
+
     return engine
+
+
+def ping(engine: Engine) -> None:
+    """Run `SELECT 1` outside any transaction; raise when the database does not answer.
+
+    No transaction, so on SQLite no `BEGIN IMMEDIATE` that would queue behind another
+    connection's write transaction: a database busy with a long write still answers.
+    """
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("SELECT 1")
 
 
 def is_locked(error: BaseException) -> bool:

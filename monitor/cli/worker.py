@@ -31,6 +31,7 @@ def worker(ctx: click.Context, host: str | None, port: int | None, log_level: st
     from monitor.cli.serve import startup_error
     from monitor.database import preflight
     from monitor.parent_watch import ParentWatch
+    from monitor.priority import lower_session_priority
     from monitor.worker import AnalysisWorker
 
     settings = load_settings(ctx)
@@ -53,6 +54,9 @@ def worker(ctx: click.Context, host: str | None, port: int | None, log_level: st
         signal.signal(sig, on_signal)
     if watch is not None:
         watch.start()  # before start-up: a worker waiting for a locked database stops too
+    # `serve` starts this process in a session of its own: its autogroup then competes with
+    # serve's as a whole, and only its own nice value makes it yield.
+    lower_session_priority(settings.worker.nice)
     analysis = AnalysisWorker(settings, port=port)
     try:
         preflight(settings, probes=False, stop=stop)

@@ -1,20 +1,33 @@
-"""bench.self_interference's computations on rows the production code writes.
+"""bench.self_interference's computations on rows the production code writes, and a tiny run.
 
 The history comes from `storage.synthetic.simulate` (as in `bench.evaluation`), the
 canary cycles are stored with `probes.sink.add_cycle` (the prober's path), and the
-ratios are read back with the bench's own query; only the service's timing is left to
-the benchmark run.
+ratios are read back with the bench's own query. One slow test runs `main` itself for a
+round of two blocks of seconds on the real service (eager, so it starts in seconds).
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
-from bench.self_interference import RunResult, fill_history, headline, measure, read_ratios
+from bench.self_interference import (
+    EMPTY,
+    HISTORY,
+    Block,
+    block_order,
+    fill_history,
+    headline,
+    main,
+    measure,
+    medians,
+    parse_sets,
+    read_samples,
+)
 from bench.service import Answer
 from bench.service_incidents import _group
 from probes.cycle import CycleResult
@@ -62,30 +75,86 @@ def test_ratios_pair_optimized_and_direct_canaries_of_the_same_cycle(tmp_path: P
         _cycle(s, 2, "bench", {"16": {"optimized": 0.060, "direct": 0.020, "eager": 0.1}})
         _cycle(s, 3, "bench", {"16": {"optimized": 0.500}})  # no arms: not paired
         _cycle(s, 4, "sim-1", {"16": {"optimized": 0.900, "direct": 0.001}})  # history
-    ratios, cycles = read_ratios(db)
+    samples, cycles = read_samples(db)
     db.dispose()
     assert cycles == 3
-    assert ratios == {"16": pytest.approx(3.0), "32": pytest.approx(1.0)}
+    assert samples == {"16": pytest.approx([2.0, 4.0, 3.0]), "32": pytest.approx([1.0])}
+    assert medians(samples) == {"16": pytest.approx(3.0), "32": pytest.approx(1.0)}
 
 
-def _answers(stall_s: float, p99_s: float, n429: int) -> list[Answer]:
-    out = [Answer(float(i), 200, 0.02, "16") for i in range(100)]
-    out += [Answer(float(i), 200, p99_s, "256") for i in range(100)]
-    out.append(Answer(50.0, 200, 0.02 + stall_s, "16"))  # the one stalled request
-    out += [Answer(40.0 + i / 10, 429, 0.001) for i in range(n429)]  # due during the burst
-    return out + [Answer(10.0, 429, 0.001), Answer(20.0, 0, 120.0)]
+def test_blocks_alternate_so_each_arm_runs_early_and_late() -> None:
+    assert block_order(1) == [EMPTY, HISTORY]
+    assert block_order(2) == [EMPTY, HISTORY, HISTORY, EMPTY]
+    assert block_order(3) == [EMPTY, HISTORY, HISTORY, EMPTY, EMPTY, HISTORY]
+    with pytest.raises(ValueError, match="rounds"):
+        block_order(0)
 
 
-def test_the_headline_compares_the_history_run_with_the_empty_one() -> None:
-    empty = measure("empty", _answers(0.2, 0.05, 0), {"16": 2.0, "32": 1.0}, 10, "ok",
-                    [(39.0, 43.0)])
-    history = measure("history", _answers(0.3, 0.055, 2), {"16": 2.02, "32": 0.95, "64": 1.0},
-                      10, "ok", [(39.0, 43.0)])
-    assert isinstance(empty, RunResult)
-    assert (history.ok, history.rejected_429, history.errors) == (201, 3, 1)
+def _answers(stall_s: float, p99_s: float, n429: int, t0: float = 0.0) -> tuple[Answer, ...]:
+    out = [Answer(t0 + i, 200, 0.02, "16") for i in range(100)]
+    out += [Answer(t0 + i, 200, p99_s, "256") for i in range(100)]
+    out.append(Answer(t0 + 50, 200, 0.02 + stall_s, "16"))  # the one stalled request
+    out += [Answer(t0 + 40 + i / 10, 429, 0.001) for i in range(n429)]  # during the burst
+    return (*out, Answer(t0 + 10, 429, 0.001), Answer(t0 + 20, 0, 120.0))
+
+
+def _block(arm: str, answers: tuple[Answer, ...], samples: dict[str, list[float]],
+           t0: float = 0.0) -> Block:
+    return Block(arm=arm, answers=answers, samples=samples, cycles=5,
+                 windows=((t0 + 39, t0 + 43),), burst="ok in 2.0 s")
+
+
+def test_the_headline_compares_the_arms_over_their_blocks() -> None:
+    empty = measure(EMPTY, [
+        _block(EMPTY, _answers(0.2, 0.05, 0), {"16": [2.0, 2.0], "32": [1.0]}),
+        _block(EMPTY, _answers(0.1, 0.05, 0, t0=1000), {"16": [2.0]}, t0=1000)])
+    history = measure(HISTORY, [
+        _block(HISTORY, _answers(0.3, 0.055, 2), {"16": [2.02, 2.02], "64": [1.0]}),
+        _block(HISTORY, _answers(0.1, 0.055, 0, t0=1000), {"16": [1.0], "32": [0.95]},
+               t0=1000)])
+    assert (history.blocks, history.cycles) == (2, 10)
+    assert (history.ok, history.rejected_429, history.errors) == (402, 4, 2)
     assert history.rejected_in_burst == 2
-    # One 429 in the 95 s outside the 4 s window: 4/95 of one expected inside it.
-    assert history.expected_in_burst == pytest.approx(4 / 95)
-    assert history.stall_s == pytest.approx(0.3)
+    # Per block: one 429 in the 95 s outside its 4 s window, 4/95 expected inside it.
+    assert history.expected_in_burst == pytest.approx(2 * 4 / 95)
+    assert history.stall_s == pytest.approx(0.3)  # the worst block's, against its medians
+    assert history.ratios == {"16": pytest.approx(2.02), "32": pytest.approx(0.95),
+                              "64": pytest.approx(1.0)}
+    assert history.burst == "ok in 2.0 s; ok in 2.0 s"
     assert headline(empty, history) == ("history effect: ratio 5.0%, traffic p99 +10.0%, "
                                         "stall 1.50x; real requests shed by probes: 2")
+
+
+def test_set_overrides_become_nested_settings_and_bad_ones_one_line() -> None:
+    assert parse_sets(["worker.nice=0", "engine.buckets=[16, 32]", "engine.compile_mode=off",
+                       "engine.native_step=false"]) \
+        == {"worker": {"nice": 0},
+            "engine": {"buckets": [16, 32], "compile_mode": "off", "native_step": False}}
+    with pytest.raises(SystemExit, match=r"--set: unknown setting worker\.nise; did you mean "
+                                         r"worker\.nice\?"):
+        parse_sets(["worker.nise=0"])
+    with pytest.raises(SystemExit, match="--set: expected KEY=VALUE, got 'worker.nice'"):
+        parse_sets(["worker.nice"])
+
+
+HEADLINE = re.compile(r"history effect: ratio (\S+)%, traffic p99 (\S+)%, stall (\S+)x; "
+                      r"real requests shed by probes: (\d+)")
+
+
+@pytest.mark.slow
+def test_a_tiny_run_goes_through_every_block(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--rounds", "1", "--minutes", "0.1", "--rate", "2", "--days", "0.01",
+          "--replicas", "1", "--folder", str(tmp_path),
+          # Eager and without the C step: ready in seconds, as the compiled engine is not.
+          "--set", "engine.compile_mode=off", "--set", "engine.native_step=false"])
+    lines = capsys.readouterr().out.splitlines()
+    labels = [line.split(":")[0] for line in lines if line.startswith("block ")]
+    assert list(dict.fromkeys(labels)) == ["block 1/2 empty", "block 2/2 history"], lines
+    assert "rows of history (0.01 days x 1 replicas)" in "\n".join(lines)
+    assert any(line.startswith("empty (1 blocks): ") for line in lines)
+    assert any(line.startswith("history (1 blocks): ") for line in lines)
+    m = HEADLINE.fullmatch(lines[-1])
+    assert m is not None, lines[-1]
+    assert m.group(4) == "0"  # a burst sheds its own requests, never real ones
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1-empty", "2-history"]

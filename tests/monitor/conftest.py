@@ -26,7 +26,7 @@ OTHER_TOKEN = "tw-oncall-token-11b2"
 
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:
-    """Return test settings: small buckets, no scheduler, two named tokens."""
+    """Return test settings: small buckets, no scheduler, two named tokens, no nice."""
     values: dict[str, Any] = {
         "database_url": database_url,
         "instance_id": "test-instance",
@@ -36,7 +36,11 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
                    "max_new_tokens_cap": 64, "max_queue": 4},
         "scheduler": {"enabled": False},
     }
-    values.update(overrides)
+    # Analysis threads at the process's priority: at the shipped nice 10 they starve behind
+    # the other work on a shared test host and miss the tests' deadlines. test_priority.py
+    # sets a nice value on purpose.
+    worker = {"nice": 0, **overrides.pop("worker", {})}
+    values.update(overrides, worker=worker)
     return Settings(**values)
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import StaticPool
 
 from monitor.app import create_app
 from monitor.auth import AuthConfigError
 from monitor.hub import services_of
 from monitor.loopback import wait_for
 from monitor.settings import Settings
+from storage.db import make_engine, ping
 from storage.errors import SchemaBehind
 from tests.monitor.conftest import make_settings
 from tests.monitor.fakes import FakeFactory
@@ -109,3 +112,33 @@ def test_a_failed_start_cleans_up(migrated_url: str) -> None:
         pass
     assert registry.get_sample_value("tailwatch_engine_ready") is None
     wait_for(lambda: factory.engine is None or factory.engine.closed)
+
+
+def test_readyz_is_200_while_another_connection_holds_the_sqlite_write_lock(
+        settings: Settings) -> None:
+    app = create_app(settings, engine_factory=FakeFactory(), registry=CollectorRegistry())
+    writer = make_engine(settings.database_url)  # as the worker's evaluation opens it
+    other = make_engine(settings.database_url, busy_timeout_s=0)
+    try:
+        with TestClient(app) as client:
+            wait_for(lambda: client.get("/readyz").status_code == 200)
+            with writer.begin() as held:  # BEGIN IMMEDIATE: the write lock, kept open
+                held.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+                with pytest.raises(OperationalError, match="locked"), other.begin():
+                    pass  # the lock is really held
+                r = client.get("/readyz")
+            assert r.status_code == 200, r.json()
+            assert r.json()["database"] == "ok"
+    finally:
+        writer.dispose()
+        other.dispose()
+
+
+def test_the_readiness_ping_leaves_transactions_to_sqlalchemy(sqlite_url: str) -> None:
+    db = make_engine(sqlite_url, poolclass=StaticPool)  # one connection: the one pinged
+    try:
+        ping(db)
+        # pysqlite's own implicit BEGINs stay off on the connection the ping returned.
+        assert getattr(db.raw_connection().dbapi_connection, "isolation_level", "") is None
+    finally:
+        db.dispose()
