@@ -15,14 +15,18 @@ and on, --rounds of each, after one warm pass of each:
       queued is folded at its end and counted.
   off: the loop's NullRecorder and neither call.
 
-Two figures:
-  timed: the seconds inside the recording calls (each wrapped in two clock reads, which
-      count too) over the on rounds' wall seconds. In a closed loop a request's share of
-      the time is wall / requests, so this is recording's share of a request at this
-      batch size: a step's recording delays every row in it, and the callers' recording
-      takes the loop's core (one core, the GIL).
-  on/off: the on rounds' median seconds per request over the off rounds' - 1: the same
-      cost with its indirect effects (caches, thread switches), but only as sharp as the
+Two figures, both in CPU time, which on a shared core still measures this process's
+work where wall-clock time also holds other processes' (bench.throughput's `*_cpu_ms`):
+  timed: the CPU seconds the recording calls take, each call's own thread's
+      (time.thread_time around it, its two reads counted too), over the process's CPU
+      seconds in the on rounds. In a closed loop a request's share is the process's
+      CPU / requests, so this is recording's share of a request at this batch size: a
+      step's recording delays every row in it, and the callers' recording takes the
+      loop's core (one core, the GIL). Thread time, not wall time, around each call: a
+      wall-clock interval would also hold whatever other thread got the GIL meanwhile
+      (up to the 5 ms switch interval) and other processes' slices.
+  on/off: the on rounds' median process CPU over the off rounds' - 1: the same cost
+      with its indirect effects (caches, thread switches), but only as sharp as the
       run-to-run spread, printed beside it: the cross-check, not the figure.
 Last line: `instrumentation: X% of a request at batch N` (X: timed).
 
@@ -54,7 +58,7 @@ from probes.traffic import TrafficRecorder
 
 
 class TimedRecorder(StepRecorder):
-    """The production StepRecorder, its calls timed (the loop thread's recording)."""
+    """The production StepRecorder, its calls timed in the loop thread's CPU time."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,15 +66,15 @@ class TimedRecorder(StepRecorder):
 
     def joined(self, job: Recorded, encode_s: float) -> None:
         """Record an arrival (StepRecorder) and time it."""
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         super().joined(job, encode_s)
-        self.seconds.append(time.perf_counter() - t0)
+        self.seconds.append(time.thread_time() - t0)
 
     def stepped(self, phase: str, seconds: float, jobs: Sequence[Recorded]) -> None:
         """Record one step (StepRecorder) and time it."""
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         super().stepped(phase, seconds, jobs)
-        self.seconds.append(time.perf_counter() - t0)
+        self.seconds.append(time.thread_time() - t0)
 
 
 @dataclass(frozen=True)
@@ -79,20 +83,22 @@ class Overhead:
 
     callers: int
     requests: int  # per round
-    on_s: tuple[float, ...]  # wall seconds of each on round
+    on_s: tuple[float, ...]  # process CPU seconds of each on round
     off_s: tuple[float, ...]
-    loop_s: float  # inside the loop's recorder, summed over the on rounds
-    app_s: float  # inside the app's recording calls (and the rounds' last folds)
+    loop_s: float  # CPU inside the loop's recorder, summed over the on rounds
+    app_s: float  # CPU inside the app's recording calls (and the rounds' last folds)
     steps: int  # steps the on rounds recorded
+    on_wall_s: float = 0.0  # wall seconds of the on rounds, summed (for the rates)
+    off_wall_s: float = 0.0
 
     @property
     def timed(self) -> float:
-        """Return the recording seconds over the on rounds' wall seconds."""
+        """Return the recording CPU seconds over the on rounds' process CPU seconds."""
         return (self.loop_s + self.app_s) / sum(self.on_s)
 
     @property
     def on_off(self) -> float:
-        """Return the median on round over the median off round, minus 1."""
+        """Return the median on round over the median off round (CPU), minus 1."""
         return statistics.median(self.on_s) / statistics.median(self.off_s) - 1
 
     @property
@@ -117,55 +123,59 @@ def measure(engine, texts: Sequence[str], *, callers: int, requests: int, rounds
 
     def on(text: str) -> object:
         result = engine.generate(text, max_new_tokens=new_tokens)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         sink.observe(result)  # the route's calls, in its order (monitor.api.generate)
         traffic.record(result)
-        app_s.append(time.perf_counter() - t0)
+        app_s.append(time.thread_time() - t0)
         return result
 
     def folded() -> None:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         traffic.drain()
         sink.fold()
-        app_s.append(time.perf_counter() - t0)
+        app_s.append(time.thread_time() - t0)
 
-    def run(call: Callable[[str], object]) -> float:
-        return requests / closed_loop(call, texts, callers, requests)
-
-    loop.recorder = NullRecorder()
-    run(off)  # warm: allocator, caches, label children, the cost fits
-    loop.recorder = TimedRecorder()
-    run(on)
-    folded()
-    on_s: list[float] = []
-    off_s: list[float] = []
-    timed: list[TimedRecorder] = []
-    app_s.clear()
-    for _ in range(rounds):
-        loop.recorder = NullRecorder()
-        off_s.append(run(off))
-        recorder = TimedRecorder()
+    def run(recorder: StepRecorder, call: Callable[[str], object]) -> tuple[float, float]:
+        """Return the wall and process CPU seconds of one round (its last fold counted)."""
         loop.recorder = recorder
-        on_s.append(run(on))
-        folded()
-        timed.append(recorder)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        closed_loop(call, texts, callers, requests)
+        if call is on:
+            folded()
+        return time.perf_counter() - wall0, time.process_time() - cpu0
+
+    run(NullRecorder(), off)  # warm: allocator, caches, label children, the cost fits
+    run(TimedRecorder(), on)
+    app_s.clear()
+    rounds_on: list[tuple[float, float]] = []
+    rounds_off: list[tuple[float, float]] = []
+    timed: list[TimedRecorder] = []
+    for _ in range(rounds):
+        rounds_off.append(run(NullRecorder(), off))
+        timed.append(TimedRecorder())
+        rounds_on.append(run(timed[-1], on))
     loop.recorder = StepRecorder()
-    return Overhead(callers=callers, requests=requests, on_s=tuple(on_s), off_s=tuple(off_s),
+    return Overhead(callers=callers, requests=requests,
+                    on_s=tuple(cpu for _w, cpu in rounds_on),
+                    off_s=tuple(cpu for _w, cpu in rounds_off),
                     loop_s=sum(sum(r.seconds) for r in timed), app_s=sum(app_s),
-                    steps=sum(r.totals()[0] for r in timed))
+                    steps=sum(r.totals()[0] for r in timed),
+                    on_wall_s=sum(w for w, _cpu in rounds_on),
+                    off_wall_s=sum(w for w, _cpu in rounds_off))
 
 
 def report(o: Overhead) -> list[str]:
     """Return the printed lines, the figure last."""
     n = o.requests * len(o.on_s)
+    rates = (f"off {n / o.off_wall_s:.1f} req/s, on {n / o.on_wall_s:.1f} req/s; "
+             if o.on_wall_s and o.off_wall_s else "")
     return [
-        f"closed loop, {o.callers} callers: off {o.requests / statistics.median(o.off_s):.1f}"
-        f" req/s, on {o.requests / statistics.median(o.on_s):.1f} req/s (medians of "
-        f"{len(o.on_s)} rounds of {o.requests} requests each)",
-        f"recording per request: loop {o.loop_s / n * 1e6:.1f} us ({o.steps} steps recorded),"
-        f" app {o.app_s / n * 1e6:.1f} us; a request's share of the loop "
-        f"{sum(o.on_s) / n * 1e3:.2f} ms",
-        f"on/off closed loop (cross-check): {o.on_off * 100:+.2f}% "
+        f"closed loop, {o.callers} callers, {len(o.on_s)} rounds of {o.requests} requests "
+        f"each way: {rates}process CPU per request off {sum(o.off_s) / n * 1e3:.2f} ms, "
+        f"on {sum(o.on_s) / n * 1e3:.2f} ms",
+        f"recording CPU per request: loop {o.loop_s / n * 1e6:.1f} us ({o.steps} steps "
+        f"recorded), app {o.app_s / n * 1e6:.1f} us",
+        f"on/off process CPU (cross-check): {o.on_off * 100:+.2f}% "
         f"(off rounds' spread {o.spread * 100:.2f}%)",
         f"instrumentation: {o.timed * 100:.3f}% of a request at batch {o.callers}",
     ]

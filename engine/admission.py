@@ -20,13 +20,14 @@ behind it or get refused because of it:
   nothing but real callers refuses a real one (reason "queue_full");
 - the same for tokens: a real caller that would take the queued tokens past the budget
   sheds the newest synthetic callers until it fits, and is refused (reason
-  "token_budget") only when the real callers' tokens alone leave it no room, in which
-  case no synthetic caller is shed for nothing.
+  "token_budget") only when the real callers' tokens alone leave it no room (and then
+  sheds none for nothing).
 
 A running request is never interrupted: a real caller may still wait for the requests
 already holding slots, synthetic ones included, but never for a queued synthetic one.
-`slot(deadline, synthetic=..., tokens=...)` is the whole interface, so a batching scheduler can admit
-through it the same way; `stats()` returns the counters as an AdmissionStats.
+`slot(deadline, synthetic=..., tokens=...)` is the whole interface, so a batching
+scheduler can admit through it the same way; `stats()` returns the counters as an
+AdmissionStats.
 """
 
 from __future__ import annotations

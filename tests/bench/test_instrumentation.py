@@ -23,15 +23,17 @@ def test_the_bench_times_recording_on_against_off_and_prints_the_share_last(
           "--cache-dir", str(tmp_path / "cache")])
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"instrumentation: \d+\.\d{3}% of a request at batch 8", lines[-1])
-    recorded = next(line for line in lines if line.startswith("recording per request"))
+    recorded = next(line for line in lines if line.startswith("recording CPU per request"))
     steps = int(re.search(r"\((\d+) steps recorded\)", recorded).group(1))
     assert steps > 0  # the on rounds ran the production recorder
 
 
-def test_the_figures_are_recording_over_wall_time_and_the_median_rounds() -> None:
+def test_the_figures_are_recording_over_the_process_cpu_and_the_median_rounds() -> None:
     o = Overhead(callers=32, requests=100, on_s=(2.0, 2.2, 2.1), off_s=(2.0, 1.9, 2.1),
-                 loop_s=0.004, app_s=0.0023, steps=300)
+                 loop_s=0.004, app_s=0.0023, steps=300, on_wall_s=12.0, off_wall_s=10.0)
     assert o.timed == pytest.approx(0.0063 / 6.3)
     assert o.on_off == pytest.approx(2.1 / 2.0 - 1)
     assert o.spread == pytest.approx(0.2 / 2.0)
-    assert report(o)[-1] == "instrumentation: 0.100% of a request at batch 32"
+    lines = report(o)
+    assert lines[-1] == "instrumentation: 0.100% of a request at batch 32"
+    assert "off 30.0 req/s, on 25.0 req/s" in lines[0]
