@@ -1,5 +1,12 @@
 """Admission control: bounded decode streams, a bounded wait queue, real traffic first.
 
+The queue is bounded twice: at most `max_queue` callers wait, and (`max_queue_tokens` > 0)
+the tokens they carry stay within a budget. A caller's tokens are its input tokens plus
+the new tokens it may ask for (`slot(..., tokens=)`: what its row will decode, its worst
+case), so the budget bounds the work queued ahead of the next arrival, which a count of
+callers does not when their lengths differ a hundredfold. Only waiting callers count: a
+caller that finds a free slot never queues.
+
 Callers are real (user requests) or synthetic (canaries, bursts, reference replays: the
 engine's `canary=True`). Synthetic load is shed first, so a probe never makes a user wait
 behind it or get refused because of it:
@@ -10,12 +17,17 @@ behind it or get refused because of it:
   (Overloaded, reason "real_waiting");
 - a real caller that finds the queue full takes the place of the newest waiting
   synthetic caller, which leaves with Overloaded (reason "shed"); only a queue holding
-  nothing but real callers refuses a real one (reason "queue_full").
+  nothing but real callers refuses a real one (reason "queue_full");
+- the same for tokens: a real caller that would take the queued tokens past the budget
+  sheds the newest synthetic callers until it fits, and is refused (reason
+  "token_budget") only when the real callers' tokens alone leave it no room (and then
+  sheds none for nothing).
 
 A running request is never interrupted: a real caller may still wait for the requests
 already holding slots, synthetic ones included, but never for a queued synthetic one.
-`slot(deadline, synthetic=...)` is the whole interface, so a batching scheduler can admit
-through it the same way; `stats()` returns the counters as an AdmissionStats.
+`slot(deadline, synthetic=..., tokens=...)` is the whole interface, so a batching
+scheduler can admit through it the same way; `stats()` returns the counters as an
+AdmissionStats.
 """
 
 from __future__ import annotations
@@ -35,7 +47,9 @@ REASON_QUEUE_FULL = "queue_full"  # no free slot and the queue full (of real cal
 REASON_REAL_WAITING = "real_waiting"  # synthetic: real callers were waiting
 REASON_SHED = "shed"  # synthetic: removed from the queue to make room for a real caller
 REASON_TIMEOUT = "timeout"  # the caller's deadline passed while it waited
-REASONS = (REASON_QUEUE_FULL, REASON_REAL_WAITING, REASON_SHED, REASON_TIMEOUT)
+REASON_TOKEN_BUDGET = "token_budget"  # no free slot and its tokens would pass max_queue_tokens
+REASONS = (REASON_QUEUE_FULL, REASON_REAL_WAITING, REASON_SHED, REASON_TIMEOUT,
+           REASON_TOKEN_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,8 @@ class AdmissionStats:
     real_waiting: synthetic callers refused on arrival because real callers waited.
     shed: synthetic callers that queued and were removed for a real caller (Overloaded).
     timeouts: callers whose deadline passed while they waited (RequestTimeout).
-    waiting: callers waiting for a slot now.
+    token_budget: refused on arrival (no slot, their tokens would pass max_queue_tokens).
+    waiting: callers waiting for a slot now; waiting_tokens: the tokens they carry.
     """
 
     real_admitted: int = 0
@@ -59,57 +74,74 @@ class AdmissionStats:
     synthetic_timeouts: int = 0
     real_waiting: int = 0
     synthetic_waiting: int = 0
+    real_token_budget: int = 0
+    synthetic_token_budget: int = 0
+    real_waiting_tokens: int = 0
+    synthetic_waiting_tokens: int = 0
 
     @property
     def real_rejected(self) -> int:
         """Return real callers refused with Overloaded."""
-        return self.real_queue_full
+        return self.real_queue_full + self.real_token_budget
 
     @property
     def synthetic_rejected(self) -> int:
         """Return synthetic callers refused with Overloaded (on arrival or shed)."""
-        return self.synthetic_queue_full + self.synthetic_real_waiting + self.synthetic_shed
+        return (self.synthetic_queue_full + self.synthetic_real_waiting + self.synthetic_shed
+                + self.synthetic_token_budget)
 
     def rejections(self) -> tuple[tuple[str, str, int], ...]:
         """Return (origin, reason, count) for every origin and reason that can occur."""
         return (("real", REASON_QUEUE_FULL, self.real_queue_full),
                 ("real", REASON_TIMEOUT, self.real_timeouts),
+                ("real", REASON_TOKEN_BUDGET, self.real_token_budget),
                 ("synthetic", REASON_QUEUE_FULL, self.synthetic_queue_full),
                 ("synthetic", REASON_REAL_WAITING, self.synthetic_real_waiting),
                 ("synthetic", REASON_SHED, self.synthetic_shed),
-                ("synthetic", REASON_TIMEOUT, self.synthetic_timeouts))
+                ("synthetic", REASON_TIMEOUT, self.synthetic_timeouts),
+                ("synthetic", REASON_TOKEN_BUDGET, self.synthetic_token_budget))
 
 
 class _Waiter:
     """One queued caller: woken with a slot index, or shed."""
 
-    __slots__ = ("cond", "shed", "slot", "synthetic")
+    __slots__ = ("cond", "shed", "slot", "synthetic", "tokens")
 
-    def __init__(self, lock: threading.Lock, synthetic: bool) -> None:
+    def __init__(self, lock: threading.Lock, synthetic: bool, tokens: int) -> None:
         self.cond = threading.Condition(lock)
         self.synthetic = synthetic
+        self.tokens = tokens
         self.slot: int | None = None
         self.shed = False
 
 
 class Admission:
-    """Grant at most `max_concurrency` slots; at most `max_queue` callers wait, real first."""
+    """Grant at most `max_concurrency` slots; at most `max_queue` callers wait (carrying at
+    most `max_queue_tokens` tokens, 0: no token budget), real first."""
 
-    def __init__(self, max_concurrency: int, max_queue: int, *, retry_after_s: float = 1.0):
+    def __init__(self, max_concurrency: int, max_queue: int, *, max_queue_tokens: int = 0,
+                 retry_after_s: float = 1.0):
         if max_concurrency < 1:
             raise ValueError("max_concurrency: must be >= 1")
         if max_queue < 0:
             raise ValueError("max_queue: must be >= 0")
+        if isinstance(max_queue_tokens, bool) or not isinstance(max_queue_tokens, int) \
+                or max_queue_tokens < 0:
+            raise ValueError(f"max_queue_tokens: must be a whole number >= 0 (0: off), "
+                             f"got {max_queue_tokens!r}")
         self._lock = threading.Lock()
         self._free = list(range(max_concurrency))
         self._capacity = max_concurrency
         self._real: deque[_Waiter] = deque()
         self._synthetic: deque[_Waiter] = deque()
         self._max_queue = max_queue
+        self._max_tokens = max_queue_tokens
+        self._tokens = {False: 0, True: 0}  # tokens queued, by `synthetic`
         self._retry_after_s = retry_after_s
         self._counts = dict.fromkeys(
             (f"{origin}_{what}" for origin in ORIGINS
-             for what in ("admitted", "queue_full", "real_waiting", "shed", "timeouts")), 0)
+             for what in ("admitted", "queue_full", "real_waiting", "shed", "timeouts",
+                          "token_budget")), 0)
 
     @property
     def waiting(self) -> int:
@@ -134,16 +166,30 @@ class Admission:
                 synthetic_real_waiting=c["synthetic_real_waiting"],
                 synthetic_shed=c["synthetic_shed"], real_timeouts=c["real_timeouts"],
                 synthetic_timeouts=c["synthetic_timeouts"], real_waiting=len(self._real),
-                synthetic_waiting=len(self._synthetic))
+                synthetic_waiting=len(self._synthetic),
+                real_token_budget=c["real_token_budget"],
+                synthetic_token_budget=c["synthetic_token_budget"],
+                real_waiting_tokens=self._tokens[False],
+                synthetic_waiting_tokens=self._tokens[True])
 
     @contextmanager
-    def slot(self, deadline: float | None, *, synthetic: bool = False) -> Iterator[int]:
+    def slot(self, deadline: float | None, *, synthetic: bool = False,
+             tokens: int = 0) -> Iterator[int]:
         """Hold a decode slot (its index) for the duration of the block.
 
-        Raises Overloaded when refused or shed, RequestTimeout when `deadline`
-        (time.perf_counter) passes while waiting.
+        Args:
+            deadline: time.perf_counter() past which waiting ends (None: no deadline).
+            synthetic: a probe's request (shed before real traffic).
+            tokens: what the caller carries while it waits, counted against
+                max_queue_tokens: its input tokens plus the most new tokens it may decode
+                (0: nothing counted).
+
+        Raises Overloaded when refused or shed, RequestTimeout when `deadline` passes while
+        waiting.
         """
-        index = self._acquire(deadline, synthetic)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"tokens: must be a whole number >= 0, got {tokens!r}")
+        index = self._acquire(deadline, synthetic, tokens)
         try:
             yield index
         finally:
@@ -156,17 +202,17 @@ class Admission:
         self._count(synthetic, reason)
         return Overloaded(message, retry_after_s=self._retry_after_s)
 
-    def _acquire(self, deadline: float | None, synthetic: bool) -> int:
+    def _acquire(self, deadline: float | None, synthetic: bool, tokens: int) -> int:
         with self._lock:
             if self._free:  # a free slot means nobody waits: slots are handed to waiters
                 self._count(synthetic, "admitted")
                 return self._free.pop()
-            waiter = self._enqueue(synthetic)
+            waiter = self._enqueue(synthetic, tokens)
             try:
                 while waiter.slot is None and not waiter.shed:
                     remaining = None if deadline is None else deadline - time.perf_counter()
                     if remaining is not None and remaining <= 0:
-                        self._queue(synthetic).remove(waiter)
+                        self._dequeue(waiter)
                         self._count(synthetic, "timeouts")
                         raise RequestTimeout("timeout_s: no decode slot before the deadline")
                     waiter.cond.wait(remaining)
@@ -174,11 +220,12 @@ class Admission:
                 if waiter.slot is not None:  # granted while being interrupted: pass it on
                     self._hand_over(waiter.slot)
                 elif not waiter.shed and waiter in self._queue(synthetic):
-                    self._queue(synthetic).remove(waiter)
+                    self._dequeue(waiter)
                 raise
             if waiter.shed:
                 raise Overloaded("shed: a real request needed the synthetic request's place"
-                                 f" in the queue (max_queue={self._max_queue})",
+                                 f" in the queue (max_queue={self._max_queue}, "
+                                 f"max_queue_tokens={self._max_tokens})",
                                  retry_after_s=self._retry_after_s)
             assert waiter.slot is not None  # the loop ends granted or shed
             return waiter.slot
@@ -186,25 +233,45 @@ class Admission:
     def _queue(self, synthetic: bool) -> deque[_Waiter]:
         return self._synthetic if synthetic else self._real
 
-    def _enqueue(self, synthetic: bool) -> _Waiter:
-        """Queue a caller (lock held), shedding a synthetic one for a real one; or refuse."""
+    def _dequeue(self, waiter: _Waiter) -> None:
+        """Take `waiter` out of its queue (lock held)."""
+        self._queue(waiter.synthetic).remove(waiter)
+        self._tokens[waiter.synthetic] -= waiter.tokens
+
+    def _over(self, queued: int, tokens: int) -> bool:
+        """Return whether `tokens` more on `queued` pass the token budget (0: none)."""
+        return self._max_tokens > 0 and queued + tokens > self._max_tokens
+
+    def _enqueue(self, synthetic: bool, tokens: int) -> _Waiter:
+        """Queue a caller (lock held), shedding synthetic ones for a real one; or refuse."""
         waiting = len(self._real) + len(self._synthetic)
+        queued = self._tokens[False] + self._tokens[True]
         if synthetic and self._real:
             raise self._refuse(True, REASON_REAL_WAITING,
                                f"synthetic request refused: {len(self._real)} real requests"
                                " waiting")
-        if waiting >= self._max_queue:
-            if synthetic or not self._synthetic:
-                raise self._refuse(synthetic, REASON_QUEUE_FULL,
-                                   f"queue full: {waiting} waiting (max_queue="
-                                   f"{self._max_queue})")
+        # Only a real caller finding synthetic ones queued may make room; then the real
+        # callers alone must leave it room (shedding every synthetic caller would).
+        sheds = not synthetic and bool(self._synthetic)
+        if waiting >= self._max_queue and not sheds:
+            raise self._refuse(synthetic, REASON_QUEUE_FULL,
+                               f"queue full: {waiting} waiting (max_queue={self._max_queue})")
+        if self._over(self._tokens[False] if sheds else queued, tokens):
+            raise self._refuse(synthetic, REASON_TOKEN_BUDGET,
+                               f"token budget: {queued} tokens waiting and this request's "
+                               f"{tokens} would pass max_queue_tokens={self._max_tokens}")
+        while sheds and self._synthetic and (
+                len(self._real) + len(self._synthetic) >= self._max_queue
+                or self._over(self._tokens[False] + self._tokens[True], tokens)):
             # The newest synthetic caller has waited least: it loses the least.
             victim = self._synthetic.pop()
+            self._tokens[True] -= victim.tokens
             victim.shed = True
             self._count(True, REASON_SHED)
             victim.cond.notify()
-        waiter = _Waiter(self._lock, synthetic)
+        waiter = _Waiter(self._lock, synthetic, tokens)
         self._queue(synthetic).append(waiter)
+        self._tokens[synthetic] += tokens
         return waiter
 
     def _release(self, index: int) -> None:
@@ -218,6 +285,7 @@ class Admission:
             self._free.append(index)
             return
         waiter = queue.popleft()
+        self._tokens[waiter.synthetic] -= waiter.tokens
         waiter.slot = index
         self._count(waiter.synthetic, "admitted")
         waiter.cond.notify()

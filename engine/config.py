@@ -35,6 +35,16 @@ class EngineConfig:
     speculative_fallback: run a bucket direct where measured speculation would be slower
         (1 request in 16 still speculates, to notice recovery); off: the flags alone decide.
     max_concurrency: decode streams running at once; max_queue: callers allowed to wait.
+    max_queue_tokens: the tokens the waiting callers may carry together (engine.admission),
+        each caller's input tokens plus its max new tokens (what its row may decode: the
+        worst case, known on arrival); a caller that would pass it gets 429 (reason
+        token_budget). 0 (the default): off, the queue is bounded by max_queue alone, as
+        before the budget existed; a default in tokens would refuse traffic an upgraded
+        deployment serves today, and the right budget follows the model's tokens per
+        second and the wait callers accept (about tokens/s x the longest acceptable
+        queue wait). Otherwise at least max_input_tokens + max_new_tokens_cap: a smaller
+        budget could never queue the largest request, which would then only get in when
+        a row happened to be free (starved behind smaller ones).
     flags_file: where the last flags read from the provider are kept, so a restart while
         the database is down starts from them ("" keeps nothing; in-memory flags never do).
     quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
@@ -73,6 +83,7 @@ class EngineConfig:
     speculative_fallback: bool = True
     max_concurrency: int = 1
     max_queue: int = 16
+    max_queue_tokens: int = 0
     flag_timeout_s: float = 0.05
     cache_dir: str | None = None  # inductor on-disk cache; None = ./var/compile-cache
     flags_file: str = "./var/last-flags.json"
@@ -106,12 +117,24 @@ class EngineConfig:
         if not 0 <= self.batch_window_max_s <= MAX_BATCH_WINDOW_S:
             raise ValueError(f"batch_window_max_s: must be between 0 and {MAX_BATCH_WINDOW_S}"
                              f" seconds, got {self.batch_window_max_s!r}")
+        self._check_queue_tokens()
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization: must be one of {QUANTIZATIONS}, "
                              f"got {self.quantization!r}")
         if self.int8_encoder and self.quantization != "int8":
             raise ValueError("int8_encoder: needs quantization int8, got quantization "
                              f"{self.quantization!r}")
+
+    def _check_queue_tokens(self) -> None:
+        value = self.max_queue_tokens
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"max_queue_tokens: must be a whole number of tokens >= 0 "
+                             f"(0: off), got {value!r}")
+        largest = self.max_input_tokens + self.max_new_tokens_cap
+        if 0 < value < largest:
+            raise ValueError(f"max_queue_tokens: must be 0 (off) or at least "
+                             f"max_input_tokens + max_new_tokens_cap ({largest}: the largest "
+                             f"request), got {value}")
 
     def config_hash(self) -> str:
         """Return a short hash of everything that changes the optimized artifact."""

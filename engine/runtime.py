@@ -113,7 +113,8 @@ class Runtime:
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
         # Batched, a decode slot is a batch row (its caches); unbatched, a decode stream.
         self._rows = config.max_batch if config.max_batch > 1 else config.max_concurrency
-        self._admission = Admission(self._rows, config.max_queue)
+        self._admission = Admission(self._rows, config.max_queue,
+                                    max_queue_tokens=config.max_queue_tokens)
         provider = flags or InMemoryFlagProvider()
         # In-memory flags need no file: only a provider that can be unreachable keeps one.
         state_file = None if type(provider) is InMemoryFlagProvider else config.flags_file
@@ -157,6 +158,11 @@ class Runtime:
         owner = self._scheduler or self._device_thread
         if self._owned and owner is not None:
             self.ledger.set_owner(owner.thread)
+
+    @property
+    def batch_scheduler(self) -> scheduler.Scheduler | None:
+        """Return the batching loop (None: max_batch 1, nothing batched)."""
+        return self._scheduler
 
     # --- what loading made (engine.models) ----------------------------------------------
 
@@ -397,7 +403,8 @@ class Runtime:
             batch: scheduler.Job | None = None
             if not native:
                 self._warm_compiled_step(n, flags, runner)
-            with self._admission.slot(deadline, synthetic=canary) as slot:
+            # While it waits it carries its input and the most its row may decode.
+            with self._admission.slot(deadline, synthetic=canary, tokens=n + max_new) as slot:
                 t_slot = time.perf_counter()
                 path, length, key = self._route(n, flags)
                 recorded = self.ledger.recorded()

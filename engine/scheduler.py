@@ -16,7 +16,8 @@ that batch size: every output is the target's own greedy tokens whichever ran
     decoded = scheduler.wait(job)  # raises what failed this request only
 
 The loop owns every compiled call (CUDA graph trees are per thread), and a failing
-request fails only its own caller: the loop survives it.
+request fails only its own caller: the loop survives it. What it records of its steps and
+of each request goes through its `recorder` (engine.scheduler_recorder).
 """
 
 from __future__ import annotations
@@ -37,12 +38,11 @@ from engine import t5
 from engine.decoding import Decoded, RowState
 from engine.draft_length import expected_tokens
 from engine.errors import Cancelled, DoesNotFit, NotReady, RequestTimeout
-from engine.protocol import STEP_SECONDS_EDGES, BatchSnapshot
+from engine.protocol import BatchSnapshot
+from engine.scheduler_recorder import PHASE_DECODE, PHASE_VERIFY, StepRecorder
 
 log = logging.getLogger(__name__)
 
-PHASE_ENCODE, PHASE_DECODE, PHASE_VERIFY = "encode", "decode", "verify"
-PHASES = (PHASE_ENCODE, PHASE_DECODE, PHASE_VERIFY)
 # The batching window adapts to the queue over about this many seconds (exponential
 # smoothing): a burst shortens it at once, an idle stretch lengthens it back slowly.
 WINDOW_SMOOTHING_S = 15.0
@@ -96,29 +96,17 @@ class Job:
     t_picked: float = 0.0  # the loop took it (its encoder starts)
     t_device: float = 0.0
     t_encoded: float = 0.0
-    joined_step: int = -1  # the loop's step count when it joined the batch
-    steps: int = 0  # steps (direct or speculative rounds) it took part in
-    batch_sum: int = 0  # rows in those steps, summed
-    batch_max: int = 0
+    # Recorded (the loop's recorder): the loop's step count when it joined the batch, the
+    # steps (direct or speculative rounds) it took part in, and their rows summed.
+    joined_step: int = -1
+    steps: int = 0
+    batch_sum: int = 0
+    batch_max: int = 0  # the most rows in its steps: what the runtime learns costs from
     held: int = 0  # encoder-output bytes it holds
 
     def cancel(self) -> None:
         """Make the request leave the batch at the next step (its caller gets Cancelled)."""
         self.cancelled.set()
-
-
-@dataclass
-class _Phase:
-    count: int = 0
-    total: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * len(STEP_SECONDS_EDGES))
-
-    def observe(self, seconds: float) -> None:
-        self.count += 1
-        self.total += seconds
-        for i, edge in enumerate(STEP_SECONDS_EDGES):
-            if seconds <= edge:
-                self.buckets[i] += 1
 
 
 class StepCosts:
@@ -178,11 +166,17 @@ class StepCosts:
 
 
 class Scheduler:
-    """Own up to `max_batch` rows and the loop that steps them (see the module doc)."""
+    """Own up to `max_batch` rows and the loop that steps them (see the module doc).
+
+    `recorder` (a StepRecorder unless given) may be replaced while the loop runs: the next
+    step records into the new one, and snapshot() reads it.
+    """
 
     def __init__(self, owner: RowOwner, *, max_batch: int, window_max_s: float,
-                 waiting: Callable[[], int], clock: Clock = time.perf_counter) -> None:
+                 waiting: Callable[[], int], clock: Clock = time.perf_counter,
+                 recorder: StepRecorder | None = None) -> None:
         self._owner = owner
+        self.recorder = recorder if recorder is not None else StepRecorder()
         self.max_batch = max_batch
         self.window_max_s = window_max_s
         self._waiting = waiting
@@ -192,8 +186,6 @@ class Scheduler:
         self._tasks: deque[tuple[Callable[[], Any], Future]] = deque()  # run by the loop
         self._active: list[tuple[Job, RowState]] = []
         self._closed = False
-        self._steps = 0
-        self._phases = {p: _Phase() for p in PHASES}
         self._busy = 0.0  # smoothed share of time with callers waiting for a row
         self._busy_at = clock()
         self._window = window_max_s
@@ -256,14 +248,13 @@ class Scheduler:
 
     def snapshot(self) -> BatchSnapshot:
         """Return the batch now and the step seconds by phase since start."""
+        steps, count, seconds, buckets = self.recorder.totals()
         with self._cond:
             return BatchSnapshot(
                 max_batch=self.max_batch, batch_size=len(self._active),
                 rows_waiting=self._waiting() + len(self._inbox), window_s=self._window,
-                window_max_s=self.window_max_s, steps=self._steps,
-                step_count={p: v.count for p, v in self._phases.items()},
-                step_seconds_sum={p: v.total for p, v in self._phases.items()},
-                step_buckets={p: tuple(v.buckets) for p, v in self._phases.items()})
+                window_max_s=self.window_max_s, steps=steps, step_count=count,
+                step_seconds_sum=seconds, step_buckets=buckets)
 
     def close(self) -> None:
         """Stop the loop; requests not finished get NotReady."""
@@ -351,8 +342,7 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - fails this request only
             self._finish(job, None, exc)
             return
-        self._phases[PHASE_ENCODE].observe(self._clock() - started)
-        job.joined_step = self._steps
+        self.recorder.joined(job, self._clock() - started)
         with self._cond:
             if len(self._active) >= self.max_batch:  # admission grants at most max_batch rows
                 raise RuntimeError("scheduler: more rows than max_batch")
@@ -418,16 +408,13 @@ class Scheduler:
             else:
                 self._direct(rows)
                 direct_only = True
+        seconds = self._clock() - started
         if direct_only and not speculated and b > 1:
-            self._step_s[b] = _smooth(self._step_s.get(b), self._clock() - started)
-        phase = PHASE_VERIFY if speculated else PHASE_DECODE
-        self._phases[phase].observe(self._clock() - started)
-        with self._cond:
-            self._steps += 1
-        for job, _state in active:
-            job.steps += 1
-            job.batch_sum += b
+            self._step_s[b] = _smooth(self._step_s.get(b), seconds)
+        jobs = [job for job, _state in active]
+        for job in jobs:
             job.batch_max = max(job.batch_max, b)
+        self.recorder.stepped(PHASE_VERIFY if speculated else PHASE_DECODE, seconds, jobs)
 
     def _draft_lengths(self, rows: list[tuple[Job, RowState]]) -> list[int]:
         """Return the tokens each row's draft proposes this step (0: a direct step for it):

@@ -645,7 +645,8 @@ def _admission(stats: AdmissionStats) -> Iterator[Metric]:
         f"{PREFIX}_admission_rejected",
         "Requests that got no decode slot, by origin and reason (queue_full; real_waiting:"
         " synthetic refused while real requests waited; shed: synthetic removed from the"
-        " queue for a real request; timeout: deadline passed while waiting).",
+        " queue for a real request; timeout: deadline passed while waiting; token_budget:"
+        " the queued tokens would pass engine.max_queue_tokens).",
         labels=("origin", "reason"))
     for origin, reason, count in stats.rejections():
         rejected.add_metric([origin, reason], count)

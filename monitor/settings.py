@@ -259,7 +259,8 @@ def _list_value(text: str) -> Any:
 
 
 def check_keys(data: Mapping[str, Any], section: type, path: str = "") -> dict[str, Any]:
-    """Return `data` with string lists parsed; raise UnknownSetting on a key no field has."""
+    """Return `data` with string lists parsed; raise UnknownSetting on a key no field has
+    and ValueError on a bool given to a dataclass section's int field."""
     known = _fields(section)
     out: dict[str, Any] = {}
     for key, value in data.items():
@@ -273,6 +274,10 @@ def check_keys(data: Mapping[str, Any], section: type, path: str = "") -> dict[s
             value = check_keys(value, sub, f"{path}{key}.")
         elif isinstance(value, str) and _is_collection(annotation):
             value = _list_value(value)
+        elif isinstance(value, bool) and annotation is int and dataclasses.is_dataclass(section):
+            # pydantic reads `true` as 1 for a dataclass's int field (EngineConfig) before
+            # the dataclass's own checks run: only here is it still a bool.
+            raise ValueError(f"{path}{key}: must be a whole number, got {value!r}")
         out[key] = value
     return out
 

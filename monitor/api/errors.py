@@ -7,7 +7,8 @@ Every error body is `{"error": {"code": str, "message": str, "field": str?}}`.
     engine InputTooLong        413 input_too_long
     engine DoesNotFit          413 input_too_long (an InputTooLong: a batch row too small)
     engine InvalidRequest      422 invalid_request
-    engine Overloaded          429 overloaded + Retry-After
+    engine Overloaded          429 overloaded + Retry-After (every admission refusal:
+                               queue full, token budget, shed, real requests waiting)
     engine NotReady            503 not_ready + Retry-After
     engine RequestTimeout      504 timeout
     engine EngineError         500 engine_error

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from engine.admission import Admission, AdmissionStats
+from engine.admission import REASONS, Admission, AdmissionStats
 from engine.errors import Overloaded, RequestTimeout
 from monitor.loopback import wait_for
 
@@ -18,16 +18,17 @@ class Caller:
     """A thread that asks for a slot, records when it got one (or what it raised), leaves."""
 
     def __init__(self, admission: Admission, name: str, *, synthetic: bool,
-                 order: list[str]) -> None:
+                 order: list[str], tokens: int = 0) -> None:
         self.name = name
         self.error: BaseException | None = None
         self._admission, self._synthetic, self._order = admission, synthetic, order
+        self._tokens = tokens
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            with self._admission.slot(None, synthetic=self._synthetic):
+            with self._admission.slot(None, synthetic=self._synthetic, tokens=self._tokens):
                 self._order.append(self.name)
         except BaseException as exc:  # noqa: BLE001 - the test reads it
             self.error = exc
@@ -152,12 +153,15 @@ def test_a_deadline_passing_in_the_queue_is_a_timeout_counted_by_origin(
 
 def test_rejections_name_every_origin_and_reason() -> None:
     stats = AdmissionStats(real_queue_full=1, real_timeouts=2, synthetic_queue_full=3,
-                           synthetic_real_waiting=4, synthetic_shed=5, synthetic_timeouts=6)
+                           synthetic_real_waiting=4, synthetic_shed=5, synthetic_timeouts=6,
+                           real_token_budget=7, synthetic_token_budget=8)
     assert stats.rejections() == (
-        ("real", "queue_full", 1), ("real", "timeout", 2), ("synthetic", "queue_full", 3),
-        ("synthetic", "real_waiting", 4), ("synthetic", "shed", 5),
-        ("synthetic", "timeout", 6))
-    assert (stats.real_rejected, stats.synthetic_rejected) == (1, 12)
+        ("real", "queue_full", 1), ("real", "timeout", 2), ("real", "token_budget", 7),
+        ("synthetic", "queue_full", 3), ("synthetic", "real_waiting", 4),
+        ("synthetic", "shed", 5), ("synthetic", "timeout", 6),
+        ("synthetic", "token_budget", 8))
+    assert {reason for _origin, reason, _n in stats.rejections()} == set(REASONS)
+    assert (stats.real_rejected, stats.synthetic_rejected) == (8, 20)
 
 
 def test_bad_limits_name_the_setting() -> None:

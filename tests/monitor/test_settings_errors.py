@@ -103,3 +103,30 @@ def test_a_bucket_of_one_token_is_refused_in_one_line(
     assert code == 1
     assert len(err.strip().splitlines()) == 1
     assert "buckets: the smallest edge must be >= 2, got 1" in err
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("true", "engine.max_queue_tokens: must be a whole number, got True"),
+    ("-5", "engine: max_queue_tokens: must be a whole number of tokens >= 0 (0: off), got -5"),
+    ("lots", "engine.max_queue_tokens: Input should be a valid integer"),
+    ("2.5", "engine.max_queue_tokens: Input should be a valid integer"),
+    ("100", "engine: max_queue_tokens: must be 0 (off) or at least max_input_tokens + "
+            "max_new_tokens_cap (1280: the largest request), got 100"),
+])
+def test_a_bad_queue_token_budget_is_one_line_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, message: str) -> None:
+    config = tmp_path / "tailwatch.yaml"
+    config.write_text(f"engine:\n  max_queue_tokens: {value}\n")
+    code, err = _config_show(capsys, "--config", str(config))
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.strip().startswith(f"Error: invalid settings: {message}")
+
+
+def test_a_bool_in_an_engine_count_is_refused_not_read_as_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAILWATCH_ENGINE", '{"max_batch": true}')
+    with pytest.raises(ValueError, match="engine.max_batch: must be a whole number, got True"):
+        get_settings()
+    monkeypatch.delenv("TAILWATCH_ENGINE")
+    assert get_settings(engine={"max_queue_tokens": 2048}).engine.max_queue_tokens == 2048
