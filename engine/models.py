@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine import aot, native, quantize, t5
+from engine import aot, byte_tokens, native, quantize, t5
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.errors import ModelLoadError
 from engine.float_weights import OnDemandWeights, releasable
@@ -189,7 +189,7 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
         draft_loaded = draft_loaded.released()
     gc.collect()
     return Models(target=target, target_q=target_q, draft=draft,
-                  tokenizer=target_loaded.tokenizer, speculative_reason=reason,
+                  tokenizer=byte_tokens.fast(target_loaded.tokenizer), speculative_reason=reason,
                   step_kind=step_kind, info=info, slots=slots, k_max=k_max,
                   target_loaded=target_loaded, draft_loaded=draft_loaded)
 
