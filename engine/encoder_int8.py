@@ -67,24 +67,25 @@ class Int8EncoderWeight(nn.Module):
         scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         # [in, out], contiguous: the layout the product reads, made once, not per call.
-        self.qt = nn.Parameter(q.t().contiguous(), requires_grad=False)
+        # Named `q` like engine.quantize.Int8Weight's: what counts int8 bytes by name finds it.
+        self.q = nn.Parameter(q.t().contiguous(), requires_grad=False)
         self.scale = nn.Parameter(scale, requires_grad=False)
         self.dtype = weight.dtype
 
     @property
     def shape(self) -> tuple[int, int]:
-        return int(self.qt.shape[1]), int(self.qt.shape[0])
+        return int(self.q.shape[1]), int(self.q.shape[0])
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """Return x @ W.T: x's rows quantized to int8 each, multiplied in int8, scaled back."""
         rows = x.reshape(-1, x.shape[-1])
         xq, xs = quantize_rows(rows)
-        y = int_mm(xq, self.qt).float() * xs * self.scale
+        y = int_mm(xq, self.q).float() * xs * self.scale
         return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
 
     def dequantized(self) -> torch.Tensor:
         """Return the float weight this int8 weight stands for (q * scale)."""
-        return (self.qt.t().float() * self.scale[:, None]).to(self.dtype)
+        return (self.q.t().float() * self.scale[:, None]).to(self.dtype)
 
 
 def is_int8_encoder_weight(w: object) -> bool:

@@ -165,7 +165,7 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
         with torch.no_grad():
             if device.type == "cpu":
                 released = quantize.step_names(target.m)
-                if config.int8_encoder_on:
+                if config.int8_encoder_on and quantizer is None:  # int8 replaces them
                     released += quantize.encoder_names(target.m)
                 _own_storages(target.m, released=released)
             lean_q = (quantizer or partial(quantize.int8, encoder=config.int8_encoder_on))(

@@ -67,7 +67,7 @@ def test_int8_weights_are_parameters_of_a_quarter_of_the_float_bytes() -> None:
     p = Int8EncoderWeight(torch.randn(64, 32))
     assert p.shape == (64, 32)
     params = dict(p.named_parameters())
-    assert params["qt"].dtype == torch.int8 and params["qt"].shape == (32, 64)
+    assert params["q"].dtype == torch.int8 and params["q"].shape == (32, 64)
     assert sum(t.numel() * t.element_size() for t in params.values()) == 64 * 32 + 4 * 64
 
 
@@ -109,7 +109,7 @@ def test_the_int8_encoder_is_within_tolerance_and_shares_the_float_rest() -> Non
     assert all(encoder_int8.is_int8_encoder_weight(w) for w in packed)
     assert (quantize.weight_bytes(q, beyond=m)
             == quantize.weight_bytes(quantize.int8(m), beyond=m)
-            + sum(w.qt.numel() + 4 * w.scale.numel() for w in packed))
+            + sum(w.q.numel() + 4 * w.scale.numel() for w in packed))
     ids = torch.randint(2, 120, (1, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[0, -2:] = 0
@@ -184,8 +184,8 @@ def test_the_runtime_serves_int8_requests_through_the_int8_encoder(
         assert not quantize.int8_encoder(target.m) and target.compile_encoder
         assert isinstance(target.m.enc_layers[0].qkv, torch.Tensor)
         held = held_tensors(engine.models.runners())
-        qt = target_q.m.enc_layers[0].qkv.qt
-        assert held["target-int8.enc_layers.0.qkv.qt"] == qt.numel() > 0
+        qt = target_q.m.enc_layers[0].qkv.q
+        assert held["target-int8.enc_layers.0.qkv.q"] == qt.numel() > 0
         for text in random_texts(4, seed=5, overflow=False):
             r = engine.generate(text, override=FlagOverride(quantized=True))
             assert r.quantized and r.output_ids
