@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
+    # Every product's and model's compiled function shares one code object: past the
+    # default limit dynamo would run the rest eager and the compiled columns would lie.
+    torch._dynamo.config.recompile_limit = 256
     rows = [int(r) for r in args.rows.split(",")]
     products(rows, args.calls)
     encoders(rows, args.calls, not args.no_small)
