@@ -10,21 +10,19 @@ shows the work itself (its caches still shared), not the queue.
 1. Products: per model (the built-in target's widths, the T5-small shape's) and rows (one
    row per input token), the summed CPU microseconds of its five linear shapes (q/k/v, o,
    feed-forward in and out, cross K/V) for float32 `F.linear` (MKL; what the compiled
-   encoder calls), `quantized::linear_dynamic` (the quantized engine's int8 GEMM,
-   activations quantized per call and per tensor), the same with each row scaled to absmax
-   1 first (engine.encoder_int8: rounding per row), with their relative error against
+   float encoder calls) and engine.encoder_int8's product (rows quantized to int8,
+   `torch._int_mm`, scaled back), eager and compiled, with its relative error against
    float32 (L2 norm of the difference over the reference's).
 2. Encoder: `engine.t5.encode` on the built-in target and the T5-small-shaped model
    (random weights, bench.quality), float32 compiled (torch.compile, inductor, one graph
-   per length: what the engine serves), float32 eager, and int8 eager
-   (`engine.quantize.int8(encoder=True)`), CPU ms, with the int8 cross K/V's relative error.
-   Random weights amplify any change through the layers: the T5-small error is no measure
-   of quality.
-3. Agreement (built-in target, direct decoding, the C step, compiled float encoder for the
-   float32 arm): the int8 arm with the float encoder (what serves) and with the int8 encoder
-   (a runtime built with `quantize.int8(encoder=True)`), 3 canaries per bucket and domain,
-   32 new tokens: mean token agreement against the eager float32 reference (probes.quality)
-   and the int8 requests' median encoder ms (wall clock).
+   per length: what the float arm serves), int8 compiled (what the int8 arm serves) and
+   int8 eager (`engine.quantize.int8(encoder=True)`), CPU ms, with the int8 cross K/V's
+   relative error. Random weights amplify any change through the layers: the T5-small
+   error is no measure of quality.
+3. Agreement (built-in target, direct decoding, the C step): the int8 arm with the float
+   encoder (`engine.int8_encoder: false`) and with the int8 encoder (the default), 3
+   canaries per bucket and domain, 32 new tokens: mean token agreement against the eager
+   float32 reference (probes.quality) and the int8 requests' median encoder ms (wall clock).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import argparse
 import os
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -63,35 +60,30 @@ def products(rows_list: list[int], calls: int) -> None:
     import torch
     from torch.nn import functional as F
 
-    from engine.encoder_int8 import PackedInt8Weight
+    from engine.encoder_int8 import Int8EncoderWeight
 
     gen = torch.Generator().manual_seed(0)
-    print(f"quantized engine: {torch.backends.quantized.engine}")
-    print(f"{'model':<9} {'rows':>5} {'f32_us':>8} {'dyn_us':>8} {'rownorm_us':>10} "
-          f"{'rownorm_x':>9} {'dyn_err':>8} {'rownorm_err':>11}")
+    print(f"{'model':<9} {'rows':>5} {'f32_us':>8} {'int8_us':>8} {'int8_comp_us':>12} "
+          f"{'int8_x':>7} {'int8_err':>8}")
     for model, shapes in SHAPES.items():
         for rows in rows_list:
-            f32 = dyn = norm = 0.0
-            errs: dict[str, float] = {"dyn": 0.0, "norm": 0.0}
+            f32 = eager = comp = err = 0.0
             for out_f, in_f in shapes:
                 w = torch.randn(out_f, in_f, generator=gen) / in_f ** 0.5
                 x = torch.randn(1, rows, in_f, generator=gen)
-                packed = PackedInt8Weight(w)
+                q = Int8EncoderWeight(w)
+                compiled = torch.compile(q.linear, dynamic=False)
                 ref = F.linear(x, w)
                 f32 += _cpu_ms(partial(F.linear, x, w), calls)
-                dyn += _cpu_ms(partial(torch.ops.quantized.linear_dynamic, x, packed.packed,
-                                       True), calls)
-                norm += _cpu_ms(partial(packed.linear, x), calls)
-                errs["dyn"] = max(errs["dyn"], _relerr(
-                    torch.ops.quantized.linear_dynamic(x, packed.packed, True), ref))
-                errs["norm"] = max(errs["norm"], _relerr(packed.linear(x), ref))
-            print(f"{model:<9} {rows:>5} {f32 * 1e3:>8.0f} {dyn * 1e3:>8.0f} "
-                  f"{norm * 1e3:>10.0f} {f32 / norm:>8.2f}x {errs['dyn']:>8.4f} "
-                  f"{errs['norm']:>11.4f}")
+                eager += _cpu_ms(partial(q.linear, x), calls)
+                comp += _cpu_ms(partial(compiled, x), calls)
+                err = max(err, _relerr(q.linear(x), ref))
+            print(f"{model:<9} {rows:>5} {f32 * 1e3:>8.0f} {eager * 1e3:>8.0f} "
+                  f"{comp * 1e3:>12.0f} {f32 / min(eager, comp):>6.2f}x {err:>8.4f}")
 
 
 def encoders(rows_list: list[int], calls: int, small: bool) -> None:
-    """Print the whole encoder's CPU time: float32 compiled and eager, int8 eager."""
+    """Print the whole encoder's CPU time: float32 compiled, int8 compiled and eager."""
     import torch
 
     from bench import quality
@@ -104,28 +96,29 @@ def encoders(rows_list: list[int], calls: int, small: bool) -> None:
                                     device=torch.device("cpu"))}
     if small:
         models["t5-small"] = quality.small_model()
-    compiled = torch.compile(t5.encode, dynamic=False)
     gen = torch.Generator().manual_seed(0)
-    print(f"{'model':<9} {'rows':>5} {'f32_compiled_ms':>15} {'f32_eager_ms':>12} "
-          f"{'int8_eager_ms':>13} {'int8_x_compiled':>15} {'int8_relerr':>11}")
+    print(f"{'model':<9} {'rows':>5} {'f32_compiled_ms':>15} {'int8_compiled_ms':>16} "
+          f"{'int8_eager_ms':>13} {'int8_x_f32':>10} {'int8_relerr':>11}")
     for name, m in models.items():
         q = quantize.int8(m, encoder=True)
+        # One compiled function per model: each traces its own weights' shapes.
+        float_enc = torch.compile(t5.encode, dynamic=False)
+        int8_enc = torch.compile(t5.encode, dynamic=False)
         for rows in rows_list:
             ids = torch.randint(3, m.vocab_size, (1, rows), generator=gen)
             args = (ids, m.mask_bias(torch.ones_like(ids)), m.encoder_bias(rows))
             with torch.no_grad():
-                err = _relerr(t5.encode(q, *args), t5.encode(m, *args))
-                fc = _cpu_ms(partial(compiled, m, *args), calls)
-                fe = _cpu_ms(partial(t5.encode, m, *args), calls)
+                err = _relerr(int8_enc(q, *args), t5.encode(m, *args))
+                fc = _cpu_ms(partial(float_enc, m, *args), calls)
+                ic = _cpu_ms(partial(int8_enc, q, *args), calls)
                 ie = _cpu_ms(partial(t5.encode, q, *args), calls)
-            print(f"{name:<9} {rows:>5} {fc:>15.2f} {fe:>12.2f} {ie:>13.2f} "
-                  f"{fc / ie:>14.2f}x {err:>11.4f}")
+            print(f"{name:<9} {rows:>5} {fc:>15.2f} {ic:>16.2f} {ie:>13.2f} "
+                  f"{fc / ic:>9.2f}x {err:>11.4f}")
 
 
 def agreement(buckets: str) -> None:
     """Print the built-in int8 arm's agreement with the float and with the int8 encoder."""
     from bench.engine import _canaries, by_bucket
-    from engine import quantize
     from engine.config import EngineConfig
     from engine.protocol import REFERENCE, FlagOverride
     from engine.runtime import Runtime
@@ -135,11 +128,10 @@ def agreement(buckets: str) -> None:
     print(f"{'encoder':<7} {'domain':<10} {'bucket':>8} {'n':>2} {'agreement':>9} "
           f"{'exact':>6} {'enc_ms':>7} {'total_ms':>8}")
     means = {}
-    for label, quantizer in (("float", quantize.int8),
-                             ("int8", partial(quantize.int8, encoder=True))):
+    for label, int8_encoder in (("float", False), ("int8", True)):
         engine = Runtime(EngineConfig(use_draft=False, quantization="int8", flags_file="",
-                                      buckets=tuple(int(b) for b in buckets.split(","))),
-                         quantizer=quantizer)
+                                      int8_encoder=int8_encoder,
+                                      buckets=tuple(int(b) for b in buckets.split(","))))
         engine.warm_up(background=False)
         every = []
         for domain in ("in_domain", "shifted"):
@@ -178,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    warnings.simplefilter("ignore", UserWarning)  # torch's deprecation of qint8 tensors
+    # Every product's and model's compiled function shares one code object: past the
+    # default limit dynamo would run the rest eager and the compiled columns would lie.
+    torch._dynamo.config.recompile_limit = 256
     rows = [int(r) for r in args.rows.split(",")]
     products(rows, args.calls)
     encoders(rows, args.calls, not args.no_small)

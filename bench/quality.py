@@ -2,7 +2,7 @@
 
     taskset -c 1 python -m bench.quality [--buckets 16,32,64] [--inputs 3] [--repeats 3]
         [--new-tokens 32] [--small-inputs 2] [--small-new-tokens 32] [--ct2-dir var/ct2]
-        [--int8-encoder]
+        [--float-encoder]
 
 Built-in target: one engine with `engine.quantization: int8` serves both arms (flag override
 per call), direct decoding, compiled bucketed encoder graphs, and both decode on the C step
@@ -20,17 +20,19 @@ near-flat logits, so one flipped argmax changes the rest of an output: a lower b
 CTranslate2 (the `bench` extra, `make bench-deps`; --no-ct2 leaves it out): both models'
 same weights converted once with its TransformersConverter into --ct2-dir (bench.ct2),
 int8 timed in this process on one thread, alternating with the engine's arms, on the same
-inputs and token count (the T5-small shape: no EOS stop either). Columns: its ms, its token
+inputs and token count (the T5-small shape: no EOS stop either); on the built-in target its
+time counts tokenizing and decoding with the engine's tokenizer, as the engine's does
+(`ct2_request`). Columns: its ms, its token
 agreement against the same reference as the engine's int8 (built-in: the eager float32
 reference; T5-small: the engine's float32 tokens), engine int8 ms / its int8 ms, and the
 share of inputs where its float32 gives the engine float32's tokens exactly (the conversion
 checked). Second to last line: `engine int8 / CTranslate2 int8 time: built-in Nx (Nx without
 the eager overflow rows), t5-small Nx` (median over buckets; below 1x the engine is faster).
 
-`--int8-encoder`: the int8 arm's encoder multiplies int8 weights too (engine.int8_encoder,
-engine.encoder_int8; eager), on both models and in the resident memory; without it the int8
-arm shares the float32 arm's encoder (compiled on the built-in target, eager on the T5-small
-shape, for both arms).
+The int8 arm's encoder multiplies int8 weights too (engine.int8_encoder, on by default with
+int8; engine.encoder_int8, compiled), on both models and in the resident memory;
+`--float-encoder`: the int8 arm shares the float32 arm's encoder instead (compiled on the
+built-in target, eager on the T5-small shape, for both arms).
 
 Resident memory first (`resident_memory`, bench.resident; `--no-memory` skips it): float32
 and int8 serving of each model, one engine per process, tensor bytes by kind and RSS, and
@@ -93,6 +95,15 @@ def _row(model: str, domain: str, bucket: str, n: int, f32: Arm, i8: Arm,
     return row
 
 
+def ct2_request(model: ct2.Ct2, tokenizer: Any, text: str, new: int
+                ) -> tuple[list[int], str]:
+    """Return CTranslate2's output ids and text for `text`: tokenized, generated and
+    decoded with the engine's tokenizer, as an engine request is (its total_s counts the
+    three), so the two times differ by the model's implementation only."""
+    out = model.generate([tokenizer(text).input_ids], new)[0]
+    return out, tokenizer.decode(out, skip_special_tokens=True)
+
+
 def builtin(args: argparse.Namespace
             ) -> tuple[list[float], list[float], dict[tuple[str, str], float]]:
     """Run the built-in target's arms; return per-bucket speedups, every agreement and the
@@ -103,7 +114,7 @@ def builtin(args: argparse.Namespace
     from probes.quality import compare
 
     config = EngineConfig(model_dir=args.model_dir, use_draft=False, quantization="int8",
-                          int8_encoder=args.int8_encoder,
+                          int8_encoder=not args.float_encoder,
                           buckets=tuple(int(b) for b in args.buckets.split(",")),
                           compile_mode=args.compile_mode, flags_file="")
     engine = Runtime(config)
@@ -134,7 +145,7 @@ def builtin(args: argparse.Namespace
                     a8.seconds.append(r8.total_s)
                     if cts:
                         t0 = time.perf_counter()
-                        out_ct2 = cts["int8"].generate([ids], new)[0]
+                        out_ct2, _ = ct2_request(cts["int8"], engine.tokenizer, text, new)
                         act2.seconds.append(time.perf_counter() - t0)
                 for arm, ids_out in ((a32, r32.output_ids), (a8, r8.output_ids)):
                     c = compare(ids_out, ref)
@@ -257,7 +268,7 @@ def small(args: argparse.Namespace, cache_dir: Path) -> list[float]:
     cfg = small_config()
     weights = small_weights(cfg)
     m = small_model(cfg, weights)
-    q = quantize.int8(m, encoder=args.int8_encoder)
+    q = quantize.int8(m, encoder=not args.float_encoder)
     params = sum({p.data_ptr(): p.numel() for p in m.parameters()}.values())  # tied: once
     print(f"t5-small: {params / 1e6:.1f} M parameters; int8 adds "
           f"{quantize.weight_bytes(q, beyond=m) / 2**20:.1f} MiB beyond the float model")
@@ -325,7 +336,7 @@ def resident_memory(args: argparse.Namespace) -> None:
         for name, model_dir in models:
             rows, met = resident.report(name, resident.compare(
                 model_dir, buckets=args.buckets, compile_mode=args.compile_mode,
-                int8_encoder=args.int8_encoder))
+                int8_encoder=not args.float_encoder))
             print(rows)
             verdicts.append(f"{name} {'met' if met else 'MISSED'}")
     print(f"resident memory int8 <= float32 (tensors and RSS): {', '.join(verdicts)}")
@@ -345,8 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ct2-dir", default=str(ct2.DEFAULT_DIR),
                         help="where CTranslate2's conversions are kept (converted once)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
-    parser.add_argument("--int8-encoder", action="store_true",
-                        help="the int8 arm's encoder in int8 too (engine.int8_encoder)")
+    parser.add_argument("--float-encoder", action="store_true",
+                        help="the int8 arm shares the float encoder (engine.int8_encoder off)")
     parser.add_argument("--no-memory", action="store_true",
                         help="skip resident memory (bench.resident, a process per serving)")
     args = parser.parse_args(argv)

@@ -50,9 +50,10 @@ class EngineConfig:
     quantization: "none", or "int8": also load the target with int8 weights (engine.quantize),
         served where the `quantized` flag is on and watched by output agreement.
     int8_encoder: with quantization int8, the int8 target's encoder multiplies int8 weights
-        too (engine.encoder_int8, run eager) instead of sharing the float target's compiled
-        encoder: it pays on wide models (d_model 512 and up on the CPU measured) and costs
-        on narrow ones such as the built-in target (docs/engine.md#the-int8-encoder).
+        too (engine.encoder_int8, compiled) instead of sharing the float target's encoder,
+        whose float weights int8 serving then reloads on demand like the decoder's
+        (docs/engine.md#the-int8-encoder). None (the default): on with int8; False: the
+        int8 target shares the float encoder; True without int8 is refused.
     max_batch: rows decoded together by the batching scheduler (engine.scheduler): requests
         join and leave a running batch at step boundaries; 1 = no scheduler, each request
         decodes alone in its caller's thread with max_concurrency streams (as before
@@ -89,7 +90,7 @@ class EngineConfig:
     flags_file: str = "./var/last-flags.json"
     extra: dict[str, str] = field(default_factory=dict)
     quantization: str = "none"
-    int8_encoder: bool = False
+    int8_encoder: bool | None = None
     native_step: bool = True
     max_batch: int = 1
     batch_window_max_s: float = 0.0
@@ -136,6 +137,11 @@ class EngineConfig:
                              f"max_input_tokens + max_new_tokens_cap ({largest}: the largest "
                              f"request), got {value}")
 
+    @property
+    def int8_encoder_on(self) -> bool:
+        """Return whether the int8 target's encoder multiplies int8 weights."""
+        return self.quantization == "int8" and self.int8_encoder is not False
+
     def config_hash(self) -> str:
         """Return a short hash of everything that changes the optimized artifact."""
         keys = ("buckets", "compile_mode", "compile_backend", "speculative_k", "dtype",
@@ -143,7 +149,7 @@ class EngineConfig:
         data = {k: asdict(self)[k] for k in keys}
         if self.quantization != "none":  # absent when off: earlier hashes stay valid
             data["quantization"] = self.quantization
-        if self.int8_encoder:  # absent when off: earlier hashes stay valid
+        if self.int8_encoder_on:  # absent when off: earlier hashes stay valid
             data["int8_encoder"] = True
         if self.native_step:  # another step implementation: another artifact (cohort)
             data["step"] = "native"

@@ -1,23 +1,20 @@
 """int8 weights for the encoder's multi-row products (engine.quantization: int8).
 
 The decoder step's int8 weights are read by the C step (engine.native), one row of
-activations at a time. The encoder multiplies every input token at once, where the C
-step's kernel and `linear(x, q.to(float)) * scale` both lose to float32; the quantized
-engine's `quantized::linear_dynamic` (fbgemm's int8 GEMM, weights prepacked once) is the
-int8 product that can win there (docs/engine.md#the-int8-encoder). Its activations are
-quantized per call and per tensor, to 7 bits (reduce_range: AVX2's `maddubs` would
-saturate its int16 pair sums with 8); dividing each row by its absmax first gives every
-row the whole range, so the rounding is per row, as in the C step.
+activations at a time. The encoder multiplies every input token at once: there each
+product is an int8 x int8 matrix product with int32 sums (`torch._int_mm`, oneDNN's s8s8
+GEMM on the CPU), its activations quantized per call and per row (absmax / 127, 8 bits,
+as the C step rounds them) and the sums scaled back by the row's scale and the weight's
+per-output-channel scale (docs/engine.md#the-int8-encoder).
 
-`PackedInt8Weight` holds only the prepacked weights (fbgemm's layout, one int8 copy; the
-float weight and the int8 tensor it was packed from are not kept) and reports their bytes
-(`nbytes`), which engine.memory and engine.quantize count: they are not a tensor.
+`Int8EncoderWeight` holds plain tensors (the int8 weight, transposed once into the
+[in, out] layout the product reads, and the float scales), so the encoder stays one
+compiled graph (the quantize, product and rescale fused around the GEMM call) and the
+saved AOTInductor package carries the int8 bytes; they count as parameters wherever
+weights are counted.
 """
 
 from __future__ import annotations
-
-import warnings
-from typing import Any
 
 import torch
 from torch import nn
@@ -26,49 +23,71 @@ from torch import nn
 # runs in the encoder too); engine.quantize decides per model whether they are used.
 ENCODER_WEIGHTS = ("qkv", "o", "wi", "wo")
 
+# CUDA's int8 GEMM takes more than 16 rows, and inner and output widths in multiples of 8.
+CUDA_MIN_ROWS = 17
+CUDA_MULTIPLE = 8
+
 
 def available() -> bool:
-    """Return whether this torch has the quantized engine's dynamic int8 linear."""
-    return (hasattr(torch.ops.quantized, "linear_dynamic")
-            and torch.backends.quantized.engine in ("x86", "fbgemm", "onednn"))
+    """Return whether this torch has the int8 x int8 -> int32 matrix product."""
+    return hasattr(torch, "_int_mm")
 
 
-class PackedInt8Weight(nn.Module):
-    """A linear weight [out, in] as int8 with one scale per output channel, prepacked."""
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Return a @ b in int32 for int8 a [M, K] and b [K, N], on any shape the device takes.
+
+    The CPU's product takes any shape. CUDA's needs M > 16 and K, N multiples of 8: fewer
+    rows are padded with zero rows (cut off after), and other widths are multiplied in
+    float64, whose 53 bits hold any int8 sum of a realistic width exactly.
+    """
+    if a.device.type != "cuda":
+        return torch._int_mm(a, b)
+    if a.shape[1] % CUDA_MULTIPLE or b.shape[1] % CUDA_MULTIPLE:
+        return (a.double() @ b.double()).to(torch.int32)
+    rows = a.shape[0]
+    if rows < CUDA_MIN_ROWS:
+        a = torch.cat([a, a.new_zeros(CUDA_MIN_ROWS - rows, a.shape[1])])
+        return torch._int_mm(a, b)[:rows]
+    return torch._int_mm(a, b)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return `x` [M, K] as int8 rows and each row's float32 scale [M, 1] (absmax / 127)."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+class Int8EncoderWeight(nn.Module):
+    """A linear weight [out, in] as int8 with one scale per output channel, for many rows."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        w = weight.detach().float().cpu()
+        w = weight.detach().float()
         scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # torch deprecates qint8 tensors
-            qw = torch._make_per_channel_quantized_tensor(
-                q, scale.double(), torch.zeros(w.shape[0], dtype=torch.long), 0)
-            self.packed: Any = torch.ops.quantized.linear_prepack(qw, None)
-        self.shape = (int(w.shape[0]), int(w.shape[1]))
+        # [in, out], contiguous: the layout the product reads, made once, not per call.
+        # Named `q` like engine.quantize.Int8Weight's: what counts int8 bytes by name finds it.
+        self.q = nn.Parameter(q.t().contiguous(), requires_grad=False)
+        self.scale = nn.Parameter(scale, requires_grad=False)
         self.dtype = weight.dtype
-        # The packed int8 values and a float scale per output channel.
-        self.nbytes = self.shape[0] * self.shape[1] + 4 * self.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.q.shape[1]), int(self.q.shape[0])
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """Return x @ W.T: each row scaled to absmax 1, multiplied in int8, scaled back."""
-        top = x.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
-        y = torch.ops.quantized.linear_dynamic((x / top).float().contiguous(), self.packed,
-                                               True)
-        return (y * top).to(x.dtype)
+        """Return x @ W.T: x's rows quantized to int8 each, multiplied in int8, scaled back."""
+        rows = x.reshape(-1, x.shape[-1])
+        xq, xs = quantize_rows(rows)
+        y = int_mm(xq, self.q).float() * xs * self.scale
+        return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
 
     def dequantized(self) -> torch.Tensor:
         """Return the float weight this int8 weight stands for (q * scale)."""
-        qw, _bias = torch.ops.quantized.linear_unpack(self.packed)
-        return qw.dequantize().to(self.dtype)
+        return (self.q.t().float() * self.scale[:, None]).to(self.dtype)
 
 
-def is_packed(w: object) -> bool:
-    """Return whether a LeanT5 weight is a PackedInt8Weight."""
-    return isinstance(w, PackedInt8Weight)
-
-
-def packed_bytes(module: nn.Module) -> int:
-    """Return the bytes of the PackedInt8Weights in `module` (they are not parameters)."""
-    return sum(m.nbytes for m in module.modules() if isinstance(m, PackedInt8Weight))
+def is_int8_encoder_weight(w: object) -> bool:
+    """Return whether a LeanT5 weight is an Int8EncoderWeight."""
+    return isinstance(w, Int8EncoderWeight)

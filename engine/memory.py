@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from engine import encoder_int8
 from engine.protocol import MemorySnapshot
 
 
@@ -82,9 +81,7 @@ def held_tensors(runners: list[Any]) -> dict[str, int]:
     Each storage is counted once, under the first label that reaches it: the model's
     parameters and buffers (`<runner>.<name>`), its bias and position tables
     (`<runner>.tables`) and what its C step keeps beside the weights (`<runner>.c_step`:
-    the int8 rows' sums) and the int8 encoder's prepacked weights (`<runner>.encoder_int8`,
-    engine.encoder_int8: not tensors, their bytes as packed). KV caches and per-thread
-    scratch are working memory, not counted.
+    the int8 rows' sums). KV caches and per-thread scratch are working memory, not counted.
     """
     seen: set[tuple[str, int]] = set()
     out: dict[str, int] = {}
@@ -104,9 +101,6 @@ def held_tensors(runners: list[Any]) -> dict[str, int]:
                   *runner.windows]
         for t in tables:
             add(f"{runner.name}.tables", t)
-        packed = encoder_int8.packed_bytes(m)  # prepacked int8 weights: not tensors
-        if packed:
-            out[f"{runner.name}.encoder_int8"] = packed
         native = runner.native
         for t in getattr(native, "_keep", ()):
             if isinstance(t, torch.Tensor):

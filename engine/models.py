@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine import aot, native, quantize, t5
+from engine import aot, byte_tokens, native, quantize, t5
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.errors import ModelLoadError
 from engine.float_weights import OnDemandWeights, releasable
@@ -164,15 +164,15 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
     if config.quantization == "int8":
         with torch.no_grad():
             if device.type == "cpu":
-                _own_storages(target.m, released=quantize.step_names(target.m))
-            lean_q = (quantizer or partial(quantize.int8, encoder=config.int8_encoder))(
+                released = quantize.step_names(target.m)
+                if config.int8_encoder_on and quantizer is None:  # int8 replaces them
+                    released += quantize.encoder_names(target.m)
+                _own_storages(target.m, released=released)
+            lean_q = (quantizer or partial(quantize.int8, encoder=config.int8_encoder_on))(
                 target.m)
         target_q = ModelRunner(lean_q, edges=config.buckets, slots=slots,
                                verify_q=k_max + 1, options=options, name="target-int8",
                                steps=steps, ledger=ledger, tables_of=target,
-                               # Prepacked int8 weights are not tensors: an int8 encoder
-                               # runs eager (engine.encoder_int8).
-                               compile_encoder=not quantize.int8_encoder(lean_q),
                                encoder_of=target if quantize.shares_encoder(target.m, lean_q)
                                else None)
     # The encoder runs once per request: for a small draft it is not worth a graph.
@@ -189,7 +189,7 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
         draft_loaded = draft_loaded.released()
     gc.collect()
     return Models(target=target, target_q=target_q, draft=draft,
-                  tokenizer=target_loaded.tokenizer, speculative_reason=reason,
+                  tokenizer=byte_tokens.fast(target_loaded.tokenizer), speculative_reason=reason,
                   step_kind=step_kind, info=info, slots=slots, k_max=k_max,
                   target_loaded=target_loaded, draft_loaded=draft_loaded)
 
@@ -214,12 +214,16 @@ def _own_storages(lean: t5.LeanT5, *, released: list[str]) -> None:
 
 def _on_demand(target: ModelRunner, target_q: ModelRunner, loaded: LoadedModel, *,
                device: torch.device, dtype: torch.dtype) -> OnDemandWeights | None:
-    """Return the float target's decoder-step weights as weights reloaded from the
-    checkpoint on demand (engine.float_weights), or None where they stay resident."""
+    """Return the float target's decoder-step weights (and its encoder's products' when the
+    int8 target has an int8 encoder of its own) as weights reloaded from the checkpoint on
+    demand (engine.float_weights), or None where they stay resident."""
     if device.type != "cpu":
         # CUDA graphs record the weights' addresses: a reload would need new graphs.
         return None
-    names = releasable(target.m, quantize.step_names(target.m), keep=[target_q.m])
+    names = quantize.step_names(target.m)
+    if quantize.int8_encoder(target_q.m):
+        names += quantize.encoder_names(target.m)
+    names = releasable(target.m, names, keep=[target_q.m])
     if not names:
         return None
     stamp = fingerprint(loaded.path)

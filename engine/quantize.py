@@ -6,8 +6,8 @@ channel (symmetric, absmax / 127), and the C decode step (engine.native) multipl
 as they are (docs/engine.md#int8-weights). By default the encoder (and the cross K/V
 projection it computes) keeps the float weights, shared with the float model rather than
 copied: the compiled float encoder is the fastest on the built-in target. `int8(encoder=True)`
-(`engine.int8_encoder`) puts prepacked int8 weights in its products too (engine.encoder_int8),
-which pays on wide models (docs/engine.md#the-int8-encoder). Embeddings,
+(`engine.int8_encoder`) puts int8 weights in its products too, multiplied int8 x int8
+(engine.encoder_int8; docs/engine.md#the-int8-encoder). Embeddings,
 layer norms and position biases stay float and are shared too, so the int8 target holds
 only its int8 decoder weights beyond the float model, whose own float decoder weights
 int8 serving releases (engine.float_weights; docs/engine.md#what-int8-serving-holds).
@@ -118,8 +118,8 @@ def _map_weights(lean: LeanT5, fn: Callable[[torch.Tensor], nn.Module | torch.Te
 
 def int8(lean: LeanT5, *, encoder: bool = False) -> LeanT5:
     """Return a copy of `lean` whose decoder step weights are int8 (see the module doc);
-    `encoder`: its encoder's products (and the cross K/V projection) too, prepacked for
-    the quantized engine (engine.encoder_int8), the float ones still shared, not copied."""
+    `encoder`: its encoder's products (and the cross K/V projection) too (engine.encoder_int8),
+    the float ones still shared, not copied."""
     with torch.no_grad():
         out = _map_weights(lean, Int8Weight, step_only=True)
         if encoder:
@@ -128,23 +128,30 @@ def int8(lean: LeanT5, *, encoder: bool = False) -> LeanT5:
 
 
 def _pack_encoder(lean: LeanT5) -> None:
-    """Put a PackedInt8Weight in place of each encoder product's float weight of `lean` (a
+    """Put an Int8EncoderWeight in place of each encoder product's float weight of `lean` (a
     copy whose modules are its own: the float model keeps its weights)."""
     if not encoder_int8.available():
-        raise RuntimeError("int8 encoder: this torch has no quantized::linear_dynamic "
-                           f"(quantized engine {torch.backends.quantized.engine})")
+        raise RuntimeError(f"int8 encoder: torch {torch.__version__} has no torch._int_mm")
     for layer, name in [*((layer, n) for layer in lean.enc_layers
                           for n in encoder_int8.ENCODER_WEIGHTS),
                         *((layer, "ckv") for layer in lean.dec_layers)]:
         w = getattr(layer, name)
         delattr(layer, name)
-        setattr(layer, name, encoder_int8.PackedInt8Weight(w))
+        setattr(layer, name, encoder_int8.Int8EncoderWeight(w))
+
+
+def encoder_names(lean: LeanT5) -> list[str]:
+    """Return the parameter names of the encoder products' float weights (those an int8
+    encoder replaces, the decoder's cross K/V projection included)."""
+    return [f"enc_layers.{i}.{n}" for i in range(len(lean.enc_layers))
+            for n in encoder_int8.ENCODER_WEIGHTS] + [
+        f"dec_layers.{i}.ckv" for i in range(len(lean.dec_layers))]
 
 
 def int8_encoder(lean: LeanT5) -> bool:
     """Return whether `lean`'s encoder multiplies int8 weights (engine.encoder_int8)."""
-    return any(encoder_int8.is_packed(getattr(layer, name, None)) for layer in lean.enc_layers
-               for name in encoder_int8.ENCODER_WEIGHTS)
+    return any(encoder_int8.is_int8_encoder_weight(getattr(layer, name, None))
+               for layer in lean.enc_layers for name in encoder_int8.ENCODER_WEIGHTS)
 
 
 def dequantize(lean: LeanT5) -> LeanT5:
@@ -156,7 +163,7 @@ def dequantize(lean: LeanT5) -> LeanT5:
         for layer in [*out.enc_layers, *out.dec_layers]:
             for name in LINEAR_WEIGHTS:
                 w = getattr(layer, name, None)
-                if isinstance(w, Int8Weight | encoder_int8.PackedInt8Weight):
+                if isinstance(w, Int8Weight | encoder_int8.Int8EncoderWeight):
                     delattr(layer, name)
                     setattr(layer, name, nn.Parameter(w.dequantized(), requires_grad=False))
         if isinstance(out.lm_head, Int8Weight):
@@ -188,4 +195,4 @@ def weight_bytes(lean: LeanT5, *, beyond: LeanT5 | None = None) -> int:
     `beyond`: only those it does not share with that model."""
     shared = {p.data_ptr() for p in beyond.parameters()} if beyond is not None else set()
     return sum(p.numel() * p.element_size() for p in lean.parameters()
-               if p.data_ptr() not in shared) + encoder_int8.packed_bytes(lean)
+               if p.data_ptr() not in shared)

@@ -129,10 +129,10 @@ def test_an_int8_target_is_saved_and_served_without_tracing(tiny_dirs, tmp_path)
     cache = tmp_path / "cache"
     engine = {**_engine(tiny_dirs, cache), "quantization": "int8"}
     said = _precompile(engine, tmp_path)
-    # Both targets decode in C (engine.native; int8 weights too) and share one encoder (the
-    # int8 target's encoder weights are the float target's): one encode is saved.
-    assert "(1 graph, 1 saved function;" in said, said
-    assert not list(cache.glob("precompiled/*/target-int8_*"))
+    # Both targets decode in C (engine.native; int8 weights too); each has its encoder (the
+    # int8 target's multiplies int8 weights, engine.int8_encoder): two encodes are saved.
+    assert "(2 graphs, 2 saved functions;" in said, said
+    assert len(list(cache.glob("precompiled/*/target-int8_*"))) == 1
 
     warm = _fresh(engine, cache)
     assert warm["saved_buckets"] == len(BUCKETS) and warm["saved_failures"] == 0, warm

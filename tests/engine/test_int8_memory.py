@@ -1,7 +1,8 @@
 """What int8 serving holds: no second full float model, and a float32 arm that is float32.
 
-An engine with `quantization: int8` keeps the float target's decoder-step weights only
-while float requests hold them (engine.float_weights); released, the runtime's tensors
+An engine with `quantization: int8` keeps the float target's decoder-step weights, and its
+encoder's products' (the int8 target has an int8 encoder of its own), only while float
+requests hold them (engine.float_weights); released, the runtime's tensors
 take no more bytes than a float32-only runtime's, and a float request reloads them from
 the checkpoint: its tokens are a float32 runtime's, token for token.
 """
@@ -61,13 +62,31 @@ def test_int8_serving_holds_no_more_tensor_bytes_than_float32_serving(float32_an
     # is the embedding, which the int8 target reads too).
     params = dict(i8.target.m.named_parameters())
     kept = {p.data_ptr() for p in i8.target_q.m.parameters()}
-    for name in quantize.step_names(i8.target.m):
+    assert quantize.int8_encoder(i8.target_q.m)
+    for name in [*quantize.step_names(i8.target.m), *quantize.encoder_names(i8.target.m)]:
         assert params[name].numel() == 0 or params[name].data_ptr() in kept, name
+    assert all(params[name].numel() == 0 for name in quantize.encoder_names(i8.target.m))
     # The two targets share their bias and position tables.
     assert i8.target_q.dec_bias is i8.target.dec_bias
     # Serving int8 keeps them released.
     r = i8.generate("xabcdefx", override=FlagOverride(quantized=True))
     assert r.quantized and r.native_step and not weights.resident
+
+
+def test_an_int8_engine_sharing_the_float_encoder_keeps_it(tiny_dirs: dict[str, Path]
+                                                          ) -> None:
+    engine = Runtime(tiny_config(tiny_dirs, quantization="int8", int8_encoder=False,
+                                 use_draft=False, flags_file="", compile_mode="off"))
+    try:
+        weights = engine.target.weights
+        assert weights is not None and weights.release_idle()
+        assert engine.target_q is not None and not quantize.int8_encoder(engine.target_q.m)
+        params = dict(engine.target.m.named_parameters())
+        # The int8 target reads these very tensors: they stay.
+        assert all(params[n].numel() > 0 for n in quantize.encoder_names(engine.target.m))
+        assert engine.generate("xabcx", override=FlagOverride(quantized=True)).quantized
+    finally:
+        engine.close()
 
 
 def test_the_float32_arm_is_a_float32_runtime_token_for_token(float32_and_int8):
