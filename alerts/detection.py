@@ -125,9 +125,13 @@ class BaselineStats:
 
     def relative_noise(self, params: Cusum) -> float:
         """Return spread / |centre|, floored at params.min_spread_rel (inf for a zero centre)."""
+        return max(self.measured_noise(), params.min_spread_rel)
+
+    def measured_noise(self) -> float:
+        """Return spread / |centre| as measured, with no floor (inf for a zero centre)."""
         if self.center == 0:
             return math.inf
-        return max(self.spread / abs(self.center), params.min_spread_rel)
+        return self.spread / abs(self.center)
 
 
 def relative_change(value: float, center: float) -> float | None:

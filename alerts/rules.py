@@ -388,11 +388,16 @@ def recovery_cycles(rule: Rule, baseline: BaselineStats | None) -> int:
     (RECOVERY_Z standard errors of a median apart) on this series' noise; fewer cycles
     resolve a noisy series still at the threshold, and it fires again (a second page).
     At most the lookback: a series too noisy for it waits that long.
+
+    The noise is the baseline's measured spread, not the detector's floored one: the
+    floor keeps a flat baseline from turning tiny moves into infinite evidence, but read
+    here it would make a quiet series (a deterministic agreement, a band a fraction of a
+    percent wide) wait the whole lookback to resolve after its cause ended.
     """
     gap = rule.threshold - rule.resolve_threshold
     if baseline is None or baseline.center == 0 or gap <= 0:
         return rule.resolve_for
-    sigma = baseline.relative_noise(rule.cusum)
+    sigma = baseline.measured_noise()
     need = math.ceil((RECOVERY_Z * MEDIAN_SE * sigma / gap) ** 2)
     return max(rule.resolve_for, min(need, rule.lookback_cycles))
 

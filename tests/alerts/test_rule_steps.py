@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 from alerts.detection import BaselineStats, llr
@@ -146,6 +147,35 @@ def test_a_noisy_series_still_over_the_threshold_does_not_resolve_on_a_lucky_run
     assert recovered(r, noisy, pts(back), back, relative_changes(back, noisy))
     # Too few cycles since it fired to read that many: not yet.
     assert not recovered(r, noisy, pts(back[:20]), back[:20], relative_changes(back[:20], noisy))
+
+
+def test_a_quiet_series_resolves_in_resolve_for_cycles_a_noisy_one_waits_for_its_noise():
+    """The recovery reads the baseline's measured noise, not the detector's floored one.
+
+    The canaries' output agreement is exactly 1.0: read at the detector's 2% floor, a
+    -2% rule with a -0.5% band would read the whole lookback before resolving (the demo's
+    quality step timed out waiting for it). A noisy series still at the threshold must
+    not resolve on a run of lucky cycles (it would fire again: a second page).
+    """
+    agreement = rule(name="agreement", metric="output_agreement", change="-2%",
+                     resolve_change="-0.5%", resolve_for=2, lookback=12, floor=0.99)
+    flat = BaselineStats(center=1.0, spread=0.0, cycles=500)
+    assert recovery_cycles(agreement, flat) == 2
+    # The cycles since it fired (the detector restarts there): two still low, then back.
+    since_fired = [0.9, 0.9] + [1.0] * 10
+    back = [k for k in range(1, len(since_fired) + 1)
+            if evaluate_rule(agreement, {}, flat, pts(since_fired[:k])).recovered]
+    assert back[0] == 4  # resolve_for cycles after the canaries agree again
+
+    noisy = rule(change="+10%", resolve_change="+3%", resolve_for=5, lookback=30)
+    base = BaselineStats(center=1.0, spread=0.10, cycles=500)
+    rng = random.Random(3)
+    still = [1.13 + rng.gauss(0.0, 0.10) for _ in range(120)]  # still at +13%
+    changes = relative_changes(still, base)
+    # Some runs of 5 cycles read inside the band: resolving on them would flap.
+    assert any(median_inside_band(noisy, changes[k - 5:k]) for k in range(5, 121))
+    assert not any(evaluate_rule(noisy, {}, base, pts(still[max(0, k - 30):k])).recovered
+                   for k in range(1, 121))
 
 
 def test_own_samples_back_scores_the_new_samples_as_the_detector_does():
