@@ -537,8 +537,8 @@ def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,
     (at least 2 such cycles). The points are the detector's: for a firing alert, the
     cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
     the other canaries can go on below it, with no new sample above it and a pool without
-    a slow cycle reading under the threshold (bench.incidents on the 2026-12-02 recording:
-    a +30% ramp read +13% and resolved mid-incident). Without this check the lenient
+    a slow cycle reading under the threshold (bench.incidents shows a ramp read well under
+    its size and resolved mid-incident). Without this check the lenient
     recovery resolved such an alert and it fired again; an ended regression shows as its
     canaries coming down. The body answers where the earlier cycles cannot: an alert that
     fired near an incident's end has mostly normal cycles since, which the canaries never

@@ -16,7 +16,8 @@ meets it, never tighter than configured, and the reason says so
 
 Cost: the false-page count runs the CUSUM bound over every simulated cycle and the rule
 only where that bound reaches h (a CUSUM restarted at the detector's window start never
-stands above the long-run one), so 60 simulated days cost tens of milliseconds.
+stands above the long-run one), so most simulated cycles cost one vectorized step
+(`bench.detection` measures it).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ SHIFT_RESOLUTION = 0.005
 
 
 # One-sided confidence of the false-page rate the budget is checked against: 80%. At 95%
-# one page in the simulated days (a dedicated host's rare stall pair, a fifth of the
-# budget) failed every threshold up to where that one excursion stops paging (+178%).
+# a single page in the simulated days (one rare excursion of a quiet host, well within the
+# budget) failed every threshold up to where that one excursion stops paging.
 UPPER_Z = 0.8416
 
 
@@ -315,7 +316,7 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
         if hi >= cfg.max_shift:
             return None
         lo, hi = hi, min(hi * 2, cfg.max_shift)
-    # Fine steps: the confirmation rate climbs from 80% to 98% within a few percent.
+    # Fine steps: the confirmation rate climbs steeply near the detectable shift.
     while hi - lo > SHIFT_RESOLUTION * (1 + hi):
         mid = (lo + hi) / 2
         if confirmed(mid):
