@@ -243,12 +243,28 @@ def threshold_in_force(rule: Rule, baseline: BaselineStats | None) -> tuple[Rule
     """Return the rule with the threshold in force and the suffix every reason gets.
 
     The false-page budget may have widened the threshold on this series' noise: the
-    wider one is in force and every reason says so; never tighter than configured.
+    wider one is in force (`with_threshold`, its band widened alike) and every reason
+    says so; never tighter than configured.
     """
     if baseline is None or baseline.threshold is None or baseline.threshold <= rule.threshold:
         return rule, ""
     widened = f"; {baseline.widened}" if baseline.widened else ""
-    return replace(rule, threshold=baseline.threshold), widened
+    return with_threshold(rule, baseline.threshold), widened
+
+
+def with_threshold(rule: Rule, threshold: float) -> Rule:
+    """Return the rule at `threshold`, its hysteresis band keeping its share of it.
+
+    A threshold widened on a series' noise says moves up to it are that series' noise:
+    with the configured band, a page on that noise whose series settles between the band
+    and the widened threshold never resolves. alerts.sensitivity simulates the rule at a
+    candidate threshold through this too, so the lifecycle it counts pages on is the one
+    the threshold in force runs.
+    """
+    if threshold == rule.threshold or rule.threshold <= 0:
+        return replace(rule, threshold=threshold)
+    return replace(rule, threshold=threshold,
+                   resolve_threshold=rule.resolve_threshold * threshold / rule.threshold)
 
 
 def pages_held(rule: Rule, baseline: BaselineStats | None) -> str:

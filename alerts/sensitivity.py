@@ -53,6 +53,7 @@ from alerts.rules import (
     evaluate_rule,
     has_limit,
     quantile_samples,
+    with_threshold,
 )
 from alerts.series import Labels, sliced_cohort_series
 from storage.models import scope_key
@@ -259,7 +260,7 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
     threshold, pages = rule.threshold, at_configured
     if budget is not None and configured.upper_30d > budget:
         threshold, pages = _widen(rule, noise, sim, budget, timer)
-    in_force = replace(rule, threshold=threshold)
+    in_force = with_threshold(rule, threshold)
     detectable = _detectable(in_force, noise, cfg, rng, timer)
     reason = widening_reason(rule.direction, rule.threshold, threshold, at_configured) \
         if threshold > rule.threshold else ""
@@ -280,12 +281,12 @@ def _widen(rule: Rule, noise: _Noise, sim: _Sim, budget: float,
         if hi >= top:  # nothing meets the budget: the widest threshold, its cost stated
             return hi, count.per_30d
         lo, hi = hi, min(hi * 1.5, top)
-        count = noise.false_pages(replace(rule, threshold=hi), sim, timer, budget)
+        count = noise.false_pages(with_threshold(rule, hi), sim, timer, budget)
     while hi - lo > 0.01:
         mid = math.ceil((lo + hi) / 2 * 100) / 100
         if mid >= hi:
             break
-        c = noise.false_pages(replace(rule, threshold=mid), sim, timer, budget)
+        c = noise.false_pages(with_threshold(rule, mid), sim, timer, budget)
         if c.upper_30d <= budget:
             hi, count = mid, c
         else:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from alerts.detection import BaselineStats, llr
 from alerts.rule_file import parse_rule
@@ -62,6 +65,20 @@ def test_threshold_in_force_widens_only_and_names_why():
     widened, suffix = threshold_in_force(r, wider)
     assert widened.threshold == 0.30 and r.threshold == 0.15
     assert suffix == "; budget widened to +30%"
+    # The band keeps its share of the threshold: +5% of +15% -> +10% of +30%.
+    assert widened.resolve_threshold == pytest.approx(0.10) and r.resolve_threshold == 0.05
+
+
+def test_a_page_at_a_widened_threshold_resolves_inside_the_band_widened_alike():
+    """The budget widened the threshold on this series' noise: a page on that noise whose
+    series settles at +7% (noise at that width, over the configured +5% band) resolves."""
+    r = rule()
+    wider = BaselineStats(center=1.0, spread=0.02, cycles=500, threshold=0.30, widened="w")
+    since_fired = [1.35] * 3 + [1.07] * 3
+    assert evaluate_rule(r, {}, wider, pts(since_fired)).recovered
+    assert not evaluate_rule(r, {}, wider, pts([1.35] * 3 + [1.12] * 3)).recovered
+    # At the configured threshold the configured band holds.
+    assert not evaluate_rule(r, {}, replace(wider, threshold=None), pts(since_fired)).recovered
 
 
 def test_unjudgeable_names_empty_and_thin_cycles():
