@@ -343,8 +343,8 @@ def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, fl
 
 def _measured(opt: float | None, seen: Found, cfg: CauseConfig) -> str:
     """Return what the A/B rows showed where no arm explains the incident."""
-    speedups = seen.speedups()
-    if not speedups:
+    compared = seen.speedups()
+    if not compared:
         if opt is not None:
             return f"no optimization slowed: optimized p50 {_pct(opt)}, no reference arm paired"
         return seen.missing()
@@ -352,11 +352,11 @@ def _measured(opt: float | None, seen: Found, cfg: CauseConfig) -> str:
     if any(pc.change <= -cfg.slowed for pc in seen.paired):
         # The optimized arm lost ground to a reference arm without its own p50 slowing
         # (or with no p50 before the incident to compare): stated, not blamed.
-        return f"a speedup fell, the optimized arm did not slow (arm speedups: {speedups}" \
+        return f"a speedup fell, the optimized arm did not slow (arm speedups: {compared}" \
                + (opt_text or "; no optimized p50 before the incident") + ")"
     within = all(abs(pc.change) < cfg.slowed for pc in seen.paired)
     where = "within band" if within else "rose"
-    return f"no optimization slowed (arm speedups {where}: {speedups}{opt_text})"
+    return f"no optimization slowed (arm speedups {where}: {compared}{opt_text})"
 
 
 def measure(session: Session, scope: Scope, first_start: datetime, now: datetime,
