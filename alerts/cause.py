@@ -14,9 +14,13 @@ both arms of a pair cancels out. The instances are compared on their optimized a
 In order, the first that holds is the cause:
     one_instance   several instances report and only some slowed (members name them)
     host_or_load   the optimized arm slowed and the reference arms slowed alike
-    optimization   the optimized arm slowed, the reference arms did not
+    optimization   the optimized arm slowed, and the reference arms did not slow alike even
+                   at the upper end of their speedups' 95% confidence intervals (with too
+                   few pairs for an interval, or one reaching "alike": unknown, said so)
+    host_or_load   a member is a load rule (queue wait): load, queueing
     one_bucket     every member is in one bucket and the optimized arm did not slow there
-    unknown        none of these; the numbers are kept all the same
+    unknown        none of these; the text says what the A/B rows showed (no optimization
+                   slowed: the speedups compared; or which rows were missing)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from storage.queries.speedups import (
     ArmSpeedup,
     PairRecord,
     load_pairs,
+    median_ci,
     speedups,
 )
 from vocab import Variant
@@ -51,7 +56,19 @@ CAUSES = ("host_or_load", "optimization", "one_instance", "some_instances", "one
 # Family -> what the one-bucket cause names ("acceptance in bucket 32 only").
 _WHAT = {"speculation": "acceptance", "latency": "latency", "quality": "output agreement",
          "memory": "memory", "compile": "recompiles", "probes": "probe failures",
-         "traffic": "traffic"}
+         "traffic": "traffic", "load": "queue wait"}
+# Families whose rules measure load itself (alerts.incidents.FAMILIES): such a member says
+# requests wait, which no A/B arm can show as a slowed optimization.
+LOAD_FAMILIES = ("load",)
+
+
+def _ci_pairs() -> int:
+    """Return the fewest pairs whose median speedup has a 95% confidence interval."""
+    return next(n for n in range(1, 100) if median_ci([1.0] * n)[1] is not None)
+
+
+# storage.queries.speedups gives no confidence interval under this many pairs.
+CI_PAIRS = _ci_pairs()
 
 
 @dataclass(frozen=True)
@@ -119,6 +136,14 @@ class PairedChange:
         """Return the relative change of the speedup (reference / optimized latency)."""
         return self.during.speedup / self.before.speedup - 1.0
 
+    @property
+    def high(self) -> float | None:
+        """Return the change at the upper end of the incident's speedup 95% CI (None: too
+        few pairs for one)."""
+        if self.during.ci_high is None:
+            return None
+        return self.during.ci_high / self.before.speedup - 1.0
+
     def evidence(self) -> dict[str, Any]:
         """Return the numbers compared, for the incident's evidence."""
         def side(s: ArmSpeedup) -> dict[str, Any]:
@@ -151,6 +176,14 @@ def paired_changes(pairs: Iterable[PairRecord], start: datetime,
             for arm, bucket in sorted(was.keys() & now.keys()) if bucket != ALL_BUCKETS]
 
 
+def _optimized_changes(rows: Sequence[ArmRow], start: datetime,
+                       buckets: Sequence[str]) -> dict[str, float]:
+    """Return bucket -> the optimized arm's p50 change (rows at or after `start`: during)."""
+    rows = [r for r in rows if r.variant == OPTIMIZED and (not buckets or r.bucket in buckets)]
+    return {b: c for b, (during, before) in _by(rows, start, lambda r: r.bucket).items()
+            if (c := _change(during, before)) is not None}
+
+
 def arm_changes(rows: Sequence[ArmRow], paired: Sequence[PairedChange], start: datetime,
                 buckets: Sequence[str] = ()) -> dict[str, float]:
     """Return arm ("optimized", "eager", "direct") -> median over buckets of its p50 change.
@@ -160,15 +193,65 @@ def arm_changes(rows: Sequence[ArmRow], paired: Sequence[PairedChange], start: d
     arm's change in a bucket is the optimized arm's there times the change of its paired
     speedup (`paired`), so the conditions both arms of a pair shared cancel out.
     """
-    rows = [r for r in rows if r.variant == OPTIMIZED and (not buckets or r.bucket in buckets)]
-    opt = {b: c for b, (during, before) in _by(rows, start, lambda r: r.bucket).items()
-           if (c := _change(during, before)) is not None}
+    opt = _optimized_changes(rows, start, buckets)
     per: dict[str, list[float]] = defaultdict(list)
     per[OPTIMIZED] = list(opt.values())
     for pc in paired:
         if pc.bucket in opt:
             per[pc.arm].append((1.0 + opt[pc.bucket]) * (1.0 + pc.change) - 1.0)
     return {v: statistics.median(cs) for v, cs in per.items() if cs}
+
+
+def arm_highs(rows: Sequence[ArmRow], paired: Sequence[PairedChange], start: datetime,
+              buckets: Sequence[str] = ()) -> dict[str, float]:
+    """Return reference arm -> its change as `arm_changes` reads it, at the upper end of
+    the incident's speedup 95% confidence interval, median over the buckets that have one."""
+    opt = _optimized_changes(rows, start, buckets)
+    per: dict[str, list[float]] = defaultdict(list)
+    for pc in paired:
+        if pc.bucket in opt and (high := pc.high) is not None:
+            per[pc.arm].append((1.0 + opt[pc.bucket]) * (1.0 + high) - 1.0)
+    return {v: statistics.median(cs) for v, cs in per.items() if cs}
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the incident's window held besides the arms' changes, for `classify` to state.
+
+    highs: reference arm -> its change at the upper end of the speedup's 95% CI
+    (`arm_highs`). paired: each reference arm's speedup per bucket, before vs during.
+    rows / pairs: optimized canary groups / A/B prompt pairs, before and during.
+    """
+
+    highs: Mapping[str, float] = field(default_factory=dict)
+    paired: Sequence[PairedChange] = ()
+    rows: tuple[int, int] = (0, 0)
+    pairs: tuple[int, int] = (0, 0)
+
+    def pairs_during(self, arms: Iterable[str]) -> int:
+        """Return the most pairs one of `arms` has in the incident's window (buckets read)."""
+        per: dict[str, int] = defaultdict(int)
+        for pc in self.paired:
+            per[pc.arm] += pc.during.pairs
+        return max((per[a] for a in arms), default=0)
+
+    def speedups(self) -> str:
+        """Return each reference arm's speedup before -> during (median over buckets)."""
+        out = []
+        for arm in REFERENCE:
+            mine = [pc for pc in self.paired if pc.arm == arm]
+            if mine:
+                was = statistics.median(pc.before.speedup for pc in mine)
+                now = statistics.median(pc.during.speedup for pc in mine)
+                out.append(f"{arm} {was:.2f}x -> {now:.2f}x over "
+                           f"{sum(pc.during.pairs for pc in mine)} pairs")
+        return ", ".join(out)
+
+    def missing(self) -> str:
+        """Return which rows the comparison lacked, with the counts found."""
+        (rb, rd), (pb, pd) = self.rows, self.pairs
+        return (f"optimized canary rows {rb} before / {rd} during, A/B pairs {pb} before / "
+                f"{pd} during the incident: nothing measured on both sides")
 
 
 def instance_changes(rows: Sequence[ArmRow], start: datetime) -> dict[str, float]:
@@ -188,10 +271,16 @@ def _pct(x: float) -> str:
 
 
 def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, float],
-             config: CauseConfig | None = None) -> Cause:
-    """Return the probable cause of an incident covering `scope` from the measured changes."""
+             config: CauseConfig | None = None, found: Found | None = None) -> Cause:
+    """Return the probable cause of an incident covering `scope` from the measured changes.
+
+    found: the confidence intervals and counts behind `arms` (None: nothing beyond them).
+    """
     cfg = config or CauseConfig()
+    seen = found or Found()
     evidence: dict[str, Any] = {"arms": {k: round(v, 4) for k, v in sorted(arms.items())},
+                                "arms_ci95_high": {k: round(v, 4)
+                                                   for k, v in sorted(seen.highs.items())},
                                 "instances": {k: round(v, 4) for k, v in sorted(instances.items())},
                                 "slowed": cfg.slowed, "alike": cfg.alike}
     slowed = sorted(i for i, c in instances.items() if c >= cfg.slowed)
@@ -208,25 +297,66 @@ def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, fl
     if opt is not None and opt >= cfg.slowed and refs:
         ref_name = "/".join(v for v, _ in refs)
         ref = statistics.median([c for _, c in refs])
-        if ref >= cfg.slowed and ref >= cfg.alike * opt:
+        alike = max(cfg.slowed, cfg.alike * opt)
+        if ref >= alike:
             return Cause("host_or_load", f"host or load (optimized and {ref_name} arms slowed "
                                          f"alike: {_pct(opt)} / {_pct(ref)})", evidence)
-        return Cause("optimization", f"optimization regressed (optimized {_pct(opt)}, "
-                                     f"{ref_name} {_pct(ref)})", evidence)
+        # The point estimate says the reference arms did not slow alike; an optimization
+        # is blamed only where the upper end of their speedups' 95% CI says so too (a few
+        # pairs can read a host-wide slowdown as a regression).
+        highs = [seen.highs[v] for v, _ in refs if v in seen.highs]
+        if not highs:
+            n = seen.pairs_during(v for v, _ in refs)
+            return Cause("unknown", f"unknown (optimized {_pct(opt)}, {ref_name} {_pct(ref)}; "
+                                    f"needs more A/B pairs: {n} in the incident's window, "
+                                    f"{CI_PAIRS} in a bucket give a 95% confidence interval)",
+                         evidence)
+        high = statistics.median(highs)
+        if high < alike:
+            return Cause("optimization", f"optimization regressed (optimized {_pct(opt)}, "
+                                         f"{ref_name} {_pct(ref)}, 95% CI up to {_pct(high)})",
+                         evidence)
+        return Cause("unknown", f"unknown (optimized {_pct(opt)}, {ref_name} {_pct(ref)} but "
+                                f"up to {_pct(high)} within its 95% CI: host or optimization "
+                                "not told apart yet)", evidence)
     if opt is not None and opt >= cfg.slowed:
         # Slowed, but no reference arm ran in the window yet: host or optimization cannot
         # be told apart (measured again while the incident is open).
         return Cause("unknown", f"unknown (optimized {_pct(opt)}, no reference arm in the "
                                 "window yet)", evidence)
+    measured = _measured(opt, seen, cfg)
+    loads = [f for f in scope.families if f in LOAD_FAMILIES]
+    if loads:
+        # Requests waiting (behind real traffic or the canaries' own A/B arms) is load,
+        # whatever the arms show: no optimization slowed, or nothing to compare.
+        return Cause("host_or_load", f"load (queueing: {' and '.join(_WHAT[f] for f in loads)}"
+                                     f" rose; {measured})", evidence)
     if len(scope.buckets) == 1:
         fams = [f for f in scope.families if f in _WHAT] or list(scope.families)
         what = " and ".join(_WHAT.get(f, f) for f in fams) or "alerts"
         return Cause("one_bucket", f"one bucket's traffic ({what} in bucket "
                                    f"{scope.buckets[0]} only)", evidence)
-    if opt is not None:
-        ref_text = ", ".join(f"{v} {_pct(c)}" for v, c in refs) or "no reference arm"
-        return Cause("unknown", f"unknown (optimized {_pct(opt)}, {ref_text})", evidence)
-    return Cause("unknown", "unknown (no A/B arm rows in the incident's window)", evidence)
+    if opt is None and not any(seen.rows) and not any(seen.pairs):
+        return Cause("unknown", "unknown (no A/B arm rows in the incident's window)", evidence)
+    return Cause("unknown", f"unknown ({measured})", evidence)
+
+
+def _measured(opt: float | None, seen: Found, cfg: CauseConfig) -> str:
+    """Return what the A/B rows showed where no arm explains the incident."""
+    compared = seen.speedups()
+    if not compared:
+        if opt is not None:
+            return f"no optimization slowed: optimized p50 {_pct(opt)}, no reference arm paired"
+        return seen.missing()
+    opt_text = f"; optimized p50 {_pct(opt)}" if opt is not None else ""
+    if any(pc.change <= -cfg.slowed for pc in seen.paired):
+        # The optimized arm lost ground to a reference arm without its own p50 slowing
+        # (or with no p50 before the incident to compare): stated, not blamed.
+        return f"a speedup fell, the optimized arm did not slow (arm speedups: {compared}" \
+               + (opt_text or "; no optimized p50 before the incident") + ")"
+    within = all(abs(pc.change) < cfg.slowed for pc in seen.paired)
+    where = "within band" if within else "rose"
+    return f"no optimization slowed (arm speedups {where}: {compared}{opt_text})"
 
 
 def measure(session: Session, scope: Scope, first_start: datetime, now: datetime,
@@ -240,8 +370,12 @@ def measure(session: Session, scope: Scope, first_start: datetime, now: datetime
     pairs = [p for p in load_pairs(session, since, now) if not edge <= p.started_at < start]
     buckets = [b for b in scope.buckets if any(r.bucket == b for r in rows)]
     paired = paired_changes(pairs, start, buckets)
+    found = Found(highs=arm_highs(rows, paired, start, buckets), paired=paired,
+                  rows=(sum(r.at < start for r in rows), sum(r.at >= start for r in rows)),
+                  pairs=(sum(p.started_at < start for p in pairs),
+                         sum(p.started_at >= start for p in pairs)))
     cause = classify(scope, arm_changes(rows, paired, start, buckets),
-                     instance_changes(rows, start), cfg)
+                     instance_changes(rows, start), cfg, found)
     evidence = {**cause.evidence, "window_start": start.isoformat(), "until": now.isoformat(),
                 "before_s": cfg.before_s, "buckets_read": buckets or "all",
                 "rows": len(rows), "measured_by": MEASURED_BY,

@@ -6,8 +6,8 @@ change of exactly the threshold tau" N(tau, sigma). The log-likelihood ratio of 
 cycle is tau * (x - tau / 2) / sigma**2; the CUSUM S_t = max(0, S_{t-1} + min(llr_t, cap))
 confirms when S >= h. Why this design (see docs/detection.md#why-this-detector, `python -m bench.detection`):
 
-* It adapts to noise by itself: on a quiet series (sigma 5%) a +20% step confirms in the
-  minimum number of cycles; on a noisy one (sigma 38%) it keeps collecting evidence
+* It adapts to noise by itself: on a quiet series a step of several sigmas confirms in the
+  minimum number of cycles; on a noisy one it keeps collecting evidence
   instead of paging. The false-alarm rate depends on h, not on the noise: a CUSUM's
   average run length without change is at least e**h cycles (Lorden), e**14 ~ 1.2e6
   one-minute cycles, about two years.
@@ -16,8 +16,8 @@ confirms when S >= h. Why this design (see docs/detection.md#why-this-detector, 
 
 Pooled quantiles (a canary p99 resting on the latest 25 cycles of 4 canaries) are not
 independent from cycle to cycle: one slow request sits in 25 consecutive values. Scoring
-each pooled value would count that request 25 times (43-410 false alerts per 30 days,
-`bench.detection`). There the evidence of a cycle comes from its NEW samples only: a
+each pooled value would count that request 25 times (`bench.detection` counts the false
+alerts that makes). There the evidence of a cycle comes from its NEW samples only: a
 Bernoulli CUSUM on how many of them exceed the baseline quantile q0 (the baseline of the
 pooled q-quantile). Without a change a sample exceeds q0 with p0 = 1 - q by the
 quantile's definition, whatever the latency distribution; the alternative is p1 =
@@ -125,9 +125,13 @@ class BaselineStats:
 
     def relative_noise(self, params: Cusum) -> float:
         """Return spread / |centre|, floored at params.min_spread_rel (inf for a zero centre)."""
+        return max(self.measured_noise(), params.min_spread_rel)
+
+    def measured_noise(self) -> float:
+        """Return spread / |centre| as measured, with no floor (inf for a zero centre)."""
         if self.center == 0:
             return math.inf
-        return max(self.spread / abs(self.center), params.min_spread_rel)
+        return self.spread / abs(self.center)
 
 
 def relative_change(value: float, center: float) -> float | None:

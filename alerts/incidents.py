@@ -6,7 +6,7 @@ An alert joins an incident when it fires (pending alerts are no incident's yet):
     - a resolved one that started within `window_s` and shares its scope, or one
       resolved within `hold_s` that it was a member of (same fingerprint): it reopens;
     - otherwise a new incident.
-Rule families (latency, speculation, compile, quality, memory, probes, traffic) are labels
+Rule families (latency, speculation, compile, quality, memory, probes, traffic, load) are labels
 on the incident. It resolves when its last member resolves.
 
 Notifications (one outbox row per target, order kept per incident through its first
@@ -43,7 +43,7 @@ FAMILIES = {
     "acceptance_rate": "speculation", "recompiles_per_hour": "compile",
     "compile_failures": "compile", "output_agreement": "quality", "memory_growth": "memory",
     "probe_failures": "probes", "overflow_share": "traffic", "padding_waste": "traffic",
-    "rejections": "traffic",
+    "rejections": "traffic", "queue_wait_share": "load",
 }
 COHORT_LABELS = ("model_version", "config_hash")
 

@@ -10,7 +10,7 @@ Example (alerts/rules.yaml holds the defaults):
         change: "+15%"          # relative threshold and direction vs the baseline
         resolve_change: "+5%"   # hysteresis: resolve once back under this
         for: 3                  # the change must hold (median) over at least this many cycles
-        resolve_for: 5          # cycles back inside the band before resolving
+        resolve_for: 5          # cycles whose median is back inside the band to resolve
         min_samples: 3          # a cycle with fewer samples counts as empty
         ceiling: 2.0            # optional absolute limit (floor: for downward metrics)
         seasonality: hour_of_week  # optional: baseline from the same hour of the week

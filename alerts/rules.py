@@ -4,13 +4,15 @@ A rule compares the per-cycle series of one metric in one scope with that scope'
 baseline and returns a `RuleResult` (`evaluate_rule`). The steps it takes are module-level
 and pure: `unjudgeable` (too few samples), `score_cycle` (one cycle's CUSUM increment),
 `confirm` (CUSUM and the run's median change), `limit_crossed` (absolute limits),
-`recovered` (back inside the hysteresis band), `run_over` (a confirmation whose cause
+`recovered` (back: the median of the last cycles inside the hysteresis band, or a pooled
+tail quantile's own samples back), `run_over` (a confirmation whose cause
 ended: late) and `reason` (the numbers in words). The YAML form and its loader live in
 `alerts.rule_file`.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +32,10 @@ from alerts.detection import (
 from storage.sketches import Sketch, min_samples
 
 PAGE, WARNING = "page", "warning"
+# A recovering series' median must sit this many standard errors from the threshold.
+RECOVERY_Z = 3.0
+# The standard error of the median of n normal values is MEDIAN_SE * sigma / sqrt(n).
+MEDIAN_SE = 1.2533
 # Quantile metrics: the quantile each reads; a cycle's value must rest on
 # storage.sketches.min_samples(q) samples (p99: 100), else the rule says insufficient_samples.
 QUANTILE_METRICS: dict[str, float] = {
@@ -115,7 +121,9 @@ class RuleResult:
         current run of at least for_cycles cycles reaches the threshold), or an absolute
         limit is crossed on each of the last for_cycles cycles.
     breaching: the latest cycle breaches (an alert is pending until fired).
-    recovered: the last resolve_for cycles sit inside the hysteresis band.
+    recovered: the last resolve_for cycles say the series is back (`recovered`): their
+        median change inside the hysteresis band, or, for a pooled tail quantile whose pool
+        still holds an ended regression, their own samples back.
     no_data: the latest cycle is empty or there is no usable baseline; nothing changes.
     over: fired, but the latest `for` cycles no longer breach on their own samples (their
         median change inside the hysteresis band; for a pooled tail quantile, none of their
@@ -235,12 +243,28 @@ def threshold_in_force(rule: Rule, baseline: BaselineStats | None) -> tuple[Rule
     """Return the rule with the threshold in force and the suffix every reason gets.
 
     The false-page budget may have widened the threshold on this series' noise: the
-    wider one is in force and every reason says so; never tighter than configured.
+    wider one is in force (`with_threshold`, its band widened alike) and every reason
+    says so; never tighter than configured.
     """
     if baseline is None or baseline.threshold is None or baseline.threshold <= rule.threshold:
         return rule, ""
     widened = f"; {baseline.widened}" if baseline.widened else ""
-    return replace(rule, threshold=baseline.threshold), widened
+    return with_threshold(rule, baseline.threshold), widened
+
+
+def with_threshold(rule: Rule, threshold: float) -> Rule:
+    """Return the rule at `threshold`, its hysteresis band keeping its share of it.
+
+    A threshold widened on a series' noise says moves up to it are that series' noise:
+    with the configured band, a page on that noise whose series settles between the band
+    and the widened threshold never resolves. alerts.sensitivity simulates the rule at a
+    candidate threshold through this too, so the lifecycle it counts pages on is the one
+    the threshold in force runs.
+    """
+    if threshold == rule.threshold or rule.threshold <= 0:
+        return replace(rule, threshold=threshold)
+    return replace(rule, threshold=threshold,
+                   resolve_threshold=rule.resolve_threshold * threshold / rule.threshold)
 
 
 def pages_held(rule: Rule, baseline: BaselineStats | None) -> str:
@@ -373,22 +397,55 @@ def limit_crossed(rule: Rule, values: Sequence[float]) -> bool:
         and all(over_limit(rule, value) for value in last)
 
 
-def band_verdict(rule: Rule, baseline: BaselineStats | None, point: Point,
-                 change: float | None) -> bool | None:
-    """Return whether one cycle is back inside the band; None: if the canaries came down.
+def recovery_cycles(rule: Rule, baseline: BaselineStats | None) -> int:
+    """Return how many latest cycles a plain series' recovery reads: resolve_for, or more.
 
-    A pooled value keeps a regression's samples for up to `pool` cycles after it ended:
-    back under the threshold with none of the cycle's own samples above the baseline
-    quantile counts as inside the band too, once the canaries themselves came down
-    (`series_came_down`).
+    Their median must tell a series back inside the band from one still at the threshold
+    (RECOVERY_Z standard errors of a median apart) on this series' noise; fewer cycles
+    resolve a noisy series still at the threshold, and it fires again (a second page).
+    At most the lookback: a series too noisy for it waits that long.
+
+    The noise is the baseline's measured spread, not the detector's floored one: the
+    floor keeps a flat baseline from turning tiny moves into infinite evidence, but read
+    here it would make a quiet series (a deterministic agreement, a band a fraction of a
+    percent wide) wait the whole lookback to resolve after its cause ended.
     """
-    if inside_band(rule, change) or not (is_tail_metric(rule.metric) and point.pooled
-                                         and point.fresh is not None and change is not None):
-        return inside_band(rule, change)
-    if breaches(rule, change) or rule.direction <= 0 or baseline is None \
-            or count_above(point.fresh, baseline.center) != 0:
+    gap = rule.threshold - rule.resolve_threshold
+    if baseline is None or baseline.center == 0 or gap <= 0:
+        return rule.resolve_for
+    sigma = baseline.measured_noise()
+    need = math.ceil((RECOVERY_Z * MEDIAN_SE * sigma / gap) ** 2)
+    return max(rule.resolve_for, min(need, rule.lookback_cycles))
+
+
+def median_inside_band(rule: Rule, changes: Sequence[float | None]) -> bool:
+    """Return whether the median of the known changes is inside the band (none known: inside).
+
+    A noisy series strays out of a band narrower than its noise in most runs of cycles
+    however healthy it is; the median of the run is where the series sits.
+    """
+    known = [c for c in changes if c is not None]
+    return not known or inside_band(rule, statistics.median(known))
+
+
+def own_samples_back(rule: Rule, baseline: BaselineStats | None,
+                     points: Sequence[Point]) -> bool:
+    """Return whether the cycles' own samples, merged, read as no change of a tail quantile.
+
+    Scored as the detector scores them (alerts.detection.exceedance_llr): how many lie
+    above the baseline quantile is likelier without a change than with the one the rule
+    confirms. A pooled value ignores this for up to `pool` cycles: it still holds the
+    samples of a regression that ended.
+    """
+    q = QUANTILE_METRICS.get(rule.metric)
+    fresh = [p.fresh for p in points if p.fresh is not None and p.fresh.count]
+    if q is None or not is_tail_metric(rule.metric) or rule.direction <= 0 or baseline is None or baseline.center <= 0 \
+            or not fresh or len(fresh) < len(points):
         return False
-    return None
+    merged = Sketch()
+    for f in fresh:
+        merged.merge(f)
+    return exceedance_llr(count_above(merged, baseline.center), merged.count, q) <= 0.0
 
 
 def series_came_down(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
@@ -406,19 +463,26 @@ def series_came_down(rule: Rule, baseline: BaselineStats | None, points: Sequenc
 
 def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
               values: Sequence[float], changes: Sequence[float | None]) -> bool:
-    """Return whether the last resolve_for cycles sit inside the band and the limits."""
+    """Return whether the last resolve_for cycles say the series is back (and inside limits).
+
+    Plain series: the median change of those cycles (more on a noisy series:
+    `recovery_cycles`) is inside the hysteresis band.
+    Pooled tail quantiles: every pooled value inside the band, or, while the pool still
+    holds an ended regression's samples, the cycles' own samples read as no change
+    (`own_samples_back`) and, where the series breached, its canaries came down.
+    """
     recent = rule.resolve_for
     tail = list(zip(points[-recent:], values[-recent:], changes[-recent:], strict=True))
-    if len(tail) < recent:
+    if len(tail) < recent or any(over_limit(rule, value) for _, value, _ in tail):
         return False
-    pending = False
-    for point, value, change in tail:
-        verdict = band_verdict(rule, baseline, point, change)
-        if verdict is False or over_limit(rule, value):
-            return False
-        pending = pending or verdict is None
-    # Asked once, and only when a pooled cycle needs it.
-    return not pending or series_came_down(rule, baseline, points, changes)
+    last = [change for _, _, change in tail]
+    if not (is_tail_metric(rule.metric) and any(p.pooled for p, _, _ in tail)):
+        need = recovery_cycles(rule, baseline)
+        return len(changes) >= need and median_inside_band(rule, changes[-need:])
+    if all(inside_band(rule, change) for change in last):
+        return True
+    return own_samples_back(rule, baseline, [p for p, _, _ in tail]) \
+        and series_came_down(rule, baseline, points, changes)
 
 
 def reason(rule: Rule, center: float | None, checks: Checks) -> str:
@@ -489,8 +553,8 @@ def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,
     (at least 2 such cycles). The points are the detector's: for a firing alert, the
     cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
     the other canaries can go on below it, with no new sample above it and a pool without
-    a slow cycle reading under the threshold (bench.incidents on the 2026-12-02 recording:
-    a +30% ramp read +13% and resolved mid-incident). Without this check the lenient
+    a slow cycle reading under the threshold (bench.incidents shows a ramp read well under
+    its size and resolved mid-incident). Without this check the lenient
     recovery resolved such an alert and it fired again; an ended regression shows as its
     canaries coming down. The body answers where the earlier cycles cannot: an alert that
     fired near an incident's end has mostly normal cycles since, which the canaries never

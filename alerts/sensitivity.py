@@ -16,7 +16,8 @@ meets it, never tighter than configured, and the reason says so
 
 Cost: the false-page count runs the CUSUM bound over every simulated cycle and the rule
 only where that bound reaches h (a CUSUM restarted at the detector's window start never
-stands above the long-run one), so 60 simulated days cost tens of milliseconds.
+stands above the long-run one), so most simulated cycles cost one vectorized step
+(`bench.detection` measures it).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from alerts.rules import (
     evaluate_rule,
     has_limit,
     quantile_samples,
+    with_threshold,
 )
 from alerts.series import Labels, sliced_cohort_series
 from storage.models import scope_key
@@ -74,8 +76,8 @@ SHIFT_RESOLUTION = 0.005
 
 
 # One-sided confidence of the false-page rate the budget is checked against: 80%. At 95%
-# one page in the simulated days (a dedicated host's rare stall pair, a fifth of the
-# budget) failed every threshold up to where that one excursion stops paging (+178%).
+# a single page in the simulated days (one rare excursion of a quiet host, well within the
+# budget) failed every threshold up to where that one excursion stops paging.
 UPPER_Z = 0.8416
 
 
@@ -258,7 +260,7 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
     threshold, pages = rule.threshold, at_configured
     if budget is not None and configured.upper_30d > budget:
         threshold, pages = _widen(rule, noise, sim, budget, timer)
-    in_force = replace(rule, threshold=threshold)
+    in_force = with_threshold(rule, threshold)
     detectable = _detectable(in_force, noise, cfg, rng, timer)
     reason = widening_reason(rule.direction, rule.threshold, threshold, at_configured) \
         if threshold > rule.threshold else ""
@@ -279,12 +281,12 @@ def _widen(rule: Rule, noise: _Noise, sim: _Sim, budget: float,
         if hi >= top:  # nothing meets the budget: the widest threshold, its cost stated
             return hi, count.per_30d
         lo, hi = hi, min(hi * 1.5, top)
-        count = noise.false_pages(replace(rule, threshold=hi), sim, timer, budget)
+        count = noise.false_pages(with_threshold(rule, hi), sim, timer, budget)
     while hi - lo > 0.01:
         mid = math.ceil((lo + hi) / 2 * 100) / 100
         if mid >= hi:
             break
-        c = noise.false_pages(replace(rule, threshold=mid), sim, timer, budget)
+        c = noise.false_pages(with_threshold(rule, mid), sim, timer, budget)
         if c.upper_30d <= budget:
             hi, count = mid, c
         else:
@@ -315,7 +317,7 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
         if hi >= cfg.max_shift:
             return None
         lo, hi = hi, min(hi * 2, cfg.max_shift)
-    # Fine steps: the confirmation rate climbs from 80% to 98% within a few percent.
+    # Fine steps: the confirmation rate climbs steeply near the detectable shift.
     while hi - lo > SHIFT_RESOLUTION * (1 + hi):
         mid = (lo + hi) / 2
         if confirmed(mid):

@@ -21,8 +21,11 @@ the generic target; it is the incident's while the scenario's cause lasts, and l
 (counted with the false pages) once it ended. The cause is right when the incident
 states the expected one (as the API and the resolved notification show it: a cause not
 measurable at the first page, the A/B arms not having run yet, is measured again while
-the incident is open); how many first pages already stated it is printed above. The last
-line, after each false page's members (rule, scope, threshold in force) tallied by rule:
+the incident is open); how many first pages already stated it is printed above. Each
+scenario's incidents also count their resolved notifications at the target and the minutes
+from the cause's end to the last of them (an incident still open at the end: "open"). The
+last line, after each false page's members (rule, scope, threshold in force) tallied by
+rule and the resolutions:
 
     pages per incident: max N (all rules), cause right: C of S, false pages per 30 days: M
 """
@@ -89,6 +92,9 @@ class ServiceOutcome:
     window: tuple[int, int] | None
     expected: str | None
     pages: list[tuple[int, int, str]] = field(default_factory=list)  # minute, incident, cause
+    # Resolved notifications: incident -> minutes after the cause's end (the scenario's end
+    # when it has no cause) at which each was queued.
+    resolved: dict[int, list[float]] = field(default_factory=dict)
     late: int = 0
     early: int = 0
     quiet_minutes: int = 0
@@ -108,6 +114,18 @@ class ServiceOutcome:
     def first_page_right(self) -> bool:
         """Return whether the first page already stated the expected cause."""
         return bool(self.pages) and self.pages[0][2] == self.expected
+
+    def resolutions(self) -> dict[int, list[float]]:
+        """Return each paged incident's resolved notifications (minutes after the end)."""
+        return {inc: self.resolved.get(inc, []) for inc in sorted({i for _, i, _ in self.pages})}
+
+    def resolved_after(self) -> float | None:
+        """Return the minutes from the cause's end to its incidents' last resolved
+        notification; None when one of them is still open (or nothing paged)."""
+        times = self.resolutions()
+        if not times or any(not t for t in times.values()):
+            return None
+        return max(t[-1] for t in times.values())
 
 
 class ServiceSim(Replay):
@@ -174,9 +192,13 @@ class ServiceSim(Replay):
         out = ServiceOutcome(name, window, expected)
         with self.sm() as s:
             rows = s.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id)).all()
+        end = minute(window[1] if window is not None else self.i)
         for r in rows:
             p = r.payload
             inc = p.get("incident") or {}
+            if p.get("kind") == "incident" and inc.get("notification") == "resolved":
+                out.resolved.setdefault(inc["id"], []).append(
+                    (r.created_at - end).total_seconds() / 60)
             if p.get("kind") != "incident" or inc.get("notification") != "firing":
                 continue
             at = int((r.created_at - T0).total_seconds() // 60)
@@ -310,6 +332,11 @@ def run_service(template: Path, workdir: Path,
         print(f"{name:<44} pages {len(o.pages)}  late {o.late}  early {o.early}  "
               f"stated {o.stated or '-'}  pages: " + ("; ".join(o.causes) or "none"),
               flush=True)
+        if o.pages:
+            print(f"{'':<44} resolved: " + "; ".join(
+                f"#{inc} " + (", ".join(f"+{t:.1f}m after the end" for t in times)
+                              if times else "open at the end")
+                for inc, times in o.resolutions().items()), flush=True)
         if o.false_members:
             print(f"{'':<44} false pages' members: " + "; ".join(o.false_members))
         print(f"{'':<44} sensitivity of its series: " + ", ".join(
@@ -327,6 +354,10 @@ def summary(outcomes: list[ServiceOutcome]) -> str:
     quiet = sum(o.quiet_minutes for o in outcomes)
     per_30 = false * MINUTES_30_DAYS / quiet if quiet else 0.0
     missed = [o.name for o in incidents if not o.pages]
+    counts = [len(t) for o in incidents for t in o.resolutions().values()]
+    after = [o.resolved_after() for o in incidents if o.pages]
+    still = sum(a is None for a in after)
+    slowest = max((a for a in after if a is not None), default=None)
     by_rule: dict[str, int] = {}
     for o in outcomes:
         for m in o.false_members:
@@ -335,5 +366,10 @@ def summary(outcomes: list[ServiceOutcome]) -> str:
             + (("false pages' members by rule: " + ", ".join(
                 f"{r} {n}" for r, n in sorted(by_rule.items())) + "\n") if by_rule else "")
             + f"first page stated the right cause: {first} of {len(incidents)}\n"
+            + (f"resolved notifications per incident: {min(counts)}-{max(counts)}, "
+               f"after the cause ended: max "
+               + (f"{slowest:.0f} min" if slowest is not None else "-")
+               + (f", {still} still open at the end" if still else "") + "\n"
+               if counts else "")
             + f"pages per incident: max {worst} (all rules), cause right: {right} of "
               f"{len(incidents)}, false pages per 30 days: {per_30:.0f}")

@@ -122,8 +122,11 @@ def test_optimization_regressed_when_only_the_optimized_arm_slows(
         cycles(s, 64, 71, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
         inc = incident_after(s, [(P99, {"bucket": "64"})])
         assert inc.cause == "optimization"
-        assert inc.cause_text == "optimization regressed (optimized +80%, eager/direct +2%)"
+        # Every pair of a cycle reads the same ratio here: the interval is that ratio.
+        assert inc.cause_text == ("optimization regressed (optimized +80%, eager/direct +2%, "
+                                  "95% CI up to +2%)")
         assert inc.evidence["buckets_read"] == ["64"]
+        assert inc.evidence["arms_ci95_high"]["eager"] == pytest.approx(0.02, abs=0.005)
 
 
 def test_the_reference_arms_are_read_from_the_prompt_pairs_not_the_cycle_groups(
@@ -161,6 +164,100 @@ def test_one_buckets_traffic_when_the_arms_did_not_move(
         assert inc.cause == "one_bucket"
         assert inc.cause_text == "one bucket's traffic (acceptance in bucket 32 only)"
         assert inc.families == ["speculation"]
+
+
+def optimized_only(s: Session, start: int, end: int, slow: float) -> None:
+    """Write one canary cycle per minute in [start, end) without A/B arms (no pairs)."""
+    for i in range(start, end):
+        t = T0 + timedelta(minutes=i)
+        add_cycle(s, CycleResult(
+            suite="in_domain", instance_id="i1", started_at=t,
+            finished_at=t + timedelta(seconds=20), status="ok",
+            groups=tuple(arm(b, "optimized", p * slow) for b, p in BUCKETS.items())))
+
+
+def test_an_optimization_is_blamed_only_once_the_pairs_confidence_interval_says_so(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Under 6 pairs a median speedup has no 95% confidence interval: the cause waits for
+    more pairs rather than guessing; with them, the interval's upper end must fall short
+    of "slowed alike"."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        optimized_only(s, 63, 69, 1.8)
+        # One A/B cycle in the incident's window: 3 pairs in bucket 64.
+        cycles(s, 69, 70, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text == (
+            "unknown (optimized +80%, eager/direct +2%; needs more A/B pairs: 3 in the "
+            "incident's window, 6 in a bucket give a 95% confidence interval)")
+        # Two more A/B cycles: 9 pairs per arm, measured again while the incident is open.
+        cycles(s, 70, 72, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
+        group(s, T0 + timedelta(minutes=72), Lifecycle(s, T0 + timedelta(minutes=72),
+                                                       per_alert=False), IncidentConfig())
+        assert inc.cause == "optimization"
+        assert inc.cause_text.endswith("95% CI up to +2%)")
+
+
+def test_pairs_that_may_have_slowed_alike_are_no_optimization_regression(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """The pairs' median says the reference arms held (an optimization), but the upper end
+    of its 95% CI reaches "slowed alike" (a host): the cause says it cannot tell yet."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        # 9 pairs where every arm slowed alike, then 12 where only the optimized one did.
+        cycles(s, 63, 66, {"optimized": 1.8, "eager": 1.8, "direct": 1.8})
+        cycles(s, 66, 70, {"optimized": 1.8, "eager": 1.0, "direct": 1.0})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text == ("unknown (optimized +80%, eager/direct +0% but up to +80% "
+                                  "within its 95% CI: host or optimization not told apart yet)")
+        assert inc.evidence["arms_ci95_high"]["direct"] == pytest.approx(0.8, abs=0.01)
+
+
+QUEUE = parse_rule({"name": "queue_wait_share", "metric": "queue_wait_share",
+                    "source": "traffic", "per": ["instance"], "change": "+50%",
+                    "resolve_change": "+15%", "min_samples": 20, "ceiling": 0.5})
+
+
+def test_a_queue_wait_alert_is_load_and_says_what_the_arms_showed(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Real traffic waiting behind the canaries' A/B arms: no arm slowed, and the cause is
+    load (queueing), with the speedups it compared; not "no A/B arm rows"."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 71, {})
+        inc = incident_after(s, [(QUEUE, {"instance": "i1"})])
+        assert inc.families == ["load"]
+        assert inc.cause == "host_or_load"
+        assert inc.cause_text == (
+            "load (queueing: queue wait rose; no optimization slowed (arm speedups within "
+            "band: eager 1.00x -> 1.00x over 63 pairs, direct 1.00x -> 1.00x over 63 pairs; "
+            "optimized p50 +0%))")
+        assert inc.evidence["rows"] > 0
+
+
+def test_no_arm_slowed_over_several_buckets_says_what_was_compared(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 71, {})
+        inc = incident_after(s, [(P99, {"bucket": "32"}), (P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text == (
+            "unknown (no optimization slowed (arm speedups within band: eager 1.00x -> 1.00x "
+            "over 42 pairs, direct 1.00x -> 1.00x over 42 pairs; optimized p50 +0%))")
+
+
+def test_rows_on_one_side_only_are_counted_not_called_absent(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """A service started minutes before the incident has A/B rows only in its window:
+    the cause counts them rather than saying there were none."""
+    with sessionmaker.begin() as s:
+        cycles(s, 62, 71, {})
+        inc = incident_after(s, [(P99, {"bucket": "32"}), (P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text == (
+            "unknown (optimized canary rows 0 before / 21 during, A/B pairs 0 before / 63 "
+            "during the incident: nothing measured on both sides)")
 
 
 def test_no_arm_rows_is_an_unknown_cause_that_says_so() -> None:

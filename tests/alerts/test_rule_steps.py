@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from alerts.detection import BaselineStats, llr
 from alerts.rule_file import parse_rule
@@ -11,13 +15,15 @@ from alerts.rules import (
     Confirmation,
     Point,
     Rule,
-    band_verdict,
     confirm,
     evaluate_rule,
     judged_points,
     limit_crossed,
+    median_inside_band,
+    own_samples_back,
     reason,
     recovered,
+    recovery_cycles,
     relative_changes,
     run_over,
     score_cycle,
@@ -59,6 +65,20 @@ def test_threshold_in_force_widens_only_and_names_why():
     widened, suffix = threshold_in_force(r, wider)
     assert widened.threshold == 0.30 and r.threshold == 0.15
     assert suffix == "; budget widened to +30%"
+    # The band keeps its share of the threshold: +5% of +15% -> +10% of +30%.
+    assert widened.resolve_threshold == pytest.approx(0.10) and r.resolve_threshold == 0.05
+
+
+def test_a_page_at_a_widened_threshold_resolves_inside_the_band_widened_alike():
+    """The budget widened the threshold on this series' noise: a page on that noise whose
+    series settles at +7% (noise at that width, over the configured +5% band) resolves."""
+    r = rule()
+    wider = BaselineStats(center=1.0, spread=0.02, cycles=500, threshold=0.30, widened="w")
+    since_fired = [1.35] * 3 + [1.07] * 3
+    assert evaluate_rule(r, {}, wider, pts(since_fired)).recovered
+    assert not evaluate_rule(r, {}, wider, pts([1.35] * 3 + [1.12] * 3)).recovered
+    # At the configured threshold the configured band holds.
+    assert not evaluate_rule(r, {}, replace(wider, threshold=None), pts(since_fired)).recovered
 
 
 def test_unjudgeable_names_empty_and_thin_cycles():
@@ -118,25 +138,91 @@ def test_limit_crossed_needs_every_one_of_the_last_for_cycles():
     assert not limit_crossed(rule(), [9.0, 9.0, 9.0])  # no limit at all
 
 
-def test_band_verdict_on_plain_and_pooled_cycles():
+def test_median_inside_band_reads_the_run_not_each_cycle():
+    r = rule()  # resolve_change +5%
+    assert median_inside_band(r, [0.01, -0.02, 0.03])
+    # A healthy noisy series: cycles stray above +5%, their median does not.
+    assert median_inside_band(r, [0.12, -0.08, 0.02, 0.09, -0.04])
+    assert not median_inside_band(r, [0.10, 0.06, 0.02])  # median +6%: not yet
+    assert median_inside_band(r, [None, None])
+
+
+def test_a_noisy_series_still_over_the_threshold_does_not_resolve_on_a_lucky_run():
+    """Five cycles of a noisy series can read inside the band while it still sits over the
+    threshold; resolving then fires it again (a second page). Its median is read over as
+    many cycles as its noise needs (recovery_cycles) to tell the two apart."""
+    r = rule(change="+10%", resolve_change="+3%", resolve_for=5)
+    noisy = BaselineStats(center=1.0, spread=0.10, cycles=500)
+    assert recovery_cycles(r, noisy) == 29  # (3 x 1.2533 x 10% / 7%) ** 2, rounded up
+    assert recovery_cycles(r, BaselineStats(center=1.0, spread=0.02, cycles=500)) == 5
+    assert recovery_cycles(r, None) == 5
+    still = [1.15] * 24 + [1.0, 1.0, 1.0, 1.2, 1.2]  # still +15%; the last 5's median 0%
+    changes = relative_changes(still, noisy)
+    assert median_inside_band(r, changes[-5:])
+    assert not recovered(r, noisy, pts(still), still, changes)
+    back = [1.15] * 5 + [1.0, 0.95, 1.05, 1.1, 0.9] * 6  # back: the last 29's median 0%
+    assert recovered(r, noisy, pts(back), back, relative_changes(back, noisy))
+    # Too few cycles since it fired to read that many: not yet.
+    assert not recovered(r, noisy, pts(back[:20]), back[:20], relative_changes(back[:20], noisy))
+
+
+def test_a_quiet_series_resolves_in_resolve_for_cycles_a_noisy_one_waits_for_its_noise():
+    """The recovery reads the baseline's measured noise, not the detector's floored one.
+
+    The canaries' output agreement is exactly 1.0: read at the detector's 2% floor, a
+    -2% rule with a -0.5% band would read the whole lookback before resolving (the demo's
+    quality step timed out waiting for it). A noisy series still at the threshold must
+    not resolve on a run of lucky cycles (it would fire again: a second page).
+    """
+    agreement = rule(name="agreement", metric="output_agreement", change="-2%",
+                     resolve_change="-0.5%", resolve_for=2, lookback=12, floor=0.99)
+    flat = BaselineStats(center=1.0, spread=0.0, cycles=500)
+    assert recovery_cycles(agreement, flat) == 2
+    # The cycles since it fired (the detector restarts there): two still low, then back.
+    since_fired = [0.9, 0.9] + [1.0] * 10
+    back = [k for k in range(1, len(since_fired) + 1)
+            if evaluate_rule(agreement, {}, flat, pts(since_fired[:k])).recovered]
+    assert back[0] == 4  # resolve_for cycles after the canaries agree again
+
+    noisy = rule(change="+10%", resolve_change="+3%", resolve_for=5, lookback=30)
+    base = BaselineStats(center=1.0, spread=0.10, cycles=500)
+    rng = random.Random(3)
+    still = [1.13 + rng.gauss(0.0, 0.10) for _ in range(120)]  # still at +13%
+    changes = relative_changes(still, base)
+    # Some runs of 5 cycles read inside the band: resolving on them would flap.
+    assert any(median_inside_band(noisy, changes[k - 5:k]) for k in range(5, 121))
+    assert not any(evaluate_rule(noisy, {}, base, pts(still[max(0, k - 30):k])).recovered
+                   for k in range(1, 121))
+
+
+def test_own_samples_back_scores_the_new_samples_as_the_detector_does():
     r = rule(name="p99", metric="p99_latency")
-    plain = pts([1.0])[0]
-    assert band_verdict(r, BASE, plain, 0.01) is True
-    assert band_verdict(r, BASE, plain, 0.10) is False  # between resolve and threshold
-    assert band_verdict(r, BASE, plain, None) is True
-    # Pooled, under the threshold, no own sample above the baseline: only if the
-    # canaries came down.
-    assert band_verdict(r, BASE, pooled_point(1.1, [0.9] * 50), 0.10) is None
-    assert band_verdict(r, BASE, pooled_point(1.1, [0.9] * 49 + [1.5]), 0.10) is False
-    assert band_verdict(r, BASE, pooled_point(1.3, [0.9] * 50), 0.30) is False
+    # q0 = 1.0. 20 new samples, none above: no change is likelier. One above of 20 (5%,
+    # five times p0): the change is likelier (p1 = 10%): not back.
+    assert own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4) for _ in range(5)])
+    assert not own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4)] * 4
+                                + [pooled_point(1.4, [0.9] * 3 + [1.5])])
+    # 300 new samples (real traffic): 3 above (p0) is back, 30 (p1) is not.
+    assert own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 297 + [1.5] * 3)])
+    assert not own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 270 + [1.5] * 30)])
+    # A cycle without samples of its own, a median, a falling rule: nothing to score.
+    assert not own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4), pts([1.4])[0]])
+    assert not own_samples_back(rule(), BASE, [pooled_point(1.4, [0.9] * 4)])
+    assert not own_samples_back(rule(name="p99", metric="p99_latency", change="-15%",
+                                     resolve_change="-5%"), BASE, [pooled_point(0.5, [0.9])])
 
 
 def test_recovered_needs_resolve_for_cycles_inside_band_and_limits():
     r = rule()
     values = [1.3] * 5 + [1.0] * 3
     assert recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
+    # One stray cycle of a quiet healthy series does not hold the alert; a run still above
+    # the band (median +8%) does.
+    quiet = BaselineStats(center=1.0, spread=0.02, cycles=500)
     values = [1.3] * 5 + [1.0, 1.1, 1.0]
-    assert not recovered(r, BASE, pts(values), values, relative_changes(values, BASE))
+    assert recovered(r, quiet, pts(values), values, relative_changes(values, quiet))
+    values = [1.3] * 5 + [1.0, 1.1, 1.08]
+    assert not recovered(r, quiet, pts(values), values, relative_changes(values, quiet))
     assert not recovered(r, BASE, pts([1.0] * 2), [1.0] * 2, relative_changes([1.0] * 2, BASE))
     ceiling = rule(ceiling=2.0)
     values = [2.5, 1.0, 2.5]
@@ -154,6 +240,24 @@ def test_recovered_pooled_asks_whether_the_canaries_came_down():
     assert not recovered(r, body, [pts([1.3])[0], *still_slow], [1.3, 1.1, 1.1, 1.1], changes)
     # A series that never breached is not the regression: inside the band.
     assert recovered(r, body, still_slow, [1.1] * 3, [0.1] * 3)
+
+
+def test_recovered_pooled_over_the_threshold_reads_the_new_samples():
+    """A pool still holding an ended regression's samples reads over the threshold for up
+    to `pool` cycles; the cycles' own samples back at the body resolve it meanwhile."""
+    r = rule(name="p99", metric="p99_latency")
+    body = BaselineStats(center=1.0, spread=0.05, cycles=500, body=0.5)
+    slow = [pooled_point(2.0, [1.0, 1.1, 1.2, 1.3])] * 3
+    back = [pooled_point(2.0, [0.45, 0.5, 0.55, 0.6])] * 3
+    values = [2.0] * 6
+    changes: list[float | None] = [1.0] * 6
+    assert recovered(r, body, slow + back, values, changes)
+    # Still slow: one own sample above q0 in every cycle.
+    assert not recovered(r, body, slow * 2, values, changes)
+    # Under q0 but not back at the body (a regression the slow cycles' q0 hides).
+    under = [pooled_point(2.0, [0.8, 0.85, 0.9, 0.95])] * 3
+    assert not recovered(r, BaselineStats(center=1.0, spread=0.05, cycles=500, body=0.5),
+                         under * 2, values, changes)
 
 
 def test_run_over_reads_the_latest_cycles_own_samples_not_the_run_median():

@@ -85,15 +85,16 @@ def test_below_threshold_shift_never_fires():
     assert results[-1].statistic >= p99_rule().cusum.h
 
 
-def test_hysteresis_resolves_only_after_resolve_for_cycles_inside_band():
+def test_hysteresis_resolves_once_the_last_resolve_for_cycles_sit_inside_band():
     rule = p99_rule()
     values = [1.0] * 5 + [1.3] * 4 + [1.1] * 4 + [1.02] * 3
     results = run(rule, values)
     assert results[8].fired
     # +10%: under the firing threshold, above the +5% resolve band: not recovered.
     assert not any(r.recovered for r in results[9:13])
-    assert not results[13].recovered and not results[14].recovered
-    assert results[15].recovered  # third cycle at +2%
+    # On this series' noise (spread 5%) the median reads 4 cycles (recovery_cycles).
+    assert not results[13].recovered and not results[14].recovered  # median +6%
+    assert results[15].recovered  # the median of the last 4 at +2%
 
 
 def test_down_direction_acceptance_drop():

@@ -13,7 +13,7 @@ import pytest
 
 from alerts.detection import BaselineStats, relative_change
 from alerts.rule_file import load_rules
-from alerts.rules import Point, Rule, breaches, evaluate_rule
+from alerts.rules import Point, Rule, breaches, evaluate_rule, threshold_in_force
 from alerts.sensitivity import (
     INSUFFICIENT,
     OK,
@@ -181,6 +181,30 @@ def test_budget_widens_to_the_smallest_threshold_within_it_and_says_why() -> Non
     # budget at its upper bound, and widens it to the same threshold.
     tighter = estimate(replace(rule(), threshold=s.threshold - 0.01), pts, base, cfg)
     assert tighter.widened and tighter.threshold == s.threshold
+
+
+def test_the_estimate_simulates_each_threshold_as_the_rule_in_force_runs_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every candidate threshold is simulated as the service runs it once stored: the rule
+    threshold_in_force makes of it, its hysteresis band widened alike, so a page on noise
+    resolves in the simulation where it resolves in the service."""
+    import alerts.sensitivity as sensitivity
+
+    simulated: list[Rule] = []
+    count = sensitivity._Noise.false_pages
+
+    def recorded(self, rule, sim, timer, budget=None):  # type: ignore[no-untyped-def]
+        simulated.append(rule)
+        return count(self, rule, sim, timer, budget)
+
+    monkeypatch.setattr(sensitivity._Noise, "false_pages", recorded)
+    pts, base = history(AR1(*NOISY, seed=7), n=3000)
+    r = rule()
+    s = estimate(r, pts, base, SensitivityConfig(budget_per_30d=0.5))
+    assert s.widened and any(x.threshold == s.threshold for x in simulated)
+    for x in simulated:
+        assert x == threshold_in_force(r, replace(base, threshold=x.threshold))[0]
+    assert any(x.resolve_threshold > r.resolve_threshold for x in simulated)
 
 
 def test_budget_never_tightens_a_quiet_series() -> None:

@@ -1,7 +1,10 @@
 """bench.incidents --service: one host-wide slowdown over every shipped rule is one page.
 
 Runs one of the bench's scenarios (a 2x slowdown for 6 minutes on every arm, bucket and
-the real traffic) through the production evaluator, policy, grouping and outbox.
+the real traffic) through the production evaluator, policy, grouping and outbox: one
+firing and one resolved notification, the resolved one soon after the slowdown ended
+(before, per-cycle hysteresis on noisy medians and pooled p99s still holding the
+slowdown's samples kept the incident open for the rest of the scenario).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from bench.service_incidents import ServiceSim, scenarios, summary
 from storage import migrate
 
 pytestmark = pytest.mark.slow
+# The most cycles a recovering series' median is read over (the shipped rules' lookback).
+RESOLVED_WITHIN_MIN = 30
 
 
 def test_a_host_wide_slowdown_pages_once_with_host_or_load(tmp_path: Path) -> None:
@@ -33,3 +38,11 @@ def test_a_host_wide_slowdown_pages_once_with_host_or_load(tmp_path: Path) -> No
     assert outcome.late == 0 and outcome.early == 0, outcome.causes
     assert summary([outcome]).splitlines()[-1].startswith(
         "pages per incident: max 1 (all rules), cause right: 1 of 1")
+    # One resolved notification, within the rules' lookback of the slowdown's end: the
+    # members' last cycles back (their median, over as many cycles as each series' noise
+    # needs; a pooled p99's own samples), not the pool emptying of the slowdown's samples
+    # (25 cycles) nor a run of noisy cycles all inside a band narrower than their noise.
+    [(incident, times)] = outcome.resolutions().items()
+    assert len(times) == 1, (incident, times, outcome.causes)
+    after = outcome.resolved_after()
+    assert after is not None and 0 < after <= RESOLVED_WITHIN_MIN, after
