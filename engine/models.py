@@ -107,6 +107,9 @@ class Models:
     k_max: int  # the largest draft length; verification covers k_max + 1 positions
     target_loaded: LoadedModel  # its weights released: the tokenizer and the hash stay
     draft_loaded: LoadedModel | None
+    # The float target beside the int8 one, warmed on its first float request instead of at
+    # warm-up (None: every compiled runner warms at warm-up); see deferred_float.
+    deferred: ModelRunner | None = None
 
     def runners(self) -> list[ModelRunner]:
         """Return every runner (target, int8 target, draft) that is loaded."""
@@ -121,6 +124,10 @@ class Models:
         if self.draft is not None:
             runners.append((self.draft, False))
         return runners
+
+    def warm_runners(self) -> list[tuple[ModelRunner, bool]]:
+        """Return the compiled runners warm-up warms: all but the deferred float target."""
+        return [(r, v) for r, v in self.compiled_runners() if r is not self.deferred]
 
     def weight_bytes(self) -> int:
         """Return the bytes of the lean weights (target + draft), each storage counted once."""
@@ -191,7 +198,24 @@ def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtyp
     return Models(target=target, target_q=target_q, draft=draft,
                   tokenizer=byte_tokens.fast(target_loaded.tokenizer), speculative_reason=reason,
                   step_kind=step_kind, info=info, slots=slots, k_max=k_max,
-                  target_loaded=target_loaded, draft_loaded=draft_loaded)
+                  target_loaded=target_loaded, draft_loaded=draft_loaded,
+                  deferred=deferred_float(config, target, target_q))
+
+
+def deferred_float(config: EngineConfig, target: ModelRunner,
+                   target_q: ModelRunner | None) -> ModelRunner | None:
+    """Return the float target when int8 serving need not warm it at start (None: it warms).
+
+    With an int8 encoder of its own, the int8 target serves every request the flags leave
+    quantized without the float target's compiled functions; warmed at start, their graphs
+    (or loaded packages) stayed resident in every int8 process for an A/B arm or flag flip
+    that may never come. Its weights are released anyway (engine.float_weights); the
+    CUDA-graph modes keep it in warm-up (their graphs are recorded on the owner thread).
+    """
+    if (target_q is None or target_q.encoder_of is not None or target.weights is None
+            or single_owner(config)):
+        return None
+    return target
 
 
 def _own_storages(lean: t5.LeanT5, *, released: list[str]) -> None:

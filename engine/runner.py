@@ -201,6 +201,11 @@ class ModelRunner:
                 self._compiled[key] = fns
             return fns
 
+    def compiled_keys(self) -> list[object]:
+        """Return the keys of the compiled (or loaded) functions this runner holds now."""
+        with self._lock:
+            return list(self._compiled)
+
     def compiled_step(self, key: int | str) -> Fns:
         """Return bucket `key`'s functions with the compiled step even where the C step is
         bound (the native_step flag off), compiling it on first use."""

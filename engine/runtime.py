@@ -126,6 +126,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._compiled_step_lock = threading.Lock()
         self._compiled_step_warm: set[int] = set()  # id() of runners: see _warm_compiled_step
+        self._deferred_warm = False  # the deferred float target warmed: see _warm_deferred
         self._rng = random.Random(0)
         self._traffic = BucketTraffic(self.cache_root)
         self._closed = False
@@ -330,7 +331,7 @@ class Runtime:
         skips = _cudagraph_skips()
         # Saved functions were called once as they loaded: enough unless graphs are to be
         # recorded on the rows (a warm CPU start so never imports dynamo to mark inputs).
-        runners = self.models.compiled_runners() if self._owned or not loaded else []
+        runners = self.models.warm_runners() if self._owned or not loaded else []
         for runner, verify in runners:
             name = "draft" if runner is self.draft else "target"
             # On the rows' own caches only where the owner thread serializes the warm-up
@@ -400,6 +401,8 @@ class Runtime:
             # is not the model's time (the float32 arm's latency measures the model), so
             # the request's times start after it; its deadline does not move.
             t_entry += reload_s
+            # Likewise its compiled functions' first warm-up (int8 serving defers it).
+            t_entry += self._warm_deferred(n, flags, runner)
             batch: scheduler.Job | None = None
             if not native:
                 self._warm_compiled_step(n, flags, runner)
@@ -444,6 +447,31 @@ class Runtime:
                 quantized=quantized, native_step=self._on_native(key, quantized, native),
                 cudagraph=self._cudagraph(key, recorded), **_batch_fields(batch, t_slot),
             )
+
+    def _warm_deferred(self, n: int, flags: RuntimeFlags, runner: ModelRunner) -> float:
+        """Warm the float target int8 serving left out of warm-up (Models.deferred) before
+        its first compiled request takes a row; return the seconds it took (0.0: nothing).
+
+        Before the admission slot, like the compiled step: a compile there would hold a
+        decode row while other requests queue. A failure is counted and logged once; the
+        request's own fallback then runs eager. `runner` is held by the caller.
+        """
+        if runner is not self.models.deferred or self._deferred_warm:
+            return 0.0
+        _path, _length, key = self._route(n, flags)
+        if not isinstance(key, int):
+            return 0.0  # eager, exact or overflow: nothing shared to warm
+        started = time.perf_counter()
+        with self._compiled_step_lock:
+            if not self._deferred_warm:
+                try:
+                    self.warmup.warm_deferred(runner, key, verify=self.draft is not None)
+                except Exception as exc:  # noqa: BLE001 - the request's own fallback runs eager
+                    self._watch.record_failure()
+                    log.error("engine: %s: its deferred warm-up failed: %s: %s",
+                              runner.name, type(exc).__name__, str(exc)[:300])
+                self._deferred_warm = True
+        return time.perf_counter() - started
 
     def _warm_compiled_step(self, n: int, flags: RuntimeFlags, runner: ModelRunner) -> None:
         """Compile the compiled step beside the C step once per runner, before taking a row.

@@ -18,6 +18,7 @@ from engine import aot
 from engine.compile_watch import CompileWatch
 from engine.models import Models
 from engine.protocol import WarmupStatus
+from engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Warmup:
     def _load_saved(self, edge: int) -> bool:
         """Serve bucket `edge` from saved functions; False when it must be compiled."""
         saved = self.saved_dir
-        runners = self._models.compiled_runners()
+        runners = self._models.warm_runners()
         if self.saved_failures:
             return False  # the buckets share the files: one failure stands for all
         if saved is None or not all(runner.has_saved(saved, verify=verify)
@@ -161,6 +162,21 @@ class Warmup:
         with self._lock:
             self.saved_buckets += 1
         return True
+
+    def warm_deferred(self, runner: ModelRunner, edge: int, *, verify: bool) -> None:
+        """Warm a runner warm-up left out (Models.deferred) on bucket `edge`'s shapes: from
+        its saved functions where they load, else compiled (length-dynamic: every bucket)."""
+        saved = self.saved_dir
+        if saved is not None and not self.saved_failures and runner.has_saved(saved,
+                                                                               verify=verify):
+            try:
+                runner.load_saved(edge, saved, verify=verify)
+                return
+            except aot.AOTLoadError as exc:
+                runner.forget()
+                log.warning("engine: %s: saved compiled functions not used, compiling: %s",
+                            runner.name, exc)
+        runner.warm(edge, verify=verify)
 
     def _warm_one(self, edge: int) -> str:
         return self._warm_bucket(edge, self._load_saved(edge))

@@ -19,7 +19,7 @@ import torch
 from engine import quantize
 from engine.errors import EngineError, ModelLoadError
 from engine.memory import held_tensors
-from engine.protocol import REFERENCE, FlagOverride
+from engine.protocol import PATH_COMPILED, REFERENCE, FlagOverride
 from engine.runtime import Runtime
 from tests.engine.conftest import random_texts, tiny_config
 
@@ -142,5 +142,29 @@ def test_a_checkpoint_changed_on_disk_is_not_reloaded_as_the_float32_arm(
             engine.generate("xabcx", override=FLOAT32)
         assert not weights.resident
         assert engine.generate("xabcx", override=FlagOverride(quantized=True)).quantized
+    finally:
+        engine.close()
+
+
+def test_int8_serving_warms_the_float_target_on_its_first_float_request(
+        float32_and_int8, tiny_dirs: dict[str, Path],
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    f32, _i8 = float32_and_int8
+    engine = _runtime(tiny_dirs, tmp_path_factory.mktemp("int8-deferred-cache"), "int8")
+    try:
+        target, compiles = engine.target, engine.compile_snapshot()
+        assert engine.models.deferred is target
+        # Warm-up compiled the int8 target's functions only: no float graph is resident.
+        assert engine.warmup_status().done and engine.target_q is not None
+        assert engine.target_q.compiled_keys() and not target.compiled_keys()
+        text = random_texts(1, seed=5, overflow=False)[0]
+        r = engine.generate(text, override=FlagOverride(quantized=True))
+        assert r.quantized and r.path == PATH_COMPILED and not target.compiled_keys()
+        # The first float request warms it before decoding, compiled, token for token.
+        arm = engine.generate(text, override=FLOAT32)
+        assert not arm.quantized and arm.path == PATH_COMPILED and arm.native_step
+        assert target.compiled_keys()
+        assert arm.output_ids == f32.generate(text).output_ids
+        assert engine.compile_snapshot().diff(compiles).compile_failures == 0
     finally:
         engine.close()
