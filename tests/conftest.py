@@ -12,9 +12,13 @@ schedulers hand work out from the front of the collection as workers free up.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 import pytest
+
+from monitor.logs import QUIET, StderrHandler
 
 if TYPE_CHECKING:
     from xdist.workermanage import WorkerController
@@ -22,6 +26,24 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.utils.db", "pytester"]
 
 Item = TypeVar("Item", bound=pytest.Item)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """Undo configure_logging after each test (in-process `serve` calls install it).
+
+    The CLI installs its root handler once per process; a test that runs `serve` in-process
+    would otherwise leave INFO records going to whatever sys.stderr a later test captures.
+    """
+    root = logging.getLogger()
+    levels = {name: logging.getLogger(name).level for name in QUIET}
+    root_level = root.level
+    yield
+    for handler in [h for h in root.handlers if isinstance(h, StderrHandler)]:
+        root.removeHandler(handler)
+    root.setLevel(root_level)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def first_runs(total: int, workers: int) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -14,25 +13,10 @@ from sqlalchemy.exc import OperationalError
 from monitor.cli import main
 from monitor.events import log_evaluation
 from monitor.leader import PgAdvisoryLeader
-from monitor.logs import QUIET, StderrHandler, configure_logging
+from monitor.logs import configure_logging
 from monitor.scheduler import DELIVERY, build_scheduler
 from monitor.settings import Settings
 from storage.db import make_engine
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Undo configure_logging: remove its handler and restore the levels it set."""
-    root = logging.getLogger()
-    names = QUIET
-    levels = {n: logging.getLogger(n).level for n in names}
-    root_level = root.level
-    yield
-    for h in [h for h in root.handlers if isinstance(h, StderrHandler)]:
-        root.removeHandler(h)
-    root.setLevel(root_level)
-    for n, level in levels.items():
-        logging.getLogger(n).setLevel(level)
 
 
 def test_json_log_lines_and_a_quiet_scheduler(restore_logging: None,
