@@ -19,8 +19,7 @@ from monitor.settings import Settings
 from storage.db import make_engine
 
 
-def test_json_log_lines_and_a_quiet_scheduler(restore_logging: None,
-                                              capsys: pytest.CaptureFixture[str],
+def test_json_log_lines_and_a_quiet_scheduler(capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAILWATCH_LOG_LEVEL", "info")
     assert configure_logging(None, "json") == ("info", "json")
@@ -126,8 +125,7 @@ def test_url_is_accepted_on_each_operator_subcommand(capsys: pytest.CaptureFixtu
 
 
 def test_a_taken_port_fails_before_anything_starts(monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str],
-                                                   restore_logging: None) -> None:
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("monitor.app.create_app", lambda *a, **k: pytest.fail("app built"))
     monkeypatch.setenv("TAILWATCH_API_TOKEN", "t")
     with socket.socket() as taken:
