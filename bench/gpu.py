@@ -1,7 +1,7 @@
 """The GPU check in one short run: compiled vs eager vs HF generate() on CUDA, one table.
 
     python -m bench.gpu [--out DIR] [--buckets 16,32,64,128,256] [--inputs 3] [--new 32]
-                        [--dtype bfloat16] [--max-autotune] [--budget-s 420]
+                        [--dtype bfloat16] [--max-autotune] [--budget-s 420] [--batch 8]
 
 (scripts/gpu_check.sh runs it with the GPU image's own python3.) Per bucket and compile
 mode (`eager` = compile off, `default`, `reduce-overhead`; `max-autotune` only with
@@ -9,7 +9,10 @@ mode (`eager` = compile off, `default`, `reduce-overhead`; `max-autotune` only w
 speculative ms per request, HF `generate()` on the same GPU and dtype, graphs compiled,
 CUDA graphs recorded / replayed (the runtime's Engine.graph_snapshot; n/a in a mode without
 CUDA graphs) and cudagraph-tree skips, recompiles after warm-up, peak allocated / reserved
-CUDA memory and KV bytes.
+CUDA memory and KV bytes. Then, while the budget lasts, batched throughput (engine.max_batch
+--batch) in eager and `default`: requests per second with one caller and with --batch callers
+at once (closed loop over every input), and how many batched outputs equal the same engine's
+one-at-a-time outputs (reported, not judged: a batched bfloat16 matmul may round otherwise).
 Correctness, with the tolerance rule of tests/engine/test_gpu.py: float32 on the GPU
 (eager) gives exactly the CPU float32 tokens; each bfloat16 mode agrees with them on at
 least half the inputs; speculative output equals direct output everywhere.
@@ -31,7 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -85,6 +88,24 @@ class ModeResult:
 
 
 @dataclass(frozen=True)
+class BatchedThroughput:
+    """One engine with the batching scheduler, closed loop: 1 caller, then `callers` at once."""
+
+    mode: str
+    dtype: str
+    callers: int
+    requests: int
+    rps_one: float
+    rps_batched: float
+    equal_outputs: int  # batched outputs equal to the one-caller outputs (of `requests`)
+    recompiles: int = 0  # during the batched requests (row counts warm-up did not cover)
+
+    @property
+    def ratio(self) -> float:
+        return self.rps_batched / self.rps_one if self.rps_one > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class HFTiming:
     """HF generate() on one bucket's inputs (same GPU, dtype and inputs)."""
 
@@ -120,6 +141,9 @@ class Runner(Protocol):
                  ) -> ModeResult: ...
 
     def run_hf(self, dtype: str, groups: Mapping[str, Sequence[str]]) -> list[HFTiming]: ...
+
+    def run_batched(self, mode: str, dtype: str, texts: Sequence[str], callers: int
+                    ) -> BatchedThroughput: ...
 
 
 # --- the check's logic (no torch) -----------------------------------------------------
@@ -250,8 +274,17 @@ def table(rows: Sequence[Mapping[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def batched_line(b: BatchedThroughput) -> str:
+    """Return one batched-throughput result as a line of the summary."""
+    return (f"batched throughput, {b.mode} ({b.dtype}), max_batch {b.callers}: "
+            f"{b.rps_one:.1f} requests/s with 1 caller, {b.rps_batched:.1f} with {b.callers} "
+            f"({b.ratio:.2f}x); {b.equal_outputs} of {b.requests} outputs equal one at a "
+            f"time's; {b.recompiles} recompile(s) while batched")
+
+
 def report(device: str, results: Sequence[ModeResult], hf: Sequence[HFTiming],
-           reference: Mapping[str, tuple[int, ...]], skipped: Sequence[str] = ()) -> Report:
+           reference: Mapping[str, tuple[int, ...]], skipped: Sequence[str] = (),
+           batched: Sequence[BatchedThroughput] = ()) -> Report:
     """Judge a run: the table's rows, every failed check, and what could not be measured."""
     problems: list[str] = [f"{mode}: not run ({why})" for mode, why in
                            (s.split(": ", 1) for s in skipped)]
@@ -260,6 +293,7 @@ def report(device: str, results: Sequence[ModeResult], hf: Sequence[HFTiming],
     notes = []
     if all(r.cudagraphs_recorded is None for r in results):
         notes.append(NA_CUDAGRAPHS)
+    notes += [batched_line(b) for b in batched]
     return Report(device=device, rows=tuple(rows_of(results, hf)), problems=tuple(problems),
                   notes=tuple(notes))
 
@@ -277,41 +311,76 @@ def summary(rep: Report, when: str) -> str:
 
 def run_check(runner: Runner, modes: Sequence[str], dtype: str, out_dir: Path, *,
               budget_s: float = float("inf"), clock: Callable[[], float] = time.monotonic,
-              log: Callable[[str], None] = print) -> Report:
-    """Run every mode and HF generate() through `runner`, judge, print and write the table."""
+              log: Callable[[str], None] = print, batch: int = 0) -> Report:
+    """Run every mode and HF generate() through `runner`, judge, print and write the table.
+
+    `batch` > 1: then batched throughput (eager, then `default`) while the budget lasts.
+    results.json is rewritten after every step, so a run stopped by its time limit still
+    leaves what it measured.
+    """
     start = clock()
     groups = runner.texts()
     texts = [t for group in groups.values() for t in group]
     log(f"[{clock() - start:6.1f}s] float32 reference on the CPU ({len(texts)} inputs)")
     reference = runner.reference(texts)
     results: list[ModeResult] = []
+    hf: list[HFTiming] = []
+    batched: list[BatchedThroughput] = []
     skipped: list[str] = []
+
+    def spent() -> bool:
+        return clock() - start > budget_s
+
+    def save() -> None:
+        _write(out_dir, runner.device(), results, hf, batched, round(clock() - start, 1))
+
     # float32 eager on the GPU first (the exact-equality rule), then eager and each compiled
     # mode in `dtype`.
     plan = [(EAGER, "float32")] if dtype != "float32" else []
     plan += [(EAGER, dtype)] + [(mode, dtype) for mode in modes]
     for mode, dt in plan:
-        if clock() - start > budget_s:
+        if spent():
             skipped.append(f"{mode} ({dt}): the {budget_s:.0f} s budget was spent")
             continue
         log(f"[{clock() - start:6.1f}s] {mode} ({dt})")
         results.append(runner.run_mode(mode, dt, groups))
-    hf: list[HFTiming] = []
-    if clock() - start <= budget_s:
+        save()
+    if not spent():
         log(f"[{clock() - start:6.1f}s] HF generate() ({dtype})")
         hf = runner.run_hf(dtype, groups)
+        save()
     else:
         skipped.append(f"HF generate(): the {budget_s:.0f} s budget was spent")
-    rep = report(runner.device(), results, hf, reference, skipped)
+    unmeasured: list[str] = []
+    for mode in ((EAGER, "default") if batch > 1 else ()):
+        if spent():
+            unmeasured.append(mode)
+            continue
+        log(f"[{clock() - start:6.1f}s] batched throughput, {mode} ({dtype}), {batch} callers")
+        batched.append(runner.run_batched(mode, dtype, texts, batch))
+        save()
+    rep = report(runner.device(), results, hf, reference, skipped, batched)
+    if unmeasured:  # optional: a note, not a failed check
+        rep = replace(rep, notes=rep.notes + (
+            f"batched throughput not measured for {', '.join(unmeasured)}: the "
+            f"{budget_s:.0f} s budget was spent",))
     text = summary(rep, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     log(text)
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.md").write_text(text)
-    (out_dir / "results.json").write_text(json.dumps(
-        {"device": rep.device, "results": [_jsonable(r) for r in results],
-         "hf": [asdict(h) for h in hf], "problems": list(rep.problems),
-         "seconds": round(clock() - start, 1)}, indent=1))
+    _write(out_dir, rep.device, results, hf, batched, round(clock() - start, 1),
+           problems=rep.problems)
     return rep
+
+
+def _write(out_dir: Path, device: str, results: Sequence[ModeResult],
+           hf: Sequence[HFTiming], batched: Sequence[BatchedThroughput], seconds: float,
+           problems: Sequence[str] | None = None) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(
+        {"device": device, "results": [_jsonable(r) for r in results],
+         "hf": [asdict(h) for h in hf], "batched": [asdict(b) for b in batched],
+         "problems": None if problems is None else list(problems), "seconds": seconds},
+        indent=1))
 
 
 def _jsonable(result: ModeResult) -> dict[str, object]:
@@ -476,6 +545,43 @@ class TorchRunner:
                                 statistics.median(per_token) * 1e3))
         return out
 
+    def run_batched(self, mode: str, dtype: str, texts: Sequence[str], callers: int
+                    ) -> BatchedThroughput:
+        import torch
+
+        from bench.throughput import closed_loop
+        from engine import load_engine
+        from engine.protocol import FlagOverride
+
+        torch._dynamo.reset()
+        engine = load_engine(self._config(device=self.on, dtype=dtype, max_batch=callers,
+                                          compile_mode="off" if mode == EAGER else mode))
+        try:
+            engine.warm_up(background=False)
+            direct = FlagOverride(speculative=False)
+            one = {t: engine.generate(t, override=direct).output_ids for t in texts}
+            batched: dict[str, list[tuple[int, ...]]] = {}
+
+            def call(text: str) -> None:
+                batched.setdefault(text, []).append(
+                    engine.generate(text, override=direct).output_ids)
+
+            requests = max(2 * len(texts), 4 * callers)
+            before = engine.compile_snapshot()
+            closed_loop(call, texts, callers, callers * 2)  # the batch shapes' first calls
+            batched.clear()
+            rps_one = closed_loop(call, texts, 1, requests)
+            batched.clear()
+            rps_batched = closed_loop(call, texts, callers, requests)
+            recompiles = engine.compile_snapshot().recompiles - before.recompiles
+            equal = sum(ids == one[t] for t, outs in batched.items() for ids in outs)
+            return BatchedThroughput(mode=mode, dtype=dtype, callers=callers,
+                                     requests=requests, rps_one=rps_one,
+                                     rps_batched=rps_batched, equal_outputs=equal,
+                                     recompiles=recompiles)
+        finally:
+            engine.close()
+
     def _sync(self) -> None:
         if self.cuda:
             import torch
@@ -497,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="compiled modes to run (eager always runs)")
     parser.add_argument("--max-autotune", action="store_true",
                         help="also run max-autotune (long: its own autotuning per kernel)")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="callers for the batched-throughput step (engine.max_batch; "
+                             "0: skip it)")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: smoke run
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no new mode after this many seconds (then: a failed "
@@ -514,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     buckets = tuple(int(b) for b in args.buckets.split(","))
     runner = TorchRunner(buckets, args.inputs, args.new, args.repeats, args.device)
     rep = run_check(runner, modes, args.dtype, out, budget_s=args.budget_s,
-                    log=lambda line: print(line, flush=True))
+                    log=lambda line: print(line, flush=True), batch=args.batch)
     return rep.exit_code
 
 

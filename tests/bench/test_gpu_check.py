@@ -67,6 +67,13 @@ class FakeRunner:
         self.calls.append(("hf", dtype))
         return [gpu.HFTiming(label, 80.0, 80.0 / 3) for label in groups]
 
+    def run_batched(self, mode, dtype, texts, callers) -> gpu.BatchedThroughput:
+        self.calls.append((f"batched {mode}", dtype))
+        self.now += self.seconds_per_mode
+        return gpu.BatchedThroughput(mode=mode, dtype=dtype, callers=callers,
+                                     requests=len(texts) * 2, rps_one=20.0, rps_batched=90.0,
+                                     equal_outputs=len(texts) * 2 - 1)
+
 
 def _run(tmp_path, runner: FakeRunner, **kwargs: object) -> gpu.Report:
     lines: list[str] = []
@@ -214,3 +221,44 @@ def test_the_script_runs_the_check_with_the_given_python(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "bench.gpu: CUDA is not available" in done.stdout + done.stderr
     assert (tmp_path / "out" / "log.txt").is_file()
+
+
+def test_batched_throughput_is_reported_after_the_table_and_judges_nothing(tmp_path):
+    import json
+
+    runner = FakeRunner()
+    rep = _run(tmp_path, runner, batch=8)
+    assert runner.calls[-2:] == [("batched eager", "bfloat16"), ("batched default", "bfloat16")]
+    assert rep.exit_code == 0  # one batched output that differs is reported, not failed
+    assert ("batched throughput, default (bfloat16), max_batch 8: 20.0 requests/s with 1 "
+            "caller, 90.0 with 8 (4.50x); 7 of 8 outputs equal one at a time's; 0 "
+            "recompile(s) while batched") in rep.notes
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [b["mode"] for b in saved["batched"]] == ["eager", "default"]
+
+
+def test_batched_throughput_past_the_budget_is_a_note_not_a_failure(tmp_path):
+    runner = FakeRunner(seconds_per_mode=10.0)
+    # Four modes take 40 s (HF none); the first batched step starts inside 45 s, the second not.
+    rep = _run(tmp_path, runner, batch=8, budget_s=45.0)
+    assert ("batched eager", "bfloat16") in runner.calls
+    assert ("batched default", "bfloat16") not in runner.calls
+    assert rep.exit_code == 0
+    assert any(n.startswith("batched throughput not measured for default") for n in rep.notes)
+
+
+def test_results_are_saved_after_every_step(tmp_path):
+    """A run its time limit stops still leaves what it measured in results.json."""
+    import json
+
+    seen: list[list[str]] = []
+
+    class Watching(FakeRunner):
+        def run_mode(self, mode, dtype, groups):
+            if (tmp_path / "results.json").exists():
+                saved = json.loads((tmp_path / "results.json").read_text())
+                seen.append([r["mode"] for r in saved["results"]])
+            return super().run_mode(mode, dtype, groups)
+
+    _run(tmp_path, Watching())
+    assert seen == [[gpu.EAGER], [gpu.EAGER, gpu.EAGER], [gpu.EAGER, gpu.EAGER, "default"]]
