@@ -75,6 +75,8 @@ class ModeResult:
     warm_error: str | None = None
     graphs: int = 0
     recompiles_after_warmup: int = 0
+    # Guard failures behind those recompiles (engine.compile_watch's normalized reasons).
+    recompile_reasons: Mapping[str, int] = field(default_factory=dict)
     compile_failures: int = 0
     cudagraphs_recorded: int | None = None  # None: the mode ran without CUDA graphs
     cudagraphs_replayed: int | None = None
@@ -174,8 +176,10 @@ def problems_of(result: ModeResult, reference: Mapping[str, tuple[int, ...]]) ->
     if mode in CUDAGRAPH_MODES:
         out += _cudagraph_problems(result)
     if compiled and result.recompiles_after_warmup:
+        top = sorted(result.recompile_reasons.items(), key=lambda kv: -kv[1])[:3]
+        why = "; ".join(f"{n}x {reason}" for reason, n in top) or "no guard failure recorded"
         out.append(f"{mode}: {result.recompiles_after_warmup} recompile(s) after warm-up "
-                   "(must be 0)")
+                   f"(must be 0): {why}")
     if mode == "reduce-overhead" and result.cudagraph_skips:
         out.append(f"{mode}: {result.cudagraph_skips} graph(s) skipped by cudagraph trees "
                    "(run without CUDA graphs; TORCH_LOGS=cudagraphs says why)")
@@ -383,6 +387,11 @@ def _write(out_dir: Path, device: str, results: Sequence[ModeResult],
         indent=1))
 
 
+def _new_reasons(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """Return the reasons counted in `after` beyond `before`."""
+    return {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+
+
 def _jsonable(result: ModeResult) -> dict[str, object]:
     data = asdict(result)
     data["outputs"] = {t: list(ids) for t, ids in result.outputs.items()}
@@ -500,6 +509,8 @@ class TorchRunner:
                 mode=mode, dtype=dtype, buckets=tuple(timings), outputs=outputs,
                 warm_up_s=warm_s, warm_error=status.error, graphs=after.graphs - start.graphs,
                 recompiles_after_warmup=after.recompiles - before.recompiles,
+                recompile_reasons=_new_reasons(before.recompile_reasons,
+                                               after.recompile_reasons),
                 compile_failures=after.compile_failures - start.compile_failures,
                 cudagraphs_recorded=g.recorded if g.cudagraphs else None,
                 cudagraphs_replayed=g.replayed if g.cudagraphs else None,

@@ -13,7 +13,8 @@ CUDA graphs need are checked where they can be seen:
   that share storage with an output still held; `check_aliases` holds outputs so their
   storage cannot be reused by another tensor, which a test needs and CUDA graphs forbid);
 - cudagraph trees are per thread: every compiled call runs on the owner thread
-  (`off_owner` counts those that did not, once an owner is set).
+  (`off_owner` counts those that did not, once an owner is set), and that thread holds
+  the trees' per-thread state (`prepare_owner_thread`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,36 @@ from typing import Any
 import torch
 
 from engine.protocol import GraphSnapshot
+
+
+def prepare_owner_thread() -> None:
+    """Give the calling thread cudagraph trees' per-thread state, if it has none.
+
+    Inductor sets that state up on the thread that imports it (and autograd copies it to
+    its own threads); a plain Python thread has none, and its first CUDA-graph recording
+    fails on a bare assert in torch, so every bucket would serve eager. The owner thread
+    gets its own, which is what per-thread trees mean: its graphs are its own.
+    """
+    import collections
+    import warnings
+
+    with warnings.catch_warnings():
+        # Inductor's first import can warn about torch's own deprecated modules.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch._inductor import cudagraph_trees as trees
+
+    if hasattr(trees.local, "tree_manager_containers") or torch._C._is_key_in_tls(
+            "tree_manager_containers"):
+        return
+    initialize = getattr(trees, "_initialize_tls", None)
+    if initialize is not None:
+        initialize(trees.local)
+        return
+    # Older torch: the same steps as its module-level setup.
+    trees.local.tree_manager_containers = {}
+    trees.local.tree_manager_locks = collections.defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", trees.local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", trees.local.tree_manager_locks)
 
 
 @dataclass

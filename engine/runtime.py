@@ -34,7 +34,7 @@ from engine.errors import (
     RequestTimeout,
 )
 from engine.flags import GuardedFlags
-from engine.graphs import GraphLedger
+from engine.graphs import GraphLedger, prepare_owner_thread
 from engine.memory import KvAccount, memory_snapshot, static_bytes
 from engine.models import (
     INDUCTOR_OPTIONS,
@@ -159,6 +159,8 @@ class Runtime:
         owner = self._scheduler or self._device_thread
         if self._owned and owner is not None:
             self.ledger.set_owner(owner.thread)
+            if self.cudagraphs_off is None:
+                self._on_owner(prepare_owner_thread)
 
     @property
     def batch_scheduler(self) -> scheduler.Scheduler | None:

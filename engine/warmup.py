@@ -11,6 +11,7 @@ import functools
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -193,8 +194,9 @@ class Warmup:
                 if self._closed():
                     break  # closed under it: not a failure of the bucket
                 self._watch.record_failure()
-                why = f"{type(exc).__name__}: {exc}"[:480]
-                log.error("engine: bucket %d serves eager: its warm-up failed: %s", edge, why)
+                why = describe_failure(exc)[:480]
+                log.error("engine: bucket %d serves eager: its warm-up failed: %s", edge, why,
+                          exc_info=exc)
                 with self._lock:
                     self._error = f"bucket {edge}: {why}"
                     self._graphs[edge] = f"eager: {why}"
@@ -214,3 +216,19 @@ class Warmup:
                 self._ready_seconds = time.perf_counter() - self._created
             self.cache_hit = self.saved_buckets == len(self._buckets)
         self._finished()
+
+
+def describe_failure(exc: BaseException) -> str:
+    """Return `Type: message`, and where it was raised when the message is empty.
+
+    A bare `assert` deep in torch says nothing on its own; the file and line of its raise
+    are what an operator can search for.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    if str(exc).strip():
+        return text
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return text
+    last = frames[-1]
+    return f"{text.rstrip()} (raised at {Path(last.filename).name}:{last.lineno} in {last.name})"

@@ -262,3 +262,15 @@ def test_results_are_saved_after_every_step(tmp_path):
 
     _run(tmp_path, Watching())
     assert seen == [[gpu.EAGER], [gpu.EAGER, gpu.EAGER], [gpu.EAGER, gpu.EAGER, "default"]]
+
+
+def test_recompiles_after_warm_up_name_their_guard_failures():
+    result = _result("default", "bfloat16", recompiles_after_warmup=3, recompile_reasons={
+        "tensor 'cache' size mismatch at index 1": 2, "grad_mode mismatch": 1})
+    assert gpu.problems_of(result, REFERENCE) == [
+        "default: 3 recompile(s) after warm-up (must be 0): 2x tensor 'cache' size mismatch "
+        "at index 1; 1x grad_mode mismatch"]
+
+
+def test_new_reasons_are_the_ones_counted_after_warm_up():
+    assert gpu._new_reasons({"a": 2, "b": 1}, {"a": 3, "b": 1, "c": 4}) == {"a": 1, "c": 4}

@@ -173,3 +173,60 @@ def test_warm_up_leaves_a_rows_cache_as_it_found_it(tiny_dirs):
         assert torch.equal(cache, kept)
     finally:
         rt.close()
+
+
+def _has_tree_state() -> bool:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch._inductor import cudagraph_trees as trees
+
+    return (hasattr(trees.local, "tree_manager_containers")
+            or torch._C._is_key_in_tls("tree_manager_containers"))
+
+
+def _on_fresh_thread(fn):
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_the_owner_thread_holds_cudagraph_trees_state(tiny_dirs, max_batch, monkeypatch):
+    """A plain thread has no cudagraph-trees state (its first recording would fail on a
+    bare assert in torch, every bucket serving eager); the owner thread is given its own."""
+    import engine.runtime
+
+    _has_tree_state()  # inductor imported here, as the engine's compile does it first
+    assert _on_fresh_thread(_has_tree_state) is False
+    # As on CUDA: the runtime records CUDA graphs (here nothing is recorded on the CPU).
+    monkeypatch.setattr(engine.runtime, "cudagraphs_off", lambda config, device: None)
+    rt = _runtime(tiny_dirs, max_batch=max_batch)
+    try:
+        assert rt._on_owner(_has_tree_state) is True
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("initialize", [True, False], ids=["torch_helper", "older_torch"])
+def test_prepare_owner_thread_sets_up_what_a_recording_reads(monkeypatch, initialize):
+    from engine.graphs import prepare_owner_thread
+
+    _has_tree_state()  # imports inductor's module quietly
+    from torch._inductor import cudagraph_trees as trees
+
+    if not initialize:  # a torch without the helper: the engine's own steps
+        monkeypatch.delattr(trees, "_initialize_tls", raising=False)
+
+    def prepared() -> tuple[object, object]:
+        prepare_owner_thread()
+        prepare_owner_thread()  # a second call keeps the first's state
+        containers = trees.get_obj(trees.local, "tree_manager_containers")
+        locks = trees.get_obj(trees.local, "tree_manager_locks")
+        return containers, locks[0]
+
+    containers, lock = _on_fresh_thread(prepared)
+    assert containers == {} and hasattr(lock, "acquire")
