@@ -230,3 +230,27 @@ def test_prepare_owner_thread_sets_up_what_a_recording_reads(monkeypatch, initia
 
     containers, lock = _on_fresh_thread(prepared)
     assert containers == {} and hasattr(lock, "acquire")
+
+
+def test_a_bare_assert_in_the_warm_up_says_where_it_was_raised(tiny_dirs, caplog, monkeypatch):
+    """An error with no message (torch's bare asserts) names its file and line, and the log
+    carries the traceback."""
+    rt = _runtime(tiny_dirs)
+    real = type(rt.target).warm
+
+    def warm(runner, edge, **kwargs):
+        if edge == 16:
+            raise AssertionError  # as a bare `assert` outside pytest's rewriting raises
+        return real(runner, edge, **kwargs)
+
+    monkeypatch.setattr(type(rt.target), "warm", warm)
+    try:
+        with caplog.at_level(logging.ERROR, logger="engine.warmup"):
+            rt.warm_up(background=False)
+        graphs = rt.warmup_status().bucket_graphs["16"]
+        assert graphs.startswith("eager: AssertionError: (raised at test_cudagraph_safety.py:")
+        assert graphs.endswith(" in warm)")
+        record = next(r for r in caplog.records if "bucket 16 serves eager" in r.getMessage())
+        assert record.exc_info is not None and record.exc_info[0] is AssertionError
+    finally:
+        rt.close()
