@@ -58,7 +58,7 @@ EXPLORE_EVERY = 16
 
 
 class RowOwner(Protocol):
-    """What the loop needs of the engine that owns it (engine.runtime.Runtime)."""
+    """What the loop needs of the rows it decodes on (engine.rows.Rows)."""
 
     def row_room(self, k: int) -> int:
         """Return the most new tokens a batch row's cache holds for a request drafting k."""

@@ -28,7 +28,7 @@ def _runtime(tmp_path, dirs, **changes) -> Runtime:
 def _job(rt: Runtime, text: str, row: int, *, k: int = 0, max_new: int = 16,
          eager: bool = False) -> Job:
     ids = list(rt.tokenizer(text).input_ids)
-    path, length, key = rt._route(len(ids), rt._flags.read())
+    path, length, key = rt.router.route(len(ids), rt._flags.read())
     return Job(ids=ids, length=length, key=None if eager else key, k=k, max_new=max_new,
                deadline=None, quantized=False, row=row)
 
@@ -159,7 +159,7 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
         tmp_path, tiny_dirs, alone, monkeypatch):
     rt = _runtime(tmp_path, tiny_dirs, max_batch=3, native_step=False)
     texts = random_texts(3, seed=17, overflow=False)
-    start_row = rt.start_row
+    start_row = rt.rows.start_row
 
     def broken(job):
         state = start_row(job)
@@ -167,7 +167,7 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
             state.tenc = type(state.tenc)(state.tenc.cross[..., :1], state.tenc.mask_bias)
         return state
 
-    monkeypatch.setattr(rt, "start_row", broken)
+    monkeypatch.setattr(rt.rows, "start_row", broken)
     try:
         jobs = [_job(rt, t, row, eager=True) for row, t in enumerate(texts)]
         _submit_together(rt, jobs)
@@ -175,7 +175,7 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
             rt._scheduler.wait(jobs[1])
         for i in (0, 2):
             assert tuple(rt._scheduler.wait(jobs[i]).tokens) == alone(texts[i])
-        monkeypatch.setattr(rt, "start_row", start_row)
+        monkeypatch.setattr(rt.rows, "start_row", start_row)
         assert rt.generate(texts[1], max_new_tokens=16).output_ids == alone(texts[1])
     finally:
         rt.close()

@@ -22,7 +22,7 @@ def _runtime(tmp_path, dirs, **changes) -> Runtime:
 
 def _job(rt: Runtime, text: str, row: int, *, alone: bool) -> Job:
     ids = list(rt.tokenizer(text).input_ids)
-    _path, length, _key = rt._route(len(ids), rt._flags.read())
+    _path, length, _key = rt.router.route(len(ids), rt._flags.read())
     return Job(ids=ids, length=length, key=None, k=0, max_new=12, deadline=None,
                quantized=False, row=row, alone=alone)
 

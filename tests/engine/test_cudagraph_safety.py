@@ -50,7 +50,7 @@ def test_no_compiled_output_feeds_a_compiled_call_uncopied(tiny_dirs):
         fns, m = rt.target.compiled(16), rt.target.m
         enc = rt.target._encode_example(16, mark=False)
         cross = fns.encode(*enc)
-        kv = rt._caches[0]["target"]
+        kv = rt.rows.caches[0]["target"]
         out = fns.step(m, rt.target.start, rt.target.positions[0], kv, cross.clone(), enc[2],
                        rt.target.bias_for(1), 1)
         fns.step(m, out[-1:].view(1, 1), rt.target.positions[1], kv, cross, enc[2],
@@ -165,7 +165,7 @@ def test_warm_up_leaves_a_rows_cache_as_it_found_it(tiny_dirs):
     meanwhile (eager, its bucket not warm yet) must find its keys and values unchanged."""
     rt = _runtime(tiny_dirs)
     try:
-        cache = rt._caches[0]["target"]
+        cache = rt.rows.caches[0]["target"]
         with torch.no_grad():
             cache.normal_()
         kept = cache.clone()

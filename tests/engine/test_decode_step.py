@@ -111,7 +111,7 @@ def test_speculative_ttft_is_after_the_first_verification(eager_engine):
         return out
 
     fns = Fns(real.encode, real.step, verify)
-    caches = eager_engine._caches[0]
+    caches = eager_engine.rows.caches[0]
     with torch.no_grad():
         tenc, denc = _prepared(eager_engine, "xabc defx")
         out = decoding.speculative(eager_engine.target, fns, tenc, caches["target"],
@@ -136,7 +136,7 @@ def test_generate_stamps_tokens_by_round(eager_engine):
 @pytest.mark.parametrize("seed", [21, 22])
 def test_every_draft_length_gives_the_direct_output(eager_engine, seed):
     """Adaptive k only changes speed: every k in 1..k_max emits the target's greedy tokens."""
-    caches = eager_engine._caches[0]
+    caches = eager_engine.rows.caches[0]
     target, draft = eager_engine.target, eager_engine.draft
     for text in random_texts(6, seed=seed, overflow=False):
         with torch.no_grad():

@@ -1,0 +1,137 @@
+"""The decode rows: each row's self-attention caches, and a request encoded and decoded
+on its row.
+
+A row is an admission slot: batched, a batch row of the scheduler's loop; unbatched, a
+decode stream. Its caches are allocated once and reused by every request that holds it;
+the KV account (engine.memory) counts them and each running request's cross-attention
+K/V. `Rows` is what the batching loop needs of its engine (engine.scheduler.RowOwner);
+unbatched, `run` decodes a whole request on the calling (owner) thread.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from engine import decoding, scheduler
+from engine.memory import KvAccount, static_bytes
+from engine.models import Models
+from engine.runner import Fns, ModelRunner
+
+
+def fns(runner: ModelRunner, key: int | str | None, native: bool = True) -> Fns:
+    """Return the functions `runner` decodes with for a request routed to `key`."""
+    if key is None:
+        return runner.eager
+    # The native_step flag off: this request's compiled functions use the compiled
+    # step even where the C step is bound (built on first use, kept apart).
+    return runner.compiled(key) if native else runner.compiled_step(key)
+
+
+class Rows:
+    """The rows' caches and the KV they hold; thread-safe as long as one request holds a
+    row at a time (the admission slot)."""
+
+    def __init__(self, models: Models, *, count: int, device: torch.device,
+                 compile_on: bool) -> None:
+        self.models = models
+        self.device = device
+        self._compile_on = compile_on
+        with torch.no_grad():
+            self.caches = [self._new_caches() for _ in range(count)]
+        self.kv = KvAccount(static_bytes(self.caches))
+
+    def _new_caches(self) -> dict[str, torch.Tensor]:
+        # Marked static only for a compiled step (the C step and eager need no mark).
+        models = self.models
+        return {r.name: r.m.new_self_cache(models.slots,
+                                           static=self._compile_on and r.native is None)
+                for r in (models.target, models.draft) if r is not None}
+
+    def _target(self, quantized: bool) -> ModelRunner:
+        models = self.models
+        return models.target_q if quantized and models.target_q is not None else models.target
+
+    def row_room(self, k: int) -> int:
+        """Return the most new tokens a batch row's cache holds for a request drafting k."""
+        # A step writes position len(tokens) - 1 < max_new; a verification k_max + 1
+        # positions from there (its padding included).
+        return self.models.slots - (self.models.k_max if k > 0 else 0)
+
+    def start_row(self, job: scheduler.Job) -> decoding.RowState:
+        """Encode `job`'s input on the calling (loop) thread; return its row's decode state."""
+        caches = self.caches[job.row]
+        target = self._target(job.quantized)
+        with torch.no_grad():
+            job.t_device = time.perf_counter()
+            padded, mask = self.padded(job.ids, job.length)
+            tfns = fns(target, job.key, job.native)
+            tenc = decoding.encode(target, tfns, padded, mask)
+            job.held = tenc.nbytes
+            self.kv.hold(job.held, job.held)
+            if job.k > 0 and self.models.draft is not None:
+                draft = self.models.draft
+                dfns = fns(draft, job.key, job.native)
+
+                def encode_draft() -> decoding.Encoded:
+                    # Run when the row first speculates (alone in the batch): a row that
+                    # only ever decodes batched never pays for the draft's encoder.
+                    denc = decoding.encode(draft, dfns, padded, mask)
+                    job.held += denc.nbytes
+                    self.kv.hold(denc.nbytes, job.held)
+                    return denc
+
+                row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new,
+                                        draft=draft, dfns=dfns, denc=encode_draft,
+                                        dcache=caches["draft"], k=job.k)
+            else:
+                row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new)
+            job.t_encoded = time.perf_counter()
+        return row
+
+    def kv_release(self, nbytes: int) -> None:
+        """Forget `nbytes` of request K/V (a batched request left)."""
+        self.kv.release(nbytes)
+
+    def padded(self, ids: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return `ids` padded to `length` and its attention mask, on the device."""
+        padded = torch.full((1, length), self.models.target.m.pad_id, dtype=torch.long)
+        padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask = torch.zeros((1, length), dtype=torch.long)
+        mask[0, : len(ids)] = 1
+        return padded.to(self.device), mask.to(self.device)
+
+    def run(self, ids: list[int], length: int, key: int | str | None, slot: int,
+            k: int, max_new: int, deadline: float | None, quantized: bool = False,
+            native: bool = True) -> tuple[decoding.Decoded, float, float]:
+        """Encode and decode a request on row `slot` in this thread (unbatched); return what
+        it decoded, when its encoders finished and when its input reached the device."""
+        caches = self.caches[slot]
+        target = self._target(quantized)
+        draft = self.models.draft
+        with torch.no_grad():
+            t_device = time.perf_counter()
+            padded, mask = self.padded(ids, length)
+            tfns = fns(target, key, native)
+            tenc = decoding.encode(target, tfns, padded, mask)
+            held = tenc.nbytes
+            self.kv.hold(held, held)
+            try:
+                if k > 0 and draft is not None:
+                    dfns = fns(draft, key, native)
+                    denc = decoding.encode(draft, dfns, padded, mask)
+                    held += denc.nbytes
+                    self.kv.hold(denc.nbytes, held)  # the peak is per request: both models
+                    t_encoded = time.perf_counter()
+                    decoded = decoding.speculative(
+                        target, tfns, tenc, caches["target"], draft, dfns, denc,
+                        caches["draft"], k, max_new, deadline)
+                else:
+                    t_encoded = time.perf_counter()
+                    decoded = decoding.direct(target, tfns, tenc, caches["target"],
+                                              max_new, deadline)
+            finally:
+                self.kv.release(held)
+        return replace(decoded, kv_request_bytes=held), t_encoded, t_device
