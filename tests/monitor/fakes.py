@@ -32,7 +32,7 @@ class ServiceFakeEngine(FakeEngine):
     def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
                  override: FlagOverride | None = None,
                  timeout_s: float | None = None) -> GenerateResult:
-        # The runtime's own checks, in its order (engine.runtime.Runtime.generate).
+        # The runtime's own checks, in its order (engine.runtime.Runtime._plan).
         validation.check_timeout(timeout_s)
         validation.max_new_tokens(self.config, max_new_tokens)
         validation.check_input_tokens(self.config,
