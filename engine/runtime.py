@@ -11,7 +11,6 @@ memory accounting (engine.memory), bucket traffic (engine.traffic).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -73,8 +72,6 @@ from engine.warmers import BucketWarmer, FirstUseWarmer
 from engine.warmup import Warmup
 
 T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
