@@ -196,10 +196,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
 
-    from engine import load_engine
     from engine.config import EngineConfig
+    from engine.runtime import Runtime  # the concrete runtime: its batching loop is recorded
 
-    engine = load_engine(EngineConfig(
+    engine = Runtime(EngineConfig(
         model_dir=args.model_dir, max_batch=args.callers, max_queue=4 * args.callers,
         max_new_tokens=args.new_tokens, compile_mode=args.compile_mode,
         cache_dir=args.cache_dir, flags_file=""))

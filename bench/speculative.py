@@ -35,14 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("var/compile-cache").resolve()))
 
-    from engine import load_engine
     from engine.config import EngineConfig
     from engine.protocol import FlagOverride
+    from engine.runtime import Runtime  # the concrete runtime: k_max is not the protocol's
 
     config = EngineConfig(model_dir=args.model_dir, draft_dir=args.draft_dir,
                           buckets=tuple(int(b) for b in args.buckets.split(",")),
                           compile_mode=args.compile_mode, compile_backend=args.backend)
-    engine = load_engine(config)
+    engine = Runtime(config)
     if not engine.info.speculative_available:
         raise SystemExit("no draft model: nothing to compare")
     start = time.perf_counter()

@@ -213,14 +213,14 @@ def main(argv: list[str] | None = None) -> None:
         args.requests, args.rates, args.unloaded_repeats = 32, QUICK_RATES, 1
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
 
-    from engine import load_engine
     from engine.config import BUILTIN_DIR, EngineConfig
+    from engine.runtime import Runtime  # the concrete runtime: its tokenizer feeds CTranslate2
 
     callers = [int(c) for c in args.callers.split(",")]
     base = dict(model_dir=args.model_dir, max_queue=4 * max(callers) + 1024,
                 max_new_tokens=args.new_tokens, cache_dir=args.cache_dir)
-    engines = {"batched": load_engine(EngineConfig(**base, max_batch=args.max_batch)),  # type: ignore[arg-type]
-               "unbatched": load_engine(EngineConfig(**base, max_batch=1))}  # type: ignore[arg-type]
+    engines = {"batched": Runtime(EngineConfig(**base, max_batch=args.max_batch)),  # type: ignore[arg-type]
+               "unbatched": Runtime(EngineConfig(**base, max_batch=1))}  # type: ignore[arg-type]
     for engine in engines.values():
         engine.warm_up(background=False)
     texts = _canaries("in_domain")[: args.requests]
