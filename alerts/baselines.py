@@ -29,6 +29,10 @@ noise of two hours of pooled values) cannot page a regular daily peak. A young s
 (each seen on fewer than `YOUNG_SEASON_HOURS` days) may only relax the plain baseline: one
 that reads under the plain centre (for a rising metric) gives way to it.
 
+Stored later: what a refresh computes (chunks, replaced and new rolling rows) is kept in
+`BaselineWrites` until `apply`, so the evaluation computes it in a read-only transaction
+and stores it in its short write transaction (`alerts.evaluator`).
+
 A pinned baseline fixes the centre and keeps the spread measured when it was pinned.
 Which stored baseline is in force is decided in one place:
 `storage.queries.baselines.decide_in_force`.
@@ -39,7 +43,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -134,13 +138,62 @@ def cohort_label(cohort: Cohort) -> str:
     return f"{cohort[0] or '?'}/{cohort[1] or '?'}"
 
 
+@dataclass
+class BaselineWrites:
+    """What computing baselines stores, kept until `apply` (the write transaction's)."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    chunks_before: dict[str, datetime] = field(default_factory=dict)  # rule -> drop hours before
+    replaced: list[int] = field(default_factory=list)  # rolling rows made inactive (ids)
+    rows: list[Baseline] = field(default_factory=list)  # new rolling rows
+
+    def pending_chunks(self, rule: str, scope_keys: Collection[str],
+                       cohorts: Collection[Cohort], start: datetime,
+                       end: datetime) -> list[Chunk]:
+        """Return the kept chunks that `series_queries.chunks` will return once stored."""
+        return [ch for ch in self.chunks
+                if ch.rule == rule and ch.scope_key and ch.scope_key in scope_keys
+                and ch.cohort in cohorts and start <= ch.start < end]
+
+    def replace(self, old: StoredBaseline) -> None:
+        """Make `old` inactive: a stored row on `apply`, a kept one (no id yet) at once."""
+        if old.id is not None:
+            self.replaced.append(old.id)
+            return
+        for row in self.rows:  # refreshed twice this evaluation: a rule of the same scope
+            if row.active and baseline_queries.stored(row) == old:
+                row.active = False
+
+    def extend(self, other: BaselineWrites) -> None:
+        """Keep `other`'s writes too (a rule's, once it was judged without error)."""
+        self.chunks += other.chunks
+        self.chunks_before.update(other.chunks_before)
+        self.replaced += other.replaced
+        self.rows += other.rows
+
+    def apply(self, session: Session) -> None:
+        """Store the kept writes in `session`'s transaction."""
+        for rule, before in self.chunks_before.items():
+            series_queries.delete_chunks_before(session, rule, before)
+        if self.chunks:
+            series_queries.add_chunks(session, self.chunks)
+        if self.replaced:
+            session.execute(update(Baseline).where(Baseline.id.in_(self.replaced))
+                            .values(active=False).execution_options(synchronize_session="fetch"))
+        if self.rows:
+            session.add_all(self.rows)
+            session.flush()
+
+
 def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
-                  backfill_hours: int = 6, rules: Sequence[Rule] = ()) -> int:
+                  backfill_hours: int = 6, rules: Sequence[Rule] = (),
+                  writes: BaselineWrites | None = None) -> int:
     """Store finished hours of `rule`'s series not stored yet (at most `backfill_hours`,
     newest first); return how many hours were missing before this call.
 
     `rules`: every rule of the evaluation; the hours chunked are then counted in one query
-    (kept on `cache`), not one per rule.
+    (kept on `cache`), not one per rule. `writes`: keep the chunks there instead (stored
+    by its `apply`).
     """
     end = hour_start(now)
     start = hour_start(now - timedelta(seconds=rule.baseline_window_s))
@@ -169,8 +222,11 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
                             [p.at.timestamp(), p.value, p.samples, _median(p)])
         out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
     out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
-    series_queries.delete_chunks_before(session, rule.name, start)
-    series_queries.add_chunks(session, out)
+    kept = BaselineWrites() if writes is None else writes
+    kept.chunks_before[rule.name] = start
+    kept.chunks += out
+    if writes is None:
+        kept.apply(session)
     return len(todo)
 
 
@@ -209,14 +265,19 @@ def baselines_for_rule(
     cache: RowCache,
     serving: Mapping[Labels, Iterable[Cohort]],
     config: BaselineConfig,
+    writes: BaselineWrites | None = None,
 ) -> dict[Labels, dict[Cohort, CohortBaseline]]:
     """Return scope labels -> cohort -> its baseline, refreshing stale rolling baselines.
 
-    `serving`: the cohorts with data per scope in the detector's window.
+    `serving`: the cohorts with data per scope in the detector's window. `writes`: keep
+    the refreshed chunks and rows there (stored by its `apply`; `session` is then only
+    read); None: store them in `session` before returning.
     """
+    kept = BaselineWrites() if writes is None else writes
     # While chunks are backfilled (more than the one hour that ends each hour), every
     # baseline rests on part of its window: refresh them until the window is complete.
-    backfilling = ensure_chunks(session, rule, cache, now, config.backfill_hours, rules) > 1
+    backfilling = ensure_chunks(session, rule, cache, now, config.backfill_hours, rules,
+                                kept) > 1
     # Every rule's metrics in one read per evaluation, kept current below.
     metrics = tuple(sorted({r.metric for r in rules} | {rule.metric}))
     active = cache.once(("active_baselines", metrics),
@@ -252,18 +313,21 @@ def baselines_for_rule(
                     needs.append(_Need(labels, cohort, sc, k, key, start, s, old))
             plan.append((labels, cohort, key, skeys))
     if needs:
-        fresh = _refresh(session, rule, rules, now, cache, needs)
+        fresh = _refresh(session, rule, rules, now, cache, needs, kept)
         for k, rows in fresh.items():
             by_scope[k] = by_scope.get(k, []) + rows
         # What the next rule of this metric would read: the replaced rows are inactive.
-        gone = {n.old.id for n in needs if n.old is not None and any(
-            (b.model_version, b.config_hash) == n.cohort for b in fresh.get(n.key, ()))}
+        # (Compared whole: a row refreshed earlier in this evaluation has no id yet.)
+        gone = [n.old for n in needs if n.old is not None and any(
+            (b.model_version, b.config_hash) == n.cohort for b in fresh.get(n.key, ()))]
         for k, rows in fresh.items():
-            active[k] = [b for b in active.get(k, []) if b.id not in gone] + rows
+            active[k] = [b for b in active.get(k, []) if b not in gone] + rows
     out: dict[Labels, dict[Cohort, CohortBaseline]] = {}
     for labels, cohort, key, skeys in plan:
         widen = _widening(rule, dict(labels), sens, config, known)
         out.setdefault(labels, {})[cohort] = _choose(rule, by_scope, cohort, key, skeys, widen)
+    if writes is None:
+        kept.apply(session)
     return out
 
 
@@ -390,12 +454,16 @@ def _stale(old: StoredBaseline | None, rule: Rule, now: datetime, config: Baseli
 
 
 def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cache: RowCache,
-             needs: list[_Need]) -> dict[str, list[StoredBaseline]]:
-    """Recompute the rolling baselines in `needs` from chunks plus the current hour."""
+             needs: list[_Need], writes: BaselineWrites) -> dict[str, list[StoredBaseline]]:
+    """Recompute the rolling baselines in `needs` from chunks plus the current hour (the
+    replaced and new rows kept in `writes`)."""
     this_hour = hour_start(now)
     first = min(n.start for n in needs)
-    stored = series_queries.chunks(session, rule.name, {n.series_key for n in needs},
-                                   {n.cohort for n in needs}, hour_start(first), this_hour)
+    keys, cohorts = {n.series_key for n in needs}, {n.cohort for n in needs}
+    stored = series_queries.chunks(session, rule.name, keys, cohorts, hour_start(first),
+                                   this_hour)
+    # The hours chunked by this evaluation, not stored yet.
+    stored += writes.pending_chunks(rule.name, keys, cohorts, hour_start(first), this_hour)
     # (cycle start, value, samples, body or None): chunks before 0008 hold no body.
     values: dict[tuple[str, Cohort], list[tuple[float, float, int, float | None]]] = {}
     for ch in stored:
@@ -424,15 +492,13 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
         if stats is None:
             continue
         if need.old is not None:
-            session.execute(update(Baseline).where(Baseline.id == need.old.id)
-                            .values(active=False).execution_options(synchronize_session="fetch"))
+            writes.replace(need.old)
         row = Baseline(metric=rule.metric, scope=need.scope, scope_key=need.key,
                        value=stats.center, samples=stats.cycles, window_start=need.start,
                        window_end=now, kind="rolling", model_version=need.cohort[0],
                        config_hash=need.cohort[1], created_at=now, spread=stats.spread,
                        body=stats.body, active=True)
-        session.add(row)
-        session.flush()
+        writes.rows.append(row)  # no id until stored
         out.setdefault(need.key, []).append(baseline_queries.stored(row))
     return out
 

@@ -1,7 +1,12 @@
 """The scheduled evaluation: every rule, every scope, one call with an injected clock.
 
-    with sessions.begin() as session:
-        report = evaluate(session, config, now)  # AlertsConfig or EvaluationOptions
+    report = evaluate_split(sessions, config, now)  # AlertsConfig or EvaluationOptions
+
+Two phases: `score` reads every rule's window and computes the baselines in a read-only
+transaction (on SQLite no write lock, so the serving process keeps writing meanwhile);
+`record` then stores the baselines and judges, moves alerts, groups incidents and applies
+the policy in one short write transaction, from the alerts as stored then.
+`evaluate(session, config, now)` runs both in the caller's transaction.
 
 Reads baselines and per-cycle series, moves alerts (`alerts.lifecycle`), groups the
 alerts that fired or resolved into incidents (`alerts.incidents`) and queues one
@@ -23,19 +28,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import rollout
-from alerts.baselines import BaselineConfig, baselines_for_rule
+from alerts.baselines import BaselineConfig, BaselineWrites, CohortBaseline, baselines_for_rule
 from alerts.cohorts import judge
 from alerts.incidents import IncidentConfig, IncidentReport, group
 from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint, open_alerts
-from alerts.rules import Rule, RuleResult
-from alerts.series import RowCache, cohort_series, plan_rules
+from alerts.rules import Point, Rule, RuleResult
+from alerts.series import Labels, RowCache, cohort_series, plan_rules
 from alerts.webhooks import WebhookTarget
+from storage.db import reading
 from storage.models import Alert
 from storage.queries.alerts import last_resolved_fired_by_rule
 from storage.queries.instances import last_seen
+from storage.queries.series import Cohort
 
 if TYPE_CHECKING:
     from alerts.config import AlertsConfig
@@ -132,49 +139,96 @@ def _retire_unconfigured(life: Lifecycle, alerts: Iterable[Alert],
             for a in alerts if a.rule not in names and a.state != "resolved"]
 
 
-def evaluate(
+@dataclass
+class Scoring:
+    """What the read phase of one evaluation found, for its write phase (`record`).
+
+    per_rule: rule -> (its series per scope and cohort, their baselines); failed rules are
+    left out (their errors are in `errors`). writes: the baselines' rows, not stored yet.
+    """
+
+    at: datetime
+    options: EvaluationOptions
+    cache: RowCache
+    seen: dict[str, datetime]
+    per_rule: dict[str, tuple[Mapping[Labels, Mapping[Cohort, list[Point]]],
+                              Mapping[Labels, Mapping[Cohort, CohortBaseline]]]]
+    writes: BaselineWrites
+    errors: list[str]
+
+
+def score(
     session: Session,
     config: AlertsConfig | EvaluationOptions,
     now: datetime,
     *,
     settle: Mapping[str, float] | None = None,
-    actor: str = "policy",
-) -> EvaluationReport:
-    """Evaluate the rules at `now`, move alerts, queue notifications, apply the policy.
+) -> Scoring:
+    """Read every rule's window and compute its baselines, writing nothing (the read phase).
 
-    config: the loaded alerts config, or the options of one evaluation.
-    settle: row kind ("traffic", ...) -> seconds after a cycle's end before it is judged
-    (its rows still arriving; alerts.series.RowCache).
+    The long part of an evaluation (rows, chunks, baselines) runs here, so `session` may be
+    a read-only one (`storage.db.reading`): on SQLite no write lock is held meanwhile.
     """
     if now.tzinfo is None:
         raise ValueError("now: must be timezone-aware")
     options = config if isinstance(config, EvaluationOptions) else EvaluationOptions.of(config)
-    rules, stale_after_s = options.rules, options.stale_after_s
+    rules = options.rules
     baseline_config = options.baseline_config or BaselineConfig()
     cache = RowCache(session, settle)
     # One read per row kind for every rule's window (then sliced in memory per rule).
     plan_rules(cache, rules, now)
-    alerts = open_alerts(session)
-    life = Lifecycle(session, now, options.targets, external_url=options.external_url,
-                     resend_s=options.resend_s, per_alert=False)
-    results: list[RuleResult] = []
-    transitions: list[Transition] = []
-    errors: list[str] = []
     # A stale instance cannot be judged: its sliding series (trailing-hour counts) would
     # keep showing its last hour and re-open the alert that went stale.
-    seen = _seen(session, now, stale_after_s)
-    stale = _stale_instances(seen, now, stale_after_s)
-    # Alerts only move for their own rule below: one read serves every rule.
-    resolved_by_rule = last_resolved_fired_by_rule(session, [r.name for r in rules])
+    seen = _seen(session, now, options.stale_after_s)
+    scoring = Scoring(at=now, options=options, cache=cache, seen=seen, per_rule={},
+                      writes=BaselineWrites(), errors=[])
     for rule in rules:
+        writes = BaselineWrites()
         try:
+            # A savepoint: on PostgreSQL a failed statement would abort the transaction.
             with session.begin_nested():
                 start = now - timedelta(seconds=rule.window_s * rule.lookback_cycles)
                 # Per cohort (model_version, config_hash): a rollout keeps detection on.
                 per_scope = cohort_series(rule, cache, start, now)
                 base = baselines_for_rule(session, rule, list(rules), now, cache,
                                           {k: list(v) for k, v in per_scope.items()},
-                                          baseline_config)
+                                          baseline_config, writes)
+        except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
+            log.exception("rule %s failed", rule.name)
+            cache.forget()  # its savepoint rolled back: re-read what the next rules share
+            scoring.errors.append(f"{rule.name}: {type(e).__name__}: {e}")
+            continue
+        scoring.writes.extend(writes)
+        scoring.per_rule[rule.name] = (per_scope, base)
+    return scoring
+
+
+def record(session: Session, scoring: Scoring, *, actor: str = "policy") -> EvaluationReport:
+    """Store the baselines, judge every scope, move alerts, group incidents, apply the
+    policy (the write phase: short, everything slow was computed by `score`).
+
+    Alerts and their last resolution are read here, in the write transaction, so a rule
+    is judged and its alert moved from the stored state, never from the read phase's.
+    """
+    options, now, cache = scoring.options, scoring.at, scoring.cache
+    rules, stale_after_s = options.rules, options.stale_after_s
+    cache.session = session  # rows already read stay; later reads (rollout) use this one
+    scoring.writes.apply(session)
+    alerts = open_alerts(session)
+    life = Lifecycle(session, now, options.targets, external_url=options.external_url,
+                     resend_s=options.resend_s, per_alert=False)
+    results: list[RuleResult] = []
+    transitions: list[Transition] = []
+    errors = list(scoring.errors)
+    stale = _stale_instances(scoring.seen, now, stale_after_s)
+    # Alerts only move for their own rule below: one read serves every rule.
+    resolved_by_rule = last_resolved_fired_by_rule(session, [r.name for r in rules])
+    for rule in rules:
+        if rule.name not in scoring.per_rule:
+            continue  # failed in the read phase (its error is reported)
+        per_scope, base = scoring.per_rule[rule.name]
+        try:
+            with session.begin_nested():
                 scopes = set(per_scope)
                 scopes |= {tuple((k, a.labels.get(k, "")) for k in rule.per)
                            for a in alerts.values() if a.rule == rule.name}
@@ -190,7 +244,6 @@ def evaluate(
                     transitions += life.apply(rule, r, alerts.get(fp))
         except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
             log.exception("rule %s failed", rule.name)
-            cache.forget()  # its savepoint rolled back: re-read what the next rules share
             errors.append(f"{rule.name}: {type(e).__name__}: {e}")
     try:
         with session.begin_nested():
@@ -201,7 +254,7 @@ def evaluate(
         errors.append(f"{rollout.ROLLOUT_RULE}: {type(e).__name__}: {e}")
     transitions += _retire_unconfigured(life, alerts.values(), rules)
     if stale_after_s is not None:
-        transitions += _retire_stale(seen, life, alerts.values(), now, stale_after_s)
+        transitions += _retire_stale(scoring.seen, life, alerts.values(), now, stale_after_s)
     # Not in a savepoint: an incident that failed to form would lose its members' pages,
     # so a failure here fails the evaluation and the transaction (retried next cycle).
     grouped = group(session, now, life, options.incidents)
@@ -212,3 +265,44 @@ def evaluate(
                             notifications=life.notifications, errors=tuple(errors),
                             actions=tuple(actions), rows_read=cache.rows_read,
                             incidents=grouped)
+
+
+def evaluate(
+    session: Session,
+    config: AlertsConfig | EvaluationOptions,
+    now: datetime,
+    *,
+    settle: Mapping[str, float] | None = None,
+    actor: str = "policy",
+) -> EvaluationReport:
+    """Evaluate the rules at `now` in one transaction: `score`, then `record`.
+
+    config: the loaded alerts config, or the options of one evaluation.
+    settle: row kind ("traffic", ...) -> seconds after a cycle's end before it is judged
+    (its rows still arriving; alerts.series.RowCache).
+    """
+    return record(session, score(session, config, now, settle=settle), actor=actor)
+
+
+def evaluate_split(
+    sessions: sessionmaker[Session],
+    config: AlertsConfig | EvaluationOptions,
+    now: datetime,
+    *,
+    settle: Mapping[str, float] | None = None,
+    actor: str = "policy",
+    scored: Callable[[Scoring], None] = lambda scoring: None,
+) -> EvaluationReport:
+    """Evaluate the rules at `now` as the scheduled job does: `score` in a read-only
+    transaction, then `record` in a short write transaction.
+
+    On SQLite every write transaction takes the database's one write lock: reading and
+    computing under it would make every other writer (probe rows, traffic, flag changes)
+    wait for as long as the evaluation computes. `scored` is called between the two
+    phases, the read transaction still open (tests synchronise on it).
+    """
+    with reading(sessions) as session:
+        scoring = score(session, config, now, settle=settle)
+        scored(scoring)
+    with sessions.begin() as session:
+        return record(session, scoring, actor=actor)

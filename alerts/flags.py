@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.errors import AlertsError, FlagError
 from engine.protocol import RuntimeFlags
+from storage.db import reading
 from storage.models import FLAG_SCOPE_GLOBAL, FLAG_SOURCES, Flag, FlagAudit
 from storage.queries import flags as queries
 from vocab import utcnow
@@ -305,7 +306,9 @@ class SqlFlagProvider:
         with self._lock:
             if self._flags is not None and self.monotonic() - self._loaded_at < self.ttl_s:
                 return self._flags
-            with self.sessions() as session:
+            # Read-only: on SQLite no BEGIN IMMEDIATE, so a writer's transaction (an
+            # evaluation's, the probe writer's) does not make this read wait.
+            with reading(self.sessions) as session:
                 flags = self.store.runtime_flags(session, self.instance_id)
             self._flags = flags
             self._loaded_at = self.monotonic()

@@ -12,8 +12,11 @@ and the shipped policy, as the scheduler calls it each minute:
                   jittered baseline refreshes that fall due
     refresh-all   every baseline refreshed (refresh_s=0): chunks plus the current hour
 
-Each line shows wall seconds, this process's CPU seconds (the database server's time is
-in the wall figure only) and the measurement rows read (EvaluationReport.rows_read);
+Each evaluation runs as the job runs it (`alerts.evaluator.evaluate_split`: scored in a
+read-only transaction, then recorded in a write transaction). Each line shows wall
+seconds, this process's CPU seconds (the database server's time is in the wall figure
+only), the write transaction's wall seconds (on SQLite, how long other writers wait) and
+the measurement rows read (EvaluationReport.rows_read);
 the steady line also the SELECT statements of its last evaluation (one per row kind and
 per shared read, not per rule or scope: tests/alerts/test_evaluator_cost.py).
 
@@ -37,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Engine, event
 
 from alerts.baselines import BaselineConfig
-from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
+from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate_split
 from alerts.policy import load_policy
 from alerts.rule_file import load_rules
 from bench.storage import _postgres, _sqlite
@@ -76,21 +79,27 @@ class _Statements:
 _LAST_SELECTS = [0]  # SELECTs of the latest _timed evaluation
 
 
+_LAST_WRITE = [0.0]  # wall seconds of the latest _timed evaluation's write transaction
+
+
 def _timed(engine: Engine, now: datetime,
            config: BaselineConfig | None = None) -> tuple[float, float, EvaluationReport]:
-    """Return (wall s, CPU s of this process, report) of one evaluation at `now`."""
+    """Return (wall s, CPU s of this process, report) of one evaluation at `now`, as the
+    job runs it (scored in a read transaction, then recorded in a write transaction)."""
     rules, policy = load_rules(), load_policy()  # loaded once by the service, not timed
     maker = make_sessionmaker(engine)
+    scored: list[float] = []
     with _Statements(engine) as count:
         t0, c0 = time.perf_counter(), time.process_time()
-        with maker.begin() as session:
-            report = evaluate(
-                session,
-                EvaluationOptions(rules, policy=policy, baseline_config=config or BaselineConfig()),
-                now,
-            )
-        took, cpu = time.perf_counter() - t0, time.process_time() - c0
+        report = evaluate_split(
+            maker,
+            EvaluationOptions(rules, policy=policy, baseline_config=config or BaselineConfig()),
+            now, scored=lambda _: scored.append(time.perf_counter()),
+        )
+        end = time.perf_counter()
+        took, cpu = end - t0, time.process_time() - c0
     _LAST_SELECTS[0] = count.selects
+    _LAST_WRITE[0] = end - scored[0]  # from the read's end: the write transaction's span
     return took, cpu, report
 
 
@@ -106,28 +115,32 @@ def run(name: str, db: Callable[[], AbstractContextManager[Engine]], days: float
         # service backfills the chunks over its first evaluations (6 hours per rule each).
         base = END - timedelta(hours=2) + timedelta(minutes=5, seconds=30)
         steps = math.ceil(days * 24 / BaselineConfig().backfill_hours) + 1
-        walls, cpus = [], []
+        walls, cpus, writes = [], [], []
         for i in range(steps):
             took, cpu, rep = _timed(engine, base - timedelta(minutes=steps - i))
             assert not rep.errors, rep.errors
             walls.append(took)
             cpus.append(cpu)
+            writes.append(_LAST_WRITE[0])
         print(f"{name}: backfill     {sum(walls):7.3f} s  cpu {sum(cpus):7.3f} s  over {steps} "
-              f"evaluations (max {max(walls):.3f} s each; one-time)")
+              f"evaluations (max {max(walls):.3f} s each, write {max(writes):.3f} s; one-time)")
         steady: list[float] = []
-        cpus = []
+        cpus, writes = [], []
         for i in range(1, 6):
             took, cpu, rep = _timed(engine, base + timedelta(minutes=i))
             steady.append(took)
             cpus.append(cpu)
+            writes.append(_LAST_WRITE[0])
         print(f"{name}: steady       {statistics.median(steady):7.3f} s  cpu "
-              f"{statistics.median(cpus):7.3f} s  rows read {rep.rows_read}  "
-              f"SELECTs {_LAST_SELECTS[0]}  (median of 5)")
+              f"{statistics.median(cpus):7.3f} s  write {statistics.median(writes):.3f} s  "
+              f"rows read {rep.rows_read}  SELECTs {_LAST_SELECTS[0]}  (median of 5)")
         took, cpu, rep = _timed(engine, END - timedelta(hours=1) + timedelta(seconds=30))
-        print(f"{name}: hour         {took:7.3f} s  cpu {cpu:7.3f} s  rows read {rep.rows_read}")
+        print(f"{name}: hour         {took:7.3f} s  cpu {cpu:7.3f} s  write {_LAST_WRITE[0]:.3f} s  "
+              f"rows read {rep.rows_read}")
         took, cpu, rep = _timed(engine, END - timedelta(hours=1) + timedelta(minutes=1, seconds=30),
                                 BaselineConfig(refresh_s=0))
-        print(f"{name}: refresh-all  {took:7.3f} s  cpu {cpu:7.3f} s  rows read {rep.rows_read}")
+        print(f"{name}: refresh-all  {took:7.3f} s  cpu {cpu:7.3f} s  write {_LAST_WRITE[0]:.3f} s  "
+              f"rows read {rep.rows_read}")
         return statistics.median(steady)
 
 

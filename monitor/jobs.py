@@ -95,15 +95,16 @@ def _prune(s: AnalysisParts) -> object:
 
 
 def _evaluate(s: AnalysisParts) -> object:
-    from alerts.evaluator import evaluate
+    from alerts.evaluator import evaluate_split
     from monitor.events import log_evaluation
 
     # Every replica flushes its traffic rollups on its own schedule: a minute is judged
     # once each has flushed it (the interval, plus a margin for the write itself).
     flushed = s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S
     settle = {"traffic": flushed, "batch": flushed}  # batch rollups flush with traffic
-    with s.sessions.begin() as session:
-        report = evaluate(session, s.alerts, s.clock(), settle=settle)
+    # Read and scored outside the write transaction: on SQLite the serving process's
+    # writes would otherwise queue behind the whole evaluation.
+    report = evaluate_split(s.sessions, s.alerts, s.clock(), settle=settle)
     # The policy may have flipped flags: let the engine see them on its next request.
     s.flags.invalidate()
     log_evaluation(report)  # alert fired/resolved, flags the policy changed

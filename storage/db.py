@@ -4,17 +4,24 @@ SQLite runs in WAL mode with a busy timeout, foreign keys on, and every
 transaction opened with BEGIN IMMEDIATE: a transaction that reads then writes
 can otherwise fail at once with "database is locked" (the busy timeout does not
 cover a deferred read lock that must be upgraded), so writers queue instead.
+
+Read-only work that is long (the evaluation's reading and scoring) opens its session with
+`reading`: a deferred `BEGIN` under `PRAGMA query_only` on SQLite (a WAL snapshot, no write
+lock, so writers go on meanwhile) and a `REPEATABLE READ, READ ONLY` transaction on
+PostgreSQL.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,6 +36,8 @@ DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 # long-running process (serving or worker) would grow toward 16 MiB per pooled
 # connection. One connection's worth for the whole process: a long scan still gets it.
 SQLITE_HEAP_LIMIT_BYTES = 16 * 1024 * 1024
+# Execution option of a connection whose transaction only reads (see `reading`).
+READ_ONLY_OPTION = "tailwatch_read_only"
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -121,16 +130,49 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        options = conn.get_execution_options()
+        if options.get("isolation_level") == "AUTOCOMMIT":
+            return
+        if options.get(READ_ONLY_OPTION):
+            # Deferred: a snapshot at the first read and no write lock, so other
+            # connections' writes go on; query_only turns a stray write into an error
+            # instead of a lock upgrade that could fail with "database is locked".
+            conn.exec_driver_sql("PRAGMA query_only=ON")
+            conn.exec_driver_sql("BEGIN")
+        else:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(dbapi_connection: Any, _record: Any) -> None:
         # Returning an AUTOCOMMIT connection (`ping`) resets pysqlite's isolation_level to
         # "", its own implicit BEGINs: hand transactions back to SQLAlchemy (see "connect").
+        if dbapi_connection is None:
+            return  # invalidated
         dbapi_connection.isolation_level = None
+        # A pooled connection that served `reading` writes again for its next user.
+        dbapi_connection.execute("PRAGMA query_only=OFF")
 
     return engine
+
+
+@contextmanager
+def reading(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """Open a session whose one transaction only reads; roll it back at the end.
+
+    SQLite: a deferred `BEGIN` (no write lock: other connections write meanwhile) under
+    `PRAGMA query_only`. PostgreSQL: a `REPEATABLE READ, READ ONLY` transaction. Either
+    way its reads share one snapshot and a write raises.
+    """
+    with sessions() as session:
+        session.connection(execution_options={READ_ONLY_OPTION: True})
+        if dialect_name(session) == "postgresql":
+            # One snapshot for all its reads, as SQLite's WAL gives (a read-only
+            # REPEATABLE READ transaction never fails to serialize).
+            session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+        try:
+            yield session
+        finally:
+            session.rollback()
 
 
 def ping(engine: Engine) -> None:

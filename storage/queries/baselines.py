@@ -17,7 +17,7 @@ class StoredBaseline:
     """One stored baseline row (value = centre, spread = robust sigma, body = the cycles'
     median sample for a quantile; None when unknown)."""
 
-    id: int
+    id: int | None  # None: computed by the evaluation under way, stored when it records
     metric: str
     scope: Mapping[str, str]
     scope_key: str
@@ -87,9 +87,14 @@ def decide_in_force(rows: Iterable[StoredBaseline], cohort: Cohort | None, *,
 
 
 def _newer(old: StoredBaseline | None, new: StoredBaseline) -> StoredBaseline:
-    if old is None or (new.created_at, new.id) > (old.created_at, old.id):
+    if old is None or _order(new) > _order(old):
         return new
     return old
+
+
+def _order(b: StoredBaseline) -> tuple[datetime, bool, int]:
+    """Return the sort key of `b` by age (a row not stored yet is the newest of its time)."""
+    return b.created_at, b.id is None, b.id or 0
 
 
 def baselines_in_force(session: Session, metric: str,

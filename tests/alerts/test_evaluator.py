@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig, list_baselines, pin, unpin
 from alerts.errors import BaselineError
-from alerts.evaluator import EvaluationOptions, evaluate
+from alerts.evaluator import EvaluationOptions, evaluate, evaluate_split
 from alerts.lifecycle import fingerprint
 from alerts.rule_file import parse_rule
 from alerts.webhooks import WebhookTarget
@@ -43,10 +43,9 @@ def fill(sm: sessionmaker[Session], start: int, stop: int, p64: float, *, seed: 
 def run(sm: sessionmaker[Session], i: int, **kw: object):
     """Evaluate just after cycle i-1 finished (no warm-in at the first run, unless given)."""
     kw.setdefault("baseline_config", BaselineConfig(warm_in_s=0))
-    with sm.begin() as s:
-        return evaluate(
-            s, EvaluationOptions([RULE], targets=[TARGET], **kw), minute(i) + timedelta(seconds=30)
-        )
+    # The scheduled job's path: scored in a read-only transaction, then recorded.
+    return evaluate_split(sm, EvaluationOptions([RULE], targets=[TARGET], **kw),
+                          minute(i) + timedelta(seconds=30))
 
 
 def test_lifecycle_transitions_notifications_and_dedup(sessionmaker: sessionmaker[Session]):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from alerts.flags import FlagSnapshot, FlagStore, FlagsUnavailable
+from alerts.flags import FlagSnapshot, FlagStore, FlagsUnavailable, SqlFlagProvider
 from bench.proxy import TcpProxy
 from engine.protocol import FlagProvider
 from storage import make_engine, make_sessionmaker
@@ -49,6 +49,25 @@ def test_the_refresh_thread_picks_up_a_change_made_elsewhere(sqlite_url: str) ->
         assert snapshot.refresh_failures == 0
     finally:
         snapshot.close()
+        db.dispose()
+
+
+def test_a_flag_read_does_not_wait_for_a_writer(sqlite_url: str) -> None:
+    upgrade(sqlite_url)
+    set_flag(sqlite_url, False)
+    db = make_engine(sqlite_url, busy_timeout_s=0.0)  # a wait for the lock would fail at once
+    path = make_url(sqlite_url).database
+    assert path is not None
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # the write lock, as an evaluation's write phase
+        writer.execute("DELETE FROM flags")
+        provider = SqlFlagProvider(make_sessionmaker(db), ttl_s=0.0)
+        assert provider.flags().compiled is False  # the committed state, read at once
+        writer.execute("COMMIT")
+        assert provider.flags().compiled is True
+    finally:
+        writer.close()
         db.dispose()
 
 

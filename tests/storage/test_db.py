@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.db import make_engine, make_sessionmaker, normalize_url
+from storage.db import make_engine, make_sessionmaker, normalize_url, reading
 from storage.errors import InvalidQuery
 from storage.models import Alert, MemorySample, NaiveDatetimeError, ProbeResult, scope_key
 from storage.writer import Writer
@@ -70,6 +70,33 @@ def test_one_open_alert_per_fingerprint(sessionmaker: sessionmaker[Session]) -> 
         s.add(Alert(fingerprint="f1", rule="r", state="firing"))
     with pytest.raises(IntegrityError), sessionmaker.begin() as s:
         s.add(Alert(fingerprint="f1", rule="r", state="pending"))
+
+
+def test_a_reading_session_holds_no_write_lock_and_refuses_writes(
+        db_engine: Engine, sessionmaker: sessionmaker[Session]) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    with sessionmaker.begin() as s:
+        s.add(Alert(fingerprint="f1", rule="r", state="resolved"))
+    other = make_sessionmaker(make_engine(db_engine.url, busy_timeout_s=0.0))
+    try:
+        with reading(sessionmaker) as r:
+            assert r.scalar(select(func.count()).select_from(Alert)) == 1
+            # Another connection writes at once (SQLite: BEGIN IMMEDIATE, no waiting)...
+            with other.begin() as s:
+                s.add(Alert(fingerprint="f2", rule="r", state="resolved"))
+            # ...while this one keeps its snapshot, and may not write.
+            assert r.scalar(select(func.count()).select_from(Alert)) == 1
+            r.add(Alert(fingerprint="f3", rule="r", state="resolved"))
+            with pytest.raises(DBAPIError):
+                r.flush()
+    finally:
+        other.kw["bind"].dispose()
+    # The pooled connection writes again for its next user.
+    with sessionmaker.begin() as s:
+        s.add(Alert(fingerprint="f4", rule="r", state="resolved"))
+    with sessionmaker() as s:
+        assert sorted(s.scalars(select(Alert.fingerprint))) == ["f1", "f2", "f4"]
 
 
 def test_deleting_a_run_deletes_its_results(sessionmaker: sessionmaker[Session]) -> None:
