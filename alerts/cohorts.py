@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from alerts.baselines import HOUR_OF_DAY, HOUR_OF_WEEK, CohortBaseline, cohort_label, hour_start
-from alerts.rules import Point, Rule, RuleResult, evaluate_rule
+from alerts.rules import Point, Rule, RuleResult, evaluate_rule, judged_points
 from storage.queries.series import Cohort
 
 
@@ -32,13 +32,16 @@ def judge(rule: Rule, labels: Mapping[str, str], points: Mapping[Cohort, Sequenc
     """Return the scope's result from each cohort's points (cycles before `since` left out)."""
     results: list[tuple[Cohort, CohortBaseline, RuleResult]] = []
     for cohort, pts in sorted(points.items()):
-        if since is not None:
-            pts = [p for p in pts if p.at >= since]
         base = baselines.get(cohort, CohortBaseline(None))
         if base.origin in (HOUR_OF_WEEK, HOUR_OF_DAY) and pts:
             hour = hour_start(pts[-1].at)
             pts = [p for p in pts if p.at >= hour]
-        results.append((cohort, base, evaluate_rule(rule, labels, base.stats, pts)))
+        # What recovery may ask for at most: the judged cycles of the whole window.
+        window = len(judged_points(rule, pts))
+        if since is not None:
+            pts = [p for p in pts if p.at >= since]
+        results.append((cohort, base, evaluate_rule(rule, labels, base.stats, pts,
+                                                     window=window)))
     if not results:
         return evaluate_rule(rule, labels, None, [])
     if len(results) == 1 and not results[0][1].origin:

@@ -184,8 +184,14 @@ def evaluate_rule(
     labels: Mapping[str, str],
     baseline: BaselineStats | None,
     points: Sequence[Point],
+    *,
+    window: int | None = None,
 ) -> RuleResult:
-    """Check one scope's per-cycle series (oldest first) against its baseline."""
+    """Check one scope's per-cycle series (oldest first) against its baseline.
+
+    window: the judged cycles the detector's whole window holds, where `points` are only
+    those since the detector's start (a fired alert's); recovery reads at most that many.
+    """
     rule, widened = threshold_in_force(rule, baseline)
     paging, held = rule, pages_held(rule, baseline)
     if held:
@@ -227,7 +233,7 @@ def evaluate_rule(
                    current=current,
                    relative_change=changes[-1], fired=limit_fired or confirmation.fired,
                    breaching=checks.breaching,
-                   recovered=recovered(rule, baseline, judged, values, changes),
+                   recovered=recovered(rule, baseline, judged, values, changes, window),
                    statistic=confirmation.statistic, samples=samples, over=late)
 
 
@@ -462,11 +468,12 @@ def series_came_down(rule: Rule, baseline: BaselineStats | None, points: Sequenc
 
 
 def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
-              values: Sequence[float], changes: Sequence[float | None]) -> bool:
+              values: Sequence[float], changes: Sequence[float | None],
+              window: int | None = None) -> bool:
     """Return whether the last resolve_for cycles say the series is back (and inside limits).
 
     Plain series: the median change of those cycles (more on a noisy series:
-    `recovery_cycles`) is inside the hysteresis band.
+    `recovery_cycles`, at most the `window`'s) is inside the hysteresis band.
     Pooled tail quantiles: every pooled value inside the band, or, while the pool still
     holds an ended regression's samples, the cycles' own samples read as no change
     (`own_samples_back`) and, where the series breached, its canaries came down.
@@ -478,6 +485,11 @@ def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point
     last = [change for _, _, change in tail]
     if not (is_tail_metric(rule.metric) and any(p.pooled for p, _, _ in tail)):
         need = recovery_cycles(rule, baseline)
+        if window is not None:
+            # A lookback window read between cycle boundaries holds one cycle fewer than
+            # the lookback (its oldest is unfinished at its start), fewer still where rows
+            # settle or cycles are empty: asking for more than it holds never resolves.
+            need = max(rule.resolve_for, min(need, window))
         return len(changes) >= need and median_inside_band(rule, changes[-need:])
     if all(inside_band(rule, change) for change in last):
         return True

@@ -669,6 +669,8 @@ class RefreshReport:
     cpu_s: float = 0.0
     errors: tuple[str, ...] = ()
     rows_held: int = 0  # the most measurement rows one read held (a slice's, not the history's)
+    # Narrower estimates not stored: a run under way at them (`narrowing_deferred`).
+    deferred: int = 0
 
 
 @dataclass(frozen=True)
@@ -694,16 +696,52 @@ def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, 
     start = clock()
     due, held = _due(session, rules, config, now, history_s)
     todo = sorted(due, key=lambda s: (s.old is not None, s.old.computed_at if s.old else now))
-    done, errors = 0, list[str]()
+    done, deferred, errors = 0, 0, list[str]()
     for i, s in enumerate(todo):
         if clock() - start >= budget_s:
-            return RefreshReport(done, len(todo) - i, clock() - start, tuple(errors), held)
+            return RefreshReport(done, len(todo) - i, clock() - start, tuple(errors), held,
+                                 deferred)
         try:
-            _store(session, s, _estimate(s, config, clock), now)
+            est = _estimate(s, config, clock)
+            if narrowing_deferred(s.rule, s.old, est, s.baseline, s.points, now):
+                # The stored (wider) estimate stays in force; still due, it is estimated
+                # again on the next run and stored once the run at its threshold is over.
+                deferred += 1
+                continue
+            _store(session, s, est, now)
             done += 1
         except Exception as e:  # noqa: BLE001 - one bad series must not stop the rest
             errors.append(f"{s.rule.name} {s.baseline.scope_key}: {type(e).__name__}: {e}")
-    return RefreshReport(done, 0, clock() - start, tuple(errors), held)
+    return RefreshReport(done, 0, clock() - start, tuple(errors), held, deferred)
+
+
+def narrowing_deferred(rule: Rule, old: StoredSensitivity | None, est: Sensitivity,
+                       baseline: StoredBaseline, points: Sequence[Point],
+                       now: datetime) -> bool:
+    """Return whether a new estimate that narrows the threshold in force must wait.
+
+    The evaluator judges a series' latest `lookback` cycles at the threshold in force on
+    each evaluation, so a narrower one re-judges at once every cycle of the detector's
+    current run, cycles that were scored (and not confirmed) at the wider one: a run that
+    held an ended slowdown's cycles then confirms on them and pages after its cause ended.
+    A narrowing therefore takes force only between runs: where the rule at the narrower
+    threshold, on the series' latest cycles, neither fires nor breaches and its CUSUM
+    stands at zero. The stored estimate in force meanwhile is the previous, wider one.
+    """
+    in_force = old is not None and old.budget_per_30d is not None \
+        and old.threshold > rule.threshold \
+        and math.isclose(old.configured_threshold, rule.threshold)
+    if old is None or not in_force or est.budget_per_30d is None \
+            or est.threshold >= old.threshold:
+        return False  # nothing wider in force, or the budget turned off (dropped at once)
+    start = now - timedelta(seconds=rule.window_s * rule.lookback_cycles)
+    window = [p for p in points if p.at >= start]
+    if not window:
+        return False
+    stats = BaselineStats(baseline.value, baseline.spread or 0.0, baseline.samples,
+                          body=baseline.body)
+    r = evaluate_rule(with_threshold(rule, est.threshold), {}, stats, window)
+    return r.fired or r.breaching or r.statistic > 0.0
 
 
 def _estimate(s: _Series, config: SensitivityConfig,

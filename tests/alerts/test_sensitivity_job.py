@@ -39,14 +39,15 @@ def acceptance_rule(**kw: object) -> Rule:
     return replace(r, **kw)  # type: ignore[arg-type]
 
 
-def fill(sm: sessionmaker[Session], sd: float = 0.2, phi: float = 0.8, seed: int = 1) -> None:
+def fill(sm: sessionmaker[Session], sd: float = 0.2, phi: float = 0.8, seed: int = 1,
+         drop_last: int = 0) -> None:
     """Store MINUTES of one bucket's traffic whose acceptance wanders (AR(1)) around 0.6,
-    and the rolling baseline of those minutes."""
+    its last `drop_last` minutes half as high, and the rolling baseline of those minutes."""
     rng, x, values = random.Random(seed), 0.0, []
     with sm.begin() as s:
         for i in range(MINUTES):
             x = phi * x + rng.gauss(0.0, sd * (1 - phi * phi) ** 0.5)
-            v = min(max(0.6 * (1 + x), 0.0), 1.0)
+            v = min(max(0.6 * (1 + x) * (0.5 if i >= MINUTES - drop_last else 1.0), 0.0), 1.0)
             values.append(v)
             add_traffic(s, T0 + timedelta(minutes=i), "64", acceptance=v)
         stats = BaselineStats.of(values)
@@ -96,6 +97,38 @@ def test_refresh_widens_and_the_evaluation_runs_at_the_threshold_in_force(
     assert registry.get_sample_value("tailwatch_rule_detectable_change_ratio", labels) \
         == st.detectable_change
     assert registry.get_sample_value("tailwatch_rule_threshold_ratio", labels) == st.threshold
+
+
+@pytest.mark.parametrize("drop_last", [0, 20])
+def test_a_narrower_estimate_waits_while_a_run_is_under_way(
+        sessionmaker: sessionmaker[Session], drop_last: int) -> None:
+    # The late page of bench.incidents --service: a re-estimate narrowed a series' widened
+    # threshold while its detector's run still held an ended slowdown's cycles, and the
+    # next evaluation confirmed that run at the narrower threshold at once.
+    fill(sessionmaker, drop_last=drop_last)
+    with sessionmaker.begin() as s:
+        refresh(s, [acceptance_rule()], CFG, NOW, history_s=MINUTES * 60.0)
+        # As an earlier, noisier day's estimate left it: widened past the drop.
+        [first] = queries.listing(s)
+        queries.save(s, replace(first, threshold=0.6, reason=widening_reason(
+            -1, 0.20, 0.6, first.false_pages_configured or 0.0)))
+    with sessionmaker() as s:
+        [wide] = queries.listing(s)
+    # A budget the configured -20% meets: the re-estimate narrows the threshold to it.
+    loose = acceptance_rule(budget_per_30d=1000.0)
+    with sessionmaker.begin() as s:
+        done = refresh(s, [loose], CFG, NOW, history_s=MINUTES * 60.0)
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    with sessionmaker.begin() as s:
+        [result] = evaluate(s, EvaluationOptions([loose]), NOW).results
+    if drop_last:
+        # At -20% the last 20 minutes' run would confirm now: the wider threshold stays.
+        assert not result.fired and result.threshold == -0.6 and st == wide
+        assert done.deferred == 1 and done.estimated == 0
+    else:
+        assert done.deferred == 0 and done.estimated == 1
+        assert st.threshold == 0.20 and result.threshold == -0.20 and not result.fired
 
 
 @pytest.mark.parametrize("opt_out", [{"budget_off": True},
