@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
+from alerts.baselines import BaselineConfig
+from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
+from alerts.rules import Rule
+from alerts.webhooks import WebhookTarget
 from storage.models import ProbeResult, ProbeRun, TrafficRollup
 from storage.sketches import Sketch
 
@@ -78,3 +82,13 @@ def add_traffic(session: Session, minute: datetime, bucket: str, *, requests: in
             drafts=p_drafted // 4, draft_tokens=p_drafted,
             accepted_tokens=p_acc, probation_requests=probation,
             probation_draft_tokens=p_drafted, probation_accepted=p_acc))
+
+
+def judge_minute(sm: sessionmaker[Session], t0: datetime, i: int, rule: Rule,
+                 target: WebhookTarget) -> EvaluationReport:
+    """Evaluate `rule` half a minute into minute i after t0 (cycles up to i - 1 finished),
+    as the service does, with no baseline warm-in."""
+    with sm.begin() as s:
+        return evaluate(s, EvaluationOptions([rule], targets=[target],
+                                             baseline_config=BaselineConfig(warm_in_s=0)),
+                        t0 + timedelta(minutes=i, seconds=30))

@@ -20,7 +20,7 @@ from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
 from alerts.rule_file import load_rules, parse_rule
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, AlertTransition, Incident, WebhookDelivery
-from tests.alerts.builders import add_cycle
+from tests.alerts.builders import add_cycle, judge_minute
 
 T0 = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 P50 = parse_rule({"name": "p50", "metric": "p50_latency", "change": "+15%",
@@ -43,12 +43,7 @@ def write(sm: sessionmaker[Session], rng: random.Random, start: int, levels: lis
 
 
 def judge(sm: sessionmaker[Session], i: int) -> EvaluationReport:
-    with sm.begin() as s:
-        return evaluate(
-            s,
-            EvaluationOptions([P50], targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0)),
-            minute(i) + timedelta(seconds=30),
-        )
+    return judge_minute(sm, T0, i, P50, TARGET)
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite"])

@@ -16,15 +16,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.baselines import BaselineConfig
 from alerts.detection import BaselineStats
-from alerts.evaluator import EvaluationOptions, EvaluationReport, evaluate
+from alerts.evaluator import EvaluationReport
 from alerts.rule_file import parse_rule
 from alerts.rules import recovery_cycles
 from alerts.webhooks import WebhookTarget
 from storage.models import Alert, Incident, WebhookDelivery
 from storage.queries.baselines import active_baselines
-from tests.alerts.builders import add_cycle
+from tests.alerts.builders import add_cycle, judge_minute
 
 T0 = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 LOOKBACK = 12
@@ -51,13 +50,7 @@ def write(sm: sessionmaker[Session], start: int, levels: list[float]) -> int:
 
 
 def judge(sm: sessionmaker[Session], i: int) -> EvaluationReport:
-    """Evaluate half a minute into cycle i (cycles up to i - 1 finished), as the service."""
-    with sm.begin() as s:
-        return evaluate(
-            s,
-            EvaluationOptions([P50], targets=[TARGET], baseline_config=BaselineConfig(warm_in_s=0)),
-            minute(i) + timedelta(seconds=30),
-        )
+    return judge_minute(sm, T0, i, P50, TARGET)
 
 
 @pytest.mark.parametrize("db_kind", ["sqlite", "postgresql"])
