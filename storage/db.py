@@ -138,6 +138,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             # connections' writes go on; query_only turns a stray write into an error
             # instead of a lock upgrade that could fail with "database is locked".
             conn.exec_driver_sql("PRAGMA query_only=ON")
+            conn.info[READ_ONLY_OPTION] = True  # the pool record's: reset at checkin
             conn.exec_driver_sql("BEGIN")
         else:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
@@ -150,7 +151,8 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             return  # invalidated
         dbapi_connection.isolation_level = None
         # A pooled connection that served `reading` writes again for its next user.
-        dbapi_connection.execute("PRAGMA query_only=OFF")
+        if _record.info.pop(READ_ONLY_OPTION, False):
+            dbapi_connection.execute("PRAGMA query_only=OFF")
 
     return engine
 
