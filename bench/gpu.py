@@ -81,6 +81,9 @@ class ModeResult:
     cudagraphs_recorded: int | None = None  # None: the mode ran without CUDA graphs
     cudagraphs_replayed: int | None = None
     cudagraphs_recorded_after_warmup: int | None = None
+    # torch's own count of recordings (cudagraph trees record per tree position, which a
+    # signature the ledger has seen can still need): every one after warm-up.
+    torch_recordings_after_warmup: int | None = None
     # str(bucket edge) -> what its warm-up left (WarmupStatus.bucket_graphs).
     bucket_graphs: Mapping[str, str] = field(default_factory=dict)
     cudagraph_skips: int | None = None
@@ -205,6 +208,10 @@ def _cudagraph_problems(result: ModeResult) -> list[str]:
     if result.cudagraphs_recorded_after_warmup:
         out.append(f"{mode}: {result.cudagraphs_recorded_after_warmup} CUDA graph(s) recorded "
                    "after warm-up (must be 0: the warm-up missed a cache, span or thread)")
+    if result.torch_recordings_after_warmup:
+        out.append(f"{mode}: cudagraph trees recorded {result.torch_recordings_after_warmup} "
+                   "CUDA graph(s) after warm-up (must be 0: a compiled call at a tree position "
+                   "the warm-up never reached)")
     for b in result.buckets:
         if "recorded" in b.cudagraph:
             out.append(f"{mode}: bucket {b.bucket}: a request recorded a CUDA graph instead "
@@ -225,7 +232,8 @@ def _count(value: int | None) -> str:
 
 
 COLUMNS = ("bucket", "mode", "ms/request", "ms/token", "spec ms/request", "speedup vs eager",
-           "graphs", "CUDA graphs rec/replay", "cudagraph skips", "recompiles after warm-up",
+           "graphs", "CUDA graphs rec/replay", "torch recordings after warm-up", "cudagraph skips",
+           "recompiles after warm-up",
            "peak alloc MiB", "peak reserved MiB", "KV MiB", "paths")
 
 
@@ -255,6 +263,7 @@ def rows_of(results: Sequence[ModeResult], hf: Sequence[HFTiming]) -> list[dict[
                     "CUDA graphs rec/replay": (
                         f"{_count(r.cudagraphs_recorded)}/{_count(r.cudagraphs_replayed)}"
                         if r.cudagraphs_recorded is not None else "n/a"),
+                    "torch recordings after warm-up": _count(r.torch_recordings_after_warmup),
                     "cudagraph skips": _count(r.cudagraph_skips),
                     "recompiles after warm-up": str(r.recompiles_after_warmup),
                     "peak alloc MiB": _mib(r.peak_allocated_bytes),
@@ -514,6 +523,9 @@ class TorchRunner:
                 compile_failures=after.compile_failures - start.compile_failures,
                 cudagraphs_recorded=g.recorded if g.cudagraphs else None,
                 cudagraphs_replayed=g.replayed if g.cudagraphs else None,
+                torch_recordings_after_warmup=(
+                    after.cudagraph_recordings - before.cudagraph_recordings
+                    if g.cudagraphs else None),
                 cudagraphs_recorded_after_warmup=(g.recorded_after_warmup if g.cudagraphs
                                                   else None),
                 bucket_graphs=dict(status.bucket_graphs),

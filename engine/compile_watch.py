@@ -4,7 +4,9 @@ Sources (torch 2.13; private modules, checked by tests):
 - graphs: `torch._dynamo.utils.counters["stats"]["unique_graphs"]`.
 - graph breaks: `counters["graph_break"]` (reason -> count).
 - recompiles: `torch._dynamo.callback.on_compile_start` gives each compile's id
-  "frame/attempt"; attempt > 0 is a recompile of an already compiled frame.
+  "frame/attempt"; attempt > 0 is a recompile of an already compiled frame. The same
+  callback fires when cudagraph trees record a graph (trigger CUDAGRAPH_RECORDING, with
+  the graph's compile id): those are counted as recordings, not compiles.
 - recompile reasons: `torch._dynamo.utils.guard_failures` (code -> guard failure
   strings), recorded for every recompile even when TORCH_LOGS is off.
 - compile seconds: on_compile_start -> on_compile_end.
@@ -58,6 +60,12 @@ def top_recompile_reasons(counts: Iterable[Mapping[str, int]], limit: int = 5
     return sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
+def _is_recording(args: object) -> bool:
+    """Say whether a compile callback is cudagraph trees recording a graph."""
+    trigger = getattr(args, "callback_trigger", None)
+    return getattr(trigger, "name", None) == "CUDAGRAPH_RECORDING"
+
+
 class _LimitHandler(logging.Handler):
     def __init__(self, watch: CompileWatch) -> None:
         super().__init__(level=logging.WARNING)
@@ -77,6 +85,7 @@ class CompileWatch:
         self._seconds = 0.0
         self._limit_hits = 0
         self._failures = 0
+        self._recordings = 0
         self._starts: dict[str, float] = {}
         self._attached = False
 
@@ -98,6 +107,10 @@ class CompileWatch:
 
     def _on_start(self, args: object) -> None:
         compile_id = str(getattr(args, "compile_id", ""))
+        if _is_recording(args):
+            with self._lock:
+                self._recordings += 1
+            return
         with self._lock:
             self._starts[compile_id] = time.perf_counter()
             match = _COMPILE_ID.search(compile_id)
@@ -105,6 +118,8 @@ class CompileWatch:
                 self._recompiles += 1
 
     def _on_end(self, args: object) -> None:
+        if _is_recording(args):
+            return
         compile_id = str(getattr(args, "compile_id", ""))
         with self._lock:
             start = self._starts.pop(compile_id, None)
@@ -127,7 +142,8 @@ class CompileWatch:
                 return CompileSnapshot(graphs=0, recompiles=0, recompile_reasons={},
                                        graph_breaks=0, graph_break_reasons={},
                                        compile_seconds=0.0, recompile_limit_hits=0,
-                                       compile_failures=self._failures)
+                                       compile_failures=self._failures,
+                                       cudagraph_recordings=self._recordings)
         from torch._dynamo.utils import counters, guard_failures
 
         reasons: dict[str, int] = {}
@@ -146,6 +162,7 @@ class CompileWatch:
                 compile_seconds=self._seconds,
                 recompile_limit_hits=self._limit_hits,
                 compile_failures=self._failures,
+                cudagraph_recordings=self._recordings,
             )
 
 

@@ -202,6 +202,9 @@ class CompileSnapshot:
     compile_seconds: float = 0.0
     recompile_limit_hits: int = 0
     compile_failures: int = 0
+    # CUDA graphs torch's cudagraph trees recorded: one per function and tree position, so
+    # a signature seen before still records where it is called after a new predecessor.
+    cudagraph_recordings: int = 0
 
     def diff(self, before: CompileSnapshot) -> CompileDelta:
         """Return what happened between `before` and this snapshot."""

@@ -31,7 +31,7 @@ def _result(mode: str, dtype: str, **changes: object) -> gpu.ModeResult:
                 kv_bytes=3 * gpu.MIB, bucket_graphs=warmed if compiled else {})
     if cuda_graphs:
         base.update(cudagraphs_recorded=12, cudagraphs_replayed=480,
-                    cudagraphs_recorded_after_warmup=0)
+                    cudagraphs_recorded_after_warmup=0, torch_recordings_after_warmup=0)
     base.update(changes)
     return gpu.ModeResult(**base)  # type: ignore[arg-type]
 
@@ -140,6 +140,8 @@ def test_cuda_graphs_that_did_not_replay_fail_the_check():
     cases = {
         "the runtime ran without CUDA graphs": dict(cudagraphs_recorded=None),
         "3 CUDA graph(s) recorded after warm-up": dict(cudagraphs_recorded_after_warmup=3),
+        "cudagraph trees recorded 8 CUDA graph(s) after warm-up": dict(
+            torch_recordings_after_warmup=8),
         "bucket 16: a request recorded a CUDA graph": dict(buckets=recorded),
         "bucket 16: no CUDA graph recorded (no CUDA graphs: cpu device)": dict(
             bucket_graphs={**base.bucket_graphs, "16": "no CUDA graphs: cpu device"}),

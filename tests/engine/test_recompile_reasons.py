@@ -43,3 +43,20 @@ def test_normalize_keeps_the_guard_text_and_drops_ids():
                             ) == "___check_obj_id(L['m'], <id>)"
     # Reasons stored before normalization merge with new ones.
     assert top_recompile_reasons([{"0/1: a": 1}, {"2/0: a": 2, "b": 1}]) == [("a", 3), ("b", 1)]
+
+
+def test_a_cuda_graph_recording_is_counted_as_a_recording_not_a_recompile():
+    from torch._dynamo import callback_handler
+    from torch._dynamo.callback import CallbackTrigger
+
+    watch = shared_watch()
+    watch.attach()
+    before = watch.snapshot()
+    # What cudagraph trees do around each recording (the graph's own compile id, here
+    # the second compile of frame 3), on CPU: the callback is the same on every device.
+    with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "3/1"):
+        pass
+    after = watch.snapshot()
+    assert after.recompiles == before.recompiles
+    assert after.compile_seconds == before.compile_seconds
+    assert after.cudagraph_recordings == before.cudagraph_recordings + 1
