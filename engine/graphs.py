@@ -11,7 +11,13 @@ CUDA graphs need are checked where they can be seen:
 - a compiled call's outputs live in graph memory that the next replay overwrites: an
   output must be copied before it feeds another compiled call (`aliases` counts inputs
   that share storage with an output still held; `check_aliases` holds outputs so their
-  storage cannot be reused by another tensor, which a test needs and CUDA graphs forbid);
+  storage cannot be reused by another tensor, which a test needs and CUDA graphs forbid),
+  and must not be read once the next compiled call has run (`check_aliases` overwrites
+  the held outputs then, as a replay would, so a late read gives wrong tokens on CPU too);
+- every compiled call starts a new generation of the trees (`cudagraph_mark_step_begin`):
+  otherwise a call made while the previous call's outputs are still referenced records
+  as that call's child, so a function records once per path of calls that led to it
+  (paths a request can reach and the warm-up did not) instead of once per signature;
 - cudagraph trees are per thread: every compiled call runs on the owner thread
   (`off_owner` counts those that did not, once an owner is set), and that thread holds
   the trees' per-thread state (`prepare_owner_thread`).
@@ -83,6 +89,20 @@ def _signature(tag: str, args: tuple[Any, ...]) -> tuple[Hashable, ...]:
     return tuple(sig)
 
 
+def _overwrite(value: Any, keep: set[int]) -> None:
+    """Fill a call's outputs with values no model produces (NaN, -1), as the next replay
+    may, except those whose storage is an input of this call (counted as aliases instead)."""
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            _overwrite(v, keep)
+    elif isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in keep:
+        with torch.no_grad():
+            if value.is_floating_point():
+                value.fill_(float("nan"))
+            elif value.dtype != torch.bool:
+                value.fill_(-1)
+
+
 def _storages(value: Any) -> list[int]:
     if isinstance(value, torch.Tensor):
         return [value.untyped_storage().data_ptr()]
@@ -103,6 +123,7 @@ class GraphLedger:
         self._warm_done = False
         self._owner: threading.Thread | None = None
         self._held: dict[str, Any] = {}  # tag -> its last outputs (check_aliases only)
+        self._previous: Any = None  # the last call's outputs (check_aliases only)
         self._held_ptrs: dict[str, list[int]] = {}
 
     def set_owner(self, thread: threading.Thread) -> None:
@@ -117,8 +138,12 @@ class GraphLedger:
     def wrap(self, fn: Callable, tag: str) -> Callable:
         """Return `fn` counted and checked at every call."""
 
+        mark = torch.compiler.cudagraph_mark_step_begin if self.cudagraphs else None
+
         def counted(*args: Any) -> Any:
             self._before(tag, args)
+            if mark is not None:
+                mark()
             out = fn(*args)
             self._after(tag, out)
             return out
@@ -133,7 +158,9 @@ class GraphLedger:
         aliased = 0
         if self.check_aliases:
             held = {p for ptrs in self._held_ptrs.values() for p in ptrs}
+            inputs = {p for a in args for p in _storages(a)}
             aliased = sum(1 for a in args for p in _storages(a) if p in held)
+            _overwrite(self._previous, keep=inputs)
         with self._lock:
             new = sig not in self._seen
             if new:
@@ -151,6 +178,7 @@ class GraphLedger:
             with self._lock:
                 self._held[tag] = out
                 self._held_ptrs[tag] = _storages(out)
+                self._previous = out
 
     def recorded(self) -> int:
         """Return the calls so far that recorded a graph (a signature not seen before)."""

@@ -593,11 +593,11 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
         out = t5.decode_rows(m, tokens, positions, caches, crosses, masks, runner.dec_bias)
     else:
         # A compiled step without the C step: its graph is for one row, so each row calls it
-        # (a fixed-row compiled step is the GPU path's to add).
-        outs = [fns.step(m, s.last, runner.positions[s.position], s.tcache, s.tenc.cross,
-                         s.tenc.mask_bias, runner.bias_for(s.position + 1), 1).view(-1)[:1]
+        # (a fixed-row compiled step is the GPU path's to add). Each token is read before
+        # the next call: under CUDA graphs that call may reuse the previous output's memory.
+        return [int(fns.step(m, s.last, runner.positions[s.position], s.tcache, s.tenc.cross,
+                             s.tenc.mask_bias, runner.bias_for(s.position + 1), 1).view(-1)[0])
                 for s in states]
-        out = torch.cat(outs)
     return [int(t) for t in out.tolist()]
 
 

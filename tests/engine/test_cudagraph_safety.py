@@ -16,6 +16,7 @@ from engine.runtime import Runtime
 from tests.engine.conftest import random_texts, tiny_config
 
 SPECULATE = FlagOverride(speculative=True)
+DIRECT = FlagOverride(speculative=False)
 
 
 @pytest.fixture(autouse=True)
@@ -254,3 +255,75 @@ def test_a_bare_assert_in_the_warm_up_says_where_it_was_raised(tiny_dirs, caplog
         assert record.exc_info is not None and record.exc_info[0] is AssertionError
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_no_output_is_read_after_the_next_compiled_call(tiny_dirs, max_batch):
+    """Each compiled call starts a new generation of the trees on CUDA, so an output read
+    once the next call has run would read a replay's writes: with the check on, the held
+    outputs are overwritten at every call, and the tokens still equal the eager engine's
+    (batched: rows of one bucket, so direct steps run several rows)."""
+    eager = Runtime(tiny_config(tiny_dirs, compile_mode="off"))
+    rt = _runtime(tiny_dirs, max_batch=max_batch, max_concurrency=max_batch)
+    rt.ledger.check_aliases = True
+    try:
+        rt.warm_up(background=False)
+        texts = [t for t in random_texts(60, seed=9, overflow=False)
+                 if rt.bucket_for(rt.count_tokens(t)) == "16"][:8]
+        want = {t: eager.generate(t, max_new_tokens=16).output_ids for t in texts}
+        got: dict[str, tuple[int, ...]] = {}
+        widest = [1]
+        lock = threading.Lock()
+        start = threading.Barrier(max_batch)
+
+        def client(offset: int) -> None:
+            start.wait()
+            for i, text in enumerate(texts[offset::max_batch]):
+                r = rt.generate(text, max_new_tokens=16,
+                                override=SPECULATE if (offset + i) % 4 == 3 else DIRECT)
+                with lock:
+                    got[text] = r.output_ids if r.path == PATH_COMPILED else r.path
+                    widest[0] = max(widest[0], r.batch_size_max or 1)
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(max_batch)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        assert len(texts) == 8 and got == want
+        assert widest[0] == (1 if max_batch == 1 else widest[0]) and (
+            max_batch == 1 or widest[0] > 1)
+        # The check itself: a step's output read after the next step was overwritten.
+        fns, m = rt.target.compiled(16), rt.target.m
+        enc = rt.target._encode_example(16, mark=False)
+        cross = fns.encode(*enc).clone()
+        kv = rt.rows.caches[0]["target"]
+        first = fns.step(m, rt.target.start, rt.target.positions[0], kv, cross, enc[2],
+                         rt.target.bias_for(1), 1)
+        kept = first.clone()
+        fns.step(m, kept[-1:].view(1, 1).clone(), rt.target.positions[1], kv, cross, enc[2],
+                 rt.target.bias_for(2), 1)
+        assert not torch.equal(first, kept)
+    finally:
+        rt.close()
+        eager.close()
+
+
+def test_a_cuda_graph_ledger_starts_a_generation_at_every_call():
+    import warnings
+
+    from engine.graphs import GraphLedger
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch._inductor import cudagraph_trees as trees
+
+    ledger = GraphLedger(cudagraphs=True)
+    fn = ledger.wrap(lambda x: x + 1, "f")
+    before = trees.MarkStepBox.mark_step_counter
+    fn(torch.ones(1))
+    fn(torch.ones(1))
+    assert trees.MarkStepBox.mark_step_counter == before - 2
+    plain = GraphLedger(cudagraphs=False).wrap(lambda x: x + 1, "f")
+    plain(torch.ones(1))
+    assert trees.MarkStepBox.mark_step_counter == before - 2
