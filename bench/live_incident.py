@@ -100,6 +100,8 @@ CYCLE_S = 10.0  # probe and evaluation interval
 TICK_S = 5.0
 ARM_POLL_S = 10.0
 ARM_TIMEOUT_MARGIN_S = 3600.0  # after the warm-in: baselines still need their cycles
+STATED_POLL_S = 60.0
+STATED_TIMEOUT_S = 3600.0
 # A hog shorter than the latency rules' `for` cycles plus their confirmation pages nothing.
 QUICK = {"quiet": 3.0, "hog": 6.0, "after": 5.0, "warm_in_s": 60.0, "min_baseline_cycles": 5}
 MILD = (30.0, 100.0)  # busy ms in every period ms
@@ -326,6 +328,11 @@ class Phases:
     after_minutes: float
     warm_in_s: float | None = None  # None: the shipped alerts.baseline_warm_in_s
     min_baseline_cycles: int | None = None  # None: the shipped rules as they are
+    # alerts.sensitivity_min_history_s (None: shipped); hog_when_stated: the hog waits, past
+    # the quiet minutes, until no series holds its pages (each states its false pages).
+    sensitivity_min_history_s: float | None = None
+    hog_when_stated: bool = False
+    stated: float | None = None  # when the last series stated them
     cpus: list[int] = field(default_factory=list)
     targets: dict[str, str] = field(default_factory=dict)  # name -> format
     ready: float | None = None
@@ -432,6 +439,26 @@ class Recorder:
                 raise TimeoutError(f"no rule armed within {timeout_s:.0f} s (GET /v1/baselines)")
             self.wait(min(deadline, time.time() + ARM_POLL_S))
         return self.phases.armed
+
+    def until_stated(self, timeout_s: float) -> float | None:
+        """Wait until every series the sensitivity job estimated states its false pages (no
+        pages held for a young series); return when, or None past `timeout_s`."""
+        deadline = time.time() + timeout_s
+        while time.time() <= deadline:
+            try:
+                rows: list[dict[str, Any]] = self.svc.get("/v1/rules/sensitivity")
+            except httpx.HTTPError as e:
+                print(f"GET /v1/rules/sensitivity failed: {e}", flush=True)
+                rows = []
+            held = [r for r in rows if r.get("pages_held")]
+            if rows and not held:
+                print(f"{_hms(time.time())} every series states its false pages "
+                      f"({len(rows)} estimated)", flush=True)
+                return time.time()
+            print(f"{_hms(time.time())} {len(held)} of {len(rows)} series hold their pages "
+                  "(insufficient history)", flush=True)
+            self.wait(min(deadline, time.time() + STATED_POLL_S))
+        return None
 
     def _baselines(self, inactive: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.svc.get("/v1/baselines", include_inactive=inactive)
@@ -643,6 +670,10 @@ class Summary:
                + ("shipped" if p.warm_in_s is None else f"{p.warm_in_s:g} s (not shipped)")
                + ("" if p.min_baseline_cycles is None else
                   f", rules' min_baseline_cycles {p.min_baseline_cycles} (not shipped)")
+               + ("" if p.sensitivity_min_history_s is None else
+                  f", sensitivity_min_history_s {p.sensitivity_min_history_s:g} (not shipped)")
+               + ("" if p.stated is None else
+                  f", every series stated its false pages at {_hms(p.stated)} UTC")
                + f", targets {', '.join(p.targets) or '?'}"
                + (f"; {p.note}" if p.note else "")]
         out += [t for ph in ("warm-in", "quiet", "hog", "after")
@@ -754,6 +785,8 @@ def run(folder: Path, phases: Phases) -> None:
                                                for t, rx in receivers.items()]}
         if phases.warm_in_s is not None:
             alerts["baseline_warm_in_s"] = phases.warm_in_s
+        if phases.sensitivity_min_history_s is not None:
+            alerts["sensitivity_min_history_s"] = phases.sensitivity_min_history_s
         rules_file = None
         if phases.min_baseline_cycles is not None:
             rules_file = str(thin_rules(folder, phases.min_baseline_cycles))
@@ -781,6 +814,12 @@ def run(folder: Path, phases: Phases) -> None:
         phases.save(folder)
         rec.phase = "quiet"
         rec.wait(phases.quiet[1])
+        if phases.hog_when_stated:
+            phases.stated = rec.until_stated(STATED_TIMEOUT_S)
+            if phases.stated is None:
+                phases.note += "; the hog started with pages still held (not all stated)"
+            phases.quiet = (armed, time.time())  # nothing injected while it waited
+            phases.save(folder)
         try:
             phases.open_at_hog = [dict(i) for i in svc.get("/v1/incidents", state="open")]
         except httpx.HTTPError as e:
@@ -823,6 +862,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--min-baseline-cycles", type=int, default=None,
                     help="the shipped rules with this min_baseline_cycles (arm sooner; a "
                     "check of the hog's path, not a result)")
+    ap.add_argument("--sensitivity-min-history-s", type=float, default=None,
+                    help="alerts.sensitivity_min_history_s: with 10 s cycles, 3600 is the "
+                    "shipped 360 cycles (6 h at the shipped 60 s), so series may page within "
+                    "the run")
+    ap.add_argument("--hog-when-stated", action="store_true",
+                    help="start the hog only once no series holds its pages for want of "
+                    "history (waits past --quiet-minutes, up to an hour)")
     ap.add_argument("--quick", action="store_true",
                     help="phases 3/6/5 min, a 60 s warm-in and 5 baseline cycles: arms in "
                     "minutes (a check of every phase, not a result)")
@@ -845,6 +891,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.warm_in_s is not None and not (math.isfinite(args.warm_in_s)
                                                and args.warm_in_s >= 0):
             raise SystemExit(f"--warm-in-s: must be >= 0, got {args.warm_in_s}")
+        if args.sensitivity_min_history_s is not None and not (
+                math.isfinite(args.sensitivity_min_history_s)
+                and args.sensitivity_min_history_s >= 0):
+            raise SystemExit(f"--sensitivity-min-history-s: must be >= 0, got "
+                             f"{args.sensitivity_min_history_s}")
         if args.min_baseline_cycles is not None and args.min_baseline_cycles < 1:
             raise SystemExit(f"--min-baseline-cycles: must be >= 1, got "
                              f"{args.min_baseline_cycles}")
@@ -855,6 +906,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         quiet_minutes=args.quiet_minutes, hog_minutes=args.hog_minutes,
                         after_minutes=args.after_minutes, warm_in_s=args.warm_in_s,
                         min_baseline_cycles=args.min_baseline_cycles,
+                        sensitivity_min_history_s=args.sensitivity_min_history_s,
+                        hog_when_stated=args.hog_when_stated,
                         note="quick" if args.quick else "")
         phases.save(args.folder)
         signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -276,3 +276,44 @@ def test_a_page_that_escalates_a_warning_incident_counts_as_its_one_page(
             assert [r.kind for r in got][:2] == ["firing", "escalated"], fmt
             c = hog_counts(got, START, START + 100)
             assert (c.firing, c.pages, c.resolved) == (1, 1, 1), fmt
+
+
+class _Service:
+    """What the Recorder reads of a service: sensitivity rows in turn, no metrics."""
+
+    pid = 0
+    worker_port = 1  # nothing listens: the evaluations count reads as unknown
+
+    def __init__(self, answers: list[list[dict[str, Any]]]) -> None:
+        self.answers = answers
+        self.asked = 0
+
+    def metrics(self) -> str:
+        raise httpx.ConnectError("not running")
+
+    def get(self, path: str, **_params: Any) -> list[dict[str, Any]]:
+        assert path == "/v1/rules/sensitivity"
+        self.asked += 1
+        return self.answers[min(self.asked, len(self.answers)) - 1]
+
+
+def test_the_hog_waits_until_no_series_holds_its_pages(tmp_path: Path, monkeypatch) -> None:
+    import bench.live_incident as live
+
+    monkeypatch.setattr(live, "STATED_POLL_S", 0.01)
+    monkeypatch.setattr(live, "TICK_S", 0.01)
+    held = {"rule": "p99_latency_regression", "pages_held": True}
+    stated = {"rule": "p99_latency_regression", "pages_held": False}
+    svc = _Service([[], [held, stated], [stated, stated]])
+    phases = Phases(started=0.0, rate=3.0, mild=False, quiet_minutes=1.0, hog_minutes=1.0,
+                    after_minutes=1.0, ready=9e12, armed=1.0, hog_when_stated=True)
+    rec = live.Recorder(tmp_path, svc, None, {}, phases, [])  # type: ignore[arg-type]
+    assert rec.until_stated(30.0) is not None and svc.asked == 3  # none, one held, none held
+    never = _Service([[held]])
+    rec = live.Recorder(tmp_path, never, None, {}, phases, [])  # type: ignore[arg-type]
+    assert rec.until_stated(0.05) is None and never.asked >= 1
+
+
+def test_a_bad_sensitivity_history_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--sensitivity-min-history-s: must be >= 0"):
+        main(["--sensitivity-min-history-s", "-1", "--folder", str(tmp_path / "a")])
