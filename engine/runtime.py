@@ -125,7 +125,7 @@ class Runtime:
                                     max_queue_tokens=config.max_queue_tokens)
         self._flags = _guarded_flags(config, flags)
         self.rows = Rows(self.models, count=rows, device=self.device,
-                         compile_on=self._compile_on)
+                         compile_on=self._compile_on, batched=config.max_batch > 1)
         self.router = Router(self.models, config.buckets, compile_on=self._compile_on,
                              is_warm=self.is_warm)
         self._traffic = BucketTraffic(self.cache_root)

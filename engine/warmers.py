@@ -33,6 +33,7 @@ class BucketWarmer:
         self.ledger = ledger
         self.owned = owned
         self.cudagraphs_off = cudagraphs_off
+        self._rows_warm: set[int] = set()  # id() of runners whose fixed-row step is warm
 
     def __call__(self, edge: int, loaded: bool) -> str:
         """Warm bucket `edge` (on every row's caches in the CUDA-graph modes); return what it
@@ -48,6 +49,12 @@ class BucketWarmer:
             # with the requests (a row decoding beside it would read the warm-up's writes).
             caches = [row[name] for row in self.rows.caches] if self.owned else []
             runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
+        # The fixed-row step's batch-size classes, once per runner (every bucket shares
+        # them: the cross K/V is padded to the longest), whatever the saved functions.
+        for runner, _verify in self.models.warm_runners():
+            if runner is not self.models.draft and id(runner) not in self._rows_warm:
+                runner.warm_rows(edge, self.rows.buffers.get("target"))
+                self._rows_warm.add(id(runner))
         if self.cudagraphs_off is not None:
             return f"no CUDA graphs: {self.cudagraphs_off}"
         skipped = cudagraph_skips() - skips
