@@ -23,6 +23,12 @@ class KvAccount:
         self._request_peak = 0
         self._peak = static_bytes
 
+    def add_static(self, nbytes: int) -> None:
+        """Count `nbytes` more of static buffers (allocated on first need)."""
+        with self._lock:
+            self.static += nbytes
+            self._peak = max(self._peak, self.static + self._running)
+
     def hold(self, nbytes: int, request_bytes: int) -> None:
         """Count `nbytes` more K/V held by a request that now holds `request_bytes` in all."""
         with self._lock:

@@ -46,33 +46,54 @@ class RowBuffers:
     """The rows' self-attention caches (and, with `cross_len`, their padded cross K/V and
     mask bias) as single tensors with a scratch row; see the module doc."""
 
-    def __init__(self, m: LeanT5, *, rows: int, slots: int, cross_len: int | None,
-                 static: bool) -> None:
-        """`static`: mark the tensors as static inputs of compiled calls (their addresses
-        never change: CUDA graphs read them in place instead of copying them per call)."""
+    def __init__(self, m: LeanT5, *, rows: int, slots: int, cross_len: int,
+                 fixed: bool, static: bool) -> None:
+        """`cross_len`: the longest cross-attention length (bucket edge) a row holds;
+        `fixed`: allocate the fixed-row step's cross buffers now (else make_fixed() does,
+        on first need); `static`: mark the tensors as static inputs of compiled calls
+        (their addresses never change: CUDA graphs read them in place, with no copy)."""
         self.rows = rows
         self.scratch = rows
         self.dtype = m.dtype
         self.device = m.device_
+        self._m = m
+        self._cross_len = cross_len
+        self._static = static
         shape = (rows + 1, len(m.dec_layers), 2, m.n_heads, slots + 1, m.d_kv)  # LeanT5.new_self_cache's
         self.self_kv = torch.zeros(shape, dtype=m.dtype, device=m.device_)
         # Each row's cache is a view (the one-row step and the C step take one row).
         self.caches = [self.self_kv[r] for r in range(rows)]
         self.cross: torch.Tensor | None = None
         self.cross_bias: torch.Tensor | None = None
-        if cross_len is not None:
-            self.cross = torch.zeros((rows + 1, len(m.dec_layers), 2, m.n_heads, cross_len,
-                                      m.d_kv), dtype=m.dtype, device=m.device_)
-            self.cross_bias = torch.full((rows + 1, 1, 1, cross_len),
-                                         torch.finfo(m.dtype).min, dtype=m.dtype,
-                                         device=m.device_)
-        self.sizes = batch_sizes(rows) if cross_len is not None else ()
-        if static:
+        self.sizes: tuple[int, ...] = ()
+        self._mark(self.self_kv, *self.caches)
+        if fixed:
+            self.make_fixed()
+
+    def _mark(self, *tensors: torch.Tensor) -> None:
+        if self._static:
             from torch._dynamo import mark_static_address
 
-            for t in (self.self_kv, *self.caches, self.cross, self.cross_bias):
-                if t is not None:
-                    mark_static_address(t, guard=False)
+            for t in tensors:
+                mark_static_address(t, guard=False)
+
+    def make_fixed(self) -> int:
+        """Allocate the fixed-row step's cross K/V and mask buffers unless they are;
+        return the bytes allocated (0: they were). Safe beside the loop: `fixed` turns
+        true only once both exist."""
+        if self.cross is not None:
+            return 0
+        m, rows, length = self._m, self.rows, self._cross_len
+        with torch.no_grad():
+            bias = torch.full((rows + 1, 1, 1, length), torch.finfo(m.dtype).min,
+                              dtype=m.dtype, device=m.device_)
+            cross = torch.zeros((rows + 1, len(m.dec_layers), 2, m.n_heads, length, m.d_kv),
+                                dtype=m.dtype, device=m.device_)
+        self._mark(cross, bias)
+        self.sizes = batch_sizes(rows)
+        self.cross_bias = bias
+        self.cross = cross
+        return cross.numel() * cross.element_size() + bias.numel() * bias.element_size()
 
     @property
     def fixed(self) -> bool:

@@ -49,20 +49,31 @@ class Rows:
         self.caches = [{name: b.caches[row] for name, b in self.buffers.items()}
                        for row in range(count)]
         self.kv = KvAccount(sum(b.nbytes() for b in self.buffers.values()))
+        self._batched = batched
 
     def _new_buffers(self, runner: ModelRunner, count: int, batched: bool) -> RowBuffers:
         models = self.models
         # The fixed-row step serves batched target rows decoded by a compiled step: where
         # a target (float or int8, both on these caches) has no C step. The draft only
         # ever steps one row at a time.
+        # (Beside a bound C step, the native_step flag off: fixed_rows() on first use.)
         targets = [r for r in (models.target, models.target_q) if r is not None]
         fixed = (batched and self._compile_on and runner is models.target
                  and any(r.native is None for r in targets))
         return RowBuffers(runner.m, rows=count, slots=models.slots,
-                          cross_len=max(runner.edges) if fixed else None,
+                          cross_len=max(runner.edges), fixed=fixed,
                           # Marked static only for a compiled step (the C step and eager
                           # need no mark).
                           static=self._compile_on and (fixed or runner.native is None))
+
+    def fixed_rows(self) -> RowBuffers | None:
+        """Return the target's buffers with the fixed-row step's cross buffers allocated
+        (now, and counted, if they were not), or None where rows are not batched."""
+        if not (self._batched and self._compile_on):
+            return None
+        buffers = self.buffers["target"]
+        self.kv.add_static(buffers.make_fixed())
+        return buffers
 
     def _target(self, quantized: bool) -> ModelRunner:
         models = self.models

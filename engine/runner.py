@@ -50,9 +50,8 @@ class Fns:
     # compiled step is specialized to its `steps`.
     chain: bool = False
     # The fixed-row compiled step (t5.decode_fixed on engine.row_buffers' tensors): several
-    # rows batched where no C step serves. None: batched rows use the C step's or eager
-    # `rows`, or (the compiled step beside a bound C step, the exact-shape path) one
-    # compiled step call per row.
+    # rows batched on a compiled step. None: batched rows use the C step's or eager `rows`,
+    # or (the exact-shape path) one compiled step call per row.
     rows: Callable | None = None
 
 
@@ -231,7 +230,8 @@ class ModelRunner:
             if stepped is None:
                 stepped = Fns(fns.encode,
                               self._compile(t5.decode_steps, self._tag(shared, COMPILED_STEP)),
-                              self._compile(t5.decode_greedy, self._tag(shared, VERIFY)))
+                              self._compile(t5.decode_greedy, self._tag(shared, VERIFY)),
+                              rows=self._fixed_rows(shared))
                 self._compiled[(COMPILED_STEP, shared)] = stepped
             return stepped
 
@@ -484,11 +484,10 @@ class ModelRunner:
                 finally:
                     cache.copy_(kept)
 
-    def warm_rows(self, edge: int, buffers: Any) -> int:
-        """Compile and run the fixed-row step for every batch-size class of `buffers`
+    def warm_rows(self, fns: Fns, buffers: Any) -> int:
+        """Compile and run `fns`' fixed-row step for every batch-size class of `buffers`
         (engine.row_buffers.RowBuffers) on its scratch row, so that no batched request
         compiles or records a graph; return the calls made (0: no fixed-row step here)."""
-        fns = self.compiled(edge)
         if fns.rows is None or buffers is None or not buffers.fixed:
             return 0
         calls = 0

@@ -133,7 +133,7 @@ class Runtime:
         self._owned = self._compile_on and single_owner(config)
         self.warmup = self._new_warmup()
         self._first_use = FirstUseWarmer(self.models, self.warmup, self._watch,
-                                         self.router.route)
+                                         self.router.route, self.rows)
         self._scheduler: scheduler.Scheduler | None = None
         self._device_thread: DeviceThread | None = None
         self._start_threads()

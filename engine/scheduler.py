@@ -601,8 +601,8 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
     elif fns is runner.eager:
         out = t5.decode_rows(m, tokens, positions, caches, crosses, masks, runner.dec_bias)
     else:
-        # A compiled step with no fixed-row step (beside a bound C step, or the exact-shape
-        # path): its graph is for one row, so each row calls it.
+        # A compiled step with no fixed-row step (the exact-shape path, or rows that joined
+        # before its buffers were made): its graph is for one row, so each row calls it.
         outs = [fns.step(m, s.last, runner.positions[s.position], s.tcache, s.tenc.cross,
                          s.tenc.mask_bias, runner.bias_for(s.position + 1), 1).view(-1)[:1]
                 for s in states]

@@ -244,3 +244,35 @@ def test_the_kv_account_counts_the_buffers_as_allocated(tmp_path, tiny_dirs):
         assert not rt.rows.buffers["draft"].fixed  # the draft steps one row at a time
     finally:
         rt.close()
+
+
+def test_the_native_step_flag_off_batches_on_the_fixed_row_step(tmp_path, tiny_dirs, alone,
+                                                                monkeypatch):
+    from engine import native
+
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4, native_step=True)
+    try:
+        assert rt.target.native is not None  # the C step serves; the flag turns it off
+        buffers = rt.rows.buffers["target"]
+        assert not buffers.fixed  # made on first need: a C-step engine never pays for it
+        static = rt.memory_snapshot().kv_static_bytes
+        calls = _count_fixed_steps(rt, monkeypatch)
+        off = FlagOverride(speculative=False, native_step=False)
+        texts = random_texts(5, seed=27, overflow=False)
+        first = rt.generate(texts[0], max_new_tokens=16, override=off)  # warms it
+        assert first.output_ids == alone(texts[0]) and not first.native_step
+        assert buffers.fixed
+        grown = rt.memory_snapshot().kv_static_bytes - static
+        assert grown == buffers.cross.nbytes + buffers.cross_bias.nbytes
+        jobs = [_job(rt, t, row, max_new=m) for row, (t, m) in
+                enumerate(zip(texts[1:5], (16, 9, 12, 5), strict=True))]
+        for job in jobs:
+            job.native = False  # as the flag off makes a request's job
+        _submit_together(rt, jobs)
+        for job, text in zip(jobs, texts[1:5], strict=True):
+            assert tuple(rt._scheduler.wait(job).tokens) == alone(text, job.max_new), text
+        assert max(calls) == 4  # the batched steps ran as fixed-row calls
+    finally:
+        rt.close()
