@@ -125,18 +125,20 @@ class RowBuffers:
         position) in the smallest batch-size class; return their tokens."""
         n = len(rows)
         pad = self.size_for(n) - n
-        out = fn(m, self._ints(tokens + [0] * pad), self._ints(positions + [0] * pad),
-                 self._ints(rows + [self.scratch] * pad), self.self_kv, self.cross,
-                 self.cross_bias, dec_bias)
+        out = self._call(fn, m, tokens + [0] * pad, positions + [0] * pad,
+                         rows + [self.scratch] * pad, dec_bias)
         return [int(t) for t in out[:n].tolist()]
 
     def warm(self, fn: Callable[..., torch.Tensor], m: Any, size: int,
              dec_bias: torch.Tensor) -> None:
         """Call `fn` once with `size` lanes, every lane on the scratch row (no request's
         row is read or written: safe beside a running batch)."""
-        zeros = [0] * size
-        fn(m, self._ints(zeros), self._ints(zeros), self._ints([self.scratch] * size),
-           self.self_kv, self.cross, self.cross_bias, dec_bias)
+        self._call(fn, m, [0] * size, [0] * size, [self.scratch] * size, dec_bias)
 
-    def _ints(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _call(self, fn: Callable[..., torch.Tensor], m: Any, tokens: list[int],
+              positions: list[int], lanes: list[int], dec_bias: torch.Tensor
+              ) -> torch.Tensor:
+        # The lanes' integers reach the device in one copy: rows of one tensor.
+        ints = torch.tensor([tokens, positions, lanes], dtype=torch.long, device=self.device)
+        return fn(m, ints[0], ints[1], ints[2], self.self_kv, self.cross, self.cross_bias,
+                  dec_bias)
