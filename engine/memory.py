@@ -12,9 +12,9 @@ from engine.protocol import MemorySnapshot
 
 class KvAccount:
     """Count the KV bytes of tensors actually allocated: the static buffers (each row's
-    self-attention caches, the scratch row, and where the fixed-row step serves each row's
-    padded cross K/V: engine.row_buffers) and each running request's cross-attention K/V;
-    thread-safe."""
+    self-attention caches and, batched on a compiled step, the fixed-row step's scratch row
+    and each row's padded cross K/V: engine.row_buffers) and each running request's
+    cross-attention K/V; thread-safe."""
 
     def __init__(self, static_bytes: int) -> None:
         self._lock = threading.Lock()

@@ -1,7 +1,7 @@
 """One model's decode buffers for every row, allocated once at fixed addresses.
 
-The rows' self-attention caches are slices of one tensor [rows + 1, L, 2, H, T + 1, d_kv];
-the last row is scratch, never a request's. Where the fixed-row compiled step can serve
+The rows' self-attention caches are slices of one tensor [rows (+ 1), L, 2, H, T + 1, d_kv];
+where the fixed-row step may run, a last row is scratch, never a request's. Where it serves
 (engine.t5.decode_fixed: a compiled step without the C step, several rows batched), each
 row also has its cross-attention K/V padded to the longest bucket [rows + 1, L, 2, H, X,
 d_kv] and its mask bias [rows + 1, 1, 1, X], filled when a request joins. The step then
@@ -9,9 +9,9 @@ reads the same tensors at the same addresses whichever rows are active and where
 are, so torch.compile makes one graph per batch-size class and CUDA graphs record each
 once; its lanes that no request fills point at the scratch row.
 
-    buffers = RowBuffers(m, rows=8, slots=264, cross_len=256, static=True)
-    buffers.load(row, encoded)                      # a request joins row `row`
-    tokens = buffers.step(fn, m, rows, tokens, positions, dec_bias)
+    buffers = RowBuffers(m, rows=8, slots=264, cross_len=256, fixed=True, static=True)
+    buffers.load(row, cross, mask_bias)  # a request joins row `row`
+    tokens = buffers.step(fn, m, rows, tokens, positions, dec_bias)  # one step of `rows`
 """
 
 from __future__ import annotations
@@ -43,23 +43,27 @@ def batch_sizes(rows: int) -> tuple[int, ...]:
 
 
 class RowBuffers:
-    """The rows' self-attention caches (and, with `cross_len`, their padded cross K/V and
-    mask bias) as single tensors with a scratch row; see the module doc."""
+    """The rows' self-attention caches (and, once `fixed`, their padded cross K/V and mask
+    bias) as single tensors with a scratch row; see the module doc."""
 
     def __init__(self, m: LeanT5, *, rows: int, slots: int, cross_len: int,
-                 fixed: bool, static: bool) -> None:
+                 scratch: bool, fixed: bool, static: bool) -> None:
         """`cross_len`: the longest cross-attention length (bucket edge) a row holds;
-        `fixed`: allocate the fixed-row step's cross buffers now (else make_fixed() does,
-        on first need); `static`: mark the tensors as static inputs of compiled calls
-        (their addresses never change: CUDA graphs read them in place, with no copy)."""
+        `scratch`: the fixed-row step may run (a scratch row for its unfilled lanes);
+        `fixed`: allocate its cross buffers now (else make_fixed() does, on first need);
+        `static`: mark the tensors as static inputs of compiled calls (their addresses
+        never change: CUDA graphs read them in place, with no copy)."""
+        assert scratch or not fixed, "the fixed-row step needs the scratch row"
         self.rows = rows
-        self.scratch = rows
+        self.scratch = rows  # its index (when it exists)
+        self._has_scratch = scratch
         self.dtype = m.dtype
         self.device = m.device_
         self._m = m
         self._cross_len = cross_len
         self._static = static
-        shape = (rows + 1, len(m.dec_layers), 2, m.n_heads, slots + 1, m.d_kv)  # LeanT5.new_self_cache's
+        # Each row as LeanT5.new_self_cache makes one (its spare slot included).
+        shape = (rows + scratch, len(m.dec_layers), 2, m.n_heads, slots + 1, m.d_kv)
         self.self_kv = torch.zeros(shape, dtype=m.dtype, device=m.device_)
         # Each row's cache is a view (the one-row step and the C step take one row).
         self.caches = [self.self_kv[r] for r in range(rows)]
@@ -83,6 +87,7 @@ class RowBuffers:
         true only once both exist."""
         if self.cross is not None:
             return 0
+        assert self._has_scratch, "the fixed-row step needs the scratch row"
         m, rows, length = self._m, self.rows, self._cross_len
         with torch.no_grad():
             bias = torch.full((rows + 1, 1, 1, length), torch.finfo(m.dtype).min,

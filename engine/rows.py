@@ -6,8 +6,9 @@ decode stream. Its caches are allocated once and reused by every request that ho
 (engine.row_buffers: every row's cache a slice of one tensor per model, and, where the
 fixed-row compiled step can serve, each row's padded cross K/V, filled as a request
 joins); the KV account (engine.memory) counts them and each running request's
-cross-attention K/V. `Rows` is what the batching loop needs of its engine (engine.scheduler.RowOwner);
-unbatched, `run` decodes a whole request on the calling (owner) thread.
+cross-attention K/V. `Rows` is what the batching loop needs of its engine
+(engine.scheduler.RowOwner); unbatched, `run` decodes a whole request on the calling
+(owner) thread.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ class Rows:
         # ever steps one row at a time.
         # (Beside a bound C step, the native_step flag off: fixed_rows() on first use.)
         targets = [r for r in (models.target, models.target_q) if r is not None]
-        fixed = (batched and self._compile_on and runner is models.target
-                 and any(r.native is None for r in targets))
+        scratch = batched and self._compile_on and runner is models.target
+        fixed = scratch and any(r.native is None for r in targets)
         return RowBuffers(runner.m, rows=count, slots=models.slots,
-                          cross_len=max(runner.edges), fixed=fixed,
+                          cross_len=max(runner.edges), scratch=scratch, fixed=fixed,
                           # Marked static only for a compiled step (the C step and eager
                           # need no mark).
                           static=self._compile_on and (fixed or runner.native is None))

@@ -211,7 +211,11 @@ class ModelRunner:
         exact-shape path: its cross-attention lengths are not the bucket edges')."""
         if key != SHARED:
             return None
-        return self._compile(t5.decode_fixed, self._tag(key, ROWS))
+        fn = self._compile(t5.decode_fixed, self._tag(key, ROWS))
+        # It reads the whole causal table every call: at a fixed address, CUDA graphs read
+        # it in place instead of copying it into the graph's inputs per replay.
+        torch._dynamo.mark_static_address(self.dec_bias, guard=False)
+        return fn
 
     def compiled_keys(self) -> list[object]:
         """Return the keys of the compiled (or loaded) functions this runner holds now."""
