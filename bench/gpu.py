@@ -10,9 +10,12 @@ speculative ms per request, HF `generate()` on the same GPU and dtype, graphs co
 CUDA graphs recorded / replayed (the runtime's Engine.graph_snapshot; n/a in a mode without
 CUDA graphs) and cudagraph-tree skips, recompiles after warm-up, peak allocated / reserved
 CUDA memory and KV bytes. Then, while the budget lasts, batched throughput (engine.max_batch
---batch) in eager and `default`: requests per second with one caller and with --batch callers
-at once (closed loop over every input), and how many batched outputs equal the same engine's
-one-at-a-time outputs (reported, not judged: a batched bfloat16 matmul may round otherwise).
+--batch) in eager, `default` and (when it is among the modes) `reduce-overhead`: requests per
+second with one caller and with --batch callers at once (closed loop over every input), and
+how many batched outputs equal the same engine's one-at-a-time outputs (reported, not judged:
+a batched bfloat16 matmul may round otherwise). A compiled mode's batched steps run the
+fixed-row compiled step (engine.t5.decode_fixed: one graph per batch-size class, CUDA graphs
+under reduce-overhead); its CUDA graphs recorded after warm-up are reported.
 Correctness, with the tolerance rule of tests/engine/test_gpu.py: float32 on the GPU
 (eager) gives exactly the CPU float32 tokens; each bfloat16 mode agrees with them on at
 least half the inputs; speculative output equals direct output everywhere.
@@ -104,6 +107,8 @@ class BatchedThroughput:
     rps_batched: float
     equal_outputs: int  # batched outputs equal to the one-caller outputs (of `requests`)
     recompiles: int = 0  # during the batched requests (row counts warm-up did not cover)
+    # CUDA graphs the engine recorded after its warm-up (None: the mode runs without them)
+    recorded_after_warmup: int | None = None
 
     @property
     def ratio(self) -> float:
@@ -292,7 +297,9 @@ def batched_line(b: BatchedThroughput) -> str:
     return (f"batched throughput, {b.mode} ({b.dtype}), max_batch {b.callers}: "
             f"{b.rps_one:.1f} requests/s with 1 caller, {b.rps_batched:.1f} with {b.callers} "
             f"({b.ratio:.2f}x); {b.equal_outputs} of {b.requests} outputs equal one at a "
-            f"time's; {b.recompiles} recompile(s) while batched")
+            f"time's; {b.recompiles} recompile(s) while batched"
+            + ("" if b.recorded_after_warmup is None
+               else f"; {b.recorded_after_warmup} CUDA graph(s) recorded after warm-up"))
 
 
 def report(device: str, results: Sequence[ModeResult], hf: Sequence[HFTiming],
@@ -324,10 +331,12 @@ def summary(rep: Report, when: str) -> str:
 
 def run_check(runner: Runner, modes: Sequence[str], dtype: str, out_dir: Path, *,
               budget_s: float = float("inf"), clock: Callable[[], float] = time.monotonic,
-              log: Callable[[str], None] = print, batch: int = 0) -> Report:
+              log: Callable[[str], None] = print, batch: int = 0,
+              batched_modes: Sequence[str] = (EAGER, "default")) -> Report:
     """Run every mode and HF generate() through `runner`, judge, print and write the table.
 
-    `batch` > 1: then batched throughput (eager, then `default`) while the budget lasts.
+    `batch` > 1: then batched throughput (each of `batched_modes` in turn) while the budget
+    lasts.
     results.json is rewritten after every step, so a run stopped by its time limit still
     leaves what it measured.
     """
@@ -365,7 +374,7 @@ def run_check(runner: Runner, modes: Sequence[str], dtype: str, out_dir: Path, *
     else:
         skipped.append(f"HF generate(): the {budget_s:.0f} s budget was spent")
     unmeasured: list[str] = []
-    for mode in ((EAGER, "default") if batch > 1 else ()):
+    for mode in (batched_modes if batch > 1 else ()):
         if spent():
             unmeasured.append(mode)
             continue
@@ -591,17 +600,22 @@ class TorchRunner:
 
             requests = max(2 * len(texts), 4 * callers)
             before = engine.compile_snapshot()
-            closed_loop(call, texts, callers, callers * 2)  # the batch shapes' first calls
+            # Warm-up compiled (and recorded) every batch-size class: this first round only
+            # settles the allocator and the caches before the measured ones.
+            closed_loop(call, texts, callers, callers * 2)
             batched.clear()
             rps_one = closed_loop(call, texts, 1, requests)
             batched.clear()
             rps_batched = closed_loop(call, texts, callers, requests)
             recompiles = engine.compile_snapshot().recompiles - before.recompiles
             equal = sum(ids == one[t] for t, outs in batched.items() for ids in outs)
+            graphs = engine.graph_snapshot()
             return BatchedThroughput(mode=mode, dtype=dtype, callers=callers,
                                      requests=requests, rps_one=rps_one,
                                      rps_batched=rps_batched, equal_outputs=equal,
-                                     recompiles=recompiles)
+                                     recompiles=recompiles,
+                                     recorded_after_warmup=graphs.recorded_after_warmup
+                                     if graphs.cudagraphs else None)
         finally:
             engine.close()
 
@@ -645,8 +659,12 @@ def main(argv: list[str] | None = None) -> int:
     modes += ["max-autotune"] if args.max_autotune and "max-autotune" not in modes else []
     buckets = tuple(int(b) for b in args.buckets.split(","))
     runner = TorchRunner(buckets, args.inputs, args.new, args.repeats, args.device)
+    # Batched: eager and default always, reduce-overhead (CUDA graphs of the fixed-row step)
+    # when it runs at all, last: the budget may cut it.
+    batched_modes = (EAGER, "default", *(m for m in modes if m == "reduce-overhead"))
     rep = run_check(runner, modes, args.dtype, out, budget_s=args.budget_s,
-                    log=lambda line: print(line, flush=True), batch=args.batch)
+                    log=lambda line: print(line, flush=True), batch=args.batch,
+                    batched_modes=batched_modes)
     return rep.exit_code
 
 

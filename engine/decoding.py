@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -123,6 +124,9 @@ class RowState:
         self.denc: Encoded | None = denc if isinstance(denc, Encoded) else None
         self._make_denc = denc if callable(denc) else None
         self.k, self.max_new, self.clock = k, max_new, clock
+        # The rows' buffers (engine.row_buffers.RowBuffers) holding this request's cross K/V
+        # at its row, set where the fixed-row compiled step may step it batched.
+        self.buffers: Any = None
         tm = target.m
         self.seq = [tm.decoder_start_id]
         self._last: torch.Tensor | None = target.start  # seq[-1] on the device (see last)

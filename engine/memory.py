@@ -11,8 +11,10 @@ from engine.protocol import MemorySnapshot
 
 
 class KvAccount:
-    """Count the KV bytes of tensors actually allocated: the static self-attention caches
-    (once per row) and each running request's cross-attention K/V; thread-safe."""
+    """Count the KV bytes of tensors actually allocated: the static buffers (each row's
+    self-attention caches and, batched on a compiled step, the fixed-row step's scratch row
+    and each row's padded cross K/V: engine.row_buffers) and each running request's
+    cross-attention K/V; thread-safe."""
 
     def __init__(self, static_bytes: int) -> None:
         self._lock = threading.Lock()
@@ -20,6 +22,12 @@ class KvAccount:
         self._running = 0
         self._request_peak = 0
         self._peak = static_bytes
+
+    def add_static(self, nbytes: int) -> None:
+        """Count `nbytes` more of static buffers (allocated on first need)."""
+        with self._lock:
+            self.static += nbytes
+            self._peak = max(self._peak, self.static + self._running)
 
     def hold(self, nbytes: int, request_bytes: int) -> None:
         """Count `nbytes` more K/V held by a request that now holds `request_bytes` in all."""
@@ -44,11 +52,6 @@ class KvAccount:
             return dict(kv_cache_bytes=self.static + self._running,
                         kv_static_bytes=self.static, kv_request_bytes=self._running,
                         kv_request_peak_bytes=self._request_peak, kv_peak_bytes=self._peak)
-
-
-def static_bytes(caches: list[dict[str, torch.Tensor]]) -> int:
-    """Return the bytes of the static self-attention caches of every row."""
-    return sum(t.numel() * t.element_size() for row in caches for t in row.values())
 
 
 def memory_snapshot(device: torch.device, kv: KvAccount, weight_bytes: int) -> MemorySnapshot:

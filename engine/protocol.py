@@ -229,7 +229,8 @@ class MemorySnapshot:
     """Memory in bytes; CUDA fields are None on CPU.
 
     KV bytes are those of tensors actually allocated:
-    kv_static_bytes: the self-attention caches, allocated once per decode stream.
+    kv_static_bytes: the self-attention caches, allocated once per decode stream (and,
+        batched on a compiled step, each row's cross K/V buffer: engine.row_buffers).
     kv_request_bytes: cross-attention K/V of the requests running now (per request).
     kv_cache_bytes: kv_static_bytes + kv_request_bytes (now).
     kv_request_peak_bytes / kv_peak_bytes: the largest kv_request_bytes / kv_cache_bytes

@@ -2,10 +2,13 @@
 on its row.
 
 A row is an admission slot: batched, a batch row of the scheduler's loop; unbatched, a
-decode stream. Its caches are allocated once and reused by every request that holds it;
-the KV account (engine.memory) counts them and each running request's cross-attention
-K/V. `Rows` is what the batching loop needs of its engine (engine.scheduler.RowOwner);
-unbatched, `run` decodes a whole request on the calling (owner) thread.
+decode stream. Its caches are allocated once and reused by every request that holds it
+(engine.row_buffers: every row's cache a slice of one tensor per model, and, where the
+fixed-row compiled step can serve, each row's padded cross K/V, filled as a request
+joins); the KV account (engine.memory) counts them and each running request's
+cross-attention K/V. `Rows` is what the batching loop needs of its engine
+(engine.scheduler.RowOwner); unbatched, `run` decodes a whole request on the calling
+(owner) thread.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from dataclasses import replace
 import torch
 
 from engine import decoding, scheduler
-from engine.memory import KvAccount, static_bytes
+from engine.memory import KvAccount
 from engine.models import Models
+from engine.row_buffers import RowBuffers
 from engine.runner import Fns, ModelRunner
 
 
@@ -35,20 +39,42 @@ class Rows:
     row at a time (the admission slot)."""
 
     def __init__(self, models: Models, *, count: int, device: torch.device,
-                 compile_on: bool) -> None:
+                 compile_on: bool, batched: bool = False) -> None:
+        """`batched`: the rows are a batching loop's (engine.scheduler)."""
         self.models = models
         self.device = device
         self._compile_on = compile_on
         with torch.no_grad():
-            self.caches = [self._new_caches() for _ in range(count)]
-        self.kv = KvAccount(static_bytes(self.caches))
+            self.buffers = {r.name: self._new_buffers(r, count, batched)
+                            for r in (models.target, models.draft) if r is not None}
+        self.caches = [{name: b.caches[row] for name, b in self.buffers.items()}
+                       for row in range(count)]
+        self.kv = KvAccount(sum(b.nbytes() for b in self.buffers.values()))
+        self._batched = batched
 
-    def _new_caches(self) -> dict[str, torch.Tensor]:
-        # Marked static only for a compiled step (the C step and eager need no mark).
+    def _new_buffers(self, runner: ModelRunner, count: int, batched: bool) -> RowBuffers:
         models = self.models
-        return {r.name: r.m.new_self_cache(models.slots,
-                                           static=self._compile_on and r.native is None)
-                for r in (models.target, models.draft) if r is not None}
+        # The fixed-row step serves batched target rows decoded by a compiled step: where
+        # a target (float or int8, both on these caches) has no C step. The draft only
+        # ever steps one row at a time.
+        # (Beside a bound C step, the native_step flag off: fixed_rows() on first use.)
+        targets = [r for r in (models.target, models.target_q) if r is not None]
+        scratch = batched and self._compile_on and runner is models.target
+        fixed = scratch and any(r.native is None for r in targets)
+        return RowBuffers(runner.m, rows=count, slots=models.slots,
+                          cross_len=max(runner.edges), scratch=scratch, fixed=fixed,
+                          # Marked static only for a compiled step (the C step and eager
+                          # need no mark).
+                          static=self._compile_on and (fixed or runner.native is None))
+
+    def fixed_rows(self) -> RowBuffers | None:
+        """Return the target's buffers with the fixed-row step's cross buffers allocated
+        (now, and counted, if they were not), or None where rows are not batched."""
+        if not (self._batched and self._compile_on):
+            return None
+        buffers = self.buffers["target"]
+        self.kv.add_static(buffers.make_fixed())
+        return buffers
 
     def _target(self, quantized: bool) -> ModelRunner:
         models = self.models
@@ -71,6 +97,10 @@ class Rows:
             tenc = decoding.encode(target, tfns, padded, mask)
             job.held = tenc.nbytes
             self.kv.hold(job.held, job.held)
+            buffers = self.buffers["target"]
+            fixed = tfns.rows is not None and buffers.fixed
+            if fixed:  # its row of the fixed-row step's cross K/V
+                buffers.load(job.row, tenc.cross, tenc.mask_bias)
             if job.k > 0 and self.models.draft is not None:
                 draft = self.models.draft
                 dfns = fns(draft, job.key, job.native)
@@ -88,6 +118,7 @@ class Rows:
                                         dcache=caches["draft"], k=job.k)
             else:
                 row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new)
+            row.buffers = buffers if fixed else None
             job.t_encoded = time.perf_counter()
         return row
 

@@ -20,7 +20,7 @@ KIND_ENCODE = "encode"
 KIND_STEP = "step"
 KIND_VERIFY = "verify"
 # Suffixes of the compiled functions' tags (and of their saved files).
-ENC, STEP, VERIFY = "enc", "step", "verify"
+ENC, STEP, VERIFY, ROWS = "enc", "step", "verify", "rows"
 COMPILED_STEP = "compiled_step"  # the compiled step beside a bound C step (native_step off)
 # Key of the compiled functions every bucket edge shares: the input length (encoder) and
 # the cross-attention length (decoder) are dynamic dimensions, so one graph per function
@@ -49,6 +49,10 @@ class Fns:
     # step takes any `steps` (eager, the C step): a draft proposes a round in one call. A
     # compiled step is specialized to its `steps`.
     chain: bool = False
+    # The fixed-row compiled step (t5.decode_fixed on engine.row_buffers' tensors): several
+    # rows batched on a compiled step. None: batched rows use the C step's or eager `rows`,
+    # or (the exact-shape path) one compiled step call per row.
+    rows: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -197,9 +201,21 @@ class ModelRunner:
                     fns = Fns(encode, self.native, self.native.verify, chain=True)
                 else:
                     fns = Fns(encode, self._compile(t5.decode_steps, self._tag(key, STEP)),
-                              self._compile(t5.decode_greedy, self._tag(key, VERIFY)))
+                              self._compile(t5.decode_greedy, self._tag(key, VERIFY)),
+                              rows=self._fixed_rows(key))
                 self._compiled[key] = fns
             return fns
+
+    def _fixed_rows(self, key: int | str) -> Callable | None:
+        """Return the fixed-row step of the bucket edges' shared functions (None for the
+        exact-shape path: its cross-attention lengths are not the bucket edges')."""
+        if key != SHARED:
+            return None
+        fn = self._compile(t5.decode_fixed, self._tag(key, ROWS))
+        # It reads the whole causal table every call: at a fixed address, CUDA graphs read
+        # it in place instead of copying it into the graph's inputs per replay.
+        torch._dynamo.mark_static_address(self.dec_bias, guard=False)
+        return fn
 
     def compiled_keys(self) -> list[object]:
         """Return the keys of the compiled (or loaded) functions this runner holds now."""
@@ -218,7 +234,8 @@ class ModelRunner:
             if stepped is None:
                 stepped = Fns(fns.encode,
                               self._compile(t5.decode_steps, self._tag(shared, COMPILED_STEP)),
-                              self._compile(t5.decode_greedy, self._tag(shared, VERIFY)))
+                              self._compile(t5.decode_greedy, self._tag(shared, VERIFY)),
+                              rows=self._fixed_rows(shared))
                 self._compiled[(COMPILED_STEP, shared)] = stepped
             return stepped
 
@@ -435,8 +452,9 @@ class ModelRunner:
                 verify_fn = (self.native.verify if self.native is not None
                              else loaded.get(VERIFY)
                              or self._compile(t5.decode_greedy, self._tag(SHARED, VERIFY)))
-                self._compiled[SHARED] = Fns(encode, step, verify_fn,
-                                             chain=self.native is not None)
+                self._compiled[SHARED] = Fns(
+                    encode, step, verify_fn, chain=self.native is not None,
+                    rows=None if self.native is not None else self._fixed_rows(SHARED))
                 self._loaded = loaded
 
     def forget(self) -> None:
@@ -469,6 +487,22 @@ class ModelRunner:
                     self._warm_spans(fns, examples, cache, verify=verify)
                 finally:
                     cache.copy_(kept)
+
+    def warm_rows(self, fns: Fns, buffers: Any) -> int:
+        """Compile and run `fns`' fixed-row step for every batch-size class of `buffers`
+        (engine.row_buffers.RowBuffers) on its scratch row, so that no batched request
+        compiles or records a graph; return the calls made (0: no fixed-row step here)."""
+        if fns.rows is None or buffers is None or not buffers.fixed:
+            return 0
+        calls = 0
+        with torch.no_grad(), self.held():
+            for size in buffers.sizes:
+                # Twice: cudagraph trees run a function's first call as their warm-up and
+                # record it on the next one.
+                for _ in range(2):
+                    buffers.warm(fns.rows, self.m, size, self.dec_bias)
+                    calls += 1
+        return calls
 
     def warm_compiled_step(self, edge: int, *, verify: bool) -> None:
         """Compile the compiled step beside a bound C step on bucket `edge`'s dummy inputs.

@@ -125,7 +125,7 @@ class Runtime:
                                     max_queue_tokens=config.max_queue_tokens)
         self._flags = _guarded_flags(config, flags)
         self.rows = Rows(self.models, count=rows, device=self.device,
-                         compile_on=self._compile_on)
+                         compile_on=self._compile_on, batched=config.max_batch > 1)
         self.router = Router(self.models, config.buckets, compile_on=self._compile_on,
                              is_warm=self.is_warm)
         self._traffic = BucketTraffic(self.cache_root)
@@ -133,7 +133,7 @@ class Runtime:
         self._owned = self._compile_on and single_owner(config)
         self.warmup = self._new_warmup()
         self._first_use = FirstUseWarmer(self.models, self.warmup, self._watch,
-                                         self.router.route)
+                                         self.router.route, self.rows)
         self._scheduler: scheduler.Scheduler | None = None
         self._device_thread: DeviceThread | None = None
         self._start_threads()

@@ -3,7 +3,8 @@
 A request holds a row (its admission slot: a self-attention cache allocated once and
 reused) and is handed to the loop as a Job. Between steps the loop takes new jobs, runs
 their encoders, and they join the running batch; each step decodes one token for every
-row (engine.native's `rows` / engine.t5.decode_rows: each weight read once for all rows);
+row (engine.native's `rows`, engine.t5.decode_rows eager, or the fixed-row compiled step
+engine.t5.decode_fixed on engine.row_buffers: each weight read once for all rows);
 a row leaves at EOS, at its token limit, or when it is cancelled or past its deadline,
 and the others never wait for it. While the batch holds one row that has a draft, the
 step is a speculative round instead (as the unbatched engine decodes), and so is a step
@@ -581,6 +582,14 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
         out = fns.step(m, s.last, runner.positions[p], s.tcache, s.tenc.cross,
                        s.tenc.mask_bias, runner.bias_for(p + 1), 1)
         return [int(out.view(-1)[0])]
+    buffers = first.buffers
+    if (not on_c and fns.rows is not None and buffers is not None
+            and all(s.buffers is buffers for s in states)):
+        # The fixed-row compiled step: the rows' own lanes of buffers allocated once, in
+        # the smallest batch-size class (engine.row_buffers).
+        return buffers.step(fns.rows, m, [job.row for job, _s in rows],
+                            [s.seq[-1] for s in states], [s.position for s in states],
+                            runner.dec_bias)
     tokens = torch.tensor([s.seq[-1] for s in states], dtype=torch.long, device=m.device_)
     positions = torch.tensor([s.position for s in states], dtype=torch.long,
                              device=m.device_)
@@ -592,9 +601,10 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
     elif fns is runner.eager:
         out = t5.decode_rows(m, tokens, positions, caches, crosses, masks, runner.dec_bias)
     else:
-        # A compiled step without the C step: its graph is for one row, so each row calls it
-        # (a fixed-row compiled step is the GPU path's to add). Each token is read before
-        # the next call: under CUDA graphs that call may reuse the previous output's memory.
+        # A compiled step with no fixed-row step (the exact-shape path, or rows that joined
+        # before its buffers were made): its graph is for one row, so each row calls it.
+        # Each token is read before the next call: under CUDA graphs that call may reuse
+        # the previous output's memory.
         return [int(fns.step(m, s.last, runner.positions[s.position], s.tcache, s.tenc.cross,
                              s.tenc.mask_bias, runner.bias_for(s.position + 1), 1).view(-1)[0])
                 for s in states]

@@ -5,7 +5,8 @@ objects, mask builders, kwargs plumbing). These functions take the weights, the
 inputs and a position-indexed static self-attention cache and nothing else, so
 torch.compile sees a small static graph and eager runs stay cheap too.
 
-Shapes: batch size 1 (decode_rows: B requests' rows in one step); B = padded input length; T = self-attention cache slots;
+Shapes: batch size 1 (decode_rows, decode_fixed: several requests' rows in one step); B = padded
+input length; T = self-attention cache slots;
 q = decoder positions computed in one call (1 for a step, k+1 for verification);
 L = decoder layers. Caches are single tensors: the self-attention cache is
 [L, 2 (K, V), H, T, d_kv] and the cross-attention K/V [L, 2, H, B, d_kv], so a compiled
@@ -390,6 +391,54 @@ def decode_rows(m: LeanT5, tokens: torch.Tensor, positions: torch.Tensor,
         atts = [_attend(_heads(m, cq[:, r:r + 1]), crosses[r][i, 0], crosses[r][i, 1], masks[r])
                 for r in range(b)]
         x = _clamp_fp16(x + _linear(torch.cat(atts, 1), layer.co), per_row=True)
+        x = _clamp_fp16(_ff(m, layer, x), per_row=True)
+    x = _norm(x, m.dec_final, m.eps) * m.output_scale
+    return _linear(x, m.lm_head)[0].argmax(-1)
+
+
+def _attend_lanes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+                  ) -> torch.Tensor:
+    # q [C, H, 1, d], k/v [C, H, keys, d], bias broadcast to [C, H, 1, keys]: one query per
+    # lane, every lane's keys its own; out [1, C, H * d] (the lanes as one sequence).
+    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).reshape(1, q.shape[0], -1)
+
+
+def decode_fixed(m: LeanT5, tokens: torch.Tensor, positions: torch.Tensor,
+                 lanes: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor,
+                 cross_bias: torch.Tensor, dec_bias: torch.Tensor) -> torch.Tensor:
+    """Decode one greedy step for C lanes and return their tokens [C]: decode_rows with
+    shapes that never depend on which rows are active or where they are.
+
+    Lane c feeds tokens[c] at positions[c] into row lanes[c] of the rows' self-attention
+    caches `self_kv` [R, L, 2, H, T + 1, d_kv] (written there), attends every slot of that
+    row under the causal table `dec_bias` [H, T, T] (later slots weigh exactly 0), and
+    attends the row's cross K/V `cross_kv` [R, L, 2, H, X, d_kv] (padded to X) under its
+    mask bias `cross_bias` [R, 1, 1, X]. A lane no request fills points at a scratch row
+    (engine.row_buffers): its writes land where no request reads, its token is dropped.
+    No Python value is read from a tensor, so one graph serves every call of C lanes.
+    """
+    c = tokens.shape[0]
+    slots = dec_bias.shape[-1]
+    x = F.embedding(tokens.view(1, c), m.embed)  # the lanes as one sequence: [1, C, D]
+    self_bias = dec_bias.index_select(1, positions).transpose(0, 1).unsqueeze(2)
+    crosses = cross_kv.index_select(0, lanes)  # [C, L, 2, H, X, d_kv]
+    cross_mask = cross_bias.index_select(0, lanes)  # [C, 1, 1, X]
+    for i, layer in enumerate(m.dec_layers):
+        h = _norm(x, layer.ln_att, m.eps)
+        qkv = _linear(h, layer.qkv).view(c, 3, m.n_heads, m.d_kv)
+        # Written into the cache tensor itself with tensor indices (the layer too, as in
+        # decode_logits): an index_put_ on the base is done in place.
+        layer_ix = torch.full((1,), i, dtype=torch.long, device=self_kv.device)
+        self_kv[lanes, layer_ix, :, :, positions] = qkv[:, 1:]
+        kv = self_kv[:, i, :, :, :slots].index_select(0, lanes)  # [C, 2, H, T, d_kv]
+        att = _attend_lanes(qkv[:, 0].unsqueeze(2), kv[:, 0], kv[:, 1], self_bias)
+        x = _clamp_fp16(x + _linear(att, layer.o), per_row=True)
+        h = _norm(x, layer.ln_cross, m.eps)
+        q = _linear(h, layer.cq).view(c, m.n_heads, 1, m.d_kv)
+        att = _attend_lanes(q, crosses[:, i, 0], crosses[:, i, 1], cross_mask)
+        x = _clamp_fp16(x + _linear(att, layer.co), per_row=True)
         x = _clamp_fp16(_ff(m, layer, x), per_row=True)
     x = _norm(x, m.dec_final, m.eps) * m.output_scale
     return _linear(x, m.lm_head)[0].argmax(-1)

@@ -33,6 +33,7 @@ class BucketWarmer:
         self.ledger = ledger
         self.owned = owned
         self.cudagraphs_off = cudagraphs_off
+        self._rows_warm: set[int] = set()  # id() of runners whose fixed-row step is warm
 
     def __call__(self, edge: int, loaded: bool) -> str:
         """Warm bucket `edge` (on every row's caches in the CUDA-graph modes); return what it
@@ -48,6 +49,12 @@ class BucketWarmer:
             # with the requests (a row decoding beside it would read the warm-up's writes).
             caches = [row[name] for row in self.rows.caches] if self.owned else []
             runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
+        # The fixed-row step's batch-size classes, once per runner (every bucket shares
+        # them: the cross K/V is padded to the longest), whatever the saved functions.
+        for runner, _verify in self.models.warm_runners():
+            if runner is not self.models.draft and id(runner) not in self._rows_warm:
+                runner.warm_rows(runner.compiled(edge), self.rows.buffers.get("target"))
+                self._rows_warm.add(id(runner))
         if self.cudagraphs_off is not None:
             return f"no CUDA graphs: {self.cudagraphs_off}"
         skipped = cudagraph_skips() - skips
@@ -64,8 +71,11 @@ class FirstUseWarmer:
     first use; thread-safe (one compile at a time, each once)."""
 
     def __init__(self, models: Models, warmup: Warmup, watch: CompileWatch,
-                 route: Route) -> None:
+                 route: Route, rows: Rows | None = None) -> None:
+        """`rows`: the decode rows, whose fixed-row buffers the compiled step's batched
+        steps use (None: not warmed)."""
         self.models = models
+        self._rows = rows
         self.warmup = warmup
         self._watch = watch
         self._route = route
@@ -107,6 +117,8 @@ class FirstUseWarmer:
         the seconds a compile takes while real requests queued behind it; compiled here,
         with the length marked dynamic, one graph serves every bucket. Not at warm-up: a
         warm start from saved functions compiles nothing (the compiled step is not saved).
+        Where rows are batched, its fixed-row step too: every batch-size class, on the
+        rows' buffers, whose cross K/V buffers are allocated (and counted) then.
         `runner` (the target this request decodes with) is held by the caller.
         """
         draft = self.models.draft
@@ -124,6 +136,9 @@ class FirstUseWarmer:
                     continue
                 try:
                     r.warm_compiled_step(key, verify=verify)
+                    if r is not draft and r.native is not None and self._rows is not None:
+                        # Its batched steps: the fixed-row step on buffers made for it now.
+                        r.warm_rows(r.compiled_step(key), self._rows.fixed_rows())
                 except Exception as exc:  # noqa: BLE001 - the request's own fallback runs eager
                     self._watch.record_failure()
                     log.error("engine: %s: the compiled step did not compile: %s: %s",

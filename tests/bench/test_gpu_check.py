@@ -276,3 +276,37 @@ def test_recompiles_after_warm_up_name_their_guard_failures():
 
 def test_new_reasons_are_the_ones_counted_after_warm_up():
     assert gpu._new_reasons({"a": 2, "b": 1}, {"a": 3, "b": 1, "c": 4}) == {"a": 1, "c": 4}
+
+
+def test_the_script_measures_batched_reduce_overhead_when_it_runs_that_mode(monkeypatch,
+                                                                            tmp_path):
+    import torch
+
+    seen: list[tuple[str, ...]] = []
+
+    def check(runner, modes, dtype, out_dir, **kwargs):
+        seen.append(tuple(kwargs["batched_modes"]))
+        return gpu.Report(device="fake", rows=(), problems=())
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "run_check", check)
+    assert gpu.main(["--out", str(tmp_path)]) == 0
+    assert gpu.main(["--out", str(tmp_path), "--modes", "default"]) == 0
+    assert seen == [("eager", "default", "reduce-overhead"), ("eager", "default")]
+
+
+def test_batched_cuda_graphs_recorded_after_warm_up_are_reported(tmp_path):
+    class Graphs(FakeRunner):
+        def run_batched(self, mode, dtype, texts, callers):
+            b = super().run_batched(mode, dtype, texts, callers)
+            return replace(b, recorded_after_warmup=0 if mode == "reduce-overhead" else None)
+
+    runner = Graphs()
+    rep = _run(tmp_path, runner, batch=8,
+               batched_modes=("eager", "default", "reduce-overhead"))
+    assert runner.calls[-1] == ("batched reduce-overhead", "bfloat16")
+    assert rep.exit_code == 0
+    lines = [n for n in rep.notes if n.startswith("batched throughput")]
+    assert lines[-1].endswith("0 recompile(s) while batched; 0 CUDA graph(s) recorded after "
+                              "warm-up")
+    assert "CUDA graph" not in lines[1]  # default: no CUDA graphs, nothing said
