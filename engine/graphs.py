@@ -89,6 +89,12 @@ def _signature(tag: str, args: tuple[Any, ...]) -> tuple[Hashable, ...]:
     return tuple(sig)
 
 
+def _function(sig: tuple[Hashable, ...]) -> tuple[Hashable, ...]:
+    """Return the compiled graph a signature calls: it without static inputs' addresses
+    (one graph serves every row's cache; each address is a recording of its own)."""
+    return tuple(s[:2] if isinstance(s, tuple) and len(s) == 3 else s for s in sig)
+
+
 def _overwrite(value: Any, keep: set[int]) -> None:
     """Fill a call's outputs with values no model produces (NaN, -1), as the next replay
     may, except those whose storage is an input of this call (counted as aliases instead)."""
@@ -114,11 +120,16 @@ def _storages(value: Any) -> list[int]:
 class GraphLedger:
     """Count the compiled calls of one runtime by signature; check the hand-offs."""
 
-    def __init__(self, *, cudagraphs: bool, check_aliases: bool = False) -> None:
+    def __init__(self, *, cudagraphs: bool, tree_warmup: bool = False,
+                 check_aliases: bool = False) -> None:
         self.cudagraphs = cudagraphs  # whether torch records CUDA graphs for these calls
+        # Whether to count as cudagraph trees do (a CUDA-graph mode, on CPU too): a compiled
+        # function's first call is their warm-up run, and only later calls record.
+        self.tree_warmup = tree_warmup
         self.check_aliases = check_aliases
         self._lock = threading.Lock()
         self._seen: set[tuple[Hashable, ...]] = set()
+        self._warmed: set[tuple[Hashable, ...]] = set()  # functions past their warm-up run
         self._counts = _Counts()
         self._warm_done = False
         self._owner: threading.Thread | None = None
@@ -162,8 +173,11 @@ class GraphLedger:
             aliased = sum(1 for a in args for p in _storages(a) if p in held)
             _overwrite(self._previous, keep=inputs)
         with self._lock:
-            new = sig not in self._seen
-            if new:
+            function = _function(sig)
+            if self.tree_warmup and function not in self._warmed:
+                # Run eagerly by the trees, recorded by nothing: the next call records.
+                self._warmed.add(function)
+            elif sig not in self._seen:
                 self._seen.add(sig)
                 self._counts.recorded += 1
                 if self._warm_done:

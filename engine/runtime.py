@@ -114,7 +114,8 @@ class Runtime:
         # Why the compiled functions run without CUDA graphs (None: they use them).
         self.cudagraphs_off = cudagraphs_off(config, self.device) if self._compile_on \
             else "compile_mode off"
-        self.ledger = GraphLedger(cudagraphs=self.cudagraphs_off is None)
+        self.ledger = GraphLedger(cudagraphs=self.cudagraphs_off is None,
+                                  tree_warmup=self._compile_on and single_owner(config))
         self.models = load_models(config, device=self.device, dtype=self.dtype,
                                   options=options, cache_root=self.cache_root,
                                   quantizer=quantizer, ledger=self.ledger)

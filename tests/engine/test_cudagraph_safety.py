@@ -327,3 +327,26 @@ def test_a_cuda_graph_ledger_starts_a_generation_at_every_call():
     plain = GraphLedger(cudagraphs=False).wrap(lambda x: x + 1, "f")
     plain(torch.ones(1))
     assert trees.MarkStepBox.mark_step_counter == before - 2
+
+
+def test_the_ledger_counts_as_cudagraph_trees_do():
+    """A compiled function's first call is the trees' warm-up run (nothing recorded); the
+    next records; a static input at another address (another row's cache) records again."""
+    from engine.graphs import GraphLedger
+
+    ledger = GraphLedger(cudagraphs=False, tree_warmup=True)
+    fn = ledger.wrap(lambda x, kv: x + 1, "step")
+    rows = [torch.zeros(4), torch.zeros(4)]
+    for kv in rows:
+        torch._dynamo.mark_static_address(kv)
+    x = torch.ones(1)
+    fn(x, rows[0])
+    assert ledger.snapshot().recorded == 0
+    fn(x, rows[0])
+    fn(x, rows[1])
+    fn(x, rows[1])
+    snap = ledger.snapshot()
+    assert (snap.recorded, snap.replayed) == (2, 1)
+    plain = GraphLedger(cudagraphs=False)  # default mode: the first call is the graph's
+    plain.wrap(lambda x: x + 1, "step")(x)
+    assert plain.snapshot().recorded == 1
