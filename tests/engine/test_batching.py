@@ -3,7 +3,6 @@ request's tokens are what it decodes alone at batch 1."""
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,7 +13,7 @@ from engine.config import EngineConfig
 from engine.errors import Cancelled, DoesNotFit, InputTooLong
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
-from engine.scheduler import Job
+from tests.engine.batching import Handshake, make_job, submit_together
 from tests.engine.conftest import random_texts, tiny_config
 
 
@@ -23,38 +22,6 @@ def _runtime(tmp_path, dirs, **changes) -> Runtime:
                              **changes))
     rt.warm_up(background=False)
     return rt
-
-
-def _job(rt: Runtime, text: str, row: int, *, k: int = 0, max_new: int = 16,
-         eager: bool = False) -> Job:
-    ids = list(rt.tokenizer(text).input_ids)
-    path, length, key = rt.router.route(len(ids), rt._flags.read())
-    return Job(ids=ids, length=length, key=None if eager else key, k=k, max_new=max_new,
-               deadline=None, quantized=False, row=row)
-
-
-class _Handshake(threading.Event):
-    """A first-token event whose set() (on the loop thread) waits for `go`: the loop holds
-    after a row's first token until the test has acted on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.go = threading.Event()
-
-    def set(self) -> None:
-        first = not self.is_set()
-        super().set()
-        if first:
-            self.go.wait(timeout=60)
-
-
-def _submit_together(rt: Runtime, jobs: list[Job]) -> None:
-    """Hand `jobs` to the loop so that it takes them up in one go (they join one step)."""
-    sched = rt._scheduler
-    assert sched is not None
-    with sched._cond:  # the loop cannot look at its inbox until all are in
-        for job in jobs:
-            sched.submit(job)
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +51,16 @@ def test_rows_joining_and_leaving_mid_flight_decode_what_they_decode_alone(
     try:
         texts = random_texts(8, seed=21)  # every bucket and the overflow path
         # Mixed token limits: rows leave at different steps; two speculate when alone.
-        first = [_job(rt, t, row, max_new=m, eager=eager, k=k) for row, (t, m, k) in
+        first = [make_job(rt, t, row, max_new=m, eager=eager, k=k) for row, (t, m, k) in
                  enumerate(zip(texts[:4], (40, 5, 12, 3), (0, 2, 0, 0), strict=True))]
-        _submit_together(rt, first)
+        submit_together(rt, first)
         first[0].first_token.wait()
         for job in first[1:]:
             rt._scheduler.wait(job)
-        later = [_job(rt, t, row, max_new=m, eager=eager, k=k) for row, (t, m, k) in
+        later = [make_job(rt, t, row, max_new=m, eager=eager, k=k) for row, (t, m, k) in
                  zip((1, 2, 3), zip(texts[4:7], (7, 40, 9), (2, 0, 0), strict=True),
                      strict=True)]
-        _submit_together(rt, later)
+        submit_together(rt, later)
         for job, text in zip(first + later, texts[:7], strict=True):
             got = rt._scheduler.wait(job).tokens
             assert tuple(got) == alone(text, job.max_new)[:len(got)], text
@@ -138,16 +105,16 @@ def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_di
     rt = _runtime(tmp_path, tiny_dirs, max_batch=2)
     texts = random_texts(3, seed=13, overflow=False)
     try:
-        keep, drop = _job(rt, texts[0], 0, max_new=40), _job(rt, texts[1], 1, max_new=40)
-        drop.first_token = _Handshake()
-        _submit_together(rt, [keep, drop])
+        keep, drop = make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[1], 1, max_new=40)
+        drop.first_token = Handshake()
+        submit_together(rt, [keep, drop])
         drop.first_token.wait()
         drop.cancel()  # while the loop waits: the cancel lands mid-answer on any timing
         drop.first_token.go.set()
         with pytest.raises(Cancelled):
             rt._scheduler.wait(drop)
         # Its row is free: another request takes it while `keep` still runs or after.
-        again = _job(rt, texts[2], 1, max_new=16)
+        again = make_job(rt, texts[2], 1, max_new=16)
         rt._scheduler.submit(again)
         assert tuple(rt._scheduler.wait(keep).tokens) == alone(texts[0], 40)
         assert tuple(rt._scheduler.wait(again).tokens) == alone(texts[2], 16)
@@ -169,8 +136,8 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
 
     monkeypatch.setattr(rt.rows, "start_row", broken)
     try:
-        jobs = [_job(rt, t, row, eager=True) for row, t in enumerate(texts)]
-        _submit_together(rt, jobs)
+        jobs = [make_job(rt, t, row, eager=True) for row, t in enumerate(texts)]
+        submit_together(rt, jobs)
         with pytest.raises(RuntimeError):
             rt._scheduler.wait(jobs[1])
         for i in (0, 2):
@@ -184,7 +151,7 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
 def test_a_request_that_cannot_fit_a_row_is_refused_naming_the_limit(tmp_path, tiny_dirs):
     rt = _runtime(tmp_path, tiny_dirs, max_batch=2)
     try:
-        job = _job(rt, "hello", 0, max_new=rt.slots + 1)
+        job = make_job(rt, "hello", 0, max_new=rt.slots + 1)
         with pytest.raises(DoesNotFit) as err:
             rt._scheduler.submit(job)
         assert isinstance(err.value, InputTooLong)  # HTTP 413 at the edge
@@ -232,7 +199,7 @@ def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs,
     rt = _runtime(tmp_path, tiny_dirs, max_batch=2, batch_window_max_s=1.0)
     texts = random_texts(2, seed=3, overflow=False)
     try:
-        jobs = [_job(rt, t, row) for row, t in enumerate(texts)]
+        jobs = [make_job(rt, t, row) for row, t in enumerate(texts)]
         for job in jobs:  # one after the other: the window holds the first step
             rt._scheduler.submit(job)
         for job, text in zip(jobs, texts, strict=True):
@@ -250,8 +217,8 @@ def test_a_row_left_alone_speculates_after_batched_steps_and_stays_exact(
     rt = _runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
     texts = random_texts(2, seed=31, overflow=False)
     try:
-        long, short = _job(rt, texts[0], 0, k=3, max_new=40), _job(rt, texts[1], 1, max_new=3)
-        _submit_together(rt, [long, short])
+        long, short = make_job(rt, texts[0], 0, k=3, max_new=40), make_job(rt, texts[1], 1, max_new=3)
+        submit_together(rt, [long, short])
         decoded = rt._scheduler.wait(long)
         # Batched while `short` ran (direct steps), then alone: the draft catches up on
         # those tokens and rounds run, every token still the target's own.
@@ -346,16 +313,16 @@ def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
         calls = _count_c_calls(rt, monkeypatch)
         # Mixed token limits and draft lengths (one row without a draft), joining together
         # and later into a running batch; rows leave at different steps.
-        first = [_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
+        first = [make_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
                  enumerate(zip(texts[:4], (40, 6, 17, 3), (3, 2, 0, 1), strict=True))]
-        _submit_together(rt, first)
+        submit_together(rt, first)
         first[0].first_token.wait()
         for job in first[1:]:
             sched.wait(job)
-        later = [_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
+        later = [make_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
                  zip((1, 2, 3), zip(texts[4:7], (9, 40, 12), (2, 3, 1), strict=True),
                      strict=True)]
-        _submit_together(rt, later)
+        submit_together(rt, later)
         for job, text in zip(first + later, texts, strict=True):
             decoded = sched.wait(job)
             assert tuple(decoded.tokens) == alone(text, job.max_new), text
@@ -381,8 +348,8 @@ def test_the_loop_steps_direct_when_measured_costs_say_verifying_does_not_pay(
         sched = rt._scheduler
         sched._costs = _Favour(speculate=False)
         monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
-        jobs = [_job(rt, t, row, k=3, max_new=24) for row, t in enumerate(texts)]
-        _submit_together(rt, jobs)
+        jobs = [make_job(rt, t, row, k=3, max_new=24) for row, t in enumerate(texts)]
+        submit_together(rt, jobs)
         for job, text in zip(jobs, texts, strict=True):
             decoded = sched.wait(job)
             assert tuple(decoded.tokens) == alone(text, 24), text

@@ -4,8 +4,6 @@ graphs the warm-up compiled for every batch-size class."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -14,25 +12,10 @@ from engine.errors import Cancelled
 from engine.protocol import FlagOverride
 from engine.row_buffers import RowBuffers, batch_sizes
 from engine.runtime import Runtime
-from engine.scheduler import Job
+from tests.engine.batching import Handshake, make_job, submit_together
 from tests.engine.conftest import build_tiny_t5, random_texts, tiny_config
 
 DIRECT = FlagOverride(speculative=False)
-
-
-class _Handshake(threading.Event):
-    """A first-token event whose set() (on the loop thread) waits for `go`: the loop holds
-    after a row's first token until the test has acted on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.go = threading.Event()
-
-    def set(self) -> None:
-        first = not self.is_set()
-        super().set()
-        if first:
-            self.go.wait(timeout=60)
 
 
 def test_batch_size_classes_are_powers_of_two_and_the_largest():
@@ -99,22 +82,6 @@ def _runtime(tmp_path, dirs, **changes) -> Runtime:
     return rt
 
 
-def _job(rt: Runtime, text: str, row: int, *, max_new: int = 16, k: int = 0) -> Job:
-    ids = list(rt.tokenizer(text).input_ids)
-    _path, length, key = rt.router.route(len(ids), rt._flags.read())
-    assert isinstance(key, int)  # a bucket: the compiled functions the buckets share
-    return Job(ids=ids, length=length, key=key, k=k, max_new=max_new, deadline=None,
-               quantized=False, row=row)
-
-
-def _submit_together(rt: Runtime, jobs: list[Job]) -> None:
-    sched = rt._scheduler
-    assert sched is not None
-    with sched._cond:  # the loop takes them up in one go: they join one step
-        for job in jobs:
-            sched.submit(job)
-
-
 def _count_fixed_steps(rt: Runtime, monkeypatch) -> list[int]:
     """Record the rows of every fixed-row step the loop runs on the target's buffers."""
     buffers = rt.rows.buffers["target"]
@@ -154,15 +121,15 @@ def test_rows_joining_and_leaving_on_the_fixed_row_step_decode_what_they_decode_
         calls = _count_fixed_steps(rt, monkeypatch)
         sched = rt._scheduler
         texts = random_texts(7, seed=21, overflow=False)  # every bucket
-        first = [_job(rt, t, row, max_new=m, k=k) for row, (t, m, k) in
+        first = [make_job(rt, t, row, max_new=m, k=k) for row, (t, m, k) in
                  enumerate(zip(texts[:4], (40, 5, 12, 3), (0, 2, 0, 0), strict=True))]
-        _submit_together(rt, first)
+        submit_together(rt, first)
         first[0].first_token.wait()
         for job in first[1:]:
             sched.wait(job)
-        later = [_job(rt, t, row, max_new=m) for row, (t, m) in
+        later = [make_job(rt, t, row, max_new=m) for row, (t, m) in
                  zip((1, 2, 3), zip(texts[4:7], (7, 40, 9), strict=True), strict=True)]
-        _submit_together(rt, later)
+        submit_together(rt, later)
         for job, text in zip(first + later, texts, strict=True):
             got = sched.wait(job).tokens
             assert tuple(got) == alone(text, job.max_new), text
@@ -183,13 +150,13 @@ def test_the_warm_up_covers_every_batch_size_class(tmp_path, tiny_dirs, alone, m
         calls = _count_fixed_steps(rt, monkeypatch)
         compiled = rt.compile_snapshot()
         texts = random_texts(5, seed=23, overflow=False)
-        three = [_job(rt, t, row, max_new=m) for row, (t, m) in
+        three = [make_job(rt, t, row, max_new=m) for row, (t, m) in
                  enumerate(zip(texts[:3], (16, 10, 4), strict=True))]
-        _submit_together(rt, three)  # three rows: the class of four
+        submit_together(rt, three)  # three rows: the class of four
         for job in three:
             rt._scheduler.wait(job)
-        two = [_job(rt, t, row, max_new=12) for row, t in enumerate(texts[3:])]
-        _submit_together(rt, two)  # two rows: the class of two
+        two = [make_job(rt, t, row, max_new=12) for row, t in enumerate(texts[3:])]
+        submit_together(rt, two)  # two rows: the class of two
         for job, text in zip(three + two, texts, strict=True):
             assert tuple(rt._scheduler.wait(job).tokens) == alone(text, job.max_new), text
         assert 3 in calls and 2 in calls
@@ -207,17 +174,17 @@ def test_a_cancelled_row_mid_batch_changes_no_other_rows_output(tmp_path, tiny_d
     texts = random_texts(4, seed=13, overflow=False)
     try:
         calls = _count_fixed_steps(rt, monkeypatch)
-        keep = [_job(rt, texts[0], 0, max_new=40), _job(rt, texts[2], 2, max_new=30)]
-        drop = _job(rt, texts[1], 1, max_new=40)
-        drop.first_token = _Handshake()
-        _submit_together(rt, [keep[0], drop, keep[1]])
+        keep = [make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[2], 2, max_new=30)]
+        drop = make_job(rt, texts[1], 1, max_new=40)
+        drop.first_token = Handshake()
+        submit_together(rt, [keep[0], drop, keep[1]])
         drop.first_token.wait()
         drop.cancel()  # while the loop waits: it lands mid-answer on any timing
         drop.first_token.go.set()
         with pytest.raises(Cancelled):
             rt._scheduler.wait(drop)
         # Its row is free: another request takes it while the others still run.
-        again = _job(rt, texts[3], 1, max_new=16)
+        again = make_job(rt, texts[3], 1, max_new=16)
         rt._scheduler.submit(again)
         for job, text in zip([*keep, again], (texts[0], texts[2], texts[3]), strict=True):
             assert tuple(rt._scheduler.wait(job).tokens) == alone(text, job.max_new), text
@@ -266,11 +233,11 @@ def test_the_native_step_flag_off_batches_on_the_fixed_row_step(tmp_path, tiny_d
         assert buffers.fixed
         grown = rt.memory_snapshot().kv_static_bytes - static
         assert grown == buffers.cross.nbytes + buffers.cross_bias.nbytes
-        jobs = [_job(rt, t, row, max_new=m) for row, (t, m) in
+        jobs = [make_job(rt, t, row, max_new=m) for row, (t, m) in
                 enumerate(zip(texts[1:5], (16, 9, 12, 5), strict=True))]
         for job in jobs:
             job.native = False  # as the flag off makes a request's job
-        _submit_together(rt, jobs)
+        submit_together(rt, jobs)
         for job, text in zip(jobs, texts[1:5], strict=True):
             assert tuple(rt._scheduler.wait(job).tokens) == alone(text, job.max_new), text
         assert max(calls) == 4  # the batched steps ran as fixed-row calls
