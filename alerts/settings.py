@@ -55,6 +55,8 @@ class AlertSettings(BaseModel):
     # then, with the budget on, its pages are held as warnings: a month's false pages are
     # not read off an hour of a host (one cron run, one neighbour's job).
     sensitivity_min_history_s: float = Field(21600.0, ge=0)
+    # ... and from this many usable cycles (the rules' one-minute cycles: 360 is 6 h).
+    sensitivity_min_history_cycles: int = Field(360, ge=10)
     # The scheduled refresh: how often, and the CPU one run may spend (the rest waits).
     sensitivity_interval_s: float = Field(300.0, gt=0)
     sensitivity_job_cpu_s: float = Field(20.0, gt=0)

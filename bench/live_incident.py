@@ -331,6 +331,7 @@ class Phases:
     # alerts.sensitivity_min_history_s (None: shipped); hog_when_stated: the hog waits, past
     # the quiet minutes, until no series holds its pages (each states its false pages).
     sensitivity_min_history_s: float | None = None
+    sensitivity_min_history_cycles: int | None = None
     hog_when_stated: bool = False
     stated: float | None = None  # when the last series stated them
     cpus: list[int] = field(default_factory=list)
@@ -672,6 +673,9 @@ class Summary:
                   f", rules' min_baseline_cycles {p.min_baseline_cycles} (not shipped)")
                + ("" if p.sensitivity_min_history_s is None else
                   f", sensitivity_min_history_s {p.sensitivity_min_history_s:g} (not shipped)")
+               + ("" if p.sensitivity_min_history_cycles is None else
+                  f", sensitivity_min_history_cycles {p.sensitivity_min_history_cycles} "
+                  "(not shipped)")
                + ("" if p.stated is None else
                   f", every series stated its false pages at {_hms(p.stated)} UTC")
                + f", targets {', '.join(p.targets) or '?'}"
@@ -787,6 +791,8 @@ def run(folder: Path, phases: Phases) -> None:
             alerts["baseline_warm_in_s"] = phases.warm_in_s
         if phases.sensitivity_min_history_s is not None:
             alerts["sensitivity_min_history_s"] = phases.sensitivity_min_history_s
+        if phases.sensitivity_min_history_cycles is not None:
+            alerts["sensitivity_min_history_cycles"] = phases.sensitivity_min_history_cycles
         rules_file = None
         if phases.min_baseline_cycles is not None:
             rules_file = str(thin_rules(folder, phases.min_baseline_cycles))
@@ -863,9 +869,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="the shipped rules with this min_baseline_cycles (arm sooner; a "
                     "check of the hog's path, not a result)")
     ap.add_argument("--sensitivity-min-history-s", type=float, default=None,
-                    help="alerts.sensitivity_min_history_s: with 10 s cycles, 3600 is the "
-                    "shipped 360 cycles (6 h at the shipped 60 s), so series may page within "
-                    "the run")
+                    help="alerts.sensitivity_min_history_s (with --sensitivity-min-history-"
+                    "cycles: series state their false pages, so may page, within a run)")
+    ap.add_argument("--sensitivity-min-history-cycles", type=int, default=None,
+                    help="alerts.sensitivity_min_history_cycles (the rules' cycles are "
+                    "one-minute rollups whatever the probe interval: 360 is 6 h)")
     ap.add_argument("--hog-when-stated", action="store_true",
                     help="start the hog only once no series holds its pages for want of "
                     "history (waits past --quiet-minutes, up to an hour)")
@@ -896,6 +904,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 and args.sensitivity_min_history_s >= 0):
             raise SystemExit(f"--sensitivity-min-history-s: must be >= 0, got "
                              f"{args.sensitivity_min_history_s}")
+        if args.sensitivity_min_history_cycles is not None and \
+                args.sensitivity_min_history_cycles < 10:
+            raise SystemExit(f"--sensitivity-min-history-cycles: must be >= 10, got "
+                             f"{args.sensitivity_min_history_cycles}")
         if args.min_baseline_cycles is not None and args.min_baseline_cycles < 1:
             raise SystemExit(f"--min-baseline-cycles: must be >= 1, got "
                              f"{args.min_baseline_cycles}")
@@ -907,6 +919,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         after_minutes=args.after_minutes, warm_in_s=args.warm_in_s,
                         min_baseline_cycles=args.min_baseline_cycles,
                         sensitivity_min_history_s=args.sensitivity_min_history_s,
+                        sensitivity_min_history_cycles=args.sensitivity_min_history_cycles,
                         hog_when_stated=args.hog_when_stated,
                         note="quick" if args.quick else "")
         phases.save(args.folder)

@@ -93,6 +93,15 @@ def test_budget_off_keeps_paging_from_the_first_cycle(
     assert cfg.baselines.hold_cycles == 0 and cfg.baselines.hold_s == 0
 
 
+def test_the_minimum_history_in_cycles_is_a_setting() -> None:
+    cfg = load_config(AlertSettings(sensitivity_min_history_cycles=60,
+                                    sensitivity_min_history_s=3600.0))
+    assert cfg.sensitivity.min_history == 60 and cfg.baselines.hold_cycles == 60
+    assert cfg.baselines.hold_s == 3600.0
+    with pytest.raises(ValidationError, match="sensitivity_min_history_cycles"):
+        AlertSettings(sensitivity_min_history_cycles=5)
+
+
 def test_a_minimum_history_longer_than_the_history_read_is_refused() -> None:
     with pytest.raises(ValidationError, match="sensitivity_min_history_s"):
         AlertSettings(sensitivity_history_s=3600.0)  # 6 h asked of 1 h

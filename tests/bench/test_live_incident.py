@@ -317,3 +317,5 @@ def test_the_hog_waits_until_no_series_holds_its_pages(tmp_path: Path, monkeypat
 def test_a_bad_sensitivity_history_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--sensitivity-min-history-s: must be >= 0"):
         main(["--sensitivity-min-history-s", "-1", "--folder", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match="--sensitivity-min-history-cycles: must be >= 10"):
+        main(["--sensitivity-min-history-cycles", "5", "--folder", str(tmp_path / "a")])
