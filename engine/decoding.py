@@ -12,13 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.errors import RequestTimeout
 from engine.protocol import SpecStats
 from engine.runner import Fns, ModelRunner
+
+if TYPE_CHECKING:
+    from engine.row_buffers import RowBuffers
 
 Clock = Callable[[], float]
 
@@ -126,7 +129,7 @@ class RowState:
         self.k, self.max_new, self.clock = k, max_new, clock
         # The rows' buffers (engine.row_buffers.RowBuffers) holding this request's cross K/V
         # at its row, set where the fixed-row compiled step may step it batched.
-        self.buffers: Any = None
+        self.buffers: RowBuffers | None = None
         tm = target.m
         self.seq = [tm.decoder_start_id]
         self._last: torch.Tensor | None = target.start  # seq[-1] on the device (see last)

@@ -481,10 +481,12 @@ class ModelRunner:
                 if verify:
                     fns.verify(*examples[VERIFY])
                 return
-            # The first cache twice: cudagraph trees run each function's first call as
-            # their warm-up and record from the next (fns.encode ran once in _examples).
-            fns.encode(*examples[ENC])
-            for cache in (caches[0], *caches):
+            # The first cache twice where cudagraph trees run each function's first call
+            # as their warm-up and record from the next (fns.encode ran once in _examples).
+            first = caches[:1] if self._tree_warmup else []
+            if first:
+                fns.encode(*examples[ENC])
+            for cache in (*first, *caches):
                 kept = cache.clone()
                 try:
                     self._warm_spans(fns, examples, cache, verify=verify)
@@ -500,12 +502,17 @@ class ModelRunner:
         calls = 0
         with torch.no_grad(), self.held():
             for size in buffers.sizes:
-                # Twice: cudagraph trees run a function's first call as their warm-up and
-                # record it on the next one.
-                for _ in range(2):
+                # Twice where cudagraph trees run a function's first call as their warm-up
+                # and record it on the next one.
+                for _ in range(2 if self._tree_warmup else 1):
                     buffers.warm(fns.rows, self.m, size, self.dec_bias)
                     calls += 1
         return calls
+
+    @property
+    def _tree_warmup(self) -> bool:
+        # The ledger counts as cudagraph trees do exactly where they would run.
+        return self.ledger is not None and self.ledger.tree_warmup
 
     def warm_compiled_step(self, edge: int, *, verify: bool) -> None:
         """Compile the compiled step beside a bound C step on bucket `edge`'s dummy inputs.
