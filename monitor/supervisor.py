@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import IO
 
 from monitor.settings import Settings
 
@@ -49,9 +50,10 @@ class WorkerSupervisor:
     """
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], *,
-                 backoff_max_s: float = 60.0) -> None:
+                 backoff_max_s: float = 60.0, output: IO[bytes] | None = None) -> None:
         self._command = list(command)
         self._env = dict(env)
+        self._output = output  # the child's stdout and stderr (None: this process's)
         self._backoff_max_s = backoff_max_s
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -78,8 +80,10 @@ class WorkerSupervisor:
                 return
             # Its own session: a terminal's Ctrl-C reaches `serve` alone, which then stops
             # the worker (else both stop at once and the worker's exit reads as a crash).
-            self._proc = subprocess.Popen(self._command, env=self._env, stdin=subprocess.PIPE,
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(
+                self._command, env=self._env, stdin=subprocess.PIPE, stdout=self._output,
+                stderr=subprocess.STDOUT if self._output is not None else None,
+                start_new_session=True)
         log.info("tailwatch: started the analysis worker (pid %d)", self._proc.pid)
 
     def _watch(self) -> None:

@@ -247,7 +247,7 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
                         tokens=[ApiToken(name=OPERATOR,
                                          token=token or secrets.token_urlsafe(24))]),
         report=ReportSettings(out_dir=str(report_dir)),
-        # The steps wait on evaluations a second apart, run beside the engine in this
-        # process: niced, they would fall behind the engine's probes on a loaded box.
-        worker=WorkerSettings(nice=0),
+        # The analysis runs in a worker child as under `serve` (demo.server.AnalysisProcess),
+        # at serve's nice value; its /healthz and /metrics on any free port.
+        worker=WorkerSettings(port=0),
     )

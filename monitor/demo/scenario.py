@@ -24,7 +24,7 @@ from monitor.demo.errors import CheckFailed, DemoOptionError, DemoSetupError
 from monitor.demo.narration import Narrator
 from monitor.demo.outcome import DemoOutcome, StepResult
 from monitor.demo.profile import FULL, DemoProfile, demo_settings
-from monitor.demo.server import ServiceThread
+from monitor.demo.server import AnalysisProcess, ServiceThread
 from monitor.demo.steps import STEPS
 from monitor.demo.traffic import TrafficGenerator
 from monitor.loopback import WebhookReceiver
@@ -141,7 +141,7 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
     settings = demo_settings(profile, workdir, receiver_url=receiver.url,
                              report_dir=report_dir, token=token)
     factory = DemoEngineFactory(fake=options.fake_engine)
-    app = create_app(settings, engine_factory=factory)
+    app = create_app(settings, engine_factory=factory, analysis_in_process=False)
     results: list[StepResult] = []
     alerts: list[dict[str, Any]] = []
     changes: list[dict[str, Any]] = []
@@ -159,7 +159,13 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
             raise
         except Exception as exc:  # start-up errors (schema, rules) arrive here
             raise DemoSetupError(f"the service did not start: {type(exc).__name__}: {exc}") from exc
-        say.say(f"service on {service.url}; webhook receiver on {receiver.url}")
+        try:
+            worker = AnalysisProcess(settings, service.port, workdir).__enter__()
+        except BaseException:
+            service.__exit__(None, None, None)
+            raise
+        say.say(f"service on {service.url}; analysis worker pid {worker.pid}; "
+                f"webhook receiver on {receiver.url}")
         api = ServiceClient(service.url, token=token)
         traffic = TrafficGenerator(service.url, rate_per_s=profile.traffic_rate_per_s)
         ctx = StepContext(profile=profile, api=api, traffic=traffic, receiver=receiver,
@@ -183,6 +189,7 @@ def _play(options: DemoOptions, console: Console, workdir: Path, report_dir: Pat
                 log.warning("demo: could not read alerts/audit for the summary: %s", exc)
             api.close()
             say.waiting("stopping the service")
+            worker.__exit__(None, None, None)
             service.__exit__(None, None, None)
     return DemoOutcome(profile=profile.name, steps=tuple(results),
                        duration_s=time.monotonic() - started, planned=len(STEPS),

@@ -105,6 +105,8 @@ def test_fast_demo_passes_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert ("compiled", "global", "manual", "oncall-alice") in changes
     assert outcome.report_path is not None and outcome.report_path.is_file()
     assert (tmp_path / "demo" / "webhooks.jsonl").stat().st_size > 0
+    # The analysis ran in a worker child, as under `serve`, not beside the engine.
+    assert "tailwatch worker: running" in (tmp_path / "demo" / "worker.log").read_text()
     # The CLI maps a bad option to one line and a non-zero exit code.
     (tmp_path / "file").write_text("")
     assert main(["demo", "--fast", "--keep", str(tmp_path / "file")]) != 0
@@ -249,6 +251,19 @@ def test_the_int8_rollout_serves_int8_only_where_rolled_out_and_stored_flags_win
     assert not rollout.flags().quantized_for("64")
 
 
+def test_the_demo_worker_reads_back_the_demo_settings(tmp_path: Path) -> None:
+    """The config file the demo's worker child starts from holds the demo's settings, secrets too."""
+    from monitor.demo.profile import demo_settings
+    from monitor.demo.server import write_config
+    from monitor.settings import get_settings
+
+    settings = demo_settings(FAST, tmp_path, receiver_url="http://127.0.0.1:9/hook",
+                             report_dir=tmp_path / "reports", token="s" * 24)
+    path = write_config(settings, tmp_path / "demo-config.yaml")
+    assert path.stat().st_mode & 0o077 == 0  # it holds the operator's token
+    assert get_settings(str(path)) == settings
+
+
 def test_the_report_step_measures_speedups_with_ab_cycles(tmp_path: Path) -> None:
     """The demo's service (fake engine) answers the report step's A/B cycles: speedups shown."""
     import io
@@ -275,7 +290,8 @@ def test_the_report_step_measures_speedups_with_ab_cycles(tmp_path: Path) -> Non
         settings = demo_settings(FAST, tmp_path, receiver_url=receiver.url,
                                  report_dir=tmp_path / "reports", token="t" * 24)
         assert settings.probes.ab_share == 0.0  # scheduled cycles stay arm-free
-        app = create_app(settings, engine_factory=DemoEngineFactory(fake=True))
+        app = create_app(settings, engine_factory=DemoEngineFactory(fake=True),
+                         analysis_in_process=False)
         written: list[Path] = []
         with ServiceThread(app) as service:
             api = ServiceClient(service.url, token="t" * 24)

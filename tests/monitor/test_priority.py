@@ -90,29 +90,6 @@ def test_analysis_jobs_run_niced_and_measurement_jobs_do_not() -> None:
     assert thread_nice() == base  # the caller's thread, like the engine's, keeps its value
 
 
-def test_the_demo_evaluates_at_the_process_priority(tmp_path: Path) -> None:
-    from monitor.demo.profile import FAST as DEMO
-    from monitor.demo.profile import demo_settings
-
-    base = thread_nice()
-    settings = demo_settings(DEMO, tmp_path, receiver_url="http://127.0.0.1:9/hook",
-                             report_dir=tmp_path / "reports")
-    seen: list[int] = []
-    ran = threading.Event()
-
-    def evaluate() -> None:
-        seen.append(thread_nice())
-        ran.set()
-
-    js = build_scheduler(settings, {EVALUATE: evaluate}, _AlwaysLeader())
-    js.start()
-    try:
-        assert ran.wait(60)
-    finally:
-        js.shutdown(wait=True)
-    assert set(seen) == {base}  # its steps wait on evaluations beside a busy engine
-
-
 class _AlwaysLeader:
     def is_leader(self) -> bool:
         return True
