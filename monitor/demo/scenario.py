@@ -57,7 +57,8 @@ def _workdir(options: DemoOptions) -> Path:
     if d.exists() and not d.is_dir():
         raise DemoOptionError("keep", f"{d} exists and is not a directory")
     d.mkdir(parents=True, exist_ok=True)
-    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", "webhooks.jsonl", "demo.log"):
+    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", "webhooks.jsonl", "demo.log",
+                 "worker.log"):
         (d / name).unlink(missing_ok=True)  # a fresh run: no earlier baselines or alerts
     return d
 

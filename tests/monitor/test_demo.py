@@ -315,3 +315,14 @@ def test_the_report_step_measures_speedups_with_ab_cycles(tmp_path: Path) -> Non
         assert f"| {arm} |" in section
     assert f"_{NOTHING_MEASURED}" not in report_section(
         report, "Optimizations that cost more than they earn")
+
+
+def test_a_kept_directory_starts_without_an_earlier_runs_state(tmp_path: Path) -> None:
+    """--keep DIR: an earlier demo's database and logs go, anything else stays."""
+    from monitor.demo.scenario import DB_NAME, DemoOptions, _workdir
+
+    earlier = [DB_NAME, f"{DB_NAME}-wal", "webhooks.jsonl", "demo.log", "worker.log"]
+    for name in [*earlier, "notes.txt"]:
+        (tmp_path / name).write_text("earlier run")
+    assert _workdir(DemoOptions(keep_dir=tmp_path)) == tmp_path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
