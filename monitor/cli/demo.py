@@ -37,7 +37,7 @@ def demo(ctx: click.Context, fast: bool, keep_dir: Path | None, fake_engine: boo
     if outcome.report_path is not None:
         extra.append(f"weekly report: {outcome.report_path}")
     if outcome.workdir is not None:
-        extra.append(f"kept: {outcome.workdir} (database, webhooks.jsonl, demo.log)")
+        extra.append(f"kept: {outcome.workdir} (database, webhooks.jsonl, demo.log, worker.log)")
     failed = [s for s in outcome.steps if not s.passed and not s.skipped]
     extra.append("[green]every step behaved as scripted[/green]" if outcome.passed else
                  f"[red]demo failed[/red]: {failed[0].error if failed else 'incomplete'}")
