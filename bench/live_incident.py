@@ -873,7 +873,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "cycles: series state their false pages, so may page, within a run)")
     ap.add_argument("--sensitivity-min-history-cycles", type=int, default=None,
                     help="alerts.sensitivity_min_history_cycles (the rules' cycles are "
-                    "one-minute rollups whatever the probe interval: 360 is 6 h)")
+                    "one-minute rollups whatever the probe interval: 360 is 6 h; an "
+                    "estimate also needs 3 x (lookback + 10) cycles, 120 for the "
+                    "latency rules, whatever this is)")
     ap.add_argument("--hog-when-stated", action="store_true",
                     help="start the hog only once no series holds its pages for want of "
                     "history (waits past --quiet-minutes, up to an hour)")
