@@ -68,6 +68,7 @@ def write_config(settings: Settings, path: Path) -> Path:
     if settings.api_token is not None:
         data["api_token"] = settings.api_token.get_secret_value()
     path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)  # a kept directory's earlier file may have been readable by others
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

@@ -259,6 +259,8 @@ def test_the_demo_worker_reads_back_the_demo_settings(tmp_path: Path) -> None:
 
     settings = demo_settings(FAST, tmp_path, receiver_url="http://127.0.0.1:9/hook",
                              report_dir=tmp_path / "reports", token="s" * 24)
+    (tmp_path / "demo-config.yaml").write_text("an earlier run's")
+    (tmp_path / "demo-config.yaml").chmod(0o644)
     path = write_config(settings, tmp_path / "demo-config.yaml")
     assert path.stat().st_mode & 0o077 == 0  # it holds the operator's token
     assert get_settings(str(path)) == settings
