@@ -33,7 +33,7 @@ K_MAX = 8  # the largest draft length the adaptive choice may pick
 STEPS_PER_CALL = 1
 # Inductor options for every compiled function. realize_acc_reads_threshold=1 stores the
 # RMS-normed input of each one-row product once instead of recomputing it inside the
-# product's loop for every output row (identical tokens; docs/benchmarks.md#benchengine).
+# product's loop for every output row (the tokens are identical).
 INDUCTOR_OPTIONS: tuple[tuple[str, object], ...] = (("realize_acc_reads_threshold", 1),)
 # Modes whose compiled functions run as CUDA graphs on CUDA (inductor's cudagraph trees).
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")

@@ -202,8 +202,8 @@ static void gemv(const float *W, const float *x, float *y, int64_t rows, int64_t
  * (symmetric, its absmax / 127) and the products summed in int32, exactly, whatever the
  * blocking; Y[i, r] = S[r] * xs[i] * sum. Kept over widening the int8 rows to float in
  * registers (the float loop on a quarter of the bytes): as fast from memory and faster
- * where the weights sit in cache, at the same agreement (docs/benchmarks.md#benchquality). With AVX-512 VNNI the activations are stored
- * offset by 128 (vpdpbusd multiplies unsigned by signed bytes) and 128 * the row's sum of
+ * where the weights sit in cache, at the same agreement. With AVX-512 VNNI the
+ * activations are stored offset by 128 (vpdpbusd multiplies unsigned by signed bytes) and 128 * the row's sum of
  * weights (C[r]) is taken off after; AVX2 uses the sign trick (|w| times x with w's
  * sign), which needs no correction. ---- */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)

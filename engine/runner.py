@@ -25,8 +25,7 @@ COMPILED_STEP = "compiled_step"  # the compiled step beside a bound C step (nati
 # Key of the compiled functions every bucket edge shares: the input length (encoder) and
 # the cross-attention length (decoder) are dynamic dimensions, so one graph per function
 # serves every bucket. Per-bucket graphs are no faster per call and cost one compile per
-# bucket and function, so warm-up would grow with the bucket count
-# (docs/benchmarks.md#benchengine).
+# bucket and function, so warm-up would grow with the bucket count.
 SHARED = "buckets"
 _prepare_lock = threading.Lock()
 # Granularity of the attended cache prefix (slots). Finer spans attend fewer stale slots;
