@@ -26,7 +26,11 @@ Compared between the arms, each over all its blocks:
     stall         the largest extra wait of a real request: its latency minus its
                   bucket's median in its block (target <= 2x)
 
-and R, the real requests answered 429 that were due while a burst ran (its window from
+Each block is a fresh process, so blocks of one arm differ too (the process, the hour):
+the line before the last states the largest such spread of a bucket's ratio, the
+resolution of the ratio's history effect (`--rounds 2` gives each arm two blocks).
+
+R counts the real requests answered 429 that were due while a burst ran (its window from
 the service's `tailwatch_probe_*{kind="burst"}` gauges, plus 2 s; every block; a burst
 must shed its own requests, never real ones; target 0). A saturated engine refuses real
 requests on its own: each block's line also gives how many 429s the burst window would
@@ -205,6 +209,36 @@ def measure(name: str, blocks: Sequence[Block]) -> RunResult:
                      errors=totals[3], burst="; ".join(b.burst for b in blocks))
 
 
+def block_spread(blocks: Mapping[str, Sequence[Block]]) -> tuple[float, str, str] | None:
+    """Return the largest difference between two blocks of one arm, bucket by bucket
+    (their median ratios, the larger over the smaller, minus 1), with its bucket and
+    arm; None where no arm has two blocks.
+
+    Each block is a fresh process: what differs between blocks of the same arm is the
+    process and the hour, not the history, so a history effect below it is not resolved.
+    """
+    worst: tuple[float, str, str] | None = None
+    for arm, arm_blocks in blocks.items():
+        per_block = [medians(b.samples) for b in arm_blocks]
+        for bucket in {b for m in per_block for b in m}:
+            values = [m[bucket] for m in per_block if bucket in m]
+            if len(values) < 2 or min(values) <= 0:
+                continue
+            spread = max(values) / min(values) - 1
+            if worst is None or spread > worst[0]:
+                worst = (spread, bucket, arm)
+    return worst
+
+
+def spread_line(spread: tuple[float, str, str] | None) -> str:
+    """Return the line that states the blocks' own spread (the effect's resolution)."""
+    if spread is None:
+        return "between blocks of one arm: one block per arm, no spread to compare"
+    value, bucket, arm = spread
+    return (f"between blocks of one arm: up to {value * 100:.1f}% (bucket {bucket}, {arm}); "
+            "a history effect on the ratio below this is not resolved")
+
+
 def headline(empty: RunResult, history: RunResult) -> str:
     """Return the last line: the history's effect on ratio, p99 and stall; real 429s."""
     common = sorted(set(empty.ratios) & set(history.ratios), key=int)
@@ -329,8 +363,10 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def run_blocks(root: Path, rounds: int, plan: Plan) -> tuple[RunResult, RunResult]:
-    """Run the blocks in their alternating order; return each arm's result."""
+def run_blocks(root: Path, rounds: int, plan: Plan
+               ) -> tuple[RunResult, RunResult, tuple[float, str, str] | None]:
+    """Run the blocks in their alternating order; return each arm's result and the
+    largest spread between blocks of one arm (`block_spread`)."""
     blocks: dict[str, list[Block]] = {EMPTY: [], HISTORY: []}
     order = block_order(rounds)
     for i, arm in enumerate(order, 1):
@@ -339,7 +375,7 @@ def run_blocks(root: Path, rounds: int, plan: Plan) -> tuple[RunResult, RunResul
     empty, history = measure(EMPTY, blocks[EMPTY]), measure(HISTORY, blocks[HISTORY])
     for r in (empty, history):
         report(f"{r.name} ({r.blocks} blocks)", r)
-    return empty, history
+    return empty, history, block_spread(blocks)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -367,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan = Plan(minutes=args.minutes, rate=args.rate, days=args.days,
                 replicas=args.replicas, overrides=parse_sets(args.sets))
     with tempfile.TemporaryDirectory(prefix="self-interference-") as tmp:
-        empty, history = run_blocks(args.folder or Path(tmp), args.rounds, plan)
+        empty, history, spread = run_blocks(args.folder or Path(tmp), args.rounds, plan)
+    print(spread_line(spread))
     print(headline(empty, history))
 
 

@@ -20,6 +20,7 @@ from bench.self_interference import (
     HISTORY,
     Block,
     block_order,
+    block_spread,
     fill_history,
     headline,
     main,
@@ -27,6 +28,7 @@ from bench.self_interference import (
     medians,
     parse_sets,
     read_samples,
+    spread_line,
 )
 from bench.service import Answer
 from bench.service_incidents import _group
@@ -125,6 +127,27 @@ def test_the_headline_compares_the_arms_over_their_blocks() -> None:
                                         "stall 1.50x; real requests shed by probes: 2")
 
 
+def test_the_spread_between_blocks_of_one_arm_states_the_ratios_resolution() -> None:
+    blocks = {
+        EMPTY: [_block(EMPTY, (), {"16": [1.0, 1.0, 1.2], "256": [0.77]}),
+                _block(EMPTY, (), {"16": [1.02], "256": [1.10]})],
+        # One block of bucket 64 only: nothing to compare it with.
+        HISTORY: [_block(HISTORY, (), {"16": [1.0], "64": [0.5]}),
+                  _block(HISTORY, (), {"16": [1.05]})],
+    }
+    spread = block_spread(blocks)
+    assert spread is not None
+    value, bucket, arm = spread
+    assert (bucket, arm) == ("256", EMPTY)
+    assert value == pytest.approx(1.10 / 0.77 - 1)
+    assert spread_line(spread) == ("between blocks of one arm: up to 42.9% (bucket 256, "
+                                   "empty); a history effect on the ratio below this is not "
+                                   "resolved")
+    one_each = {EMPTY: blocks[EMPTY][:1], HISTORY: blocks[HISTORY][:1]}
+    assert block_spread(one_each) is None
+    assert spread_line(None).startswith("between blocks of one arm: one block per arm")
+
+
 def test_set_overrides_become_nested_settings_and_bad_ones_one_line() -> None:
     assert parse_sets(["worker.nice=0", "engine.buckets=[16, 32]", "engine.compile_mode=off",
                        "engine.native_step=false"]) \
@@ -154,6 +177,7 @@ def test_a_tiny_run_goes_through_every_block(tmp_path: Path,
     assert "rows of history (0.01 days x 1 replicas)" in "\n".join(lines)
     assert any(line.startswith("empty (1 blocks): ") for line in lines)
     assert any(line.startswith("history (1 blocks): ") for line in lines)
+    assert lines[-2].startswith("between blocks of one arm: "), lines[-2]
     m = HEADLINE.fullmatch(lines[-1])
     assert m is not None, lines[-1]
     assert m.group(4) == "0"  # a burst sheds its own requests, never real ones
