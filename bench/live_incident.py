@@ -24,7 +24,9 @@ Phases:
     quiet  `--quiet-minutes` (60) from the armed time: nothing injected.
     hog    `--hog-minutes` (6): a child process busy-looping on the service's CPU set
            (`bench.hog`; `--mild`: busy 30 ms in every 100 ms).
-    after  `--after-minutes` (10) of nothing.
+    after  nothing, until no incident has been open for the reopen hold
+           (`alerts.incidents.hold_s`, 10 min: a member firing again within it reopens its
+           incident), at most `--after-minutes` (40).
 
 Notifications are classified per target from the payload the receiver got, in arrival
 order (`classify`): the first firing-status payload of a group (an incident, or an
@@ -46,7 +48,7 @@ The last line, also from `--summarize FOLDER` (a finished run, or one in progres
     target (generic F/R, alertmanager F/R, ...), cause: <cause>
 
     taskset -c 1 python -m bench.live_incident [--quiet-minutes 60] [--hog-minutes 6]
-        [--after-minutes 10] [--mild] [--rate 3] [--folder var/live-incident]
+        [--after-minutes 40] [--mild] [--rate 3] [--folder var/live-incident]
     python -m bench.live_incident --summarize var/live-incident
     taskset -c 0 python -m bench.live_incident --quick     # a check of every phase, 25 min
 
@@ -101,6 +103,7 @@ TICK_S = 5.0
 ARM_POLL_S = 10.0
 ARM_TIMEOUT_MARGIN_S = 3600.0  # after the warm-in: baselines still need their cycles
 STATED_POLL_S = 60.0
+SETTLE_POLL_S = 10.0
 STATED_TIMEOUT_S = 3600.0
 # A hog shorter than the latency rules' `for` cycles plus their confirmation pages nothing.
 QUICK = {"quiet": 3.0, "hog": 6.0, "after": 5.0, "warm_in_s": 60.0, "min_baseline_cycles": 5}
@@ -348,6 +351,9 @@ class Phases:
     hog_pid: int | None = None
     hog_cpus: list[int] = field(default_factory=list)
     hog_exit: int | None = None
+    # When no incident had been open for the reopen hold after the hog (None: not settled
+    # before --after-minutes ran out).
+    settled: float | None = None
     note: str = ""
 
     def save(self, folder: Path) -> None:
@@ -440,6 +446,28 @@ class Recorder:
                 raise TimeoutError(f"no rule armed within {timeout_s:.0f} s (GET /v1/baselines)")
             self.wait(min(deadline, time.time() + ARM_POLL_S))
         return self.phases.armed
+
+    def until_settled(self, until: float, hold_s: float) -> float | None:
+        """Wait until no incident has been open for `hold_s` (a member firing again within
+        it would reopen its incident, so ending sooner could miss that notification);
+        return when, or None at `until`."""
+        clear_since: float | None = None
+        while (now := time.time()) < until:
+            try:
+                open_now = self.svc.get("/v1/incidents", state="open")
+            except httpx.HTTPError as e:
+                print(f"GET /v1/incidents failed: {e}", flush=True)
+                open_now = None
+            if open_now:
+                clear_since = None
+            elif open_now is not None and clear_since is None:
+                clear_since = now
+                print(f"{_hms(now)} no incident open; the run ends once none has been open "
+                      f"for {hold_s / 60:g} min", flush=True)
+            if clear_since is not None and now - clear_since >= hold_s:
+                return now
+            self.wait(min(until, now + SETTLE_POLL_S))
+        return None
 
     def until_stated(self, timeout_s: float) -> float | None:
         """Wait until every series the sensitivity job estimated states its false pages (no
@@ -678,6 +706,7 @@ class Summary:
                   "(not shipped)")
                + ("" if p.stated is None else
                   f", every series stated its false pages at {_hms(p.stated)} UTC")
+               + _settled(p)
                + f", targets {', '.join(p.targets) or '?'}"
                + (f"; {p.note}" if p.note else "")]
         out += [t for ph in ("warm-in", "quiet", "hog", "after")
@@ -845,7 +874,19 @@ def run(folder: Path, phases: Phases) -> None:
         phases.after = (start, start + phases.after_minutes * 60)
         phases.save(folder)
         rec.phase = "after"
-        rec.wait(phases.after[1])
+        phases.settled = rec.until_settled(phases.after[1], AlertSettings().incidents.hold_s)
+        phases.after = (start, phases.settled or phases.after[1])
+        phases.save(folder)
+
+
+def _settled(p: Phases) -> str:
+    """Return how the after phase ended: settled (no incident open for the hold) or not."""
+    if p.after is None or p.hog is None:
+        return ""
+    if p.settled is not None:
+        return (f", settled {(p.settled - p.hog[1]) / 60:.1f} min after the hog (no incident "
+                "open for the reopen hold)")
+    return f", not settled within --after-minutes {p.after_minutes:g} (an incident open)"
 
 
 def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
@@ -859,7 +900,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet-minutes", type=float, default=60.0)
     ap.add_argument("--hog-minutes", type=float, default=6.0)
-    ap.add_argument("--after-minutes", type=float, default=10.0)
+    ap.add_argument("--after-minutes", type=float, default=40.0,
+                    help="at most: the run ends once no incident has been open for the "
+                    "reopen hold (alerts.incidents.hold_s, 10 min)")
     ap.add_argument("--mild", action="store_true",
                     help="the milder neighbour: busy 30 ms in every 100 ms")
     ap.add_argument("--rate", type=float, default=3.0, help="real requests per second")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -319,3 +320,62 @@ def test_a_bad_sensitivity_history_is_refused(tmp_path: Path) -> None:
         main(["--sensitivity-min-history-s", "-1", "--folder", str(tmp_path / "a")])
     with pytest.raises(SystemExit, match="--sensitivity-min-history-cycles: must be >= 10"):
         main(["--sensitivity-min-history-cycles", "5", "--folder", str(tmp_path / "a")])
+
+
+class _Incidents:
+    """What the Recorder reads of a service while it waits to settle: open incidents."""
+
+    pid = 0
+    worker_port = 1
+
+    def __init__(self, answers: list[list[dict[str, Any]] | None]) -> None:
+        self.answers = answers
+        self.asked = 0
+
+    def metrics(self) -> str:
+        raise httpx.ConnectError("not running")
+
+    def get(self, path: str, **params: Any) -> list[dict[str, Any]]:
+        assert (path, params) == ("/v1/incidents", {"state": "open"})
+        self.asked += 1
+        answer = self.answers[min(self.asked, len(self.answers)) - 1]
+        if answer is None:
+            raise httpx.ConnectError("busy")
+        return answer
+
+
+def test_the_after_phase_ends_once_no_incident_was_open_for_the_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.live_incident as live
+
+    monkeypatch.setattr(live, "SETTLE_POLL_S", 0.01)
+    monkeypatch.setattr(live, "TICK_S", 0.01)
+    phases = Phases(started=0.0, rate=3.0, mild=False, quiet_minutes=1.0, hog_minutes=1.0,
+                    after_minutes=1.0, ready=9e12, armed=1.0)
+    incident = {"id": 1, "state": "open"}
+    # Open, then closed, open again (a reopen within the hold restarts it), an unanswered
+    # read (no evidence either way), then closed for good.
+    svc = _Incidents([[incident], [], [incident], None, []])
+    rec = live.Recorder(tmp_path, svc, None, {}, phases, [])  # type: ignore[arg-type]
+    t0 = time.time()
+    settled = rec.until_settled(time.time() + 30.0, hold_s=0.05)
+    assert settled is not None and settled - t0 >= 0.05
+    assert svc.asked >= 6  # settled only after the last closed run lasted the hold
+    always = _Incidents([[incident]])
+    rec = live.Recorder(tmp_path, always, None, {}, phases, [])  # type: ignore[arg-type]
+    assert rec.until_settled(time.time() + 0.05, hold_s=0.0) is None
+
+
+def test_the_summary_says_whether_the_after_phase_settled() -> None:
+    from bench.live_incident import _settled
+
+    phases = Phases(started=0.0, rate=3.0, mild=False, quiet_minutes=1.0, hog_minutes=6.0,
+                    after_minutes=40.0, hog=(0.0, 360.0), after=(360.0, 1500.0),
+                    settled=1500.0)
+    assert _settled(phases) == (", settled 19.0 min after the hog (no incident open for the "
+                                "reopen hold)")
+    open_at_end = Phases(started=0.0, rate=3.0, mild=False, quiet_minutes=1.0,
+                         hog_minutes=6.0, after_minutes=40.0, hog=(0.0, 360.0),
+                         after=(360.0, 2760.0))
+    assert _settled(open_at_end) == (", not settled within --after-minutes 40 "
+                                     "(an incident open)")
