@@ -66,6 +66,8 @@ from storage.sketches import GAMMA, Sketch, bin_of
 OK = "ok"
 INSUFFICIENT = INSUFFICIENT_HISTORY
 NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in time
+# The reason of a series with nothing to estimate against (no baseline, or one at zero).
+NO_BASELINE = "no usable baseline yet"
 DAYS_30 = 30 * 86400.0
 P95 = 0.95
 # Episodes that pin a false-page rate well enough (about +-14%); counting stops there.
@@ -247,7 +249,7 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
     # While it is, a budgeted series' pages are held as warnings (alerts.baselines): said.
     held = HELD_SUFFIX if budget is not None else ""
     if baseline is None or baseline.center == 0 or baseline.cycles < rule.min_baseline_cycles:
-        return replace(base, reason=f"{INSUFFICIENT}: no usable baseline yet{held}")
+        return replace(base, reason=f"{INSUFFICIENT}: {NO_BASELINE}{held}")
     span = (pts[-1].at - pts[0].at).total_seconds() + rule.window_s if pts else 0.0
     if len(pts) < need or span < cfg.min_history_s:
         return replace(base, reason=f"{INSUFFICIENT}: {len(pts)} of {need} cycles, "

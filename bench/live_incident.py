@@ -81,7 +81,8 @@ import yaml
 
 from alerts.baselines import rule_scope
 from alerts.rule_file import DEFAULT_RULES_FILE, load_rules
-from alerts.rules import Rule
+from alerts.rules import PAGE, Rule
+from alerts.sensitivity import NO_BASELINE
 from alerts.settings import AlertSettings
 from alerts.webhooks import FORMATS, payload_status
 from bench.hog import Hog
@@ -470,8 +471,8 @@ class Recorder:
         return None
 
     def until_stated(self, timeout_s: float) -> float | None:
-        """Wait until every series the sensitivity job estimated states its false pages (no
-        pages held for a young series); return when, or None past `timeout_s`."""
+        """Wait until every series that could page states its false pages (no page held for
+        a young series, `_holds_a_page`); return when, or None past `timeout_s`."""
         deadline = time.time() + timeout_s
         while time.time() <= deadline:
             try:
@@ -479,7 +480,7 @@ class Recorder:
             except httpx.HTTPError as e:
                 print(f"GET /v1/rules/sensitivity failed: {e}", flush=True)
                 rows = []
-            held = [r for r in rows if r.get("pages_held")]
+            held = [r for r in rows if self._holds_a_page(r)]
             if rows and not held:
                 print(f"{_hms(time.time())} every series states its false pages "
                       f"({len(rows)} estimated)", flush=True)
@@ -488,6 +489,14 @@ class Recorder:
                   "(insufficient history)", flush=True)
             self.wait(min(deadline, time.time() + STATED_POLL_S))
         return None
+
+    def _holds_a_page(self, row: Mapping[str, Any]) -> bool:
+        """Return whether a sensitivity row holds a page the hog could send: its rule pages
+        (severity page) and its series has a baseline to judge against (a series without
+        one, e.g. a decoding path no canary took, holds for ever and pages on nothing)."""
+        pages = {r.name for r in self.rules if r.severity == PAGE}
+        return bool(row.get("pages_held")) and row.get("rule") in pages \
+            and NO_BASELINE not in str(row.get("reason", ""))
 
     def _baselines(self, inactive: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.svc.get("/v1/baselines", include_inactive=inactive)

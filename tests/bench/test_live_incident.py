@@ -303,15 +303,24 @@ def test_the_hog_waits_until_no_series_holds_its_pages(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(live, "STATED_POLL_S", 0.01)
     monkeypatch.setattr(live, "TICK_S", 0.01)
-    held = {"rule": "p99_latency_regression", "pages_held": True}
-    stated = {"rule": "p99_latency_regression", "pages_held": False}
-    svc = _Service([[], [held, stated], [stated, stated]])
+    rules = load_rules()
+    assert {r.name: r.severity for r in rules}["p50_latency_regression"] == "warning"
+    held = {"rule": "p99_latency_regression", "pages_held": True,
+            "reason": "insufficient history: 64 of 120 cycles, 1.1 of 1 h"}
+    stated = {"rule": "p99_latency_regression", "pages_held": False, "reason": ""}
+    # Neither can hold a page: a warning rule's series, and one with nothing to judge by
+    # (a decoding path no canary took keeps it for ever).
+    warning = {"rule": "p50_latency_regression", "pages_held": True,
+               "reason": "insufficient history: 64 of 120 cycles, 1.1 of 1 h"}
+    empty = {"rule": "p99_latency_regression", "pages_held": True,
+             "reason": "insufficient history: no usable baseline yet"}
+    svc = _Service([[], [held, stated, warning], [stated, stated, warning, empty]])
     phases = Phases(started=0.0, rate=3.0, mild=False, quiet_minutes=1.0, hog_minutes=1.0,
                     after_minutes=1.0, ready=9e12, armed=1.0, hog_when_stated=True)
-    rec = live.Recorder(tmp_path, svc, None, {}, phases, [])  # type: ignore[arg-type]
+    rec = live.Recorder(tmp_path, svc, None, {}, phases, rules)  # type: ignore[arg-type]
     assert rec.until_stated(30.0) is not None and svc.asked == 3  # none, one held, none held
     never = _Service([[held]])
-    rec = live.Recorder(tmp_path, never, None, {}, phases, [])  # type: ignore[arg-type]
+    rec = live.Recorder(tmp_path, never, None, {}, phases, rules)  # type: ignore[arg-type]
     assert rec.until_stated(0.05) is None and never.asked >= 1
 
 
