@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.errors import NotFound
+from storage.db import reading
 from storage.queries import alerts as queries
 
 router = APIRouter(tags=["alerts"])
@@ -44,7 +45,7 @@ def list_alerts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AlertOut]:
     """Return alerts in `state`, newest first."""
-    with sessions() as session:
+    with reading(sessions) as session:
         return [AlertOut.model_validate(a)
                 for a in queries.list_alerts(session, state, limit=limit)]
 
@@ -53,7 +54,7 @@ def list_alerts(
 def get_alert(sessions: SessionsDep, _actor: ReaderDep,
               alert_id: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> AlertOut:
     """Return one alert (the generatorURL of its webhook notifications)."""
-    with sessions() as session:
+    with reading(sessions) as session:
         alert = queries.alert_by_id(session, alert_id)
         if alert is None:
             raise NotFound("alert_id", f"alert {alert_id} does not exist")

@@ -12,6 +12,7 @@ from alerts import baselines
 from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
 from monitor.api.fields import SCOPE_KEY_MAX_CHARS, Name64, Note, check_label_value
 from monitor.api.sensitivity import SensitivityOut
+from storage.db import reading
 from storage.models import scope_key
 from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.baselines import StoredBaseline
@@ -74,7 +75,7 @@ def list_baselines(
     include_inactive: Annotated[bool, Query()] = False,
 ) -> list[BaselineOut]:
     """Return baselines (active ones unless include_inactive)."""
-    with sessions() as session:
+    with reading(sessions) as session:
         views = baselines.list_baselines(session, metric, active_only=not include_inactive)
         by_series: dict[tuple[str, str, str, str], list[SensitivityOut]] = {}
         for s in sensitivity_queries.listing(session):

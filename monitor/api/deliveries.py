@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from alerts.outbox import retry_dead
 from monitor.api.deps import ReaderDep, SessionsDep, WriterDep
 from monitor.api.errors import NotFound
+from storage.db import reading
 from storage.models import WebhookDelivery
 from storage.queries.deliveries import list_deliveries, shown_state
 
@@ -63,7 +64,7 @@ def get_deliveries(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[DeliveryOut]:
     """Return webhook deliveries in `state`, newest first."""
-    with sessions() as session:
+    with reading(sessions) as session:
         return [DeliveryOut.of(r) for r in list_deliveries(session, state=state, target=target,
                                                            limit=limit)]
 

@@ -21,6 +21,7 @@ from monitor.api.deps import (
 from monitor.api.errors import NotFound
 from monitor.api.fields import Name64, Reason, UtcTime
 from monitor.events import log_flag_change
+from storage.db import reading
 from storage.models import FLAG_SCOPE_GLOBAL
 
 router = APIRouter(tags=["flags"])
@@ -97,7 +98,7 @@ def list_flags(sessions: SessionsDep, holder: EngineHolderDep, settings: Setting
                _actor: ReaderDep) -> FlagsOut:
     """Return every stored flag row and this instance's effective runtime flags."""
     here = settings.instance_id
-    with sessions() as session:
+    with reading(sessions) as session:
         rows = _store.list(session)
         in_force = {(f.name, f.scope, f.source) for f in _store.effective(session).values()
                     if applies_to(f.scope, here)}
@@ -128,7 +129,7 @@ def flag_audit(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditOut]:
     """Return flag changes, newest first."""
-    with sessions() as session:
+    with reading(sessions) as session:
         rows = _store.audit(session, name, scope, since=since, limit=limit)
     return [AuditOut(**asdict(a)) for a in rows]
 

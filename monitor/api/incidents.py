@@ -13,6 +13,7 @@ from alerts.webhooks import payload_status
 from monitor.api.alerts import AlertOut
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.errors import NotFound
+from storage.db import reading
 from storage.models import Incident
 from storage.queries import deliveries as delivery_queries
 from storage.queries import incidents as queries
@@ -102,7 +103,7 @@ def list_incidents(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[IncidentOut]:
     """Return incidents in `state`, newest first."""
-    with sessions() as session:
+    with reading(sessions) as session:
         rows = queries.list_incidents(session, state, limit=limit)
         members = queries.members_of(session, [i.id for i in rows])
         return [_out(i, len(members[i.id])) for i in rows]
@@ -131,7 +132,7 @@ def detail(session: Session, inc: Incident) -> IncidentDetail:
 def get_incident(sessions: SessionsDep, _actor: ReaderDep,
                  incident_id: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> IncidentDetail:
     """Return one incident: members, timeline, cause and evidence, flag changes, notifications."""
-    with sessions() as session:
+    with reading(sessions) as session:
         inc = queries.incident_by_id(session, incident_id)
         if inc is None:
             raise NotFound("incident_id", f"incident {incident_id} does not exist")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from monitor.api.deps import ReaderDep, ServicesDep, SessionsDep
+from storage.db import reading
 from storage.queries import alerts as alert_queries
 from storage.queries import instances as queries
 
@@ -43,7 +44,7 @@ def list_instances(
     """Return live and stale instances (stale: silent for alerts.stale_after_s)."""
     stale_after_s = services.alerts.stale_after_s
     now = services.seams.clock()
-    with sessions() as session:
+    with reading(sessions) as session:
         seen = queries.instances(session, now, stale_after_s, lookback_s=lookback_s)
         open_by: dict[str, int] = {}
         for a in alert_queries.open_alerts(session):

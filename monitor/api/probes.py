@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from monitor.api.deps import ProbeRunnerDep, ReaderDep, ServicesDep, SessionsDep, WriterDep
 from monitor.api.fields import Name64, UtcTime
+from storage.db import reading
 from storage.queries import runs as queries
 from storage.queries.speedups import ArmSpeedup, ab_speedups
 from vocab import utcnow
@@ -76,7 +77,7 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[ProbeRunOut]:
     """Return probe runs, newest first, with their result-row counts."""
-    with sessions() as session:
+    with reading(sessions) as session:
         return [ProbeRunOut.model_validate(r.columns | {"result_rows": r.result_rows})
                 for r in queries.list_runs(session, kind=kind, limit=limit)]
 
@@ -104,7 +105,7 @@ def list_speedups(
     start = since or end - SPEEDUP_WINDOW
     if end <= start:
         raise ValueError(f"until: must be after since ({start.isoformat()})")
-    with sessions() as session:
+    with reading(sessions) as session:
         rows = ab_speedups(session, start, end, instance_id=instance_id)
     return [SpeedupOut(**asdict(s)) for s in rows]
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.errors import NotFound
 from monitor.api.fields import MAX_ID
+from storage.db import reading
 from storage.queries import reports as queries
 
 router = APIRouter(tags=["reports"])
@@ -33,7 +34,7 @@ class ReportOut(BaseModel):
 def list_reports(sessions: SessionsDep, _actor: ReaderDep,
                  limit: Annotated[int, Query(ge=1, le=520)] = 52) -> list[ReportOut]:
     """Return stored reports, newest week first."""
-    with sessions() as session:
+    with reading(sessions) as session:
         return [ReportOut.model_validate(r) for r in queries.list_reports(session, limit=limit)]
 
 
@@ -47,7 +48,7 @@ def get_report(
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Return one report; the format comes from ?format= or the Accept header (markdown)."""
-    with sessions() as session:
+    with reading(sessions) as session:
         report = queries.report_by_id(session, report_id)
         if report is None:
             raise NotFound("report_id", f"no report with id {report_id}")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, PlainSerializer
 
 from monitor.api.deps import ReaderDep, SessionsDep
+from storage.db import reading
 from storage.queries import series as queries
 from storage.queries.series import Cohort, Verdict
 
@@ -55,6 +56,6 @@ def list_rollouts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[RolloutVerdictOut]:
     """Return rollout verdicts, most recently updated first."""
-    with sessions() as session:
+    with reading(sessions) as session:
         rows = queries.list_verdicts(session, since=since, limit=limit)
     return [RolloutVerdictOut(**asdict(v)) for v in rows]

@@ -11,6 +11,7 @@ from pydantic import Field
 from alerts.detection import INSUFFICIENT_HISTORY
 from monitor.api.deps import ReaderDep, SessionsDep
 from monitor.api.fields import Name64
+from storage.db import reading
 from storage.queries import sensitivity as queries
 from storage.queries.sensitivity import StoredSensitivity
 
@@ -53,6 +54,6 @@ def list_sensitivity(
     rule: Annotated[Name64 | None, Query(description="Only this rule")] = None,
 ) -> list[SensitivityOut]:
     """Return every rule's sensitivity per series, by rule and scope."""
-    with sessions() as session:
+    with reading(sessions) as session:
         rows = queries.listing(session, rule)
     return [SensitivityOut.of(s) for s in rows]
