@@ -39,9 +39,10 @@ fired before (carried over) are listed apart.
 
 FOLDER holds: `phases.json` (times of every phase, the arming, settings, the incidents
 open when the hog started), `notifications-<target>.jsonl` (every POST, as received),
-`minutes.csv` (per minute: phase, real requests 200/429/other, client p50/p99, RSS of
-both processes, probe cycles and evaluations), `incidents.json` (GET /v1/incidents and
-each GET /v1/incidents/{id}), `alerts.json` (GET /v1/alerts?state=all), `serve.log`.
+`minutes.csv` (per minute: phase, real requests 200/429/other, client p50/p99, RSS and
+CPU seconds of both processes, probe cycles and evaluations), `incidents.json`
+(GET /v1/incidents and each GET /v1/incidents/{id}), `alerts.json`
+(GET /v1/alerts?state=all), `serve.log`.
 The last line, also from `--summarize FOLDER` (a finished run, or one in progress):
 
     quiet: P pages, W warnings in M min after arming; hog: F firing, R resolved per
@@ -385,6 +386,8 @@ class Minute:
     p99_ms: float | None
     serve_rss_mb: float
     worker_rss_mb: float | None
+    serve_cpu_s: float | None  # CPU seconds (user + system) the process used in the minute
+    worker_cpu_s: float | None
     probe_cycles: int  # -1: the serving process's /metrics could not be read
     evaluations: int  # -1: the worker's /metrics could not be read
     notifications: int  # POSTs to every receiver
@@ -409,6 +412,7 @@ class Recorder:
         self.next_poll = 0.0
         self.posts = 0
         self.before = self._counts()
+        self.cpu_before = svc.cpu_seconds()
 
     def _counts(self) -> tuple[float, float]:
         try:
@@ -524,12 +528,17 @@ class Recorder:
         answers = answer_counts(self.traffic.drain())
         posts = sum(len(rx.deliveries()) for rx in self.receivers.values())
         serve, worker = self.svc.rss()
+        cpu = self.svc.cpu_seconds()
+        used = [None if now is None or then is None else round(now - then, 2)
+                for now, then in zip(cpu, self.cpu_before, strict=True)]
+        self.cpu_before = cpu
         row = Minute(
             minute=self.minute, at=datetime.now(UTC).isoformat(timespec="seconds"),
             phase=self.phase, ok=answers.ok, rejected_429=answers.rejected_429,
             errors=answers.errors, p50_ms=answers.p50_ms, p99_ms=answers.p99_ms,
             serve_rss_mb=round(serve / 1e6, 1),
             worker_rss_mb=None if worker is None else round(worker / 1e6, 1),
+            serve_cpu_s=used[0], worker_cpu_s=used[1],
             probe_cycles=-1 if math.isnan(probes) or math.isnan(self.before[0])
             else int(probes - self.before[0]),
             evaluations=-1 if math.isnan(evals) or math.isnan(self.before[1])
@@ -632,7 +641,18 @@ def _phase_traffic(rows: Sequence[Mapping[str, str]], phase: str) -> str | None:
             + (f"{p50[len(p50) // 2]:.0f} ms (median of minutes), p99 up to {max(p99):.0f} ms"
                if p50 and p99 else "n/a")
             + f"; {cycles / len(mine):.1f} probe cycles/min; RSS serve {rss[-1]:.0f} MB"
-            + (f", worker {worker[-1]:.0f} MB" if worker else ""))
+            + (f", worker {worker[-1]:.0f} MB" if worker else "")
+            + _cpu_share(mine))
+
+
+def _cpu_share(rows: Sequence[Mapping[str, str]]) -> str:
+    """Return "; CPU serve S%, worker W%": each process's mean share of one core."""
+    out = []
+    for name in ("serve", "worker"):
+        used = [float(r[f"{name}_cpu_s"]) for r in rows if r.get(f"{name}_cpu_s")]
+        if used:
+            out.append(f"{name} {100 * sum(used) / (60 * len(used)):.0f}%")
+    return "; CPU " + ", ".join(out) if out else ""
 
 
 def _incident_causes(incidents: Sequence[Mapping[str, Any]], start: float, end: float

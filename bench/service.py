@@ -181,6 +181,15 @@ class ServiceProcess:
         except psutil.Error:
             return serve, None
 
+    def cpu_seconds(self) -> tuple[float | None, float | None]:
+        """Return the CPU seconds (user + system) the serving process and its worker used."""
+        def used(p: psutil.Process | None) -> float | None:
+            try:
+                return None if p is None else sum(p.cpu_times()[:2])
+            except psutil.Error:
+                return None
+        return used(psutil.Process(self.pid)), used(self.worker())
+
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """Return the serving process's /metrics as (sample name, labels) -> value."""
         text = self._client.get("/metrics").text

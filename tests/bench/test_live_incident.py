@@ -292,6 +292,9 @@ class _Service:
     def metrics(self) -> str:
         raise httpx.ConnectError("not running")
 
+    def cpu_seconds(self) -> tuple[float | None, float | None]:
+        return None, None
+
     def get(self, path: str, **_params: Any) -> list[dict[str, Any]]:
         assert path == "/v1/rules/sensitivity"
         self.asked += 1
@@ -344,6 +347,9 @@ class _Incidents:
     def metrics(self) -> str:
         raise httpx.ConnectError("not running")
 
+    def cpu_seconds(self) -> tuple[float | None, float | None]:
+        return None, None
+
     def get(self, path: str, **params: Any) -> list[dict[str, Any]]:
         assert (path, params) == ("/v1/incidents", {"state": "open"})
         self.asked += 1
@@ -388,3 +394,38 @@ def test_the_summary_says_whether_the_after_phase_settled() -> None:
                          after=(360.0, 2760.0))
     assert _settled(open_at_end) == (", not settled within --after-minutes 40 "
                                      "(an incident open)")
+
+
+class _Busy(_Service):
+    """A service whose processes used CPU: 1.5 s serving and 0.25 s in the worker a minute."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.reads = 0
+
+    def cpu_seconds(self) -> tuple[float | None, float | None]:
+        self.reads += 1
+        return 10.0 + 1.5 * self.reads, 4.0 + 0.25 * self.reads
+
+    def rss(self) -> tuple[int, int | None]:
+        return 500_000_000, 200_000_000
+
+
+class _NoTraffic:
+    def drain(self) -> list[Any]:
+        return []
+
+
+def test_each_minute_records_the_cpu_both_processes_used(tmp_path: Path) -> None:
+    import bench.live_incident as live
+
+    phases = Phases(started=0.0, rate=3.0, mild=False, quiet_minutes=1.0, hog_minutes=1.0,
+                    after_minutes=1.0, ready=9e12, armed=1.0)
+    rec = live.Recorder(tmp_path, _Busy(), _NoTraffic(), {}, phases,  # type: ignore[arg-type]
+                        load_rules())
+    rec._row()
+    rec._row()
+    rows = live._read_minutes(tmp_path / "minutes.csv")
+    assert [(r["serve_cpu_s"], r["worker_cpu_s"]) for r in rows] == [("1.5", "0.25")] * 2
+    assert live._cpu_share(rows) == "; CPU serve 2%, worker 0%"
+    assert live._cpu_share([{"serve_cpu_s": "30"}]) == "; CPU serve 50%"
