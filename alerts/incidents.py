@@ -14,8 +14,11 @@ member's alert id): firing once when it opens (or reopens), with its members, a 
 line and the probable cause (`alerts.cause`); at most one update per `group_interval_s`
 while members join or leave, to the formats in `update_formats` (Alertmanager's by
 default); escalated once to every target when a page joins an incident notified as a
-warning (or less); resolved once. alertmanager_api targets get the members re-sent every
-`resend_s` while it is open (Alertmanager resolves pushed alerts not re-sent).
+warning (or less); de-escalated once to every target when its receivers were told of a
+page and no page member fires any more while warnings go on (a pager resolves the page;
+the incident stays open); resolved once. alertmanager_api targets get the members
+re-sent every `resend_s` while it is open (Alertmanager resolves pushed alerts not
+re-sent).
 """
 
 from __future__ import annotations
@@ -253,11 +256,21 @@ class Incidents:
         elif fire:
             kind, key, targets = "firing", notification_key(
                 "incident", inc.id, "firing", inc.reopened), self.life.targets
-        elif inc.state == "open" and _escalated(inc):
+        elif inc.state == "open" and _escalated(inc, members):
             # A page joined an incident its receivers heard of as a warning: every target
             # hears it now, whatever the update settings (generic and slack get none).
+            # After a de-escalation the same page may come back: a new key, not a duplicate.
+            again = queries.event_count(self.session, inc.id, "deescalated")
             kind, key, targets = "escalated", notification_key(
-                "incident", inc.id, "escalated", inc.severity, inc.reopened), self.life.targets
+                "incident", inc.id, "escalated", inc.severity, inc.reopened,
+                *([again] if again else [])), self.life.targets
+        elif inc.state == "open" and _deescalated(inc, members):
+            # The page is over but warnings it joined go on (a slow drift can hold them for
+            # days): without this a pager stays triggered until the last warning resolves.
+            kind, key, targets = "deescalated", notification_key(
+                "incident", inc.id, "deescalated", self.now.isoformat()), self.life.targets
+            self._event(inc, "deescalated", None,
+                        f"no {inc.notified_severity} member firing; now {_now_severity(members)}")
         elif inc.state == "open" and self._due(inc, self.config.group_interval_s) \
                 and ids != sorted(inc.notified_members or []):
             kind, key = "update", notification_key("incident", inc.id, "update",
@@ -280,7 +293,7 @@ class Incidents:
             inc.last_notified_at = self.now
             inc.notified_members = ids
             if kind != "resolved":
-                inc.notified_severity = inc.severity
+                inc.notified_severity = _now_severity(members) or inc.severity
         self._event(inc, "notified", None, key)
 
     def _due(self, inc: Incident, interval_s: float, *, resend: bool = False) -> bool:
@@ -294,25 +307,52 @@ class Incidents:
                       kind: str) -> Notification:
         status = "resolved" if inc.state == "resolved" else "firing"
         infos = tuple(alert_info(m) for m in members)
+        # An escalation or de-escalation carries the severity now in force; the others the
+        # incident's highest (a resolved one's, what it was).
+        severity = (_now_severity(members) or inc.severity) if kind in (
+            "escalated", "deescalated") else inc.severity
         info = IncidentInfo(
             incident_id=inc.id, status=status, kind=kind, summary=inc.summary,
             cause=inc.cause, cause_text=inc.cause_text, evidence=dict(inc.evidence or {}),
-            severity=inc.severity, families=tuple(inc.families), started_at=inc.started_at,
+            severity=severity, families=tuple(inc.families), started_at=inc.started_at,
             ends_at=inc.resolved_at, members=infos)
         lead = infos[0]
         title = (f"incident {inc.id}: {len(members)} alert{'s' if len(members) != 1 else ''}"
                  f" ({', '.join(inc.families)}) {status}"
-                 + (f" (escalated to {inc.severity})" if kind == "escalated" else ""))
+                 + (f" (escalated to {severity})" if kind == "escalated" else "")
+                 + (f" (de-escalated to {severity}: no {inc.notified_severity} firing)"
+                    if kind == "deescalated" else ""))
         return Notification(key=key, title=title, text=inc.summary, at=self.now,
                             alert=replace(lead, status=status), incident=info)
 
 
-def _escalated(inc: Incident) -> bool:
-    """Return whether `inc` is more severe than its last firing notification said."""
-    told = inc.notified_severity
-    if told not in SEVERITY_ORDER or inc.severity not in SEVERITY_ORDER:
+def _rank(severity: str | None) -> int:
+    return SEVERITY_ORDER.index(severity) if severity in SEVERITY_ORDER else len(SEVERITY_ORDER)
+
+
+def _now_severity(members: Sequence[Alert]) -> str | None:
+    """Return the most severe severity among the firing members (None: none firing)."""
+    firing = [m.severity for m in members if m.state == "firing"]
+    return min(firing, key=_rank) if firing else None
+
+
+def _escalated(inc: Incident, members: Sequence[Alert]) -> bool:
+    """Return whether a firing member is more severe than the last firing notification said."""
+    told, now = inc.notified_severity, _now_severity(members)
+    if told not in SEVERITY_ORDER or now not in SEVERITY_ORDER:
         return False  # never notified (firing goes out), or rows from before the column
-    return SEVERITY_ORDER.index(inc.severity) < SEVERITY_ORDER.index(told)
+    return _rank(now) < _rank(told)
+
+
+def _deescalated(inc: Incident, members: Sequence[Alert]) -> bool:
+    """Return whether receivers were told of a page and no page member fires any more
+    (while some member still fires: the incident's end is its resolved notification).
+
+    Only a page ends this way: it is what a pager holds open; a warning easing to info
+    changes nothing anyone acts on.
+    """
+    now = _now_severity(members)
+    return inc.notified_severity == "page" and now is not None and _rank(now) > _rank("page")
 
 
 def _where(alert: Alert) -> str:

@@ -83,8 +83,10 @@ class IncidentInfo:
     """The incident a notification is about (alerts.incidents): its members and cause.
 
     kind: firing (opened or reopened), update (members joined or left), escalated (a
-    more severe member joined: sent to every target), resend (for alertmanager_api) or
-    resolved.
+    more severe member joined: sent to every target), deescalated (no page member fires
+    any more, warnings do: sent to every target), resend (for alertmanager_api) or
+    resolved. severity: the incident's highest; for escalated and deescalated the one
+    now in force.
     """
 
     incident_id: int
@@ -382,7 +384,8 @@ def _generic_alert(a: AlertInfo | None, external_url: str) -> dict[str, Any] | N
 
 
 def _slack_incident(n: Notification, inc: IncidentInfo, url: str) -> dict[str, Any]:
-    icon = ":white_check_mark:" if inc.status == "resolved" else ":rotating_light:"
+    icon = (":white_check_mark:" if inc.status == "resolved" else
+            ":arrow_down:" if inc.kind == "deescalated" else ":rotating_light:")
     head = f"{icon} [{inc.status.upper()}] {n.title}"
     lines = []
     for a in inc.members:

@@ -120,8 +120,10 @@ class Received:
     """One notification a receiver got, classified.
 
     kind: firing (a group opened or reopened), escalated (a page for a group first sent
-    as a warning: counted as its page), repeat (a firing-status payload of a group already
-    open: an update or a re-send), resolved, or message.
+    as a warning: counted as its page), deescalated (a group sent as a page goes on with
+    no page firing: the page is over), repeat (a firing-status payload of a group already
+    open: an update or a re-send), resolved, or message. severity: the most severe of the
+    payload's firing members (what a receiver routing on severity holds open).
     """
 
     at: float
@@ -158,8 +160,12 @@ def _am_member(a: Mapping[str, Any]) -> str:
     severity = labels.pop("severity", "?")
     for k in ("service", "job", "instance", "incident"):
         labels.pop(k, None)
-    status = a.get("status") or ("resolved" if "endsAt" in a else "firing")
-    return f"{rule} [{severity}, {status}] ({_labels_text(labels)})"
+    return f"{rule} [{severity}, {_am_status(a)}] ({_labels_text(labels)})"
+
+
+def _am_status(a: Mapping[str, Any]) -> str:
+    # Pushed alerts (alertmanager_api) carry no status: a resolved one carries its endsAt.
+    return str(a.get("status") or ("resolved" if "endsAt" in a else "firing"))
 
 
 SLACK_MEMBER = re.compile(r"^• `([^`]+)` \(([^)]*)\)(?: ([+-][0-9.]+%))? (\w+)$")
@@ -192,7 +198,9 @@ def _slack_member(line: str, rule_severity: Mapping[str, str]) -> str:
 
 
 def _slack_severity(payload: Mapping[str, Any], rule_severity: Mapping[str, str]) -> str | None:
-    rules = [m.group(1) for line in _slack_lines(payload) if (m := SLACK_MEMBER.match(line))]
+    members = [m for line in _slack_lines(payload) if (m := SLACK_MEMBER.match(line))]
+    rules = [m.group(1) for m in members if m.group(4) == "firing"] or [
+        m.group(1) for m in members]
     if rules:
         return _most_severe(rule_severity.get(r) for r in rules)
     for block in payload.get("blocks") or []:  # a plain alert: its facts name the severity
@@ -221,7 +229,8 @@ def _alertmanager(alerts: Sequence[Mapping[str, Any]], group: str | None
     if group is None:
         group = (f"incident {labels['incident']}" if "incident" in labels
                  else json.dumps(labels, sort_keys=True))
-    severity = _most_severe((a.get("labels") or {}).get("severity") for a in alerts)
+    firing = [a for a in alerts if _am_status(a) == "firing"] or alerts
+    severity = _most_severe((a.get("labels") or {}).get("severity") for a in firing)
     cause = (first.get("annotations") or {}).get("probable_cause")
     return group, severity, tuple(_am_member(a) for a in alerts), cause
 
@@ -278,10 +287,13 @@ def classify(target: str, fmt: str, posts: Iterable[tuple[float, Any]],
             open_groups.pop(group, None)
         elif group in open_groups:
             # A page for a group first sent as a warning is the page (alerts.incidents
-            # sends every target an escalation).
-            escalated = severity == "page" and open_groups[group] != "page"
-            kind = "escalated" if escalated else "repeat"
-            if escalated:
+            # sends every target an escalation); a page's group going on with no page
+            # firing is the page's end (alerts.incidents sends every target a de-escalation).
+            was = open_groups[group]
+            kind = ("escalated" if severity == "page" and was != "page"
+                    else "deescalated" if was == "page" and severity in SEVERITY_ORDER
+                    and severity != "page" else "repeat")
+            if kind != "repeat":
                 open_groups[group] = severity
         else:
             kind = "firing"
@@ -586,32 +598,40 @@ class HogCounts:
 
 
 def hog_counts(received: Sequence[Received], start: float, end: float) -> HogCounts:
-    """Count one target's notifications received within [start, end]."""
-    fired_in: set[str] = set()
+    """Count one target's notifications received within [start, end].
+
+    What the window started: a group that fired in it, or a group that fired before and
+    was escalated to a page in it (the hog's page came as that escalation). Its end: the
+    group's resolved notification, or its de-escalation (the page is over; the warnings
+    it holds go on, and their later end is not the page's). Notifications about groups
+    the window did not start, or after their end, are carried over.
+    """
+    started: set[str] = set()
+    ended: set[str] = set()
     firing = pages = repeats = resolved = carried = 0
     for r in received:
         if r.kind == "message" or not start <= r.at <= end:
             continue
+        mine = r.group in started and r.group not in ended
         if r.kind == "firing":
-            fired_in.add(r.group)
+            started.add(r.group)
+            ended.discard(r.group)
             firing += 1
             pages += r.severity == "page"
-        elif r.group not in fired_in:
+        elif r.kind == "escalated" and r.group not in started:
+            started.add(r.group)
+            firing += 1
+            pages += 1
+        elif not mine:
             carried += 1
         elif r.kind == "escalated":
             pages += 1
-        elif r.kind == "repeat":
-            repeats += 1
-        else:
+        elif r.kind in ("resolved", "deescalated"):
+            ended.add(r.group)
             resolved += 1
-    open_groups: set[str] = set()
-    for r in received:
-        if r.at <= end and r.group in fired_in:
-            if r.kind == "firing":
-                open_groups.add(r.group)
-            elif r.kind == "resolved":
-                open_groups.discard(r.group)
-    return HogCounts(firing, pages, repeats, resolved, carried, len(open_groups))
+        else:
+            repeats += 1
+    return HogCounts(firing, pages, repeats, resolved, carried, len(started - ended))
 
 
 def firing_between(received: Sequence[Received], start: float, end: float) -> list[Received]:

@@ -102,6 +102,12 @@ def events(session: Session, incident_id: int) -> list[IncidentEvent]:
                                 .order_by(IncidentEvent.at, IncidentEvent.id)))
 
 
+def event_count(session: Session, incident_id: int, kind: str) -> int:
+    """Return how many events of `kind` an incident's timeline holds."""
+    return session.scalar(select(func.count()).select_from(IncidentEvent).where(
+        IncidentEvent.incident_id == incident_id, IncidentEvent.kind == kind)) or 0
+
+
 def flag_changes(session: Session, alert_ids: Collection[int]) -> list[FlagAudit]:
     """Return the flag changes made for the alerts `alert_ids`, oldest first."""
     if not alert_ids:

@@ -212,3 +212,39 @@ def test_a_page_joining_a_warning_incident_is_sent_to_every_target_once(
         am = [r.payload for r in rows(s, "alertmanager")]
         assert [p["status"] for p in am] == ["firing", "firing", "resolved"]
         assert {a["labels"]["severity"] for a in am[1]["alerts"]} == {"warning", "page"}
+
+
+def test_a_page_that_ends_while_warnings_go_on_is_deescalated_to_every_target_once(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """A page joined a warning's incident and resolved; the warning goes on (a drift can
+    hold it for days). Every target hears the page is over, once; a page coming back
+    escalates again under a new key; the incident's end is its one resolved."""
+    tg = targets()
+    with sessionmaker.begin() as s:
+        step(s, at(0), tg, fire=((P50, {"bucket": "64"}),))  # a warning opens it
+        step(s, at(1), tg, fire=((P99, {"bucket": "64"}),))  # a page joins: escalated
+        step(s, at(8), tg, recover=((P99, {"bucket": "64"}),))  # the page ends: deescalated
+        step(s, at(9), tg)  # nothing changed: nothing sent
+        step(s, at(30), tg, fire=((P99, {"bucket": "32"}),))  # a page again: escalated
+        step(s, at(40), tg, recover=((P50, {"bucket": "64"}), (P99, {"bucket": "32"})))
+        inc = s.scalars(select(Incident)).one()
+        assert inc.state == "resolved" and inc.severity == "page"
+        generic = [r.payload for r in rows(s, "generic")]
+        assert [(p["incident"]["notification"], p["incident"]["severity"]) for p in generic] == [
+            ("firing", "warning"), ("escalated", "page"), ("deescalated", "warning"),
+            ("escalated", "page"), ("resolved", "page")]
+        assert generic[2]["status"] == "firing"
+        assert "de-escalated to warning: no page firing" in generic[2]["title"]
+        assert len({p["idempotency_key"] for p in generic}) == 5
+        slack = [r.payload for r in rows(s, "slack")]
+        assert len(slack) == 5 and "de-escalated to warning" in slack[2]["text"]
+        am = [r.payload for r in rows(s, "alertmanager")]
+        down = am[[p["idempotencyKey"] for p in am].index(generic[2]["idempotency_key"])]
+        assert down["status"] == "firing" and sorted(
+            (a["labels"]["severity"], a["status"]) for a in down["alerts"]) == [
+            ("page", "resolved"), ("warning", "firing")]
+        api = [r.payload for r in rows(s, "alertmanager_api")]
+        assert generic[2]["idempotency_key"] in {
+            p[0]["annotations"]["idempotency_key"] for p in api}
+        kinds = [e.kind for e in inc.events]
+        assert kinds.count("deescalated") == 1

@@ -279,6 +279,32 @@ def test_a_page_that_escalates_a_warning_incident_counts_as_its_one_page(
             assert (c.firing, c.pages, c.resolved) == (1, 1, 1), fmt
 
 
+def test_a_hog_page_joining_an_open_warning_incident_ends_at_its_deescalation(
+        sessionmaker: Any) -> None:
+    """The hog's alerts join a warning incident open since before it (a drift holds it):
+    its page comes as the escalation and ends as the de-escalation, in every format; the
+    incident's own end later is not the hog's."""
+    from tests.alerts.test_incident_notifications import P50, P99, at, rows, step, targets
+
+    with sessionmaker.begin() as s:
+        tg = targets()
+        step(s, at(0), tg, fire=((P50, {"bucket": "64"}),))  # the drift's warning
+        step(s, at(30), tg, fire=((P99, {"bucket": "64"}),))  # the hog's page
+        step(s, at(40), tg, recover=((P99, {"bucket": "64"}),))  # the hog is over
+        step(s, at(90), tg, recover=((P50, {"bucket": "64"}),))  # the drift ends
+        for fmt in FORMATS:
+            posts = [(START + i, r.payload) for i, r in enumerate(rows(s, fmt))
+                     if fmt != "alertmanager_api" or i < 3]  # no re-sends here
+            got = classify(fmt, fmt, posts, SEVERITY)
+            assert [r.kind for r in got] == ["firing", "escalated", "deescalated",
+                                             "resolved"][:len(got)], fmt
+            c = hog_counts(got, START + 1, START + 2)  # the hog: escalated to de-escalated
+            assert (c.firing, c.pages, c.resolved, c.carried, c.still_open) == (
+                1, 1, 1, 0, 0), fmt
+            c = hog_counts(got, START + 1, START + 100)  # to the run's end
+            assert (c.firing, c.resolved, c.carried) == (1, 1, len(got) - 3), fmt
+
+
 class _Service:
     """What the Recorder reads of a service: sensitivity rows in turn, no metrics."""
 
