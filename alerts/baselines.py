@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from typing import Any
 
 from sqlalchemy import update
@@ -460,34 +462,31 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
     this_hour = hour_start(now)
     first = min(n.start for n in needs)
     keys, cohorts = {n.series_key for n in needs}, {n.cohort for n in needs}
-    stored = series_queries.chunks(session, rule.name, keys, cohorts, hour_start(first),
-                                   this_hour)
-    # The hours chunked by this evaluation, not stored yet.
-    stored += writes.pending_chunks(rule.name, keys, cohorts, hour_start(first), this_hour)
-    # (cycle start, value, samples, body or None): chunks before 0008 hold no body.
-    values: dict[tuple[str, Cohort], list[tuple[float, float, int, float | None]]] = {}
-    for ch in stored:
-        values.setdefault((ch.scope_key, ch.cohort), []).extend(
-            (float(c[0]), c[1], int(c[2]), c[3] if len(c) > 3 else None)
-            for c in ch.values if c[1] is not None)
+    # Stored chunks, then the hours chunked by this evaluation (not stored yet).
+    values = _cycle_values(chain(
+        series_queries.chunks(session, rule.name, keys, cohorts, hour_start(first), this_hour),
+        writes.pending_chunks(rule.name, keys, cohorts, hour_start(first), this_hour)))
     live = cohort_series(rule, cache, max(this_hour, first), now)
     same = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
     periods = baseline_queries.alert_periods(session, same, first)
     out: dict[str, list[StoredBaseline]] = {}
     for need in needs:
-        pts = list(values.get((need.series_key, need.cohort), []))
-        pts += [(p.at.timestamp(), p.value, p.samples, _median(p))
-                for p in live.get(need.labels, {}).get(need.cohort, [])
-                if p.value is not None and not p.borrowed]
+        pts = _CycleValues()
+        pts.extend(values.get((need.series_key, need.cohort), _CycleValues()))
+        for p in live.get(need.labels, {}).get(need.cohort, []):
+            if p.value is not None and not p.borrowed:
+                pts.append(p.at.timestamp(), p.value, p.samples, _median(p))
         excluded = _excluded(periods, rule, need.labels, now)
         lo = need.start.timestamp()
-        kept = [(v, m) for t, v, n, m in pts
-                if t >= lo and n >= rule.min_samples
-                and (need.season is None or _SEASONS[need.season[0]][1](
-                    datetime.fromtimestamp(t, UTC)) == need.season[1])
-                and not any(a <= t < b for a, b in excluded)]
+        kept = _CycleValues()
+        for t, v, n, m in pts:
+            if t >= lo and n >= rule.min_samples \
+                    and (need.season is None or _SEASONS[need.season[0]][1](
+                        datetime.fromtimestamp(t, UTC)) == need.season[1]) \
+                    and not any(a <= t < b for a, b in excluded):
+                kept.append(t, v, n, m)
         # A body from a few cycles (hours chunked before 0008 have none) is no reference.
-        stats = BaselineStats.of((v for v, _ in kept), bodies=(m for _, m in kept),
+        stats = BaselineStats.of(kept.values, bodies=(m for *_, m in kept),
                                  min_bodies=rule.min_baseline_cycles)
         if stats is None:
             continue
@@ -500,6 +499,51 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
                        body=stats.body, active=True)
         writes.rows.append(row)  # no id until stored
         out.setdefault(need.key, []).append(baseline_queries.stored(row))
+    return out
+
+
+class _CycleValues:
+    """A series' stored cycles as columns of machine numbers (start, value, samples, body).
+
+    A refresh reads every hour of the baseline window (7 days of cycles: 60,480 a scope at
+    10-s cycles). Held as a tuple of Python numbers per cycle they took some 30 times the
+    bytes, held for the whole refresh beside a copy per series refreshed; the worker's
+    RSS kept that working set, which grows with each hour of history.
+    """
+
+    def __init__(self) -> None:
+        self.starts, self.values = array("d"), array("d")
+        self.samples, self.bodies = array("q"), array("d")  # body: NaN when unknown
+
+    def append(self, start: float, value: float, samples: int, body: float | None) -> None:
+        self.starts.append(start)
+        self.values.append(value)
+        self.samples.append(samples)
+        self.bodies.append(math.nan if body is None else body)
+
+    def extend(self, other: _CycleValues) -> None:
+        self.starts.extend(other.starts)
+        self.values.extend(other.values)
+        self.samples.extend(other.samples)
+        self.bodies.extend(other.bodies)
+
+    def __iter__(self) -> Iterator[tuple[float, float, int, float | None]]:
+        for t, v, n, m in zip(self.starts, self.values, self.samples, self.bodies,
+                              strict=True):
+            yield t, v, n, None if math.isnan(m) else m
+
+
+def _cycle_values(chunks: Iterable[Chunk]) -> dict[tuple[str, Cohort], _CycleValues]:
+    """Return (scope key, cohort) -> the chunks' non-empty cycles (chunks before 0008 hold
+    no body)."""
+    out: dict[tuple[str, Cohort], _CycleValues] = {}
+    for ch in chunks:
+        col = out.get((ch.scope_key, ch.cohort))
+        if col is None:
+            col = out[(ch.scope_key, ch.cohort)] = _CycleValues()
+        for c in ch.values:
+            if c[1] is not None:
+                col.append(float(c[0]), c[1], int(c[2]), c[3] if len(c) > 3 else None)
     return out
 
 

@@ -1,0 +1,259 @@
+"""Memory of the worker's jobs over simulated hours of 10-s cycles, in one process.
+
+What the soak's worker does, accelerated: a fake engine's canary cycles (every 10 s) and
+real traffic rollups (every 15 s) are stored as the serving process stores them, and the
+worker's jobs (evaluation every 10 s, delivery, sensitivity, retention) run on the same
+simulated clock over a fresh SQLite database. Each simulated hour prints RSS and the
+Python heap (tracemalloc); the end prints the growth per simulated hour after the first
+and the allocation sites that grew most between the first hour and the last.
+
+    taskset -c 0 python -m bench.worker_memory [--hours 4] [--top 15] [--no-trace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from engine.protocol import InMemoryFlagProvider
+from monitor.alerting import load_alerts, make_deliverer
+from monitor.hub import Seams
+from monitor.jobs import AnalysisParts, analysis_jobs
+from monitor.metrics import Metrics, MetricsSink
+from monitor.settings import Settings
+from probes.fake import FakeEngine
+from probes.prober import prober_from_settings
+from probes.traffic import TrafficRecorder
+from storage import migrate
+from storage.db import make_engine, make_sessionmaker
+from storage.writer import Writer
+
+START = datetime(2026, 1, 12, 9, 30, tzinfo=UTC)  # half an hour before an hour boundary
+CYCLE_S = 10
+REQUESTS_PER_CYCLE = 20  # real requests recorded per cycle (traffic rollups)
+INTERVALS_S = {"evaluate": 10, "delivery": 10, "sensitivity": 300, "retention": 3600}
+
+
+def rss_mb() -> float:
+    """Return this process's resident set size in MB (Linux /proc)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def pymalloc_arenas() -> int:
+    """Return the arenas pymalloc holds now (each 1 MiB on 64-bit CPython 3.10+)."""
+    import os
+
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        for line in out.read().decode().splitlines():
+            if line.startswith("# arenas allocated current"):
+                return int(line.split("=")[1].replace(",", "").strip())
+    return -1
+
+
+def malloc_mb() -> tuple[float, float]:
+    """Return glibc malloc's (bytes in use, bytes free but kept) in MB (nan: not glibc)."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    fn.restype = _MallInfo2
+    m = fn()
+    return (m.uordblks + m.hblkhd) / 1e6, m.fordblks / 1e6
+
+
+class Clock:
+    """A settable clock the jobs and the prober read."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def _ok(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200)
+
+
+class Replay:
+    """The serving side's writes and the worker's jobs on one simulated clock."""
+
+    def __init__(self, folder: Path) -> None:
+        url = f"sqlite:///{folder / 'replay.db'}"
+        migrate.upgrade(url)
+        self.settings = Settings(database_url=url, instance_id="replay",
+                                 alerts={"webhooks": [{"name": "r", "url": "http://127.0.0.1:9/",
+                                                       "format": "generic"}]})
+        self.clock = Clock(START)
+        self.db = make_engine(url)
+        self.sessions = make_sessionmaker(self.db)
+        self.writer = Writer(self.sessions)
+        self.engine = FakeEngine()
+        self.prober = prober_from_settings(self.settings.probes, self.engine, self.writer,
+                                           instance_id="replay", clock=self.clock)
+        self.traffic = TrafficRecorder("replay", clock=self.clock)
+        self.closers: list[Callable[[], object]] = []
+        alerts = load_alerts(self.settings)
+        deliverer = make_deliverer(self.sessions, alerts,
+                                   Seams(clock=self.clock, transport=httpx.MockTransport(_ok)),
+                                   self.closers)
+        parts = AnalysisParts(settings=self.settings, sessions=self.sessions, clock=self.clock,
+                              alerts=alerts, deliverer=deliverer, flags=InMemoryFlagProvider(),
+                              sink=MetricsSink(Metrics(CollectorRegistry())))
+        self.jobs = analysis_jobs(parts)
+        self.step = 0
+        self.trace_jobs: set[str] = set()  # jobs traced on their own (evaluate: on the hour)
+        self.peaks: dict[str, float] = {}  # job -> its largest Python heap rise (MB), traced
+
+    def serve_cycle(self) -> None:
+        """Store one probe cycle and a cycle's real requests (the serving process's writes)."""
+        self.prober.run_cycle()
+        for i in range(REQUESTS_PER_CYCLE):
+            self.traffic.record(self.engine.generate("the river runs past the house " * (i % 4 + 1)))
+        if self.step % 2 == 0:  # every 20 s: close to the shipped 15 s flush
+            self.traffic.flush(self.writer)
+        self.writer.flush(timeout=30.0)
+
+    def tick(self) -> None:
+        """Advance one cycle: the serving side's writes, then the worker's jobs due."""
+        self.clock.at = START + timedelta(seconds=CYCLE_S * self.step)
+        self.serve_cycle()
+        elapsed = CYCLE_S * self.step
+        for name, every in INTERVALS_S.items():
+            if elapsed % every == 0:
+                self._run(name)
+        self.step += 1
+
+    def _run(self, name: str) -> None:
+        if name in self.trace_jobs and not tracemalloc.is_tracing() and (
+                name != "evaluate" or self.clock.at.timestamp() % 3600 == 0):
+            self._traced(name)
+            return
+        if not tracemalloc.is_tracing():
+            self.jobs[name]()
+            return
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        self.jobs[name]()
+        rise = (tracemalloc.get_traced_memory()[1] - before) / 1e6
+        self.peaks[name] = max(self.peaks.get(name, 0.0), rise)
+
+    def _traced(self, name: str) -> None:
+        """Run one job traced: its peak, and what it allocated that is still alive after."""
+        tracemalloc.start(10)
+        try:
+            self.jobs[name]()
+            gc.collect()
+            peak = tracemalloc.get_traced_memory()[1] / 1e6
+            kept = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+        top = kept.statistics("traceback")[:3]
+        left = sum(st.size for st in kept.statistics("filename")) / 1e6
+        print(f"  {self.clock.at:%H:%M} {name}: peak {peak:.1f} MB, {left:.2f} MB still held after",
+              flush=True)
+        for st in top:
+            if st.size > 100_000:
+                print(f"    {st.size / 1e3:.0f} kB in {st.count} blocks at")
+                for line in st.traceback.format()[-6:]:
+                    print("      " + line)
+
+    def close(self) -> None:
+        """Close the deliverer, the writer and the database."""
+        for close in reversed(self.closers):
+            close()
+        self.writer.close()
+        self.db.dispose()
+
+
+def _types() -> Counter[str]:
+    return Counter(type(o).__name__ for o in gc.get_objects())
+
+
+def main() -> None:
+    """Replay `--hours` of cycles; print RSS and the Python heap per hour, then the growth."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=float, default=4.0)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--no-trace", action="store_true")
+    parser.add_argument("--trace-jobs", default="",
+                        help="comma-separated jobs to trace one run at a time (implies --no-trace)")
+    args = parser.parse_args()
+    trace = not args.no_trace and not args.trace_jobs
+    if trace:
+        tracemalloc.start(8)
+    per_hour = 3600 // CYCLE_S
+    with tempfile.TemporaryDirectory() as tmp:
+        replay = Replay(Path(tmp))
+        replay.trace_jobs = {j for j in args.trace_jobs.split(",") if j}
+        rows: list[tuple[float, float, float]] = []
+        first: tracemalloc.Snapshot | None = None
+        types0: Counter[str] | None = None
+        t0 = time.perf_counter()
+        for step in range(int(args.hours * per_hour) + 1):
+            replay.tick()
+            if step % (per_hour // 2) == 0:
+                gc.collect()
+                heap = tracemalloc.get_traced_memory()[0] / 1e6 if trace else float("nan")
+                hours = step / per_hour
+                rows.append((hours, rss_mb(), heap))
+                peaks = " ".join(f"{k} {v:.1f}" for k, v in sorted(replay.peaks.items()))
+                used, free = malloc_mb()
+                print(f"hour {hours:4.1f}  rss {rows[-1][1]:7.1f} MB  malloc in use {used:6.1f} MB"
+                      f" free {free:6.1f} MB  python blocks {sys.getallocatedblocks()}"
+                      f" in {pymalloc_arenas()} arenas  python heap {heap:7.1f} MB"
+                      f"  ({time.perf_counter() - t0:.0f} s)  job peaks (MB): {peaks}", flush=True)
+                replay.peaks.clear()
+                if step == per_hour:
+                    first = tracemalloc.take_snapshot() if trace else None
+                    types0 = _types()
+        last = tracemalloc.take_snapshot() if trace else None
+        types1 = _types()
+        replay.close()
+    after = [r for r in rows if r[0] >= 1.0]
+    span = after[-1][0] - after[0][0] if after else 0.0
+    if span > 0:
+        print(f"growth after hour 1: rss {(after[-1][1] - after[0][1]) / span:+.1f} MB/h, "
+              f"python heap {(after[-1][2] - after[0][2]) / span:+.2f} MB/h (simulated hours)")
+    if types0 is not None:
+        grown = (types1 - types0).most_common(10)
+        print("objects grown since hour 1:", ", ".join(f"{k} +{v}" for k, v in grown))
+    if first is not None and last is not None:
+        for stat in last.compare_to(first, "traceback")[:args.top]:
+            print(f"{stat.size_diff / 1e3:+9.1f} kB {stat.count_diff:+7d} blocks")
+            for line in stat.traceback.format()[-8:]:
+                print("    " + line)
+
+
+if __name__ == "__main__":
+    main()
