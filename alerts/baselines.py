@@ -506,9 +506,9 @@ class _CycleValues:
     """A series' stored cycles as columns of machine numbers (start, value, samples, body).
 
     A refresh reads every hour of the baseline window (7 days of cycles: 60,480 a scope at
-    10-s cycles). Held as a tuple of Python numbers per cycle they took some 30 times the
-    bytes, held for the whole refresh beside a copy per series refreshed; the worker's
-    RSS kept that working set, which grows with each hour of history.
+    10-s cycles). As a tuple of Python objects per cycle they took several times the
+    bytes, for the whole refresh, beside a copy per series refreshed; CPython keeps the
+    arenas of that peak, so the worker's RSS stepped up with each hour of history.
     """
 
     def __init__(self) -> None:
