@@ -474,7 +474,8 @@ class Incident(Base):
     last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_resent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # alertmanager_api
     notified_members: Mapped[list[int]] = mapped_column(_json(), default=list)
-    # The severity of the last firing notification: a higher one is an escalation.
+    # The severity in force at the last firing notification: a firing member more severe
+    # is an escalation; a page told, with no page member firing any more, a de-escalation.
     notified_severity: Mapped[str | None] = mapped_column(String(16))
 
     events: Mapped[list[IncidentEvent]] = relationship(
@@ -502,7 +503,8 @@ class IncidentMember(Base):
 
 
 class IncidentEvent(Base):
-    """One step of an incident's timeline: opened, joined, left, resolved, reopened, notified.
+    """One step of an incident's timeline: opened, joined, left, resolved, reopened,
+    deescalated, notified.
 
     A "notified" event's detail is the notification's idempotency key (its outbox rows).
     """
