@@ -68,6 +68,11 @@ INSUFFICIENT = INSUFFICIENT_HISTORY
 NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in time
 # The reason of a series with nothing to estimate against (no baseline, or one at zero).
 NO_BASELINE = "no usable baseline yet"
+# A series too young to state its false pages grows with every cycle, not only when its
+# baseline refreshes (hourly): its estimate is due again this long after the last, so it
+# states its pages (and stops holding them as warnings) minutes after its history
+# suffices. A held estimate is cheap: it counts the cycles and stops.
+HELD_RECHECK_S = 600.0
 DAYS_30 = 30 * 86400.0
 P95 = 0.95
 # Episodes that pin a false-page rate well enough (about +-14%); counting stops there.
@@ -797,7 +802,7 @@ def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now
     out: list[_Series] = []
     held = 0
     for rule in rules:
-        wanted = _candidates(rule, active[rule.metric], stored, config)
+        wanted = _candidates(rule, active[rule.metric], stored, config, now)
         if not wanted:
             continue
         per_scope, rows = sliced_cohort_series(rule, session,
@@ -814,9 +819,9 @@ def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now
 
 def _candidates(rule: Rule, rows: Mapping[str, list[StoredBaseline]],
                 stored: Mapping[SensitivityKey, StoredSensitivity],
-                config: SensitivityConfig) -> list[_Candidate]:
+                config: SensitivityConfig, now: datetime) -> list[_Candidate]:
     """Return `rule`'s series (scope, cohort, season) whose rolling baseline has no
-    matching estimate stored."""
+    matching estimate stored, or whose estimate held its pages `HELD_RECHECK_S` ago."""
     out = []
     for k, baselines in rows.items():
         pairs = dict(_pairs(k))
@@ -837,7 +842,9 @@ def _candidates(rule: Rule, rows: Mapping[str, list[StoredBaseline]],
             if old is None or old.baseline_id != b.id \
                     or old.configured_threshold != rule.threshold \
                     or old.budget_per_30d != budget \
-                    or old.within_cycles != config.within_cycles:
+                    or old.within_cycles != config.within_cycles \
+                    or (old.status == INSUFFICIENT
+                        and now - old.computed_at >= timedelta(seconds=HELD_RECHECK_S)):
                 out.append(_Candidate(labels, cohort, b, season, old))
     return sorted(out, key=lambda c: (c.labels, c.cohort, c.season or ""))
 

@@ -18,6 +18,7 @@ from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.rule_file import load_rules
 from alerts.rules import Point, Rule
 from alerts.sensitivity import (
+    HELD_RECHECK_S,
     RefreshReport,
     SensitivityConfig,
     refresh,
@@ -250,3 +251,27 @@ def test_sliced_reads_give_the_points_of_one_read(sessionmaker: sessionmaker[Ses
     assert values(sliced) == values(whole)
     assert any(p.samples > 150 for per in whole.values() for pts in per.values() for p in pts)
     assert held < 2 * 200  # at most half an hour of two buckets, plus the pooled cycles
+
+
+def test_a_held_series_is_estimated_again_as_its_history_grows(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Its baseline unchanged: a series too young to state its false pages is due again
+    HELD_RECHECK_S after its estimate, and states them once its history suffices."""
+    fill(sessionmaker)
+    rule = acceptance_rule()
+    cfg = replace(CFG, min_history=60, min_history_s=3600.0)
+    young = NOW - timedelta(minutes=MINUTES - 110)  # 110 of the 120 cycles it needs
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], cfg, young, history_s=MINUTES * 60.0).estimated == 1
+    soon = young + timedelta(seconds=HELD_RECHECK_S - 60)
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], cfg, soon, history_s=MINUTES * 60.0).estimated == 0
+    later = young + timedelta(seconds=HELD_RECHECK_S)  # 120 cycles, 2 hours
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], cfg, later, history_s=MINUTES * 60.0).estimated == 1
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    assert st.status != "insufficient history" and st.computed_at == later
+    with sessionmaker.begin() as s:  # stated: due again only when its baseline changes
+        assert refresh(s, [rule], cfg, later + timedelta(hours=1),
+                       history_s=MINUTES * 60.0).estimated == 0
