@@ -140,7 +140,10 @@ class Replay:
         for i in range(REQUESTS_PER_CYCLE):
             self.traffic.record(self.engine.generate("the river runs past the house " * (i % 4 + 1)))
         if self.step % 2 == 0:  # every 20 s: close to the shipped 15 s flush
+            # As the serving process's flush job does: its compile bookkeeping too (the
+            # prober holds the cycles' compile deltas until this claims them).
             self.traffic.flush(self.writer)
+            self.prober.record_unprobed_compiles()
         self.writer.flush(timeout=30.0)
 
     def tick(self) -> None:
