@@ -309,10 +309,8 @@ def encode_batch(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor,
                  enc_bias: torch.Tensor) -> torch.Tensor:
     """Run the encoder on B inputs of one padded length and return their cross K/V
     [B, L, 2, H, length, d_kv]; `mask_bias` [B, 1, 1, length] (each input's own)."""
-    # Not yet served: the batching loop still encodes each request alone (`encode`).
-    # Compiled with B dynamic, each row came out bitwise what `encode`'s compiled graph
-    # gives it alone (bench.encoder_batch checks it), which the loop would need before
-    # encoding arrivals together.
+    # The batching loop's arrivals of one bucket (engine.group_encode), only where warm-up
+    # found each row bitwise what `encode`'s compiled graph gives that input alone.
     b, n = ids.shape
     x = F.embedding(ids, m.embed)
     bias = enc_bias + mask_bias
