@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from engine import decoding, scheduler
+from engine import decoding, group_encode, scheduler
 from engine.memory import KvAccount
 from engine.models import Models
 from engine.row_buffers import RowBuffers
@@ -86,15 +86,41 @@ class Rows:
         # positions from there (its padding included).
         return self.models.slots - (self.models.k_max if k > 0 else 0)
 
-    def start_row(self, job: scheduler.Job) -> decoding.RowState:
-        """Encode `job`'s input on the calling (loop) thread; return its row's decode state."""
+    def group_key(self, job: scheduler.Job) -> tuple[int, int, int, bool] | None:
+        """Return what decides `job`'s encoder where arrivals of one key may be encoded
+        together (engine.group_encode), None where it encodes alone."""
+        target = self._target(job.quantized)
+        if not isinstance(job.key, int) or job.length not in target.group_edges:
+            return None
+        return id(target), job.key, job.length, job.native
+
+    def encode_rows(self, jobs: list[scheduler.Job]) -> list[decoding.Encoded]:
+        """Encode the inputs of `jobs` (one group_key) in one call on the calling (loop)
+        thread; return each one's target encoder output. Holds nothing: start_row does."""
+        job = jobs[0]
+        target = self._target(job.quantized)
+        with torch.no_grad():
+            t_device = time.perf_counter()
+            inputs = [self.padded(j.ids, j.length) for j in jobs]
+            encoded = group_encode.encode(target, [ids for ids, _ in inputs],
+                                          [mask for _, mask in inputs])
+        for j in jobs:
+            j.t_device = t_device
+        return encoded
+
+    def start_row(self, job: scheduler.Job, tenc: decoding.Encoded | None = None
+                  ) -> decoding.RowState:
+        """Encode `job`'s input on the calling (loop) thread (unless `tenc`: its target
+        encoder output, from encode_rows); return its row's decode state."""
         caches = self.caches[job.row]
         target = self._target(job.quantized)
         with torch.no_grad():
-            job.t_device = time.perf_counter()
+            if tenc is None:
+                job.t_device = time.perf_counter()
             padded, mask = self.padded(job.ids, job.length)
             tfns = fns(target, job.key, job.native)
-            tenc = decoding.encode(target, tfns, padded, mask)
+            if tenc is None:
+                tenc = decoding.encode(target, tfns, padded, mask)
             job.held = tenc.nbytes
             self.kv.hold(job.held, job.held)
             buffers = self.buffers["target"]
@@ -102,25 +128,33 @@ class Rows:
             if fixed:  # its row of the fixed-row step's cross K/V
                 buffers.load(job.row, tenc.cross, tenc.mask_bias)
             if job.k > 0 and self.models.draft is not None:
-                draft = self.models.draft
-                dfns = fns(draft, job.key, job.native)
-
-                def encode_draft() -> decoding.Encoded:
-                    # Run when the row first speculates (alone in the batch): a row that
-                    # only ever decodes batched never pays for the draft's encoder.
-                    denc = decoding.encode(draft, dfns, padded, mask)
-                    job.held += denc.nbytes
-                    self.kv.hold(denc.nbytes, job.held)
-                    return denc
-
-                row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new,
-                                        draft=draft, dfns=dfns, denc=encode_draft,
-                                        dcache=caches["draft"], k=job.k)
+                row = self._with_draft(job, target, tfns, tenc, padded, mask)
             else:
                 row = decoding.RowState(target, tfns, tenc, caches["target"], job.max_new)
             row.buffers = buffers if fixed else None
             job.t_encoded = time.perf_counter()
         return row
+
+    def _with_draft(self, job: scheduler.Job, target: ModelRunner, tfns: Fns,
+                    tenc: decoding.Encoded, padded: torch.Tensor, mask: torch.Tensor
+                    ) -> decoding.RowState:
+        """Return `job`'s row state with its draft, whose encoder runs on first use."""
+        caches = self.caches[job.row]
+        draft = self.models.draft
+        assert draft is not None
+        dfns = fns(draft, job.key, job.native)
+
+        def encode_draft() -> decoding.Encoded:
+            # Run when the row first speculates (alone in the batch): a row that only ever
+            # decodes batched never pays for the draft's encoder.
+            denc = decoding.encode(draft, dfns, padded, mask)
+            job.held += denc.nbytes
+            self.kv.hold(denc.nbytes, job.held)
+            return denc
+
+        return decoding.RowState(target, tfns, tenc, caches["target"], job.max_new,
+                                 draft=draft, dfns=dfns, denc=encode_draft,
+                                 dcache=caches["draft"], k=job.k)
 
     def kv_release(self, nbytes: int) -> None:
         """Forget `nbytes` of request K/V (a batched request left)."""

@@ -21,6 +21,7 @@ KIND_STEP = "step"
 KIND_VERIFY = "verify"
 # Suffixes of the compiled functions' tags (and of their saved files).
 ENC, STEP, VERIFY, ROWS = "enc", "step", "verify", "rows"
+ENC_ROWS = "enc_rows"  # the encoder of several inputs at once (engine.group_encode)
 COMPILED_STEP = "compiled_step"  # the compiled step beside a bound C step (native_step off)
 # Key of the compiled functions every bucket edge shares: the input length (encoder) and
 # the cross-attention length (decoder) are dynamic dimensions, so one graph per function
@@ -109,6 +110,11 @@ class ModelRunner:
         self.weights: OnDemandWeights | None = None
         self.eager = Fns(t5.encode, t5.decode_steps, t5.decode_greedy, chain=True)
         self._compiled: dict[object, Fns] = {}
+        self._enc_rows: Callable | None = None  # see encoder_rows
+        # The bucket edges whose arrivals are encoded together, each checked at warm-up,
+        # and why none are (engine.group_encode); empty: every input encodes alone.
+        self.group_edges: set[int] = set()
+        self.group_off: str | None = None
         self._loaded: dict[str, Callable] = {}  # saved functions read from disk, by kind
         # The C decode step (engine.native.BoundStep) when it serves this model: then no
         # step or verify graph is compiled or saved; every bucket calls it instead.
@@ -204,6 +210,16 @@ class ModelRunner:
                               rows=self._fixed_rows(key))
                 self._compiled[key] = fns
             return fns
+
+    def encoder_rows(self) -> Callable:
+        """Return the encoder of several inputs of one length (t5.encode_batch, compiled
+        with the batch and the length dynamic: every bucket edge shares it), creating it."""
+        if self.encoder_of is not None:
+            return self._borrowed(self.encoder_of.encoder_rows())
+        with self._lock:
+            if self._enc_rows is None:
+                self._enc_rows = self._compile(t5.encode_batch, self._tag(SHARED, ENC_ROWS))
+            return self._enc_rows
 
     def _fixed_rows(self, key: int | str) -> Callable | None:
         """Return the fixed-row step of the bucket edges' shared functions (None for the

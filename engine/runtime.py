@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from engine import aot, decoding, precompile, quantize, scheduler, validation
+from engine import aot, decoding, group_encode, precompile, quantize, scheduler, validation
 from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_label
 from engine.compile_watch import shared_watch
@@ -149,12 +149,26 @@ class Runtime:
                                              repr(INDUCTOR_OPTIONS))
             self._traffic.load()
         warm_bucket = BucketWarmer(self.models, self.rows, self.ledger, owned=self._owned,
-                                   cudagraphs_off=self.cudagraphs_off)
+                                   cudagraphs_off=self.cudagraphs_off,
+                                   group_size=self._group_size(), on_loop=self._on_loop)
         return Warmup(self.models, buckets=self.config.buckets, compile_on=self._compile_on,
                       saved_dir=saved_dir, order=self.warm_order,
                       warm_bucket=warm_bucket, watch=self._watch,
                       created=self._t_created, closed=lambda: self._closed,
                       finished=self.ledger.warm_done, on_owner=self._on_owner)
+
+    def _group_size(self) -> int:
+        """Return the most arrivals of one bucket the loop encodes in one call (below 2:
+        each alone): batched CPU engines only (on CUDA the grouped encoder is unchecked)."""
+        if self.config.max_batch < 2 or self.device.type != "cpu":
+            return 0
+        return min(self.config.max_batch, group_encode.GROUP_MAX)
+
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the batching loop's thread (this one when there is no loop)."""
+        if self._scheduler is not None:
+            return cast(T, self._scheduler.call(fn))
+        return fn()
 
     def _start_threads(self) -> None:
         """Start the batching loop (max_batch > 1) and, in the CUDA-graph modes, make one

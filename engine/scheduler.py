@@ -2,15 +2,15 @@
 
 A request holds a row (its admission slot: a self-attention cache allocated once and
 reused) and is handed to the loop as a Job. Between steps the loop takes new jobs, runs
-their encoders, and they join the running batch; each step decodes one token for every
-row (engine.native's `rows`, engine.t5.decode_rows eager, or the fixed-row compiled step
-engine.t5.decode_fixed on engine.row_buffers: each weight read once for all rows);
-a row leaves at EOS, at its token limit, or when it is cancelled or past its deadline,
-and the others never wait for it. While the batch holds one row that has a draft, the
-step is a speculative round instead (as the unbatched engine decodes), and so is a step
-of several rows when the rounds' measured tokens per second beat the batched step's at
-that batch size: every output is the target's own greedy tokens whichever ran
-(engine.decoding.RowState).
+their encoders (those of one bucket taken together in one call: engine.group_encode), and
+they join the running batch; each step decodes one token for every row (engine.native's
+`rows`, engine.t5.decode_rows eager, or the fixed-row compiled step engine.t5.decode_fixed
+on engine.row_buffers: each weight read once for all rows); a row leaves at EOS, at its
+token limit, or when it is cancelled or past its deadline, and the others never wait for
+it. While the batch holds one row that has a draft, the step is a speculative round
+instead (as the unbatched engine decodes), and so is a step of several rows when the
+rounds' measured tokens per second beat the batched step's at that batch size: every
+output is the target's own greedy tokens whichever ran (engine.decoding.RowState).
 
     job = Job(ids, length, key, k, max_new, deadline, quantized, row)
     scheduler.submit(job)
@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,9 +36,10 @@ from typing import Any, Protocol
 import torch
 
 from engine import t5
-from engine.decoding import Decoded, RowState
+from engine.decoding import Decoded, Encoded, RowState
 from engine.draft_length import expected_tokens
 from engine.errors import Cancelled, DoesNotFit, NotReady, RequestTimeout
+from engine.group_encode import GROUP_MAX
 from engine.protocol import BatchSnapshot
 from engine.scheduler_recorder import PHASE_DECODE, PHASE_VERIFY, StepRecorder
 
@@ -65,8 +66,17 @@ class RowOwner(Protocol):
         """Return the most new tokens a batch row's cache holds for a request drafting k."""
         ...
 
-    def start_row(self, job: Job) -> RowState:
-        """Encode `job`'s input on the loop thread; return its row's decode state."""
+    def start_row(self, job: Job, tenc: Encoded | None = None) -> RowState:
+        """Encode `job`'s input on the loop thread (unless `tenc`: its encoder output from
+        encode_rows); return its row's decode state."""
+        ...
+
+    def group_key(self, job: Job) -> Hashable | None:
+        """Return what decides `job`'s encoder (None: it encodes alone)."""
+        ...
+
+    def encode_rows(self, jobs: list[Job]) -> list[Encoded]:
+        """Encode the inputs of `jobs` (one group_key) in one call; return each one's."""
         ...
 
     def kv_release(self, nbytes: int) -> None:
@@ -290,8 +300,11 @@ class Scheduler:
 
                     self._cond.wait_for(arrived, timeout=self._window)
                 new = self._take()
-            for job in new:
-                self._join(job)
+            for group in self._groups(new):
+                if len(group) == 1:
+                    self._join(group[0])
+                else:
+                    self._join_group(group)
             self._leave_cancelled()
             if self._active:
                 self._step()
@@ -333,17 +346,60 @@ class Scheduler:
         self._busy += alpha * (sample - self._busy)
         self._window = self.window_max_s * (1.0 - self._busy)
 
-    def _join(self, job: Job) -> None:
-        job.t_picked = self._clock()
-        if self._gone(job):
+    def _groups(self, jobs: list[Job]) -> list[list[Job]]:
+        """Return `jobs` in groups whose inputs are encoded in one call (engine.group_encode:
+        one target, bucket edge and set of functions; at most GROUP_MAX), in arrival order
+        of each group's first job; a job that cannot be grouped is a group of its own."""
+        groups: list[list[Job]] = []
+        open_: dict[Hashable, list[Job]] = {}
+        for job in jobs:
+            key = self._owner.group_key(job)
+            group = open_.get(key) if key is not None else None
+            if group is None or len(group) >= GROUP_MAX:
+                group = []
+                groups.append(group)
+                if key is not None:
+                    open_[key] = group
+            group.append(job)
+        return groups
+
+    def _join_group(self, jobs: list[Job]) -> None:
+        """Encode the inputs of `jobs` in one call and join each; each alone if it fails."""
+        started = self._clock()
+        for job in jobs:
+            job.t_picked = started
+        live = [job for job in jobs if not self._gone(job)]  # the others are not encoded
+        if len(live) < 2:
+            for job in live:
+                self._join(job)
             return
+        try:
+            encoded = self._owner.encode_rows(live)
+        except Exception:  # noqa: BLE001 - each alone: only a failing request fails
+            log.exception("scheduler: %d inputs encoded together failed; each is "
+                          "encoded alone", len(live))
+            for job in live:
+                self._join(job)
+            return
+        # Each row is recorded as joining after an equal share of the one encoder call
+        # (none of it is any one request's), plus its own row set-up.
+        share = (self._clock() - started) / len(live)
+        for job, tenc in zip(live, encoded, strict=True):
+            self._join(job, tenc, share)
+
+    def _join(self, job: Job, tenc: Encoded | None = None, encode_s: float = 0.0) -> None:
+        """Start `job`'s row (encoding its input unless `tenc`) and add it to the batch."""
+        if tenc is None:
+            job.t_picked = self._clock()
+            if self._gone(job):
+                return
         started = self._clock()
         try:
-            state = self._owner.start_row(job)
+            state = self._owner.start_row(job, tenc)
         except BaseException as exc:  # noqa: BLE001 - fails this request only
             self._finish(job, None, exc)
             return
-        self.recorder.joined(job, self._clock() - started)
+        self.recorder.joined(job, encode_s + self._clock() - started)
         with self._cond:
             if len(self._active) >= self.max_batch:  # admission grants at most max_batch rows
                 raise RuntimeError("scheduler: more rows than max_batch")

@@ -298,6 +298,40 @@ def encode(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor, enc_bias: torc
     return torch.stack(kv)
 
 
+def _clamp_inputs(x: torch.Tensor) -> torch.Tensor:
+    """Clamp each input of a batch [B, length, D] as `encode` clamps it alone."""
+    if x.dtype != torch.float16:
+        return x
+    return torch.cat([_clamp_fp16(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+def encode_batch(m: LeanT5, ids: torch.Tensor, mask_bias: torch.Tensor,
+                 enc_bias: torch.Tensor) -> torch.Tensor:
+    """Run the encoder on B inputs of one padded length and return their cross K/V
+    [B, L, 2, H, length, d_kv]; `mask_bias` [B, 1, 1, length] (each input's own)."""
+    # The batching loop's arrivals of one bucket (engine.group_encode), only where warm-up
+    # found each row bitwise what `encode`'s compiled graph gives that input alone.
+    b, n = ids.shape
+    x = F.embedding(ids, m.embed)
+    bias = enc_bias + mask_bias
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(b, n, m.n_heads, m.d_kv).transpose(1, 2)
+
+    for layer in m.enc_layers:
+        h = _norm(x, layer.ln_att, m.eps)
+        q, k, v = _linear(h, layer.qkv).split(m.inner, dim=-1)
+        scores = torch.matmul(heads(q), heads(k).transpose(-1, -2)) + bias
+        probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+        att = torch.matmul(probs, heads(v)).transpose(1, 2).reshape(b, n, -1)
+        x = _clamp_inputs(x + _linear(att, layer.o))
+        x = _clamp_inputs(_ff(m, layer, x))
+    x = _norm(x, m.enc_final, m.eps)
+    kv = [_linear(x, layer.ckv).view(b, n, 2, m.n_heads, m.d_kv).permute(0, 2, 3, 1, 4)
+          for layer in m.dec_layers]
+    return torch.stack(kv, 1)
+
+
 def decode_logits(m: LeanT5, tokens: torch.Tensor, pos: torch.Tensor, self_kv: torch.Tensor,
                   cross_kv: torch.Tensor, cross_bias: torch.Tensor, dec_bias: torch.Tensor
                   ) -> torch.Tensor:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine import group_encode
 from engine.compile_watch import CompileWatch
 from engine.graphs import GraphLedger
 from engine.models import Models
@@ -27,8 +28,13 @@ class BucketWarmer:
     """Warm one bucket's compiled calls (Warmup's `warm_bucket`, run on the owner thread)."""
 
     def __init__(self, models: Models, rows: Rows, ledger: GraphLedger, *, owned: bool,
-                 cudagraphs_off: str | None) -> None:
+                 cudagraphs_off: str | None, group_size: int = 0,
+                 on_loop: group_encode.OnLoop | None = None) -> None:
+        """`group_size`: the most arrivals of one bucket encoded in one call (below 2:
+        each alone); `on_loop` runs a function on the batching loop's thread."""
         self.models = models
+        self.group_size = group_size
+        self._on_loop = on_loop
         self.rows = rows
         self.ledger = ledger
         self.owned = owned
@@ -49,6 +55,9 @@ class BucketWarmer:
             # with the requests (a row decoding beside it would read the warm-up's writes).
             caches = [row[name] for row in self.rows.caches] if self.owned else []
             runner.warm(edge, verify=verify, caches=caches, mark=not loaded)
+            if not loaded and runner is not self.models.draft and self._on_loop is not None:
+                # Not from saved functions: a warm start compiles nothing (and so groups none).
+                group_encode.warm(runner, edge, self.group_size, self._on_loop)
         # The fixed-row step's batch-size classes, once per runner (every bucket shares
         # them: the cross K/V is padded to the longest), whatever the saved functions.
         for runner, _verify in self.models.warm_runners():

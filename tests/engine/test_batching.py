@@ -128,8 +128,8 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
     texts = random_texts(3, seed=17, overflow=False)
     start_row = rt.rows.start_row
 
-    def broken(job):
-        state = start_row(job)
+    def broken(job, tenc=None):
+        state = start_row(job, tenc)
         if job.row == 1:  # its cross K/V has the wrong width: its step raises
             state.tenc = type(state.tenc)(state.tenc.cross[..., :1], state.tenc.mask_bias)
         return state

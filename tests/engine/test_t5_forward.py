@@ -126,3 +126,25 @@ def test_bias_for_covers_every_position(eager_runner):
         span = bias.shape[-1]
         assert end <= span <= runner.slots and bias.shape[1] == span
         torch.testing.assert_close(bias, runner.dec_bias[:, :span, :span])
+
+
+@pytest.mark.parametrize("length", [8, 16, 32])
+def test_encode_batch_rows_equal_each_input_alone(models, length):
+    # Inputs of one padded length and different real lengths, encoded together: each
+    # row's cross K/V is what `encode` gives that input alone.
+    m = models[2]
+    gen = torch.Generator().manual_seed(length)
+    b = 5
+    ids = torch.randint(3, m.vocab_size, (b, length), generator=gen)
+    mask = torch.zeros((b, length), dtype=torch.long)
+    for i, n in enumerate(torch.randint(2, length + 1, (b,), generator=gen).tolist()):
+        mask[i, :n] = 1
+        ids[i, n:] = m.pad_id
+    mask_bias = torch.cat([m.mask_bias(mask[i:i + 1]) for i in range(b)])
+    enc_bias = m.encoder_bias(length)
+    with torch.no_grad():
+        rows = t5.encode_batch(m, ids, mask_bias, enc_bias)
+        alone = [t5.encode(m, ids[i:i + 1], mask_bias[i:i + 1], enc_bias) for i in range(b)]
+    assert rows.shape == (b, *alone[0].shape)
+    for i in range(b):
+        torch.testing.assert_close(rows[i], alone[i], atol=1e-5, rtol=1e-5)
