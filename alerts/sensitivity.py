@@ -69,9 +69,9 @@ NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in ti
 # The reason of a series with nothing to estimate against (no baseline, or one at zero).
 NO_BASELINE = "no usable baseline yet"
 # A series too young to state its false pages grows with every cycle, not only when its
-# baseline refreshes (hourly): its estimate is due again this long after the last, so it
-# states its pages (and stops holding them as warnings) minutes after its history
-# suffices. A held estimate is cheap: it counts the cycles and stops.
+# baseline refreshes (hourly): once it could have the cycles it lacked, its estimate is
+# due again this long after the last, so it states its pages (and stops holding them as
+# warnings) minutes after its history suffices.
 HELD_RECHECK_S = 600.0
 DAYS_30 = 30 * 86400.0
 P95 = 0.95
@@ -250,7 +250,7 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
     base = Sensitivity(rule=rule.name, status=INSUFFICIENT, cycles=len(pts),
                        within_cycles=cfg.within_cycles, configured_threshold=rule.threshold,
                        threshold=rule.threshold, budget_per_30d=budget)
-    need = max(cfg.min_history, 3 * (rule.lookback_cycles + cfg.within_cycles))
+    need = needed_cycles(rule, cfg)
     # While it is, a budgeted series' pages are held as warnings (alerts.baselines): said.
     held = HELD_SUFFIX if budget is not None else ""
     if baseline is None or baseline.center == 0 or baseline.cycles < rule.min_baseline_cycles:
@@ -843,10 +843,26 @@ def _candidates(rule: Rule, rows: Mapping[str, list[StoredBaseline]],
                     or old.configured_threshold != rule.threshold \
                     or old.budget_per_30d != budget \
                     or old.within_cycles != config.within_cycles \
-                    or (old.status == INSUFFICIENT
-                        and now - old.computed_at >= timedelta(seconds=HELD_RECHECK_S)):
+                    or _may_state(old, rule, config, now):
                 out.append(_Candidate(labels, cohort, b, season, old))
     return sorted(out, key=lambda c: (c.labels, c.cohort, c.season or ""))
+
+
+def needed_cycles(rule: Rule, config: SensitivityConfig) -> int:
+    """Return the fewest usable cycles an estimate of `rule` rests on."""
+    return max(config.min_history, 3 * (rule.lookback_cycles + config.within_cycles))
+
+
+def _may_state(old: StoredSensitivity, rule: Rule, config: SensitivityConfig,
+               now: datetime) -> bool:
+    """Return whether a held estimate is due again: `HELD_RECHECK_S` old, and its series
+    could have gained the cycles it lacked (one per `window_s` at most), so a young
+    series' history is not read every run for hours before it can suffice."""
+    if old.status != INSUFFICIENT:
+        return False
+    elapsed = (now - old.computed_at).total_seconds()
+    return elapsed >= HELD_RECHECK_S \
+        and old.cycles + elapsed / rule.window_s >= needed_cycles(rule, config)
 
 
 def _pairs(key: str) -> list[tuple[str, str]]:

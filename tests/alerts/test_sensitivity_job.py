@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import rule_scope
@@ -26,7 +27,7 @@ from alerts.sensitivity import (
 )
 from alerts.series import RowCache, cohort_series, sliced_cohort_series
 from monitor.metrics import DatabaseCollector, Metrics
-from storage.models import Baseline, scope_key
+from storage.models import Baseline, RuleSensitivity, scope_key
 from storage.queries import sensitivity as queries
 from tests.alerts.builders import add_traffic
 
@@ -260,7 +261,15 @@ def test_a_held_series_is_estimated_again_as_its_history_grows(
     fill(sessionmaker)
     rule = acceptance_rule()
     cfg = replace(CFG, min_history=60, min_history_s=3600.0)
-    young = NOW - timedelta(minutes=MINUTES - 110)  # 110 of the 120 cycles it needs
+    younger = NOW - timedelta(minutes=MINUTES - 60)  # 60 of the 120 cycles it needs
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], cfg, younger, history_s=MINUTES * 60.0).estimated == 1
+    # 50 minutes on, it cannot have 120 cycles yet: its history is not read again.
+    young = younger + timedelta(minutes=50)  # 110 cycles
+    with sessionmaker.begin() as s:
+        assert refresh(s, [rule], cfg, young, history_s=MINUTES * 60.0).estimated == 0
+    with sessionmaker.begin() as s:  # an estimate an hour old could now have 120: due
+        s.execute(update(RuleSensitivity).values(computed_at=young - timedelta(hours=1)))
     with sessionmaker.begin() as s:
         assert refresh(s, [rule], cfg, young, history_s=MINUTES * 60.0).estimated == 1
     soon = young + timedelta(seconds=HELD_RECHECK_S - 60)
