@@ -397,6 +397,9 @@ def _slack_incident(n: Notification, inc: IncidentInfo, url: str) -> dict[str, A
         {"type": "section", "text": {"type": "mrkdwn", "text": n.text[:2900] or " "}},
         {"type": "section", "text": {"type": "mrkdwn",
                                      "text": ("*Members:*\n" + "\n".join(lines))[:2900]}},
+        # Whether it pages: a member held as a warning (a young series) is not its rule's
+        # severity, so the reader is told, not left to infer it from the rule names.
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*Severity:* {inc.severity}"}]},
     ]
     ctx = f"tailwatch · key {n.key}" + (f" · <{url}|details>" if url else "")
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": ctx}]})

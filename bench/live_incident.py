@@ -198,16 +198,23 @@ def _slack_member(line: str, rule_severity: Mapping[str, str]) -> str:
 
 
 def _slack_severity(payload: Mapping[str, Any], rule_severity: Mapping[str, str]) -> str | None:
+    stated = _slack_fact(payload, "*Severity:*")
+    if stated is not None:  # an alert's facts, or an incident's severity in force
+        return stated
+    # Messages from before incidents stated it: the members' shipped rules give it.
     members = [m for line in _slack_lines(payload) if (m := SLACK_MEMBER.match(line))]
     rules = [m.group(1) for m in members if m.group(4) == "firing"] or [
         m.group(1) for m in members]
-    if rules:
-        return _most_severe(rule_severity.get(r) for r in rules)
-    for block in payload.get("blocks") or []:  # a plain alert: its facts name the severity
+    return _most_severe(rule_severity.get(r) for r in rules) if rules else None
+
+
+def _slack_fact(payload: Mapping[str, Any], name: str) -> str | None:
+    """Return the value of a message's `*Name:* value` field, if it has one."""
+    for block in payload.get("blocks") or []:
         for f in block.get("fields") or [] if isinstance(block, dict) else []:
             text = str(f.get("text", ""))
-            if text.startswith("*Severity:*"):
-                return text.split(":*", 1)[1].strip()
+            if text.startswith(name):
+                return text[len(name):].strip()
     return None
 
 

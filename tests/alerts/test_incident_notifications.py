@@ -209,6 +209,9 @@ def test_a_page_joining_a_warning_incident_is_sent_to_every_target_once(
         assert "escalated to page" in generic[1]["title"]
         slack = [r.payload for r in rows(s, "slack")]
         assert "escalated to page" in slack[1]["text"]
+        # Slack readers are told whether it pages, not left to infer it from rule names.
+        assert [[f["text"] for b in p["blocks"] for f in b.get("fields", [])]
+                for p in slack[:2]] == [["*Severity:* warning"], ["*Severity:* page"]]
         am = [r.payload for r in rows(s, "alertmanager")]
         assert [p["status"] for p in am] == ["firing", "firing", "resolved"]
         assert {a["labels"]["severity"] for a in am[1]["alerts"]} == {"warning", "page"}

@@ -298,6 +298,7 @@ def test_a_hog_page_joining_an_open_warning_incident_ends_at_its_deescalation(
             got = classify(fmt, fmt, posts, SEVERITY)
             assert [r.kind for r in got] == ["firing", "escalated", "deescalated",
                                              "resolved"][:len(got)], fmt
+            assert [r.severity for r in got[:3]] == ["warning", "page", "warning"], fmt
             c = hog_counts(got, START + 1, START + 2)  # the hog: escalated to de-escalated
             assert (c.firing, c.pages, c.resolved, c.carried, c.still_open) == (
                 1, 1, 1, 0, 0), fmt
