@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.config import EngineConfig
-from engine.protocol import InMemoryFlagProvider, RuntimeFlags
+from engine.protocol import FlagOverride, InMemoryFlagProvider, RuntimeFlags
 
 
 def build_tiny_t5(path: Path, *, seed: int, d_model: int = 32, layers: int = 2,
@@ -140,3 +142,33 @@ def limit_isa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isa: str) -> None
     cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" {ISA_LIMITS[isa]}\n')
     cc.chmod(0o755)
     monkeypatch.setenv("CC", str(cc))
+
+
+def batching_runtime(tmp_path: Path, dirs: dict[str, Path], *, warm: bool = True,
+                     **changes: object) -> Any:
+    """Return a runtime on the tiny models (eager backend), warmed unless `warm` is False."""
+    from engine.runtime import Runtime
+
+    rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
+                             **changes))
+    if warm:
+        rt.warm_up(background=False)
+    return rt
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory, tiny_dirs: dict[str, Path]
+          ) -> Iterator[Callable[..., tuple[int, ...]]]:
+    """Return a function giving a text's tokens decoded alone by an unbatched engine."""
+    rt = batching_runtime(tmp_path_factory.mktemp("alone"), tiny_dirs, max_batch=1)
+    memo: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def tokens(text: str, max_new: int = 16) -> tuple[int, ...]:
+        if (text, max_new) not in memo:
+            memo[(text, max_new)] = rt.generate(
+                text, max_new_tokens=max_new, override=FlagOverride(speculative=False)
+            ).output_ids
+        return memo[(text, max_new)]
+
+    yield tokens
+    rt.close()

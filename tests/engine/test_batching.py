@@ -14,31 +14,7 @@ from engine.errors import Cancelled, DoesNotFit, InputTooLong
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
 from tests.engine.batching import Handshake, make_job, submit_together
-from tests.engine.conftest import random_texts, tiny_config
-
-
-def _runtime(tmp_path, dirs, **changes) -> Runtime:
-    rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
-                             **changes))
-    rt.warm_up(background=False)
-    return rt
-
-
-@pytest.fixture(scope="module")
-def alone(tmp_path_factory, tiny_dirs):
-    """Return a function giving a text's tokens decoded alone by an unbatched engine."""
-    rt = _runtime(tmp_path_factory.mktemp("alone"), tiny_dirs, max_batch=1)
-    memo: dict[tuple[str, int], tuple[int, ...]] = {}
-
-    def tokens(text: str, max_new: int = 16) -> tuple[int, ...]:
-        if (text, max_new) not in memo:
-            memo[(text, max_new)] = rt.generate(
-                text, max_new_tokens=max_new, override=FlagOverride(speculative=False)
-            ).output_ids
-        return memo[(text, max_new)]
-
-    yield tokens
-    rt.close()
+from tests.engine.conftest import batching_runtime, random_texts
 
 
 @pytest.mark.parametrize(("native_step", "eager"), [(True, False), (False, True),
@@ -47,7 +23,7 @@ def test_rows_joining_and_leaving_mid_flight_decode_what_they_decode_alone(
         tmp_path, tiny_dirs, alone, native_step, eager):
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4, native_step=native_step)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4, native_step=native_step)
     try:
         texts = random_texts(8, seed=21)  # every bucket and the overflow path
         # Mixed token limits: rows leave at different steps; two speculate when alone.
@@ -75,7 +51,7 @@ def test_rows_joining_and_leaving_mid_flight_decode_what_they_decode_alone(
 
 
 def test_a_lone_row_speculates_and_stays_exact(tmp_path, tiny_dirs, alone):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
     try:
         for text in random_texts(6, seed=5):
             out = rt.generate(text, max_new_tokens=16, override=FlagOverride(speculative=True))
@@ -88,7 +64,7 @@ def test_a_lone_row_speculates_and_stays_exact(tmp_path, tiny_dirs, alone):
 
 
 def test_concurrent_callers_get_their_own_tokens(tmp_path, tiny_dirs, alone):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4, max_queue=32)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4, max_queue=32)
     texts = random_texts(16, seed=8)
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -102,7 +78,7 @@ def test_concurrent_callers_get_their_own_tokens(tmp_path, tiny_dirs, alone):
 
 
 def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_dirs, alone):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=2)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
     texts = random_texts(3, seed=13, overflow=False)
     try:
         keep, drop = make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[1], 1, max_new=40)
@@ -124,7 +100,7 @@ def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_di
 
 def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
         tmp_path, tiny_dirs, alone, monkeypatch):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=3, native_step=False)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3, native_step=False)
     texts = random_texts(3, seed=17, overflow=False)
     start_row = rt.rows.start_row
 
@@ -149,7 +125,7 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
 
 
 def test_a_request_that_cannot_fit_a_row_is_refused_naming_the_limit(tmp_path, tiny_dirs):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=2)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
     try:
         job = make_job(rt, "hello", 0, max_new=rt.slots + 1)
         with pytest.raises(DoesNotFit) as err:
@@ -196,7 +172,7 @@ def test_the_window_shortens_while_callers_wait_and_lengthens_while_none_do(tmp_
 
 
 def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs, alone):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=2, batch_window_max_s=1.0)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, batch_window_max_s=1.0)
     texts = random_texts(2, seed=3, overflow=False)
     try:
         jobs = [make_job(rt, t, row) for row, t in enumerate(texts)]
@@ -214,7 +190,7 @@ def test_a_row_left_alone_speculates_after_batched_steps_and_stays_exact(
         tmp_path, tiny_dirs, alone, native_step):
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
     texts = random_texts(2, seed=31, overflow=False)
     try:
         long, short = make_job(rt, texts[0], 0, k=3, max_new=40), make_job(rt, texts[1], 1, max_new=3)
@@ -305,7 +281,7 @@ def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
         tmp_path, tiny_dirs, alone, monkeypatch):
     if native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
     texts = random_texts(7, seed=41, overflow=False)  # mixed buckets
     try:
         sched = rt._scheduler
@@ -342,7 +318,7 @@ def test_the_loop_steps_direct_when_measured_costs_say_verifying_does_not_pay(
         tmp_path, tiny_dirs, alone, monkeypatch):
     if native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=3)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
     texts = random_texts(3, seed=43, overflow=False)
     try:
         sched = rt._scheduler

@@ -10,35 +10,9 @@ import torch
 
 from engine import decoding, native, t5
 from engine.errors import Cancelled
-from engine.protocol import FlagOverride
 from engine.runtime import Runtime
 from tests.engine.batching import make_job, submit_together
-from tests.engine.conftest import random_texts, tiny_config
-
-
-def _runtime(tmp_path, dirs, *, warm: bool = True, **changes) -> Runtime:
-    rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
-                             **changes))
-    if warm:
-        rt.warm_up(background=False)
-    return rt
-
-
-@pytest.fixture(scope="module")
-def alone(tmp_path_factory, tiny_dirs):
-    """Return a function giving a text's tokens decoded alone by an unbatched engine."""
-    rt = _runtime(tmp_path_factory.mktemp("alone"), tiny_dirs, max_batch=1)
-    memo: dict[tuple[str, int], tuple[int, ...]] = {}
-
-    def tokens(text: str, max_new: int = 16) -> tuple[int, ...]:
-        if (text, max_new) not in memo:
-            memo[(text, max_new)] = rt.generate(
-                text, max_new_tokens=max_new, override=FlagOverride(speculative=False)
-            ).output_ids
-        return memo[(text, max_new)]
-
-    yield tokens
-    rt.close()
+from tests.engine.conftest import batching_runtime, random_texts
 
 
 def _count_encoders(rt: Runtime, monkeypatch) -> tuple[list[list[int]], list[int]]:
@@ -68,7 +42,7 @@ def test_arrivals_taken_together_are_encoded_in_one_call_per_bucket_and_stay_exa
         tmp_path, tiny_dirs, alone, monkeypatch, native_step, speculate):
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=8, native_step=native_step)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=8, native_step=native_step)
     try:
         assert rt.target.group_edges == {16, 32}  # 8 tokens: below GROUP_MIN_LENGTH
         grouped, single = _count_encoders(rt, monkeypatch)
@@ -97,7 +71,7 @@ def test_arrivals_taken_together_are_encoded_in_one_call_per_bucket_and_stay_exa
 
 def test_a_cancelled_arrival_is_not_encoded_and_changes_no_one(tmp_path, tiny_dirs, alone,
                                                               monkeypatch):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
     try:
         grouped, single = _count_encoders(rt, monkeypatch)
         texts = random_texts(12, seed=71, overflow=False)[1::3]  # four of bucket 16
@@ -116,7 +90,7 @@ def test_a_cancelled_arrival_is_not_encoded_and_changes_no_one(tmp_path, tiny_di
 
 def test_a_failing_grouped_encode_falls_back_so_only_the_failing_request_errors(
         tmp_path, tiny_dirs, alone, monkeypatch):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4, native_step=False)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4, native_step=False)
     try:
         calls: list[int] = []
         start_row = rt.rows.start_row
@@ -152,7 +126,7 @@ def test_a_grouped_encoder_not_bitwise_the_batch_1_one_is_not_used(tmp_path, tin
         out = encode_batch(m, ids, mask_bias, enc_bias)
         return torch.nextafter(out, torch.full_like(out, float("inf")))
 
-    rt = _runtime(tmp_path, tiny_dirs, warm=False, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, warm=False, max_batch=4)
     try:
         monkeypatch.setattr(t5, "encode_batch", off_by_a_bit)
         with caplog.at_level(logging.WARNING, logger="engine.group_encode"):
@@ -164,7 +138,7 @@ def test_a_grouped_encoder_not_bitwise_the_batch_1_one_is_not_used(tmp_path, tin
 
 
 def test_an_unbatched_engine_groups_nothing(tmp_path, tiny_dirs):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=1)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=1)
     try:
         assert rt.target.group_edges == set()
     finally:
