@@ -57,7 +57,7 @@ class StepContext:
     def wait_for(self, check: str, expected: str, probe: Probe, timeout_s: float) -> str:
         """Poll `probe` until it holds; raise CheckFailed (expected vs seen) at the timeout."""
         deadline = time.monotonic() + timeout_s
-        return self._poll(check, expected, probe, lambda: deadline - time.monotonic())
+        return self.wait_until(check, expected, probe, lambda: deadline - time.monotonic())
 
     def wait_progress(self, check: str, expected: str, probe: Probe, stall_s: float) -> str:
         """Poll `probe` until it holds; raise CheckFailed once what it reports stood still
@@ -70,7 +70,7 @@ class StepContext:
                 mark.update(seen=seen, at=time.monotonic())
             return ok, seen
 
-        return self._poll(check, expected, tracked,
+        return self.wait_until(check, expected, tracked,
                           lambda: stall_s - (time.monotonic() - mark["at"]))
 
     def wait_cycles(self, check: str, expected: str, probe: Probe, cycles: int,
@@ -99,8 +99,7 @@ class StepContext:
                            (cycles - paced["finished"]) * paced["period"], 0.001)
             return min_s - elapsed
 
-        seen = self._poll(check, expected, probe, left)
-        return seen
+        return self.wait_until(check, expected, probe, left)
 
     def cycle_stats(self, since: float) -> tuple[int, float | None]:
         """Return (canary cycles finished since `since`, median seconds between cycle starts)."""
@@ -116,8 +115,10 @@ class StepContext:
                       for r in self.api.probe_cycles(limit=9) if r.get("finished_at"))
         return took[len(took) // 2] if took else None
 
-    def _poll(self, check: str, expected: str, probe: Probe,
-              left_s: Callable[[], float]) -> str:
+    def wait_until(self, check: str, expected: str, probe: Probe,
+                   left_s: Callable[[], float]) -> str:
+        """Poll `probe` until it holds; raise CheckFailed once `left_s()` (asked after each
+        poll, so it may follow what the probe saw) is <= 0."""
         seen = "nothing yet"
         while True:
             try:

@@ -79,6 +79,10 @@ class DemoProfile:
     # whole one, then 180 s, plus the 1 s flush and the evaluation: 300 s covers a shift
     # that begins late in a minute.
     shift_timeout_s: float = 300.0
+    # Once the shifted bucket's alert is pending it fires after `for` (3) more minute
+    # cycles, each evaluated by a worker that runs late on a loaded machine: the wait lasts
+    # this long after the alert went pending, even past shift_timeout_s.
+    shift_pending_s: float = 240.0
     regression_timeout_s: float = 90.0
     churn_timeout_s: float = 120.0
     report_timeout_s: float = 120.0

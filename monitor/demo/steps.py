@@ -110,9 +110,14 @@ def _acceptance_alert(ctx: StepContext, shifted: Lane, started: float) -> dict[s
     """Wait for acceptance_drop in the shifted bucket only and its webhook; return the alert."""
     p = ctx.profile
     shift = str(p.shift_bucket)
+    began = time.monotonic()
+    pending_since: list[float] = []  # when this bucket's alert was first seen pending
 
     def alert() -> tuple[bool, str]:
         open_ = [a for a in ctx.api.alerts("open") if a["rule"] == "acceptance_drop"]
+        if not pending_since and any(a["labels"].get("bucket") == shift
+                                     and a["state"] == "pending" for a in open_):
+            pending_since.append(time.monotonic())
         recent = [s.acceptance_rate for s in ctx.traffic.samples(since=started, lane=shifted.name)
                   if s.acceptance_rate is not None][-20:]
         acc = f"{sum(recent) / len(recent):.2f}" if recent else "n/a"
@@ -123,8 +128,14 @@ def _acceptance_alert(ctx: StepContext, shifted: Lane, started: float) -> dict[s
         return bool(mine), (f"bucket {shift} acceptance {acc} on shifted traffic; "
                             f"acceptance_drop alerts {states} (traffic rules use minute cycles)")
 
-    ctx.wait_for("acceptance_drop fires", f"acceptance_drop firing for bucket={shift}", alert,
-                 p.shift_timeout_s)
+    def left() -> float:
+        deadline = began + p.shift_timeout_s
+        if pending_since:  # counting its `for` cycles: a late evaluation is no stuck rule
+            deadline = max(deadline, pending_since[0] + p.shift_pending_s)
+        return deadline - time.monotonic()
+
+    ctx.wait_until("acceptance_drop fires", f"acceptance_drop firing for bucket={shift}",
+                   alert, left)
     a: dict[str, Any] = ctx.memo["acceptance_alert"]
     ctx.event(f"alert acceptance_drop bucket={shift} fired: {a['annotations'].get('summary', '')}"
               [:160])

@@ -328,3 +328,63 @@ def test_a_kept_directory_starts_without_an_earlier_runs_state(tmp_path: Path) -
         (tmp_path / name).write_text("earlier run")
     assert _workdir(DemoOptions(keep_dir=tmp_path)) == tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+class _ShiftAlerts:
+    """A demo API whose acceptance_drop for bucket 32 goes pending at once and fires at
+    `fires_after_s`; as traffic, no samples."""
+
+    def __init__(self, fires_after_s: float) -> None:
+        import time
+
+        self.t0, self.fires_after_s = time.monotonic(), fires_after_s
+        self.polls: list[str] = []
+
+    def alerts(self, state: str = "open", *_args: object) -> list[dict[str, object]]:
+        import time
+
+        fired = time.monotonic() - self.t0 >= self.fires_after_s
+        now = "firing" if fired else "pending"
+        self.polls.append(now)
+        alert = {"id": 7, "rule": "acceptance_drop", "state": now, "labels": {"bucket": "32"},
+                 "annotations": {"summary": "acceptance -40%"}}
+        return [alert] if state == "open" or state == now else []
+
+    def samples(self, **_filters: object) -> list[object]:
+        return []
+
+
+def test_the_shift_wait_lasts_the_rules_for_cycles_once_the_alert_is_pending() -> None:
+    from dataclasses import replace
+
+    from monitor.demo.errors import CheckFailed
+    from monitor.demo.steps import _acceptance_alert
+    from monitor.demo.traffic import Lane
+
+    lane = Lane("shifted/32", "shifted", 17, 31, weight=1.0)
+    # A loaded worker fires the pending alert after the plain timeout: still no stuck rule.
+    fake = _ShiftAlerts(fires_after_s=1.5)
+    ctx = _context(fake)
+    ctx.profile = replace(FAST, shift_bucket=32, shift_timeout_s=0.5, shift_pending_s=3.0)
+    ctx.traffic = fake  # type: ignore[assignment]
+    ctx.receiver = _Receiver()  # type: ignore[assignment]
+    ctx.memo["acceptance_before"] = set()
+    assert _acceptance_alert(ctx, lane, 0.0)["id"] == 7
+    assert fake.polls[0] == "pending" and "firing" in fake.polls
+    # Pending past shift_pending_s too: the rule is stuck, and the wait says so.
+    stuck = _context(_ShiftAlerts(fires_after_s=60.0))
+    stuck.profile = replace(FAST, shift_bucket=32, shift_timeout_s=0.2, shift_pending_s=0.6)
+    stuck.traffic = fake  # type: ignore[assignment]
+    stuck.memo["acceptance_before"] = set()
+    with pytest.raises(CheckFailed, match="acceptance_drop"):
+        _acceptance_alert(stuck, lane, 0.0)
+
+
+class _Receiver:
+    """A webhook receiver that got bucket 32's firing acceptance_drop."""
+
+    def alerts(self, rule: str, status: str) -> list[tuple[object, dict[str, object]]]:
+        return [(None, {"labels": {"bucket": "32"}})]
+
+    def deliveries(self) -> list[object]:
+        return [object()]
