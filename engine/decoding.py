@@ -142,10 +142,10 @@ class RowState:
         self.draft_steps = self.verifies = 0
         self.draft_s = self.verify_s = 0.0
         self.per_position = [0] * max(k, 0)
-        # Between `propose` and `settle` (a batched verification): the draft's position
-        # after the proposals, and the seconds the draft took.
+        # Between `propose` (or `drafted`) and `settle` (a batched verification): the
+        # draft's position after the proposals, and the seconds the draft took.
         self._pending, self._proposed_s = 0, 0.0
-        # The last `_propose`'s parts: its draft encoder's seconds (0.0: it had run before)
+        # The last proposal's parts: its draft encoder's seconds (0.0: it had run before)
         # and its k proposals' seconds (the batching loop's cost of a proposal).
         self.encoded_s = self.chain_s = 0.0
         if k > 0:
@@ -205,9 +205,30 @@ class RowState:
         """Run the draft for a batched verification (engine.scheduler): return the k + 1
         tokens to verify at positions `position` onward (seq[-1], then k proposals)."""
         t0 = self.clock()
-        props, self._pending = self._propose(k)
-        self._proposed_s = self.clock() - t0
-        return [self.seq[-1], *props.tolist()]
+        props, pending = self._propose(k)
+        return self._proposal(props.tolist(), pending, self.clock() - t0)
+
+    def draft_feed(self) -> list[int]:
+        """Make the draft's encoder output if it has none; return what the draft is fed at
+        d_pos onward for a proposal made with other rows' (engine.scheduler): the accepted
+        tokens it has not seen, then seq[-1]."""
+        self._draft_ready()
+        return self.seq[self.d_pos:]
+
+    def drafted(self, props: list[int], catch_up_s: float, chain_s: float) -> list[int]:
+        """Take the k proposals the draft made from `draft_feed()` (its K/V written up to
+        `position` + k - 1); return the block to verify, as `propose` does. `catch_up_s`
+        and `chain_s`: this row's shares of the draft calls' seconds."""
+        self.draft_steps += len(self.seq) - 1 - self.d_pos + len(props)
+        self.d_pos = self.position
+        self.chain_s = chain_s
+        return self._proposal(props, self.position + len(props),
+                              self.encoded_s + catch_up_s + chain_s)
+
+    def _proposal(self, props: list[int], pending: int, seconds: float) -> list[int]:
+        """Hold a proposal until `settle`: the draft's position after it and its seconds."""
+        self._pending, self._proposed_s = pending, seconds
+        return [self.seq[-1], *props]
 
     def settle(self, block: list[int], choice: list[int], now: float, verify_s: float) -> None:
         """Take a batched verification's greedy choices after `block` (what `propose`
@@ -220,11 +241,7 @@ class RowState:
     def _propose(self, k: int) -> tuple[torch.Tensor, int]:
         """Run the draft: catch up on accepted tokens, then propose k tokens after seq[-1];
         return the proposals and the draft's position after them."""
-        self.encoded_s = 0.0
-        if self.denc is None and self._make_denc is not None:
-            t0 = self.clock()
-            self.denc = self._make_denc()
-            self.encoded_s = self.clock() - t0
+        self._draft_ready()
         assert self.draft is not None and self.dfns is not None and self.denc is not None
         assert self.dcache is not None
         draft, dfns, denc, dcache = self.draft, self.dfns, self.denc, self.dcache
@@ -269,6 +286,14 @@ class RowState:
         self.draft_steps += k
         self.chain_s = self.clock() - t_chain
         return props, d_pos
+
+    def _draft_ready(self) -> None:
+        """Run the draft's encoder if it has not run (its seconds in `encoded_s`)."""
+        self.encoded_s = 0.0
+        if self.denc is None and self._make_denc is not None:
+            t0 = self.clock()
+            self.denc = self._make_denc()
+            self.encoded_s = self.clock() - t0
 
     def _settle(self, proposals: list[int], choice: list[int], d_pos: int,
                 props: torch.Tensor | None, now: float, draft_s: float,

@@ -41,6 +41,7 @@ from engine.draft_length import expected_tokens
 from engine.errors import Cancelled, DoesNotFit, NotReady, RequestTimeout
 from engine.group_encode import GROUP_MAX
 from engine.protocol import BatchSnapshot
+from engine.runner import Fns, ModelRunner
 from engine.scheduler_recorder import PHASE_DECODE, PHASE_VERIFY, StepRecorder
 
 log = logging.getLogger(__name__)
@@ -120,21 +121,16 @@ class Job:
         self.cancelled.set()
 
 
-class StepCosts:
-    """What the loop measured of C-step calls: seconds as fixed + per_position * positions
-    (exponentially weighted least squares over the calls), the draft's seconds per
-    proposal and per draft encoder (a row's first proposal runs it), and the share of
-    proposals the target accepts."""
+class CallFit:
+    """A C call's seconds as fixed + per_position * positions: exponentially weighted least
+    squares over the calls observed."""
 
     def __init__(self, decay: float = COST_DECAY) -> None:
         self._decay = decay
         self._n = self._x = self._xx = self._y = self._xy = 0.0
-        self.draft_s: float | None = None
-        self.draft_encoder_s: float | None = None
-        self._accepted, self._trials = 0.0, 0.0
 
     def observe(self, positions: int, seconds: float) -> None:
-        """Fold in one target call of `positions` positions that took `seconds`."""
+        """Fold in one call of `positions` positions that took `seconds`."""
         d, x = self._decay, float(positions)
         self._n = d * self._n + 1.0
         self._x = d * self._x + x
@@ -143,7 +139,7 @@ class StepCosts:
         self._xy = d * self._xy + x * seconds
 
     def fit(self) -> tuple[float, float] | None:
-        """Return (fixed seconds, seconds per position), None until the calls measured
+        """Return (fixed seconds, seconds per position), None until the calls observed
         varied in size enough to tell them apart."""
         n, x = self._n, self._x
         spread = n * self._xx - x * x
@@ -154,9 +150,45 @@ class StepCosts:
             return None
         return max((self._y - per * x) / n, 0.0), per
 
+
+class StepCosts:
+    """What the loop measured of C-step calls: the target's calls and the draft's batched
+    ones, each as fixed + per position (CallFit), the draft's seconds per proposal and per
+    draft encoder (a row's first proposal runs it), and the share of proposals the target
+    accepts."""
+
+    def __init__(self, decay: float = COST_DECAY) -> None:
+        self._target, self._draft = CallFit(decay), CallFit(decay)
+        self.draft_s: float | None = None
+        self.draft_encoder_s: float | None = None
+        self._accepted, self._trials = 0.0, 0.0
+
+    def observe(self, positions: int, seconds: float) -> None:
+        """Fold in one target call of `positions` positions that took `seconds`."""
+        self._target.observe(positions, seconds)
+
+    def fit(self) -> tuple[float, float] | None:
+        """Return the target call's (fixed seconds, seconds per position), None until
+        measured calls varied in size enough to tell them apart."""
+        return self._target.fit()
+
+    def observe_draft_call(self, positions: int, seconds: float) -> None:
+        """Fold in one batched draft call (one draft step of several rows)."""
+        self._draft.observe(positions, seconds)
+
     def observe_draft(self, proposals: int, seconds: float) -> None:
         """Fold in one step's draft work: `proposals` tokens proposed in `seconds`."""
         self.draft_s = _smooth(self.draft_s, seconds / proposals)
+
+    def draft_seconds(self, ks: list[int], batched: bool) -> float | None:
+        """Return the draft's expected seconds to propose ks[i] tokens for each row (None:
+        not measured yet): `batched`, one call per draft step over the rows still
+        proposing (its fit, once told apart); else each proposal at the measured rate."""
+        fit = self._draft.fit() if batched else None
+        if fit is not None:
+            fixed, per_position = fit
+            return fixed * max(ks) + per_position * sum(ks)
+        return None if self.draft_s is None else self.draft_s * sum(ks)
 
     def observe_draft_encoder(self, seconds: float) -> None:
         """Fold in one row's draft encoder (run at its first proposal)."""
@@ -208,6 +240,8 @@ class Scheduler:
         # draft proposals in one call and a direct step of every row (_draft_lengths).
         self._costs = StepCosts()
         self._choices = 0
+        # Off (benches, tests): each row's draft proposes in its own call, as a lone row's.
+        self.batch_drafts = True
         self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
         self._thread.start()
 
@@ -454,7 +488,7 @@ class Scheduler:
             groups.setdefault((id(state.target), id(state.tfns)), []).append((job, state))
         speculated = direct_only = False
         for rows in groups.values():
-            if _on_c(rows[0][1]):
+            if _on_c(rows[0][1].target, rows[0][1].tfns):
                 ks = self._draft_lengths(rows)
                 self._verify(rows, ks)
                 speculated = speculated or any(ks)
@@ -484,7 +518,8 @@ class Scheduler:
         self._choices += 1
         costs = self._costs
         fit = costs.fit()
-        if fit is None or costs.draft_s is None:
+        draft_s = costs.draft_seconds(ks, self._drafts_together(rows, ks))
+        if fit is None or draft_s is None:
             # Not measured yet: alternate, so that both kinds of call are measured.
             return ks if self._choices % 2 else [0] * len(ks)
         fixed, per_position = fit
@@ -493,7 +528,7 @@ class Scheduler:
         # A row that never speculated runs its draft's encoder first: a cost of this step.
         unencoded = sum(1 for (_j, s), k in zip(rows, ks, strict=True)
                         if k and s.denc is None)
-        spec_s = (fixed + per_position * (len(ks) + sum(ks)) + costs.draft_s * sum(ks)
+        spec_s = (fixed + per_position * (len(ks) + sum(ks)) + draft_s
                   + (costs.draft_encoder_s or 0.0) * unencoded)
         direct_s = fixed + per_position * len(ks)
         speculate = spec_tokens / spec_s >= len(ks) / direct_s
@@ -501,32 +536,19 @@ class Scheduler:
             speculate = not speculate  # keep the other choice's costs measured
         return ks if speculate else [0] * len(ks)
 
+    def _drafts_together(self, rows: list[tuple[Job, RowState]], ks: list[int]) -> bool:
+        """Return whether the drafts of the rows that propose (ks) propose together."""
+        return self.batch_drafts and all(_on_c(s.draft, s.dfns)
+                                         for (_j, s), k in zip(rows, ks, strict=True) if k)
+
     def _verify(self, rows: list[tuple[Job, RowState]], ks: list[int]) -> None:
         """Decode the rows of one C-step model in one call: each row feeds its next token
         and, where ks says so, its draft's proposals after it (a verification), so each
         weight is read once for every position of every row."""
-        blocks: list[tuple[Job, RowState, list[int]]] = []
-        drafted, chain_s = 0, 0.0
-        for (job, state), k in zip(rows, ks, strict=True):
-            if not k:
-                blocks.append((job, state, [state.seq[-1]]))
-                continue
-            try:
-                with torch.no_grad():
-                    blocks.append((job, state, state.propose(k)))
-            except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._remove(job)
-                self._finish(job, None, exc)
-                continue
-            drafted += k
-            chain_s += state.chain_s
-            if state.encoded_s:
-                self._costs.observe_draft_encoder(state.encoded_s)
+        blocks = self._proposals(rows, ks)
         if not blocks:
             return
         t1 = self._clock()
-        if drafted:
-            self._costs.observe_draft(drafted, chain_s)
         try:
             with torch.no_grad():
                 choices = _verified([(s, block) for _j, s, block in blocks])
@@ -545,10 +567,70 @@ class Scheduler:
                 with torch.no_grad():
                     choice = _verified([(state, block)])[0]
             except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._remove(job)
-                self._finish(job, None, exc)
+                self._drop(job, exc)
                 continue
             self._settle(job, state, block, choice, self._clock(), 0.0)
+
+    def _proposals(self, rows: list[tuple[Job, RowState]], ks: list[int]
+                   ) -> list[tuple[Job, RowState, list[int]]]:
+        """Return each row's block to verify: seq[-1], then, where ks says so, its draft's
+        proposals (made together where the drafts are on the C step: _drafted); a row
+        whose draft fails leaves with its error."""
+        blocks: list[tuple[Job, RowState, list[int]]] = []
+        together: list[tuple[Job, RowState, int, list[int]]] = []
+        batched = self._drafts_together(rows, ks)
+        for (job, state), k in zip(rows, ks, strict=True):
+            try:
+                with torch.no_grad():
+                    if not k:
+                        blocks.append((job, state, [state.seq[-1]]))
+                    elif batched:
+                        together.append((job, state, k, state.draft_feed()))
+                    else:
+                        blocks.append((job, state, state.propose(k)))
+            except BaseException as exc:  # noqa: BLE001 - fails this request only
+                self._drop(job, exc)
+        if together:
+            blocks += self._drafted(together)
+        drafted, chain_s = 0, 0.0
+        for _job, state, block in blocks:
+            if len(block) > 1:
+                drafted += len(block) - 1
+                chain_s += state.chain_s
+                if state.encoded_s:
+                    self._costs.observe_draft_encoder(state.encoded_s)
+        if drafted:
+            self._costs.observe_draft(drafted, chain_s)
+        return blocks
+
+    def _drafted(self, rows: list[tuple[Job, RowState, int, list[int]]]
+                 ) -> list[tuple[Job, RowState, list[int]]]:
+        """Return the blocks of rows (job, state, k, what state.draft_feed() returned)
+        whose drafts propose together: one C call a draft step (_draft_rows). Where a call
+        fails, each row proposes alone, so that only a row that fails alone fails."""
+        try:
+            with torch.no_grad():
+                made = _draft_rows([(state, k, feed) for _j, state, k, feed in rows],
+                                   self._clock, self._costs.observe_draft_call)
+        except Exception:  # noqa: BLE001 - find the row that failed: each alone
+            made = None
+        if made is not None:
+            return [(job, state, state.drafted(props, catch_up_s, chain_s))
+                    for (job, state, _k, _feed), (props, catch_up_s, chain_s)
+                    in zip(rows, made, strict=True)]
+        blocks = []
+        for job, state, k, _feed in rows:
+            try:
+                with torch.no_grad():
+                    blocks.append((job, state, state.propose(k)))
+            except BaseException as exc:  # noqa: BLE001 - fails this request only
+                self._drop(job, exc)
+        return blocks
+
+    def _drop(self, job: Job, error: BaseException) -> None:
+        """Take `job` out of the batch with `error` (it fails its own caller only)."""
+        self._remove(job)
+        self._finish(job, None, error)
 
     def _settle(self, job: Job, state: RowState, block: list[int], choice: list[int],
                 now: float, verify_s: float) -> None:
@@ -567,8 +649,7 @@ class Scheduler:
             with torch.no_grad():
                 state.round()
         except BaseException as exc:  # noqa: BLE001 - fails this request only
-            self._remove(job)
-            self._finish(job, None, exc)
+            self._drop(job, exc)
             return
         job.first_token.set()
         seconds = self._clock() - started
@@ -593,8 +674,7 @@ class Scheduler:
                 with torch.no_grad():
                     token = _batched([(job, state)])[0]
             except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._remove(job)
-                self._finish(job, None, exc)
+                self._drop(job, exc)
                 continue
             state.accept(token, self._clock())
             job.first_token.set()
@@ -631,7 +711,7 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
     first = states[0]
     runner, fns, m = first.target, first.tfns, first.target.m
     native: Any = runner.native
-    on_c = native is not None and fns.step is native
+    on_c = _on_c(runner, fns)
     if len(states) == 1 and not on_c:
         s = first  # one row on a compiled or eager step: the unbatched engine's own call
         p = s.position
@@ -667,33 +747,77 @@ def _batched(rows: list[tuple[Job, RowState]]) -> list[int]:
     return [int(t) for t in out.tolist()]
 
 
-def _on_c(state: RowState) -> bool:
-    """Return whether a row's target step is the C step (it verifies rows batched)."""
-    native: Any = state.target.native
-    return native is not None and state.tfns.step is native
+def _on_c(runner: ModelRunner | None, fns: Fns | None) -> bool:
+    """Return whether `runner` steps with the C step (it decodes rows batched)."""
+    native: Any = runner.native if runner is not None else None
+    return native is not None and fns is not None and fns.step is native
 
 
-def _verified(blocks: list[tuple[RowState, list[int]]]) -> list[list[int]]:
-    """Return, for each row, the target's greedy token after each of its block's tokens (fed
-    at the row's positions onward), every row of one C-step model in one call."""
-    first = blocks[0][0]
-    runner, m = first.target, first.target.m
+def _rows_call(runner: ModelRunner, feeds: list[tuple[int, list[int], torch.Tensor, Encoded]]
+               ) -> list[list[int]]:
+    """Return, for each feed (first position, tokens, self-attention cache, encoder output),
+    the greedy token after each of its tokens fed at its positions onward: every feed of
+    one C-step model in one call."""
     tokens: list[int] = []
     positions: list[int] = []
     caches: list[torch.Tensor] = []
     crosses: list[torch.Tensor] = []
     masks: list[torch.Tensor] = []
-    for state, block in blocks:
+    for start, block, cache, enc in feeds:
         tokens += block
-        positions += range(state.position, state.position + len(block))
-        caches += [state.tcache] * len(block)
-        crosses += [state.tenc.cross] * len(block)
-        masks += [state.tenc.mask_bias] * len(block)
-    out = runner.native.rows(m, torch.tensor(tokens, dtype=torch.long),
-                             torch.tensor(positions, dtype=torch.long), caches, crosses,
-                             masks, runner.dec_bias).tolist()
+        positions += range(start, start + len(block))
+        caches += [cache] * len(block)
+        crosses += [enc.cross] * len(block)
+        masks += [enc.mask_bias] * len(block)
+    native: Any = runner.native
+    out = native.rows(runner.m, torch.tensor(tokens, dtype=torch.long),
+                      torch.tensor(positions, dtype=torch.long), caches, crosses, masks,
+                      runner.dec_bias).tolist()
     choices, at = [], 0
-    for _state, block in blocks:
+    for _start, block, _cache, _enc in feeds:
         choices.append(out[at:at + len(block)])
         at += len(block)
     return choices
+
+
+def _verified(blocks: list[tuple[RowState, list[int]]]) -> list[list[int]]:
+    """Return, for each row, the target's greedy token after each of its block's tokens (fed
+    at the row's positions onward), every row of one C-step model in one call."""
+    return _rows_call(blocks[0][0].target, [(state.position, block, state.tcache, state.tenc)
+                                            for state, block in blocks])
+
+
+def _draft_rows(rows: list[tuple[RowState, int, list[int]]], clock: Clock,
+                observe: Callable[[int, float], None]
+                ) -> list[tuple[list[int], float, float]]:
+    """Return each row's k proposals (rows: state, k, what state.draft_feed() returned) and
+    its shares of the calls' seconds, catch-up and proposals: draft step j is one C call
+    over the rows with k > j, each reading the draft's weights once for all of them (the
+    first feeds each row's tokens from its d_pos onward, catching its draft up in the same
+    call). Each row's arithmetic is its own chain's, so the proposals are bitwise what it
+    proposes alone. `observe(positions, seconds)` gets each call."""
+    draft = rows[0][0].draft
+    assert draft is not None
+    props: list[list[int]] = [[] for _ in rows]
+    catch_up = [0.0] * len(rows)
+    chain = [0.0] * len(rows)
+    for j in range(max(k for _s, k, _f in rows)):
+        live = [i for i, (_s, k, _f) in enumerate(rows) if k > j]
+        feeds = []
+        for i in live:
+            state, _k, feed = rows[i]
+            assert state.dcache is not None and state.denc is not None
+            start, block = ((state.d_pos, feed) if j == 0
+                            else (state.position + j, [props[i][-1]]))
+            feeds.append((start, block, state.dcache, state.denc))
+        t0 = clock()
+        outs = _rows_call(draft, feeds)
+        seconds = clock() - t0
+        positions = sum(len(block) for _s, block, _c, _e in feeds)
+        observe(positions, seconds)
+        for i, (_start, block, _cache, _enc), out in zip(live, feeds, outs, strict=True):
+            props[i].append(out[-1])
+            share = seconds / positions
+            chain[i] += share
+            catch_up[i] += share * (len(block) - 1)
+    return list(zip(props, catch_up, chain, strict=True))

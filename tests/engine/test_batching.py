@@ -6,11 +6,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from engine import native
 from engine import scheduler as scheduler_module
 from engine.config import EngineConfig
-from engine.errors import Cancelled, DoesNotFit, InputTooLong
+from engine.errors import BoundaryError, Cancelled, DoesNotFit, InputTooLong
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
 from tests.engine.batching import Handshake, make_job, submit_together
@@ -251,6 +252,12 @@ class _Favour:
     def observe_draft(self, proposals, seconds) -> None:
         pass
 
+    def observe_draft_call(self, positions, seconds) -> None:
+        pass
+
+    def draft_seconds(self, ks, batched) -> float:
+        return self.draft_s * sum(ks)
+
     def observe_draft_encoder(self, seconds) -> None:
         pass
 
@@ -258,10 +265,11 @@ class _Favour:
         pass
 
 
-def _count_c_calls(rt: Runtime, monkeypatch) -> list[tuple[int, int]]:
-    """Record (rows of distinct requests, positions) of every C call on the target."""
+def _count_c_calls(rt: Runtime, monkeypatch, runner=None) -> list[tuple[int, int]]:
+    """Record (rows of distinct requests, positions) of every C call on the target (or on
+    `runner`)."""
     calls: list[tuple[int, int]] = []
-    step = rt.target.native
+    step = (runner or rt.target).native
     rows, verify = step.rows, step.verify
 
     def counted_rows(m, tokens, positions, caches, *args, **kwargs):
@@ -277,8 +285,9 @@ def _count_c_calls(rt: Runtime, monkeypatch) -> list[tuple[int, int]]:
     return calls
 
 
+@pytest.mark.parametrize("batch_drafts", [True, False])
 def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
-        tmp_path, tiny_dirs, alone, monkeypatch):
+        tmp_path, tiny_dirs, alone, monkeypatch, batch_drafts):
     if native._compiler() is None:
         pytest.skip("no C compiler")
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
@@ -286,7 +295,9 @@ def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
     try:
         sched = rt._scheduler
         sched._costs = _Favour(speculate=True)
+        sched.batch_drafts = batch_drafts
         calls = _count_c_calls(rt, monkeypatch)
+        draft_calls = _count_c_calls(rt, monkeypatch, rt.models.draft)
         # Mixed token limits and draft lengths (one row without a draft), joining together
         # and later into a running batch; rows leave at different steps.
         first = [make_job(rt, t, row, k=k, max_new=m) for row, (t, m, k) in
@@ -308,8 +319,104 @@ def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
         # for every position of every row (no per-row verification).
         assert any(rows > 1 and positions > rows for rows, positions in calls)
         assert max(rows for rows, _positions in calls) == 4
+        # The drafts of the rows that speculate propose together (one call a draft step,
+        # three at most: the rows with the longest k), or each in its own calls.
+        together = [rows for rows, _positions in draft_calls if rows > 1]
+        assert (max(together, default=1) == 3) == batch_drafts
         snap = rt.batch_snapshot()
         assert snap.step_count["verify"] > 0
+    finally:
+        rt.close()
+
+
+def test_drafts_proposing_together_propose_bitwise_what_each_proposes_alone(
+        tmp_path, tiny_dirs):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=8)
+    texts = random_texts(4, seed=47, overflow=False)  # mixed buckets
+    ks = [3, 1, 0, 2]  # rows drop out of later draft steps; one feeds only its token
+    sched = rt._scheduler
+    draft_calls = []
+
+    def rounds(first_row: int, together: bool) -> list[tuple[list[list[int]], list]]:
+        """Two proposals of each row, with tokens the draft has not seen before each
+        (none, one, several: its catch-up), the first settled by made-up choices."""
+        jobs = [make_job(rt, t, first_row + i, k=3, max_new=40) for i, t in enumerate(texts)]
+        rows = [(job, rt.rows.start_row(job)) for job in jobs]
+        sched.batch_drafts = together
+        seen = []
+        for r in range(2):
+            for i, (_job, state) in enumerate(rows):
+                for t in range((i * 2 + r) % 5):
+                    state.accept(10 + t + i, 0.0)
+            blocks = {id(job): block for job, _s, block in sched._proposals(rows, ks)}
+            ordered = [blocks[id(job)] for job, _s in rows]
+            seen.append((ordered, [(s.d_pos, s._pending, s.draft_steps, s.position + k,
+                                    s.dcache[..., :s.position + k, :].clone() if k else None)
+                                   for (_j, s), k in zip(rows, ks, strict=True)]))
+            for i, ((_job, state), block) in enumerate(zip(rows, ordered, strict=True)):
+                if len(block) > 1:  # row 0 accepts every proposal, the others one at most
+                    choice = block[1:] + [7] if i == 0 else [block[1], 7] + block[2:]
+                    state.settle(block, choice[:len(block)], 0.0, 0.0)
+        return seen
+
+    def both() -> tuple[list, list]:
+        return rounds(0, together=False), rounds(4, together=True)
+
+    step = rt.models.draft.native
+    rows_fn = step.rows
+
+    def counted(m, tokens, positions, caches, *args, **kwargs):
+        draft_calls.append(len({id(c) for c in caches}))
+        return rows_fn(m, tokens, positions, caches, *args, **kwargs)
+
+    try:
+        step.rows = counted
+        alone_, together_ = sched.call(both)
+        assert max(draft_calls) == 3  # the rows with k > 0 in one call
+        for (blocks_a, rows_a), (blocks_t, rows_t) in zip(alone_, together_, strict=True):
+            assert blocks_a == blocks_t
+            assert [len(b) - 1 for b in blocks_a] == ks
+            for a, t in zip(rows_a, rows_t, strict=True):
+                assert a[:4] == t[:4]  # d_pos, the position after the proposals, steps
+                assert (a[4] is None and t[4] is None) or torch.equal(a[4], t[4])
+    finally:
+        del step.rows
+        rt.close()
+
+
+def test_a_row_whose_draft_fails_among_drafts_proposing_together_fails_alone(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
+    texts = random_texts(3, seed=53, overflow=False)
+    start_row = rt.rows.start_row
+
+    def broken(job, tenc=None):
+        state = start_row(job, tenc)
+        if job.row == 1:  # its draft's cross K/V has the wrong width: its proposals fail
+            make = state._make_denc
+
+            def bad_denc():
+                denc = make()
+                return type(denc)(denc.cross[..., :1, :], denc.mask_bias)
+
+            state._make_denc = bad_denc
+        return state
+
+    monkeypatch.setattr(rt.rows, "start_row", broken)
+    try:
+        rt._scheduler._costs = _Favour(speculate=True)
+        jobs = [make_job(rt, t, row, k=3, max_new=20) for row, t in enumerate(texts)]
+        submit_together(rt, jobs)
+        with pytest.raises(BoundaryError):
+            rt._scheduler.wait(jobs[1])
+        for i in (0, 2):
+            decoded = rt._scheduler.wait(jobs[i])
+            assert tuple(decoded.tokens) == alone(texts[i], 20)
+            assert decoded.spec.drafts > 0
     finally:
         rt.close()
 
@@ -352,10 +459,11 @@ def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
     sched = Scheduler(None, max_batch=8, window_max_s=0.0,  # type: ignore[arg-type]
                       waiting=lambda: 0)
     try:
-        def row(k: int = 4):
+        def row(k: int = 4, draft: object = None):
             return (None, SimpleNamespace(k=k, max_new=64, tokens=[], can_speculate=k > 0,
                                           accepted=0, drafts=0, per_position=[0] * k,
-                                          denc=None))
+                                          denc=None, draft=draft, dfns=draft and SimpleNamespace(
+                                              step=draft.native)))
 
         sched._costs = costs
         costs.observe_draft(1, 0.00005)
@@ -379,5 +487,48 @@ def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
             costs.observe_acceptance(0, [0] * 5, [1] * 5)
         assert sched._draft_lengths([row(), row()]) == [0, 0]  # direct pays
         assert sched._draft_lengths([row()]) == [4]  # alone: as unbatched (its own k)
+    finally:
+        sched.close()
+
+
+def test_drafts_proposing_together_cost_one_call_a_draft_step_in_the_choice():
+    from types import SimpleNamespace
+
+    from engine.scheduler import Scheduler, StepCosts
+
+    costs = StepCosts()
+    # Each draft step's call over the rows still proposing: fixed + per position.
+    for n in (8, 2, 8, 2):
+        costs.observe_draft_call(n, 0.0001 + n * 0.00001)
+    assert costs.draft_seconds([4, 2], batched=True) == pytest.approx(4 * 0.0001 + 6 * 0.00001)
+    costs.observe_draft(6, 0.06)  # drafts proposing alone: seconds per proposal
+    assert costs.draft_seconds([4, 2], batched=False) == pytest.approx(0.06)
+    assert StepCosts().draft_seconds([4], batched=True) is None  # nothing measured
+
+    sched = Scheduler(None, max_batch=8, window_max_s=0.0,  # type: ignore[arg-type]
+                      waiting=lambda: 0)
+    try:
+        native_step = object()
+        on_c = SimpleNamespace(native=native_step)
+
+        def row(draft: object = on_c):
+            return (None, SimpleNamespace(
+                k=4, max_new=64, tokens=[], can_speculate=True, accepted=0, drafts=0,
+                per_position=[0] * 4, denc=object(), draft=draft,
+                dfns=SimpleNamespace(step=native_step)))
+
+        sched._costs = costs
+        for n in (8, 40, 8, 40):
+            costs.observe(n, 0.001 + n * 0.0003)
+        for _ in range(20):
+            costs.observe_acceptance(4, [0] * 5, [0] * 5)
+        # Proposals at 10 ms each (as measured alone) cost more than they save; made
+        # together, one call a draft step, they pay.
+        assert sched._draft_lengths([row(), row()]) == [4, 4]
+        sched.batch_drafts = False
+        assert sched._draft_lengths([row(), row()]) == [0, 0]
+        sched.batch_drafts = True
+        off_c = SimpleNamespace(native=None)  # a draft not on the C step proposes alone
+        assert sched._draft_lengths([row(), row(off_c)]) == [0, 0]
     finally:
         sched.close()
