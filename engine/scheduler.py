@@ -7,10 +7,14 @@ they join the running batch; each step decodes one token for every row (engine.n
 `rows`, engine.t5.decode_rows eager, or the fixed-row compiled step engine.t5.decode_fixed
 on engine.row_buffers: each weight read once for all rows); a row leaves at EOS, at its
 token limit, or when it is cancelled or past its deadline, and the others never wait for
-it. While the batch holds one row that has a draft, the step is a speculative round
-instead (as the unbatched engine decodes), and so is a step of several rows when the
-rounds' measured tokens per second beat the batched step's at that batch size: every
-output is the target's own greedy tokens whichever ran (engine.decoding.RowState).
+it. On the C step a step verifies instead when the measured costs expect more tokens per
+second from it (a lone row with a draft always does, as the unbatched engine decodes):
+the rows' drafts propose together, one draft call a draft step over the rows still
+proposing, and one target call checks every row's proposals. Elsewhere, while the batch
+holds one row that has a draft, the step is a speculative round instead, and so is a step
+of several rows when the rounds' measured tokens per second beat the batched step's at
+that batch size. Every output is the target's own greedy tokens whichever ran
+(engine.decoding.RowState).
 
     job = Job(ids, length, key, k, max_new, deadline, quantized, row)
     scheduler.submit(job)
@@ -537,9 +541,11 @@ class Scheduler:
         return ks if speculate else [0] * len(ks)
 
     def _drafts_together(self, rows: list[tuple[Job, RowState]], ks: list[int]) -> bool:
-        """Return whether the drafts of the rows that propose (ks) propose together."""
-        return self.batch_drafts and all(_on_c(s.draft, s.dfns)
-                                         for (_j, s), k in zip(rows, ks, strict=True) if k)
+        """Return whether the drafts of the rows that propose (ks) propose together: two
+        or more, all on the C step (one row's chain is one C call for all its steps)."""
+        proposing = [s for (_j, s), k in zip(rows, ks, strict=True) if k]
+        return (self.batch_drafts and len(proposing) > 1
+                and all(_on_c(s.draft, s.dfns) for s in proposing))
 
     def _verify(self, rows: list[tuple[Job, RowState]], ks: list[int]) -> None:
         """Decode the rows of one C-step model in one call: each row feeds its next token

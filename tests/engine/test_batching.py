@@ -459,11 +459,10 @@ def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
     sched = Scheduler(None, max_batch=8, window_max_s=0.0,  # type: ignore[arg-type]
                       waiting=lambda: 0)
     try:
-        def row(k: int = 4, draft: object = None):
+        def row(k: int = 4):
             return (None, SimpleNamespace(k=k, max_new=64, tokens=[], can_speculate=k > 0,
                                           accepted=0, drafts=0, per_position=[0] * k,
-                                          denc=None, draft=draft, dfns=draft and SimpleNamespace(
-                                              step=draft.native)))
+                                          denc=None, draft=None, dfns=None))
 
         sched._costs = costs
         costs.observe_draft(1, 0.00005)
