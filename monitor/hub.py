@@ -1,7 +1,7 @@
 """The Services hub: every long-lived object of one running app, built by the lifespan.
 
 `create_app` takes typed seams (`Seams`: engine factory, scheduler factory, canary
-suites, clock, webhook transport) and the lifespan (`monitor.lifespan`) builds one frozen
+suites, clock, webhook transport, allocator) and the lifespan (`monitor.lifespan`) builds one frozen
 `Services` from settings and seams. Routes receive its parts through `monitor.api.deps`;
 jobs (`monitor.jobs`) close over it; tests read it with `services_of(app)`.
 """
@@ -19,6 +19,7 @@ from sqlalchemy import Engine as DbEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import FlagProvider
+from monitor.allocator import Allocator
 from monitor.engine_holder import EngineFactory, EngineHolder, default_engine_factory
 from monitor.probe_runner import ProbeRunner
 from monitor.prober import SchedulerActivity
@@ -47,6 +48,7 @@ class Seams:
     suites: canary suites (default: shipped plus probes.suites_file).
     clock: "now" for evaluation, retention and webhook deliveries.
     transport: the webhook deliveries' httpx transport (default: real network).
+    allocator: glibc malloc of this process, trimmed by the memory_trim job.
     """
 
     engine_factory: EngineFactory = default_engine_factory
@@ -54,6 +56,7 @@ class Seams:
     suites: Mapping[str, CanarySuite] | None = None
     clock: Callable[[], datetime] = utcnow
     transport: httpx.BaseTransport | None = None
+    allocator: Allocator = field(default_factory=Allocator.load)
 
 
 @dataclass(frozen=True)

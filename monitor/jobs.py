@@ -1,7 +1,7 @@
 """The scheduled job bodies: what each job name runs, in the serving process or the worker.
 
 Every replica's serving process runs the measurement jobs (probe, burst, traffic_flush:
-they need its engine). The analysis jobs (evaluate, delivery, retention, report,
+they need its engine); every process with a scheduler trims its own heap (memory_trim). The analysis jobs (evaluate, delivery, retention, report,
 sensitivity) read
 only SQL: `tailwatch worker` runs them in a process of its own, so their Python work never
 shares the GIL with the engine; an app built with `analysis_in_process` (the demo, tests)
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import FlagProvider
 from monitor import scheduler as names
+from monitor.allocator import Allocator
 from monitor.hub import Services
 from monitor.settings import Settings
 
@@ -58,7 +59,15 @@ def replica_jobs(s: Services) -> dict[str, Job]:
         names.PROBE: s.probes.job("cycle"),
         names.BURST: s.probes.job("burst"),
         names.TRAFFIC_FLUSH: lambda: _traffic_flush(s),
+        **process_jobs(s.seams.allocator),
     }
+
+
+def process_jobs(allocator: Allocator) -> dict[str, Job]:
+    """Return the jobs every process with a scheduler runs on itself (serve, worker)."""
+    # A burst's threads and an hour's evaluation leave freed memory in glibc's arenas that
+    # it keeps resident; handing the free pages back keeps the RSS at what is in use.
+    return {names.MEMORY_TRIM: allocator.trim}
 
 
 def _traffic_flush(s: Services) -> object:

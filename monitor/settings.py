@@ -25,11 +25,12 @@ from pydantic_settings import (
 
 from alerts.settings import AlertSettings
 from engine.config import EngineConfig
+from monitor.allocator import MemorySettings
 from probes.settings import ProbeSettings, QualitySettings
 
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 
-__all__ = ["AlertSettings", "ApiSettings", "EngineSettings", "ProbeSettings",
+__all__ = ["AlertSettings", "ApiSettings", "EngineSettings", "MemorySettings", "ProbeSettings",
            "RetentionSettings", "SchedulerSettings", "Settings", "WorkerSettings", "get_settings"]
 
 
@@ -123,6 +124,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @model_validator(mode="before")
     @classmethod

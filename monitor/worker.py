@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import httpx
@@ -23,12 +23,13 @@ from sqlalchemy import Engine as DbEngine
 
 from engine.protocol import InMemoryFlagProvider
 from monitor.alerting import load_alerts, make_deliverer
+from monitor.allocator import Allocator
 from monitor.auth import Authenticator
 from monitor.database import prepare_database
 from monitor.health_server import HealthServer
 from monitor.hub import Seams
 from monitor.job_metrics import JobMetrics
-from monitor.jobs import AnalysisParts, analysis_jobs
+from monitor.jobs import AnalysisParts, analysis_jobs, process_jobs
 from monitor.leader import LeaderLock, make_leader
 from monitor.metrics import Metrics, MetricsSink
 from monitor.scheduler import JobScheduler, build_scheduler, job_table
@@ -50,6 +51,7 @@ class WorkerSeams:
     clock: Callable[[], datetime] = utcnow
     transport: httpx.BaseTransport | None = None  # webhook deliveries
     leader: Callable[[DbEngine], LeaderLock] = make_leader
+    allocator: Allocator = field(default_factory=Allocator.load)  # the memory_trim job's
 
 
 class AnalysisWorker:
@@ -104,7 +106,8 @@ class AnalysisWorker:
         except OSError as exc:
             raise WorkerPortError(f"worker.port: cannot listen on {settings.worker.host}:"
                                   f"{self._port}: {exc.strerror or exc}") from exc
-        self.scheduler = build_scheduler(settings, analysis_jobs(analysis),
+        jobs = {**analysis_jobs(analysis), **process_jobs(self.seams.allocator)}
+        self.scheduler = build_scheduler(settings, jobs,
                                          self.seams.leader(db), clock=self.seams.clock,
                                          metrics=JobMetrics(self.registry))
         self.scheduler.start()
