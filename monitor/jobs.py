@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import FlagProvider
 from monitor import scheduler as names
-from monitor.allocator import Allocator
 from monitor.hub import Services
 from monitor.settings import Settings
 
@@ -59,15 +58,17 @@ def replica_jobs(s: Services) -> dict[str, Job]:
         names.PROBE: s.probes.job("cycle"),
         names.BURST: s.probes.job("burst"),
         names.TRAFFIC_FLUSH: lambda: _traffic_flush(s),
-        **process_jobs(s.seams.allocator),
+        **process_jobs(s.seams.trim_heap),
     }
 
 
-def process_jobs(allocator: Allocator) -> dict[str, Job]:
+def process_jobs(trim_heap: Job) -> dict[str, Job]:
     """Return the jobs every process with a scheduler runs on itself (serve, worker)."""
-    # A burst's threads and an hour's evaluation leave freed memory in glibc's arenas that
-    # it keeps resident; handing the free pages back keeps the RSS at what is in use.
-    return {names.MEMORY_TRIM: allocator.trim}
+    # glibc keeps what a thread frees in its arena, resident, for that arena's later use:
+    # the peak of a burst (many requests at once) or of an hour's evaluation stays in
+    # the RSS, spread in free chunks between live ones that no heap shrink can reach.
+    # malloc_trim hands those chunks' whole pages back, so the RSS follows what is in use.
+    return {names.MEMORY_TRIM: trim_heap}
 
 
 def _traffic_flush(s: Services) -> object:

@@ -261,8 +261,8 @@ def triggers(settings: Settings) -> dict[str, BaseTrigger]:
         SENSITIVITY: interval(settings.alerts.sensitivity_interval_s,
                               "alerts.sensitivity_interval_s"),
     }
-    if settings.memory.trim_interval_s > 0:  # 0 turns trimming off
-        out[MEMORY_TRIM] = interval(settings.memory.trim_interval_s, "memory.trim_interval_s")
+    if s.memory_trim_interval_s > 0:  # 0 turns trimming off
+        out[MEMORY_TRIM] = interval(s.memory_trim_interval_s, "scheduler.memory_trim_interval_s")
     if s.probes_enabled:
         out[PROBE] = interval(s.probe_interval_s, "scheduler.probe_interval_s")
         if s.burst_interval_s > 0:  # 0 turns burst probes off

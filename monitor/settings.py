@@ -25,12 +25,11 @@ from pydantic_settings import (
 
 from alerts.settings import AlertSettings
 from engine.config import EngineConfig
-from monitor.allocator import MemorySettings
 from probes.settings import ProbeSettings, QualitySettings
 
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 
-__all__ = ["AlertSettings", "ApiSettings", "EngineSettings", "MemorySettings", "ProbeSettings",
+__all__ = ["AlertSettings", "ApiSettings", "EngineSettings", "ProbeSettings",
            "RetentionSettings", "SchedulerSettings", "Settings", "WorkerSettings", "get_settings"]
 
 
@@ -53,6 +52,8 @@ class SchedulerSettings(BaseModel):
     delivery_interval_s: float = 5.0
     traffic_flush_interval_s: float = 15.0
     misfire_grace_s: int = 30
+    # Each process hands glibc's free heap pages back to the kernel this often (0: never).
+    memory_trim_interval_s: float = Field(60.0, ge=0)
 
 
 class RetentionSettings(BaseModel):
@@ -124,7 +125,6 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
-    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @model_validator(mode="before")
     @classmethod

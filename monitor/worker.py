@@ -14,16 +14,16 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import httpx
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine as DbEngine
 
+from engine import malloc
 from engine.protocol import InMemoryFlagProvider
 from monitor.alerting import load_alerts, make_deliverer
-from monitor.allocator import Allocator
 from monitor.auth import Authenticator
 from monitor.database import prepare_database
 from monitor.health_server import HealthServer
@@ -51,7 +51,7 @@ class WorkerSeams:
     clock: Callable[[], datetime] = utcnow
     transport: httpx.BaseTransport | None = None  # webhook deliveries
     leader: Callable[[DbEngine], LeaderLock] = make_leader
-    allocator: Allocator = field(default_factory=Allocator.load)  # the memory_trim job's
+    trim_heap: Callable[[], object] = malloc.trim  # the memory_trim job's call
 
 
 class AnalysisWorker:
@@ -106,7 +106,7 @@ class AnalysisWorker:
         except OSError as exc:
             raise WorkerPortError(f"worker.port: cannot listen on {settings.worker.host}:"
                                   f"{self._port}: {exc.strerror or exc}") from exc
-        jobs = {**analysis_jobs(analysis), **process_jobs(self.seams.allocator)}
+        jobs = {**analysis_jobs(analysis), **process_jobs(self.seams.trim_heap)}
         self.scheduler = build_scheduler(settings, jobs,
                                          self.seams.leader(db), clock=self.seams.clock,
                                          metrics=JobMetrics(self.registry))

@@ -8,7 +8,6 @@ dies, stopped with `serve`). `--no-worker` leaves them to a worker run elsewhere
 from __future__ import annotations
 
 import errno
-import logging
 import signal
 import socket
 from types import FrameType
@@ -16,15 +15,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from monitor.allocator import Allocator
 from monitor.cli.config import load_settings
 from monitor.logs import FORMATS, LEVELS, configure_logging
 from monitor.settings import Settings
 
 if TYPE_CHECKING:
     from monitor.supervisor import WorkerSupervisor
-
-log = logging.getLogger(__name__)
 
 
 def effective(settings: Settings, *, host: str | None, port: int | None, no_scheduler: bool,
@@ -67,7 +63,6 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
         level, _ = configure_logging(log_level, log_format)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    tune_allocator(ctx, settings)
     # uvicorn starts the lifespan (engine, scheduler) before it binds: check the port first.
     check_port(settings.api.host, settings.api.port)
     with_worker = settings.scheduler.enabled and not no_worker
@@ -91,20 +86,6 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
         signal.signal(signal.SIGTERM, previous)
         if supervisor is not None:
             supervisor.stop()
-
-
-def tune_allocator(ctx: click.Context, settings: Settings) -> Allocator:
-    """Apply the `memory` section to this process's malloc; return the allocator.
-
-    Called first thing in `serve` and `worker`: an arena glibc created for a thread stays
-    until the process ends, so the cap must be in place before the engine, the scheduler
-    and the HTTP server start theirs. Tests pass their own as ctx.obj["allocator"].
-    """
-    allocator = (ctx.find_root().obj or {}).get("allocator") or Allocator.load()
-    applied = allocator.configure(settings.memory)
-    if applied:
-        log.debug("glibc malloc: %s", ", ".join(f"{k}={v}" for k, v in applied.items()))
-    return allocator
 
 
 def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -28,7 +28,7 @@ from monitor.logs import FORMATS, LEVELS, configure_logging
 def worker(ctx: click.Context, host: str | None, port: int | None, log_level: str | None,
            log_format: str | None, exit_with_parent: bool) -> None:
     """Run the leader-locked analysis jobs (no engine) until interrupted."""
-    from monitor.cli.serve import startup_error, tune_allocator
+    from monitor.cli.serve import startup_error
     from monitor.database import preflight
     from monitor.parent_watch import ParentWatch
     from monitor.priority import lower_session_priority
@@ -42,7 +42,6 @@ def worker(ctx: click.Context, host: str | None, port: int | None, log_level: st
         configure_logging(log_level, log_format)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    tune_allocator(ctx, settings)
     if not settings.scheduler.enabled:
         raise click.ClickException("scheduler.enabled: false leaves the worker nothing to run")
     stop = threading.Event()
