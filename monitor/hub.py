@@ -2,8 +2,9 @@
 
 `create_app` takes typed seams (`Seams`: engine factory, scheduler factory, canary
 suites, clock, webhook transport, heap trim) and the lifespan (`monitor.lifespan`) builds
-one frozen `Services` from settings and seams. Routes receive its parts through `monitor.api.deps`;
-jobs (`monitor.jobs`) close over it; tests read it with `services_of(app)`.
+one frozen `Services` from settings and seams. Routes receive its parts through
+`monitor.api.deps`; jobs (`monitor.jobs`) close over it; tests read it with
+`services_of(app)`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The scheduled job bodies: what each job name runs, in the serving process or the worker.
 
 Every replica's serving process runs the measurement jobs (probe, burst, traffic_flush:
-they need its engine); every process with a scheduler trims its own heap (memory_trim). The analysis jobs (evaluate, delivery, retention, report,
-sensitivity) read
+they need its engine); every process with a scheduler trims its own heap (memory_trim).
+The analysis jobs (evaluate, delivery, retention, report, sensitivity) read
 only SQL: `tailwatch worker` runs them in a process of its own, so their Python work never
 shares the GIL with the engine; an app built with `analysis_in_process` (the demo, tests)
 runs them beside the engine as before.
