@@ -2,12 +2,12 @@
 
 What the soak's worker does, accelerated: a fake engine's canary cycles (every 10 s) and
 real traffic rollups (every 15 s) are stored as the serving process stores them, and the
-worker's jobs (evaluation every 10 s, delivery, sensitivity, retention) run on the same
-simulated clock over a fresh SQLite database. Each simulated hour prints RSS and the
+worker's jobs (evaluation every 10 s, delivery, sensitivity, retention, the heap trim
+every 60 s) run on the same simulated clock over a fresh SQLite database. Each simulated hour prints RSS and the
 Python heap (tracemalloc); the end prints the growth per simulated hour after the first
 and the allocation sites that grew most between the first hour and the last.
 
-    taskset -c 0 python -m bench.worker_memory [--hours 4] [--top 15] [--no-trace]
+    taskset -c 0 python -m bench.worker_memory [--hours 4] [--top 15] [--no-trace] [--no-trim]
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry
 
+from engine import malloc
 from engine.protocol import InMemoryFlagProvider
 from monitor.alerting import load_alerts, make_deliverer
 from monitor.hub import Seams
-from monitor.jobs import AnalysisParts, analysis_jobs
+from monitor.jobs import AnalysisParts, analysis_jobs, process_jobs
 from monitor.metrics import Metrics, MetricsSink
 from monitor.settings import Settings
 from probes.fake import FakeEngine
@@ -43,7 +44,8 @@ from storage.writer import Writer
 START = datetime(2026, 1, 12, 9, 30, tzinfo=UTC)  # half an hour before an hour boundary
 CYCLE_S = 10
 REQUESTS_PER_CYCLE = 20  # real requests recorded per cycle (traffic rollups)
-INTERVALS_S = {"evaluate": 10, "delivery": 10, "sensitivity": 300, "retention": 3600}
+INTERVALS_S = {"evaluate": 10, "delivery": 10, "sensitivity": 300, "retention": 3600,
+               "memory_trim": 60}
 
 
 def rss_mb() -> float:
@@ -107,7 +109,7 @@ def _ok(request: httpx.Request) -> httpx.Response:
 class Replay:
     """The serving side's writes and the worker's jobs on one simulated clock."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, trim: bool = True) -> None:
         url = f"sqlite:///{folder / 'replay.db'}"
         migrate.upgrade(url)
         self.settings = Settings(database_url=url, instance_id="replay",
@@ -129,7 +131,9 @@ class Replay:
         parts = AnalysisParts(settings=self.settings, sessions=self.sessions, clock=self.clock,
                               alerts=alerts, deliverer=deliverer, flags=InMemoryFlagProvider(),
                               sink=MetricsSink(Metrics(CollectorRegistry())))
-        self.jobs = analysis_jobs(parts)
+        # The worker's jobs: the analysis and its heap trim (`--no-trim` replays without).
+        self.jobs = {**analysis_jobs(parts),
+                     **process_jobs(malloc.trim if trim else lambda: False)}
         self.step = 0
         self.trace_jobs: set[str] = set()  # jobs traced on their own (evaluate: on the hour)
         self.peaks: dict[str, float] = {}  # job -> its largest Python heap rise (MB), traced
@@ -209,6 +213,8 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=4.0)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--no-trace", action="store_true")
+    parser.add_argument("--no-trim", action="store_true",
+                        help="leave out the worker's memory_trim job (every 60 s)")
     parser.add_argument("--trace-jobs", default="",
                         help="comma-separated jobs to trace one run at a time (implies --no-trace)")
     args = parser.parse_args()
@@ -217,7 +223,7 @@ def main() -> None:
         tracemalloc.start(8)
     per_hour = 3600 // CYCLE_S
     with tempfile.TemporaryDirectory() as tmp:
-        replay = Replay(Path(tmp))
+        replay = Replay(Path(tmp), trim=not args.no_trim)
         replay.trace_jobs = {j for j in args.trace_jobs.split(",") if j}
         rows: list[tuple[float, float, float]] = []
         first: tracemalloc.Snapshot | None = None

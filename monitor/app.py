@@ -9,6 +9,7 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from engine import malloc
 from monitor.api import (
     alerts,
     baselines,
@@ -46,6 +47,7 @@ def create_app(
     suites: Mapping[str, CanarySuite] | None = None,
     clock: Callable[[], datetime] | None = None,
     transport: httpx.BaseTransport | None = None,
+    trim_heap: Callable[[], object] | None = None,
     analysis_in_process: bool = True,
 ) -> FastAPI:
     """Build the tailwatch service; nothing runs until the lifespan starts.
@@ -55,7 +57,7 @@ def create_app(
         engine_factory: (EngineConfig, FlagProvider) -> Engine; default loads the
             torch runtime. Tests pass a fake.
         registry: the Prometheus registry the app owns; a fresh one by default.
-        scheduler_factory, suites, clock, transport: the other seams (see
+        scheduler_factory, suites, clock, transport, trim_heap: the other seams (see
             `monitor.hub.Seams`); production leaves them unset.
         analysis_in_process: the scheduler runs evaluation, delivery, retention and the
             report here too; `tailwatch serve` passes False and runs `tailwatch worker`.
@@ -73,7 +75,8 @@ def create_app(
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     seams = Seams(engine_factory=engine_factory or default_engine_factory,
                   scheduler_factory=scheduler_factory, suites=suites,
-                  clock=clock or utcnow, transport=transport)
+                  clock=clock or utcnow, transport=transport,
+                  trim_heap=trim_heap or malloc.trim)
     app.state.parts = AppParts(settings=settings, authenticator=authenticator,
                                metrics=metrics, sink=MetricsSink(metrics), seams=seams,
                                analysis_in_process=analysis_in_process)

@@ -1,9 +1,10 @@
 """The Services hub: every long-lived object of one running app, built by the lifespan.
 
 `create_app` takes typed seams (`Seams`: engine factory, scheduler factory, canary
-suites, clock, webhook transport) and the lifespan (`monitor.lifespan`) builds one frozen
-`Services` from settings and seams. Routes receive its parts through `monitor.api.deps`;
-jobs (`monitor.jobs`) close over it; tests read it with `services_of(app)`.
+suites, clock, webhook transport, heap trim) and the lifespan (`monitor.lifespan`) builds
+one frozen `Services` from settings and seams. Routes receive its parts through
+`monitor.api.deps`; jobs (`monitor.jobs`) close over it; tests read it with
+`services_of(app)`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine as DbEngine
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine import malloc
 from engine.protocol import FlagProvider
 from monitor.engine_holder import EngineFactory, EngineHolder, default_engine_factory
 from monitor.probe_runner import ProbeRunner
@@ -47,6 +49,7 @@ class Seams:
     suites: canary suites (default: shipped plus probes.suites_file).
     clock: "now" for evaluation, retention and webhook deliveries.
     transport: the webhook deliveries' httpx transport (default: real network).
+    trim_heap: the memory_trim job's call (default glibc's malloc_trim; False elsewhere).
     """
 
     engine_factory: EngineFactory = default_engine_factory
@@ -54,6 +57,7 @@ class Seams:
     suites: Mapping[str, CanarySuite] | None = None
     clock: Callable[[], datetime] = utcnow
     transport: httpx.BaseTransport | None = None
+    trim_heap: Callable[[], object] = malloc.trim
 
 
 @dataclass(frozen=True)

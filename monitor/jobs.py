@@ -1,8 +1,8 @@
 """The scheduled job bodies: what each job name runs, in the serving process or the worker.
 
 Every replica's serving process runs the measurement jobs (probe, burst, traffic_flush:
-they need its engine). The analysis jobs (evaluate, delivery, retention, report,
-sensitivity) read
+they need its engine); every process with a scheduler trims its own heap (memory_trim).
+The analysis jobs (evaluate, delivery, retention, report, sensitivity) read
 only SQL: `tailwatch worker` runs them in a process of its own, so their Python work never
 shares the GIL with the engine; an app built with `analysis_in_process` (the demo, tests)
 runs them beside the engine as before.
@@ -58,7 +58,17 @@ def replica_jobs(s: Services) -> dict[str, Job]:
         names.PROBE: s.probes.job("cycle"),
         names.BURST: s.probes.job("burst"),
         names.TRAFFIC_FLUSH: lambda: _traffic_flush(s),
+        **process_jobs(s.seams.trim_heap),
     }
+
+
+def process_jobs(trim_heap: Job) -> dict[str, Job]:
+    """Return the jobs every process with a scheduler runs on itself (serve, worker)."""
+    # glibc keeps what a thread frees in its arena, resident, for that arena's later use:
+    # the peak of a burst (many requests at once) or of an hour's evaluation stays in
+    # the RSS, spread in free chunks between live ones that no heap shrink can reach.
+    # malloc_trim hands those chunks' whole pages back, so the RSS follows what is in use.
+    return {names.MEMORY_TRIM: trim_heap}
 
 
 def _traffic_flush(s: Services) -> object:

@@ -3,6 +3,7 @@
 Jobs (names are the keys of the `jobs` mapping given to `build_scheduler`):
     probe, burst, traffic_flush          every replica (rows carry instance_id)
     evaluate, delivery, retention, report  only on the replica holding the leader lock
+    memory_trim                          every process with a scheduler (serve, worker)
 A job whose callable is not given is not scheduled. Every job runs with
 max_instances=1 and coalesce=True, so a slow run is never overlapped by its next
 trigger and a backlog of missed triggers runs once; misfire_grace_time from settings.
@@ -45,8 +46,10 @@ DELIVERY = "delivery"
 RETENTION = "retention"
 REPORT = "report"
 SENSITIVITY = "sensitivity"
+MEMORY_TRIM = "memory_trim"
 EVERY_REPLICA = (PROBE, BURST, TRAFFIC_FLUSH)
 SINGLETONS = (EVALUATE, DELIVERY, RETENTION, REPORT, SENSITIVITY)
+EVERY_PROCESS = (MEMORY_TRIM,)  # each process trims its own heap
 ANALYSIS_EXECUTOR = "analysis"  # the singletons' threads, at nice worker.nice
 
 Job = Callable[[], object]
@@ -258,6 +261,8 @@ def triggers(settings: Settings) -> dict[str, BaseTrigger]:
         SENSITIVITY: interval(settings.alerts.sensitivity_interval_s,
                               "alerts.sensitivity_interval_s"),
     }
+    if s.memory_trim_interval_s > 0:  # 0 turns trimming off
+        out[MEMORY_TRIM] = interval(s.memory_trim_interval_s, "scheduler.memory_trim_interval_s")
     if s.probes_enabled:
         out[PROBE] = interval(s.probe_interval_s, "scheduler.probe_interval_s")
         if s.burst_interval_s > 0:  # 0 turns burst probes off
@@ -278,7 +283,7 @@ def build_scheduler(
     The analysis jobs (SINGLETONS) run on threads of their own at nice `worker.nice`
     (monitor.priority); the measurement jobs keep the process's priority.
     """
-    unknown = set(jobs) - set(EVERY_REPLICA) - set(SINGLETONS)
+    unknown = set(jobs) - set(EVERY_REPLICA) - set(SINGLETONS) - set(EVERY_PROCESS)
     if unknown:
         raise ValueError(f"jobs: unknown job {sorted(unknown)[0]!r}")
     trig = triggers(settings)

@@ -52,6 +52,8 @@ class SchedulerSettings(BaseModel):
     delivery_interval_s: float = 5.0
     traffic_flush_interval_s: float = 15.0
     misfire_grace_s: int = 30
+    # Each process hands glibc's free heap pages back to the kernel this often (0: never).
+    memory_trim_interval_s: float = Field(60.0, ge=0)
 
 
 class RetentionSettings(BaseModel):

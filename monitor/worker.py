@@ -21,6 +21,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine as DbEngine
 
+from engine import malloc
 from engine.protocol import InMemoryFlagProvider
 from monitor.alerting import load_alerts, make_deliverer
 from monitor.auth import Authenticator
@@ -28,7 +29,7 @@ from monitor.database import prepare_database
 from monitor.health_server import HealthServer
 from monitor.hub import Seams
 from monitor.job_metrics import JobMetrics
-from monitor.jobs import AnalysisParts, analysis_jobs
+from monitor.jobs import AnalysisParts, analysis_jobs, process_jobs
 from monitor.leader import LeaderLock, make_leader
 from monitor.metrics import Metrics, MetricsSink
 from monitor.scheduler import JobScheduler, build_scheduler, job_table
@@ -50,6 +51,7 @@ class WorkerSeams:
     clock: Callable[[], datetime] = utcnow
     transport: httpx.BaseTransport | None = None  # webhook deliveries
     leader: Callable[[DbEngine], LeaderLock] = make_leader
+    trim_heap: Callable[[], object] = malloc.trim  # the memory_trim job's call
 
 
 class AnalysisWorker:
@@ -104,7 +106,8 @@ class AnalysisWorker:
         except OSError as exc:
             raise WorkerPortError(f"worker.port: cannot listen on {settings.worker.host}:"
                                   f"{self._port}: {exc.strerror or exc}") from exc
-        self.scheduler = build_scheduler(settings, analysis_jobs(analysis),
+        jobs = {**analysis_jobs(analysis), **process_jobs(self.seams.trim_heap)}
+        self.scheduler = build_scheduler(settings, jobs,
                                          self.seams.leader(db), clock=self.seams.clock,
                                          metrics=JobMetrics(self.registry))
         self.scheduler.start()

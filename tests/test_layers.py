@@ -8,7 +8,8 @@ through the interface it publishes.
   it for the demo or the CLI) import more of it than its published interface: the
   `Engine` protocol and its types, its exception tree and the request checks every engine
   runs. Everything else (the API, metrics, probes, alerts, storage) sees the protocol,
-  and calls what it declares: no `getattr(engine, ...)` for a method it might lack.
+  and calls what it declares: no `getattr(engine, ...)` for a method it might lack. The
+  process's malloc helpers (`engine.malloc`) belong to no engine and are open to all.
 - No runtime package imports `tests`; a test helper (conftest, fakes, builders) under
   `tests/<package>/` follows its package's direction, so a lower package's tests can use
   it without pulling in a higher one. Test modules themselves are end-to-end and free.
@@ -27,6 +28,9 @@ from tests.test_import_cycles import ROOT, import_graph
 LAYER = {"vocab": 0, "storage": 1, "alerts": 2, "probes": 2, "monitor": 3}
 RUNTIME = ("vocab", "engine", "storage", "alerts", "probes", "monitor")
 ENGINE_INTERFACE = {"engine.protocol", "engine.errors", "engine.validation"}
+# What the engine package owns for the whole process, torch-free: importing `engine` caps
+# glibc's arenas (engine.malloc), and `serve` and its worker trim their heaps with it.
+PROCESS_WIDE = {"engine.malloc"}
 # Modules that build or wrap an engine, and why they may see more than the interface.
 COMPOSERS = {
     "monitor.engine_holder": "loads the runtime in the background",
@@ -74,7 +78,8 @@ def engine_access_errors(graph: dict[str, set[str]]) -> list[str]:
             continue
         out += [f"{module} -> {t}: reach the engine through engine.protocol"
                 for t in sorted(targets)
-                if (t == "engine" or t.startswith("engine.")) and t not in ENGINE_INTERFACE]
+                if (t == "engine" or t.startswith("engine."))
+                and t not in ENGINE_INTERFACE | PROCESS_WIDE]
     return out
 
 

@@ -14,9 +14,9 @@ from engine.malloc import limit_arenas
 # Twelve threads alive at once, each allocating from its own arena unless capped; prints
 # the number of arenas (malloc_info's <heap> entries).
 SCRIPT = r"""
-import ctypes, re, sys, tempfile, threading
-if sys.argv[1] == "import":
-    import engine  # the service's path: the package caps the arenas when imported
+import ctypes, importlib, re, sys, tempfile, threading
+if sys.argv[1] != "none":
+    importlib.import_module(sys.argv[1])  # the service's path: `engine` caps when imported
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 barrier = threading.Barrier(12)
@@ -39,15 +39,16 @@ with tempfile.NamedTemporaryFile(suffix=".xml") as f:
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc arenas only")
 
 
-def _arenas(mode: str) -> int:
+def arenas(module: str) -> int:
+    """Return the arenas twelve threads use after importing `module` ("none": nothing)."""
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    return int(subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True,
+    return int(subprocess.run([sys.executable, "-c", SCRIPT, module], capture_output=True,
                               text=True, check=True, env=env).stdout)
 
 
 @glibc
 def test_importing_the_engine_package_caps_the_arenas_of_many_threads() -> None:
-    assert _arenas("import") <= 2 < _arenas("none")
+    assert arenas("engine") <= 2 < arenas("none")
 
 
 def test_the_environment_decides_when_it_sets_malloc_arena_max() -> None:

@@ -173,7 +173,7 @@ def test_scheduler_runs_the_wired_jobs(migrated_url: str) -> None:
         wait_for(lambda: client.get("/readyz").status_code == 200)
         scheduler = services_of(app).scheduler
         assert set(scheduler.jobs()) == {"probe", "traffic_flush", "evaluate", "delivery",
-                                         "retention", "report", "sensitivity"}
+                                         "retention", "report", "sensitivity", "memory_trim"}
         jobs = scheduled_jobs(services_of(app))
         client.post("/v1/generate", json={"text": "hello river"})
         jobs["traffic_flush"]()

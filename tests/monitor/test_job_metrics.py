@@ -41,4 +41,4 @@ def test_jobs_are_timed_and_listed(migrated_url: str, in_process: bool) -> None:
     if in_process:  # the demo's and tests' wiring: analysis beside the engine
         assert {"evaluate", "delivery", "retention", "report"} <= set(table)
     else:  # `serve`'s wiring: the worker runs them
-        assert set(table) == {"traffic_flush"}
+        assert set(table) == {"traffic_flush", "memory_trim"}

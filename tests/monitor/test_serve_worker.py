@@ -165,11 +165,12 @@ def test_the_worker_runs_evaluation_the_serving_process_does_not(
 
     rows = until("the worker evaluates", evaluated)
     assert isinstance(rows, dict)
-    assert set(rows) == {"evaluate", "delivery", "retention", "report", "sensitivity"}
+    assert set(rows) == {"evaluate", "delivery", "retention", "report", "sensitivity",
+                         "memory_trim"}
     assert rows["evaluate"]["leader"] is True and rows["evaluate"]["last_success"]
     ready = httpx.get(f"http://127.0.0.1:{s.api_port}/readyz", timeout=5.0).json()
-    # --no-probes: the serving process keeps only the traffic flush.
-    assert [j["name"] for j in ready["jobs"]] == ["traffic_flush"]
+    # --no-probes: the serving process keeps only the traffic flush and its heap trim.
+    assert [j["name"] for j in ready["jobs"]] == ["memory_trim", "traffic_flush"]
     metrics = httpx.get(f"http://127.0.0.1:{s.worker_port}/metrics", timeout=5.0).text
     assert 'tailwatch_job_duration_seconds_count{scheduled_job="evaluate"}' in metrics
     s.proc.send_signal(signal.SIGTERM)

@@ -61,7 +61,8 @@ def test_the_worker_runs_the_analysis_jobs_and_reports_them(migrated_url: str) -
     with running(worker_settings(migrated_url), f"test-worker-{time.monotonic_ns()}") as w:
         wait_for(lambda: all(jobs(w)[j]["runs"] >= 2 for j in ("evaluate", "delivery")))
         table = jobs(w)
-        assert set(table) == {"evaluate", "delivery", "retention", "report", "sensitivity"}
+        assert set(table) == {"evaluate", "delivery", "retention", "report", "sensitivity",
+                              "memory_trim"}
         assert table["evaluate"]["leader"] is True and table["evaluate"]["failures"] == 0
         assert table["evaluate"]["last_success"] and table["evaluate"]["last_duration_s"] > 0
         r = httpx.get(f"http://127.0.0.1:{w.port}/metrics", timeout=5.0)
