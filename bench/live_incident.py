@@ -107,6 +107,10 @@ ARM_TIMEOUT_MARGIN_S = 3600.0  # after the warm-in: baselines still need their c
 STATED_POLL_S = 60.0
 SETTLE_POLL_S = 10.0
 STATED_TIMEOUT_S = 3600.0
+# A series whose cycles (one-minute rollups) number under this share of the minutes since
+# the first probe gets data only now and then (a decoding path canaries take in some
+# cycles): it states hours after the dense ones, so the hog does not wait for it.
+SPARSE_SHARE = 0.5
 # A hog shorter than the latency rules' `for` cycles plus their confirmation pages nothing.
 QUICK = {"quiet": 3.0, "hog": 6.0, "after": 5.0, "warm_in_s": 60.0, "min_baseline_cycles": 5}
 MILD = (30.0, 100.0)  # busy ms in every period ms
@@ -515,11 +519,17 @@ class Recorder:
 
     def _holds_a_page(self, row: Mapping[str, Any]) -> bool:
         """Return whether a sensitivity row holds a page the hog could send: its rule pages
-        (severity page) and its series has a baseline to judge against (a series without
-        one, e.g. a decoding path no canary took, holds for ever and pages on nothing)."""
+        (severity page), its series has a baseline to judge against (a series without
+        one, e.g. a decoding path no canary took, holds for ever and pages on nothing) and
+        it is not sparse (SPARSE_SHARE)."""
         pages = {r.name for r in self.rules if r.severity == PAGE}
-        return bool(row.get("pages_held")) and row.get("rule") in pages \
-            and NO_BASELINE not in str(row.get("reason", ""))
+        if not (row.get("pages_held") and row.get("rule") in pages
+                and NO_BASELINE not in str(row.get("reason", ""))):
+            return False
+        first, cycles = self.phases.first_probe, row.get("cycles")
+        if first is None or cycles is None:
+            return True
+        return cycles >= SPARSE_SHARE * (time.time() - first) / 60
 
     def _baselines(self, inactive: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.svc.get("/v1/baselines", include_inactive=inactive)
@@ -977,7 +987,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "latency rules, whatever this is)")
     ap.add_argument("--hog-when-stated", action="store_true",
                     help="start the hog only once no series holds its pages for want of "
-                    "history (waits past --quiet-minutes, up to an hour)")
+                    "history, sparse series aside (waits past --quiet-minutes, up to an "
+                    "hour)")
     ap.add_argument("--quick", action="store_true",
                     help="phases 3/6/5 min, a 60 s warm-in and 5 baseline cycles: arms in "
                     "minutes (a check of every phase, not a result)")

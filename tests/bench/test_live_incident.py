@@ -352,6 +352,17 @@ def test_the_hog_waits_until_no_series_holds_its_pages(tmp_path: Path, monkeypat
     never = _Service([[held]])
     rec = live.Recorder(tmp_path, never, None, {}, phases, rules)  # type: ignore[arg-type]
     assert rec.until_stated(0.05) is None and never.asked >= 1
+    # Two hours after the first probe: a series with 100 cycles is waited for, one that got
+    # 22 (canaries take its decoding path in some cycles only) is not.
+    phases.first_probe = time.time() - 2 * 3600
+    dense = {**held, "cycles": 100}
+    sparse = {**held, "cycles": 22}
+    waits = _Service([[dense, sparse]])
+    rec = live.Recorder(tmp_path, waits, None, {}, phases, rules)  # type: ignore[arg-type]
+    assert rec.until_stated(0.05) is None
+    goes = _Service([[stated, sparse]])
+    rec = live.Recorder(tmp_path, goes, None, {}, phases, rules)  # type: ignore[arg-type]
+    assert rec.until_stated(30.0) is not None and goes.asked == 1
 
 
 def test_a_bad_sensitivity_history_is_refused(tmp_path: Path) -> None:
