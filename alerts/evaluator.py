@@ -131,6 +131,48 @@ class EvaluationOptions:
                    incidents=config.incidents)
 
 
+def _own_samples(p: Point) -> int:
+    """Return the samples cycle `p` measured itself (a pooled quantile's own, not its pool's)."""
+    if p.value is None:
+        return 0
+    return p.fresh.count if p.fresh is not None else p.samples
+
+
+def _last_own(per_cohort: Mapping[Cohort, Sequence[Point]]) -> datetime | None:
+    """Return the start of the scope's newest cycle with samples of its own."""
+    starts = [p.at for pts in per_cohort.values() for p in pts if _own_samples(p) > 0]
+    return max(starts, default=None)
+
+
+def series_gone(rule: Rule, labels: Labels, per_scope: Mapping[Labels, Mapping[Cohort,
+                Sequence[Point]]], now: datetime) -> str | None:
+    """Return why an open alert's series is gone, or None while it may still come back.
+
+    A series that stops getting samples while the rule's other series (its instance's,
+    where the rule is per instance) keep theirs has nothing left to judge: a canary whose
+    engine stopped choosing a decoding mode, a bucket whose traffic stopped. No data is
+    no recovery, so the alert would stay open (and keep its incident open) for ever;
+    Prometheus resolves an alert whose series vanished, and so does this, once the series
+    has been empty for `resolve_for` cycles, the cycles a recovery would have read. When
+    every series is empty (a probe job down, no traffic at all) nothing is concluded.
+    """
+    step = timedelta(seconds=rule.window_s)
+    recent = now - (rule.resolve_for + 1) * step  # + the cycle still running
+    last = _last_own(per_scope.get(labels, {}))
+    if last is not None and last >= recent:
+        return None
+    instance = dict(labels).get("instance")
+    alive = [other for other, per_cohort in per_scope.items() if other != labels
+             and (instance is None or dict(other).get("instance") == instance)
+             and (_last_own(per_cohort) or recent) > recent]
+    if not alive:
+        return None
+    since = f"since the cycle of {last.isoformat()}" if last is not None else \
+        "in the window"
+    return (f"series gone: no samples of its own {since}, {rule.resolve_for} cycles, while "
+            f"{len(alive)} other series of the rule reported; nothing left to judge")
+
+
 def _retire_unconfigured(life: Lifecycle, alerts: Iterable[Alert],
                          rules: Sequence[Rule]) -> list[Transition]:
     """Resolve open alerts of rules that are no longer configured."""
@@ -241,6 +283,11 @@ def record(session: Session, scoring: Scoring, *, actor: str = "policy") -> Eval
                     r = judge(rule, dict(labels), per_scope.get(labels, {}),
                               base.get(labels, {}), since)
                     results.append(r)
+                    gone = series_gone(rule, labels, per_scope, now) \
+                        if r.no_data and fp in alerts else None
+                    if gone is not None:
+                        transitions.append(life.retire(alerts[fp], gone))
+                        continue
                     transitions += life.apply(rule, r, alerts.get(fp))
         except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
             log.exception("rule %s failed", rule.name)

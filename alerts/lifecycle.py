@@ -8,7 +8,8 @@ A rule result for a scope moves that scope's alert:
 Every move is an `AlertTransition` row with the value, baseline and relative change;
 firing and resolved moves add outbox rows in the same transaction (per alert; the
 evaluator instead groups them into incidents, `alerts.incidents`, and notifies once per
-incident). Empty windows move nothing (no data is not recovery).
+incident). Empty windows move nothing (no data is not recovery; a series that stays
+empty while the rule's other series report is retired by the evaluator).
 
 No flapping: the detector of a scope restarts from zero when its alert fires and when a
 fired alert resolves (`detector_start`: the evaluator only hands the rule the cycles
@@ -148,8 +149,9 @@ class Lifecycle:
     def retire(self, alert: Alert, reason: str) -> Transition:
         """Resolve an open alert its rule cannot judge any more (notified if it was firing).
 
-        Used when the rule is no longer configured and when the alert's instance went
-        stale (stopped reporting: restarted under another name, or gone).
+        Used when the rule is no longer configured, when the alert's instance went stale
+        (stopped reporting: restarted under another name, or gone) and when its series
+        is gone while the rule's others report (`alerts.evaluator.series_gone`).
         """
         was = alert.state
         alert.resolved_at = self.now
