@@ -46,6 +46,7 @@ from alerts.webhooks import (
     payload_status,
     signature,
 )
+from storage.db import reading
 from storage.models import WebhookDelivery
 from storage.queries import deliveries
 from vocab import utcnow
@@ -249,7 +250,7 @@ class Deliverer:
     def due_targets(self) -> list[str]:
         """Return the targets that have due rows."""
         now = self.clock()
-        with self.sessions() as session:
+        with reading(self.sessions) as session:
             return deliveries.due_targets(session, now)
 
     def expire(self) -> list[str]:
@@ -343,7 +344,7 @@ class Deliverer:
         return outcome
 
     def _older_pending(self, c: _Claim) -> list[tuple[int, str, Any, datetime]]:
-        with self.sessions() as session:
+        with reading(self.sessions) as session:
             assert c.fingerprint is not None
             return deliveries.older_pending(session, c.target, c.fingerprint, c.created_at, c.id)
 
@@ -364,7 +365,7 @@ class Deliverer:
                             .values(next_attempt_at=until))
 
     def _next_attempt(self, row_id: int) -> datetime:
-        with self.sessions() as session:
+        with reading(self.sessions) as session:
             at = deliveries.next_attempt_at(session, row_id)
         return at or self.clock()
 

@@ -690,24 +690,43 @@ class _Series:
     old: StoredSensitivity | None
 
 
-def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,
-            *, history_s: float = 86400.0, budget_s: float = 30.0,
-            clock: Callable[[], float] = time.thread_time) -> RefreshReport:
+@dataclass(frozen=True)
+class DueEstimates:
+    """What a refresh's read phase estimated, for its write phase (`store_estimates`).
+
+    found: the series estimated and their new estimates, in the order they ran.
+    """
+
+    found: tuple[tuple[_Series, Sensitivity], ...] = ()
+    left: int = 0
+    cpu_s: float = 0.0
+    errors: tuple[str, ...] = ()
+    rows_held: int = 0
+    deferred: int = 0
+
+
+def estimate_due(session: Session, rules: Sequence[Rule], config: SensitivityConfig,
+                 now: datetime, *, history_s: float = 86400.0, budget_s: float = 30.0,
+                 clock: Callable[[], float] = time.thread_time) -> DueEstimates:
     """Re-estimate the series whose baseline, threshold or budget changed, stalest first,
-    until `budget_s` CPU seconds of `clock` are spent (the rest wait for the next run).
+    until `budget_s` CPU seconds of `clock` are spent (the rest wait for the next run),
+    writing nothing (the read phase).
 
     Off the evaluation path: a scheduled job of its own. Each series is judged against
     the baseline stored for it (its season's, for a seasonal rule) on its cycles of the
-    last `history_s` (a seasonal one: those of its season).
+    last `history_s` (a seasonal one: those of its season). The reads and the estimates
+    are the whole cost, so `session` may be a read-only one (`storage.db.reading`): on
+    SQLite no write lock is held meanwhile and the serving process goes on writing.
     """
     start = clock()
     due, held = _due(session, rules, config, now, history_s)
     todo = sorted(due, key=lambda s: (s.old is not None, s.old.computed_at if s.old else now))
-    done, deferred, errors = 0, 0, list[str]()
+    found: list[tuple[_Series, Sensitivity]] = []
+    deferred, errors = 0, list[str]()
     for i, s in enumerate(todo):
         if clock() - start >= budget_s:
-            return RefreshReport(done, len(todo) - i, clock() - start, tuple(errors), held,
-                                 deferred)
+            return DueEstimates(tuple(found), len(todo) - i, clock() - start, tuple(errors),
+                                held, deferred)
         try:
             est = _estimate(s, config, clock)
             if narrowing_deferred(s.rule, s.old, est, s.baseline, s.points, now):
@@ -715,11 +734,35 @@ def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, 
                 # again on the next run and stored once the run at its threshold is over.
                 deferred += 1
                 continue
-            _store(session, s, est, now)
+            found.append((s, est))
+        except Exception as e:  # noqa: BLE001 - one bad series must not stop the rest
+            errors.append(f"{s.rule.name} {s.baseline.scope_key}: {type(e).__name__}: {e}")
+    return DueEstimates(tuple(found), 0, clock() - start, tuple(errors), held, deferred)
+
+
+def store_estimates(session: Session, due: DueEstimates, now: datetime) -> RefreshReport:
+    """Store the read phase's estimates over the stored ones (the write phase: short)."""
+    done, errors = 0, list(due.errors)
+    for s, est in due.found:
+        try:
+            # A savepoint: a baseline pruned since the read fails its estimate alone.
+            with session.begin_nested():
+                _store(session, s, est, now)
             done += 1
         except Exception as e:  # noqa: BLE001 - one bad series must not stop the rest
             errors.append(f"{s.rule.name} {s.baseline.scope_key}: {type(e).__name__}: {e}")
-    return RefreshReport(done, 0, clock() - start, tuple(errors), held, deferred)
+    return RefreshReport(done, due.left, due.cpu_s, tuple(errors), due.rows_held,
+                         due.deferred)
+
+
+def refresh(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now: datetime,
+            *, history_s: float = 86400.0, budget_s: float = 30.0,
+            clock: Callable[[], float] = time.thread_time) -> RefreshReport:
+    """Estimate what is due and store it in the caller's transaction (`estimate_due`, then
+    `store_estimates`; the scheduled job runs the two in separate transactions)."""
+    return store_estimates(session, estimate_due(session, rules, config, now,
+                                                 history_s=history_s, budget_s=budget_s,
+                                                 clock=clock), now)
 
 
 def narrowing_deferred(rule: Rule, old: StoredSensitivity | None, est: Sensitivity,

@@ -21,10 +21,12 @@ from engine.protocol import FlagProvider
 from monitor import scheduler as names
 from monitor.hub import Services
 from monitor.settings import Settings
+from storage.db import reading
 
 if TYPE_CHECKING:
     from alerts.config import AlertsConfig
     from alerts.outbox import Deliverer
+    from alerts.sensitivity import DueEstimates, RefreshReport
     from monitor.metrics import MetricsSink
 
 # Seconds past a replica's traffic flush interval before a minute of traffic is judged.
@@ -138,12 +140,25 @@ def _sensitivity(s: AnalysisParts) -> object:
 
 
 def refresh_sensitivity(sessions: sessionmaker[Session], alerts: AlertsConfig,
-                        clock: Callable[[], datetime]) -> object:
-    """Re-estimate the rules' sensitivity in one transaction (the sensitivity job's body)."""
+                        clock: Callable[[], datetime], *,
+                        estimated: Callable[[DueEstimates], None] = lambda due: None,
+                        ) -> RefreshReport:
+    """Re-estimate the rules' sensitivity (the sensitivity job's body): read and estimate
+    in a read-only transaction, then store in a short write transaction.
+
+    On SQLite every write transaction holds the database's one write lock from its BEGIN:
+    estimating under it (alerts.sensitivity_job_cpu_s of CPU, far more wall time on a busy
+    host) would stop the serving process's traffic and probe writes, and the evaluation's,
+    for as long. `estimated` sees the read phase's result inside its transaction (tests).
+    """
     from alerts import sensitivity
 
+    now = clock()
     # Bounded by alerts.sensitivity_job_cpu_s; series left over wait for the next run.
+    with reading(sessions) as session:
+        due = sensitivity.estimate_due(session, alerts.rules, alerts.sensitivity, now,
+                                       history_s=alerts.sensitivity_history_s,
+                                       budget_s=alerts.sensitivity_job_cpu_s)
+        estimated(due)  # still in the read transaction
     with sessions.begin() as session:
-        return sensitivity.refresh(session, alerts.rules, alerts.sensitivity, clock(),
-                                   history_s=alerts.sensitivity_history_s,
-                                   budget_s=alerts.sensitivity_job_cpu_s)
+        return sensitivity.store_estimates(session, due, now)

@@ -32,7 +32,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.cause import CAUSES
 from engine.protocol import (
@@ -49,6 +49,7 @@ from monitor.quality_metrics import quality_families
 from monitor.sensitivity_metrics import sensitivity_families
 from probes.measure import add_positions
 from probes.sampler import SamplerStats
+from storage.db import reading
 from storage.models import DELIVERY_STATES
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -532,7 +533,7 @@ class DatabaseCollector(_SafeCollector):
 
     name = "database"
 
-    def __init__(self, metrics: Metrics, sessions: Callable[[], Session],
+    def __init__(self, metrics: Metrics, sessions: sessionmaker[Session],
                  flags: FlagProvider | None = None, buckets: tuple[int, ...] = ()) -> None:
         self._sessions = sessions
         self._flags = flags
@@ -540,7 +541,9 @@ class DatabaseCollector(_SafeCollector):
         super().__init__(metrics)
 
     def _collect(self) -> Iterable[Metric]:
-        with self._sessions() as session:
+        # A read-only snapshot: on SQLite a plain transaction takes the write lock at its
+        # BEGIN, and every scrape would hold off the serving process's writes meanwhile.
+        with reading(self._sessions) as session:
             families = [*self._overrides(session), *self._alerts(session),
                         *self._incidents(session), *self._probes(session), *self._deliveries(session),
                         *self._rollouts(session), *quality_families(session),

@@ -24,6 +24,7 @@ from engine.protocol import REFERENCE, Engine
 from probes.cycle import CycleResult
 from probes.quality import Compared, compare, golden_match, prompt_key, summarize
 from probes.sink import add_cycle
+from storage.db import reading
 from storage.models import CanaryReference, OutputAgreement, ProbeRun
 from storage.queries import quality as queries
 from storage.queries.quality import AgreementGroup
@@ -91,7 +92,7 @@ class OutputChecker:
         if self.sessions is None:
             return {}
         try:
-            with self.sessions() as session:
+            with reading(self.sessions) as session:
                 stored = queries.references(session, *cohort)
         except Exception:  # noqa: BLE001 - a down database means regenerating, not failing
             log.warning("reference outputs: stored ones unreadable, generating", exc_info=True)

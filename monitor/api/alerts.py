@@ -28,6 +28,7 @@ class AlertOut(BaseModel):
     labels: dict[str, str]
     annotations: dict[str, str]
     started_at: datetime
+    updated_at: datetime  # when an evaluation last judged it
     fired_at: datetime | None
     resolved_at: datetime | None
     value: float | None

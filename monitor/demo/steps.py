@@ -125,8 +125,14 @@ def _acceptance_alert(ctx: StepContext, shifted: Lane, started: float) -> dict[s
         mine = [a for a in open_ if a["labels"].get("bucket") == shift and a["state"] == "firing"]
         if mine:
             ctx.memo["acceptance_alert"] = mine[0]
+        # Why a pending alert is not confirmed yet, as the worker last judged it: a wait
+        # that runs out then says whether the evaluations stopped or the rule held back.
+        held = [f"; pending since {a['started_at']}, last judged {a['updated_at']}: "
+                f"{a['annotations'].get('description', '')}" for a in open_
+                if a["labels"].get("bucket") == shift and a["state"] == "pending"]
         return bool(mine), (f"bucket {shift} acceptance {acc} on shifted traffic; "
-                            f"acceptance_drop alerts {states} (traffic rules use minute cycles)")
+                            f"acceptance_drop alerts {states} (traffic rules use minute cycles)"
+                            + "".join(held)[:600])
 
     def left() -> float:
         deadline = began + p.shift_timeout_s

@@ -28,6 +28,7 @@ from monitor.report.registry import Registry, load_registry
 from monitor.report.verdict import AT_RISK, VIOLATED
 from monitor.report.week import Period, Week, last_complete_week, parse_week
 from monitor.settings import Settings
+from storage.db import reading
 from storage.models import Report
 from storage.queries.reports import report_for_week
 
@@ -81,7 +82,9 @@ def run_weekly_report(sessions: sessionmaker[Session], settings: Settings,
     else:
         w = parse_week(week) if isinstance(week, str) else week
     registry = load_registry(settings.report.assumptions_file)
-    with sessions.begin() as session:
+    # Read-only (a snapshot, no write lock on SQLite): a week of rows takes a while to
+    # read and summarize, and the serving process goes on writing meanwhile.
+    with reading(sessions) as session:
         report = build_report(session, w, now, registry, settings)
     markdown = render_markdown(report)
     html = render_html(report)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import update
+from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import rule_scope
@@ -20,6 +20,7 @@ from alerts.rule_file import load_rules
 from alerts.rules import Point, Rule
 from alerts.sensitivity import (
     HELD_RECHECK_S,
+    DueEstimates,
     RefreshReport,
     SensitivityConfig,
     refresh,
@@ -27,6 +28,7 @@ from alerts.sensitivity import (
 )
 from alerts.series import RowCache, cohort_series, sliced_cohort_series
 from monitor.metrics import DatabaseCollector, Metrics
+from storage.db import make_engine, make_sessionmaker
 from storage.models import Baseline, RuleSensitivity, scope_key
 from storage.queries import sensitivity as queries
 from tests.alerts.builders import add_traffic
@@ -185,6 +187,37 @@ def test_the_scheduled_job_reads_its_settings(sessionmaker: sessionmaker[Session
     with sessionmaker() as s:
         [st] = queries.listing(s)
     assert st.within_cycles == 5 and st.budget_per_30d is None and st.threshold == 0.20
+
+
+def test_the_job_estimates_without_holding_the_write_lock(
+        db_engine: Engine, sessionmaker: sessionmaker[Session]) -> None:
+    from alerts.config import load_config
+    from alerts.settings import AlertSettings
+    from monitor.jobs import refresh_sensitivity
+
+    fill(sessionmaker)
+    config = replace(load_config(AlertSettings(sensitivity_history_s=MINUTES * 60.0)),
+                     rules=(acceptance_rule(),))
+    # A second engine that does not wait for a lock (SQLite: busy timeout 0).
+    other = make_sessionmaker(make_engine(db_engine.url, busy_timeout_s=0.0))
+    seen: list[DueEstimates] = []
+
+    def write_meanwhile(due: DueEstimates) -> None:
+        # The serving process's write (BEGIN IMMEDIATE on SQLite) during the read phase:
+        # it fails at once if the job held the write lock.
+        with other.begin() as s:
+            add_traffic(s, NOW, "64", acceptance=0.6)
+        seen.append(due)
+
+    try:
+        done = refresh_sensitivity(sessionmaker, config, lambda: NOW, estimated=write_meanwhile)
+    finally:
+        other.kw["bind"].dispose()
+    assert [len(d.found) for d in seen] == [1]  # estimated before the write ran
+    assert done.estimated == 1 and not done.errors
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+        assert st.rule == "acceptance_drop" and st.computed_at == NOW
 
 
 class _Reads:

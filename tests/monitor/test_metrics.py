@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
@@ -294,3 +295,35 @@ def test_latency_buckets_step_about_ten_percent() -> None:
     assert min(steps) > 1.09 and max(steps) < 1.11
     # +15% at 0.17 s crosses at least one bound: the relative-change panels can see it.
     assert any(0.17 < b <= 0.17 * 1.15 for b in DURATION_BUCKETS)
+
+
+def test_a_scrape_reads_the_database_without_holding_the_write_lock(
+        sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor import metrics
+    from storage.db import make_engine, make_sessionmaker
+
+    with sessionmaker.begin() as s:
+        s.add(Alert(fingerprint="a", rule="p99", state="firing", severity="page",
+                    started_at=datetime.now(UTC), labels={"bucket": "64"}))
+    # A second engine that does not wait for a lock (SQLite: busy timeout 0).
+    other = make_sessionmaker(make_engine(sessionmaker.kw["bind"].url, busy_timeout_s=0.0))
+    real = metrics.quality_families
+
+    def write_meanwhile(session: Session):  # type: ignore[no-untyped-def]
+        # The serving process's write (BEGIN IMMEDIATE on SQLite) in the middle of the
+        # scrape's reads: it fails at once if the scrape held the write lock.
+        with other.begin() as s:
+            s.add(Flag(name="compiled", scope="global", value=False, source="manual",
+                       actor="test"))
+        return real(session)
+
+    monkeypatch.setattr(metrics, "quality_families", write_meanwhile)
+    registry = CollectorRegistry()
+    try:
+        DatabaseCollector(Metrics(registry), sessionmaker)
+        firing = registry.get_sample_value("tailwatch_alerts_firing")
+        errors = registry.get_sample_value("tailwatch_scrape_errors_total",
+                                           {"collector": "database"})
+    finally:
+        other.kw["bind"].dispose()
+    assert (firing, errors) == (1, 0)

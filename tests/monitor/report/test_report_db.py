@@ -293,3 +293,34 @@ def test_costly_evidence_reads_without_vs_with_when_the_flag_changed_in_the_week
     # The faster side is the one without speculation, as the 0.5x says.
     assert "without it 200.0 ms vs with it 400.0 ms (medians; arms direct/speculative)" in \
         row.evidence, row.evidence
+
+
+def test_the_report_reads_without_holding_the_write_lock(
+        sessionmaker, report_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor.report import job
+    from storage.db import make_engine, make_sessionmaker
+    from storage.models import TrafficRollup
+    from tests.alerts.builders import add_traffic
+
+    fill_week(sessionmaker)
+    # A second engine that does not wait for a lock (SQLite: busy timeout 0).
+    other = make_sessionmaker(make_engine(sessionmaker.kw["bind"].url, busy_timeout_s=0.0))
+    real = job.build_report
+
+    def build_while_writing(session, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # The serving process's write (BEGIN IMMEDIATE on SQLite) once the report's
+        # transaction has begun: it fails at once if the report held the write lock.
+        session.scalar(select(Report.id).limit(1))
+        with other.begin() as s:
+            add_traffic(s, NOW, "64", acceptance=0.6)
+        return real(session, *args, **kwargs)
+
+    monkeypatch.setattr(job, "build_report", build_while_writing)
+    try:
+        outcome = run_weekly_report(sessionmaker, report_settings, NOW)
+    finally:
+        other.kw["bind"].dispose()
+    assert outcome.week == "2026-W48" and outcome.report_id is not None
+    with sessionmaker() as session:
+        assert session.scalar(select(TrafficRollup.id).where(TrafficRollup.minute == NOW)) \
+            is not None
