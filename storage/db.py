@@ -14,7 +14,11 @@ PostgreSQL.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
+import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -38,6 +42,13 @@ DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 SQLITE_HEAP_LIMIT_BYTES = 16 * 1024 * 1024
 # Execution option of a connection whose transaction only reads (see `reading`).
 READ_ONLY_OPTION = "tailwatch_read_only"
+# A SQLite write transaction holding the database's one write lock this long is logged
+# with where it ended: every other writer waited for it meanwhile, and "database is
+# locked" in another process's log does not say who held it.
+LONG_WRITE_LOCK_S = 5.0
+_WRITE_BEGAN = "tailwatch_write_began"
+
+log = logging.getLogger(__name__)
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -142,6 +153,16 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             conn.exec_driver_sql("BEGIN")
         else:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.info[_WRITE_BEGAN] = time.monotonic()
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _on_end(conn: Any) -> None:
+        began = conn.info.pop(_WRITE_BEGAN, None)
+        if began is not None and time.monotonic() - began >= LONG_WRITE_LOCK_S:
+            log.warning("SQLite write lock held %.1f s by thread %s (%s): other writers "
+                        "waited meanwhile", time.monotonic() - began,
+                        threading.current_thread().name, _caller())
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(dbapi_connection: Any, _record: Any) -> None:
@@ -155,6 +176,16 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             dbapi_connection.execute("PRAGMA query_only=OFF")
 
     return engine
+
+
+def _caller() -> str:
+    """Return the innermost tailwatch frames ending the transaction ("module:function")."""
+    ours = [f for f in traceback.extract_stack()[:-3]
+            if "/site-packages/" not in f.filename and not f.filename.startswith("<")
+            and not f.filename.endswith(
+                ("storage/db.py", "contextlib.py", "threading.py"))]
+    return " < ".join(f"{Path(f.filename).stem}:{f.name}" for f in reversed(ours[-3:])) \
+        or "unknown"
 
 
 @contextmanager

@@ -251,7 +251,11 @@ def demo_settings(profile: DemoProfile, workdir: Path, *, receiver_url: str,
                         tokens=[ApiToken(name=OPERATOR,
                                          token=token or secrets.token_urlsafe(24))]),
         report=ReportSettings(out_dir=str(report_dir)),
-        # The analysis runs in a worker child as under `serve` (demo.server.AnalysisProcess),
-        # at serve's nice value; its /healthz and /metrics on any free port.
-        worker=WorkerSettings(port=0),
+        # The analysis runs in a worker child as under `serve` (demo.server.AnalysisProcess);
+        # its /healthz and /metrics on any free port. At nice 0, not the shipped 10: on
+        # SQLite the evaluation records in a write transaction, and a worker niced on a
+        # saturated host (a CI runner) held the write lock for many seconds an evaluation,
+        # so the serving process's traffic rows, and the demo's alerts on them, came late
+        # (docs/operations.md, "SQLite's write lock").
+        worker=WorkerSettings(port=0, nice=0),
     )

@@ -211,3 +211,27 @@ def test_sqlite_page_caches_stay_within_one_heap_limit(tmp_path: Path) -> None:
                 conn.close()
     finally:
         engine.dispose()
+
+
+def test_a_long_sqlite_write_transaction_is_logged_with_its_caller(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import storage.db
+
+    sm = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'lock.db'}"))
+    from storage.models import Base
+
+    Base.metadata.create_all(sm.kw["bind"])
+    monkeypatch.setattr(storage.db, "LONG_WRITE_LOCK_S", 0.0)  # every write counts as long
+
+    def hold_the_lock() -> None:
+        with sm.begin() as s:
+            s.add(MemorySample(at=T0, instance_id="i1", rss_bytes=1))
+
+    with caplog.at_level("WARNING", logger="storage.db"):
+        hold_the_lock()
+        with reading(sm) as s:  # a read-only snapshot holds no write lock: nothing logged
+            s.scalar(select(func.count()).select_from(MemorySample))
+    held = [r.getMessage() for r in caplog.records if "write lock held" in r.getMessage()]
+    assert len(held) == 1
+    assert "test_db:hold_the_lock" in held[0] and "MainThread" in held[0]
+    sm.kw["bind"].dispose()
