@@ -441,8 +441,13 @@ def _stats(b: StoredBaseline, spread: float) -> BaselineStats:
 
 def _stale(old: StoredBaseline | None, rule: Rule, now: datetime, config: BaselineConfig,
            key: str) -> bool:
-    if old is None or old.samples < rule.min_baseline_cycles:
-        return True  # warming in: refresh every cycle
+    if old is None:
+        return True
+    if old.samples < rule.min_baseline_cycles:
+        # Warming in: refresh once per cycle, when one has ended since the row was made.
+        # Evaluations more frequent than the rule's cycles (a 1-minute traffic rule
+        # evaluated every few seconds) would otherwise store the same row each time.
+        return cycle_start(now, rule.window_s) > cycle_start(old.created_at, rule.window_s)
     age = (now - old.created_at).total_seconds()
     # Jitter (0.5-1 x refresh_s, fixed per scope): refreshes spread over the hour.
     if age >= config.refresh_s * (0.5 + (zlib.crc32(key.encode()) % 1000) / 2000.0):

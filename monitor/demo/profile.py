@@ -11,7 +11,8 @@ replace the shipped entries of the same name) into its work directory and builds
   must therefore fit in a rule cycle (`steps.regression_delay` checks it).
 * Traffic rules cannot go below one minute: real traffic is stored as per-minute rollups
   (`storage.rollups.RollupKey` truncates to the minute), so the acceptance alert needs
-  two whole minutes of shifted traffic. That step dominates the demo's run time.
+  two whole minutes of shifted traffic, shifted at a minute's start. That step dominates
+  the demo's run time.
 """
 
 from __future__ import annotations
@@ -74,14 +75,13 @@ class DemoProfile:
     compile_backend: str = "eager"
     warmup_timeout_s: float = 240.0  # without a bucket getting warm (wait_progress)
     baseline_timeout_s: float = 150.0
-    # acceptance_drop reads minute rollups and needs `for` = 3 minute cycles of shifted
-    # traffic: the shift starts anywhere in a minute, so up to 60 s pass before the first
-    # whole one, then 180 s, plus the 1 s flush and the evaluation: 300 s covers a shift
-    # that begins late in a minute.
+    # acceptance_drop reads minute rollups and fires on `for` = 2 whole minutes of shifted
+    # traffic (the shift starts at a minute's start), judged after each minute's flush and
+    # an evaluation: 300 s leaves an evaluation that runs late on a loaded machine room.
     shift_timeout_s: float = 300.0
-    # Once the shifted bucket's alert is pending it fires after `for` (3) more minute
-    # cycles, each evaluated by a worker that runs late on a loaded machine: the wait lasts
-    # this long after the alert went pending, even past shift_timeout_s.
+    # Once the shifted bucket's alert is pending it fires after one more minute cycle,
+    # evaluated by a worker that runs late on a loaded machine: the wait lasts this long
+    # after the alert went pending, even past shift_timeout_s.
     shift_pending_s: float = 240.0
     regression_timeout_s: float = 90.0
     churn_timeout_s: float = 120.0

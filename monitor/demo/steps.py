@@ -100,10 +100,26 @@ def _shift_one_bucket(ctx: StepContext) -> tuple[Lane, float]:
                                      if a["rule"] == "acceptance_drop"}
     ctx.memo["speculation_off_before"] = {
         b for b, v in ctx.api.flags()["effective"]["speculative"].items() if v is False}
+    # Shift at a minute's start, so every minute rollup is all in-domain or all shifted.
+    # A minute that is half of each reads just inside the alert's threshold: it is then
+    # no breach, and its mixed value joins the young acceptance baseline, whose spread
+    # then slows the CUSUM to several minutes (seen on a loaded CI host).
+    wait_s = until_next_minute(time.time())
+    ctx.event(f"shifting at the next minute's start ({wait_s:.0f} s): whole minute rollups")
+    time.sleep(wait_s)
     started = time.time()
     ctx.traffic.set_lanes([*lanes, shifted])
     ctx.event(f"bucket {shift}: traffic is now shifted-domain text; other buckets unchanged")
     return shifted, started
+
+
+MINUTE_S = 60.0  # traffic rollups are per wall-clock minute (storage.rollups.RollupKey)
+MINUTE_MARGIN_S = 0.2
+
+
+def until_next_minute(now: float) -> float:
+    """Return the seconds from epoch time `now` to just past the next minute's start."""
+    return MINUTE_S - now % MINUTE_S + MINUTE_MARGIN_S
 
 
 def _acceptance_alert(ctx: StepContext, shifted: Lane, started: float) -> dict[str, Any]:

@@ -85,3 +85,23 @@ def test_the_write_phase_moves_alerts_from_their_stored_state(
     # evaluation neither moves the old alert nor fires again on the run that fired it.
     assert [t for t in report.transitions if t.alert_id == alert.id] == []
     assert not any(r.fired for r in report.results)
+
+
+def test_a_warming_baseline_is_stored_once_per_cycle_not_per_evaluation(
+        sessionmaker: sessionmaker[Session]) -> None:
+    # 5 cycles < RULE.min_baseline_cycles (20): warming in, refreshed as cycles end.
+    fill(sessionmaker, 0, 7, 0.1)
+
+    def rows() -> int:
+        with sessionmaker() as s:
+            return len(s.scalars(select(Baseline.id)).all())
+
+    evaluate_split(sessionmaker, OPTIONS, _at(5))
+    first = rows()
+    assert first > 0
+    # Evaluations every few seconds within the same cycle store nothing new.
+    for seconds in (35, 40, 50):
+        evaluate_split(sessionmaker, OPTIONS, minute(5) + timedelta(seconds=seconds))
+    assert rows() == first
+    evaluate_split(sessionmaker, OPTIONS, _at(6))  # cycle 5 ended: one more cycle to rest on
+    assert rows() == 2 * first

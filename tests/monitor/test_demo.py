@@ -350,7 +350,10 @@ class _ShiftAlerts:
         now = "firing" if fired else "pending"
         self.polls.append(now)
         alert = {"id": 7, "rule": "acceptance_drop", "state": now, "labels": {"bucket": "32"},
-                 "annotations": {"summary": "acceptance -40%"}}
+                 "started_at": "2026-12-05T07:32:06Z", "updated_at": "2026-12-05T07:36:06Z",
+                 "annotations": {"summary": "acceptance -40%", "description": (
+                     "acceptance_rate 0.04 breaches (-94.7%) but is not confirmed yet "
+                     "(CUSUM 10.0 of 14, 2 cycles needed)")}}
         return [alert] if state == "open" or state == now else []
 
     def samples(self, **_filters: object) -> list[object]:
@@ -379,8 +382,19 @@ def test_the_shift_wait_lasts_the_rules_for_cycles_once_the_alert_is_pending() -
     stuck.profile = replace(FAST, shift_bucket=32, shift_timeout_s=0.2, shift_pending_s=0.6)
     stuck.traffic = fake  # type: ignore[assignment]
     stuck.memo["acceptance_before"] = set()
-    with pytest.raises(CheckFailed, match="acceptance_drop"):
+    # The failure says why the rule held back, as the worker last judged it.
+    with pytest.raises(CheckFailed, match=r"last judged 2026-12-05T07:36:06Z: .*CUSUM 10.0 of 14"):
         _acceptance_alert(stuck, lane, 0.0)
+
+
+def test_the_shift_starts_at_a_minutes_start() -> None:
+    from monitor.demo.steps import MINUTE_MARGIN_S, until_next_minute
+
+    # Traffic rollups are per minute: a shift at 07:30:31 would leave 07:30 half shifted.
+    at = 1_796_455_831.0  # 07:30:31 UTC
+    assert (at + until_next_minute(at)) % 60 == pytest.approx(MINUTE_MARGIN_S)
+    assert until_next_minute(at) == pytest.approx(29 + MINUTE_MARGIN_S)
+    assert until_next_minute(at - 31) == pytest.approx(60 + MINUTE_MARGIN_S)  # 07:30:00 sharp
 
 
 class _Receiver:
