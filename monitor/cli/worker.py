@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import click
 
 from monitor.cli.config import load_settings
 from monitor.logs import FORMATS, LEVELS, configure_logging
+
+log = logging.getLogger(__name__)
+
+# How long a stopping worker waits for a running job. A sensitivity run or an evaluation
+# on a saturated host (the worker is niced) may take minutes: an orphaned worker, or one
+# a process manager stops, must not linger that long. Leaving mid-job loses nothing: its
+# transaction rolls back and runs again at the next start; a webhook in flight is sent
+# again once its lease expires (delivery is at least once).
+SHUTDOWN_GRACE_S = 10.0
+
+
+def _exit_now(code: int) -> None:
+    logging.shutdown()  # os._exit skips the handlers' flush
+    os._exit(code)
+
+
+def close_within(close: Callable[[], None], grace_s: float,
+                 exit_process: Callable[[int], object] = _exit_now) -> bool:
+    """Run `close`; past `grace_s`, log it and exit the process; return whether it ended."""
+    closer = threading.Thread(target=close, name="tailwatch-worker-close", daemon=True)
+    closer.start()
+    closer.join(grace_s)
+    if not closer.is_alive():
+        return True
+    log.warning("tailwatch worker: a job still runs %g s after the stop; exiting without it "
+                "(its transaction rolls back; a webhook in flight is sent again)", grace_s)
+    exit_process(0)
+    return False
 
 
 @click.command()
@@ -69,4 +100,4 @@ def worker(ctx: click.Context, host: str | None, port: int | None, log_level: st
         while not stop.wait(0.5):  # a timed wait: signal handlers run between waits
             pass
     finally:
-        analysis.close()
+        close_within(analysis.close, SHUTDOWN_GRACE_S)

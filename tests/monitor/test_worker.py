@@ -279,3 +279,22 @@ def worker_answers(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_stopping_worker_does_not_wait_past_its_grace_for_a_running_job(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    from monitor.cli.worker import close_within
+
+    exits: list[int] = []
+    # A close that returns: nothing else happens.
+    assert close_within(lambda: None, 5.0, exits.append) is True and exits == []
+    # A close stuck behind a job (a sensitivity run on a saturated host): the process
+    # exits once the grace has passed, and says why.
+    release = threading.Event()
+    with caplog.at_level("WARNING", logger="monitor.cli.worker"):
+        assert close_within(lambda: release.wait(30.0) and None, 0.2, exits.append) is False
+    release.set()
+    assert exits == [0]
+    assert "a job still runs 0.2 s after the stop; exiting without it" in caplog.text
