@@ -164,7 +164,7 @@ def series_gone(rule: Rule, labels: Labels, per_scope: Mapping[Labels, Mapping[C
     instance = dict(labels).get("instance")
     alive = [other for other, per_cohort in per_scope.items() if other != labels
              and (instance is None or dict(other).get("instance") == instance)
-             and (_last_own(per_cohort) or recent) > recent]
+             and (seen := _last_own(per_cohort)) is not None and seen >= recent]
     if not alive:
         return None
     since = f"since the cycle of {last.isoformat()}" if last is not None else \
