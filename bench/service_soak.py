@@ -7,7 +7,8 @@ Real traffic is open loop: Poisson arrivals at `--rate` per second, in-domain in
 buckets drawn uniformly. Nothing is injected.
 
 Every minute a row is appended to `FOLDER/soak.csv` (see `Row`): RSS of the serving
-process and of its worker, the minute's real requests by answer (200, 429, other), the
+process and of its worker (at the minute's end, and the minute's floor: the lowest of
+its readings every 5 s), the minute's real requests by answer (200, 429, other), the
 service's own count of real requests refused by admission, webhook notifications
 (firing, resolved, pages = firing with severity page), probe cycles and bursts run,
 and the minutes since the rules armed (the first probe cycle plus the shipped baseline
@@ -16,7 +17,8 @@ warm-in, `alerts.baseline_warm_in_s`). The receiver's payloads go to
 
 At the end, and for any CSV (a run still in progress included) with `--summarize`:
 
-    rss growth after 30 min: serve X MB/h, worker Y MB/h (least squares; target < 5 MB/h)
+    rss growth after 30 min: serve X MB/h, worker Y MB/h (least squares; target < 5 MB/h);
+        floors: serve X' MB/h, worker Y' MB/h (the same fit over each minute's lowest RSS)
     pages in the first hour after the rules armed: N (target 0)
     real requests shed by probes: R (429 answers to real requests; target 0)
 
@@ -86,6 +88,11 @@ class Row:
     bursts: int
     rejected_in_bursts: int  # 429s to real requests due during a burst (+ BURST_GRACE_S)
     burst_window_s: float  # seconds of those windows that ended this minute
+    # The minute's lowest RSS of its readings every TICK_S: a single reading moves with
+    # where it falls between two heap trims and with the queue the minute holds; the
+    # floor is what the process keeps across them.
+    serve_rss_floor_mb: float | None = None
+    worker_rss_floor_mb: float | None = None
 
 
 COLUMNS = [f.name for f in fields(Row)]
@@ -222,6 +229,7 @@ class Summary:
     worker_mb_per_h: float | None
     serve_rss_mb: tuple[float, float] | None  # at the warm-up's end, at the last row
     last_hour_mb_per_h: tuple[float | None, float | None]  # serve, worker over the last 60 rows
+    floor_mb_per_h: tuple[float | None, float | None]  # serve, worker: the minutes' floors
     armed_minutes: float  # minutes of the first hour after arming the rows cover (<= 60)
     pages_first_hour: int
     pages: int
@@ -272,6 +280,8 @@ class Summary:
             f"{self.synthetic_refused} synthetic",
             f"rss growth after {WARM_MINUTES} min: serve {mbh(self.serve_mb_per_h)}{rss}, "
             f"worker {mbh(self.worker_mb_per_h)} (least squares; target < 5 MB/h)"
+            + (f"; floors: serve {mbh(self.floor_mb_per_h[0])}, worker "
+               f"{mbh(self.floor_mb_per_h[1])}" if self.floor_mb_per_h[0] is not None else "")
             + (f"; over the last hour: serve {mbh(self.last_hour_mb_per_h[0])}, worker "
                f"{mbh(self.last_hour_mb_per_h[1])}" if self.minutes >= 2 * ARMED_HOUR else ""),
             f"pages in the first hour after the rules armed: {self.pages_first_hour}{hour}"
@@ -302,6 +312,9 @@ def summarize(rows: Sequence[Row],
     serve = [(float(r.minute), r.serve_rss_mb) for r in warm]
     worker = [(float(r.minute), r.worker_rss_mb) for r in warm if r.worker_rss_mb is not None]
     first_hour = [r for r in rows if r.armed_min is not None and 0 < r.armed_min <= ARMED_HOUR]
+    floors = tuple(slope_per_hour([(float(r.minute), v) for r in warm
+                                   if (v := getattr(r, f"{p}_rss_floor_mb")) is not None])
+                   for p in ("serve", "worker"))
     last = rows[-1] if rows else None
     return Summary(
         minutes=last.minute if last else 0,
@@ -310,6 +323,7 @@ def summarize(rows: Sequence[Row],
         serve_rss_mb=(warm[0].serve_rss_mb, warm[-1].serve_rss_mb) if warm else None,
         last_hour_mb_per_h=(slope_per_hour(serve[-ARMED_HOUR:]),
                             slope_per_hour(worker[-ARMED_HOUR:])),
+        floor_mb_per_h=(floors[0], floors[1]),
         armed_minutes=float(len(first_hour)),
         pages_first_hour=sum(r.pages for r in first_hour),
         pages=sum(r.pages for r in rows),
@@ -329,6 +343,11 @@ def summarize(rows: Sequence[Row],
     )
 
 
+def _lower(low: float | None, value: float | None) -> float | None:
+    """Return the lower of a floor and a reading (a missing one does not count)."""
+    return value if low is None or (value is not None and value < low) else low
+
+
 class Recorder:
     """Turn the service's scrapes, the receiver's payloads and the traffic into rows."""
 
@@ -341,6 +360,13 @@ class Recorder:
         self.seen = 0
         self.first_probe: float | None = None
         self.before = self.counters()
+        self.floor: tuple[float | None, float | None] = (None, None)
+
+    def sample_rss(self) -> tuple[int, int | None]:
+        """Read both processes' RSS now and lower the minute's floors to it."""
+        serve, worker = self.svc.rss()
+        self.floor = (_lower(self.floor[0], serve), _lower(self.floor[1], worker))
+        return serve, worker
 
     def counters(self) -> dict[str, float]:
         """Scrape the serving process: job counts, admission refusals; note burst windows."""
@@ -362,6 +388,7 @@ class Recorder:
             time.sleep(min(TICK_S, max(0.0, until - time.time())))
             if self.first_probe is None and self.counters()["probe"] > 0:
                 self.first_probe = time.time()
+            self.sample_rss()
 
     def row(self, minute: int) -> Row:
         """Return the minute's row (counts since the previous one)."""
@@ -372,7 +399,8 @@ class Recorder:
         answers = answer_counts(self.traffic.drain(), sorted(self.windows))
         new_windows = self.windows - self.counted
         self.counted |= new_windows
-        serve_rss, worker_rss = self.svc.rss()
+        serve_rss, worker_rss = self.sample_rss()
+        (serve_floor, worker_floor), self.floor = self.floor, (None, None)
         armed = (None if self.first_probe is None
                  else round((time.time() - self.first_probe) / 60 - self.warm_in_min, 2))
         row = Row(
@@ -387,7 +415,9 @@ class Recorder:
             probe_cycles=int(now["probe"] - self.before["probe"]),
             bursts=int(now["burst"] - self.before["burst"]),
             rejected_in_bursts=answers.rejected_in_bursts,
-            burst_window_s=round(sum(hi - lo for lo, hi in new_windows), 2))
+            burst_window_s=round(sum(hi - lo for lo, hi in new_windows), 2),
+            serve_rss_floor_mb=None if serve_floor is None else round(serve_floor / 1e6, 1),
+            worker_rss_floor_mb=None if worker_floor is None else round(worker_floor / 1e6, 1))
         self.before = now
         return row
 

@@ -26,6 +26,7 @@ from alerts.webhooks import (
 from bench.service import Answer, parse_metrics
 from bench.service_soak import (
     BURST_GRACE_S,
+    Recorder,
     Row,
     answer_counts,
     burst_windows,
@@ -138,6 +139,56 @@ def test_the_summary_fits_rss_after_warm_up_and_counts_pages_after_arming(
                              "due during the 8 bursts' 32 s, 0.6 expected there at the other "
                              "429s' rate; target 0)")
     assert s.lines()[-3].startswith("rss growth after 30 min: serve +2.0 MB/h (530 -> 533 MB)")
+
+
+def test_rss_floors_are_fitted_beside_the_minute_end_readings(tmp_path: Path) -> None:
+    # End-of-minute readings swing by 60 MB with where they fall between two trims; the
+    # floors under them rise 3 MB/h, and the summary fits both.
+    rows = [_row(m, serve_rss_mb=600.0 + 60.0 * (m % 2),
+                 serve_rss_floor_mb=580.0 + m / 20, worker_rss_floor_mb=140.0)
+            for m in range(1, 91)]
+    path = tmp_path / "soak.csv"
+    for r in rows:
+        write_row(path, r)
+    s = summarize(read_rows(path))
+    assert s.floor_mb_per_h == (pytest.approx(3.0), pytest.approx(0.0))
+    assert "; floors: serve +3.0 MB/h, worker +0.0 MB/h" in s.lines()[-3]
+    # A CSV written before the floors were recorded: no floors, no floor figures.
+    old = summarize([_row(m) for m in range(1, 91)])
+    assert old.floor_mb_per_h == (None, None) and "floors" not in old.lines()[-3]
+
+
+class _Svc:
+    """The recorder's view of a service: RSS readings in turn, no metrics."""
+
+    def __init__(self, readings: list[tuple[int, int | None]]) -> None:
+        self.readings = readings
+
+    def rss(self) -> tuple[int, int | None]:
+        return self.readings.pop(0)
+
+    def metrics(self) -> dict[str, object]:
+        return {}
+
+
+def test_the_recorder_keeps_each_minutes_lowest_rss() -> None:
+    class Traffic:
+        def drain(self) -> list[object]:
+            return []
+
+    class Receiver:
+        def deliveries(self) -> list[object]:
+            return []
+
+    svc = _Svc([(700_000_000, 150_000_000), (640_000_000, None), (690_000_000, 149_000_000),
+                (710_000_000, 151_000_000)])
+    rec = Recorder(svc, Receiver(), Traffic(), ready=0.0)  # type: ignore[arg-type]
+    for _ in range(3):
+        rec.sample_rss()
+    row = rec.row(1)
+    assert (row.serve_rss_mb, row.worker_rss_mb) == (710.0, 151.0)  # the minute's end
+    assert (row.serve_rss_floor_mb, row.worker_rss_floor_mb) == (640.0, 149.0)
+    assert rec.floor == (None, None)  # the next minute starts afresh
 
 
 def test_summarize_reads_a_run_in_progress(tmp_path: Path,
