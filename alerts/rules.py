@@ -434,6 +434,34 @@ def median_inside_band(rule: Rule, changes: Sequence[float | None]) -> bool:
     return not known or inside_band(rule, statistics.median(known))
 
 
+def median_back(rule: Rule, baseline: BaselineStats | None,
+                changes: Sequence[float | None], need: int) -> bool:
+    """Return whether the median change of the latest k cycles tells the series back, for
+    some k from resolve_for to `need`.
+
+    `need` cycles (`recovery_cycles`) put a median inside the band RECOVERY_Z standard
+    errors from the threshold; fewer tell it as surely when their median lies further
+    from the threshold: RECOVERY_Z standard errors of a median of that many. So a series
+    clearly back resolves in a few cycles and one just inside the band reads them all.
+    At `need` itself the band alone decides (a series too noisy for its window resolves
+    once the window reads inside the band, as before).
+    """
+    sigma = baseline.measured_noise() if baseline is not None and baseline.center else None
+    for k in range(rule.resolve_for, need + 1):
+        if len(changes) < k:
+            return False
+        if k == need:
+            return median_inside_band(rule, changes[-k:])
+        known = [c for c in changes[-k:] if c is not None]
+        if sigma is None or not known:
+            continue
+        median = rule.direction * statistics.median(known)
+        margin = RECOVERY_Z * MEDIAN_SE * sigma / math.sqrt(len(known))
+        if median < rule.resolve_threshold and rule.threshold - median >= margin:
+            return True
+    return False
+
+
 def own_samples_back(rule: Rule, baseline: BaselineStats | None,
                      points: Sequence[Point]) -> bool:
     """Return whether the cycles' own samples, merged, read as no change of a tail quantile.
@@ -490,7 +518,7 @@ def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point
             # the lookback (its oldest is unfinished at its start), fewer still where rows
             # settle or cycles are empty: asking for more than it holds never resolves.
             need = max(rule.resolve_for, min(need, window))
-        return len(changes) >= need and median_inside_band(rule, changes[-need:])
+        return median_back(rule, baseline, changes, need)
     if all(inside_band(rule, change) for change in last):
         return True
     return own_samples_back(rule, baseline, [p for p, _, _ in tail]) \

@@ -379,6 +379,8 @@ class Phases:
     # When no incident had been open for the reopen hold after the hog (None: not settled
     # before --after-minutes ran out).
     settled: float | None = None
+    # Since when no incident had been open at the run's end (None: one was open then).
+    clear_since: float | None = None
     note: str = ""
 
     def save(self, folder: Path) -> None:
@@ -436,6 +438,7 @@ class Recorder:
         self.posts = 0
         self.before = self._counts()
         self.cpu_before = svc.cpu_seconds()
+        self.clear_since: float | None = None  # until_settled: no incident open since
 
     def _counts(self) -> tuple[float, float]:
         try:
@@ -492,6 +495,7 @@ class Recorder:
                 clear_since = now
                 print(f"{_hms(now)} no incident open; the run ends once none has been open "
                       f"for {hold_s / 60:g} min", flush=True)
+            self.clear_since = clear_since
             if clear_since is not None and now - clear_since >= hold_s:
                 return now
             self.wait(min(until, now + SETTLE_POLL_S))
@@ -941,6 +945,7 @@ def run(folder: Path, phases: Phases) -> None:
         phases.save(folder)
         rec.phase = "after"
         phases.settled = rec.until_settled(phases.after[1], AlertSettings().incidents.hold_s)
+        phases.clear_since = rec.clear_since
         phases.after = (start, phases.settled or phases.after[1])
         phases.save(folder)
 
@@ -952,6 +957,10 @@ def _settled(p: Phases) -> str:
     if p.settled is not None:
         return (f", settled {(p.settled - p.hog[1]) / 60:.1f} min after the hog (no incident "
                 "open for the reopen hold)")
+    if p.clear_since is not None:
+        return (f", not settled within --after-minutes {p.after_minutes:g} (no incident open "
+                f"since {_hms(p.clear_since)}, {(p.after[1] - p.clear_since) / 60:.1f} min "
+                "before the end: less than the reopen hold)")
     return f", not settled within --after-minutes {p.after_minutes:g} (an incident open)"
 
 

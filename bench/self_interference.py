@@ -14,14 +14,17 @@ database of its own, of one of two arms:
 The arms alternate in rounds, E H then H E (`--rounds 2`: E H H E), so a drift of the
 host over the run (a neighbour's load) falls on both arms alike instead of on whichever
 ran second. Every canary cycle runs the A/B arms (`probes.ab_share: 1`) so that each
-bucket gets a paired sample a minute; halfway through each block a burst probe
+bucket gets its canaries' pairs every minute; halfway through each block a burst probe
 (`POST /v1/probes/run`, kind burst) runs under the real traffic.
 
 Compared between the arms, each over all its blocks:
 
-    ratio         per bucket, the median over cycles of optimized p50 / direct p50 (the
-                  same cycle's canaries, paired); the effect is the largest relative
-                  difference over buckets (target <= 3%)
+    ratio         per bucket, the median over prompt pairs of optimized / direct latency:
+                  one canary prompt's optimized request and its direct arm, run back to
+                  back in a random order in one cycle, as the weekly report's speedups
+                  pair them (`storage.queries.speedups`, its median and 95% interval);
+                  the effect is the largest relative difference over buckets (target
+                  <= 3%)
     traffic p99   client-side p99 of the real requests answered 200 (target <= 10%)
     stall         the largest extra wait of a real request: its latency minus its
                   bucket's median in its block (target <= 2x)
@@ -59,7 +62,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from bench.service import Answer, PoissonTraffic, ServiceProcess, percentile, settings_for
 from bench.service_soak import SATURATED_SHARE, Window, answer_counts, burst_windows
@@ -67,11 +70,12 @@ from monitor.loopback import WebhookReceiver
 from monitor.settings import Settings, check_keys
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import upgrade
-from storage.models import ProbeResult, ProbeRun
+from storage.queries.speedups import PairRecord, load_pairs, median_ci
 from storage.synthetic import simulate
 from vocab import Variant
 
 INSTANCE = "bench"  # bench.service's instance_id
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 EMPTY, HISTORY = "empty", "history"
 
 
@@ -81,7 +85,7 @@ class Block:
 
     arm: str  # EMPTY or HISTORY
     answers: tuple[Answer, ...]
-    samples: dict[str, list[float]]  # bucket -> paired optimized/direct p50, one per cycle
+    samples: dict[str, list[float]]  # bucket -> optimized/direct latency, one per prompt pair
     cycles: int  # canary cycles with both arms
     windows: tuple[Window, ...]  # the burst's window(s)
     burst: str  # the burst probe's outcome as the API answered it
@@ -93,7 +97,8 @@ class RunResult:
 
     name: str
     blocks: int
-    ratios: dict[str, float]  # bucket -> median paired optimized/direct canary p50
+    ratios: dict[str, float]  # bucket -> median optimized/direct latency over prompt pairs
+    ci: dict[str, tuple[float | None, float | None]]  # bucket -> the median's 95% interval
     cycles: int  # canary cycles with both arms
     p99_s: float
     stall_s: float
@@ -125,43 +130,43 @@ def fill_history(engine: Engine, end: datetime, *, days: float = 7.0,
     return rows
 
 
-def paired_samples(rows: Iterable[tuple[int, str, str, float | None]]
-                   ) -> tuple[dict[str, list[float]], int]:
-    """Return bucket -> optimized p50 / direct p50 per cycle, and the cycles.
+def paired_samples(pairs: Iterable[PairRecord]) -> tuple[dict[str, list[float]], int]:
+    """Return bucket -> optimized / direct latency per prompt pair, and the cycles.
 
-    `rows` are (run id, bucket, variant, p50 s); a cycle counts for a bucket only when
-    both its optimized canaries and its direct arm measured it.
+    The pairs the weekly report's speedups read (`storage.queries.speedups`): one
+    prompt's optimized request and its direct arm, back to back in one cycle. A pair
+    counts only when both succeeded.
     """
-    p50: dict[tuple[int, str], dict[str, float]] = defaultdict(dict)
-    for run_id, bucket, variant, value in rows:
-        if value is not None and value > 0:
-            p50[(run_id, bucket)][variant] = value
     per_bucket: dict[str, list[float]] = defaultdict(list)
     runs = set()
-    for (run_id, bucket), arms in p50.items():
-        if Variant.OPTIMIZED in arms and Variant.DIRECT in arms:
-            per_bucket[bucket].append(arms[Variant.OPTIMIZED] / arms[Variant.DIRECT])
-            runs.add(run_id)
+    for p in pairs:
+        opt, arm = p.latency_s.get(Variant.OPTIMIZED), p.latency_s.get(Variant.DIRECT)
+        if isinstance(opt, int | float) and isinstance(arm, int | float) and opt > 0 and arm > 0:
+            per_bucket[p.bucket].append(opt / arm)
+            runs.add(p.run_id)
     return dict(per_bucket), len(runs)
 
 
 def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """Return bucket -> median of its samples, buckets in ascending order."""
-    return {b: statistics.median(v)
+    """Return bucket -> median of its ratios as the speedups take it, buckets ascending."""
+    return {b: median_ci(v)[0]
+            for b, v in sorted(samples.items(), key=lambda kv: int(kv[0])) if v}
+
+
+def intervals(samples: Mapping[str, Sequence[float]]
+              ) -> dict[str, tuple[float | None, float | None]]:
+    """Return bucket -> the 95% confidence interval of its median (None: under 6 ratios)."""
+    return {b: median_ci(v)[1:]
             for b, v in sorted(samples.items(), key=lambda kv: int(kv[0])) if v}
 
 
 def read_samples(engine: Engine, instance_id: str = INSTANCE
                  ) -> tuple[dict[str, list[float]], int]:
-    """Return `paired_samples` of the instance's stored canary cycles."""
+    """Return `paired_samples` of the instance's stored A/B cycles."""
     with make_sessionmaker(engine)() as s:
-        rows = s.execute(
-            select(ProbeResult.run_id, ProbeResult.bucket, ProbeResult.variant,
-                   ProbeResult.p50_s)
-            .join(ProbeRun, ProbeRun.id == ProbeResult.run_id)
-            .where(ProbeRun.instance_id == instance_id, ProbeRun.kind == "cycle",
-                   ProbeRun.status == "ok")).all()
-    return paired_samples(rows)
+        pairs = load_pairs(s, EPOCH, datetime.now(UTC) + timedelta(days=1),
+                           instance_id=instance_id)
+    return paired_samples(pairs)
 
 
 def largest_stall(answers: Sequence[Answer]) -> float:
@@ -203,6 +208,7 @@ def measure(name: str, blocks: Sequence[Block]) -> RunResult:
                                         counts.rejected_429 - counts.rejected_in_bursts)
         stall = max(stall, largest_stall(b.answers))  # against its own block's medians
     return RunResult(name=name, blocks=len(blocks), ratios=medians(samples),
+                     ci=intervals(samples),
                      cycles=sum(b.cycles for b in blocks), p99_s=percentile(ok, 0.99),
                      stall_s=stall, ok=totals[0], rejected_429=totals[1],
                      rejected_in_burst=totals[2], expected_in_burst=expected,
@@ -318,12 +324,19 @@ def report(label: str, r: RunResult) -> None:
           f"during the burst, {r.expected_in_burst:.1f} expected there at the other 429s' "
           f"rate), {r.errors} errors; traffic p99 {r.p99_s * 1e3:.0f} ms, largest stall "
           f"{r.stall_s * 1e3:.0f} ms; burst {r.burst}; paired cycles {r.cycles}; "
-          "optimized/direct p50: " + ", ".join(f"{b} {v:.3f}" for b, v in r.ratios.items()),
+          "optimized/direct per prompt pair, median [95% interval]: "
+          + ", ".join(f"{b} {v:.3f}{_interval(r.ci.get(b))}" for b, v in r.ratios.items()),
           flush=True)
     total = r.ok + r.rejected_429 + r.errors
     if total and r.rejected_429 / total > SATURATED_SHARE:
         print(f"{label}: saturated: {r.rejected_429 / total:.0%} of the real requests were "
               "answered 429; latencies measure the queue, not the monitor", flush=True)
+
+
+def _interval(ci: tuple[float | None, float | None] | None) -> str:
+    if ci is None or ci[0] is None or ci[1] is None:
+        return ""
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

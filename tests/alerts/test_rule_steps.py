@@ -162,8 +162,30 @@ def test_a_noisy_series_still_over_the_threshold_does_not_resolve_on_a_lucky_run
     assert not recovered(r, noisy, pts(still), still, changes)
     back = [1.15] * 5 + [1.0, 0.95, 1.05, 1.1, 0.9] * 6  # back: the last 29's median 0%
     assert recovered(r, noisy, pts(back), back, relative_changes(back, noisy))
-    # Too few cycles since it fired to read that many: not yet.
-    assert not recovered(r, noisy, pts(back[:20]), back[:20], relative_changes(back[:20], noisy))
+    # Too few cycles back to tell it (at 0%, 10% from the threshold: 12, see below): not yet.
+    assert not recovered(r, noisy, pts(back[:16]), back[:16], relative_changes(back[:16], noisy))
+
+
+def test_a_noisy_series_resolves_sooner_the_further_back_it_is():
+    """The median of fewer cycles tells a series back when it lies further from the
+    threshold: RECOVERY_Z standard errors of a median of that many (median_back)."""
+    r = rule(change="+10%", resolve_change="+3%", resolve_for=5)
+    noisy = BaselineStats(center=1.0, spread=0.10, cycles=500)  # recovery_cycles 29
+
+    def cycles_to_resolve(levels: list[float]) -> int:
+        series = [1.15] * 5 + levels
+        return next(k for k in range(1, len(levels) + 1)
+                    if recovered(r, noisy, pts(series[:5 + k]), series[:5 + k],
+                                 relative_changes(series[:5 + k], noisy)))
+
+    # Well under (-10%, 20% from the threshold; 3 errors of a median of 5 are 17%): the
+    # resolve_for cycles' window, its oldest cycle still at +15%.
+    assert cycles_to_resolve([0.9, 0.85, 0.95, 0.9, 0.8] * 6) == 4
+    # Back at the baseline (10% from the threshold): a median of (3 x 1.2533 x 10% /
+    # 10%) ** 2 = 14.1 cycles (here 15, 3 still at +15%), not the 29 the band needs.
+    assert cycles_to_resolve([1.0, 0.95, 1.05, 1.1, 0.9] * 6) == 12
+    # Just inside the band (+2%, 8% from the threshold): 22 cycles' median, 2 at +15%.
+    assert cycles_to_resolve([1.02, 0.97, 1.07, 1.12, 0.92] * 6) == 20
 
 
 def test_a_quiet_series_resolves_in_resolve_for_cycles_a_noisy_one_waits_for_its_noise():

@@ -432,6 +432,11 @@ def test_the_summary_says_whether_the_after_phase_settled() -> None:
                          after=(360.0, 2760.0))
     assert _settled(open_at_end) == (", not settled within --after-minutes 40 "
                                      "(an incident open)")
+    # Every incident resolved, but too late in the phase for the reopen hold to pass.
+    held = replace(open_at_end, clear_since=2400.0)
+    assert _settled(held) == (", not settled within --after-minutes 40 (no incident open "
+                              "since 00:40:00, 6.0 min before the end: less than the reopen "
+                              "hold)")
 
 
 class _Busy(_Service):

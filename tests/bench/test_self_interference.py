@@ -2,7 +2,7 @@
 
 The history comes from `storage.synthetic.simulate` (as in `bench.evaluation`), the
 canary cycles are stored with `probes.sink.add_cycle` (the prober's path), and the
-ratios are read back with the bench's own query. One slow test runs `main` itself for a
+ratios are read back through `storage.queries.speedups` (the report's pairs). One slow test runs `main` itself for a
 round of two blocks of seconds on the real service (eager, so it starts in seconds).
 """
 
@@ -23,6 +23,7 @@ from bench.self_interference import (
     block_spread,
     fill_history,
     headline,
+    intervals,
     main,
     measure,
     medians,
@@ -32,7 +33,7 @@ from bench.self_interference import (
 )
 from bench.service import Answer
 from bench.service_incidents import _group
-from probes.cycle import CycleResult
+from probes.cycle import CycleResult, PromptPair
 from probes.sink import add_cycle
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import upgrade
@@ -41,14 +42,21 @@ from storage.models import ProbeRun
 END = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def _cycle(s: object, minute: int, instance: str, lat: dict[str, dict[str, float]]) -> None:
+def _cycle(s: object, minute: int, instance: str,
+           pairs: dict[str, list[dict[str, float]]]) -> None:
+    """Store an A/B cycle whose canary prompts ran the given latencies, arm by arm."""
     at = END + timedelta(minutes=minute)
-    groups = tuple(_group(bucket, arm, [p50] * 4)
-                   for bucket, arms in lat.items() for arm, p50 in arms.items())
+    prompt_pairs = tuple(PromptPair(bucket, f"p{i}", tuple(lat), lat)
+                         for bucket, prompts in pairs.items()
+                         for i, lat in enumerate(prompts))
+    groups = tuple(_group(bucket, arm, [lat[arm] for lat in prompts if arm in lat])
+                   for bucket, prompts in pairs.items()
+                   for arm in dict.fromkeys(a for lat in prompts for a in lat))
     add_cycle(s, CycleResult(  # type: ignore[arg-type]
         suite="in_domain", instance_id=instance, started_at=at,
-        finished_at=at + timedelta(seconds=5), status="ok", ab=len(groups) > len(lat),
-        groups=groups, model_version="m", config_hash="c"))
+        finished_at=at + timedelta(seconds=5), status="ok",
+        ab=any(len(lat) > 1 for prompts in pairs.values() for lat in prompts),
+        groups=groups, pairs=prompt_pairs, model_version="m", config_hash="c"))
 
 
 def test_history_is_written_per_replica_up_to_the_start(tmp_path: Path) -> None:
@@ -67,21 +75,27 @@ def test_history_is_written_per_replica_up_to_the_start(tmp_path: Path) -> None:
     assert END - timedelta(days=0.02) <= first.replace(tzinfo=UTC) < last.replace(tzinfo=UTC) < END
 
 
-def test_ratios_pair_optimized_and_direct_canaries_of_the_same_cycle(tmp_path: Path) -> None:
+def test_ratios_pair_each_prompts_optimized_request_with_its_direct_arm(
+        tmp_path: Path) -> None:
     db = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
     upgrade(db)
     with make_sessionmaker(db).begin() as s:
-        _cycle(s, 0, "bench", {"16": {"optimized": 0.030, "direct": 0.015},
-                               "32": {"optimized": 0.040, "direct": 0.040}})
-        _cycle(s, 1, "bench", {"16": {"optimized": 0.040, "direct": 0.010}})
-        _cycle(s, 2, "bench", {"16": {"optimized": 0.060, "direct": 0.020, "eager": 0.1}})
-        _cycle(s, 3, "bench", {"16": {"optimized": 0.500}})  # no arms: not paired
-        _cycle(s, 4, "sim-1", {"16": {"optimized": 0.900, "direct": 0.001}})  # history
+        _cycle(s, 0, "bench", {"16": [{"optimized": 0.030, "direct": 0.015},
+                                      {"optimized": 0.040, "direct": 0.010}],
+                               "32": [{"optimized": 0.040, "direct": 0.040}]})
+        _cycle(s, 1, "bench", {"16": [{"optimized": 0.060, "direct": 0.020, "eager": 0.1},
+                                      {"optimized": 0.050, "eager": 0.1}]})  # no direct
+        _cycle(s, 2, "bench", {"16": [{"optimized": 0.500}]})  # no arms: not paired
+        _cycle(s, 3, "sim-1", {"16": [{"optimized": 0.900, "direct": 0.001}]})  # history
     samples, cycles = read_samples(db)
     db.dispose()
-    assert cycles == 3
+    assert cycles == 2
     assert samples == {"16": pytest.approx([2.0, 4.0, 3.0]), "32": pytest.approx([1.0])}
+    # The median as the speedups take it: the middle one, or the geometric mean of two.
     assert medians(samples) == {"16": pytest.approx(3.0), "32": pytest.approx(1.0)}
+    assert medians({"16": [2.0, 8.0]}) == {"16": pytest.approx(4.0)}
+    assert intervals({"16": [1.0] * 5, "32": [float(k) for k in range(1, 21)]}) == {
+        "16": (None, None), "32": (6.0, 15.0)}
 
 
 def test_blocks_alternate_so_each_arm_runs_early_and_late() -> None:
