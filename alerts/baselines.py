@@ -481,7 +481,7 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
         for p in live.get(need.labels, {}).get(need.cohort, []):
             if p.value is not None and not p.borrowed:
                 pts.append(p.at.timestamp(), p.value, p.samples, _median(p))
-        excluded = _excluded(periods, rule, need.labels, now)
+        excluded = alert_spans(periods, rule, need.labels, now)
         lo = need.start.timestamp()
         kept = _CycleValues()
         for t, v, n, m in pts:
@@ -552,8 +552,10 @@ def _cycle_values(chunks: Iterable[Chunk]) -> dict[tuple[str, Cohort], _CycleVal
     return out
 
 
-def _excluded(periods: list[AlertPeriod], rule: Rule, labels: Labels,
-              now: datetime) -> list[tuple[float, float]]:
+def alert_spans(periods: list[AlertPeriod], rule: Rule, labels: Labels,
+                now: datetime) -> list[tuple[float, float]]:
+    """Return the cycles (unix [start, end) spans) that `periods` of `labels`' scope
+    leave out of its series: a regression is not the normal level, nor its noise."""
     key = scope_key(dict(labels))
     w = rule.window_s
     # An alert opens (pending) at the evaluation after its first breaching cycle: that

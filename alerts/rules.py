@@ -36,6 +36,10 @@ PAGE, WARNING = "page", "warning"
 RECOVERY_Z = 3.0
 # The standard error of the median of n normal values is MEDIAN_SE * sigma / sqrt(n).
 MEDIAN_SE = 1.2533
+# A pooled tail quantile's own samples tell it back once they are this many times likelier
+# without the change than with it (an LLR of -log 20): 32 canaries for a p99 (8 cycles of
+# 4), where 20 with none above it read as back on a noise dip of 5 cycles mid-regression.
+RECOVERY_LLR = math.log(20.0)
 # Quantile metrics: the quantile each reads; a cycle's value must rest on
 # storage.sketches.min_samples(q) samples (p99: 100), else the rule says insufficient_samples.
 QUANTILE_METRICS: dict[str, float] = {
@@ -479,20 +483,39 @@ def own_samples_back(rule: Rule, baseline: BaselineStats | None,
     merged = Sketch()
     for f in fresh:
         merged.merge(f)
-    return exceedance_llr(count_above(merged, baseline.center), merged.count, q) <= 0.0
+    return exceedance_llr(count_above(merged, baseline.center), merged.count, q) \
+        <= -RECOVERY_LLR
+
+
+def own_samples_cycles(rule: Rule, points: Sequence[Point]) -> int | None:
+    """Return how many of the latest cycles a tail quantile's recovery reads its own
+    samples over: at least resolve_for, and enough samples to reach RECOVERY_LLR were
+    none above the baseline quantile (None: the points do not hold that many, or a cycle
+    has no samples of its own)."""
+    q = QUANTILE_METRICS.get(rule.metric)
+    if q is None:
+        return None
+    n = 0
+    for k, p in enumerate(reversed(points), start=1):
+        if p.fresh is None or not p.fresh.count:
+            return None
+        n += p.fresh.count
+        if k >= rule.resolve_for and exceedance_llr(0, n, q) <= -RECOVERY_LLR:
+            return k
+    return None
 
 
 def series_came_down(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
-                     changes: Sequence[float | None]) -> bool:
+                     changes: Sequence[float | None], recent: int | None = None) -> bool:
     """Return whether a series that breached shows its canaries coming down.
 
     Only a series that breached since the detector's start (for a firing alert: since it
     fired) must show its canaries coming down; one that never did (a scope's other
-    cohort, say) was not the regression.
+    cohort, say) was not the regression. recent: the latest cycles read (resolve_for).
     """
     body = baseline.body if baseline is not None else None
     return not any(breaches(rule, change) for change in changes) or canaries_came_down(
-        points, rule.resolve_for, rule.threshold, body)
+        points, recent or rule.resolve_for, rule.threshold, body)
 
 
 def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point],
@@ -503,8 +526,9 @@ def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point
     Plain series: the median change of those cycles (more on a noisy series:
     `recovery_cycles`, at most the `window`'s) is inside the hysteresis band.
     Pooled tail quantiles: every pooled value inside the band, or, while the pool still
-    holds an ended regression's samples, the cycles' own samples read as no change
-    (`own_samples_back`) and, where the series breached, its canaries came down.
+    holds an ended regression's samples, the own samples of the latest cycles
+    (`own_samples_cycles`: enough of them to tell) read as no change (`own_samples_back`)
+    and, where the series breached, those cycles' canaries came down.
     """
     recent = rule.resolve_for
     tail = list(zip(points[-recent:], values[-recent:], changes[-recent:], strict=True))
@@ -521,8 +545,9 @@ def recovered(rule: Rule, baseline: BaselineStats | None, points: Sequence[Point
         return median_back(rule, baseline, changes, need)
     if all(inside_band(rule, change) for change in last):
         return True
-    return own_samples_back(rule, baseline, [p for p, _, _ in tail]) \
-        and series_came_down(rule, baseline, points, changes)
+    k = own_samples_cycles(rule, points)
+    return k is not None and own_samples_back(rule, baseline, points[-k:]) \
+        and series_came_down(rule, baseline, points, changes, k)
 
 
 def reason(rule: Rule, center: float | None, checks: Checks) -> str:
@@ -589,8 +614,8 @@ def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,
     """Return whether the last `recent` cycles' own samples came down.
 
     Down: their median within threshold / 2 of the baseline's `body` (the median of its
-    cycles' medians), or at least threshold / 2 under that of the earlier cycles' samples
-    (at least 2 such cycles). The points are the detector's: for a firing alert, the
+    cycles' medians); with no body known, at least threshold / 2 under that of the earlier
+    cycles' samples (at least 2 such cycles). The points are the detector's: for a firing alert, the
     cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
     the other canaries can go on below it, with no new sample above it and a pool without
     a slow cycle reading under the threshold (bench.incidents shows a ramp read well under
@@ -609,8 +634,11 @@ def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,
     a = now.quantile(0.5)
     if a is None:
         return False
-    if body is not None and a <= body * (1.0 + threshold / 2.0):
-        return True
+    if body is not None:
+        # The body decides where there is one: the earlier cycles' samples move with the
+        # noise too, and a dip of a few cycles in a regression that goes on read as
+        # coming down from them (a ramp resolved mid-incident and paged again).
+        return a <= body * (1.0 + threshold / 2.0)
     before = [p.fresh for p in points[:-recent] if p.fresh is not None and p.fresh.count]
     if len(before) < 2:
         return False

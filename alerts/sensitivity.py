@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 import numpy as np
 from sqlalchemy.orm import Session
 
-from alerts.baselines import hour_of_day, hour_of_week, rule_scope
+from alerts.baselines import alert_spans, hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
     HELD_SUFFIX,
     INSUFFICIENT_HISTORY,
@@ -848,15 +848,23 @@ def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now
         wanted = _candidates(rule, active[rule.metric], stored, config, now)
         if not wanted:
             continue
-        per_scope, rows = sliced_cohort_series(rule, session,
-                                               now - timedelta(seconds=history_s), now,
-                                               READ_SLICE_S)
+        since = now - timedelta(seconds=history_s)
+        per_scope, rows = sliced_cohort_series(rule, session, since, now, READ_SLICE_S)
         held = max(held, rows)
+        # As the rolling baselines do: the cycles of a regression (an alert of the metric
+        # that fired, from its pending run on) are not the series' noise. Left in, a long
+        # incident reads as noise, the threshold widens, and the alert it is part of
+        # resolves while the regression goes on (a ramp paged twice).
+        same = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
+        periods = baseline_queries.alert_periods(session, same, since)
         for c in wanted:
             pts = per_scope.get(c.labels, {}).get(c.cohort)
-            if pts is not None:  # no cycles in the history: nothing to estimate on
-                out.append(_Series(rule, dict(c.labels), c.cohort, c.baseline,
-                                   _in_season(pts, c.season), c.old))
+            if pts is None:  # no cycles in the history: nothing to estimate on
+                continue
+            spans = alert_spans(periods, rule, c.labels, now)
+            kept = [p for p in _in_season(pts, c.season)
+                    if not any(a <= p.at.timestamp() < b for a, b in spans)]
+            out.append(_Series(rule, dict(c.labels), c.cohort, c.baseline, kept, c.old))
     return out, held
 
 

@@ -21,6 +21,7 @@ from alerts.rules import (
     limit_crossed,
     median_inside_band,
     own_samples_back,
+    own_samples_cycles,
     reason,
     recovered,
     recovery_cycles,
@@ -219,10 +220,12 @@ def test_a_quiet_series_resolves_in_resolve_for_cycles_a_noisy_one_waits_for_its
 
 def test_own_samples_back_scores_the_new_samples_as_the_detector_does():
     r = rule(name="p99", metric="p99_latency")
-    # q0 = 1.0. 20 new samples, none above: no change is likelier. One above of 20 (5%,
-    # five times p0): the change is likelier (p1 = 10%): not back.
-    assert own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4) for _ in range(5)])
-    assert not own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4)] * 4
+    # q0 = 1.0. 32 new samples, none above: no change is over 20 times likelier (p0 1%,
+    # p1 10%: 0.9 / 0.99 per sample). 20, none above: likelier, but not decisively (a
+    # noise dip of 5 cycles reads so mid-regression). One above of 32: not back.
+    assert own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4) for _ in range(8)])
+    assert not own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4) for _ in range(5)])
+    assert not own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 4)] * 7
                                 + [pooled_point(1.4, [0.9] * 3 + [1.5])])
     # 300 new samples (real traffic): 3 above (p0) is back, 30 (p1) is not.
     assert own_samples_back(r, BASE, [pooled_point(1.4, [0.9] * 297 + [1.5] * 3)])
@@ -232,6 +235,20 @@ def test_own_samples_back_scores_the_new_samples_as_the_detector_does():
     assert not own_samples_back(rule(), BASE, [pooled_point(1.4, [0.9] * 4)])
     assert not own_samples_back(rule(name="p99", metric="p99_latency", change="-15%",
                                      resolve_change="-5%"), BASE, [pooled_point(0.5, [0.9])])
+
+
+def test_own_samples_are_read_over_enough_cycles_to_tell():
+    p99 = rule(name="p99", metric="p99_latency")  # resolve_for 3
+    canaries = [pooled_point(1.4, [0.9] * 4) for _ in range(12)]
+    assert own_samples_cycles(p99, canaries) == 8  # 32 canaries
+    assert own_samples_cycles(p99, canaries[:7]) is None  # not enough yet
+    traffic = [pooled_point(1.4, [0.9] * 300) for _ in range(6)]
+    assert own_samples_cycles(p99, traffic) == 3  # resolve_for: each cycle tells
+    ttft = rule(name="ttft", metric="ttft", resolve_for=1)  # p95: p1 50%, 5 samples tell
+    assert own_samples_cycles(ttft, canaries) == 2
+    # A cycle without samples of its own in the read, or no quantile: nothing to read.
+    assert own_samples_cycles(p99, canaries[:4] + pts([1.4]) + canaries[:5]) is None
+    assert own_samples_cycles(rule(), canaries) is None
 
 
 def test_recovered_needs_resolve_for_cycles_inside_band_and_limits():
@@ -266,20 +283,22 @@ def test_recovered_pooled_asks_whether_the_canaries_came_down():
 
 def test_recovered_pooled_over_the_threshold_reads_the_new_samples():
     """A pool still holding an ended regression's samples reads over the threshold for up
-    to `pool` cycles; the cycles' own samples back at the body resolve it meanwhile."""
+    to `pool` cycles; the cycles' own samples back at the body resolve it meanwhile, once
+    there are enough of them to tell (8 cycles of 4 canaries)."""
     r = rule(name="p99", metric="p99_latency")
     body = BaselineStats(center=1.0, spread=0.05, cycles=500, body=0.5)
     slow = [pooled_point(2.0, [1.0, 1.1, 1.2, 1.3])] * 3
-    back = [pooled_point(2.0, [0.45, 0.5, 0.55, 0.6])] * 3
-    values = [2.0] * 6
-    changes: list[float | None] = [1.0] * 6
+    back = [pooled_point(2.0, [0.45, 0.5, 0.55, 0.6])] * 8
+    values = [2.0] * 11
+    changes: list[float | None] = [1.0] * 11
     assert recovered(r, body, slow + back, values, changes)
+    assert not recovered(r, body, slow + back[:7], values[:10], changes[:10])
     # Still slow: one own sample above q0 in every cycle.
-    assert not recovered(r, body, slow * 2, values, changes)
+    assert not recovered(r, body, slow * 4, values[:12] + [2.0], changes + [1.0])
     # Under q0 but not back at the body (a regression the slow cycles' q0 hides).
-    under = [pooled_point(2.0, [0.8, 0.85, 0.9, 0.95])] * 3
+    under = [pooled_point(2.0, [0.8, 0.85, 0.9, 0.95])] * 11
     assert not recovered(r, BaselineStats(center=1.0, spread=0.05, cycles=500, body=0.5),
-                         under * 2, values, changes)
+                         under, values, changes)
 
 
 def test_run_over_reads_the_latest_cycles_own_samples_not_the_run_median():

@@ -71,13 +71,14 @@ def test_pooled_recovery_reads_the_cycles_own_samples() -> None:
     rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
                        "resolve_change": "+5%", "resolve_for": 5, "min_baseline_cycles": 5})
     # Since the alert fired the canaries ran slow; now the pooled p99 is still +10% (the
-    # regression's samples leave the pool slowly), but every new canary is back under the
-    # baseline p99 and the canaries came down: recovered.
+    # regression's samples leave the pool slowly), but every new canary of 8 cycles (enough
+    # to tell) is back under the baseline p99 and the canaries came down: recovered.
     slow = [_cycle(i, 1.25, [1.1, 1.15, 1.2, 1.3]) for i in range(5)]
-    back = slow + [_cycle(5 + i, 1.10, [0.8, 0.85, 0.9, 0.95]) for i in range(5)]
+    back = slow + [_cycle(5 + i, 1.10, [0.8, 0.85, 0.9, 0.95]) for i in range(8)]
     assert evaluate_rule(rule, {}, base, back).recovered
+    assert not evaluate_rule(rule, {}, base, back[:-1]).recovered  # 7 cycles: not yet
     # One of the last cycles' own samples still above it: not yet.
-    still = back[:-1] + [_cycle(10, 1.10, [0.8, 0.85, 0.9, 1.2])]
+    still = back[:-1] + [_cycle(13, 1.10, [0.8, 0.85, 0.9, 1.2])]
     assert not evaluate_rule(rule, {}, base, still).recovered
     # Over the threshold: never recovered, whatever the new samples say.
     over = [_cycle(i, 1.20, [0.8, 0.85, 0.9, 0.95]) for i in range(10)]
@@ -128,6 +129,23 @@ def test_an_alert_that_fired_near_the_end_recovers_against_the_baseline_body() -
     assert evaluate_rule(rule, {}, with_body, pts).recovered
     # Canaries still ~15% above the body (a regression going on): not recovered.
     assert not evaluate_rule(rule, {}, replace(base, body=0.75), pts).recovered
+
+
+def test_a_dip_in_a_regression_that_goes_on_is_no_recovery() -> None:
+    """A ramp held at +25%: its canaries dip for a few cycles (noise comes in runs) to
+    +13% over the baseline's body, 8% under the cycles since firing, with no new sample
+    above the baseline p99. Against the earlier cycles they came down; against the body
+    they did not, and the body decides (bench.incidents: the ramp resolved mid-incident
+    and paged again)."""
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%",
+                       "resolve_change": "+5%", "resolve_for": 5, "min_baseline_cycles": 5})
+    base = replace(BaselineStats.of([1.0] * 40), body=0.80)  # type: ignore[type-var]
+    going_on = [_cycle(i, 1.19, [0.96, 0.98, 1.0, 1.02]) for i in range(5)]
+    dip = [_cycle(5 + i, 1.19, [0.88, 0.9, 0.91, 0.93]) for i in range(8)]
+    assert not evaluate_rule(rule, {}, base, going_on + dip).recovered
+    # Back at the body: recovered, the pool still at +19%.
+    back = [_cycle(5 + i, 1.19, [0.76, 0.79, 0.81, 0.84]) for i in range(8)]
+    assert evaluate_rule(rule, {}, base, going_on + back).recovered
 
 
 def test_a_pooled_median_still_fires_on_its_relative_change() -> None:
