@@ -615,8 +615,8 @@ def canaries_came_down(points: Sequence[Point], recent: int, threshold: float,
 
     Down: their median within threshold / 2 of the baseline's `body` (the median of its
     cycles' medians); with no body known, at least threshold / 2 under that of the earlier
-    cycles' samples (at least 2 such cycles). The points are the detector's: for a firing alert, the
-    cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
+    cycles' samples (at least 2 such cycles). The points are the detector's: for a firing
+    alert, the cycles since it fired. Where a few slow cycles set the baseline p99, a regression of
     the other canaries can go on below it, with no new sample above it and a pool without
     a slow cycle reading under the threshold (bench.incidents shows a ramp read well under
     its size and resolved mid-incident). Without this check the lenient
