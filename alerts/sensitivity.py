@@ -844,6 +844,7 @@ def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now
     active = baseline_queries.active_by_metric(session, {r.metric for r in rules})
     out: list[_Series] = []
     held = 0
+    periods_of: dict[tuple[str, str], list[baseline_queries.AlertPeriod]] = {}
     for rule in rules:
         wanted = _candidates(rule, active[rule.metric], stored, config, now)
         if not wanted:
@@ -855,8 +856,11 @@ def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now
         # that fired, from its pending run on) are not the series' noise. Left in, a long
         # incident reads as noise, the threshold widens, and the alert it is part of
         # resolves while the regression goes on (a ramp paged twice).
-        same = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
-        periods = baseline_queries.alert_periods(session, same, since)
+        family = (rule.metric, rule.source)
+        if family not in periods_of:  # rules of one metric and source share the read
+            same = [r.name for r in rules if (r.metric, r.source) == family]
+            periods_of[family] = baseline_queries.alert_periods(session, same, since)
+        periods = periods_of[family]
         for c in wanted:
             pts = per_scope.get(c.labels, {}).get(c.cohort)
             if pts is None:  # no cycles in the history: nothing to estimate on
