@@ -56,7 +56,7 @@ from alerts.detection import HELD_SUFFIX, INSUFFICIENT_HISTORY, BaselineStats
 from alerts.errors import BaselineError
 from alerts.rule_file import METRICS, SCOPE_LABELS, SOURCES
 from alerts.rules import Point, Rule
-from alerts.series import Labels, RowCache, cohort_series, cycle_start
+from alerts.series import Labels, RowCache, cycle_start, read_slices, settled_end
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries
 from storage.queries import sensitivity as sensitivity_queries
@@ -197,8 +197,12 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
     (kept on `cache`), not one per rule. `writes`: keep the chunks there instead (stored
     by its `apply`).
     """
-    end = hour_start(now)
-    start = hour_start(now - timedelta(seconds=rule.baseline_window_s))
+    # An hour is chunked once its last cycle has settled (its traffic flushed), and read
+    # a slice at a time: read whole, an hour of raw rows was the worker's peak, and
+    # CPython keeps the arenas a peak takes.
+    settled = settled_end(rule, cache, now)
+    end = hour_start(settled)
+    start = hour_start(settled - timedelta(seconds=rule.baseline_window_s))
     hour = timedelta(seconds=CHUNK_S)
     hours = round((end - start) / hour)
     # The rules whose window starts with this one's: their counts in one grouped read.
@@ -214,14 +218,10 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
     out: list[Chunk] = []
     for run_start, run_end in _runs(missing, hour):
         by_hour: dict[tuple[str, Cohort, datetime], list[list[Any]]] = {}
-        for labels, per_cohort in cohort_series(rule, cache, run_start, run_end).items():
+        for labels, cohort, p, value in _own_points(rule, cache, run_start, run_end):
             key = scope_key(rule_scope(rule, dict(labels)))
-            for cohort, pts in per_cohort.items():
-                for p in pts:
-                    # A value pooled partly from other cohorts is not this cohort's own.
-                    if p.value is not None and not p.borrowed:
-                        by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
-                            [p.at.timestamp(), p.value, p.samples, _median(p)])
+            by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
+                [p.at.timestamp(), value, p.samples, _median(p)])
         out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
     out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
     kept = BaselineWrites() if writes is None else writes
@@ -230,6 +230,24 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
     if writes is None:
         kept.apply(session)
     return len(todo)
+
+
+CHUNK_SLICE_S = 600.0  # rows held at once while chunking or refreshing: 10 minutes'
+
+
+def _own_points(rule: Rule, cache: RowCache, start: datetime,
+                end: datetime) -> Iterator[tuple[Labels, Cohort, Point, float]]:
+    """Yield `rule`'s cycles in [start, end) with a value of their cohort's own (and that
+    value), read `CHUNK_SLICE_S` at a time (each slice's rows dropped before the next;
+    counted in `cache.rows_read`, the evaluation's cost)."""
+    for part, rows in read_slices(rule, cache.session, start, end, CHUNK_SLICE_S):
+        cache.rows_read += rows
+        for labels, per_cohort in part.items():
+            for cohort, pts in per_cohort.items():
+                for p in pts:
+                    # A value pooled partly from other cohorts is not this cohort's own.
+                    if p.value is not None and not p.borrowed:
+                        yield labels, cohort, p, p.value
 
 
 def _median(p: Point) -> float | None:
@@ -464,23 +482,27 @@ def _refresh(session: Session, rule: Rule, rules: list[Rule], now: datetime, cac
              needs: list[_Need], writes: BaselineWrites) -> dict[str, list[StoredBaseline]]:
     """Recompute the rolling baselines in `needs` from chunks plus the current hour (the
     replaced and new rows kept in `writes`)."""
-    this_hour = hour_start(now)
+    # Chunks end where ensure_chunks stopped: the hour of the latest settled cycle.
+    settled = settled_end(rule, cache, now)
+    this_hour = hour_start(settled)
     first = min(n.start for n in needs)
     keys, cohorts = {n.series_key for n in needs}, {n.cohort for n in needs}
     # Stored chunks, then the hours chunked by this evaluation (not stored yet).
     values = _cycle_values(chain(
         series_queries.chunks(session, rule.name, keys, cohorts, hour_start(first), this_hour),
         writes.pending_chunks(rule.name, keys, cohorts, hour_start(first), this_hour)))
-    live = cohort_series(rule, cache, max(this_hour, first), now)
+    # The current hour's cycles as plain numbers: its points (sketches) go with each slice.
+    live: dict[tuple[Labels, Cohort], _CycleValues] = {}
+    for labels, cohort, p, value in _own_points(rule, cache, max(this_hour, first), settled):
+        live.setdefault((labels, cohort), _CycleValues()).append(
+            p.at.timestamp(), value, p.samples, _median(p))
     same = [r.name for r in rules if r.metric == rule.metric and r.source == rule.source]
     periods = baseline_queries.alert_periods(session, same, first)
     out: dict[str, list[StoredBaseline]] = {}
     for need in needs:
         pts = _CycleValues()
         pts.extend(values.get((need.series_key, need.cohort), _CycleValues()))
-        for p in live.get(need.labels, {}).get(need.cohort, []):
-            if p.value is not None and not p.borrowed:
-                pts.append(p.at.timestamp(), p.value, p.samples, _median(p))
+        pts.extend(live.get((need.labels, need.cohort), _CycleValues()))
         excluded = alert_spans(periods, rule, need.labels, now)
         lo = need.start.timestamp()
         kept = _CycleValues()

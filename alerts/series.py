@@ -18,7 +18,7 @@ import json
 import math
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
@@ -394,41 +394,56 @@ def cohort_series(rule: Rule, cache: RowCache, start: datetime,
 
 
 
-def sliced_cohort_series(rule: Rule, session: Session, start: datetime, end: datetime,
-                         slice_s: float = _HOUR) -> tuple[
-                             dict[Labels, dict[Cohort, list[Point]]], int]:
-    """Return `cohort_series` of [start, end) read `slice_s` at a time, and the most rows
-    one slice read.
+def read_slices(rule: Rule, session: Session, start: datetime, end: datetime,
+                slice_s: float = _HOUR) -> Iterator[tuple[
+                    dict[Labels, dict[Cohort, list[Point]]], int]]:
+    """Yield `cohort_series` of [start, end) one slice of `slice_s` at a time, with the
+    rows that slice read.
 
-    For windows much longer than a detector's (a day of raw cycles): the rows held at
-    once stay one slice's however long the window, where one read held all of them. The
-    slices are cycle-aligned and each reaches back for pooled cycles as the whole window
-    would, so a scope's non-empty points are those of one read; a scope's empty cycles
-    appear only in the slices where it has rows, and a cohort new to a scope borrows
-    only from cohorts with rows in the same slice.
+    For windows much longer than a detector's (a day of raw cycles, a finished hour): the
+    rows held at once stay one slice's however long the window, where one read held all
+    of them. The slices are cycle-aligned and each reaches back for pooled cycles as the
+    whole window would, so a scope's non-empty points are those of one read; a scope's
+    empty cycles appear only in the slices where it has rows, and a cohort new to a scope
+    borrows only from cohorts with rows in the same slice. No cycle is held back to
+    settle: `end` is the caller's to choose (see `settled_end`).
     """
     step = timedelta(seconds=rule.window_s)
     width = step * max(1, math.floor(slice_s / rule.window_s))
-    out: dict[Labels, dict[Cohort, list[Point]]] = {}
-    held = 0
     lo, hi = start, cycle_start(start, rule.window_s) + width
     while lo < end:
         hi = min(hi, end)
         cache = RowCache(session)  # dropped with the slice: its rows, groups and sketches
-        for labels, per_cohort in cohort_series(rule, cache, lo, hi).items():
+        yield cohort_series(rule, cache, lo, hi), cache.rows_read
+        lo, hi = hi, hi + width
+
+
+def sliced_cohort_series(rule: Rule, session: Session, start: datetime, end: datetime,
+                         slice_s: float = _HOUR) -> tuple[
+                             dict[Labels, dict[Cohort, list[Point]]], int]:
+    """Return `cohort_series` of [start, end) read `slice_s` at a time (`read_slices`), and
+    the most rows one slice read."""
+    out: dict[Labels, dict[Cohort, list[Point]]] = {}
+    held = 0
+    for part, rows in read_slices(rule, session, start, end, slice_s):
+        for labels, per_cohort in part.items():
             for cohort, pts in per_cohort.items():
                 out.setdefault(labels, {}).setdefault(cohort, []).extend(pts)
-        held = max(held, cache.rows_read)
-        lo, hi = hi, hi + width
+        held = max(held, rows)
     return out, held
+
+
+def settled_end(rule: Rule, cache: RowCache, now: datetime) -> datetime:
+    """Return the end of the cycles of `rule` that have settled by `now` (`RowCache.settle`)."""
+    kind = _SLIDING.get(rule.metric) or series_kind(rule)
+    return now - timedelta(seconds=cache.settle.get(kind, 0.0))
 
 
 def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
             split: bool) -> dict[_Key, list[Point]]:
     kind = _SLIDING.get(rule.metric) or series_kind(rule)
     # A cycle counts once its rows have all arrived (RowCache.settle).
-    starts = cycle_starts(start, end - timedelta(seconds=cache.settle.get(kind, 0.0)),
-                          rule.window_s)
+    starts = cycle_starts(start, settled_end(rule, cache, end), rule.window_s)
     if not starts:
         return {}
     step = timedelta(seconds=rule.window_s)

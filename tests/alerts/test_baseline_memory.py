@@ -10,12 +10,20 @@ from __future__ import annotations
 import random
 import tracemalloc
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.baselines import _cycle_values
+from alerts.baselines import CHUNK_SLICE_S, _cycle_values, ensure_chunks
+from alerts.rule_file import load_rules, parse_rule
+from alerts.series import RowCache, cohort_series
+from storage.models import SeriesChunk
+from storage.queries import measurements
 from storage.queries import series as series_queries
 from storage.queries.series import Chunk
+from tests.alerts.builders import add_cycle, add_traffic
 
 T0 = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 HOURS, PER_HOUR = 24, 360  # a day of 10-s cycles
@@ -50,3 +58,76 @@ def test_a_days_chunks_are_read_into_columns(sessionmaker: sessionmaker[Session]
     assert len(col.values) == HOURS * PER_HOUR
     assert next(iter(col))[2:] == (4, 0.1)
     assert held < HOURS * PER_HOUR * BYTES_PER_CYCLE, held
+
+
+class _Sizes:
+    """Record how many rows each read of `loader` (in storage.queries.measurements)
+    returned."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, loader: str) -> None:
+        self.sizes: list[int] = []
+        real = getattr(measurements, loader)
+
+        def read(session: Session, start: datetime, end: datetime) -> list[Any]:
+            rows = real(session, start, end)
+            self.sizes.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(measurements, loader, read)
+
+
+def _stored_chunks(s: Session, rule: str) -> dict[tuple[str, datetime], list[list[Any]]]:
+    return {(c.scope_key, c.start): c.values for c in s.scalars(
+        select(SeriesChunk).where(SeriesChunk.rule == rule, SeriesChunk.scope_key != ""))}
+
+
+def test_a_finished_hour_is_chunked_a_slice_at_a_time(
+        sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hour's rows are read 10 minutes at a time (issue 38: read whole, a full hour of
+    raw rows was the worker's peak, and its RSS kept the arenas of that peak); the chunks
+    hold the values one read of the hour gives."""
+    rule = parse_rule({"name": "p99", "metric": "p99_latency", "change": "+15%", "for": 3,
+                       "min_samples": 2, "lookback": 10, "baseline_window": "2h"})
+    rng = random.Random(1)
+    with sessionmaker.begin() as s:
+        for i in range(60):  # the hour's cycles, and the hour before it is empty
+            add_cycle(s, T0 + timedelta(minutes=i, seconds=2),
+                      {"16": 0.05 * (1 + rng.gauss(0, 0.05)),
+                       "64": 0.1 * (1 + rng.gauss(0, 0.05))}, count=rng.choice([4, 150]))
+    now = T0 + timedelta(hours=1, seconds=30)
+    with sessionmaker() as s:
+        whole = cohort_series(rule, RowCache(s), T0, T0 + timedelta(hours=1))
+    reads = _Sizes(monkeypatch, "canary_cycle_results")
+    with sessionmaker.begin() as s:
+        assert ensure_chunks(s, rule, RowCache(s), now) == 2
+    # Two buckets' rows in a slice's cycles, and in those a short cycle's p99 pools.
+    held = 2 * (CHUNK_SLICE_S / 60 + rule.pool_cycles)
+    assert reads.sizes and max(reads.sizes) <= held < 2 * 60, (reads.sizes, held)
+    with sessionmaker() as s:
+        stored = _stored_chunks(s, "p99")
+    want = {(f"bucket={dict(labels)['bucket']},source=canary", T0): [
+        [p.at.timestamp(), p.value, p.samples] for p in pts if p.value is not None]
+        for labels, per_cohort in whole.items() for pts in per_cohort.values()}
+    assert {k: [v[:3] for v in vals] for k, vals in stored.items()} == want
+    assert len(want) == 2 and all(len(v) == 60 for v in want.values())
+
+
+def test_a_traffic_hour_is_chunked_once_its_last_minute_has_settled(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Chunked before its last rollups were flushed, an hour lost its last minute for good
+    (the settle held that cycle back, and the hour was never read again)."""
+    rule = {r.name: r for r in load_rules()}["traffic_p99_regression"]
+    with sessionmaker.begin() as s:
+        for i in range(60):
+            add_traffic(s, T0 + timedelta(minutes=i), "64", requests=150)
+    settle = {"traffic": 25.0}
+    end = T0 + timedelta(hours=1)
+    with sessionmaker.begin() as s:
+        ensure_chunks(s, rule, RowCache(s, settle), end + timedelta(seconds=10))
+    with sessionmaker() as s:
+        assert _stored_chunks(s, rule.name) == {}  # its last minute may not be flushed yet
+    with sessionmaker.begin() as s:
+        ensure_chunks(s, rule, RowCache(s, settle), end + timedelta(seconds=30))
+    with sessionmaker() as s:
+        (values,) = _stored_chunks(s, rule.name).values()
+    assert len(values) == 60 and values[-1][0] == (end - timedelta(minutes=1)).timestamp()
