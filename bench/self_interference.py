@@ -30,8 +30,10 @@ Compared between the arms, each over all its blocks:
                   bucket's median in its block (target <= 2x)
 
 Each block is a fresh process, so blocks of one arm differ too (the process, the hour):
-the line before the last states the largest such spread of a bucket's ratio, the
-resolution of the ratio's history effect (`--rounds 2` gives each arm two blocks).
+one line states the largest such spread of a bucket's ratio, and the next the history's
+effect on each bucket's ratio with a 95% interval taken over blocks (each block's median
+one observation of its arm: `effect_intervals`), and whether every interval lies within
+3%. `--rounds 2` gives each arm two blocks; more rounds narrow the interval.
 
 R counts the real requests answered 429 that were due while a burst ran (its window from
 the service's `tailwatch_probe_*{kind="burst"}` gauges, plus 2 s; every block; a burst
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -245,6 +248,57 @@ def spread_line(spread: tuple[float, str, str] | None) -> str:
             "a history effect on the ratio below this is not resolved")
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (more: the normal's, widened).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228}
+
+
+def effect_intervals(blocks: Mapping[str, Sequence[Block]]
+                     ) -> dict[str, tuple[float, float, float]]:
+    """Return bucket -> the history's effect on its ratio with a 95% interval, from the
+    blocks: (history / empty - 1, low, high), for buckets with two blocks in an arm.
+
+    Each block's median ratio is one observation of its arm (a fresh process: the
+    process and the hour vary between blocks, so the pairs of one block are not
+    independent draws of the arm). On their logs: the arms' mean difference, its standard
+    error from the pooled spread of blocks within each arm, and t with nE + nH - 2
+    degrees of freedom.
+    """
+    logs: dict[str, dict[str, list[float]]] = {}
+    for arm in (EMPTY, HISTORY):
+        for b in blocks.get(arm, ()):
+            for bucket, m in medians(b.samples).items():
+                if m > 0:
+                    logs.setdefault(bucket, {EMPTY: [], HISTORY: []})[arm].append(math.log(m))
+    out: dict[str, tuple[float, float, float]] = {}
+    for bucket, by_arm in sorted(logs.items(), key=lambda kv: int(kv[0])):
+        e, h = by_arm[EMPTY], by_arm[HISTORY]
+        df = len(e) + len(h) - 2
+        if not e or not h or df < 1:
+            continue
+        ss = sum((x - statistics.fmean(e)) ** 2 for x in e) \
+            + sum((x - statistics.fmean(h)) ** 2 for x in h)
+        se = math.sqrt(ss / df * (1 / len(e) + 1 / len(h)))
+        d = statistics.fmean(h) - statistics.fmean(e)
+        t = _T95.get(df, 1.96 + 2.5 / df)
+        out[bucket] = (math.exp(d) - 1, math.exp(d - t * se) - 1, math.exp(d + t * se) - 1)
+    return out
+
+
+def effect_line(effects: Mapping[str, tuple[float, float, float]],
+                target: float = 0.03) -> str:
+    """Return the line that states the ratio's history effect with its interval, and
+    whether every bucket's interval lies within +-target (the effect resolved there)."""
+    if not effects:
+        return "history effect on the ratio, 95% over blocks: needs two blocks in an arm"
+    bucket, (v, lo, hi) = max(effects.items(), key=lambda kv: abs(kv[1][0]))
+    widest = max(max(-lo, hi) for _, lo, hi in effects.values())
+    verdict = (f"within {target * 100:.0f}% in every bucket" if widest <= target else
+               f"not resolved at {target * 100:.0f}% (intervals reach {widest * 100:.1f}%)")
+    return (f"history effect on the ratio, 95% over blocks: largest {v * 100:+.1f}% "
+            f"[{lo * 100:+.1f}%, {hi * 100:+.1f}%] (bucket {bucket}); {verdict}")
+
+
 def headline(empty: RunResult, history: RunResult) -> str:
     """Return the last line: the history's effect on ratio, p99 and stall; real 429s."""
     common = sorted(set(empty.ratios) & set(history.ratios), key=int)
@@ -377,9 +431,9 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
 
 
 def run_blocks(root: Path, rounds: int, plan: Plan
-               ) -> tuple[RunResult, RunResult, tuple[float, str, str] | None]:
+               ) -> tuple[RunResult, RunResult, dict[str, list[Block]]]:
     """Run the blocks in their alternating order; return each arm's result and the
-    largest spread between blocks of one arm (`block_spread`)."""
+    blocks by arm."""
     blocks: dict[str, list[Block]] = {EMPTY: [], HISTORY: []}
     order = block_order(rounds)
     for i, arm in enumerate(order, 1):
@@ -388,7 +442,7 @@ def run_blocks(root: Path, rounds: int, plan: Plan
     empty, history = measure(EMPTY, blocks[EMPTY]), measure(HISTORY, blocks[HISTORY])
     for r in (empty, history):
         report(f"{r.name} ({r.blocks} blocks)", r)
-    return empty, history, block_spread(blocks)
+    return empty, history, blocks
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -416,8 +470,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan = Plan(minutes=args.minutes, rate=args.rate, days=args.days,
                 replicas=args.replicas, overrides=parse_sets(args.sets))
     with tempfile.TemporaryDirectory(prefix="self-interference-") as tmp:
-        empty, history, spread = run_blocks(args.folder or Path(tmp), args.rounds, plan)
-    print(spread_line(spread))
+        empty, history, blocks = run_blocks(args.folder or Path(tmp), args.rounds, plan)
+    print(spread_line(block_spread(blocks)))
+    print(effect_line(effect_intervals(blocks)))
     print(headline(empty, history))
 
 

@@ -8,7 +8,9 @@ round of two blocks of seconds on the real service (eager, so it starts in secon
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from bench.self_interference import (
     Block,
     block_order,
     block_spread,
+    effect_intervals,
+    effect_line,
     fill_history,
     headline,
     intervals,
@@ -160,6 +164,36 @@ def test_the_spread_between_blocks_of_one_arm_states_the_ratios_resolution() -> 
     one_each = {EMPTY: blocks[EMPTY][:1], HISTORY: blocks[HISTORY][:1]}
     assert block_spread(one_each) is None
     assert spread_line(None).startswith("between blocks of one arm: one block per arm")
+
+
+def test_the_history_effect_has_an_interval_over_blocks() -> None:
+    # Bucket 16: blocks at 1.00 / 1.02 (empty) and 1.03 / 1.05 (history); bucket 64 in
+    # one block per arm has no spread to take an interval from.
+    blocks = {
+        EMPTY: [_block(EMPTY, (), {"16": [1.0], "64": [0.5]}), _block(EMPTY, (), {"16": [1.02]})],
+        HISTORY: [_block(HISTORY, (), {"16": [1.03], "64": [0.6]}),
+                  _block(HISTORY, (), {"16": [1.05]})],
+    }
+    effects = effect_intervals(blocks)
+    assert set(effects) == {"16"}
+    e = [math.log(1.0), math.log(1.02)]
+    h = [math.log(1.03), math.log(1.05)]
+    d = statistics.fmean(h) - statistics.fmean(e)
+    se = math.sqrt((statistics.variance(e) + statistics.variance(h)) / 2 * (1 / 2 + 1 / 2))
+    v, lo, hi = effects["16"]
+    assert v == pytest.approx(math.exp(d) - 1)
+    assert (lo, hi) == (pytest.approx(math.exp(d - 4.303 * se) - 1),
+                        pytest.approx(math.exp(d + 4.303 * se) - 1))
+    assert lo < 0.03 < hi  # two blocks an arm: +3.0% is not resolved
+    assert effect_line(effects) == (
+        f"history effect on the ratio, 95% over blocks: largest {v * 100:+.1f}% "
+        f"[{lo * 100:+.1f}%, {hi * 100:+.1f}%] (bucket 16); not resolved at 3% "
+        f"(intervals reach {max(-lo, hi) * 100:.1f}%)")
+    close = [_block(arm, (), {"16": [v]}) for arm, v in
+             ((EMPTY, 1.0), (EMPTY, 1.001), (HISTORY, 1.0), (HISTORY, 1.001))]
+    same = {EMPTY: close[:2], HISTORY: close[2:]}
+    assert effect_line(effect_intervals(same)).endswith("within 3% in every bucket")
+    assert effect_line({}).endswith("needs two blocks in an arm")
 
 
 def test_set_overrides_become_nested_settings_and_bad_ones_one_line() -> None:
