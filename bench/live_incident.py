@@ -80,7 +80,6 @@ from typing import Any
 import httpx
 import yaml
 
-from alerts.baselines import rule_scope
 from alerts.rule_file import DEFAULT_RULES_FILE, load_rules
 from alerts.rules import PAGE, Rule
 from alerts.sensitivity import NO_BASELINE
@@ -93,7 +92,9 @@ from bench.service import (
     metric_sum,
     parse_metrics,
     read_posts,
+    rules_armed,
     settings_for,
+    unix_time,
 )
 from bench.service_soak import answer_counts
 from monitor.loopback import WebhookReceiver
@@ -315,33 +316,6 @@ def classify(target: str, fmt: str, posts: Iterable[tuple[float, Any]],
 
 # --- when the rules arm ------------------------------------------------------------------
 
-def _unix(text: str) -> float:
-    t = datetime.fromisoformat(text)
-    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
-
-
-def armed_rules(baselines: Iterable[Mapping[str, Any]], rules: Sequence[Rule]
-                ) -> dict[str, float]:
-    """Return rule -> unix time its first usable baseline was stored, for the armed rules.
-
-    `baselines` are GET /v1/baselines rows; usable: of the rule's metric and scope
-    (source, match labels, window; not a season's), on `min_baseline_cycles` cycles.
-    """
-    out: dict[str, float] = {}
-    rows = [b for b in baselines if "season" not in (b.get("scope") or {})]
-    for rule in rules:
-        want = rule_scope(rule, {})
-        for b in rows:
-            scope = b.get("scope") or {}
-            if (b.get("metric") != rule.metric or int(b.get("samples") or 0)
-                    < rule.min_baseline_cycles or ("window" in scope) != ("window" in want)
-                    or any(scope.get(k) != v for k, v in want.items())):
-                continue
-            at = _unix(str(b["created_at"]))
-            out[rule.name] = min(out.get(rule.name, at), at)
-    return out
-
-
 # --- the run's record --------------------------------------------------------------------
 
 @dataclass
@@ -541,11 +515,11 @@ class Recorder:
 
     def _poll_arming(self) -> None:
         try:
-            if not armed_rules(self._baselines(False), self.rules):
-                return
-            armed = armed_rules(self._baselines(True), self.rules)
+            armed = rules_armed(self.svc, self.rules)
         except httpx.HTTPError as e:
             print(f"GET /v1/baselines failed: {e}", flush=True)
+            return
+        if not armed:
             return
         self.phases.armed_rules = armed
         self.phases.armed = min(armed.values())
@@ -703,7 +677,7 @@ def _incident_causes(incidents: Sequence[Mapping[str, Any]], start: float, end: 
     for inc in incidents:
         events = inc.get("timeline") or []
         if any(e.get("kind") in ("opened", "joined", "reopened")
-               and start <= _unix(str(e["at"])) <= end for e in events):
+               and start <= unix_time(str(e["at"])) <= end for e in events):
             out.append(inc)
     return out
 
@@ -723,7 +697,7 @@ class Summary:
         if self.phases.ended is not None:
             return self.phases.ended
         if self.minutes:
-            return _unix(self.minutes[-1]["at"])
+            return unix_time(self.minutes[-1]["at"])
         return self.phases.ready or self.phases.started
 
     def quiet_window(self) -> tuple[float, float] | None:

@@ -25,9 +25,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -37,6 +38,8 @@ import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts.baselines import rule_scope
+from alerts.rules import Rule
 from engine.builtin.task import MIN_INPUT_BYTES, make_input
 from engine.config import DEFAULT_BUCKETS
 from monitor.loopback import free_port, wait_for
@@ -211,6 +214,46 @@ class ServiceProcess:
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def unix_time(text: str) -> float:
+    """Return the unix time of an ISO timestamp (naive: UTC)."""
+    t = datetime.fromisoformat(text)
+    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
+
+
+def armed_rules(baselines: Iterable[Mapping[str, Any]], rules: Sequence[Rule]
+                ) -> dict[str, float]:
+    """Return rule -> unix time its first usable baseline was stored, for the armed rules.
+
+    `baselines` are GET /v1/baselines rows; usable: of the rule's metric and scope
+    (source, match labels, window; not a season's), on `min_baseline_cycles` cycles.
+    """
+    out: dict[str, float] = {}
+    rows = [b for b in baselines if "season" not in (b.get("scope") or {})]
+    for rule in rules:
+        want = rule_scope(rule, {})
+        for b in rows:
+            scope = b.get("scope") or {}
+            if (b.get("metric") != rule.metric or int(b.get("samples") or 0)
+                    < rule.min_baseline_cycles or ("window" in scope) != ("window" in want)
+                    or any(scope.get(k) != v for k, v in want.items())):
+                continue
+            at = unix_time(str(b["created_at"]))
+            out[rule.name] = min(out.get(rule.name, at), at)
+    return out
+
+
+def rules_armed(svc: ServiceProcess, rules: Sequence[Rule]) -> dict[str, float]:
+    """Return rule -> unix time it armed, as the service tells it (`armed_rules` of GET
+    /v1/baselines); {} while none has.
+
+    The active rows first (few); once a rule has armed, the inactive ones too: a refresh
+    deactivates the row that armed it, and the armed time is the earliest.
+    """
+    if not armed_rules(svc.get("/v1/baselines", include_inactive=False), rules):
+        return {}
+    return armed_rules(svc.get("/v1/baselines", include_inactive=True), rules)
 
 
 def parse_metrics(text: str) -> Samples:

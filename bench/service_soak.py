@@ -11,8 +11,9 @@ process and of its worker (at the minute's end, and the minute's floor: the lowe
 its readings every 5 s), the minute's real requests by answer (200, 429, other), the
 service's own count of real requests refused by admission, webhook notifications
 (firing, resolved, pages = firing with severity page), probe cycles and bursts run,
-and the minutes since the rules armed (the first probe cycle plus the shipped baseline
-warm-in, `alerts.baseline_warm_in_s`). The receiver's payloads go to
+and the minutes since the rules armed, as the service tells it (`bench.service.rules_armed`:
+the first usable baseline of a shipped rule, polled from GET /v1/baselines as
+`bench.live_incident` does; about an hour after ready). The receiver's payloads go to
 `FOLDER/notifications.jsonl`, the service's log to `FOLDER/serve.log`.
 
 At the end, and for any CSV (a run still in progress included) with `--summarize`:
@@ -43,7 +44,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from alerts.settings import AlertSettings
+import httpx
+
+from alerts.rule_file import load_rules
+from alerts.rules import Rule
 from bench.service import (
     Answer,
     PoissonTraffic,
@@ -52,6 +56,7 @@ from bench.service import (
     metric_sum,
     percentile,
     read_posts,
+    rules_armed,
     settings_for,
 )
 from monitor.loopback import WebhookReceiver
@@ -59,6 +64,7 @@ from monitor.loopback import WebhookReceiver
 WARM_MINUTES = 30  # RSS growth is fitted after this
 ARMED_HOUR = 60
 TICK_S = 5.0
+ARM_POLL_S = 10.0  # how often the arming is asked for until the rules arm
 SATURATED_SHARE = 0.01  # more real requests than this answered 429: the engine is saturated
 BURST_GRACE_S = 2.0  # answers to requests due just after a burst still meet its queue
 
@@ -71,7 +77,7 @@ class Row:
 
     minute: int  # minutes since the service was ready, at the row's end
     at: str  # UTC, ISO 8601
-    armed_min: float | None  # minutes since the rules armed (negative before; None: no probe yet)
+    armed_min: float | None  # minutes since the rules armed (None: not armed yet)
     serve_rss_mb: float
     worker_rss_mb: float | None
     ok: int
@@ -352,9 +358,11 @@ class Recorder:
     """Turn the service's scrapes, the receiver's payloads and the traffic into rows."""
 
     def __init__(self, svc: ServiceProcess, rx: WebhookReceiver, traffic: PoissonTraffic,
-                 ready: float) -> None:
+                 ready: float, rules: Sequence[Rule] = ()) -> None:
         self.svc, self.rx, self.traffic, self.ready = svc, rx, traffic, ready
-        self.warm_in_min = AlertSettings().baseline_warm_in_s / 60
+        self.rules = list(rules)  # the service's: their arming is polled (rules_armed)
+        self.armed: float | None = None
+        self.next_poll = 0.0
         self.windows: set[Window] = set()
         self.counted: set[Window] = set()
         self.seen = 0
@@ -383,12 +391,26 @@ class Recorder:
         }
 
     def wait(self, until: float) -> None:
-        """Sleep until `until`; meanwhile note when the first probe cycle finished."""
+        """Sleep until `until`; meanwhile note the first probe cycle and poll the arming."""
         while time.time() < until:
             time.sleep(min(TICK_S, max(0.0, until - time.time())))
             if self.first_probe is None and self.counters()["probe"] > 0:
                 self.first_probe = time.time()
+            if self.first_probe is not None and self.armed is None \
+                    and time.time() >= self.next_poll:
+                self.next_poll = time.time() + ARM_POLL_S
+                self.poll_arming()
             self.sample_rss()
+
+    def poll_arming(self) -> None:
+        """Ask the service whether its rules armed (a failed read is tried again later)."""
+        try:
+            armed = rules_armed(self.svc, self.rules)
+        except httpx.HTTPError as e:
+            print(f"GET /v1/baselines failed: {e}", flush=True)
+            return
+        if armed:
+            self.armed = min(armed.values())
 
     def row(self, minute: int) -> Row:
         """Return the minute's row (counts since the previous one)."""
@@ -401,8 +423,7 @@ class Recorder:
         self.counted |= new_windows
         serve_rss, worker_rss = self.sample_rss()
         (serve_floor, worker_floor), self.floor = self.floor, (None, None)
-        armed = (None if self.first_probe is None
-                 else round((time.time() - self.first_probe) / 60 - self.warm_in_min, 2))
+        armed = None if self.armed is None else round((time.time() - self.armed) / 60, 2)
         row = Row(
             minute=minute, at=datetime.now(UTC).isoformat(timespec="seconds"), armed_min=armed,
             serve_rss_mb=round(serve_rss / 1e6, 1),
@@ -438,7 +459,7 @@ def run(folder: Path, minutes: int, rate: float) -> Path:
             traffic = PoissonTraffic(svc.url, rate_per_s=rate, token=svc.token)
             traffic.start()
             try:
-                rec = Recorder(svc, rx, traffic, ready)
+                rec = Recorder(svc, rx, traffic, ready, load_rules())  # shipped, as served
                 for minute in range(1, minutes + 1):
                     rec.wait(ready + minute * 60)
                     row = rec.row(minute)

@@ -36,14 +36,13 @@ from alerts.webhooks import (
 from bench.live_incident import (
     TARGETS,
     Phases,
-    armed_rules,
     classify,
     hog_counts,
     main,
     summarize,
     thin_rules,
 )
-from bench.service import read_posts
+from bench.service import armed_rules, read_posts
 from monitor.api.baselines import BaselineOut
 from monitor.api.incidents import EventOut, IncidentDetail
 from monitor.loopback import WebhookReceiver

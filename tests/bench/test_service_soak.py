@@ -9,12 +9,14 @@ to the receiver the soak uses, and the CSV the soak appends to, summarized as
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
+from alerts.baselines import rule_scope
+from alerts.rule_file import load_rules
 from alerts.webhooks import (
     AlertInfo,
     IncidentInfo,
@@ -214,3 +216,48 @@ def test_a_saturated_run_says_so_first() -> None:
     lines = summarize(rows).lines()
     assert lines[0].startswith("saturated: 25% of the real requests were answered 429")
     assert len(summarize([_row(1)]).lines()) == 5
+
+
+def test_the_recorder_takes_the_armed_time_from_the_services_baselines() -> None:
+    """Armed as the service tells it (its first usable baseline, an inactive one
+    included), not the first probe cycle plus the warm-in: the rules arm about an hour
+    after ready, and the first hour after arming is what #38's target counts."""
+    rules = load_rules()
+    p99 = next(r for r in rules if r.name == "p99_latency_regression")
+    armed_at = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
+
+    def row(samples: int, at: datetime) -> dict[str, object]:
+        return {"metric": p99.metric, "scope": {**rule_scope(p99, {}), "bucket": "32"},
+                "samples": samples, "created_at": at.isoformat()}
+
+    class Svc(_Svc):
+        def __init__(self) -> None:
+            super().__init__([(600_000_000, 140_000_000)])
+            self.active = [row(3, armed_at)]  # warming in
+            self.inactive: list[dict[str, object]] = []
+            self.asked: list[bool] = []
+
+        def get(self, path: str, **params: object) -> list[dict[str, object]]:
+            assert path == "/v1/baselines"
+            self.asked.append(bool(params["include_inactive"]))
+            return self.active + (self.inactive if params["include_inactive"] else [])
+
+    class Quiet:
+        def drain(self) -> list[object]:
+            return []
+
+        def deliveries(self) -> list[object]:
+            return []
+
+    svc = Svc()
+    rec = Recorder(svc, Quiet(), Quiet(), ready=0.0, rules=rules)  # type: ignore[arg-type]
+    rec.poll_arming()
+    assert rec.armed is None and svc.asked == [False]
+    # Refreshed since: the row that armed the rule is inactive, the active one younger.
+    svc.inactive = [row(p99.min_baseline_cycles, armed_at)]
+    svc.active = [row(p99.min_baseline_cycles + 5, armed_at + timedelta(minutes=7))]
+    rec.poll_arming()
+    assert rec.armed == armed_at.timestamp() and svc.asked == [False, False, True]
+    minutes = rec.row(1).armed_min
+    assert minutes is not None and minutes == pytest.approx(
+        (datetime.now(UTC) - armed_at).total_seconds() / 60, abs=0.1)
