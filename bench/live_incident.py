@@ -509,16 +509,8 @@ class Recorder:
             return True
         return cycles >= SPARSE_SHARE * (time.time() - first) / 60
 
-    def _baselines(self, inactive: bool) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.svc.get("/v1/baselines", include_inactive=inactive)
-        return rows
-
     def _poll_arming(self) -> None:
-        try:
-            armed = rules_armed(self.svc, self.rules)
-        except httpx.HTTPError as e:
-            print(f"GET /v1/baselines failed: {e}", flush=True)
-            return
+        armed = rules_armed(self.svc, self.rules)
         if not armed:
             return
         self.phases.armed_rules = armed

@@ -246,14 +246,18 @@ def armed_rules(baselines: Iterable[Mapping[str, Any]], rules: Sequence[Rule]
 
 def rules_armed(svc: ServiceProcess, rules: Sequence[Rule]) -> dict[str, float]:
     """Return rule -> unix time it armed, as the service tells it (`armed_rules` of GET
-    /v1/baselines); {} while none has.
+    /v1/baselines); {} while none has, or when the service did not answer.
 
     The active rows first (few); once a rule has armed, the inactive ones too: a refresh
     deactivates the row that armed it, and the armed time is the earliest.
     """
-    if not armed_rules(svc.get("/v1/baselines", include_inactive=False), rules):
+    try:
+        if not armed_rules(svc.get("/v1/baselines", include_inactive=False), rules):
+            return {}
+        return armed_rules(svc.get("/v1/baselines", include_inactive=True), rules)
+    except httpx.HTTPError as e:  # asked again at the next poll
+        print(f"GET /v1/baselines failed: {e}", flush=True)
         return {}
-    return armed_rules(svc.get("/v1/baselines", include_inactive=True), rules)
 
 
 def parse_metrics(text: str) -> Samples:

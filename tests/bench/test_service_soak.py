@@ -218,6 +218,10 @@ def test_a_saturated_run_says_so_first() -> None:
     assert len(summarize([_row(1)]).lines()) == 5
 
 
+def _refused(path: str, **params: object) -> object:
+    raise httpx.ConnectError("connection refused")
+
+
 def test_the_recorder_takes_the_armed_time_from_the_services_baselines() -> None:
     """Armed as the service tells it (its first usable baseline, an inactive one
     included), not the first probe cycle plus the warm-in: the rules arm about an hour
@@ -253,6 +257,10 @@ def test_the_recorder_takes_the_armed_time_from_the_services_baselines() -> None
     rec = Recorder(svc, Quiet(), Quiet(), ready=0.0, rules=rules)  # type: ignore[arg-type]
     rec.poll_arming()
     assert rec.armed is None and svc.asked == [False]
+    svc.get = _refused  # type: ignore[method-assign]  # a read that fails: asked again later
+    rec.poll_arming()
+    assert rec.armed is None
+    del svc.get
     # Refreshed since: the row that armed the rule is inactive, the active one younger.
     svc.inactive = [row(p99.min_baseline_cycles, armed_at)]
     svc.active = [row(p99.min_baseline_cycles + 5, armed_at + timedelta(minutes=7))]
