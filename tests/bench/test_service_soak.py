@@ -257,7 +257,7 @@ def test_the_recorder_takes_the_armed_time_from_the_services_baselines() -> None
     rec = Recorder(svc, Quiet(), Quiet(), ready=0.0, rules=rules)  # type: ignore[arg-type]
     rec.poll_arming()
     assert rec.armed is None and svc.asked == [False]
-    svc.get = _refused  # type: ignore[method-assign]  # a read that fails: asked again later
+    svc.get = _refused  # type: ignore[method-assign,assignment]  # fails: asked again later
     rec.poll_arming()
     assert rec.armed is None
     del svc.get
