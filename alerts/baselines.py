@@ -56,7 +56,15 @@ from alerts.detection import HELD_SUFFIX, INSUFFICIENT_HISTORY, BaselineStats
 from alerts.errors import BaselineError
 from alerts.rule_file import METRICS, SCOPE_LABELS, SOURCES
 from alerts.rules import Point, Rule
-from alerts.series import Labels, RowCache, cycle_start, read_slices, settled_end
+from alerts.series import (
+    Labels,
+    RowCache,
+    cohort_series,
+    cycle_start,
+    read_slices,
+    settled_end,
+    slice_bounds,
+)
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries
 from storage.queries import sensitivity as sensitivity_queries
@@ -193,43 +201,119 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
     """Store finished hours of `rule`'s series not stored yet (at most `backfill_hours`,
     newest first); return how many hours were missing before this call.
 
-    `rules`: every rule of the evaluation; the hours chunked are then counted in one query
-    (kept on `cache`), not one per rule. `writes`: keep the chunks there instead (stored
-    by its `apply`).
+    `rules`: every rule of the evaluation. The first call of an evaluation counts the
+    hours chunked of all of them in one query and makes the chunks of every rule with
+    hours missing in one pass (`_make_chunks`, kept on `cache`); each rule's call takes
+    its own. `writes`: keep the chunks there instead (stored by its `apply`).
     """
-    # An hour is chunked once its last cycle has settled (its traffic flushed), and read
-    # a slice at a time: read whole, an hour of raw rows was the worker's peak, and
-    # CPython keeps the arenas a peak takes.
+    every = {r.name: r for r in (*rules, rule)}
+    plan = cache.once(("chunk_plan", now), lambda: {
+        r.name: _missing_hours(session, r, cache, now, backfill_hours, every.values())
+        for r in every.values()})
+    alone = rule.name not in plan  # not among the rules of the evaluation's first call
+    todo = (_missing_hours(session, rule, cache, now, backfill_hours, every.values())
+            if alone else plan[rule.name])
+    if not todo.count:
+        return 0
+    made = (_make_chunks(cache, [rule], {rule.name: todo}) if alone else
+            cache.once(("chunks_made", now), lambda: _make_chunks(cache, every.values(), plan)))
+    out = made[rule.name]
+    if isinstance(out, Exception):
+        raise out  # this rule's read failed: its savepoint, not the others'
+    kept = BaselineWrites() if writes is None else writes
+    kept.chunks_before[rule.name] = todo.start
+    kept.chunks += out
+    if writes is None:
+        kept.apply(session)
+    return todo.count
+
+
+@dataclass(frozen=True)
+class _Todo:
+    """A rule's hours to chunk at one evaluation."""
+
+    start: datetime  # the first hour of its baseline window
+    count: int  # hours of the window not chunked yet
+    hours: frozenset[datetime]  # those chunked now: the newest, at most backfill_hours
+
+
+def _missing_hours(session: Session, rule: Rule, cache: RowCache, now: datetime,
+                   backfill_hours: int, rules: Iterable[Rule]) -> _Todo:
+    # An hour is chunked once its last cycle has settled (its traffic flushed): chunked
+    # earlier, it lost its last minute for good.
     settled = settled_end(rule, cache, now)
     end = hour_start(settled)
     start = hour_start(settled - timedelta(seconds=rule.baseline_window_s))
     hour = timedelta(seconds=CHUNK_S)
     hours = round((end - start) / hour)
-    # The rules whose window starts with this one's: their counts in one grouped read.
-    names = tuple(sorted({r.name for r in rules if r.baseline_window_s == rule.baseline_window_s}
-                         | {rule.name}))
+    # The rules whose window is this one's: their counts in one grouped read.
+    names = tuple(sorted({r.name for r in rules if r.baseline_window_s == rule.baseline_window_s
+                          and settled_end(r, cache, now) == settled} | {rule.name}))
     counts = cache.once(("chunk_counts", start, end, names),
                         lambda: series_queries.chunk_counts(session, names, start, end))
     if counts.get(rule.name, 0) >= hours:
-        return 0
+        return _Todo(start, 0, frozenset())
     have = series_queries.chunk_starts(session, rule.name, start, end)
     todo = [h for h in (end - (i + 1) * hour for i in range(hours)) if h not in have]
-    missing = sorted(todo[:max(backfill_hours, 1)])
-    out: list[Chunk] = []
-    for run_start, run_end in _runs(missing, hour):
-        by_hour: dict[tuple[str, Cohort, datetime], list[list[Any]]] = {}
-        for labels, cohort, p, value in _own_points(rule, cache, run_start, run_end):
-            key = scope_key(rule_scope(rule, dict(labels)))
-            by_hour.setdefault((key, cohort, hour_start(p.at)), []).append(
-                [p.at.timestamp(), value, p.samples, _median(p)])
-        out += [Chunk(rule.name, k, c, h, v) for (k, c, h), v in by_hour.items()]
-    out += [Chunk(rule.name, "", NO_COHORT, h, []) for h in missing]  # hour done, data or not
-    kept = BaselineWrites() if writes is None else writes
-    kept.chunks_before[rule.name] = start
-    kept.chunks += out
-    if writes is None:
-        kept.apply(session)
-    return len(todo)
+    return _Todo(start, len(todo), frozenset(todo[:max(backfill_hours, 1)]))
+
+
+def _make_chunks(cache: RowCache, rules: Iterable[Rule], plan: Mapping[str, _Todo]
+                 ) -> dict[str, list[Chunk] | Exception]:
+    """Return each rule's chunks of its hours in `plan` (or the error its read raised).
+
+    The hours' raw rows are read `CHUNK_SLICE_S` at a time, each slice once for all the
+    rules of one cycle length (one RowCache: a row kind loaded once, a cycle's sketch
+    merged once for the rules that share it), and dropped before the next: read whole,
+    an hour of raw rows was the worker's peak, and CPython keeps the arenas a peak takes.
+    """
+    groups: dict[float, list[Rule]] = {}
+    for r in rules:
+        if plan[r.name].hours:
+            groups.setdefault(r.window_s, []).append(r)
+    out: dict[str, list[Chunk] | Exception] = {}
+    hour = timedelta(seconds=CHUNK_S)
+    for window_s, group in groups.items():
+        by_hour: dict[str, dict[tuple[str, Cohort, datetime], list[list[Any]]]] = {
+            r.name: {} for r in group}
+        failed: dict[str, Exception] = {}
+        wanted = sorted({h for r in group for h in plan[r.name].hours})
+        for run_start, run_end in _runs(wanted, hour):
+            for lo, hi in slice_bounds(run_start, run_end, window_s, CHUNK_SLICE_S):
+                part = RowCache(cache.session)  # dropped with the slice
+                for r in group:
+                    mine = plan[r.name].hours
+                    if r.name in failed or not any(lo < h + hour and h < hi for h in mine):
+                        continue
+                    try:
+                        series = cohort_series(r, part, lo, hi)
+                    except Exception as e:  # noqa: BLE001 - raised by that rule's own call
+                        failed[r.name] = e
+                        continue
+                    for labels, cohort, p, value in _own(series):
+                        at = hour_start(p.at)
+                        if at in mine:
+                            key = scope_key(rule_scope(r, dict(labels)))
+                            by_hour[r.name].setdefault((key, cohort, at), []).append(
+                                [p.at.timestamp(), value, p.samples, _median(p)])
+                cache.rows_read += part.rows_read
+        for r in group:
+            made = [Chunk(r.name, k, c, h, v) for (k, c, h), v in by_hour[r.name].items()]
+            # Each hour is marked done, data or not.
+            made += [Chunk(r.name, "", NO_COHORT, h, []) for h in sorted(plan[r.name].hours)]
+            out[r.name] = failed.get(r.name, made)
+    return out
+
+
+def _own(series: Mapping[Labels, Mapping[Cohort, Sequence[Point]]]
+         ) -> Iterator[tuple[Labels, Cohort, Point, float]]:
+    """Yield the cycles of `series` with a value of their cohort's own (and that value)."""
+    for labels, per_cohort in series.items():
+        for cohort, pts in per_cohort.items():
+            for p in pts:
+                # A value pooled partly from other cohorts is not this cohort's own.
+                if p.value is not None and not p.borrowed:
+                    yield labels, cohort, p, p.value
 
 
 CHUNK_SLICE_S = 600.0  # rows held at once while chunking or refreshing: 10 minutes'
@@ -242,12 +326,7 @@ def _own_points(rule: Rule, cache: RowCache, start: datetime,
     counted in `cache.rows_read`, the evaluation's cost)."""
     for part, rows in read_slices(rule, cache.session, start, end, CHUNK_SLICE_S):
         cache.rows_read += rows
-        for labels, per_cohort in part.items():
-            for cohort, pts in per_cohort.items():
-                for p in pts:
-                    # A value pooled partly from other cohorts is not this cohort's own.
-                    if p.value is not None and not p.borrowed:
-                        yield labels, cohort, p, p.value
+        yield from _own(part)
 
 
 def _median(p: Point) -> float | None:

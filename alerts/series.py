@@ -408,13 +408,20 @@ def read_slices(rule: Rule, session: Session, start: datetime, end: datetime,
     borrows only from cohorts with rows in the same slice. No cycle is held back to
     settle: `end` is the caller's to choose (see `settled_end`).
     """
-    step = timedelta(seconds=rule.window_s)
-    width = step * max(1, math.floor(slice_s / rule.window_s))
-    lo, hi = start, cycle_start(start, rule.window_s) + width
-    while lo < end:
-        hi = min(hi, end)
+    for lo, hi in slice_bounds(start, end, rule.window_s, slice_s):
         cache = RowCache(session)  # dropped with the slice: its rows, groups and sketches
         yield cohort_series(rule, cache, lo, hi), cache.rows_read
+
+
+def slice_bounds(start: datetime, end: datetime, window_s: float,
+                 slice_s: float) -> Iterator[tuple[datetime, datetime]]:
+    """Yield [lo, hi) slices of [start, end), each the most whole cycles of `window_s` that
+    fit in `slice_s` (at least one), cut at cycle boundaries."""
+    width = timedelta(seconds=window_s) * max(1, math.floor(slice_s / window_s))
+    lo, hi = start, cycle_start(start, window_s) + width
+    while lo < end:
+        hi = min(hi, end)
+        yield lo, hi
         lo, hi = hi, hi + width
 
 

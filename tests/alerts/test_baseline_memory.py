@@ -131,3 +131,51 @@ def test_a_traffic_hour_is_chunked_once_its_last_minute_has_settled(
     with sessionmaker() as s:
         (values,) = _stored_chunks(s, rule.name).values()
     assert len(values) == 60 and values[-1][0] == (end - timedelta(minutes=1)).timestamp()
+
+
+def test_the_rules_of_one_kind_share_each_slices_read(
+        sessionmaker: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call of an evaluation chunks every rule's missing hours in one pass: a
+    slice of canary rows is read once for the p99 and p50 rules (as the detector windows
+    are, one read per kind); a rule whose read fails gets its error, the others their
+    chunks."""
+    import alerts.baselines as baselines
+
+    p99, p50 = (parse_rule({"name": n, "metric": m, "change": "+15%", "for": 3,
+                            "min_samples": 2, "lookback": 10, "baseline_window": "2h"})
+                for n, m in (("p99", "p99_latency"), ("p50", "p50_latency")))
+    with sessionmaker.begin() as s:
+        for i in range(60):
+            add_cycle(s, T0 + timedelta(minutes=i, seconds=2), {"16": 0.05, "64": 0.1})
+    now = T0 + timedelta(hours=1, seconds=30)
+    reads = _Sizes(monkeypatch, "canary_cycle_results")
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        one = baselines.BaselineWrites()
+        assert ensure_chunks(s, p99, cache, now, rules=[p99], writes=one) == 2
+    alone = len(reads.sizes)
+    assert alone == 12  # the window's two hours, six slices of 10 minutes each
+    reads.sizes.clear()
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        both = {r.name: baselines.BaselineWrites() for r in (p99, p50)}
+        for r in (p99, p50):
+            assert ensure_chunks(s, r, cache, now, rules=[p99, p50], writes=both[r.name]) == 2
+    assert len(reads.sizes) == alone
+    assert [c.values for c in both["p99"].chunks] == [c.values for c in one.chunks]
+    assert {c.rule for c in both["p50"].chunks} == {"p50"} and len(both["p50"].chunks) == 4
+
+    real = baselines.cohort_series
+
+    def failing(rule: Any, *args: Any) -> Any:
+        if rule.name == "p50":
+            raise RuntimeError("p50's read failed")
+        return real(rule, *args)
+
+    monkeypatch.setattr(baselines, "cohort_series", failing)
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        assert ensure_chunks(s, p99, cache, now, rules=[p99, p50],
+                             writes=baselines.BaselineWrites()) == 2
+        with pytest.raises(RuntimeError, match="p50's read failed"):
+            ensure_chunks(s, p50, cache, now, rules=[p99, p50], writes=baselines.BaselineWrites())
