@@ -74,7 +74,6 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -94,6 +93,7 @@ from bench.service import (
     read_posts,
     rules_armed,
     settings_for,
+    stop_on_sigterm,
     unix_time,
 )
 from bench.service_soak import answer_counts
@@ -930,12 +930,6 @@ def _settled(p: Phases) -> str:
     return f", not settled within --after-minutes {p.after_minutes:g} (an incident open)"
 
 
-def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    # Once: a second SIGTERM must not cut short the unwinding that stops hog and serve.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise SystemExit(128 + signum)  # unwinds through the with-blocks: hog and serve stop
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the bench (or summarize a run's folder) and print the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1010,7 +1004,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         hog_when_stated=args.hog_when_stated,
                         note="quick" if args.quick else "")
         phases.save(args.folder)
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
         try:
             run(args.folder, phases)
         finally:  # a run cut short still says what it saw

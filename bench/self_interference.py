@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import statistics
 import sys
 import tempfile
@@ -67,7 +68,14 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from bench.service import Answer, PoissonTraffic, ServiceProcess, percentile, settings_for
+from bench.service import (
+    Answer,
+    PoissonTraffic,
+    ServiceProcess,
+    percentile,
+    settings_for,
+    stop_on_sigterm,
+)
 from bench.service_soak import SATURATED_SHARE, Window, answer_counts, burst_windows
 from monitor.loopback import WebhookReceiver
 from monitor.settings import Settings, check_keys
@@ -469,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "--rounds >= 1")
     plan = Plan(minutes=args.minutes, rate=args.rate, days=args.days,
                 replicas=args.replicas, overrides=parse_sets(args.sets))
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # a stopped bench stops its service
     with tempfile.TemporaryDirectory(prefix="self-interference-") as tmp:
         empty, history, blocks = run_blocks(args.folder or Path(tmp), args.rounds, plan)
     print(spread_line(block_spread(blocks)))

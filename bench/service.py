@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import httpx
@@ -258,6 +258,14 @@ def rules_armed(svc: ServiceProcess, rules: Sequence[Rule]) -> dict[str, float]:
     except httpx.HTTPError as e:  # asked again at the next poll
         print(f"GET /v1/baselines failed: {e}", flush=True)
         return {}
+
+
+def stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    """Turn SIGTERM into SystemExit, which unwinds a bench's with-blocks: its `serve`
+    (and hog) stop instead of outliving it. Once: a second SIGTERM must not cut the
+    unwinding short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def parse_metrics(text: str) -> Samples:

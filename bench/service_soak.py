@@ -41,7 +41,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from alerts.rule_file import load_rules
@@ -56,6 +55,7 @@ from bench.service import (
     read_posts,
     rules_armed,
     settings_for,
+    stop_on_sigterm,
 )
 from monitor.loopback import WebhookReceiver
 
@@ -464,10 +464,6 @@ def run(folder: Path, minutes: int, rate: float) -> Path:
     return out
 
 
-def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the with-blocks: serve is stopped
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the soak (or summarize a CSV) and print the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -484,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         if args.minutes < 1 or not math.isfinite(args.rate) or args.rate <= 0:
             raise SystemExit("--minutes must be >= 1 and --rate > 0")
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
         path = run(args.folder, args.minutes, args.rate)
     log = path.parent / "notifications.jsonl"
     notifications = read_posts(log)

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import func, select
 
@@ -225,8 +230,36 @@ def test_a_tiny_run_goes_through_every_block(tmp_path: Path,
     assert "rows of history (0.01 days x 1 replicas)" in "\n".join(lines)
     assert any(line.startswith("empty (1 blocks): ") for line in lines)
     assert any(line.startswith("history (1 blocks): ") for line in lines)
-    assert lines[-2].startswith("between blocks of one arm: "), lines[-2]
+    assert lines[-3].startswith("between blocks of one arm: "), lines[-3]
+    assert lines[-2].endswith("needs two blocks in an arm"), lines[-2]
     m = HEADLINE.fullmatch(lines[-1])
     assert m is not None, lines[-1]
     assert m.group(4) == "0"  # a burst sheds its own requests, never real ones
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1-empty", "2-history"]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_stops_the_service_of_its_block(tmp_path: Path) -> None:
+    """SIGTERM to the bench unwinds it: the service it started stops with it (it outlived
+    the bench before, serving and probing beside whatever ran next)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.self_interference", "--rounds", "1", "--minutes", "5",
+         "--rate", "1", "--days", "0.01", "--replicas", "1", "--folder", str(tmp_path),
+         "--set", "engine.compile_mode=off", "--set", "engine.native_step=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 300
+        while "ready;" not in (line := proc.stdout.readline()):
+            assert line and time.monotonic() < deadline, "the first block never got ready"
+        serving = [p for p in psutil.process_iter(["cmdline"])
+                   if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+        assert serving  # serve and its worker
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(serving, timeout=30)
+        assert not alive, alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
