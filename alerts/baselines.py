@@ -76,6 +76,7 @@ from storage.queries.series import NO_COHORT, Chunk, Cohort
 _SCOPE_KEYS = (*SCOPE_LABELS, "source", "window")
 BaselineView = StoredBaseline  # what the CLI and API show
 CHUNK_S = 3600.0
+CHUNK_SLICE_S = 600.0  # raw rows held at once while chunking or refreshing: 10 minutes'
 HOUR_OF_WEEK = "hour_of_week"
 HOUR_OF_DAY = "hour_of_day"
 # A season seen on fewer hours than this may only relax the plain baseline, not tighten it.
@@ -314,9 +315,6 @@ def _own(series: Mapping[Labels, Mapping[Cohort, Sequence[Point]]]
                 # A value pooled partly from other cohorts is not this cohort's own.
                 if p.value is not None and not p.borrowed:
                     yield labels, cohort, p, p.value
-
-
-CHUNK_SLICE_S = 600.0  # rows held at once while chunking or refreshing: 10 minutes'
 
 
 def _own_points(rule: Rule, cache: RowCache, start: datetime,
