@@ -242,24 +242,28 @@ def test_a_tiny_run_goes_through_every_block(tmp_path: Path,
 def test_a_stopped_run_stops_the_service_of_its_block(tmp_path: Path) -> None:
     """SIGTERM to the bench unwinds it: the service it started stops with it (it outlived
     the bench before, serving and probing beside whatever ran next)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.self_interference", "--rounds", "1", "--minutes", "5",
-         "--rate", "1", "--days", "0.01", "--replicas", "1", "--folder", str(tmp_path),
-         "--set", "engine.compile_mode=off", "--set", "engine.native_step=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        while "ready;" not in (line := proc.stdout.readline()):
-            assert line and time.monotonic() < deadline, "the first block never got ready"
-        serving = [p for p in psutil.process_iter(["cmdline"])
-                   if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-        assert serving  # serve and its worker
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 128 + signal.SIGTERM
-        _, alive = psutil.wait_procs(serving, timeout=30)
-        assert not alive, alive
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with subprocess.Popen(
+            [sys.executable, "-m", "bench.self_interference", "--rounds", "1", "--minutes",
+             "5", "--rate", "1", "--days", "0.01", "--replicas", "1", "--folder",
+             str(tmp_path), "--set", "engine.compile_mode=off", "--set",
+             "engine.native_step=false"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        serving: list[psutil.Process] = []
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 300
+            while "ready;" not in (line := proc.stdout.readline()):
+                assert line and time.monotonic() < deadline, "the first block never got ready"
+            serving = [p for p in psutil.process_iter(["cmdline"])
+                       if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+            assert serving  # serve and its worker
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(120) == 128 + signal.SIGTERM
+            _, alive = psutil.wait_procs(serving, timeout=30)
+            assert not alive, alive
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for p in serving:
+                if p.is_running():
+                    p.kill()  # left by a failure: no orphan beyond the test either
