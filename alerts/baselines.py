@@ -208,16 +208,15 @@ def ensure_chunks(session: Session, rule: Rule, cache: RowCache, now: datetime,
     its own. `writes`: keep the chunks there instead (stored by its `apply`).
     """
     every = {r.name: r for r in (*rules, rule)}
-    plan = cache.once(("chunk_plan", now), lambda: {
+    names = frozenset(every)  # the evaluation's rules: one plan and one pass for them all
+    plan = cache.once(("chunk_plan", now, names), lambda: {
         r.name: _missing_hours(session, r, cache, now, backfill_hours, every.values())
         for r in every.values()})
-    alone = rule.name not in plan  # not among the rules of the evaluation's first call
-    todo = (_missing_hours(session, rule, cache, now, backfill_hours, every.values())
-            if alone else plan[rule.name])
+    todo = plan[rule.name]
     if not todo.count:
         return 0
-    made = (_make_chunks(cache, [rule], {rule.name: todo}) if alone else
-            cache.once(("chunks_made", now), lambda: _make_chunks(cache, every.values(), plan)))
+    made = cache.once(("chunks_made", now, names),
+                      lambda: _make_chunks(cache, every.values(), plan))
     out = made[rule.name]
     if isinstance(out, Exception):
         raise out  # this rule's read failed: its savepoint, not the others'
