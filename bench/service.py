@@ -10,7 +10,7 @@ Example:
         traffic = PoissonTraffic(svc.url, rate_per_s=10, token=svc.token)
         traffic.start(); ...; traffic.stop()
         svc.rss()            # (serve bytes, worker bytes or None)
-        svc.metrics()        # parsed /metrics of the serving process
+        svc.metrics()        # parsed /metrics of the serving process (worker_metrics: its worker's)
 """
 
 from __future__ import annotations
@@ -197,6 +197,15 @@ class ServiceProcess:
         """Return the serving process's /metrics as (sample name, labels) -> value."""
         text = self._client.get("/metrics").text
         return parse_metrics(text)
+
+    def worker_metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Return the worker's /metrics as `metrics` does (empty while it cannot answer)."""
+        try:
+            r = httpx.get(f"http://127.0.0.1:{self.worker_port}/metrics", timeout=10.0,
+                          headers={"Authorization": f"Bearer {self.token}"})
+        except httpx.HTTPError:
+            return {}
+        return parse_metrics(r.text) if r.status_code == 200 else {}
 
     def get(self, path: str, *, timeout_s: float = 120.0, **params: Any) -> Any:
         """GET an authenticated operator request; return its JSON (raise on non-2xx)."""

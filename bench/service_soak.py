@@ -8,7 +8,8 @@ buckets drawn uniformly. Nothing is injected.
 
 Every minute a row is appended to `FOLDER/soak.csv` (see `Row`): RSS of the serving
 process and of its worker (at the minute's end, and the minute's floor: the lowest of
-its readings every 5 s), the minute's real requests by answer (200, 429, other), the
+its readings every 5 s; what the worker's RSS holds: its SQLite caches and malloc's
+blocks in use, from its /metrics), the minute's real requests by answer (200, 429, other), the
 service's own count of real requests refused by admission, webhook notifications
 (firing, resolved, pages = firing with severity page), probe cycles and bursts run,
 and the minutes since the rules armed, as the service tells it (`bench.service.rules_armed`:
@@ -18,6 +19,7 @@ the first usable baseline of a shipped rule, polled from GET /v1/baselines as
 
 At the end, and for any CSV (a run still in progress included) with `--summarize`:
 
+    worker's heaps after 30 min: sqlite A -> B MB (S MB/h), malloc in use ...
     rss growth after 30 min: serve X MB/h, worker Y MB/h (least squares; target < 5 MB/h);
         floors: serve X' MB/h, worker Y' MB/h (the same fit over each minute's lowest RSS)
     pages in the first hour after the rules armed: N (target 0)
@@ -97,6 +99,10 @@ class Row:
     # floor is what the process keeps across them.
     serve_rss_floor_mb: float | None = None
     worker_rss_floor_mb: float | None = None
+    # What the worker's RSS holds at the minute's end (its tailwatch_process_memory_bytes):
+    # SQLite's page caches and glibc malloc's blocks in use.
+    worker_sqlite_mb: float | None = None
+    worker_malloc_mb: float | None = None
 
 
 COLUMNS = [f.name for f in fields(Row)]
@@ -251,6 +257,9 @@ class Summary:
     # rule -> pages in the first hour after arming (from the receiver's log; {}: not read)
     first_hour_rules: dict[str, int] = field(default_factory=dict)
     page_rules: dict[str, int] = field(default_factory=dict)  # the same over the whole run
+    # The worker's SQLite caches and malloc in use after the warm-up: (first, last) MB and
+    # MB/h (None: the run's worker did not export them).
+    worker_heaps: dict[str, tuple[float, float, float | None]] = field(default_factory=dict)
 
     @property
     def expected_in_bursts(self) -> float:
@@ -282,6 +291,10 @@ class Summary:
             f"{self.resolved} "
             f"resolved; admission refused {self.real_refused} real, "
             f"{self.synthetic_refused} synthetic",
+            *([f"worker's heaps after {WARM_MINUTES} min: " + ", ".join(
+                f"{name} {a:.1f} -> {b:.1f} MB ({mbh(slope)})"
+                for name, (a, b, slope) in self.worker_heaps.items())]
+              if self.worker_heaps else []),
             f"rss growth after {WARM_MINUTES} min: serve {mbh(self.serve_mb_per_h)}{rss}, "
             f"worker {mbh(self.worker_mb_per_h)} (least squares; target < 5 MB/h)"
             + (f"; floors: serve {mbh(self.floor_mb_per_h[0])}, worker "
@@ -344,7 +357,17 @@ def summarize(rows: Sequence[Row],
         burst_window_s=sum(r.burst_window_s for r in rows),
         first_hour_rules=dict(rules),
         page_rules=dict(every),
+        worker_heaps=_heaps(warm),
     )
+
+
+def _heaps(warm: Sequence[Row]) -> dict[str, tuple[float, float, float | None]]:
+    out = {}
+    for name, column in (("sqlite", "worker_sqlite_mb"), ("malloc in use", "worker_malloc_mb")):
+        points = [(float(r.minute), v) for r in warm if (v := getattr(r, column)) is not None]
+        if points:
+            out[name] = (points[0][1], points[-1][1], slope_per_hour(points))
+    return out
 
 
 def _lower(low: float | None, value: float | None) -> float | None:
@@ -400,6 +423,15 @@ class Recorder:
                 self.poll_arming()
             self.sample_rss()
 
+    def worker_heaps(self) -> dict[str, float | None]:
+        """Return the worker's SQLite and malloc heaps in MB (None: not exported)."""
+        m = self.svc.worker_metrics()
+
+        def mb(kind: str) -> float | None:
+            value = m.get(("tailwatch_process_memory_bytes", frozenset({("kind", kind)})))
+            return None if value is None else round(value / 1e6, 1)
+        return {"worker_sqlite_mb": mb("sqlite"), "worker_malloc_mb": mb("malloc_in_use")}
+
     def poll_arming(self) -> None:
         """Ask the service whether its rules armed (a failed read is tried again later)."""
         armed = rules_armed(self.svc, self.rules)
@@ -432,7 +464,8 @@ class Recorder:
             rejected_in_bursts=answers.rejected_in_bursts,
             burst_window_s=round(sum(hi - lo for lo, hi in new_windows), 2),
             serve_rss_floor_mb=None if serve_floor is None else round(serve_floor / 1e6, 1),
-            worker_rss_floor_mb=None if worker_floor is None else round(worker_floor / 1e6, 1))
+            worker_rss_floor_mb=None if worker_floor is None else round(worker_floor / 1e6, 1),
+            **self.worker_heaps())
         self.before = now
         return row
 

@@ -3,17 +3,18 @@
 What the soak's worker does, accelerated: a fake engine's canary cycles (every 10 s) and
 real traffic rollups (every 15 s) are stored as the serving process stores them, and the
 worker's jobs (evaluation every 10 s, delivery, sensitivity, retention, the heap trim
-every 60 s) run on the same simulated clock over a fresh SQLite database. Each simulated hour prints RSS and the
-Python heap (tracemalloc); the end prints the growth per simulated hour after the first
-and the allocation sites that grew most between the first hour and the last.
+every 60 s) run on the same simulated clock over a fresh SQLite database. Every `--every`
+simulated minutes it prints RSS, the heaps in it (glibc malloc, SQLite, CPython's arenas)
+and the Python heap (tracemalloc); the end prints the growth per simulated hour from
+hour `--since` and the allocation sites that grew most since then.
 
-    taskset -c 0 python -m bench.worker_memory [--hours 4] [--top 15] [--no-trace] [--no-trim]
+    taskset -c 0 python -m bench.worker_memory [--hours 4] [--since 1] [--every 30] [--top 15]
+        [--no-trace] [--no-trim] [--trace-jobs evaluate,sensitivity]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from probes.fake import FakeEngine
 from probes.prober import prober_from_settings
 from probes.traffic import TrafficRecorder
 from storage import migrate
-from storage.db import make_engine, make_sessionmaker
+from storage.db import make_engine, make_sessionmaker, sqlite_memory_bytes
 from storage.writer import Writer
 
 START = datetime(2026, 1, 12, 9, 30, tzinfo=UTC)  # half an hour before an hour boundary
@@ -54,12 +55,6 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
 
 
 def pymalloc_arenas() -> int:
@@ -81,15 +76,18 @@ def pymalloc_arenas() -> int:
     return -1
 
 
+def sqlite_mb() -> float:
+    """Return the memory SQLite's library holds in this process in MB (nan: unknown)."""
+    used = sqlite_memory_bytes()
+    return float("nan") if used is None else used / 1e6
+
+
 def malloc_mb() -> tuple[float, float]:
     """Return glibc malloc's (bytes in use, bytes free but kept) in MB (nan: not glibc)."""
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    usage = malloc.usage()
+    if usage is None:
         return float("nan"), float("nan")
-    fn.restype = _MallInfo2
-    m = fn()
-    return (m.uordblks + m.hblkhd) / 1e6, m.fordblks / 1e6
+    return usage[0] / 1e6, usage[1] / 1e6
 
 
 class Clock:
@@ -213,6 +211,10 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=4.0)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--no-trace", action="store_true")
+    parser.add_argument("--since", type=float, default=1.0,
+                        help="simulated hour from which growth is measured")
+    parser.add_argument("--every", type=float, default=30.0,
+                        help="simulated minutes between printed rows")
     parser.add_argument("--no-trim", action="store_true",
                         help="leave out the worker's memory_trim job (every 60 s)")
     parser.add_argument("--trace-jobs", default="",
@@ -231,7 +233,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for step in range(int(args.hours * per_hour) + 1):
             replay.tick()
-            if step % (per_hour // 2) == 0:
+            if step % max(1, int(args.every * 60 // CYCLE_S)) == 0:
                 gc.collect()
                 heap = tracemalloc.get_traced_memory()[0] / 1e6 if trace else float("nan")
                 hours = step / per_hour
@@ -239,24 +241,24 @@ def main() -> None:
                 peaks = " ".join(f"{k} {v:.1f}" for k, v in sorted(replay.peaks.items()))
                 used, free = malloc_mb()
                 print(f"hour {hours:4.1f}  rss {rows[-1][1]:7.1f} MB  malloc in use {used:6.1f} MB"
-                      f" free {free:6.1f} MB  python blocks {sys.getallocatedblocks()}"
+                      f" free {free:6.1f} MB  sqlite {sqlite_mb():5.1f} MB  python blocks {sys.getallocatedblocks()}"
                       f" in {pymalloc_arenas()} arenas  python heap {heap:7.1f} MB"
                       f"  ({time.perf_counter() - t0:.0f} s)  job peaks (MB): {peaks}", flush=True)
                 replay.peaks.clear()
-                if step == per_hour:
+                if step == int(args.since * per_hour):
                     first = tracemalloc.take_snapshot() if trace else None
                     types0 = _types()
         last = tracemalloc.take_snapshot() if trace else None
         types1 = _types()
         replay.close()
-    after = [r for r in rows if r[0] >= 1.0]
+    after = [r for r in rows if r[0] >= args.since]
     span = after[-1][0] - after[0][0] if after else 0.0
     if span > 0:
-        print(f"growth after hour 1: rss {(after[-1][1] - after[0][1]) / span:+.1f} MB/h, "
+        print(f"growth after hour {args.since:g}: rss {(after[-1][1] - after[0][1]) / span:+.1f} MB/h, "
               f"python heap {(after[-1][2] - after[0][2]) / span:+.2f} MB/h (simulated hours)")
     if types0 is not None:
         grown = (types1 - types0).most_common(10)
-        print("objects grown since hour 1:", ", ".join(f"{k} +{v}" for k, v in grown))
+        print(f"objects grown since hour {args.since:g}:", ", ".join(f"{k} +{v}" for k, v in grown))
     if first is not None and last is not None:
         for stat in last.compare_to(first, "traceback")[:args.top]:
             print(f"{stat.size_diff / 1e3:+9.1f} kB {stat.count_diff:+7d} blocks")

@@ -43,6 +43,27 @@ def limit_arenas(arenas: int = DEFAULT_ARENAS, *,
     return ok
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def usage() -> tuple[int, int] | None:
+    """Return glibc malloc's bytes (in use, free but kept by its arenas); None: not glibc
+    2.33+ (no mallinfo2)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    # hblkhd: blocks large enough to get an mmap of their own (in use until freed).
+    return info.uordblks + info.hblkhd, info.fordblks
+
+
 def trim() -> bool:
     """Return freed heap pages to the system (glibc's malloc_trim); return whether any
     were (False: not glibc, or nothing to return)."""

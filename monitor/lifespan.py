@@ -30,7 +30,12 @@ from monitor.alerting import load_alerts, make_deliverer
 from monitor.database import prepare_database
 from monitor.engine_holder import EngineHolder
 from monitor.hub import AppParts, Services, parts_of
-from monitor.metrics import DatabaseCollector, EngineCollector, SamplerCollector
+from monitor.metrics import (
+    DatabaseCollector,
+    EngineCollector,
+    ProcessMemoryCollector,
+    SamplerCollector,
+)
 from monitor.probe_runner import ProbeRunner
 from monitor.prober import SchedulerActivity, build_prober
 from monitor.settings import Settings
@@ -118,6 +123,7 @@ def _collectors(services: Services) -> list[Collector]:
     out: list[Collector] = [
         EngineCollector(metrics, s.engine_holder.get),
         DatabaseCollector(metrics, s.sessions, s.flags, tuple(s.settings.engine.buckets)),
+        ProcessMemoryCollector(metrics),
     ]
     if s.sampler is not None:
         live = s.sampler  # narrowed: the closure reads a non-None sampler

@@ -8,7 +8,8 @@ into the series in bulk when FOLD_AT are waiting and before every collection (a 
 or `registry.get_sample_value` always sees every observed result). Values
 owned by something else are read at scrape time by custom collectors: `EngineCollector`
 (compile counters, memory, queue depth, admission by origin, flag-provider errors) and `DatabaseCollector`
-(flags, alerts, latest probe runs, webhook outbox). Every series is listed in
+(flags, alerts, latest probe runs, webhook outbox), and `ProcessMemoryCollector` (RSS and
+the heaps in it, in the serving process and the worker alike). Every series is listed in
 docs/metrics.md (tests/monitor/test_metrics.py keeps the two in step).
 """
 
@@ -24,6 +25,7 @@ from datetime import timedelta
 from importlib import metadata
 from itertools import chain
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -35,6 +37,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.cause import CAUSES
+from engine import malloc
 from engine.protocol import (
     STEP_SECONDS_EDGES,
     AdmissionStats,
@@ -49,7 +52,7 @@ from monitor.quality_metrics import quality_families
 from monitor.sensitivity_metrics import sensitivity_families
 from probes.measure import add_positions
 from probes.sampler import SamplerStats
-from storage.db import reading
+from storage.db import reading, sqlite_memory_bytes
 from storage.models import DELIVERY_STATES
 from storage.queries import alerts as alert_queries
 from storage.queries import flags as flag_queries
@@ -499,6 +502,43 @@ def _memory_families(engine: Engine) -> Iterator[Metric]:
     if mem.cuda_alloc_retries is not None:
         yield _counter("cuda_alloc_retries", "CUDA allocator retries after a cache flush.",
                        mem.cuda_alloc_retries)
+
+
+class ProcessMemoryCollector(_SafeCollector):
+    """Read this process's RSS and the heaps that make it up at scrape time.
+
+    RSS alone says a process grew, not what grew: SQLite's page caches (bounded by
+    `storage.db.SQLITE_HEAP_LIMIT_BYTES`), glibc malloc's blocks in use, and what malloc
+    keeps free (returned by the heap trim). The rest of RSS is Python's small-object
+    arenas, the libraries' code and, in the serving process, the engine's tensors.
+    """
+
+    name = "process_memory"
+
+    def __init__(self, metrics: Metrics, *,
+                 heaps: Callable[[], Iterable[tuple[str, int | None]]] | None = None) -> None:
+        self._heaps = heaps or process_heaps
+        super().__init__(metrics)
+
+    def _collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_process_memory_bytes",
+            "This process's memory by kind: rss, sqlite (SQLite's page caches and "
+            "statements), malloc_in_use, malloc_free (glibc: held, free).",
+            labels=("kind",))
+        for kind, value in self._heaps():
+            if value is not None:
+                family.add_metric([kind], value)
+        return [family]
+
+
+def process_heaps() -> list[tuple[str, int | None]]:
+    """Return (kind, bytes) of this process: rss, sqlite, malloc_in_use, malloc_free."""
+    glibc = malloc.usage()
+    return [("rss", psutil.Process().memory_info().rss),
+            ("sqlite", sqlite_memory_bytes()),
+            ("malloc_in_use", None if glibc is None else glibc[0]),
+            ("malloc_free", None if glibc is None else glibc[1])]
 
 
 class SamplerCollector(_SafeCollector):

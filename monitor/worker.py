@@ -31,7 +31,7 @@ from monitor.hub import Seams
 from monitor.job_metrics import JobMetrics
 from monitor.jobs import AnalysisParts, analysis_jobs, process_jobs
 from monitor.leader import LeaderLock, make_leader
-from monitor.metrics import Metrics, MetricsSink
+from monitor.metrics import Metrics, MetricsSink, ProcessMemoryCollector
 from monitor.scheduler import JobScheduler, build_scheduler, job_table
 from monitor.settings import Settings
 from storage.db import make_sessionmaker
@@ -92,7 +92,9 @@ class AnalysisWorker:
         self._closers.append(db.dispose)
         sessions = make_sessionmaker(db)
         alerts = load_alerts(settings)
-        sink = MetricsSink(Metrics(self.registry))  # webhook delivery counters
+        metrics = Metrics(self.registry)
+        sink = MetricsSink(metrics)  # webhook delivery counters
+        ProcessMemoryCollector(metrics)  # what the worker's RSS holds
         deliverer = make_deliverer(sessions, alerts, Seams(clock=self.seams.clock,
                                                            transport=self.seams.transport),
                                    self._closers)

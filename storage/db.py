@@ -13,6 +13,7 @@ PostgreSQL.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import sqlite3
@@ -223,6 +224,22 @@ def is_locked(error: BaseException) -> bool:
     orig = getattr(error, "orig", None) or error
     code = getattr(orig, "sqlite_errorcode", None)  # the extended code: BUSY_SNAPSHOT too
     return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def sqlite_memory_bytes() -> int | None:
+    """Return the bytes SQLite's library holds in this process (page caches, statements),
+    all connections together; None where the symbol cannot be reached."""
+    try:
+        # Through the sqlite3 module's own extension: the library instance it links, not
+        # a second copy loaded beside it.
+        import _sqlite3
+
+        fn = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int64
+    fn.argtypes = ()
+    return int(fn())
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

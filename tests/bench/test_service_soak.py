@@ -163,14 +163,19 @@ def test_rss_floors_are_fitted_beside_the_minute_end_readings(tmp_path: Path) ->
 class _Svc:
     """The recorder's view of a service: RSS readings in turn, no metrics."""
 
-    def __init__(self, readings: list[tuple[int, int | None]]) -> None:
+    def __init__(self, readings: list[tuple[int, int | None]],
+                 worker_text: str = "") -> None:
         self.readings = readings
+        self.worker_text = worker_text  # the worker's /metrics exposition
 
     def rss(self) -> tuple[int, int | None]:
         return self.readings.pop(0)
 
     def metrics(self) -> dict[str, object]:
         return {}
+
+    def worker_metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return parse_metrics(self.worker_text)
 
 
 def test_the_recorder_keeps_each_minutes_lowest_rss() -> None:
@@ -191,6 +196,34 @@ def test_the_recorder_keeps_each_minutes_lowest_rss() -> None:
     assert (row.serve_rss_mb, row.worker_rss_mb) == (710.0, 151.0)  # the minute's end
     assert (row.serve_rss_floor_mb, row.worker_rss_floor_mb) == (640.0, 149.0)
     assert rec.floor == (None, None)  # the next minute starts afresh
+    assert (row.worker_sqlite_mb, row.worker_malloc_mb) == (None, None)  # not exported
+
+
+def test_the_worker_heaps_come_from_its_metrics_and_are_fitted(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from monitor.metrics import Metrics, ProcessMemoryCollector
+
+    class Quiet:
+        def drain(self) -> list[object]:
+            return []
+
+        def deliveries(self) -> list[object]:
+            return []
+
+    registry = CollectorRegistry()
+    ProcessMemoryCollector(Metrics(registry), heaps=lambda: [
+        ("rss", 150_000_000), ("sqlite", 12_345_678), ("malloc_in_use", 40_000_000)])
+    svc = _Svc([(700_000_000, 150_000_000)], generate_latest(registry).decode())
+    row = Recorder(svc, Quiet(), Quiet(), ready=0.0).row(1)  # type: ignore[arg-type]
+    assert (row.worker_sqlite_mb, row.worker_malloc_mb) == (12.3, 40.0)
+    # The summary fits them after the warm-up: SQLite's caches +6 MB/h here.
+    path = tmp_path / "soak.csv"
+    for m in range(1, 91):
+        write_row(path, _row(m, worker_sqlite_mb=2.0 + m / 10, worker_malloc_mb=40.0))
+    lines = summarize(read_rows(path)).lines()
+    assert lines[-4] == ("worker's heaps after 30 min: sqlite 5.0 -> 11.0 MB (+6.0 MB/h), "
+                         "malloc in use 40.0 -> 40.0 MB (+0.0 MB/h)")
 
 
 def test_summarize_reads_a_run_in_progress(tmp_path: Path,

@@ -238,6 +238,33 @@ def test_metrics_endpoint_serves_the_apps_registry(client: TestClient) -> None:
     assert "tailwatch_engine_ready 1.0" in r.text
 
 
+def test_the_serving_process_exports_its_memory_and_the_heaps_in_it(client: TestClient) -> None:
+    import sqlite3
+
+    from storage.db import sqlite_memory_bytes
+
+    client.post("/v1/generate", json={"text": "hello river"})
+    text = client.get("/metrics").text
+    for kind in ("rss", "sqlite", "malloc_in_use", "malloc_free"):
+        assert f'tailwatch_process_memory_bytes{{kind="{kind}"}}' in text
+    # SQLite's figure is the library the sqlite3 module links: a page cache it fills shows.
+    before = sqlite_memory_bytes()
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (x TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [("x" * 100,) for _ in range(20_000)])
+    assert sqlite_memory_bytes() > before + 1_000_000
+    conn.close()
+
+
+def test_process_memory_leaves_out_what_the_platform_cannot_tell() -> None:
+    from monitor.metrics import ProcessMemoryCollector
+
+    registry = CollectorRegistry()
+    ProcessMemoryCollector(Metrics(registry), heaps=lambda: [("rss", 5), ("sqlite", None)])
+    assert registry.get_sample_value("tailwatch_process_memory_bytes", {"kind": "rss"}) == 5
+    assert registry.get_sample_value("tailwatch_process_memory_bytes", {"kind": "sqlite"}) is None
+
+
 def test_engine_collector_reads_the_batching_scheduler() -> None:
     from engine.protocol import STEP_SECONDS_EDGES, BatchSnapshot
 

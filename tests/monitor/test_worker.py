@@ -74,6 +74,10 @@ def test_the_worker_runs_the_analysis_jobs_and_reports_them(migrated_url: str) -
         assert get("tailwatch_job_failures_total", evaluate) == 0
         assert 'tailwatch_job_duration_seconds_bucket{le="0.001",scheduled_job="evaluate"}' \
             in r.text
+        # The worker's own memory: its RSS and the SQLite caches its evaluations filled.
+        assert get("tailwatch_process_memory_bytes", {"kind": "rss"}) > 10e6
+        if migrated_url.startswith("sqlite"):
+            assert get("tailwatch_process_memory_bytes", {"kind": "sqlite"}) > 0
         assert httpx.get(f"http://127.0.0.1:{w.port}/nope", timeout=5.0).status_code == 404
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{w.port}/healthz", timeout=2.0)
