@@ -61,12 +61,12 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, case, func, select
 
 from bench.service import (
     Answer,
@@ -81,6 +81,7 @@ from monitor.loopback import WebhookReceiver
 from monitor.settings import Settings, check_keys
 from storage.db import make_engine, make_sessionmaker
 from storage.migrate import upgrade
+from storage.models import ProbeResult, ProbeRun
 from storage.queries.speedups import PairRecord, load_pairs, median_ci
 from storage.synthetic import simulate
 from vocab import Variant
@@ -100,6 +101,9 @@ class Block:
     cycles: int  # canary cycles with both arms
     windows: tuple[Window, ...]  # the burst's window(s)
     burst: str  # the burst probe's outcome as the API answered it
+    # bucket -> the optimized canaries' decoding: (speculative share of results, mean
+    # draft length k): what the engine chose in this process, which moves its ratio.
+    decoding: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,23 @@ def intervals(samples: Mapping[str, Sequence[float]]
     """Return bucket -> the 95% confidence interval of its median (None: under 6 ratios)."""
     return {b: median_ci(v)[1:]
             for b, v in sorted(samples.items(), key=lambda kv: int(kv[0])) if v}
+
+
+def read_decoding(engine: Engine, instance_id: str = INSTANCE
+                  ) -> dict[str, tuple[float, float]]:
+    """Return bucket -> (speculative share, mean draft length) of the optimized canaries."""
+    r = ProbeResult
+    stmt = (select(r.bucket, func.count(), func.sum(case((r.decoding == "speculative", 1),
+                                                         else_=0)),
+                   func.sum(r.drafts), func.sum(r.draft_tokens))
+            .join(ProbeRun, ProbeRun.id == r.run_id)
+            .where(ProbeRun.kind == "cycle", ProbeRun.instance_id == instance_id,
+                   r.variant == Variant.OPTIMIZED)
+            .group_by(r.bucket))
+    with make_sessionmaker(engine)() as s:
+        rows = s.execute(stmt).all()
+    return {b: (spec / n if n else 0.0, tokens / drafts if drafts else 0.0)
+            for b, n, spec, drafts, tokens in sorted(rows, key=lambda row: int(row[0]))}
 
 
 def read_samples(engine: Engine, instance_id: str = INSTANCE
@@ -372,11 +393,15 @@ def run_block(label: str, arm: str, folder: Path, plan: Plan) -> Block:
     db = make_engine(url)
     try:
         samples, cycles = read_samples(db)
+        decoding = read_decoding(db)
     finally:
         db.dispose()
     block = Block(arm=arm, answers=answers, samples=samples, cycles=cycles, windows=windows,
-                  burst=burst)
+                  burst=burst, decoding=decoding)
     report(label, measure(arm, [block]))
+    print(f"{label}: optimized canaries' decoding, speculative share / mean k: "
+          + ", ".join(f"{b} {share:.0%}/{k:.1f}" for b, (share, k) in decoding.items()),
+          flush=True)
     return block
 
 

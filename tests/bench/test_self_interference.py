@@ -37,6 +37,7 @@ from bench.self_interference import (
     measure,
     medians,
     parse_sets,
+    read_decoding,
     read_samples,
     spread_line,
 )
@@ -97,8 +98,11 @@ def test_ratios_pair_each_prompts_optimized_request_with_its_direct_arm(
         _cycle(s, 2, "bench", {"16": [{"optimized": 0.500}]})  # no arms: not paired
         _cycle(s, 3, "sim-1", {"16": [{"optimized": 0.900, "direct": 0.001}]})  # history
     samples, cycles = read_samples(db)
+    decoding = read_decoding(db)
     db.dispose()
     assert cycles == 2
+    # What the engine chose for the optimized canaries: all speculative, 4 tokens a draft.
+    assert decoding == {"16": (1.0, 4.0), "32": (1.0, 4.0)}
     assert samples == {"16": pytest.approx([2.0, 4.0, 3.0]), "32": pytest.approx([1.0])}
     # The median as the speedups take it: the middle one, or the geometric mean of two.
     assert medians(samples) == {"16": pytest.approx(3.0), "32": pytest.approx(1.0)}
@@ -228,6 +232,8 @@ def test_a_tiny_run_goes_through_every_block(tmp_path: Path,
     labels = [line.split(":")[0] for line in lines if line.startswith("block ")]
     assert list(dict.fromkeys(labels)) == ["block 1/2 empty", "block 2/2 history"], lines
     assert "rows of history (0.01 days x 1 replicas)" in "\n".join(lines)
+    assert [line.split(":")[0] for line in lines if "optimized canaries' decoding" in line] \
+        == ["block 1/2 empty", "block 2/2 history"]
     assert any(line.startswith("empty (1 blocks): ") for line in lines)
     assert any(line.startswith("history (1 blocks): ") for line in lines)
     assert lines[-3].startswith("between blocks of one arm: "), lines[-3]
