@@ -46,17 +46,20 @@ class Stored:
 
     def __init__(self, text: str | None) -> None:
         self._text = text
-        self._data: Mapping[str, Any] | None = None
+        self._data: Sketch | None = None
 
     @property
-    def data(self) -> Mapping[str, Any] | None:
+    def data(self) -> Sketch | None:
         """Return the decoded sketch (None when stored as NULL)."""
         if self._data is None and self._text is not None:
-            self._data = json.loads(self._text)
+            # Kept as a Sketch (integer bins), and the text dropped: an evaluation holds
+            # every row of its windows at once, and the worker's RSS keeps its peak
+            # (CPython's arenas); the decoded JSON, string keys and all, was its largest part.
+            self._data, self._text = Sketch.from_json(json.loads(self._text)), None
         return self._data
 
 
-def _sketch(row: Row, field: str) -> Mapping[str, Any] | None:
+def _sketch(row: Row, field: str) -> Sketch | Mapping[str, Any] | None:
     """Return the stored sketch of `field` in `row` (rows read lazily hold `Stored`)."""
     v = row.values.get(field)
     return v.data if isinstance(v, Stored) else v
@@ -271,10 +274,25 @@ def plan_rules(cache: RowCache, rules: Iterable[Rule], now: datetime) -> None:
             cache.plan(kind, first - (rule.pool_cycles - 1) * step, first, optional=True)
 
 
+def _shared_labels() -> Callable[..., Mapping[str, str]]:
+    """Return a maker of label mappings that hands out one mapping per distinct labels:
+    a window's thousands of rows carry a few dozen label sets (never mutated)."""
+    made: dict[tuple[str, ...], Mapping[str, str]] = {}
+
+    def labels(bucket: str, path: str, decoding: str, instance: str) -> Mapping[str, str]:
+        key = (bucket, path, decoding, instance)
+        out = made.get(key)
+        if out is None:
+            out = made[key] = {"bucket": bucket, "path": path, "decoding": decoding,
+                               "instance": instance}
+        return out
+    return labels
+
+
 def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    labels = _shared_labels()
     out = [
-        Row(r.at, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding,
-                   "instance": r.instance_id},
+        Row(r.at, labels(r.bucket, r.path, r.decoding, r.instance_id),
             {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
              "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
              "lat_sketch": Stored(r.latency_sketch), "ttft_sketch": Stored(r.ttft_sketch),
@@ -291,9 +309,9 @@ def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
 
 
 def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    labels = _shared_labels()
     return [
-        Row(r.minute, {"bucket": r.bucket, "path": r.path, "decoding": r.decoding,
-                       "instance": r.instance_id},
+        Row(r.minute, labels(r.bucket, r.path, r.decoding, r.instance_id),
             {"requests": r.requests, "errors": r.errors, "rejections": r.rejections,
              "overflow": r.overflow, "latency_sum": r.latency_sum_s,
              "lat_sketch": Stored(r.latency_sketch), "ttft_sketch": Stored(r.ttft_sketch),

@@ -44,7 +44,10 @@ from storage.writer import Writer
 
 START = datetime(2026, 1, 12, 9, 30, tzinfo=UTC)  # half an hour before an hour boundary
 CYCLE_S = 10
-REQUESTS_PER_CYCLE = 20  # real requests recorded per cycle (traffic rollups)
+# Real requests' input lengths in words, one per bucket in turn (the soak draws its
+# buckets uniformly): every bucket's traffic series fills, as in the service.
+TRAFFIC_WORDS = (3, 6, 12, 24, 48)
+PHRASE = "the river runs past the house and the hill behind it "
 INTERVALS_S = {"evaluate": 10, "delivery": 10, "sensitivity": 300, "retention": 3600,
                "memory_trim": 60}
 
@@ -107,7 +110,7 @@ def _ok(request: httpx.Request) -> httpx.Response:
 class Replay:
     """The serving side's writes and the worker's jobs on one simulated clock."""
 
-    def __init__(self, folder: Path, *, trim: bool = True) -> None:
+    def __init__(self, folder: Path, *, trim: bool = True, rate: float = 10.0) -> None:
         url = f"sqlite:///{folder / 'replay.db'}"
         migrate.upgrade(url)
         self.settings = Settings(database_url=url, instance_id="replay",
@@ -133,14 +136,18 @@ class Replay:
         self.jobs = {**analysis_jobs(parts),
                      **process_jobs(malloc.trim if trim else lambda: False)}
         self.step = 0
+        self.requests_per_cycle = round(rate * CYCLE_S)
+        words = PHRASE.split()
+        self.texts = [" ".join(words[i % len(words)] for i in range(n)) for n in TRAFFIC_WORDS]
         self.trace_jobs: set[str] = set()  # jobs traced on their own (evaluate: on the hour)
+        self.trace_every_s = 3600  # how often a traced evaluate is traced
         self.peaks: dict[str, float] = {}  # job -> its largest Python heap rise (MB), traced
 
     def serve_cycle(self) -> None:
         """Store one probe cycle and a cycle's real requests (the serving process's writes)."""
         self.prober.run_cycle()
-        for i in range(REQUESTS_PER_CYCLE):
-            self.traffic.record(self.engine.generate("the river runs past the house " * (i % 4 + 1)))
+        for i in range(self.requests_per_cycle):
+            self.traffic.record(self.engine.generate(self.texts[i % len(self.texts)]))
         if self.step % 2 == 0:  # every 20 s: close to the shipped 15 s flush
             # As the serving process's flush job does: its compile bookkeeping too (the
             # prober holds the cycles' compile deltas until this claims them).
@@ -160,7 +167,7 @@ class Replay:
 
     def _run(self, name: str) -> None:
         if name in self.trace_jobs and not tracemalloc.is_tracing() and (
-                name != "evaluate" or self.clock.at.timestamp() % 3600 == 0):
+                name != "evaluate" or self.clock.at.timestamp() % self.trace_every_s == 0):
             self._traced(name)
             return
         if not tracemalloc.is_tracing():
@@ -211,12 +218,16 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=4.0)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--no-trace", action="store_true")
+    parser.add_argument("--rate", type=float, default=10.0,
+                        help="real requests per second recorded (the soak's 10)")
     parser.add_argument("--since", type=float, default=1.0,
                         help="simulated hour from which growth is measured")
     parser.add_argument("--every", type=float, default=30.0,
                         help="simulated minutes between printed rows")
     parser.add_argument("--no-trim", action="store_true",
                         help="leave out the worker's memory_trim job (every 60 s)")
+    parser.add_argument("--trace-every", type=float, default=60.0,
+                        help="simulated minutes between traced evaluations (--trace-jobs)")
     parser.add_argument("--trace-jobs", default="",
                         help="comma-separated jobs to trace one run at a time (implies --no-trace)")
     args = parser.parse_args()
@@ -225,8 +236,9 @@ def main() -> None:
         tracemalloc.start(8)
     per_hour = 3600 // CYCLE_S
     with tempfile.TemporaryDirectory() as tmp:
-        replay = Replay(Path(tmp), trim=not args.no_trim)
+        replay = Replay(Path(tmp), trim=not args.no_trim, rate=args.rate)
         replay.trace_jobs = {j for j in args.trace_jobs.split(",") if j}
+        replay.trace_every_s = round(args.trace_every * 60)
         rows: list[tuple[float, float, float]] = []
         first: tracemalloc.Snapshot | None = None
         types0: Counter[str] | None = None

@@ -22,6 +22,7 @@ from functools import partial
 
 from sqlalchemy.orm import Session
 
+from engine.errors import Overloaded
 from engine.protocol import REFERENCE, Engine, GenerateResult
 from probes.quality import Compared, compare, prompt_key, summarize
 from probes.reference import agreement_row
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SamplerStats:
-    """Counters since start: offered (drawn into the sample), replayed, dropped (queue full
-    or closed), failed (the reference call raised)."""
+    """Counters since start: offered (drawn into the sample), replayed, dropped (queue full,
+    closed, or the replay shed by admission for real traffic), failed (the reference call
+    raised otherwise)."""
 
     offered: int
     replayed: int
@@ -124,6 +126,12 @@ class TrafficSampler:
                 return
             try:
                 self._replay(item)
+            except Overloaded as e:
+                # Synthetic load is shed first by design: a replay refused while real
+                # requests wait is dropped, not a failure (no traceback per refusal).
+                log.debug("reference replay shed: %s", e)
+                with self._lock:
+                    self._dropped += 1
             except Exception:  # noqa: BLE001 - one failed replay must not stop the worker
                 log.warning("reference replay failed", exc_info=True)
                 with self._lock:

@@ -160,11 +160,14 @@ class Sketch:
         return self.count
 
 
-def merged(items: Iterable[Mapping[str, Any] | None]) -> Sketch:
-    """Return the merge of stored sketches."""
+def merged(items: Iterable[Sketch | Mapping[str, Any] | None]) -> Sketch:
+    """Return the merge of sketches, stored (JSON) or decoded."""
     s = Sketch()
     for data in items:
-        s.merge_json(data)
+        if isinstance(data, Sketch):
+            s.merge(data)
+        else:
+            s.merge_json(data)
     return s
 
 

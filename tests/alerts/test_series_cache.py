@@ -59,3 +59,42 @@ def test_planned_reads_match_per_window_reads_in_one_query_per_kind(
     # The window, then once the older cycles pooled quantiles reach back for; canary: also
     # the late read.
     assert len(traffic) == 2 and len(canary) == 3, (len(traffic), len(canary))
+
+
+def test_rows_held_share_their_labels_and_keep_sketches_decoded_not_as_text(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """An evaluation holds every row of its windows at once, and the worker keeps its peak:
+    a row's labels are one mapping per distinct label set, and a sketch, once read, is
+    held as a Sketch, its stored JSON text let go."""
+    import json
+
+    from alerts.series import Stored, _sketch
+    from storage.sketches import Sketch, merged
+
+    with sessionmaker.begin() as s:
+        for i in range(6):
+            at = T0 + timedelta(minutes=i)
+            add_cycle(s, at + timedelta(seconds=2), {"16": 0.05 + i / 1e3, "64": 0.1})
+            add_traffic(s, at, "64", requests=3)
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        canary = cache.rows("canary", T0, T0 + timedelta(minutes=6))
+        traffic = cache.rows("traffic", T0, T0 + timedelta(minutes=6))
+        for rows in (canary, traffic):
+            by_labels: dict[tuple[tuple[str, str], ...], set[int]] = {}
+            for r in rows:
+                by_labels.setdefault(tuple(sorted(r.labels.items())), set()).add(id(r.labels))
+            assert len(rows) > len(by_labels)
+            assert all(len(ids) == 1 for ids in by_labels.values())
+        row = next(r for r in canary if r.labels["bucket"] == "16")
+        stored = row.values["lat_sketch"]
+        assert isinstance(stored, Stored)
+        text = stored._text
+        assert text is not None
+        got = _sketch(row, "lat_sketch")
+        assert isinstance(got, Sketch) and stored._text is None
+        want = Sketch.from_json(json.loads(text))
+        assert (got.count, got.zeros, got.bins) == (want.count, want.zeros, want.bins)
+        # Merged as the JSON form merges, and the held sketch is left as it was.
+        both = merged([got, json.loads(text)])
+        assert both.count == 2 * want.count and got.count == want.count

@@ -6,6 +6,7 @@ import random
 import threading
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -89,5 +90,42 @@ def test_sample_share_draws_from_the_rng() -> None:
         result = engine.generate("river")
         taken = sum(sampler.offer(engine, "river", None, result) for _ in range(400))
         assert 60 <= taken <= 140
+    finally:
+        sampler.close()
+
+
+def test_a_replay_shed_for_real_traffic_is_dropped_not_failed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Synthetic load is shed first by design: a replay refused by admission while real
+    requests wait is counted dropped and logs no traceback; other errors still fail."""
+    import logging
+
+    from engine.errors import Overloaded
+
+    class Refusing(FakeEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.error: Exception = Overloaded("synthetic request refused: 1 real requests "
+                                               "waiting", retry_after_s=0.1)
+
+        def generate(self, text: str, *, override: FlagOverride | None = None,
+                     **kw: Any) -> GenerateResult:
+            if override == REFERENCE:
+                raise self.error
+            return super().generate(text, override=override, **kw)
+
+    engine = Refusing()
+    sampler = TrafficSampler(None, share=1.0, queue_max=10, instance_id="a",
+                             rng=random.Random(0))
+    try:
+        with caplog.at_level(logging.WARNING, logger="probes.sampler"):
+            assert sampler.offer(engine, "river", None, engine.generate("river"))
+            wait_for(lambda: sampler.stats.dropped == 1, what="the shed replay")
+            assert sampler.stats.failed == 0 and not caplog.records
+            engine.error = RuntimeError("reference path broke")
+            assert sampler.offer(engine, "river", None, engine.generate("river"))
+            wait_for(lambda: sampler.stats.failed == 1, what="the failed replay")
+        assert sampler.stats.dropped == 1
+        assert [r.getMessage() for r in caplog.records] == ["reference replay failed"]
     finally:
         sampler.close()
