@@ -103,6 +103,7 @@ class Row:
     # SQLite's page caches and glibc malloc's blocks in use.
     worker_sqlite_mb: float | None = None
     worker_malloc_mb: float | None = None
+    error_statuses: str | None = None  # the minute's errors by status, "0:2 504:1" (0: no answer)
 
 
 COLUMNS = [f.name for f in fields(Row)]
@@ -145,6 +146,7 @@ class Answers:
     p50_ms: float | None  # of the 200s, client-side
     p99_ms: float | None
     rejected_in_bursts: int  # 429s to requests due within a burst window
+    error_statuses: str = ""  # the errors by status, "0:2 504:1" (0: no answer)
 
 
 def paged_rules(payload: Any) -> list[str]:
@@ -170,11 +172,13 @@ def answer_counts(answers: Sequence[Answer], bursts: Sequence[Window] = ()) -> A
     ok = [a.latency_s * 1e3 for a in answers if a.status == 200]
     refused = [a for a in answers if a.status == 429]
     during = sum(any(lo <= a.due <= hi for lo, hi in bursts) for a in refused)
+    errors = Counter(a.status for a in answers if a.status not in (200, 429))
     return Answers(ok=len(ok), rejected_429=len(refused),
-                   errors=len(answers) - len(ok) - len(refused),
+                   errors=sum(errors.values()),
                    p50_ms=round(percentile(ok, 0.5), 1) if ok else None,
                    p99_ms=round(percentile(ok, 0.99), 1) if ok else None,
-                   rejected_in_bursts=during)
+                   rejected_in_bursts=during,
+                   error_statuses=" ".join(f"{k}:{n}" for k, n in sorted(errors.items())))
 
 
 def burst_windows(samples: Samples) -> set[Window]:
@@ -260,6 +264,7 @@ class Summary:
     # The worker's SQLite caches and malloc in use after the warm-up: (first, last) MB and
     # MB/h (None: the run's worker did not export them).
     worker_heaps: dict[str, tuple[float, float, float | None]] = field(default_factory=dict)
+    error_statuses: dict[int, int] = field(default_factory=dict)  # status (0: none) -> errors
 
     @property
     def expected_in_bursts(self) -> float:
@@ -285,7 +290,8 @@ class Summary:
                       "rules page on that, rightly)"] if share > SATURATED_SHARE else [])
         return [*saturated,
             f"minutes: {self.minutes}; real requests: {self.ok} ok, {self.rejected_429} "
-            f"answered 429, {self.errors} other errors; probe cycles {self.probe_cycles}, "
+            f"answered 429, {self.errors} other errors{_statuses(self.error_statuses)}; "
+            f"probe cycles {self.probe_cycles}, "
             f"bursts {self.bursts}",
             f"notifications: {self.firing} firing ({self.pages} pages{_rules(self.page_rules)}), "
             f"{self.resolved} "
@@ -309,6 +315,22 @@ class Summary:
             f"{self.expected_in_bursts:.1f} expected there at the other 429s' rate; "
             "target 0)",
         ]
+
+
+def _statuses(counts: dict[int, int]) -> str:
+    if not counts:
+        return ""
+    return " (" + ", ".join(f"{n} {'no answer' if k == 0 else k}"
+                            for k, n in sorted(counts.items())) + ")"
+
+
+def _error_statuses(rows: Sequence[Row]) -> dict[int, int]:
+    out: Counter[int] = Counter()
+    for r in rows:
+        for item in (r.error_statuses or "").split():
+            status, n = item.split(":")
+            out[int(status)] += int(n)
+    return dict(out)
 
 
 def _rules(counts: dict[str, int]) -> str:
@@ -358,6 +380,7 @@ def summarize(rows: Sequence[Row],
         first_hour_rules=dict(rules),
         page_rules=dict(every),
         worker_heaps=_heaps(warm),
+        error_statuses=_error_statuses(rows),
     )
 
 
@@ -455,6 +478,7 @@ class Recorder:
             serve_rss_mb=round(serve_rss / 1e6, 1),
             worker_rss_mb=None if worker_rss is None else round(worker_rss / 1e6, 1),
             ok=answers.ok, rejected_429=answers.rejected_429, errors=answers.errors,
+            error_statuses=answers.error_statuses or None,
             p50_ms=answers.p50_ms, p99_ms=answers.p99_ms,
             real_refused=int(now["real_refused"]),
             synthetic_refused=int(now["synthetic_refused"]),

@@ -85,6 +85,13 @@ def test_a_minute_of_answers_counts_429s_apart_and_those_due_during_a_burst() ->
     assert (got.ok, got.rejected_429, got.errors, got.rejected_in_bursts) == (100, 3, 2, 2)
     assert got.p50_ms == pytest.approx(500.0)
     assert got.p99_ms == pytest.approx(990.0)
+    # The errors by status, kept in the row and summed in the summary: what they were.
+    assert got.error_statuses == "0:1 503:1"
+    rows = [_row(1, errors=2, error_statuses=got.error_statuses),
+            _row(2, errors=1, error_statuses="503:1"), _row(3)]
+    assert summarize(rows).lines()[0].startswith(
+        "minutes: 3; real requests: ")
+    assert "3 other errors (1 no answer, 2 503); " in summarize(rows).lines()[0]
 
 
 def test_burst_windows_come_from_the_services_probe_gauges() -> None:
