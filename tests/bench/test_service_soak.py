@@ -167,6 +167,16 @@ def test_rss_floors_are_fitted_beside_the_minute_end_readings(tmp_path: Path) ->
     assert old.floor_mb_per_h == (None, None) and "floors" not in old.lines()[-3]
 
 
+class _Quiet:
+    """No traffic answers and no webhook deliveries (the recorder's other two sources)."""
+
+    def drain(self) -> list[object]:
+        return []
+
+    def deliveries(self) -> list[object]:
+        return []
+
+
 class _Svc:
     """The recorder's view of a service: RSS readings in turn, no metrics."""
 
@@ -186,17 +196,9 @@ class _Svc:
 
 
 def test_the_recorder_keeps_each_minutes_lowest_rss() -> None:
-    class Traffic:
-        def drain(self) -> list[object]:
-            return []
-
-    class Receiver:
-        def deliveries(self) -> list[object]:
-            return []
-
     svc = _Svc([(700_000_000, 150_000_000), (640_000_000, None), (690_000_000, 149_000_000),
                 (710_000_000, 151_000_000)])
-    rec = Recorder(svc, Receiver(), Traffic(), ready=0.0)  # type: ignore[arg-type]
+    rec = Recorder(svc, _Quiet(), _Quiet(), ready=0.0)  # type: ignore[arg-type]
     for _ in range(3):
         rec.sample_rss()
     row = rec.row(1)
@@ -211,18 +213,11 @@ def test_the_worker_heaps_come_from_its_metrics_and_are_fitted(tmp_path: Path) -
 
     from monitor.metrics import Metrics, ProcessMemoryCollector
 
-    class Quiet:
-        def drain(self) -> list[object]:
-            return []
-
-        def deliveries(self) -> list[object]:
-            return []
-
     registry = CollectorRegistry()
     ProcessMemoryCollector(Metrics(registry), heaps=lambda: [
         ("rss", 150_000_000), ("sqlite", 12_345_678), ("malloc_in_use", 40_000_000)])
     svc = _Svc([(700_000_000, 150_000_000)], generate_latest(registry).decode())
-    row = Recorder(svc, Quiet(), Quiet(), ready=0.0).row(1)  # type: ignore[arg-type]
+    row = Recorder(svc, _Quiet(), _Quiet(), ready=0.0).row(1)  # type: ignore[arg-type]
     assert (row.worker_sqlite_mb, row.worker_malloc_mb) == (12.3, 40.0)
     # The summary fits them after the warm-up: SQLite's caches +6 MB/h here.
     path = tmp_path / "soak.csv"
@@ -286,15 +281,8 @@ def test_the_recorder_takes_the_armed_time_from_the_services_baselines() -> None
             self.asked.append(bool(params["include_inactive"]))
             return self.active + (self.inactive if params["include_inactive"] else [])
 
-    class Quiet:
-        def drain(self) -> list[object]:
-            return []
-
-        def deliveries(self) -> list[object]:
-            return []
-
     svc = Svc()
-    rec = Recorder(svc, Quiet(), Quiet(), ready=0.0, rules=rules)  # type: ignore[arg-type]
+    rec = Recorder(svc, _Quiet(), _Quiet(), ready=0.0, rules=rules)  # type: ignore[arg-type]
     rec.poll_arming()
     assert rec.armed is None and svc.asked == [False]
     svc.get = _refused  # type: ignore[method-assign,assignment]  # fails: asked again later
