@@ -16,11 +16,22 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter number
 DEFAULT_ARENAS = 2
+
+
+def _glibc(name: str) -> Any | None:
+    """Return glibc's function `name` (None: not Linux, not glibc, or too old to have it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
 
 
 def limit_arenas(arenas: int = DEFAULT_ARENAS, *,
@@ -29,12 +40,10 @@ def limit_arenas(arenas: int = DEFAULT_ARENAS, *,
     the cap was set (False: not glibc, or the environment decides)."""
     if arenas < 1:
         raise ValueError(f"arenas: must be >= 1, got {arenas}")
-    if "MALLOC_ARENA_MAX" in environ or not sys.platform.startswith("linux"):
+    if "MALLOC_ARENA_MAX" in environ:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: no glibc arenas to bound
+    mallopt = _glibc("mallopt")
+    if mallopt is None:  # musl and others: no glibc arenas to bound
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     ok = bool(mallopt(M_ARENA_MAX, arenas))
@@ -52,11 +61,8 @@ class _MallInfo2(ctypes.Structure):
 def usage() -> tuple[int, int] | None:
     """Return glibc malloc's bytes (in use, free but kept by its arenas); None: not glibc
     2.33+ (no mallinfo2)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    fn = _glibc("mallinfo2")
+    if fn is None:
         return None
     fn.restype = _MallInfo2
     info = fn()
@@ -67,11 +73,8 @@ def usage() -> tuple[int, int] | None:
 def trim() -> bool:
     """Return freed heap pages to the system (glibc's malloc_trim); return whether any
     were (False: not glibc, or nothing to return)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fn = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+    fn = _glibc("malloc_trim")
+    if fn is None:
         return False
     fn.argtypes = (ctypes.c_size_t,)
     return bool(fn(0))
