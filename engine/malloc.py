@@ -12,6 +12,7 @@ itself, always wins.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter number
 DEFAULT_ARENAS = 2
 
 
+@functools.cache  # looked up once: usage() runs at every metrics scrape
 def _glibc(name: str) -> Any | None:
     """Return glibc's function `name` (None: not Linux, not glibc, or too old to have it)."""
     if not sys.platform.startswith("linux"):

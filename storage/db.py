@@ -14,6 +14,7 @@ PostgreSQL.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import sqlite3
@@ -226,9 +227,8 @@ def is_locked(error: BaseException) -> bool:
     return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
-def sqlite_memory_bytes() -> int | None:
-    """Return the bytes SQLite's library holds in this process (page caches, statements),
-    all connections together; None where the symbol cannot be reached."""
+@functools.cache  # looked up once: the reading runs at every metrics scrape
+def _sqlite_memory_used() -> Any | None:
     try:
         # Through the sqlite3 module's own extension: the library instance it links, not
         # a second copy loaded beside it.
@@ -239,7 +239,14 @@ def sqlite_memory_bytes() -> int | None:
         return None
     fn.restype = ctypes.c_int64
     fn.argtypes = ()
-    return int(fn())
+    return fn
+
+
+def sqlite_memory_bytes() -> int | None:
+    """Return the bytes SQLite's library holds in this process (page caches, statements),
+    all connections together; None where the symbol cannot be reached."""
+    fn = _sqlite_memory_used()
+    return None if fn is None else int(fn())
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
