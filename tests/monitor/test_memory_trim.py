@@ -6,6 +6,7 @@ import ctypes
 import platform
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -109,9 +110,20 @@ def test_a_trim_returns_freed_heap_pages_that_no_heap_shrink_reaches() -> None:
     libc.free(pin)
 
 
-def test_without_glibc_a_trim_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def uncached_glibc() -> Iterator[None]:
+    # engine.malloc looks glibc's functions up once per process: a test that changes what
+    # the lookup finds starts from an empty cache and leaves one behind for the next.
+    malloc._glibc.cache_clear()
+    yield
+    malloc._glibc.cache_clear()
+
+
+def test_without_glibc_a_trim_does_nothing(monkeypatch: pytest.MonkeyPatch,
+                                           uncached_glibc: None) -> None:
     monkeypatch.setattr(sys, "platform", "darwin")
     assert malloc.trim() is False
+    malloc._glibc.cache_clear()
     monkeypatch.setattr(sys, "platform", "linux")
 
     def no_library(*args: object, **kwargs: object) -> object:
