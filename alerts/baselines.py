@@ -61,9 +61,10 @@ from alerts.series import (
     RowCache,
     cohort_series,
     cycle_start,
+    reach_back,
     read_slices,
     settled_end,
-    slice_bounds,
+    slice_caches,
 )
 from storage.models import Baseline, scope_key
 from storage.queries import baselines as baseline_queries
@@ -278,9 +279,10 @@ def _make_chunks(cache: RowCache, rules: Iterable[Rule], plan: Mapping[str, _Tod
             r.name: {} for r in group}
         failed: dict[str, Exception] = {}
         wanted = sorted({h for r in group for h in plan[r.name].hours})
+        reach = max(reach_back(r) for r in group)
         for run_start, run_end in _runs(wanted, hour):
-            for lo, hi in slice_bounds(run_start, run_end, window_s, CHUNK_SLICE_S):
-                part = RowCache(cache.session)  # dropped with the slice
+            for lo, hi, part in slice_caches(cache.session, run_start, run_end, window_s,
+                                             CHUNK_SLICE_S, reach):
                 for r in group:
                     mine = plan[r.name].hours
                     if r.name in failed or not any(lo < h + hour and h < hi for h in mine):

@@ -122,11 +122,16 @@ class RowCache:
     traffic reaches the database in rollup flushes (every `traffic_flush_interval_s`, per
     replica), so a minute read just after it ended lacks its last requests: judged then, a
     shift that began late in the minute read as a mild dip and went into the baseline.
+
+    carried: row kind -> rows the previous slice of a sliced read already loaded (`carry`),
+    handed out instead of read again.
     """
 
-    def __init__(self, session: Session, settle: Mapping[str, float] | None = None) -> None:
+    def __init__(self, session: Session, settle: Mapping[str, float] | None = None,
+                 carried: Mapping[str, _Span] | None = None) -> None:
         self.session = session
         self.settle = dict(settle or {})
+        self._carried = dict(carried or {})
         self.rows_read = 0  # rows loaded from the database: evaluation cost, for tests and bench
         self._cache: dict[tuple[str, datetime, datetime], list[Row]] = {}
         self._since: dict[Cohort, datetime] | None = None
@@ -159,26 +164,59 @@ class RowCache:
                 return self._planned_rows(kind, start, end, planned)
         key = (kind, start, end)
         if key not in self._cache:
-            # An instance's cohort is that of its latest run: look an hour further back.
-            m = cohort_map(self.session, start - timedelta(seconds=_HOUR), end)
-            self.rows_read += len(m.spans)
-            self._cache[key] = self._load(kind, start, end, m)
+            self._cache[key] = self._load(kind, start, end, self._map_of)
         return self._cache[key]
+
+    def _map_of(self, start: datetime, end: datetime) -> CohortMap:
+        # An instance's cohort is that of its latest run: look an hour further back.
+        m = cohort_map(self.session, start - timedelta(seconds=_HOUR), end)
+        self.rows_read += len(m.spans)
+        return m
+
+    def carry(self, since: datetime, end: datetime, reached: datetime) -> dict[str, _Span]:
+        """Return, per row kind, the rows held for [since, end) where this cache holds all
+        of that stretch and read back before `reached` (its slice's start): the pooled
+        reach-back of the next slice, which starts at `end`, reads them again otherwise.
+
+        Kinds that did not reach back (no cycle was short) are not carried: the next slice
+        would most likely not read them, and holding them would raise the slices' peak.
+        """
+        pieces: dict[str, list[tuple[datetime, datetime, list[Row]]]] = {}
+        for (kind, lo, hi), rows in self._cache.items():
+            pieces.setdefault(kind, []).append((lo, hi, rows))
+        for kind, span in self._spans.items():
+            pieces.setdefault(kind, []).append((span.lo, span.hi, span.rows))
+        out: dict[str, _Span] = {}
+        for kind, held in pieces.items():
+            if not any(lo < reached for lo, _, _ in held):
+                continue
+            lo, parts = end, []
+            while lo > since:  # back over contiguous reads, the one reaching furthest first
+                covering = [p for p in held if p[0] < lo <= p[1]]
+                if not covering:
+                    break
+                first, _, rows = min(covering, key=lambda p: p[0])
+                parts.append([r for r in rows if since <= r.at < lo])
+                lo = first
+            if lo > since:  # a gap: the next slice reads the stretch itself
+                continue
+            rows = [r for part in reversed(parts) for r in part]
+            out[kind] = _Span(since, end, rows, [r.at for r in rows])
+        return out
 
     def _planned_rows(self, kind: str, start: datetime, end: datetime,
                       planned: tuple[datetime, datetime]) -> list[Row]:
         span = self._spans.get(kind)
         if span is None:
             lo = planned[0] if start >= planned[0] else min(start, self._optional[kind])
-            rows = self._load(kind, lo, planned[1], self._cohorts(lo, planned[1]))
+            rows = self._load(kind, lo, planned[1], self._cohorts)
             span = self._spans[kind] = _Span(lo, planned[1], rows, [r.at for r in rows])
         elif start < span.lo:  # the optional stretch, all of it at once
             lo = min(start, self._optional.get(kind, start))
-            rows = self._load(kind, lo, span.lo, self._cohorts(lo, span.lo)) + span.rows
+            rows = self._load(kind, lo, span.lo, self._cohorts) + span.rows
             span = self._spans[kind] = _Span(lo, span.hi, rows, [r.at for r in rows])
         if end > span.hi:  # planned after the first read: load the rest
-            rows = span.rows + self._load(kind, span.hi, planned[1],
-                                          self._cohorts(span.hi, planned[1]))
+            rows = span.rows + self._load(kind, span.hi, planned[1], self._cohorts)
             span = self._spans[kind] = _Span(span.lo, planned[1], rows, [r.at for r in rows])
         return span.slice(start, end)
 
@@ -199,7 +237,19 @@ class RowCache:
         self.rows_read += len(m.spans)
         return m
 
-    def _load(self, kind: str, start: datetime, end: datetime, m: CohortMap) -> list[Row]:
+    def _load(self, kind: str, start: datetime, end: datetime,
+              cohorts: Callable[[datetime, datetime], CohortMap]) -> list[Row]:
+        """Return the rows of `kind` in [start, end): those carried from the previous
+        slice as they are, the rest read (tagged from `cohorts(start, end)`'s map)."""
+        span = self._carried.get(kind)
+        if span is None or end <= span.lo or start >= span.hi:
+            return self._read(kind, start, end, cohorts(start, end))
+        head = self._read(kind, start, span.lo, cohorts(start, span.lo)) \
+            if start < span.lo else []
+        tail = self._read(kind, span.hi, end, cohorts(span.hi, end)) if end > span.hi else []
+        return head + span.slice(max(start, span.lo), min(end, span.hi)) + tail
+
+    def _read(self, kind: str, start: datetime, end: datetime, m: CohortMap) -> list[Row]:
         rows = _LOADERS[kind](self.session, start, end)
         self.rows_read += len(rows)
         out = [Row(r.at, r.labels, r.values, m.cohort_of(r.labels["instance"], r.at))
@@ -426,9 +476,32 @@ def read_slices(rule: Rule, session: Session, start: datetime, end: datetime,
     borrows only from cohorts with rows in the same slice. No cycle is held back to
     settle: `end` is the caller's to choose (see `settled_end`).
     """
-    for lo, hi in slice_bounds(start, end, rule.window_s, slice_s):
-        cache = RowCache(session)  # dropped with the slice: its rows, groups and sketches
+    for lo, hi, cache in slice_caches(session, start, end, rule.window_s, slice_s,
+                                      reach_back(rule)):
         yield cohort_series(rule, cache, lo, hi), cache.rows_read
+
+
+def reach_back(rule: Rule) -> timedelta:
+    """Return how far before a window's first cycle `rule` may read (a pooled quantile's
+    older cycles)."""
+    if rule.metric not in _SKETCH_METRICS or rule.pool_cycles <= 1:
+        return timedelta(0)
+    return timedelta(seconds=rule.window_s) * (rule.pool_cycles - 1)
+
+
+def slice_caches(session: Session, start: datetime, end: datetime, window_s: float,
+                 slice_s: float, reach: timedelta) -> Iterator[tuple[datetime, datetime, RowCache]]:
+    """Yield each slice of [start, end) (`slice_bounds`) with a RowCache of its own, dropped
+    with the slice (its rows, groups and sketches); the rows a slice read within `reach`
+    of its end are carried into the next one's cache, whose pooled reach-back needs them.
+    """
+    carried: dict[str, _Span] | None = None
+    for lo, hi in slice_bounds(start, end, window_s, slice_s):
+        cache = RowCache(session, carried=carried)
+        carried = None
+        yield lo, hi, cache
+        if reach:
+            carried = cache.carry(hi - reach, hi, reached=lo)
 
 
 def slice_bounds(start: datetime, end: datetime, window_s: float,

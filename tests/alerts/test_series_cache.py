@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.rule_file import load_rules
 from alerts.rules import Point
-from alerts.series import RowCache, cohort_series, plan_rules
+from alerts.series import RowCache, cohort_series, plan_rules, reach_back, slice_caches
 from tests.alerts.builders import add_cycle, add_traffic
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -23,6 +23,12 @@ def _plain(out: Mapping[Any, Mapping[Any, list[Point]]]) -> dict[Any, Any]:
     return {k: {c: [(p.at, p.value, p.samples,
                      None if p.fresh is None else (p.fresh.count, p.fresh.bins))
                     for p in pts] for c, pts in per.items()} for k, per in out.items()}
+
+
+def _valued(out: Mapping[Any, Mapping[Any, list[Point]]]) -> dict[Any, Any]:
+    """Return `_plain` without the cycles that have no value."""
+    return {k: {c: [p for p in pts if p[1] is not None] for c, pts in per.items()}
+            for k, per in _plain(out).items()}
 
 
 def test_planned_reads_match_per_window_reads_in_one_query_per_kind(
@@ -98,3 +104,56 @@ def test_rows_held_share_their_labels_and_keep_sketches_decoded_not_as_text(
         # Merged as the JSON form merges, and the held sketch is left as it was.
         both = merged([got, json.loads(text)])
         assert both.count == 2 * want.count and got.count == want.count
+
+
+def test_sliced_reads_carry_the_pooled_reach_back_instead_of_reading_it_again(
+        sessionmaker: sessionmaker[Session]) -> None:
+    # 4 canaries a cycle: a p99 pools 25 cycles, so every 10-minute slice reaches back 29
+    # minutes; a rollout at minute 75 puts a cohort's first cycles inside a slice.
+    with sessionmaker.begin() as s:
+        for i in range(120):
+            add_cycle(s, T0 + timedelta(minutes=i, seconds=2), {"16": 0.05 + i / 1e4, "64": 0.1},
+                      model_version="m1" if i < 75 else "m2", count=4)
+    rule = {r.name: r for r in load_rules()}["p99_latency_regression"]
+    start, end = T0 + timedelta(minutes=40), T0 + timedelta(minutes=120)
+
+    def read(reach: timedelta) -> tuple[dict[Any, dict[Any, list[Point]]], int]:
+        out: dict[Any, dict[Any, list[Point]]] = {}
+        rows = 0
+        with sessionmaker() as s:
+            for lo, hi, cache in slice_caches(s, start, end, rule.window_s, 600.0, reach):
+                for labels, per in cohort_series(rule, cache, lo, hi).items():
+                    for cohort, pts in per.items():
+                        out.setdefault(labels, {}).setdefault(cohort, []).extend(pts)
+                rows += cache.rows_read
+        return out, rows
+
+    assert reach_back(rule) == timedelta(minutes=29)
+    carried, carried_rows = read(reach_back(rule))
+    again, again_rows = read(timedelta(0))  # each slice reads its reach-back itself
+    assert _plain(carried) == _plain(again)
+    assert any(p.samples > 4 for per in carried.values() for pts in per.values() for p in pts)
+    # 8 slices each read 29 minutes again (two buckets a minute); carried, the window and
+    # one reach-back are read once.
+    assert again_rows - carried_rows >= 7 * 2 * 20
+    assert carried_rows < 2 * (80 + 29) + 50  # plus the cohort maps' spans
+
+
+def test_a_slice_that_did_not_reach_back_carries_nothing(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        for i in range(-10, 10):
+            add_traffic(s, T0 + timedelta(minutes=i), "16")
+    lo, hi = T0, T0 + timedelta(minutes=10)
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        window = cache.rows("traffic", lo, hi)
+        # No cycle was short: the next slice most likely reads no reach-back either.
+        assert cache.carry(hi - timedelta(minutes=12), hi, reached=lo) == {}
+        before = cache.rows("traffic", lo - timedelta(minutes=5), lo)
+        carried = cache.carry(hi - timedelta(minutes=12), hi, reached=lo)["traffic"]
+        kept = [r for r in before if r.at >= hi - timedelta(minutes=12)] + window
+        assert len(kept) > len(window) and all(
+            a is b for a, b in zip(carried.rows, kept, strict=True))  # the rows read, not copies
+        # A stretch the cache did not read whole is read by the next slice itself.
+        assert cache.carry(hi - timedelta(minutes=16), hi, reached=lo) == {}
