@@ -139,6 +139,7 @@ class RowCache:
         self._optional: dict[str, datetime] = {}
         self._spans: dict[str, _Span] = {}
         self._map: tuple[datetime, datetime, CohortMap] | None = None  # see _cohorts
+        self._maps: dict[tuple[datetime, datetime], CohortMap] = {}  # see _map_of
         self._grouped: dict[tuple[Any, ...], dict[_Key, dict[datetime, list[Row]]]] = {}
         self._sketches: dict[tuple[Any, ...], dict[datetime, Sketch]] = {}
         self._once: dict[Hashable, object] = {}
@@ -168,9 +169,13 @@ class RowCache:
         return self._cache[key]
 
     def _map_of(self, start: datetime, end: datetime) -> CohortMap:
-        # An instance's cohort is that of its latest run: look an hour further back.
-        m = cohort_map(self.session, start - timedelta(seconds=_HOUR), end)
-        self.rows_read += len(m.spans)
+        # An instance's cohort is that of its latest run: look an hour further back. The
+        # row kinds of one window share its map (a slice reads each kind of one window).
+        m = self._maps.get((start, end))
+        if m is None:
+            m = self._maps[start, end] = cohort_map(
+                self.session, start - timedelta(seconds=_HOUR), end)
+            self.rows_read += len(m.spans)
         return m
 
     def carry(self, since: datetime, end: datetime, reached: datetime) -> dict[str, _Span]:

@@ -157,3 +157,21 @@ def test_a_slice_that_did_not_reach_back_carries_nothing(
             a is b for a, b in zip(carried.rows, kept, strict=True))  # the rows read, not copies
         # A stretch the cache did not read whole is read by the next slice itself.
         assert cache.carry(hi - timedelta(minutes=16), hi, reached=lo) == {}
+
+
+def test_the_row_kinds_of_one_slice_share_its_cohort_map(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        for i in range(10):
+            add_cycle(s, T0 + timedelta(minutes=i, seconds=2), {"16": 0.05})
+            add_traffic(s, T0 + timedelta(minutes=i), "16")
+    lo, hi = T0, T0 + timedelta(minutes=10)
+    statements: list[str] = []
+    with sessionmaker() as s:
+        cache = RowCache(s)
+        event.listen(s.get_bind(), "before_cursor_execute", lambda *a: statements.append(a[2]))
+        canary, traffic = cache.rows("canary", lo, hi), cache.rows("traffic", lo, hi)
+        cache.rows("traffic", lo - timedelta(minutes=5), lo)  # another window: its own map
+    assert canary and traffic and {r.cohort for r in canary + traffic} == {("m1", "c1")}
+    maps = [q for q in statements if "FROM probe_runs" in q and "GROUP BY" in q]
+    assert len(maps) == 2, statements
