@@ -19,7 +19,7 @@ from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from engine.errors import EngineError
+from engine.errors import EngineError, Overloaded
 from engine.protocol import REFERENCE, Engine
 from probes.cycle import CycleResult
 from probes.quality import Compared, compare, golden_match, prompt_key, summarize
@@ -75,6 +75,12 @@ class OutputChecker:
             try:
                 r = self.engine.generate(prompt, max_new_tokens=max_new_tokens, canary=True,
                                          override=REFERENCE, timeout_s=remaining)
+            except Overloaded as exc:
+                # Synthetic load is shed first by design: while real requests wait, the
+                # rest would be shed too. Not a failure; a later cycle generates them.
+                log.info("reference outputs: %d left for a later cycle (%s)",
+                         len(set(wanted) - set(self._refs)), exc)
+                break
             except EngineError as exc:  # retried on the next cycle
                 log.warning("reference output not generated: %s", exc)
                 continue

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine.errors import Overloaded
 from engine.protocol import REFERENCE, FlagOverride, GenerateResult
 from probes.prober import Prober
 from probes.quality import compare, prompt_key
@@ -16,7 +19,7 @@ from probes.reference import OutputChecker
 from storage.models import CanaryReference, OutputAgreement
 from storage.queries import quality as quality_queries
 from storage.writer import Writer
-from tests.probes.fakes import FakeEngine, placeholder_suites
+from tests.probes.fakes import FakeEngine, placeholder_suites, prompt_of
 from vocab import utcnow
 
 
@@ -121,7 +124,6 @@ def test_references_per_cohort_and_agreement_rows(sessionmaker: sessionmaker[Ses
 def test_golden_answers_are_counted_per_bucket_and_arm(
         sessionmaker: sessionmaker[Session], tmp_path: Any) -> None:
     from probes.canaries import load_suites_file
-    from tests.probes.fakes import prompt_of
 
     engine = FakeEngine(model_version="model-g")
     right = [prompt_of(10 - i, seed=i) for i in range(2)]  # bucket 16
@@ -152,3 +154,36 @@ def test_golden_answers_are_counted_per_bucket_and_arm(
     assert got[("64", "optimized")] == (0, 0)
     assert got[("16", "eager")] == (2, 2)  # A/B arms are checked too
     assert {g.bucket: g.golden_accuracy for g in prober.agreements}["32"] == 0.0
+
+
+class SheddingEngine(SpyEngine):
+    """Refuses reference-path requests (synthetic) while `waiting` real requests wait."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.waiting = 0
+        self.refused = 0
+
+    def generate(self, text: str, *, override: FlagOverride | None = None,
+                 **kw: Any) -> GenerateResult:
+        if override == REFERENCE and self.waiting:
+            self.refused += 1
+            raise Overloaded(f"synthetic request refused: {self.waiting} real requests waiting")
+        return super().generate(text, override=override, **kw)
+
+
+def test_references_shed_for_real_traffic_wait_for_a_later_cycle(
+        sessionmaker: sessionmaker[Session], caplog: pytest.LogCaptureFixture) -> None:
+    engine = SheddingEngine(model_version="model-s")
+    checker = OutputChecker(engine, sessions=sessionmaker)
+    prompts = [prompt_of(10 + i, seed=i) for i in range(4)]
+    engine.waiting = 2
+    with caplog.at_level(logging.INFO, logger="probes.reference"):
+        assert checker.references(("model-s", "c"), prompts, 16) == {}
+    # One refusal ends the cycle's attempts: the rest would be shed too, each a warning.
+    assert engine.refused == 1 and checker.generated == 0
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "4 left for a later cycle" in caplog.records[0].getMessage()
+    engine.waiting = 0
+    assert len(checker.references(("model-s", "c"), prompts, 16)) == 4
+    assert engine.reference_calls == 4
