@@ -20,7 +20,9 @@ engine's measured closed-loop one-caller throughput (its capacity with one decod
 from well below it upward (--rates); each request is sent by its own thread at its
 scheduled time and its latency runs from that scheduled time (no coordinated omission).
 A request's slowdown is its latency over the same input's unloaded latency on the same
-engine (the median of --unloaded-repeats requests sent one at a time). The p99 limit of an
+engine (the median of --unloaded-repeats requests sent one at a time); the p99 slowdown of
+--requests more sent one at a time, with no load at all, is printed as the floor the host's
+own jitter sets (where it is near 2, no rate can be within the limit). The p99 limit of an
 engine: the highest offered rate, sweeping upward until the first that fails, whose p99
 slowdown is <= 2 with no errors (where even the lowest rate is past it, half of it,
 down to an eighth); p50 / p99 latency and p99 slowdown at 50% and 80% of it.
@@ -110,6 +112,19 @@ def unloaded_latencies(call: Callable[[str], object], texts: Sequence[str],
             call(text)
             times[i].append(time.perf_counter() - t0)
     return [statistics.median(t) for t in times]
+
+
+def sequential_slowdown(call: Callable[[str], object], texts: Sequence[str], requests: int,
+                        unloaded: Sequence[float]) -> float:
+    """Return the p99 slowdown of `requests` requests sent one at a time, no load at all
+    (request i sends texts[i % len(texts)], as the open loop does): the floor that the
+    host's own jitter puts under every open-loop p99 slowdown."""
+    slowdowns = []
+    for i in range(requests):
+        t0 = time.perf_counter()
+        call(texts[i % len(texts)])
+        slowdowns.append((time.perf_counter() - t0) / unloaded[i % len(texts)])
+    return percentile(slowdowns, 0.99)
 
 
 def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
@@ -293,10 +308,12 @@ def main(argv: list[str] | None = None) -> None:
           f"limit: p99 slowdown <= {SLOWDOWN_LIMIT:g}x the input's unloaded latency")
     limits = {}
     for name, call in calls.items():
+        floor = sequential_slowdown(call, texts, args.requests, unloaded[name])
         limit, runs = p99_limit(call, texts, rates, args.requests, unloaded[name])
         limits[name] = limit
         print(f"{name}: unloaded p50 {statistics.median(unloaded[name]) * 1e3:.1f} ms, p99 "
-              f"{percentile(unloaded[name], 0.99) * 1e3:.1f} ms; p99 limit {limit:.1f} req/s")
+              f"{percentile(unloaded[name], 0.99) * 1e3:.1f} ms; p99 slowdown one at a time "
+              f"{floor:.2f}x (no load: the host's own jitter); p99 limit {limit:.1f} req/s")
         for run in runs:
             print(f"  offered {run.rate:7.1f}/s  p50 {run.p50_s * 1e3:8.1f} ms  "
                   f"p99 {run.p99_s * 1e3:8.1f} ms  p99 slowdown {run.p99_slowdown:5.2f}x  "

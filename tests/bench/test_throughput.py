@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import math
 
-from bench.throughput import OpenLoop, closed_loop, open_loop, p99_limit, percentile
+from bench.throughput import (
+    OpenLoop,
+    closed_loop,
+    open_loop,
+    p99_limit,
+    percentile,
+    sequential_slowdown,
+)
 from probes.fake import FakeEngine
 
 
@@ -79,3 +86,12 @@ def test_the_p99_limit_halves_the_lowest_rate_until_one_is_within(monkeypatch) -
     assert [r.rate for r in runs] == [1.0, 0.5, 0.25]
     limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, [0.010], halvings=2)
     assert limit == 0.0 and [r.rate for r in runs] == [4.0, 2.0, 1.0]  # none: 0, said so
+
+
+def test_the_floor_is_the_p99_slowdown_of_requests_sent_one_at_a_time() -> None:
+    sent: list[str] = []
+    # 100 requests cycling over two inputs, unloaded latency 10 s each: far below 1, and
+    # every request of the cycle sent, in order, one at a time.
+    floor = sequential_slowdown(sent.append, ["a", "b"], 100, [10.0, 10.0])
+    assert sent == ["a", "b"] * 50
+    assert 0 < floor < 0.01
