@@ -52,7 +52,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from alerts.detection import HELD_SUFFIX, INSUFFICIENT_HISTORY, BaselineStats
+from alerts.detection import HELD_SUFFIX, INSUFFICIENT_HISTORY, NO_BASELINE, BaselineStats
 from alerts.errors import BaselineError
 from alerts.rule_file import METRICS, SCOPE_LABELS, SOURCES
 from alerts.rules import Point, Rule
@@ -516,7 +516,9 @@ def _held(b: StoredBaseline, s: StoredSensitivity | None, config: BaselineConfig
     estimate), or "" where they page."""
     if not (config.hold_cycles or config.hold_s) or "season" in b.scope:
         return ""  # a season is in force only once seen on two days: never a young series
-    if s is not None:
+    # An estimate made before the series had a usable baseline says nothing about its
+    # history now that it has one: judged as not estimated yet until the job runs again.
+    if s is not None and NO_BASELINE not in s.reason:
         return s.reason.removesuffix(HELD_SUFFIX) if s.status == INSUFFICIENT_HISTORY else ""
     if b.kind != "rolling":
         return ""

@@ -46,6 +46,8 @@ TAIL_QUANTILE = 0.9
 INSUFFICIENT_HISTORY = "insufficient history"
 # What such a series' stored reason ends with while the budget holds its pages.
 HELD_SUFFIX = "; pages held as warnings until then"
+# Why an estimate could not be made at all: no baseline yet (or one at zero).
+NO_BASELINE = "no usable baseline yet"
 
 
 @dataclass(frozen=True)

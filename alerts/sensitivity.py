@@ -37,6 +37,7 @@ from alerts.baselines import alert_spans, hour_of_day, hour_of_week, rule_scope
 from alerts.detection import (
     HELD_SUFFIX,
     INSUFFICIENT_HISTORY,
+    NO_BASELINE,
     TAIL_QUANTILE,
     BaselineStats,
     Cusum,
@@ -66,8 +67,6 @@ from storage.sketches import GAMMA, Sketch, bin_of
 OK = "ok"
 INSUFFICIENT = INSUFFICIENT_HISTORY
 NOT_DETECTABLE = "not detectable"  # no shift up to max_shift is confirmed in time
-# The reason of a series with nothing to estimate against (no baseline, or one at zero).
-NO_BASELINE = "no usable baseline yet"
 # A series too young to state its false pages grows with every cycle, not only when its
 # baseline refreshes (hourly): once it could have the cycles it lacked, its estimate is
 # due again this long after the last, so it states its pages (and stops holding them as

@@ -79,9 +79,9 @@ from typing import Any
 import httpx
 import yaml
 
+from alerts.detection import NO_BASELINE
 from alerts.rule_file import DEFAULT_RULES_FILE, load_rules
 from alerts.rules import PAGE, Rule
-from alerts.sensitivity import NO_BASELINE
 from alerts.settings import AlertSettings
 from alerts.webhooks import FORMATS, payload_status
 from bench.hog import Hog

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.config import AlertsConfig, load_config
-from alerts.detection import HELD_SUFFIX, BaselineStats
+from alerts.detection import HELD_SUFFIX, NO_BASELINE, BaselineStats
 from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.rule_file import load_rules
 from alerts.rules import Point, evaluate_rule
@@ -33,10 +33,12 @@ def config() -> AlertsConfig:
     return replace(c, rules=tuple(r for r in c.rules if r.name == "acceptance_drop"))
 
 
-def run(sm: sessionmaker[Session], quiet: int, *, job: bool) -> tuple[str, str]:
+def run(sm: sessionmaker[Session], quiet: int, *, job: bool,
+        job_at: int | None = None) -> tuple[str, str]:
     """Store `quiet` minutes of steady traffic acceptance, then a 60% drop, evaluating each
-    minute as the service does (the sensitivity job once before the drop when `job`);
-    return the fired alert's severity and the reason of its firing result."""
+    minute as the service does (the sensitivity job once before the drop when `job`, at
+    minute `job_at`, default 2 minutes before the drop); return the fired alert's severity
+    and the reason of its firing result."""
     cfg = config()
     rng = random.Random(0)
     opts = EvaluationOptions(cfg.rules, baseline_config=cfg.baselines)
@@ -50,7 +52,7 @@ def run(sm: sessionmaker[Session], quiet: int, *, job: bool) -> tuple[str, str]:
             with sm.begin() as s:
                 report = evaluate(s, opts, now)
             fired += [r.reason for r in report.results if r.fired]
-        if job and i == quiet - 2:
+        if job and i == (quiet - 2 if job_at is None else job_at):
             refresh_sensitivity(sm, cfg, lambda now=now: now)  # type: ignore[misc]
     with sm() as s:
         [alert] = s.scalars(select(Alert).where(Alert.rule == "acceptance_drop")).all()
@@ -64,6 +66,18 @@ def test_a_young_series_fires_a_warning_and_says_why(sessionmaker: sessionmaker[
     assert severity == "warning"
     assert "; pages held as warnings: insufficient history: " in why
     assert why.endswith("(not estimated yet)")
+
+
+def test_an_estimate_made_before_the_baseline_was_usable_says_nothing_of_its_history(
+        sessionmaker: sessionmaker[Session]) -> None:
+    # The job ran at minute 8, while the baseline still warmed: its estimate
+    # says "no usable baseline yet", which is no longer true once the series alerts on one.
+    severity, why = run(sessionmaker, 45, job=True, job_at=8)
+    with sessionmaker() as s:
+        [st] = queries.listing(s)
+    assert NO_BASELINE in st.reason
+    assert severity == "warning"
+    assert NO_BASELINE not in why and why.endswith("(not estimated yet)")
 
 
 def test_the_estimate_states_the_hold_and_the_evaluation_follows_it(
