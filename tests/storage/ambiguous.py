@@ -6,9 +6,12 @@ The client cannot tell this from a commit that never arrived; a retry has to fin
 writes; migrations, which use plain connections, are left alone); without an engine it is
 armed on every engine of the process (the service under test builds its own). On PostgreSQL the driver
 connection is closed as well, so SQLAlchemy sees a disconnect and drops it from the pool.
+With several tables, each fires once: a commit that wrote rows of more than one of those
+still armed is that one ambiguous commit for each of them (a writer under load batches a
+cycle's results and the traffic rollups into one transaction, and a commit fails once).
 
 Example:
-    with ambiguous_commit("traffic_rollups", db_engine) as fired:
+    with ambiguous_commit("traffic_rollups", engine=db_engine) as fired:
         ...  # write through the storage Writer
     assert fired == ["traffic_rollups"]
 """
@@ -26,25 +29,30 @@ from sqlalchemy.orm import Session
 
 
 @contextmanager
-def ambiguous_commit(table: str, engine: Engine | None = None) -> Iterator[list[str]]:
-    """Fail the next commit that wrote `table` after it committed, once; yield what fired."""
+def ambiguous_commit(*tables: str, engine: Engine | None = None) -> Iterator[list[str]]:
+    """Fail the next commit that wrote each of `tables` after it committed, once per
+    table; yield the tables fired, in order."""
     fired: list[str] = []
-    mark = f"ambiguous_commit:{table}"
+    mark = f"ambiguous_commit:{id(fired)}"  # this context's own, should another enclose it
 
     def on_begin(conn: Any) -> None:
         conn.info.pop(mark, None)  # a rolled-back write does not arm the next transaction
 
     def on_flush(session: Session, _context: Any) -> None:
-        if (engine is None or session.get_bind() is engine) and any(
-                getattr(row, "__tablename__", None) == table
-                for row in (*session.new, *session.dirty)):
-            session.connection().info[mark] = True
+        if engine is not None and session.get_bind() is not engine:
+            return
+        wrote = {getattr(row, "__tablename__", None) for row in (*session.new, *session.dirty)}
+        armed = [t for t in tables if t in wrote and t not in fired]
+        if armed:
+            held = session.connection().info.setdefault(mark, [])
+            held += [t for t in armed if t not in held]
 
     def commit_then_fail(dialect: DefaultDialect, dbapi_connection: Any) -> None:
         committed(dialect, dbapi_connection)
-        if fired or not dbapi_connection.info.pop(mark, False):
+        armed = [t for t in dbapi_connection.info.pop(mark, []) if t not in fired]
+        if not armed:
             return
-        fired.append(table)
+        fired.extend(armed)
         if dialect.name == "postgresql":
             dbapi_connection.dbapi_connection.close()
         raise dialect.loaded_dbapi.OperationalError(

@@ -151,7 +151,7 @@ def test_a_probe_cycle_committed_before_the_connection_failed_is_stored_once(
     prober = Prober(engine, writer, placeholder_suites(per_bucket=1), instance_id="a",
                     canaries_per_bucket=1, ab_share=0.0, rng=random.Random(0))
     try:
-        with ambiguous_commit("probe_results", db_engine) as fired:
+        with ambiguous_commit("probe_results", engine=db_engine) as fired:
             result = prober.run_cycle()
             assert writer.flush(timeout=30)
         stats = writer.stats
@@ -182,7 +182,7 @@ def test_rollup_deltas_committed_before_the_connection_failed_are_added_once(
             recorder.record(_served())
         assert recorder.flush(writer) == 1  # creates the minute's rows
         assert writer.flush(timeout=30)
-        with ambiguous_commit("traffic_rollups", db_engine) as fired:
+        with ambiguous_commit("traffic_rollups", engine=db_engine) as fired:
             for _ in range(2):
                 recorder.record(_served())
             assert recorder.flush(writer) == 1  # adds to them: must not add twice
