@@ -108,10 +108,14 @@ def unloaded_latencies(call: Callable[[str], object], texts: Sequence[str],
     times: list[list[float]] = [[] for _ in texts]
     for _ in range(repeats):
         for i, text in enumerate(texts):
-            t0 = time.perf_counter()
-            call(text)
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(_latency(call, text))
     return [statistics.median(t) for t in times]
+
+
+def _latency(call: Callable[[str], object], text: str) -> float:
+    t0 = time.perf_counter()
+    call(text)
+    return time.perf_counter() - t0
 
 
 def sequential_slowdown(call: Callable[[str], object], texts: Sequence[str], requests: int,
@@ -119,12 +123,8 @@ def sequential_slowdown(call: Callable[[str], object], texts: Sequence[str], req
     """Return the p99 slowdown of `requests` requests sent one at a time, no load at all
     (request i sends texts[i % len(texts)], as the open loop does): the floor that the
     host's own jitter puts under every open-loop p99 slowdown."""
-    slowdowns = []
-    for i in range(requests):
-        t0 = time.perf_counter()
-        call(texts[i % len(texts)])
-        slowdowns.append((time.perf_counter() - t0) / unloaded[i % len(texts)])
-    return percentile(slowdowns, 0.99)
+    return percentile([_latency(call, texts[i % len(texts)]) / unloaded[i % len(texts)]
+                       for i in range(requests)], 0.99)
 
 
 def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
