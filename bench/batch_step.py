@@ -10,6 +10,12 @@ the first --filled share is unmasked (the rest: bucket padding). Median over --r
 and the call's CPU seconds (`cpu us`: the thread's own time, what a contended core still
 measures). With --verify K, a batched verification as the batching loop runs it: each row
 feeds K + 1 consecutive positions on its own cache in the same call (the `positions` column).
+`GFLOP/s`: the step's dense products (every decoder layer's linear weights and the LM
+head, 2 flops per weight per position) over the C call's time; after the table, the same
+products through `torch.mm` (MKL) at the largest row count, one call per weight: the
+host's float32 product rate at these shapes. Where the step's rate is near it, a step of
+more rows cannot cost less per row: the rows are bound by arithmetic, not by reading
+weights (docs/benchmarks.md#benchthroughput).
 Last line: `32 rows: Nx a one-row step, Mx its rows per second` (per position with --verify).
 """
 
@@ -66,8 +72,12 @@ def main(argv: list[str] | None = None) -> None:
         q = args.verify + 1
         print(f"position {args.position}, cross {args.cross} keys ({keep.sum()} unmasked), "
               f"{q} position(s) a row, one thread")
+        weights = [w for layer in m.dec_layers
+                   for w in (layer.qkv, layer.o, layer.cq, layer.co, layer.wi, layer.wo)]
+        weights.append(m.lm_head)
+        flops = 2 * sum(w.numel() for w in weights)  # per position
         print(f"{'rows':>5} {'positions':>9} {'step us':>9} {'C us':>9} {'cpu us':>9} "
-              f"{'x one row':>10} {'pos/s x':>8}")
+              f"{'x one row':>10} {'pos/s x':>8} {'GFLOP/s':>8}")
         first, last = 0.0, ""
         for b in [int(x) for x in args.rows.split(",")]:
             caches = [torch.randn(m.new_self_cache(r.slots, static=False).shape)
@@ -101,7 +111,18 @@ def main(argv: list[str] | None = None) -> None:
                     f"{n * first / (q * full):.1f}x its {'positions' if q > 1 else 'rows'} "
                     "per second")
             print(f"{b:>5} {n:>9} {full * 1e6:>9.0f} {c_only * 1e6:>9.0f} {cpu * 1e6:>9.0f} "
-                  f"{full / first:>9.1f}x {n * first / (q * full):>7.1f}x")
+                  f"{full / first:>9.1f}x {n * first / (q * full):>7.1f}x "
+                  f"{flops * n / c_only / 1e9:>8.1f}")
+        products = [(torch.randn(n, w.shape[1]), w) for w in weights]
+
+        def mm() -> None:
+            for x, w in products:
+                torch.mm(x, w.t())
+
+        with torch.no_grad():
+            mkl = _median_s(mm, args.calls, args.rounds)
+        print(f"the same products through torch.mm at {n} positions: "
+              f"{flops * n / mkl / 1e9:.1f} GFLOP/s")
         print(last)
 
 

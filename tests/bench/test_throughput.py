@@ -95,3 +95,20 @@ def test_the_floor_is_the_p99_slowdown_of_requests_sent_one_at_a_time() -> None:
     floor = sequential_slowdown(sent.append, ["a", "b"], 100, [10.0, 10.0])
     assert sent == ["a", "b"] * 50
     assert 0 < floor < 0.01
+
+
+def test_unloaded_requests_each_find_the_engine_idle_for_the_pause(monkeypatch) -> None:
+    import bench.throughput as bt
+
+    events: list[object] = []
+    monkeypatch.setattr(bt.time, "sleep", lambda s: events.append(s))
+    latencies = bt.unloaded_latencies(events.append, ["a", "b"], repeats=2, idle_s=0.5)
+    # every request, the first included, sent only after the engine sat idle for the pause
+    assert events == [0.5, "a", 0.5, "b", 0.5, "a", 0.5, "b"]
+    assert len(latencies) == 2
+    events.clear()
+    bt.sequential_slowdown(events.append, ["a"], 2, [10.0], idle_s=0.25)
+    assert events == [0.25, "a", 0.25, "a"]
+    events.clear()
+    bt.unloaded_latencies(events.append, ["a"], repeats=1)  # back to back: no pause
+    assert events == ["a"]
