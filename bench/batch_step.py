@@ -15,7 +15,7 @@ head, 2 flops per weight per position) over the C call's time; after the table, 
 products through `torch.mm` (MKL) at the largest row count, one call per weight: the
 host's float32 product rate at these shapes. Where the step's rate is near it, a step of
 more rows cannot cost less per row: the rows are bound by arithmetic, not by reading
-weights (docs/benchmarks.md#benchthroughput).
+weights (docs/benchmarks.md#benchbatch_step).
 Last line: `32 rows: Nx a one-row step, Mx its rows per second` (per position with --verify).
 """
 

@@ -24,7 +24,7 @@ scheduled time and its latency runs from that scheduled time (no coordinated omi
 A request's slowdown is its latency over the same input's unloaded latency on the same
 engine: the median of --unloaded-repeats requests each sent to an idle engine, --idle-s
 after the one before finished. Unloaded means no other load, and an engine with none is
-idle between requests: on these hosts a request that finds the engine idle takes about 40%
+idle between requests: on these hosts a request that finds the engine idle takes 10-40%
 longer than one sent back to back (its weights left the caches the core shares), and the
 open loop's low rates are made of such requests. Requests sent back to back are a closed
 loop at full use of one decode stream, not an unloaded engine; their latencies are printed
