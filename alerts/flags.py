@@ -340,6 +340,8 @@ class FlagSnapshot:
         snapshot.close()
     """
 
+    in_memory = True  # engine.protocol.FlagProvider: read on the request's thread
+
     def __init__(self, sessions: sessionmaker[Session], ttl_s: float = 1.0, *,
                  store: FlagStore | None = None, instance_id: str | None = None) -> None:
         self.source = SqlFlagProvider(sessions, ttl_s=0.0, store=store, instance_id=instance_id)

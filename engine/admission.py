@@ -132,6 +132,7 @@ class Admission:
         self._lock = threading.Lock()
         self._free = list(range(max_concurrency))
         self._capacity = max_concurrency
+        self._limit = max_concurrency  # slots granted at once (set_limit), <= capacity
         self._real: deque[_Waiter] = deque()
         self._synthetic: deque[_Waiter] = deque()
         self._max_queue = max_queue
@@ -154,6 +155,32 @@ class Admission:
         """Return slots in use."""
         with self._lock:
             return self._capacity - len(self._free)
+
+    @property
+    def limit(self) -> int:
+        """Return how many slots may be held at once now (set_limit)."""
+        with self._lock:
+            return self._limit
+
+    def set_limit(self, limit: int) -> None:
+        """Grant at most `limit` slots at once from now on (1 to max_concurrency).
+
+        Lowered, the slots held above it are not taken back: they drain as their holders
+        release them, and meanwhile callers wait in the bounded queue. Raised, waiting
+        callers get the slots it frees at once.
+        """
+        if isinstance(limit, bool) or not 1 <= limit <= self._capacity:
+            raise ValueError(f"limit: must be between 1 and {self._capacity}, got {limit!r}")
+        with self._lock:
+            if limit == self._limit:
+                return
+            self._limit = limit
+            while self._free and self._held() < limit and (self._real or self._synthetic):
+                self._grant(self._free.pop())
+
+    def _held(self) -> int:
+        """Return slots in use (lock held)."""
+        return self._capacity - len(self._free)
 
     def stats(self) -> AdmissionStats:
         """Return the counters and the queue now."""
@@ -204,7 +231,9 @@ class Admission:
 
     def _acquire(self, deadline: float | None, synthetic: bool, tokens: int) -> int:
         with self._lock:
-            if self._free:  # a free slot means nobody waits: slots are handed to waiters
+            # A slot free within the limit means nobody waits: released slots are handed
+            # to waiters.
+            if self._free and self._held() < self._limit:
                 self._count(synthetic, "admitted")
                 return self._free.pop()
             waiter = self._enqueue(synthetic, tokens)
@@ -279,11 +308,16 @@ class Admission:
             self._hand_over(index)
 
     def _hand_over(self, index: int) -> None:
-        """Give slot `index` to the next waiter, real first, or free it (lock held)."""
-        queue = self._real or self._synthetic
-        if not queue:
+        """Give released slot `index` to the next waiter, real first, or free it (lock
+        held): free it while the slots held, this one included, exceed the limit."""
+        if not (self._real or self._synthetic) or self._held() > self._limit:
             self._free.append(index)
             return
+        self._grant(index)
+
+    def _grant(self, index: int) -> None:
+        """Give slot `index` to the next waiter, real first (lock held; one waits)."""
+        queue = self._real or self._synthetic
         waiter = queue.popleft()
         self._tokens[waiter.synthetic] -= waiter.tokens
         waiter.slot = index

@@ -4,7 +4,10 @@ Concurrent requests share one in-flight provider read: the first starts it, late
 wait on the same read until `timeout_s` after it started, and whoever gives up keeps the
 last known flags. Only real failures count: a read that raised, returned the wrong type, or is
 still unfinished after `hang_s`. A waiting reader, or a slow read that does complete,
-is not a failure (the flags it returns become the last known ones).
+is not a failure (the flags it returns become the last known ones). A provider that holds
+its flags in memory (`in_memory`: the in-memory provider, the monitor's refreshed snapshot)
+is read on the request's own thread instead: it cannot hang, so no request waits on a
+reader thread, a database or a file for its flags.
 
 Last known flags survive a restart: with a `state_file`, every successful read that
 changed the flags is written there atomically (temp file + rename), and a new guard
@@ -27,7 +30,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict
 from pathlib import Path
 
-from engine.protocol import FlagProvider, InMemoryFlagProvider, RuntimeFlags
+from engine.protocol import FlagProvider, RuntimeFlags
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 60.0  # at most one failure line per minute: bursts must not flood logs
@@ -96,6 +99,9 @@ class GuardedFlags:
         self._lock = threading.Lock()
         self._last = RuntimeFlags()
         self._source = "defaults"
+        # A provider that holds its flags in memory (FlagProvider.in_memory) is read on
+        # the request's thread: it cannot hang, so the shared read would only add a hop.
+        self._in_memory = bool(getattr(provider, "in_memory", False))
         self._state_file = Path(state_file) if state_file else None
         self._saved: RuntimeFlags | None = None
         if self._state_file is not None and self._state_file.exists():
@@ -116,9 +122,8 @@ class GuardedFlags:
 
     def read(self) -> RuntimeFlags:
         """Return fresh flags, or the last known ones when the provider is slow or fails."""
-        if type(self._provider) is InMemoryFlagProvider:
-            self._source = "live"
-            return self._provider.flags()  # cannot fail or hang: skip the thread hop
+        if self._in_memory:
+            return self._read_held()
         future, started = self._shared_read()
         # Wait within the read's own deadline: during a hang requests do not each pay it.
         wait = self._timeout_s - (self._monotonic() - started)
@@ -130,6 +135,28 @@ class GuardedFlags:
             self._check_hang(future)
             return self.last
         return flags if flags is not None else self.last
+
+    def _read_held(self) -> RuntimeFlags:
+        """Read a provider that holds its flags in memory, on the caller's thread.
+
+        No thread hop and no wait: a request never queues behind another reader or behind
+        the state file's write, which goes to the reader thread instead.
+        """
+        try:
+            flags = self._provider.flags()
+            if not isinstance(flags, RuntimeFlags):
+                raise TypeError(f"flags: provider returned {type(flags).__name__}")
+        except Exception as exc:  # noqa: BLE001 - a flag source must not fail requests
+            self._failure(f"{type(exc).__name__}: {exc}")
+            return self.last
+        if flags is not self._last:  # a new snapshot: book it (once per snapshot)
+            with self._lock:
+                self._last = flags
+                self._source = "live"
+                save = self._state_file is not None and flags != self._saved
+            if save:
+                self._pool.submit(self._save, flags)
+        return flags
 
     def _shared_read(self) -> tuple[Future[RuntimeFlags | None], float]:
         with self._lock:

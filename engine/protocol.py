@@ -451,7 +451,12 @@ REFERENCE = FlagOverride(compiled=False, speculative=False, bucketing=False, qua
 
 @runtime_checkable
 class FlagProvider(Protocol):
-    """Source of runtime flags; may raise or be slow (the engine guards it)."""
+    """Source of runtime flags; may raise or be slow (the engine guards it).
+
+    A provider whose `flags()` only returns flags it already holds in memory (never I/O,
+    never a lock held across I/O) says so with a class attribute `in_memory = True`: the
+    engine then reads it on the request's thread (engine.flags.GuardedFlags).
+    """
 
     def flags(self) -> RuntimeFlags: ...
 
@@ -462,6 +467,8 @@ class FlagProvider(Protocol):
 
 class InMemoryFlagProvider:
     """Thread-safe in-memory flags (the default provider)."""
+
+    in_memory = True  # FlagProvider: read on the request's thread
 
     def __init__(self, flags: RuntimeFlags | None = None) -> None:
         self._lock = threading.Lock()

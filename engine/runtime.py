@@ -373,7 +373,7 @@ class Runtime:
             with self._admission.slot(plan.deadline, synthetic=canary,
                                       tokens=plan.n + plan.max_new) as slot:
                 t_slot = time.perf_counter()
-                ran = self._decode(plan, slot)
+                ran = self._decode(plan, slot, synthetic=canary)
             return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot)
 
     def _plan(self, text: str, max_new_tokens: int | None, override: FlagOverride | None,
@@ -387,6 +387,12 @@ class Runtime:
         label = bucket_label(n, self.config.buckets)
         self._traffic.count(label)
         flags = self._flags.read()
+        if self._scheduler is not None:
+            # The batching flag off is max_batch 1: one row at a time, and the callers
+            # after it wait in admission's bounded queue (max_queue, max_queue_tokens),
+            # not in the loop's inbox, which nothing bounds. A per-request override (the
+            # burst's unbatched arm) runs its own requests alone but limits no one else.
+            self._admission.set_limit(self.config.max_batch if flags.batching else 1)
         if override is not None:
             flags = override.apply(flags, label)
         speculate, probation = self.router.speculate(flags, label)
@@ -403,14 +409,15 @@ class Runtime:
                     native=flags.native_step, runner=runner,
                     deadline=None if timeout_s is None else t_entry + timeout_s)
 
-    def _decode(self, plan: Plan, slot: int) -> _Ran:
+    def _decode(self, plan: Plan, slot: int, *, synthetic: bool = False) -> _Ran:
         """Decode `plan` on row `slot`; a compiled route that fails runs eager instead."""
         path, length, key = self.router.route(plan.n, plan.flags)
         recorded = self.ledger.recorded()
         try:
             decoded, t_encoded, t_device, batch = self._run_any(
                 plan.ids, length, key, slot, plan.k, plan.max_new, plan.deadline,
-                plan.quantized, plan.native, alone=not plan.flags.batching)
+                plan.quantized, plan.native, alone=not plan.flags.batching,
+                synthetic=synthetic)
         except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
             raise
         except Exception:
@@ -421,7 +428,8 @@ class Runtime:
             path, key = PATH_EAGER, None
             decoded, t_encoded, t_device, batch = self._run_any(
                 plan.ids, length, key, slot, plan.k, plan.max_new, plan.deadline,
-                plan.quantized, plan.native, alone=not plan.flags.batching)
+                plan.quantized, plan.native, alone=not plan.flags.batching,
+                synthetic=synthetic)
         return _Ran(path=path, length=length, key=key, recorded=recorded, decoded=decoded,
                     t_encoded=t_encoded, t_device=t_device, batch=batch)
 
@@ -476,7 +484,7 @@ class Runtime:
 
     def _run_any(self, ids: list[int], length: int, key: int | str | None, slot: int,
                  k: int, max_new: int, deadline: float | None, quantized: bool,
-                 native: bool = True, *, alone: bool = False
+                 native: bool = True, *, alone: bool = False, synthetic: bool = False
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
         """Decode in the batching loop when there is one, else in this thread."""
         if self._scheduler is None:
@@ -484,7 +492,7 @@ class Runtime:
                                                            deadline, quantized, native)), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
                             deadline=deadline, quantized=quantized, row=slot, native=native,
-                            alone=alone)
+                            alone=alone, synthetic=synthetic)
         self._scheduler.submit(job)
         decoded = self._scheduler.wait(job)
         return replace(decoded, kv_request_bytes=job.held), job.t_encoded, job.t_device, job

@@ -21,8 +21,10 @@ that batch size. Every output is the target's own greedy tokens whichever ran
     decoded = scheduler.wait(job)  # raises what failed this request only
 
 The loop owns every compiled call (CUDA graph trees are per thread), and a failing
-request fails only its own caller: the loop survives it. What it records of its steps and
-of each request goes through its `recorder` (engine.scheduler_recorder).
+request fails only its own caller: the loop survives it (an error that is no one row's
+fails the rows of that step, and the loop goes on). Waiting real requests join before
+waiting synthetic ones (probes), whatever their order of arrival. What it records of its
+steps and of each request goes through its `recorder` (engine.scheduler_recorder).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Job:
     row: int  # its admission slot: the index of its caches
     native: bool = True  # False: the compiled step even where the C step is bound
     alone: bool = False  # the batching flag off: runs with no batch-mates (max_batch 1)
+    synthetic: bool = False  # a probe's request: joins after every waiting real one
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token: threading.Event = field(default_factory=threading.Event)  # it has one token
@@ -290,6 +293,10 @@ class Scheduler:
         finally:
             if not job.done.is_set():  # the caller was interrupted: free the row
                 job.cancel()
+                # Until the loop let it go at the next step boundary the row is still in
+                # the batch: returning now would hand its admission slot to a new job
+                # while it is, one row more than max_batch.
+                job.done.wait()
         if job.error is not None:
             raise job.error
         assert job.decoded is not None
@@ -327,26 +334,35 @@ class Scheduler:
                 self._tasks.clear()
             for fn, future in tasks:
                 _run_task(fn, future)
-            with self._cond:
-                self._adapt_window()
-                rows = len(self._active) + len(self._inbox)
-                if self._window > 0 and rows < self.max_batch and not self._solo():
-                    # Wait for more arrivals before this step: a fuller step for everyone,
-                    # at the price of this wait for the rows already here.
-                    def arrived(n: int = rows) -> bool:
-                        return len(self._inbox) + len(self._active) > n or self._closed
+            new: list[Job] = []
+            try:
+                self._leave_cancelled()  # their rows are free before new ones join
+                with self._cond:
+                    self._adapt_window()
+                    rows = len(self._active) + len(self._inbox)
+                    if self._window > 0 and rows < self.max_batch and not self._solo():
+                        # Wait for more arrivals before this step: a fuller step for
+                        # everyone, at the price of this wait for the rows already here.
+                        def arrived(n: int = rows) -> bool:
+                            return len(self._inbox) + len(self._active) > n or self._closed
 
-                    self._cond.wait_for(arrived, timeout=self._window)
-                new = self._take()
-            for group in self._groups(new):
-                if len(group) == 1:
-                    self._join(group[0])
-                else:
-                    self._join_group(group)
-            self._leave_cancelled()
-            if self._active:
-                self._step()
-            self._leave_finished()
+                        self._cond.wait_for(arrived, timeout=self._window)
+                    new = self._take()
+                for group in self._groups(new):
+                    if len(group) == 1:
+                        self._join(group[0])
+                    else:
+                        self._join_group(group)
+                self._leave_cancelled()
+                if self._active:
+                    self._step()
+                self._leave_finished()
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one step
+                # Not any one row's failure (those leave with their own error inside the
+                # step): the rows of this step fail with it, and the loop goes on.
+                log.exception("scheduler: a step failed outside any one request; its %d "
+                              "rows fail with it", len(self._active))
+                self._fail_rows([job for job in new if not job.done.is_set()], exc)
         self._fail_all(NotReady("engine is closed"))
         with self._cond:
             tasks = list(self._tasks)
@@ -358,21 +374,29 @@ class Scheduler:
         """Return whether the next step is one job's that runs alone (no window to wait)."""
         if self._active:
             return any(job.alone for job, _state in self._active)
-        return bool(self._inbox) and self._inbox[0].alone
+        queued = self._queued()
+        return bool(queued) and queued[0].alone
+
+    def _queued(self) -> list[Job]:
+        """Return the waiting jobs in the order they join: real ones first, then synthetic
+        ones, each in arrival order (a probe never makes a user's request wait for it)."""
+        return sorted(self._inbox, key=lambda job: job.synthetic)  # stable
 
     def _take(self) -> list[Job]:
-        """Return the waiting jobs that join now, in arrival order: none while a job that
-        runs alone is in the batch, and a job that runs alone only into an empty batch."""
+        """Return the waiting jobs that join now, in the order of _queued: none while a job
+        that runs alone is in the batch, and a job that runs alone only into an empty
+        batch (the jobs after it wait for it)."""
         if any(job.alone for job, _state in self._active):
             return []
         taken: list[Job] = []
-        while self._inbox:
-            job = self._inbox[0]
+        for job in self._queued():
             if job.alone and (taken or self._active):
                 break
-            taken.append(self._inbox.popleft())
+            taken.append(job)
             if job.alone:
                 break
+        for job in taken:
+            self._inbox.remove(job)
         return taken
 
     def _adapt_window(self) -> None:
@@ -439,9 +463,14 @@ class Scheduler:
             return
         self.recorder.joined(job, encode_s + self._clock() - started)
         with self._cond:
-            if len(self._active) >= self.max_batch:  # admission grants at most max_batch rows
-                raise RuntimeError("scheduler: more rows than max_batch")
-            self._active.append((job, state))
+            # Admission grants at most max_batch rows: more would be a bug, failing this
+            # request (its row's caches may be another's) and no other.
+            full = len(self._active) >= self.max_batch
+            if not full:
+                self._active.append((job, state))
+        if full:
+            log.error("scheduler: a job joined a full batch (%d rows)", self.max_batch)
+            self._finish(job, None, RuntimeError("scheduler: more rows than max_batch"))
 
     def _gone(self, job: Job) -> bool:
         """Finish `job` with an error when it was cancelled or is past its deadline."""
@@ -568,14 +597,9 @@ class Scheduler:
                 self._settle(job, state, block, choice, now, (now - t1) * len(block)
                              / positions)
             return
-        for job, state, block in blocks:
-            try:
-                with torch.no_grad():
-                    choice = _verified([(state, block)])[0]
-            except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._drop(job, exc)
-                continue
-            self._settle(job, state, block, choice, self._clock(), 0.0)
+        self._each_alone(
+            blocks, lambda b: _verified([(b[1], b[2])])[0],
+            lambda b, choice: self._settle(b[0], b[1], b[2], choice, self._clock(), 0.0))
 
     def _proposals(self, rows: list[tuple[Job, RowState]], ks: list[int]
                    ) -> list[tuple[Job, RowState, list[int]]]:
@@ -624,14 +648,24 @@ class Scheduler:
             return [(job, state, state.drafted(props, catch_up_s, chain_s))
                     for (job, state, _k, _feed), (props, catch_up_s, chain_s)
                     in zip(rows, made, strict=True)]
-        blocks = []
-        for job, state, k, _feed in rows:
+        blocks: list[tuple[Job, RowState, list[int]]] = []
+        self._each_alone(rows, lambda r: r[1].propose(r[2]),
+                         lambda r, block: blocks.append((r[0], r[1], block)))
+        return blocks
+
+    def _each_alone(self, items: list[Any], call: Callable[[Any], Any],
+                    settle: Callable[[Any, Any], None]) -> None:
+        """Run `call` for each item (a tuple whose first element is its Job) on its own,
+        then `settle(item, result)`; a call that fails fails its own job only (where
+        the rows' joint call failed: find the row that did)."""
+        for item in items:
             try:
                 with torch.no_grad():
-                    blocks.append((job, state, state.propose(k)))
+                    result = call(item)
             except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._drop(job, exc)
-        return blocks
+                self._drop(item[0], exc)
+                continue
+            settle(item, result)
 
     def _drop(self, job: Job, error: BaseException) -> None:
         """Take `job` out of the batch with `error` (it fails its own caller only)."""
@@ -675,15 +709,12 @@ class Scheduler:
                 state.accept(token, now)
                 job.first_token.set()
             return
-        for job, state in rows:
-            try:
-                with torch.no_grad():
-                    token = _batched([(job, state)])[0]
-            except BaseException as exc:  # noqa: BLE001 - fails this request only
-                self._drop(job, exc)
-                continue
-            state.accept(token, self._clock())
-            job.first_token.set()
+
+        def accept(row: tuple[Job, RowState], token: int) -> None:
+            row[1].accept(token, self._clock())
+            row[0].first_token.set()
+
+        self._each_alone(rows, lambda row: _batched([row])[0], accept)
 
     def _finish(self, job: Job, decoded: Decoded | None, error: BaseException | None) -> None:
         if job.held:
@@ -697,6 +728,16 @@ class Scheduler:
             self._active, self._inbox = [], deque()
         for job in jobs:
             self._finish(job, None, error)
+
+    def _fail_rows(self, jobs: list[Job], error: BaseException) -> None:
+        """Fail the batch's rows and `jobs` (taken, not joined) with `error`; the queue
+        stays."""
+        with self._cond:
+            active = [j for j, _s in self._active]
+            self._active = []
+        for job in active + [j for j in jobs if all(j is not a for a in active)]:
+            if not job.done.is_set():
+                self._finish(job, None, error)
 
 
 def _run_task(fn: Callable[[], Any], future: Future) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from sqlalchemy.engine import make_url
 
 from alerts.flags import FlagSnapshot, FlagStore, FlagsUnavailable, SqlFlagProvider
 from bench.proxy import TcpProxy
-from engine.protocol import FlagProvider
+from engine.flags import GuardedFlags
+from engine.protocol import FlagProvider, RuntimeFlags
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
 
@@ -97,6 +99,23 @@ def test_the_snapshot_serves_while_sqlite_is_exclusively_locked(
             assert snapshot.refresh_failures == 2
             # Every read is answered from memory while SQL cannot answer at all.
             assert all(snapshot.flags().compiled is False for _ in range(1000))
+            # The engine's guard reads it on the request's own thread: no reader thread.
+            readers: list[threading.Thread] = []
+            held = snapshot.flags
+
+            def flags() -> RuntimeFlags:
+                readers.append(threading.current_thread())
+                return held()
+
+            snapshot.flags = flags  # type: ignore[method-assign]
+            guard = GuardedFlags(snapshot, timeout_s=0.05)
+            try:
+                assert all(guard.read().compiled is False for _ in range(100))
+                assert guard.errors == 0 and guard.source == "live"
+            finally:
+                guard.close()
+                del snapshot.flags
+            assert readers == [threading.current_thread()] * 100
         warnings = [r for r in caplog.records if "cannot refresh the flag snapshot" in r.message]
         assert len(warnings) == 1  # once per outage, not once per refresh
         assert "locked" in (snapshot.last_error or "")

@@ -169,3 +169,50 @@ def test_bad_limits_name_the_setting() -> None:
         Admission(0, 1)
     with pytest.raises(ValueError, match="max_queue"):
         Admission(1, -1)
+
+
+def test_a_lowered_limit_queues_callers_as_one_slot_would_and_a_raised_one_wakes_them():
+    admission = Admission(4, max_queue=1)
+    order: list[str] = []
+    admission.set_limit(1)  # the batching flag off: one row at a time
+    with ExitStack() as held:
+        held.enter_context(admission.slot(None))
+        assert admission.running == 1
+        waiter = Caller(admission, "waits", synthetic=False, order=order)
+        until(queued(admission, real=1, synthetic=0))
+        # Three rows are free, but the limit holds: the queue (max_queue 1) is full.
+        with pytest.raises(Overloaded, match="queue full"), admission.slot(None):
+            pass
+        assert admission.stats().real_queue_full == 1
+    waiter.join()  # the released slot went to the waiter
+    assert order == ["waits"] and waiter.error is None
+    with ExitStack() as held:
+        held.enter_context(admission.slot(None))
+        late = Caller(admission, "late", synthetic=True, order=order)
+        until(queued(admission, real=0, synthetic=1))
+        admission.set_limit(4)  # the flag back on: the waiter gets a free row at once
+        late.join()
+        assert order == ["waits", "late"] and late.error is None
+    assert admission.running == 0 and admission.limit == 4
+
+
+def test_slots_held_above_a_lowered_limit_drain_before_anyone_else_gets_one():
+    admission = Admission(3, max_queue=4)
+    order: list[str] = []
+    first, second = ExitStack(), ExitStack()
+    first.enter_context(admission.slot(None))
+    second.enter_context(admission.slot(None))
+    admission.set_limit(1)
+    waiter = Caller(admission, "waits", synthetic=False, order=order)
+    until(queued(admission, real=1, synthetic=0))
+    first.close()  # two held, limit 1: freed, not handed over
+    assert admission.stats().real_waiting == 1 and admission.running == 1
+    second.close()
+    waiter.join()
+    assert order == ["waits"]
+
+
+@pytest.mark.parametrize("limit", [0, 5, True])
+def test_a_limit_out_of_range_is_refused_naming_it(limit):
+    with pytest.raises(ValueError, match="limit: must be between 1 and 4"):
+        Admission(4, max_queue=1).set_limit(limit)

@@ -3,6 +3,7 @@ request's tokens are what it decodes alone at batch 1."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,9 +12,10 @@ import torch
 from engine import native
 from engine import scheduler as scheduler_module
 from engine.config import EngineConfig
-from engine.errors import BoundaryError, Cancelled, DoesNotFit, InputTooLong
+from engine.errors import BoundaryError, Cancelled, DoesNotFit, InputTooLong, RequestTimeout
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
+from engine.scheduler_recorder import StepRecorder
 from tests.engine.batching import Handshake, make_job, submit_together
 from tests.engine.conftest import batching_runtime, random_texts
 
@@ -531,3 +533,149 @@ def test_drafts_proposing_together_cost_one_call_a_draft_step_in_the_choice():
         assert sched._draft_lengths([row(), row(off_c)]) == [0, 0]
     finally:
         sched.close()
+
+
+def test_a_row_past_its_deadline_leaves_and_changes_no_one_else(tmp_path, tiny_dirs, alone):
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    texts = random_texts(3, seed=41, overflow=False)
+    try:
+        keep, late = make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[1], 1, max_new=40)
+        late.first_token = Handshake()
+        submit_together(rt, [keep, late])
+        late.first_token.wait()
+        late.deadline = 0.0  # past, mid-answer: it leaves at the next step boundary
+        late.first_token.go.set()
+        with pytest.raises(RequestTimeout, match="timeout_s"):
+            rt._scheduler.wait(late)
+        again = make_job(rt, texts[2], 1, max_new=16)  # its row is free again
+        rt._scheduler.submit(again)
+        assert tuple(rt._scheduler.wait(keep).tokens) == alone(texts[0], 40)
+        assert tuple(rt._scheduler.wait(again).tokens) == alone(texts[2], 16)
+    finally:
+        rt.close()
+
+
+class _Interrupted(BaseException):
+    """What interrupts a waiting caller (as KeyboardInterrupt would)."""
+
+
+class _InterruptOnce(threading.Event):
+    """A done event whose first wait() is interrupted (after the row's first token)."""
+
+    def __init__(self, first_token: threading.Event) -> None:
+        super().__init__()
+        self._first_token = first_token
+        self._interrupted = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._interrupted:
+            self._interrupted = True
+            self._first_token.wait()
+            raise _Interrupted
+        return super().wait(timeout)
+
+
+def test_an_interrupted_wait_returns_only_once_its_row_has_left(tmp_path, tiny_dirs, alone):
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    texts = random_texts(3, seed=43, overflow=False)
+    try:
+        keep, drop = make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[1], 1, max_new=40)
+        drop.done = _InterruptOnce(drop.first_token)
+        submit_together(rt, [keep, drop])
+        with pytest.raises(_Interrupted):
+            rt._scheduler.wait(drop)
+        # Its admission slot may go to the next caller now: the row is out of the batch.
+        assert drop.done.is_set() and isinstance(drop.error, Cancelled)
+        assert all(job is not drop for job, _state in rt._scheduler._active)
+        again = make_job(rt, texts[2], 1, max_new=16)
+        rt._scheduler.submit(again)
+        assert tuple(rt._scheduler.wait(again).tokens) == alone(texts[2], 16)
+        assert tuple(rt._scheduler.wait(keep).tokens) == alone(texts[0], 40)
+    finally:
+        rt.close()
+
+
+class _FailingRecorder(StepRecorder):
+    """A recorder whose first step fails: an error that is no one row's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def stepped(self, phase, seconds, jobs) -> None:
+        if not self.failed:
+            self.failed = True
+            raise OSError("recorder broken")
+        super().stepped(phase, seconds, jobs)
+
+
+def test_an_error_that_is_no_rows_fails_that_steps_rows_and_the_loop_goes_on(
+        tmp_path, tiny_dirs, alone):
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    texts = random_texts(3, seed=47, overflow=False)
+    try:
+        rt._scheduler.recorder = _FailingRecorder()
+        jobs = [make_job(rt, t, row) for row, t in enumerate(texts[:2])]
+        submit_together(rt, jobs)
+        for job in jobs:
+            with pytest.raises(OSError, match="recorder broken"):
+                rt._scheduler.wait(job)
+        assert rt._scheduler.thread.is_alive()
+        assert rt.generate(texts[2], max_new_tokens=16).output_ids == alone(texts[2])
+    finally:
+        rt.close()
+
+
+def test_waiting_real_jobs_join_before_synthetic_ones(tmp_path, tiny_dirs, alone):
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
+    texts = random_texts(4, seed=53, overflow=False)
+    try:
+        # Jobs that run alone run one at a time, so the order they join is the order the
+        # loop took them: the real one, last to arrive, goes first.
+        jobs = [make_job(rt, t, row, max_new=8) for row, t in enumerate(texts[:3])]
+        for job, synthetic in zip(jobs, (True, True, False), strict=True):
+            job.alone, job.synthetic = True, synthetic
+        submit_together(rt, jobs)
+        for job, text in zip(jobs, texts[:3], strict=True):
+            assert tuple(rt._scheduler.wait(job).tokens) == alone(text, 8)
+        assert jobs[2].t_picked < jobs[0].t_picked < jobs[1].t_picked
+        # A synthetic job that runs alone does not hold back a real one behind it: the
+        # real one joins the batch and the synthetic one waits for it to empty.
+        probe, user = make_job(rt, texts[0], 0, max_new=8), make_job(rt, texts[3], 1, max_new=8)
+        probe.alone, probe.synthetic = True, True
+        submit_together(rt, [probe, user])
+        assert tuple(rt._scheduler.wait(probe).tokens) == alone(texts[0], 8)
+        assert tuple(rt._scheduler.wait(user).tokens) == alone(texts[3], 8)
+        assert user.t_picked < probe.t_picked and probe.batch_max == 1
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_row_failing_the_c_steps_joint_call_fails_alone(tmp_path, tiny_dirs, alone,
+                                                           monkeypatch, k):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
+    texts = random_texts(3, seed=59, overflow=False)
+    start_row = rt.rows.start_row
+
+    def broken(job, tenc=None):
+        state = start_row(job, tenc)
+        if job.row == 1:  # its target's cross K/V has the wrong width: the joint call fails
+            state.tenc = type(state.tenc)(state.tenc.cross[..., :1, :], state.tenc.mask_bias)
+        return state
+
+    monkeypatch.setattr(rt.rows, "start_row", broken)
+    try:
+        rt._scheduler._costs = _Favour(speculate=bool(k))
+        jobs = [make_job(rt, t, row, k=k, max_new=20) for row, t in enumerate(texts)]
+        submit_together(rt, jobs)
+        with pytest.raises(BoundaryError):
+            rt._scheduler.wait(jobs[1])
+        for i in (0, 2):  # each row alone after the joint call failed: exact
+            assert tuple(rt._scheduler.wait(jobs[i]).tokens) == alone(texts[i], 20)
+        monkeypatch.setattr(rt.rows, "start_row", start_row)
+        assert rt.generate(texts[1], max_new_tokens=20).output_ids == alone(texts[1], 20)
+    finally:
+        rt.close()

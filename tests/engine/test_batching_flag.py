@@ -75,3 +75,25 @@ def test_the_batching_flag_and_override_reach_the_loop(tmp_path, tiny_dirs):
         assert run(DIRECT) == [1] * len(texts)
     finally:
         rt.close()
+
+
+def test_the_batching_flag_off_limits_admission_to_one_row_and_an_override_does_not(
+        tmp_path, tiny_dirs):
+    flags = InMemoryFlagProvider()
+    rt = Runtime(tiny_config(tiny_dirs, compile_backend="eager",
+                             cache_dir=str(tmp_path / "cache"), max_batch=4), flags=flags)
+    rt.warm_up(background=False)
+    try:
+        text = random_texts(1, seed=33)[0]
+        rt.generate(text, max_new_tokens=4, override=FlagOverride(batching=False))
+        assert rt._admission.limit == 4  # the burst's unbatched arm limits only itself
+        flags.set(RuntimeFlags(batching=False))
+        rt.generate(text, max_new_tokens=4)
+        # As max_batch 1: the callers after the one row wait in admission's bounded
+        # queue (429 past max_queue), not in the loop's inbox.
+        assert rt._admission.limit == 1
+        flags.set(RuntimeFlags())
+        rt.generate(text, max_new_tokens=4)
+        assert rt._admission.limit == 4
+    finally:
+        rt.close()

@@ -188,3 +188,62 @@ def test_flag_timeout_setting_reaches_the_engine():
 
     settings = Settings(database_url="sqlite://", engine={"flag_timeout_s": 0.5})
     assert settings.engine.flag_timeout_s == 0.5
+
+
+class HeldProvider:
+    """Flags held in memory (FlagProvider.in_memory); records the threads that read them."""
+
+    in_memory = True
+
+    def __init__(self, flags: RuntimeFlags) -> None:
+        self.current = flags
+        self.threads: list[threading.Thread] = []
+
+    def flags(self) -> RuntimeFlags:
+        self.threads.append(threading.current_thread())
+        return self.current
+
+
+def test_flags_held_in_memory_are_read_on_the_callers_thread(tmp_path, monkeypatch):
+    import engine.flags as engine_flags
+
+    saved_on: list[threading.Thread] = []
+    save = engine_flags.save_flags
+
+    def recording_save(path, flags):
+        saved_on.append(threading.current_thread())
+        save(path, flags)
+
+    monkeypatch.setattr(engine_flags, "save_flags", recording_save)
+    provider = HeldProvider(RuntimeFlags(compiled=False))
+    state = tmp_path / "last-flags.json"
+    guarded = GuardedFlags(provider, timeout_s=0.05, state_file=state)
+    try:
+        assert all(guarded.read().compiled is False for _ in range(100))
+        assert provider.threads == [threading.current_thread()] * 100  # no reader thread
+        assert guarded.source == "live" and guarded.errors == 0
+        # The state file is still written, once per new snapshot, off the request's thread.
+        deadline = time.monotonic() + WAIT_S
+        while not state.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        provider.current = RuntimeFlags(compiled=False, bucketing=False)
+        assert guarded.read().bucketing is False
+    finally:
+        guarded.close()
+    assert state.exists()
+    assert saved_on and threading.current_thread() not in saved_on
+
+
+def test_a_held_provider_that_fails_keeps_the_last_known_flags():
+    provider = HeldProvider(RuntimeFlags(compiled=False))
+    guarded = GuardedFlags(provider, timeout_s=0.05)
+    try:
+        assert guarded.read().compiled is False
+
+        def broken() -> RuntimeFlags:
+            raise ConnectionError("not read yet")
+
+        provider.flags = broken  # type: ignore[method-assign]
+        assert guarded.read().compiled is False and guarded.errors == 1
+    finally:
+        guarded.close()
