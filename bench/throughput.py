@@ -5,7 +5,9 @@
 Two engines on the built-in target (or --model-dir), default flags (speculation where
 the engine chooses it): `engine.max_batch` --max-batch (batched) and 1 (unbatched, one
 decode stream). Both serve the same in-domain canaries; every output of the batched
-engine is compared with the unbatched one's (`output differences` must be 0).
+engine is compared with the unbatched one's (`output differences` must be 0): once each
+input alone, and then every request of every measurement under load (a column per closed
+loop, and a line for the open loops), against the unbatched engine's alone.
 --quantization int8: both engines load the int8 target (its encoder int8 too) and serve
 every request with it, as `engine.quantization: int8` does by default.
 
@@ -186,6 +188,24 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
                     percentile(slowdowns, 0.99) if slowdowns else math.nan)
 
 
+class OutputCheck:
+    """Count outputs that differ from each input's reference (the unbatched engine's,
+    decoded one request at a time before any load), by engine: batching must never change
+    a token, at any load."""
+
+    def __init__(self, engines: Sequence[str]) -> None:
+        self.reference: dict[str, tuple[int, ...]] = {}
+        self.differing = dict.fromkeys(engines, 0)
+        self._lock = threading.Lock()
+
+    def seen(self, name: str, text: str, output: tuple[int, ...]) -> None:
+        """Compare one output of engine `name` (before the reference is set: nothing)."""
+        expected = self.reference.get(text)
+        if expected is not None and output != expected:
+            with self._lock:
+                self.differing[name] += 1
+
+
 QUICK_RATES = "0.5,1,1.5,2,3,4,6"
 # A request may take at most this many times its own unloaded latency at the p99.
 SLOWDOWN_LIMIT = 2.0
@@ -262,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         engine.warm_up(background=False)
     texts = _canaries("in_domain")[: args.requests]
     outputs: dict[str, dict[str, tuple[int, ...]]] = {name: {} for name in engines}
+    check = OutputCheck(list(engines))
 
     def caller(name: str) -> Callable[[str], object]:
         engine = engines[name]
@@ -269,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         def call(text: str) -> object:
             result = engine.generate(text, max_new_tokens=args.new_tokens)
             outputs[name][text] = result.output_ids
+            check.seen(name, text, result.output_ids)
             return result
 
         return call
@@ -278,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         for text in texts:
             call(text)
     diffs = sum(outputs["batched"][t] != outputs["unbatched"][t] for t in texts)
+    check.reference.update(outputs["unbatched"])
     cts = {} if args.no_ct2 else ct2.load(args.model_dir or BUILTIN_DIR / "target",
                                           Path(args.ct2_dir))
     print(f"inputs={len(texts)} new_tokens={args.new_tokens} max_batch={args.max_batch} "
@@ -293,11 +316,12 @@ def main(argv: list[str] | None = None) -> None:
     expected = [list(outputs["unbatched"][t]) for t in sent]
     compared: dict[str, list[str]] = {name: [] for name in cts}
     print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}"
-          f" {'batched_cpu_ms':>15} {'unbatched_cpu_ms':>17}"
+          f" {'batched_cpu_ms':>15} {'unbatched_cpu_ms':>17} {'batched_diffs':>13}"
           + "".join(f" {'ct2_' + name + '_rps':>16}" for name in cts))
     rps: dict[tuple[str, int], float] = {}
     cpu_ms: dict[tuple[str, int], float] = {}
     for c in callers:
+        differing = check.differing["batched"]
         for name, call in calls.items():
             cpu0 = time.process_time()
             rps[(name, c)] = closed_loop(call, texts, c, args.requests)
@@ -311,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
             row += f" {rps[(name, c)]:>16.1f}"
         b, u = rps[("batched", c)], rps[("unbatched", c)]
         print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x"
-              f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}" + row)
+              f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}"
+              f" {check.differing['batched'] - differing:>13}" + row)
     for name, lines in compared.items():
         print(f"CTranslate2 {name} outputs against the engine's: {'; '.join(lines)}")
     if cts:
@@ -353,6 +378,9 @@ def main(argv: list[str] | None = None) -> None:
                       f"{run.p99_slowdown:.2f}x")
     for engine in engines.values():
         engine.close()
+    print(f"output differences under load (every request of every measurement against the "
+          f"unbatched engine's alone): batched {check.differing['batched']}, unbatched "
+          f"{check.differing['unbatched']}")
     ratio = limits["batched"] / limits["unbatched"] if limits["unbatched"] else float("nan")
     if not limits["unbatched"]:
         print(f"note: no offered rate kept the unbatched p99 slowdown within "

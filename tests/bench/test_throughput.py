@@ -7,6 +7,7 @@ import math
 
 from bench.throughput import (
     OpenLoop,
+    OutputCheck,
     closed_loop,
     open_loop,
     p99_limit,
@@ -112,3 +113,14 @@ def test_unloaded_requests_each_find_the_engine_idle_for_the_pause(monkeypatch) 
     events.clear()
     bt.unloaded_latencies(events.append, ["a"], repeats=1)  # back to back: no pause
     assert events == ["a"]
+
+
+def test_every_output_under_load_is_checked_against_the_unbatched_engines_alone() -> None:
+    check = OutputCheck(["batched", "unbatched"])
+    check.seen("batched", "a", (1, 2))  # before the reference: the warm pass itself
+    check.reference.update({"a": (1, 2), "b": (3,)})
+    for _ in range(3):
+        check.seen("batched", "a", (1, 2))
+    check.seen("batched", "b", (3, 4))  # a batch-mate changed a token: counted
+    check.seen("unbatched", "b", (3,))
+    assert check.differing == {"batched": 1, "unbatched": 0}

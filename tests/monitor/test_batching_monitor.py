@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from alerts.flags import FlagStore
@@ -100,6 +101,14 @@ def test_over_batching_and_queue_wait_fire_and_the_batching_flag_runs_the_instan
         assert (alone[0]["batch_size_max"], batched[0]["batch_size_max"]) == (1, 8)
         assert batched[0]["batch_size_mean"] == 8.0 and batched[0]["queue_wait_s"] >= 0.0
         assert batched[0]["batch_join_step"] >= 0
+        # The loop's series (TGI's and vLLM's as the guide), scraped from the app.
+        scraped = {sample.name: sample.value for family in text_string_to_metric_families(
+            client.get("/metrics").text) for sample in family.samples}
+        assert scraped["tailwatch_batch_max_size"] == 8.0
+        assert scraped["tailwatch_batch_steps_total"] >= 800  # the requests served above
+        for idle in ("tailwatch_batch_current_size", "tailwatch_queue_size",
+                     "tailwatch_batch_window_seconds"):
+            assert scraped[idle] == 0.0
 
         # Per minute, per bucket and batch-size class (both databases).
         with services.sessions() as s:
