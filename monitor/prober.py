@@ -18,12 +18,15 @@ from storage.writer import Writer
 if TYPE_CHECKING:
     from monitor.scheduler import JobScheduler
 
-# The job whose run is the probe cycle itself: always running while a cycle measures.
+# The jobs whose runs are the probes themselves. ProbeRunner runs one probe at a time, so
+# while a cycle or a burst measures, its own job is running and the other's, if running,
+# only waits for it: neither shares the machine with the measurement.
 PROBE_JOB = "probe"
+BURST_JOB = "burst"
 
 
 class SchedulerActivity:
-    """Report this process's scheduled jobs to a prober, less the probe job itself.
+    """Report this process's scheduled jobs to a prober, less the probe jobs themselves.
 
     The scheduler starts after the prober is composed, so it is attached later; until
     then no job runs here and the activity is empty.
@@ -37,7 +40,8 @@ class SchedulerActivity:
         scheduler = self.scheduler
         if scheduler is None:
             return {}
-        return {name: v for name, v in scheduler.activity().items() if name != PROBE_JOB}
+        return {name: v for name, v in scheduler.activity().items()
+                if name not in (PROBE_JOB, BURST_JOB)}
 
 
 def build_prober(settings: Settings, engine: Engine, writer: Writer,

@@ -7,16 +7,19 @@ Jobs (names are the keys of the `jobs` mapping given to `build_scheduler`):
 A job whose callable is not given is not scheduled. Every job runs with
 max_instances=1 and coalesce=True, so a slow run is never overlapped by its next
 trigger and a backlog of missed triggers runs once; misfire_grace_time from settings.
+The serving process's housekeeping (burst, traffic_flush, memory_trim) starts off the
+probe job's beat (OFF_PROBE_BEAT).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -242,18 +245,57 @@ def cron(expr: str, field: str) -> CronTrigger:
         raise ValueError(f"{field}: invalid crontab expression {expr!r} ({exc})") from exc
 
 
-def interval(seconds: float, field: str) -> IntervalTrigger:
-    """Return an IntervalTrigger; ValueError names the field."""
+def interval(seconds: float, field: str, start: datetime | None = None) -> IntervalTrigger:
+    """Return an IntervalTrigger first firing at `start` (default: one interval from now);
+    ValueError names the field."""
     if seconds <= 0:
         raise ValueError(f"{field}: must be > 0 seconds, got {seconds}")
-    return IntervalTrigger(seconds=seconds, timezone=UTC)
+    return IntervalTrigger(seconds=seconds, start_date=start, timezone=UTC)
 
 
-def triggers(settings: Settings) -> dict[str, BaseTrigger]:
-    """Return each job's trigger from settings (probe jobs left out when disabled)."""
+# Where in the probe job's beat each housekeeping job of the serving process fires. Started
+# together, a job whose interval shares a beat with the probe's fires with a probe cycle's
+# start at every common multiple of the two intervals: the coupling that biased the
+# evaluation when it shared the probe's interval and start. Its work then lands on the
+# canaries each cycle measures first (the first bucket's), so that bucket's numbers, and
+# the ratios drawn from them, carry the monitor's own cost and the other buckets' do not.
+# Two interval jobs whose starts are d apart fire together only if d is a whole multiple of
+# their common beat (the longest interval both intervals are multiples of): a start offset
+# by a fraction of that beat strictly between 0 and 1 never meets a probe start. The
+# fractions also keep the three apart from each other at the shipped intervals and at
+# 10-s probe cycles. The trim (a heap walk under glibc's lock) sits halfway between
+# cycles, where a cycle has most likely ended. A burst and a cycle never overlap anyway
+# (monitor.probe_runner runs one at a time): off the beat, a burst no longer delays a
+# cycle's start.
+OFF_PROBE_BEAT = {MEMORY_TRIM: 0.5, TRAFFIC_FLUSH: 0.5, BURST: 0.75}
+
+
+def common_beat_s(a: float, b: float) -> float:
+    """Return the longest interval that both `a` and `b` are whole multiples of (1-ms grid)."""
+    ms_a, ms_b = round(a * 1000), round(b * 1000)
+    if ms_a <= 0 or ms_b <= 0:
+        return min(a, b)
+    return math.gcd(ms_a, ms_b) / 1000
+
+
+def triggers(settings: Settings, now: datetime | None = None) -> dict[str, BaseTrigger]:
+    """Return each job's trigger from settings (probe jobs left out when disabled).
+
+    Interval jobs count from `now` (default: the current time): each first fires one
+    interval later, and the OFF_PROBE_BEAT jobs their offset after that.
+    """
     s = settings.scheduler
+    anchor = now or utcnow()
+    probe_s = s.probe_interval_s
+
+    def off_beat(name: str, seconds: float, field: str) -> IntervalTrigger:
+        beat = common_beat_s(seconds, probe_s) if probe_s > 0 else seconds
+        start = anchor + timedelta(seconds=seconds + OFF_PROBE_BEAT[name] * beat)
+        return interval(seconds, field, start)
+
     out: dict[str, BaseTrigger] = {
-        TRAFFIC_FLUSH: interval(s.traffic_flush_interval_s, "scheduler.traffic_flush_interval_s"),
+        TRAFFIC_FLUSH: off_beat(TRAFFIC_FLUSH, s.traffic_flush_interval_s,
+                                "scheduler.traffic_flush_interval_s"),
         EVALUATE: interval(s.evaluate_interval_s, "scheduler.evaluate_interval_s"),
         DELIVERY: interval(s.delivery_interval_s, "scheduler.delivery_interval_s"),
         RETENTION: cron(s.retention_cron, "scheduler.retention_cron"),
@@ -262,11 +304,13 @@ def triggers(settings: Settings) -> dict[str, BaseTrigger]:
                               "alerts.sensitivity_interval_s"),
     }
     if s.memory_trim_interval_s > 0:  # 0 turns trimming off
-        out[MEMORY_TRIM] = interval(s.memory_trim_interval_s, "scheduler.memory_trim_interval_s")
+        out[MEMORY_TRIM] = off_beat(MEMORY_TRIM, s.memory_trim_interval_s,
+                                    "scheduler.memory_trim_interval_s")
     if s.probes_enabled:
-        out[PROBE] = interval(s.probe_interval_s, "scheduler.probe_interval_s")
+        out[PROBE] = interval(s.probe_interval_s, "scheduler.probe_interval_s",
+                              anchor + timedelta(seconds=probe_s))
         if s.burst_interval_s > 0:  # 0 turns burst probes off
-            out[BURST] = interval(s.burst_interval_s, "scheduler.burst_interval_s")
+            out[BURST] = off_beat(BURST, s.burst_interval_s, "scheduler.burst_interval_s")
     return out
 
 

@@ -28,7 +28,15 @@ from typing import Any
 
 from engine.errors import Overloaded
 from engine.protocol import Engine, FlagOverride, GenerateResult
-from probes.cycle import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, Observer
+from probes.cycle import (
+    STATUS_ERROR,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    JobActivity,
+    Observer,
+    jobs_between,
+    read_activity,
+)
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
 from probes.stats import Distribution
 from storage.sketches import Sketch
@@ -49,6 +57,8 @@ class BurstResult:
     latency: scheduled arrival -> result (client view); queue_wait: scheduled arrival ->
     engine slot granted (client wait for a thread plus the engine's queue_wait_s).
     latency_sketch: the latencies as storage.sketches' stored form (windows merge bursts).
+    jobs_during: the scheduler jobs running when the burst started or started during it
+        (empty without a JobActivity).
     """
 
     instance_id: str
@@ -74,6 +84,7 @@ class BurstResult:
     latency_sketch: dict[str, Any] = field(default_factory=dict)
     variant: str = VARIANT_DEFAULT  # the arm: optimized, or unbatched (UNBATCHED)
     pair: str = ""  # the same for the arms of one burst (their shared arrivals)
+    jobs_during: tuple[str, ...] = ()
 
     @property
     def throughput_per_s(self) -> float:
@@ -127,6 +138,7 @@ def run_burst(
     observers: Sequence[Observer] = (),
     override: FlagOverride | None = None,
     variant: str = VARIANT_DEFAULT,
+    activity: JobActivity | None = None,
 ) -> BurstResult:
     """Run one burst against `engine` and return what it measured."""
     if concurrency < 1:
@@ -137,6 +149,7 @@ def run_burst(
     offsets = arrivals(rng, rate_per_s, duration_s)
     chosen = [rng.choice(prompts) for _ in offsets]
     tally = _Tally()
+    jobs_before = read_activity(activity)
     started = clock()
     t0 = time.monotonic()
 
@@ -184,6 +197,7 @@ def run_burst(
     finally:
         # Abandon hung calls: their threads finish (or not) without us.
         pool.shutdown(wait=False, cancel_futures=True)
+    jobs_during = jobs_between(jobs_before, read_activity(activity))
     with tally.lock:
         unfinished = sum(not f.done() or f.cancelled() for f in futures)
         results = list(tally.results)
@@ -203,5 +217,5 @@ def run_burst(
             latency=Distribution.of(tally.latency), queue_wait=Distribution.of(tally.queue_wait),
             groups=group((variant, r) for r in results), variant=variant,
             model_version=info.model_version, config_hash=info.config_hash,
-            latency_sketch=Sketch.of(tally.latency).to_json(),
+            latency_sketch=Sketch.of(tally.latency).to_json(), jobs_during=jobs_during,
         )

@@ -249,7 +249,7 @@ class ProbeCycle:
         if self._stuck is not None and self._stuck.is_alive():
             return CycleResult(**base, finished_at=self.clock(), status=STATUS_TIMEOUT,
                                error="previous probe cycle is still waiting on a hung engine call")
-        jobs_before = self._jobs()
+        jobs_before = read_activity(self.activity)
         progress = _Progress()
         deadline = time.monotonic() + self.timeout_s
         worker = threading.Thread(target=self._work, args=(suite, ab, deadline, progress),
@@ -264,7 +264,7 @@ class ProbeCycle:
             "memory_before": progress.memory_before, "memory_after": progress.memory_after,
             "compile": progress.compile, "ab_compile": progress.ab_compile,
             "outputs": tuple(progress.outputs), "pairs": tuple(progress.prompt_pairs),
-            "jobs_during": _jobs_during(jobs_before, self._jobs()),
+            "jobs_during": jobs_between(jobs_before, read_activity(self.activity)),
         }
         if worker.is_alive():
             self._stuck = worker
@@ -349,15 +349,6 @@ class ProbeCycle:
             bucket=bucket, prompt=prompt_id(prompt), order=tuple(v for v, _ in kept),
             latency_s={v: r.total_s for v, r in kept}))
 
-    def _jobs(self) -> Mapping[str, tuple[int, bool]]:
-        if self.activity is None:
-            return {}
-        try:
-            return self.activity()
-        except Exception:  # a broken seam must not fail the probe
-            log.exception("job activity read failed")
-            return {}
-
     def _arms_for(self, first: GenerateResult) -> list[tuple[str, FlagOverride]]:
         """Return the fallback arms that differ from how `first` actually ran."""
         info = self.engine.info
@@ -425,7 +416,18 @@ class ProbeCycle:
             progress.compile = (progress.compile or CompileDelta.none()).plus(delta)
 
 
-def _jobs_during(before: Mapping[str, tuple[int, bool]],
+def read_activity(activity: JobActivity | None) -> Mapping[str, tuple[int, bool]]:
+    """Return what `activity` reports (nothing without one, or when it fails)."""
+    if activity is None:
+        return {}
+    try:
+        return activity()
+    except Exception:  # a broken seam must not fail the probe
+        log.exception("job activity read failed")
+        return {}
+
+
+def jobs_between(before: Mapping[str, tuple[int, bool]],
                  after: Mapping[str, tuple[int, bool]]) -> tuple[str, ...]:
     """Return the jobs running at the start or started since, sorted by name."""
     names = {n for n, (_, running) in before.items() if running}

@@ -82,6 +82,7 @@ class Prober:
         # Compares every cycle's outputs with the reference path's (None: not checked).
         self.checker = checker
         self.agreements: tuple[AgreementGroup, ...] = ()  # the latest cycle's
+        self.activity = activity  # which scheduler jobs ran beside a cycle or burst
         self.cycle = ProbeCycle(
             engine, suites, instance_id=instance_id, canaries_per_bucket=canaries_per_bucket,
             ab_share=ab_share, ab_arms=ab_arms, timeout_s=cycle_timeout_s, rng=self.rng,
@@ -168,7 +169,8 @@ class Prober:
                 rate_per_s=self.burst_rate_per_s, duration_s=self.burst_duration_s,
                 concurrency=self.burst_concurrency, max_new_tokens=s.max_new_tokens,
                 grace_s=self.cycle_timeout_s, rng=random.Random(seed), clock=self.clock,
-                observers=self.observers, override=UNBATCHED if off else None, variant=arm)
+                observers=self.observers, override=UNBATCHED if off else None, variant=arm,
+                activity=self.activity)
         if len(out) > 1:
             out = {arm: replace(r, pair=f"{seed:016x}") for arm, r in out.items()}
         for r in out.values():

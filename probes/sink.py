@@ -16,7 +16,8 @@ Rows written per canary cycle (kind "cycle"):
     CompileEvent    the compile delta of the optimized calls, when anything changed
     MemorySample    before and after the cycle
 A burst probe writes one ProbeRun of kind "burst" (rate, requests, rejections, queue
-wait p95) plus one ProbeResult per (bucket, path, decoding).
+wait p95; details: latency and queue-wait figures, the arm, and jobs_during as a cycle's)
+plus one ProbeResult per (bucket, path, decoding).
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def add_burst(session: Session, b: BurstResult) -> ProbeRun:
                  "latency_samples": b.latency.count, "latency_sketch": b.latency_sketch,
                  "queue_wait_p50_s": b.queue_wait.p50, "queue_wait_max_s": b.queue_wait.max,
                  "queue_wait_samples": b.queue_wait.count, "variant": b.variant,
-                 "throughput_per_s": b.throughput_per_s, "pair": b.pair},
+                 "throughput_per_s": b.throughput_per_s, "pair": b.pair,
+                 "jobs_during": list(b.jobs_during)},
     )
     run.results = [result_row(g, b.started_at) for g in b.groups]
     session.add(run)

@@ -19,6 +19,7 @@ from monitor.hub import Services, services_of
 from monitor.metrics import Metrics, MetricsSink
 from monitor.probe_runner import ProbeRunner
 from monitor.settings import Settings
+from monitor.supervisor import WorkerSupervisor
 from probes.sampler import TrafficSampler
 from probes.traffic import TrafficRecorder
 
@@ -73,6 +74,12 @@ def _probes(s: ServicesDep) -> ProbeRunner:
     return s.probes
 
 
+def _worker(request: Request) -> WorkerSupervisor | None:
+    # Set by `tailwatch serve` when it supervises a worker child; none otherwise.
+    worker: WorkerSupervisor | None = getattr(request.app.state, "worker", None)
+    return worker
+
+
 def _authenticator(s: ServicesDep) -> Authenticator:
     return s.authenticator
 
@@ -107,5 +114,6 @@ TrafficDep = Annotated[TrafficRecorder, Depends(_traffic)]
 SamplerDep = Annotated[TrafficSampler | None, Depends(_sampler)]
 FlagProviderDep = Annotated[FlagProvider, Depends(_flags)]
 ProbeRunnerDep = Annotated[ProbeRunner, Depends(_probes)]
+WorkerDep = Annotated[WorkerSupervisor | None, Depends(_worker)]
 WriterDep = Annotated[str, Depends(_writer)]  # the actor; 401/403 without a valid token
 ReaderDep = Annotated[str, Depends(_reader)]  # checked only when api.read_auth

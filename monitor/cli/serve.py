@@ -75,6 +75,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, no_scheduler: 
     except Exception as exc:
         raise click.ClickException(startup_error(settings, exc)) from None
     supervisor = start_worker(ctx, settings) if with_worker else None
+    app.state.worker = supervisor  # /readyz reports it (monitor.api.deps)
     # uvicorn re-raises a SIGTERM it caught after its shutdown, to the handler found at
     # start: make that one unwind through `finally`, so the worker is stopped too.
     previous = signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -94,11 +95,13 @@ def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
 
 def start_worker(ctx: click.Context, settings: Settings) -> WorkerSupervisor:
     """Start `serve`'s analysis worker child (restarted when it dies)."""
-    from monitor.supervisor import WorkerSupervisor, worker_command, worker_env
+    from monitor.supervisor import WorkerSupervisor, health_url, worker_command, worker_env
 
     supervisor = WorkerSupervisor(worker_command(ctx.obj.get("config_file")),
                                   worker_env(settings),
-                                  backoff_max_s=settings.worker.restart_backoff_max_s)
+                                  backoff_max_s=settings.worker.restart_backoff_max_s,
+                                  health_url=health_url(settings.worker.host,
+                                                        settings.worker.port))
     supervisor.start()
     return supervisor
 

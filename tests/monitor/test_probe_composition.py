@@ -90,3 +90,60 @@ def test_a_cycle_records_the_scheduler_jobs_running_beside_it(tmp_path: Path) ->
         release.set()
         writer.close(timeout=5)
         db.dispose()
+
+
+def test_a_burst_records_the_jobs_beside_it_less_the_probe_jobs(tmp_path: Path) -> None:
+    """A burst row names the jobs that ran beside it; its own job and a waiting cycle's are
+    the probes themselves (one at a time), never listed."""
+    import threading
+
+    from monitor.leader import AlwaysLeader
+    from monitor.prober import SchedulerActivity, build_prober
+    from monitor.scheduler import BURST, PROBE, TRAFFIC_FLUSH, build_scheduler
+    from monitor.settings import Settings
+    from storage.models import ProbeRun
+    from storage.writer import Writer
+
+    url = f"sqlite:///{tmp_path / 'burst_jobs.db'}"
+    upgrade(url)
+    db = make_engine(url)
+    sessions = make_sessionmaker(db)
+    writer = Writer(sessions)
+    settings = Settings(database_url=url, quality={"enabled": False},
+                        probes={"burst_rate_per_s": 200.0, "burst_duration_s": 0.05,
+                                "burst_concurrency": 2, "burst_unbatched": False})
+    engine = FakeEngine()
+    engine.warm_up()
+    release, entered = threading.Event(), threading.Semaphore(0)
+
+    def held() -> None:  # a flush running, and a cycle waiting for the burst to end
+        entered.release()
+        release.wait(30)
+
+    activity = SchedulerActivity()
+    prober = build_prober(settings, engine, writer, sessions, suites=placeholder_suites(2),
+                          activity=activity)
+    activity.scheduler = build_scheduler(
+        settings, {BURST: lambda: prober.run_burst(), PROBE: held, TRAFFIC_FLUSH: held},
+        AlwaysLeader())
+    beside = [threading.Thread(target=activity.scheduler.aps.get_job(name).func)
+              for name in (PROBE, TRAFFIC_FLUSH)]
+    try:
+        for t in beside:
+            t.start()
+        assert entered.acquire(timeout=30) and entered.acquire(timeout=30)
+        # Through the scheduler's own wrapper: the burst job itself is running too.
+        activity.scheduler.aps.get_job(BURST).func()
+        release.set()
+        for t in beside:
+            t.join(30)
+        activity.scheduler.aps.get_job(BURST).func()
+        assert writer.flush(timeout=30)
+        with sessions() as s:
+            runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
+        assert [(r.kind, r.details["jobs_during"]) for r in runs] == [
+            ("burst", [TRAFFIC_FLUSH]), ("burst", [])]
+    finally:
+        release.set()
+        writer.close(timeout=5)
+        db.dispose()

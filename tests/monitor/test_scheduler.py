@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 import pytest
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+from apscheduler.triggers.base import BaseTrigger
 from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 
@@ -15,8 +17,10 @@ from monitor.job_metrics import JobMetrics
 from monitor.leader import AlwaysLeader, PgAdvisoryLeader, lock_key, make_leader
 from monitor.loopback import wait_for
 from monitor.scheduler import (
+    BURST,
     DELIVERY,
     EVALUATE,
+    MEMORY_TRIM,
     PROBE,
     REPORT,
     RETENTION,
@@ -55,6 +59,37 @@ def test_jobs_get_settings_triggers_and_options() -> None:
     report = js.aps.get_job(REPORT).trigger
     assert "day_of_week='mon'" in str(report) and "hour='6'" in str(report)
     assert js.aps.get_job(PROBE).trigger.interval.total_seconds() == 60.0
+
+
+def fire_times(trigger: BaseTrigger, since: datetime, until: datetime) -> list[datetime]:
+    """Return the times APScheduler fires `trigger` in [since, until] (its next_run_times)."""
+    out: list[datetime] = []
+    at = trigger.get_next_fire_time(None, since)
+    while at is not None and at <= until:
+        out.append(at)
+        at = trigger.get_next_fire_time(at, at)
+    return out
+
+
+@pytest.mark.parametrize("probe_interval_s", [60.0, 10.0])  # shipped; the issue's live run
+def test_housekeeping_never_fires_with_a_probe_cycle(probe_interval_s: float) -> None:
+    s = settings(probe_interval_s=probe_interval_s)
+    js = build_scheduler(s, {n: noop for n in (PROBE, BURST, TRAFFIC_FLUSH, MEMORY_TRIM)},
+                         AlwaysLeader())
+    trig = {job.id: job.trigger for job in js.aps.get_jobs()}
+    since = min(t.start_date for t in trig.values())
+    until = since + timedelta(seconds=3 * s.scheduler.burst_interval_s)
+    fires = {name: fire_times(t, since, until) for name, t in trig.items()}
+    assert all(len(times) >= 2 for times in fires.values())
+
+    def gap_s(name: str, other: str) -> float:
+        return min(abs((a - b).total_seconds()) for a in fires[name] for b in fires[other])
+
+    margin = probe_interval_s / 10
+    for name in (BURST, TRAFFIC_FLUSH, MEMORY_TRIM):
+        assert gap_s(name, PROBE) >= margin, name
+    assert min(gap_s(BURST, TRAFFIC_FLUSH), gap_s(BURST, MEMORY_TRIM),
+               gap_s(MEMORY_TRIM, TRAFFIC_FLUSH)) >= margin
 
 
 def test_probes_disabled_leaves_probe_jobs_out() -> None:

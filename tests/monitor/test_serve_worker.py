@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from monitor.loopback import free_port, wait_for
+from monitor.supervisor import health_url
 from tests.monitor.conftest import TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +96,17 @@ class Serve:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def readyz(self) -> httpx.Response:
+        return httpx.get(f"http://127.0.0.1:{self.api_port}/readyz", timeout=5.0)
+
+    def worker_view(self, cond: Callable[[dict], object]) -> dict | None:
+        """Return /readyz's `worker` details once `cond` holds for them (else None)."""
+        try:
+            view = self.readyz().json()["worker"]
+        except httpx.HTTPError:
+            return None
+        return view if cond(view) else None
+
 
 @pytest.fixture
 def serve(migrated_url: str, tmp_path: Path) -> Iterator[Callable[..., Serve]]:
@@ -148,6 +160,9 @@ def test_no_worker_starts_none(serve: Callable[..., Serve]) -> None:
     s.ready()
     assert worker_pid(s.worker_port) is None
     assert "analysis worker" not in s.output()
+    # No worker to report, and its absence does not make the serving process unready.
+    ready = until("serve is ready", lambda: (r := s.readyz()).status_code == 200 and r)
+    assert isinstance(ready, httpx.Response) and ready.json()["worker"] is None
     s.proc.send_signal(signal.SIGTERM)
     s.proc.wait(DEADLINE_S)
 
@@ -175,3 +190,32 @@ def test_the_worker_runs_evaluation_the_serving_process_does_not(
     assert 'tailwatch_job_duration_seconds_count{scheduled_job="evaluate"}' in metrics
     s.proc.send_signal(signal.SIGTERM)
     s.proc.wait(DEADLINE_S)
+
+
+def test_readyz_details_the_worker_serve_supervises(serve: Callable[..., Serve]) -> None:
+    s = serve()
+    first = s.worker()
+    s.ready()
+    view = until("/readyz shows the worker's job table",
+                 lambda: s.worker_view(lambda v: (v["health"] or {}).get("jobs")))
+    assert isinstance(view, dict)
+    assert (view["pid"], view["alive"], view["restarts"], view["last_exit"]) == (
+        first, True, 0, None)
+    assert view["health"]["pid"] == first and view["health"]["status"] == "ok"
+    assert "evaluate" in {j["name"] for j in view["health"]["jobs"]}
+    os.kill(first, signal.SIGKILL)
+    view = until("/readyz shows the crash and the restart",
+                 lambda: s.worker_view(lambda v: v["restarts"] >= 1 and v["alive"]))
+    assert isinstance(view, dict) and view["pid"] != first
+    assert (view["last_exit"]["pid"], view["last_exit"]["code"]) == (first, -9)
+    # The worker never decides readiness: the serving process is ready all the same.
+    until("serve is ready", lambda: s.readyz().status_code == 200)
+    s.proc.send_signal(signal.SIGTERM)
+    s.proc.wait(DEADLINE_S)
+
+
+def test_the_worker_is_asked_on_loopback_when_it_listens_everywhere() -> None:
+    assert health_url("0.0.0.0", 8001) == "http://127.0.0.1:8001/healthz"
+    assert health_url("::", 8001) == "http://[::1]:8001/healthz"
+    assert health_url("10.0.0.5", 9000) == "http://10.0.0.5:9000/healthz"
+    assert health_url("127.0.0.1", 0) is None  # any free port: serve cannot know which

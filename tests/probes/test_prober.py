@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine.protocol import GenerateResult
 from probes.prober import Prober
 from storage import make_engine, make_sessionmaker
 from storage.migrate import upgrade
@@ -119,3 +120,29 @@ def test_settings_prober_records_the_jobs_beside_each_cycle(
         runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
     assert [r.details["jobs_during"] for r in runs] == [["evaluate"], []]
     assert all(r.details["ab"] and r.details["pairs"] for r in runs)
+
+
+def test_settings_prober_records_the_jobs_beside_each_burst(
+        sessionmaker: sessionmaker[Session], writer: Writer, engine: FakeEngine,
+        suites: dict) -> None:
+    from probes.prober import prober_from_settings
+    from probes.settings import ProbeSettings
+
+    jobs = {"evaluate": (1, True), "retention": (4, False), "report": (2, False)}
+
+    def retention_ran(_: GenerateResult) -> None:
+        jobs["retention"] = (5, False)  # started and finished while the burst ran
+
+    settings = ProbeSettings(burst_rate_per_s=400.0, burst_duration_s=0.05,
+                             burst_concurrency=2, burst_unbatched=False)
+    prober = prober_from_settings(settings, engine, writer, instance_id="a", suites=suites,
+                                  rng=random.Random(0), observers=[retention_ran],
+                                  activity=lambda: dict(jobs))
+    assert prober.run_burst().jobs_during == ("evaluate", "retention")
+    jobs["evaluate"] = (1, False)
+    assert prober.run_burst().jobs_during == ()
+    assert writer.flush(timeout=30)
+    with sessionmaker() as s:
+        runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
+    assert [(r.kind, r.details["jobs_during"]) for r in runs] == [
+        ("burst", ["evaluate", "retention"]), ("burst", [])]
