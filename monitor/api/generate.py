@@ -25,6 +25,7 @@ from monitor.api.deps import (
 )
 
 router = APIRouter(tags=["serving"])
+MAX_TIMEOUT_S = 3600.0
 
 
 class GenerateRequest(BaseModel):
@@ -35,6 +36,11 @@ class GenerateRequest(BaseModel):
     text: str = Field(min_length=1, description="Input text.")
     # strict: `true` is no token count (lax validation would read it as 1).
     max_new_tokens: int | None = Field(None, ge=1, strict=True, description="Output length cap.")
+    # A client that gives up after its own deadline says so: its request then leaves the
+    # queue or the batch at that deadline (504) instead of holding a row to its last token.
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, strict=True, allow_inf_nan=False,
+        description="Seconds the request may take, queue wait included; past them: 504.")
 
 
 class GenerateResponse(BaseModel):
@@ -69,6 +75,7 @@ _REASONS: tuple[tuple[type[EngineError], str], ...] = (
     422: {"description": "Invalid field"},
     429: {"description": "Queue full; see Retry-After"},
     503: {"description": "Engine not ready; see Retry-After"},
+    504: {"description": "Not finished within the request's timeout_s"},
 })
 def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
              sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep,
@@ -77,7 +84,8 @@ def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
     # Refused before the engine is called: every Engine implementation gets a budget in the cap.
     validation.max_new_tokens(settings.engine, body.max_new_tokens)
     try:
-        result = engine.generate(body.text, max_new_tokens=body.max_new_tokens)
+        result = engine.generate(body.text, max_new_tokens=body.max_new_tokens,
+                                 timeout_s=body.timeout_s)
     except Exception as exc:
         # Anything else escaping the engine is a failure too: count it, the edge maps it.
         reason = next((r for t, r in _REASONS if isinstance(exc, t)), "error")

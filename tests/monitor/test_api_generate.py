@@ -116,6 +116,29 @@ def test_timeout_is_504(client: TestClient, factory: FakeFactory) -> None:
     assert r.json()["error"]["code"] == "timeout"
 
 
+def test_timeout_s_reaches_the_engine_and_bad_values_are_422_naming_it(
+        client: TestClient, factory: FakeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = factory.engine
+    assert engine is not None
+    seen: list[float | None] = []
+    generate = engine.generate
+
+    def recording(text, **kwargs):
+        seen.append(kwargs.get("timeout_s"))
+        return generate(text, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", recording)
+    assert client.post("/v1/generate", json={"text": "hello", "timeout_s": 2.5}).status_code == 200
+    assert client.post("/v1/generate", json={"text": "hello", "timeout_s": 3}).status_code == 200
+    assert client.post("/v1/generate", json={"text": "hello"}).status_code == 200
+    assert seen == [2.5, 3, None]
+    for value in (0, -1, True, "soon", 1e9):
+        r = client.post("/v1/generate", json={"text": "hello", "timeout_s": value})
+        assert r.status_code == 422, value
+        assert r.json()["error"]["field"] == "timeout_s"
+    assert len(seen) == 3  # refused at the edge: the engine never saw them
+
+
 def test_openapi_documents_every_route(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     for path in ("/v1/generate", "/v1/flags", "/v1/flags/{name}", "/v1/flags/audit",
