@@ -56,7 +56,7 @@ CAUSES = ("host_or_load", "optimization", "one_instance", "some_instances", "one
 # Family -> what the one-bucket cause names ("acceptance in bucket 32 only").
 _WHAT = {"speculation": "acceptance", "latency": "latency", "quality": "output agreement",
          "memory": "memory", "compile": "recompiles", "probes": "probe failures",
-         "traffic": "traffic", "load": "queue wait"}
+         "traffic": "traffic", "load": "queue wait", "batching": "batch step cost"}
 # Families whose rules measure load itself (alerts.incidents.FAMILIES): such a member says
 # requests wait, which no A/B arm can show as a slowed optimization.
 LOAD_FAMILIES = ("load",)

@@ -6,19 +6,30 @@ An alert joins an incident when it fires (pending alerts are no incident's yet):
     - a resolved one that started within `window_s` and shares its scope, or one
       resolved within `hold_s` that it was a member of (same fingerprint): it reopens;
     - otherwise a new incident.
-Rule families (latency, speculation, compile, quality, memory, probes, traffic, load) are labels
-on the incident. It resolves when its last member resolves.
+A cohort (model_version/config_hash) is read at grouping time: an instance's is the one
+its latest canary cycle ran (`storage.queries.runs.serving_cohorts`), a rollout alert's
+the new cohort it judged (its `new` label; it covers no instance of its own). So during
+a rollout, alerts on two instances serving the new cohort share it.
+Rule families (latency, speculation, compile, quality, memory, probes, traffic, load,
+batching, rollout) are labels on the incident. It resolves when its last member resolves.
 
 Notifications (one outbox row per target, order kept per incident through its first
 member's alert id): firing once when it opens (or reopens), with its members, a summary
 line and the probable cause (`alerts.cause`); at most one update per `group_interval_s`
 while members join or leave, to the formats in `update_formats` (Alertmanager's by
-default); escalated once to every target when a page joins an incident notified as a
-warning (or less); de-escalated once to every target when its receivers were told of a
-page and no page member fires any more while warnings go on (a pager resolves the page;
-the incident stays open); resolved once. alertmanager_api targets get the members
-re-sent every `resend_s` while it is open (Alertmanager resolves pushed alerts not
-re-sent).
+default); escalated to every target when a page joins an incident notified as a warning
+(or less): at once the first time, as a warning must never hide a page; de-escalated to
+every target when its receivers were told of a page and no page member fires any more
+while warnings go on (a pager resolves the page; the incident stays open). After the
+first escalation, escalations and de-escalations go out at most once per
+`group_interval_s` (a page member that flaps pages nobody every cycle): what is sent is
+the severity in force when it is due. Resolved once. alertmanager_api targets get the
+members re-sent every `resend_s` while it is open (Alertmanager resolves pushed alerts
+not re-sent).
+
+The counter of incidents by cause counts each incident once (`counted_cause`): by the
+first cause stated other than unknown, or the one it resolved with. A cause restated
+later moves no count: a counter never goes down.
 """
 
 from __future__ import annotations
@@ -30,25 +41,33 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from alerts.baselines import cohort_label
 from alerts.cause import Cause, CauseConfig, Scope, measure
 from alerts.lifecycle import Lifecycle, alert_info
 from alerts.outbox import enqueue, notification_key
+from alerts.rollout import ROLLOUT_RULE
 from alerts.webhooks import IncidentInfo, Notification, WebhookTarget
 from storage.models import Alert, Incident, IncidentEvent, IncidentMember
 from storage.queries import incidents as queries
+from storage.queries.runs import serving_cohorts
 
 log = logging.getLogger(__name__)
 SEVERITY_ORDER = ("page", "warning", "info")
 # metric -> family; rules are labelled by their metric (rule names are the user's).
+# queue_wait_share stays "load": a rising wait is requests queueing (alerts.cause reads the
+# family as load); the batching family is what a fuller batch step costs.
 FAMILIES = {
     "p50_latency": "latency", "p95_latency": "latency", "p99_latency": "latency",
     "ttft": "latency", "per_token": "latency", "burst_p99": "latency",
     "acceptance_rate": "speculation", "recompiles_per_hour": "compile",
     "compile_failures": "compile", "output_agreement": "quality", "memory_growth": "memory",
     "probe_failures": "probes", "overflow_share": "traffic", "padding_waste": "traffic",
-    "rejections": "traffic", "queue_wait_share": "load",
+    "rejections": "traffic", "queue_wait_share": "load", "batch_p99_ratio": "batching",
+    "step_throughput": "batching",
 }
-COHORT_LABELS = ("model_version", "config_hash")
+# An instance's cohort is its latest canary cycle's within this long (cycles run every
+# evaluation or so; an instance silent for longer serves no cohort we can name).
+SERVING_LOOKBACK_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -75,38 +94,58 @@ class IncidentReport:
 def family(alert: Alert) -> str:
     """Return the rule family of an alert (its metric's; "other" when unknown)."""
     metric = (alert.annotations or {}).get("metric", "")
-    if alert.rule == "rollout_regression":
+    if alert.rule == ROLLOUT_RULE:
         return "rollout"
     return FAMILIES.get(metric, "other")
 
 
-def _cohort(labels: Mapping[str, str]) -> str | None:
-    if not any(k in labels for k in COHORT_LABELS):
-        return None
-    return "/".join(labels.get(k, "") for k in COHORT_LABELS)
+@dataclass(frozen=True)
+class Reach:
+    """Where alerts apply: instances, cohorts ("model_version/config_hash"), or everywhere."""
+
+    instances: frozenset[str] = frozenset()
+    cohorts: frozenset[str] = frozenset()
+    everywhere: bool = False
+
+    def __or__(self, other: Reach) -> Reach:
+        """Return where either applies."""
+        return Reach(self.instances | other.instances, self.cohorts | other.cohorts,
+                     self.everywhere or other.everywhere)
+
+    def shares(self, other: Reach) -> bool:
+        """Return whether the two share an instance or a cohort (everywhere shares all)."""
+        return (self.everywhere or other.everywhere or bool(self.instances & other.instances)
+                or bool(self.cohorts & other.cohorts))
 
 
-def shares(alert: Alert, instances: Sequence[str], cohorts: Sequence[str],
-           everywhere: bool) -> bool:
-    """Return whether `alert` shares an instance or a cohort with an incident's members.
+def reach(alert: Alert, serving: Mapping[str, str]) -> Reach:
+    """Return where `alert` applies; `serving`: instance -> the cohort it serves now.
 
-    everywhere: the incident has a member without an instance label (it covers them all).
+    A rollout alert judged a cohort, not an instance: it applies to that cohort (its `new`
+    label). An alert with an instance label applies to the instance and its cohort; any
+    other alert covers every instance.
     """
     labels = alert.labels or {}
+    if alert.rule == ROLLOUT_RULE and labels.get("new"):
+        return Reach(cohorts=frozenset({labels["new"]}))
     inst = labels.get("instance")
-    if inst is None or everywhere or inst in instances:
-        return True
-    cohort = _cohort(labels)
-    return cohort is not None and cohort in cohorts
+    if inst is None:
+        return Reach(everywhere=True)
+    cohort = serving.get(inst)
+    return Reach(frozenset({inst}), frozenset({cohort}) if cohort else frozenset())
 
 
-def _scope(members: Sequence[Alert]) -> tuple[Scope, list[str], bool]:
+def _scope(members: Sequence[Alert], serving: Mapping[str, str],
+           cohorts: Iterable[str] = ()) -> tuple[Scope, Reach]:
+    """Return what `members` cover; `cohorts`: those the incident was stated with before
+    (an instance that moved on to another cohort keeps its incident's)."""
     buckets = sorted({m.labels["bucket"] for m in members if "bucket" in (m.labels or {})})
     instances = sorted({m.labels["instance"] for m in members if "instance" in (m.labels or {})})
-    cohorts = sorted({c for m in members if (c := _cohort(m.labels or {})) is not None})
-    everywhere = any("instance" not in (m.labels or {}) for m in members)
+    where = Reach(cohorts=frozenset(cohorts))
+    for m in members:
+        where |= reach(m, serving)
     fams = sorted({family(m) for m in members})
-    return Scope(tuple(buckets), tuple(instances), tuple(fams)), cohorts, everywhere
+    return Scope(tuple(buckets), tuple(instances), tuple(fams)), where
 
 
 def summary(members: Sequence[Alert], scope: Scope, cohorts: Sequence[str],
@@ -137,6 +176,7 @@ class Incidents:
         horizon = now - timedelta(seconds=max(config.window_s, config.hold_s))
         self.candidates = queries.recent_incidents(session, horizon)
         self.members = queries.members_of(session, [i.id for i in self.candidates])
+        self._serving: dict[str, str] | None = None
 
     def run(self) -> IncidentReport:
         """Join fired alerts, count resolved ones, then notify what changed."""
@@ -173,6 +213,7 @@ class Incidents:
             if inc.id not in joined and inc.state == "open" and inc.cause == "unknown":
                 self._describe(inc, self.members.get(inc.id, []), remeasure=True)
         for inc in self.candidates:
+            _count(inc)
             self._notify(inc, inc in opened or inc in reopened, inc in resolved)
         self.session.flush()
         return IncidentReport(tuple(i.id for i in opened), tuple(i.id for i in reopened),
@@ -182,10 +223,11 @@ class Incidents:
         window = timedelta(seconds=self.config.window_s)
         hold = timedelta(seconds=self.config.hold_s)
         best: tuple[Incident, str] | None = None
+        mine = reach(alert, self.serving())
         for inc in reversed(self.candidates):
             members = self.members.get(inc.id, [])
-            scope, cohorts, everywhere = _scope(members)
-            share = shares(alert, scope.instances, cohorts, everywhere)
+            _, where = _scope(members, self.serving(), inc.cohorts or ())
+            share = mine.shares(where)
             if inc.state == "open" and share:
                 best = (inc, "joined")
                 break
@@ -222,7 +264,8 @@ class Incidents:
     def _describe(self, inc: Incident, members: Sequence[Alert], *, remeasure: bool) -> None:
         if not members:
             return
-        scope, cohorts, _ = _scope(members)
+        scope, where = _scope(members, self.serving(), inc.cohorts or ())
+        cohorts = sorted(where.cohorts)
         inc.families = list(scope.families)
         inc.buckets = list(scope.buckets)
         inc.instances = list(scope.instances)
@@ -238,6 +281,14 @@ class Incidents:
             inc.cause, inc.cause_text, inc.evidence = cause.kind, cause.text, dict(cause.evidence)
         inc.summary = summary(members, scope, cohorts, inc.cause_text)
 
+    def serving(self) -> dict[str, str]:
+        """Return instance -> the cohort it serves now ("model_version/config_hash")."""
+        if self._serving is None:
+            since = self.now - timedelta(seconds=SERVING_LOOKBACK_S)
+            self._serving = {inst: cohort_label(c) for inst, c in
+                             serving_cohorts(self.session, since, self.now).items()}
+        return self._serving
+
     def _event(self, inc: Incident, kind: str, alert: Alert | None, detail: str) -> None:
         self.session.add(IncidentEvent(incident_id=inc.id, at=self.now, kind=kind,
                                        alert_id=alert.id if alert is not None else None,
@@ -250,21 +301,22 @@ class Incidents:
         # What receivers were last told: the members firing (a join or a leave changes it).
         ids = sorted(m.id for m in members if m.state == "firing")
         targets: Sequence[WebhookTarget] = ()
+        change = None if resolve or fire else self._severity_change(inc, members)
         if resolve:
             kind, key, targets = "resolved", notification_key(
                 "incident", inc.id, "resolved", inc.reopened), self.life.targets
         elif fire:
             kind, key, targets = "firing", notification_key(
                 "incident", inc.id, "firing", inc.reopened), self.life.targets
-        elif inc.state == "open" and _escalated(inc, members):
+        elif change is not None and change[0] == "escalated":
             # A page joined an incident its receivers heard of as a warning: every target
-            # hears it now, whatever the update settings (generic and slack get none).
+            # hears it, whatever the update settings (generic and slack get none).
             # After a de-escalation the same page may come back: a new key, not a duplicate.
-            again = queries.event_count(self.session, inc.id, "deescalated")
+            again = change[1]
             kind, key, targets = "escalated", notification_key(
                 "incident", inc.id, "escalated", inc.severity, inc.reopened,
                 *([again] if again else [])), self.life.targets
-        elif inc.state == "open" and _deescalated(inc, members):
+        elif change is not None:
             # The page is over but warnings it joined go on (a slow drift can hold them for
             # days): without this a pager stays triggered until the last warning resolves.
             kind, key, targets = "deescalated", notification_key(
@@ -295,6 +347,27 @@ class Incidents:
             if kind != "resolved":
                 inc.notified_severity = _now_severity(members) or inc.severity
         self._event(inc, "notified", None, key)
+
+    def _severity_change(self, inc: Incident,
+                         members: Sequence[Alert]) -> tuple[str, int] | None:
+        """Return ("escalated" or "deescalated", the de-escalations sent so far) when one
+        is due now, else None.
+
+        The first escalation goes out at once: a warning must never hide the page that
+        followed it. After that a page member that comes and goes would notify every
+        target each time, so escalations and de-escalations wait for `group_interval_s`
+        since the last notification; what goes out then is the severity in force (a page
+        that came and went meanwhile sends nothing).
+        """
+        if inc.state != "open":
+            return None
+        up, down = _escalated(inc, members), _deescalated(inc, members)
+        if not (up or down):
+            return None
+        again = queries.event_count(self.session, inc.id, "deescalated")
+        if (up and not again) or self._due(inc, self.config.group_interval_s):
+            return ("escalated" if up else "deescalated"), again
+        return None
 
     def _due(self, inc: Incident, interval_s: float, *, resend: bool = False) -> bool:
         last = inc.last_notified_at
@@ -353,6 +426,17 @@ def _deescalated(inc: Incident, members: Sequence[Alert]) -> bool:
     """
     now = _now_severity(members)
     return inc.notified_severity == "page" and now is not None and _rank(now) > _rank("page")
+
+
+def _count(inc: Incident) -> None:
+    """Settle the cause the counter by cause counts the incident under, once.
+
+    The first cause stated other than unknown, or the one it resolved with: an unknown
+    cause is measured again while the incident is open, and a count moved from one cause
+    to another would make the other go down.
+    """
+    if inc.counted_cause is None and (inc.cause != "unknown" or inc.state == "resolved"):
+        inc.counted_cause = inc.cause
 
 
 def _where(alert: Alert) -> str:

@@ -5,6 +5,8 @@ A rule result for a scope moves that scope's alert:
     pending --back inside threshold before confirmation--> resolved (never notified)
     pending --fired, but its latest cycles no longer breach--> resolved, recorded as a
             "late" transition (RuleResult.over): the cause has ended, nobody is paged
+            (no fired_at: it never fired; the detector restarts after it all the same,
+            storage.queries.alerts.confirmed_run)
 Every move is an `AlertTransition` row with the value, baseline and relative change;
 firing and resolved moves add outbox rows in the same transaction (per alert; the
 evaluator instead groups them into incidents, `alerts.incidents`, and notifies once per
@@ -121,9 +123,9 @@ class Lifecycle:
         self._update(rule, alert, result)
         if alert.state == "pending":
             if result.fired and result.over:
-                # Confirmed only after its cause ended: fired_at restarts the detector
-                # after this run (as after a resolved alert), so it is not judged again.
-                alert.fired_at = self.now
+                # Confirmed only after its cause ended: it never fires (no fired_at, so
+                # the report lists it as late, not fired); the late transition restarts
+                # the detector after this run, so it is not judged again.
                 alert.resolved_at = self.now
                 out.append(self._move(alert, "pending", "late", result, state="resolved"))
             elif result.fired:

@@ -130,7 +130,7 @@ class RuleResult:
         still holds an ended regression, their own samples back.
     no_data: the latest cycle is empty or there is no usable baseline; nothing changes.
     over: fired, but the latest `for` cycles no longer breach on their own samples (their
-        median change inside the hysteresis band; for a pooled tail quantile, none of their
+        median change short of the threshold; for a pooled tail quantile, none of their
         own samples above the baseline and their median back at the baseline's body): a
         run that confirms only after its cause ended (the lifecycle records it as late).
     """
@@ -582,17 +582,19 @@ def run_over(rule: Rule, points: Sequence[Point], rels: Sequence[float | None],
     """Return whether the latest cycles' own samples say a confirmed run has ended.
 
     A run median or a pooled quantile still holds an ended regression's cycles for a
-    while; these cycles alone must still breach for the confirmation to page. Plain
-    series: the median change of the cycles is inside the hysteresis band. Pooled
-    quantiles: the quantile of the cycles' own samples, merged, is inside the band; for
-    a tail quantile (a few samples say little about it) none of their own samples is above
-    the baseline quantile and their median is back within threshold / 2 of the
-    baseline's body (unknown body: not over).
+    while; these cycles alone must still breach (reach the threshold, not merely stay
+    outside the hysteresis band) for the confirmation to page: cycles settled between the
+    band and the threshold are what an ended cause leaves, and the rule would not confirm
+    them on their own. Plain series: the median change of the cycles does not reach the
+    threshold. Pooled quantiles: the quantile of the cycles' own samples, merged, does
+    not reach it; for a tail quantile (a few samples say little about it) none of their
+    own samples is above the baseline quantile and their median is back within
+    threshold / 2 of the baseline's body (unknown body: not over).
     """
     q = QUANTILE_METRICS.get(rule.metric)
     if q is None or not any(p.pooled for p in points):
         known = [r for r in rels if r is not None]
-        return bool(known) and rule.direction * statistics.median(known) < rule.resolve_threshold
+        return bool(known) and not breaches(rule, statistics.median(known))
     fresh = [p.fresh for p in points if p.fresh is not None and p.fresh.count]
     if len(fresh) < len(points) or not fresh or baseline.center <= 0:
         return False
@@ -602,7 +604,7 @@ def run_over(rule: Rule, points: Sequence[Point], rels: Sequence[float | None],
     if not pooled:
         own = merged.quantile(q)
         rel = relative_change(own, baseline.center) if own is not None else None
-        return rel is not None and rule.direction * rel < rule.resolve_threshold
+        return rel is not None and not breaches(rule, rel)
     if baseline.body is None or any(count_above(f, baseline.center) for f in fresh):
         return False
     mid = merged.quantile(0.5)

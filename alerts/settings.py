@@ -12,7 +12,7 @@ class IncidentSettings(BaseModel):
 
     window_s: float = Field(150.0, ge=0)  # alerts firing this close together group
     hold_s: float = Field(600.0, ge=0)  # a member firing again this soon reopens it
-    group_interval_s: float = Field(300.0, gt=0)  # at most one update per interval
+    group_interval_s: float = Field(300.0, gt=0)  # at most one update/severity change per interval
     # Formats that get updates while members join or leave (generic/slack: off).
     update_formats: list[str] = Field(default_factory=lambda: ["alertmanager",
                                                                "alertmanager_api"])

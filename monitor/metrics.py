@@ -622,8 +622,9 @@ class DatabaseCollector(_SafeCollector):
             f"{PREFIX}_incidents_open", "Incidents open now (alerts grouped, alerts.incidents).",
             value=incident_queries.open_counts(session))
         family = CounterMetricFamily(
-            f"{PREFIX}_incidents", "Incidents opened, by probable cause (host_or_load, "
-            "optimization, one_instance, some_instances, one_bucket, unknown).",
+            f"{PREFIX}_incidents", "Incidents by probable cause (host_or_load, optimization, "
+            "one_instance, some_instances, one_bucket, unknown), each counted once: under its "
+            "first cause other than unknown, or the one it resolved with.",
             labels=("cause",))
         counts = incident_queries.counts_by_cause(session)
         for cause in CAUSES:

@@ -477,6 +477,10 @@ class Incident(Base):
     # The severity in force at the last firing notification: a firing member more severe
     # is an escalation; a page told, with no page member firing any more, a de-escalation.
     notified_severity: Mapped[str | None] = mapped_column(String(16))
+    # The cause the counter by cause counts it under, set once (its first cause other than
+    # unknown, or the one it resolved with): `cause` is restated while it is open, and a
+    # counter read from it would go down. Null: not counted yet.
+    counted_cause: Mapped[str | None] = mapped_column(String(32))
 
     events: Mapped[list[IncidentEvent]] = relationship(
         back_populates="incident", cascade="all, delete-orphan", passive_deletes=True,

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from storage.models import Alert, AlertTransition
@@ -32,6 +32,18 @@ def firing_alerts(session: Session, rules: Collection[str] | None = None) -> lis
     return list(session.scalars(q))
 
 
+def confirmed_run() -> ColumnElement[bool]:
+    """Return a condition on Alert: its run was confirmed (it fired, or it was late).
+
+    A late run (confirmed only after its cause ended) never fired and has no fired_at,
+    but its cycles were a regression all the same: the detector restarts after it and
+    the baselines leave it out, as after an alert that fired.
+    """
+    late = exists().where(AlertTransition.alert_id == Alert.id,
+                          AlertTransition.to_state == "late")
+    return or_(Alert.fired_at.is_not(None), late)
+
+
 def fired_alerts(session: Session, rules: Collection[str]) -> list[Alert]:
     """Return every alert of `rules` that ever fired (resolved ones included)."""
     return list(session.scalars(select(Alert).where(Alert.rule.in_(tuple(rules)),
@@ -39,10 +51,11 @@ def fired_alerts(session: Session, rules: Collection[str]) -> list[Alert]:
 
 
 def last_resolved_fired(session: Session, rule: str) -> dict[str, datetime]:
-    """Return fingerprint -> when its latest alert that had fired was resolved (rule `rule`)."""
+    """Return fingerprint -> when its latest alert whose run was confirmed (fired or late)
+    was resolved (rule `rule`)."""
     rows = session.execute(
         select(Alert.fingerprint, func.max(Alert.resolved_at))
-        .where(Alert.rule == rule, Alert.state == "resolved", Alert.fired_at.is_not(None))
+        .where(Alert.rule == rule, Alert.state == "resolved", confirmed_run())
         .group_by(Alert.fingerprint))
     return {fp: at for fp, at in rows if at is not None}
 
@@ -55,8 +68,7 @@ def last_resolved_fired_by_rule(session: Session,
         return out
     rows = session.execute(
         select(Alert.rule, Alert.fingerprint, func.max(Alert.resolved_at))
-        .where(Alert.rule.in_(tuple(out)), Alert.state == "resolved",
-               Alert.fired_at.is_not(None))
+        .where(Alert.rule.in_(tuple(out)), Alert.state == "resolved", confirmed_run())
         .group_by(Alert.rule, Alert.fingerprint))
     for rule, fp, at in rows:
         if at is not None:
@@ -94,7 +106,10 @@ def open_alert_counts(session: Session) -> list[AlertCount]:
 
 
 def alerts_active_between(session: Session, start: datetime, end: datetime) -> list[Alert]:
-    """Return alerts that fired before `end` and were firing or moved within [start, end)."""
+    """Return alerts that fired before `end` and were firing or moved within [start, end).
+
+    Late runs are not among them: they never fired (the incidents section lists them).
+    """
     moved = select(AlertTransition.alert_id).where(AlertTransition.at >= start,
                                                    AlertTransition.at < end)
     return list(session.scalars(

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.models import Alert, Baseline, scope_key
+from storage.queries.alerts import confirmed_run
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,12 @@ def alert_periods(session: Session, rules: Iterable[str], since: datetime) -> li
     """Return the periods of `rules`' alerts that fired or are still open, overlapping `since`.
 
     Rolling baselines leave these cycles out: the firing ones and the pending run that led
-    to a firing (a regression is not the normal level). Pending alerts that resolved
-    unconfirmed stay in: leaving out every noisy cycle would shrink the spread.
+    to a firing or a late run (a regression is not the normal level). Pending alerts that
+    resolved unconfirmed stay in: leaving out every noisy cycle would shrink the spread.
     """
     a = Alert
     q = select(a.labels, a.started_at, a.resolved_at).where(
-        a.rule.in_(tuple(rules)), (a.fired_at.is_not(None)) | (a.state != "resolved"),
+        a.rule.in_(tuple(rules)), confirmed_run() | (a.state != "resolved"),
         (a.resolved_at.is_(None)) | (a.resolved_at >= since))
     return [AlertPeriod(dict(labels or {}), start, end) for labels, start, end in session.execute(q)]
 

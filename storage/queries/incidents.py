@@ -90,9 +90,15 @@ def open_counts(session: Session) -> int:
 
 
 def counts_by_cause(session: Session) -> dict[str, int]:
-    """Return cause -> how many incidents were stated with it (all time)."""
-    rows = session.execute(select(Incident.cause, func.count()).group_by(Incident.cause))
-    return {cause: int(n) for cause, n in rows}
+    """Return cause -> how many incidents are counted under it (all time).
+
+    Each incident once, by its `counted_cause` (set once, alerts.incidents): the current
+    cause is restated while an incident is open, and a count read from it could fall.
+    """
+    rows = session.execute(select(Incident.counted_cause, func.count())
+                           .where(Incident.counted_cause.is_not(None))
+                           .group_by(Incident.counted_cause))
+    return {cause: int(n) for cause, n in rows if cause is not None}
 
 
 def events(session: Session, incident_id: int) -> list[IncidentEvent]:

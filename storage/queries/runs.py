@@ -1,4 +1,4 @@
-"""Probe runs: the current cohort, the latest runs, run listings and A/B prompt pairs."""
+"""Probe runs: cohorts (current, per instance), the latest runs, listings and A/B pairs."""
 
 from __future__ import annotations
 
@@ -45,6 +45,22 @@ def current_cohort(session: Session, now: datetime) -> CurrentCohort:
         first = first.where(r.started_at > other)
     since = session.scalar(first.order_by(r.started_at.asc()).limit(1))
     return CurrentCohort(mv, ch, since)
+
+
+def serving_cohorts(session: Session, since: datetime,
+                    until: datetime) -> dict[str, tuple[str, str]]:
+    """Return instance_id -> (model_version, config_hash) of its latest canary cycle
+    started in [since, until): the cohort each instance serves (none: no cycle then)."""
+    r = ProbeRun
+    cycles = (r.kind == RunKind.CYCLE.value, r.started_at >= since, r.started_at < until)
+    latest = (select(r.instance_id, func.max(r.started_at).label("at")).where(*cycles)
+              .group_by(r.instance_id).subquery())
+    rows = session.execute(
+        select(r.instance_id, r.model_version, r.config_hash)
+        .join(latest, (r.instance_id == latest.c.instance_id) & (r.started_at == latest.c.at))
+        .where(*cycles).order_by(r.id))
+    # Two cycles of an instance started at the same moment: the later stored one speaks.
+    return {inst: (mv, ch) for inst, mv, ch in rows}
 
 
 def latest_finished_runs(session: Session) -> list[ProbeRun]:

@@ -11,12 +11,14 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.incidents import IncidentConfig, IncidentReport, group
+from alerts.incidents import IncidentConfig, IncidentReport, family, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
-from alerts.rule_file import parse_rule
+from alerts.rollout import ROLLOUT_RULE
+from alerts.rule_file import load_rules, parse_rule
 from alerts.rules import Rule, RuleResult
 from storage.models import Incident, IncidentEvent, IncidentMember
 from storage.queries import incidents as queries
+from tests.alerts.builders import add_cycle
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 P99 = parse_rule({"name": "p99_latency_regression", "metric": "p99_latency", "change": "+15%",
@@ -130,3 +132,57 @@ def test_the_window_comes_from_the_config(sessionmaker: sessionmaker[Session]) -
         recover(s, at(3), P50, {"bucket": "32", "instance": "i1"})
         fire(s, at(4), P99, {"bucket": "64", "instance": "i1"})  # outside it, not a member
         assert len(incidents(s)) == 2
+
+
+ROLLOUT = parse_rule({"name": ROLLOUT_RULE, "metric": "p99_latency", "change": "+15%"})
+
+
+def test_during_a_rollout_instances_serving_one_cohort_share_it_and_two_cohorts_stay_apart(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """The rollout reached i1 and i2 (cohort m2), not i3 (m1): each instance's cohort is
+    the one its latest canary cycle ran, and a rollout alert's the new cohort it judged."""
+    with sessionmaker.begin() as s:
+        for inst, version in (("i1", "m2"), ("i2", "m2"), ("i3", "m1")):
+            add_cycle(s, at(-30), {"64": 0.1}, instance=inst, model_version="m1")
+            add_cycle(s, at(-1), {"64": 0.1}, instance=inst, model_version=version)
+        fire(s, at(0), RECOMPILES, {"instance": "i1"})
+        fire(s, at(1), RECOMPILES, {"instance": "i3"})  # another cohort, no shared instance
+        fire(s, at(1.5), RECOMPILES, {"instance": "i2"})  # i1's cohort: joins its incident
+        fire(s, at(2), ROLLOUT, {"bucket": "64", "metric": "p99_latency", "source": "canary",
+                                 "new": "m2/c1", "old": "m1/c1"})
+        new, old = incidents(s)
+        assert (new.instances, new.cohorts) == (["i1", "i2"], ["m2/c1"])
+        assert (old.instances, old.cohorts) == (["i3"], ["m1/c1"])
+        assert new.families == ["compile", "rollout"] and old.families == ["compile"]
+        assert len(queries.members(s, new.id)) == 3 and len(queries.members(s, old.id)) == 1
+        assert "cohorts m2/c1" in new.summary
+
+
+def test_without_canary_cycles_instances_name_no_cohort_and_stay_apart(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        # i2's only cycle is over an hour old: it serves no cohort we can name now.
+        add_cycle(s, at(-90), {"64": 0.1}, instance="i2", model_version="m2")
+        add_cycle(s, at(-1), {"64": 0.1}, instance="i1", model_version="m2")
+        fire(s, at(0), RECOMPILES, {"instance": "i1"})
+        fire(s, at(1), RECOMPILES, {"instance": "i2"})
+        assert [(i.instances, i.cohorts) for i in incidents(s)] == [
+            (["i1"], ["m2/c1"]), (["i2"], [])]
+
+
+def test_every_shipped_rule_is_labelled_with_a_family(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Each rule of alerts/rules.yaml, its alert as the lifecycle writes it: none is "other"."""
+    shipped = load_rules()
+    with sessionmaker.begin() as s:
+        life = Lifecycle(s, at(0), per_alert=False)
+        for rule in shipped:
+            labels = {k: "x" for k in rule.per}
+            life.apply(rule, RuleResult(rule.name, labels, 1.0, 1.5, 0.5, 0.15, False,
+                                        "pending", breaching=True, severity=rule.severity),
+                       None)
+        got = {a.rule: family(a) for a in open_alerts(s).values()}
+    assert sorted(got) == sorted(r.name for r in shipped)
+    assert {name: f for name, f in got.items() if f == "other"} == {}
+    assert got["overbatching"] == got["step_throughput_drop"] == "batching"
+    assert got["queue_wait_share"] == "load"  # queueing: the probable cause reads it as load

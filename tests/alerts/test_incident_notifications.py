@@ -251,3 +251,26 @@ def test_a_page_that_ends_while_warnings_go_on_is_deescalated_to_every_target_on
             p[0]["annotations"]["idempotency_key"] for p in api}
         kinds = [e.kind for e in inc.events]
         assert kinds.count("deescalated") == 1
+
+
+def test_a_flapping_page_changes_the_severity_at_most_once_per_group_interval(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """A warning goes on while a page member fires and resolves every other minute. The
+    first escalation goes out at once; after it, one severity change per group_interval
+    (5 minutes), stating the severity in force then: not one per flap."""
+    tg = targets()
+    with sessionmaker.begin() as s:
+        step(s, at(0), tg, fire=((P50, {"bucket": "64"}),))  # a warning opens it
+        for minute in range(1, 13):
+            flap = ((P99, {"bucket": "64"}),)
+            if minute % 2:
+                step(s, at(minute), tg, fire=flap)
+            else:
+                step(s, at(minute), tg, recover=flap)
+        sent = {fmt: [(r.created_at, r.payload) for r in rows(s, fmt)] for fmt in FORMATS}
+    generic = [(when, p["incident"]["notification"], p["incident"]["severity"])
+               for when, p in sent["generic"]]
+    assert generic == [(at(0), "firing", "warning"), (at(1), "escalated", "page"),
+                       (at(6), "deescalated", "warning"), (at(11), "escalated", "page")]
+    for fmt in ("slack", "alertmanager"):
+        assert [when for when, _ in sent[fmt]] == [at(0), at(1), at(6), at(11)], fmt

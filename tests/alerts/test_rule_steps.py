@@ -302,26 +302,29 @@ def test_recovered_pooled_over_the_threshold_reads_the_new_samples():
 
 
 def test_run_over_reads_the_latest_cycles_own_samples_not_the_run_median():
-    """A confirmation is over (late, no page) once its latest `for` cycles are back inside
-    the hysteresis band, whatever the run's median or a pooled value still holds."""
+    """A confirmation is over (late, no page) unless its latest `for` cycles still reach
+    the threshold, whatever the run's median or a pooled value still holds."""
     r = rule()
     # The run's median still reads the ended slowdown; the latest 3 cycles are back.
     values = [1.0] * 10 + [1.4] * 8 + [1.0, 1.02, 1.01]
     res = evaluate_rule(r, {}, BASE, pts(values))
     assert res.fired and res.over
     assert "over: the latest cycles' own samples no longer breach" in res.reason
-    # Still outside the band (+8%, under the +15% threshold): not over, it pages; the
-    # alert would not resolve there either.
+    # Between the band (+5%) and the threshold (+15%): outside the band, but these cycles
+    # alone would confirm nothing. Over: late, no page.
     values = [1.0] * 10 + [1.4] * 8 + [1.08] * 3
+    res = evaluate_rule(r, {}, BASE, pts(values))
+    assert res.fired and res.over
+    # Still over the threshold: not over, it pages.
+    values = [1.0] * 10 + [1.4] * 8 + [1.2] * 3
     res = evaluate_rule(r, {}, BASE, pts(values))
     assert res.fired and not res.over
     # Judged while it lasts: fired, not over.
     res = evaluate_rule(r, {}, BASE, pts([1.0] * 10 + [1.4] * 8))
     assert res.fired and not res.over
     # The step on its own, on the latest cycles only.
-    latest = [1.0, 1.02, 1.01]
-    assert run_over(r, pts(latest), relative_changes(latest, BASE), BASE, False)
-    assert not run_over(r, pts([1.08] * 3), relative_changes([1.08] * 3, BASE), BASE, False)
+    for latest, over in (([1.0, 1.02, 1.01], True), ([1.08] * 3, True), ([1.2] * 3, False)):
+        assert run_over(r, pts(latest), relative_changes(latest, BASE), BASE, False) is over
 
 
 def test_run_over_on_pooled_cycles_merges_their_own_samples():
@@ -342,7 +345,9 @@ def test_run_over_on_pooled_cycles_merges_their_own_samples():
     base = BaselineStats(center=1.0, spread=0.05, cycles=500)
     back = [pooled_point(1.3, [1.0] * 10, samples=40) for _ in range(3)]
     slow = [pooled_point(1.3, [1.3] * 10, samples=40) for _ in range(3)]
+    between = [pooled_point(1.3, [1.1] * 10, samples=40) for _ in range(3)]  # +10%
     assert run_over(p50, back, [0.3] * 3, base, False)
+    assert run_over(p50, between, [0.3] * 3, base, False)
     assert not run_over(p50, slow, [0.3] * 3, base, False)
 
 

@@ -51,7 +51,8 @@ def test_dashboard_panels_are_well_formed() -> None:
                        "tailwatch_probe_success", "tailwatch_job_duration_seconds_bucket",
                        "tailwatch_job_last_success_timestamp_seconds",
                        "tailwatch_rule_detectable_change_ratio",
-                       "tailwatch_rule_expected_false_pages"):
+                       "tailwatch_rule_expected_false_pages", "tailwatch_incidents_open",
+                       "tailwatch_incidents_total"):
             assert needed in exprs, needed
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -9,8 +10,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from alerts.cause import CAUSES
 from alerts.flags import FlagStore
 from alerts.incidents import IncidentConfig, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
@@ -21,6 +24,10 @@ from monitor.app import create_app
 from monitor.cli import main
 from monitor.hub import services_of
 from monitor.settings import Settings
+from storage.models import Alert, Incident
+from tests.alerts.test_incident_cause import BUCKETS, cycles, incident_after
+from tests.alerts.test_incident_cause import P99 as CAUSE_P99
+from tests.alerts.test_incident_cause import T0 as CAUSE_T0
 from tests.monitor.conftest import TOKEN, wait_for
 from tests.monitor.fakes import FakeFactory
 from tests.monitor.live import LiveServer
@@ -73,15 +80,56 @@ def test_incidents_are_listed_and_shown_with_members_flags_and_notifications(
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "state"
 
 
+def by_cause(client: TestClient) -> dict[str, float]:
+    """Return tailwatch_incidents_total per cause, as scraped from /metrics."""
+    text = client.get("/metrics").text
+    return {cause: float(n) for cause, n in re.findall(
+        r'^tailwatch_incidents_total\{cause="(\w+)"\} (\S+)$', text, re.M)}
+
+
 def test_metrics_count_open_incidents_and_incidents_by_cause(client: TestClient) -> None:
     sessions = services_of(client.app).sessions  # type: ignore[arg-type]
     text = client.get("/metrics").text
     assert "tailwatch_incidents_open 0.0" in text
-    make_incident(sessions)
+    _, ids = make_incident(sessions)
     text = client.get("/metrics").text
     assert "tailwatch_incidents_open 1.0" in text
-    assert 'tailwatch_incidents_total{cause="unknown"} 1.0' in text
-    assert 'tailwatch_incidents_total{cause="host_or_load"} 0.0' in text
+    # Its cause is unknown (no A/B rows) and measured again while it is open: not counted
+    # under any cause yet.
+    assert set(by_cause(client).values()) == {0.0}
+    with sessions.begin() as s:
+        life = Lifecycle(s, T0 + timedelta(minutes=10), [TARGET], per_alert=False)
+        for alert in s.scalars(select(Alert).where(Alert.id.in_(ids))):
+            life.apply(P99, RuleResult(P99.name, alert.labels, 1.0, 1.0, 0.0, 0.15, False,
+                                       "recovered", recovered=True), alert)
+        group(s, T0 + timedelta(minutes=10), life, IncidentConfig())
+    assert "tailwatch_incidents_open 0.0" in client.get("/metrics").text
+    # Resolved without a cause: counted once, as unknown.
+    counts = by_cause(client)
+    assert counts["unknown"] == 1.0 and sum(counts.values()) == 1.0
+
+
+def test_the_counter_by_cause_never_goes_down_when_a_cause_is_measured_later(
+        client: TestClient) -> None:
+    """An incident opens before any A/B cycle shows its cause (unknown); the next cycles'
+    arms slow alike and the next evaluation restates it host_or_load. Scraped through the
+    app before and after: no cause's count fell, and the incident counts once."""
+    sessions = services_of(client.app).sessions  # type: ignore[arg-type]
+    with sessions.begin() as s:
+        cycles(s, 0, 64, {})  # the hour before: nothing slowed
+        incident = incident_after(s, [(CAUSE_P99, {"bucket": b}) for b in BUCKETS])
+        iid, first = incident.id, incident.cause
+    before = by_cause(client)
+    with sessions.begin() as s:
+        cycles(s, 64, 73, {"optimized": 2.12, "eager": 2.08, "direct": 2.08})
+        now = CAUSE_T0 + timedelta(minutes=73)
+        group(s, now, Lifecycle(s, now, per_alert=False), IncidentConfig())
+        restated = s.get(Incident, iid)
+        assert restated is not None and restated.cause == "host_or_load"
+    after = by_cause(client)
+    assert first == "unknown" and set(before) == set(after) == set(CAUSES)
+    assert [c for c in CAUSES if after[c] < before[c]] == []
+    assert after["host_or_load"] == 1.0 and sum(after.values()) == 1.0
 
 
 @pytest.fixture

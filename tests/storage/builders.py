@@ -16,10 +16,11 @@ def minutes(n: float) -> timedelta:
 
 
 def probe_run(at: datetime, results: list[dict[str, Any]], **run: Any) -> ProbeRun:
-    """Return a finished cycle run at `at` holding one ProbeResult per dict."""
-    r = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=5), instance_id="i-1",
-                 model_version="m1", config_hash="c1", device="cpu", suite="in_domain",
-                 **{"kind": "cycle", **run})
+    """Return a finished cycle run at `at` holding one ProbeResult per dict (`run`
+    overrides the run's columns)."""
+    columns = {"instance_id": "i-1", "model_version": "m1", "config_hash": "c1",
+               "device": "cpu", "suite": "in_domain", "kind": "cycle", **run}
+    r = ProbeRun(started_at=at, finished_at=at + timedelta(seconds=5), **columns)
     for fields in results:
         defaults = {"bucket": "64", "path": "compiled", "decoding": "speculative", "count": 4}
         r.results.append(ProbeResult(at=at, **{**defaults, **fields}))

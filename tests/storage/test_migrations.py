@@ -130,3 +130,49 @@ def test_0012_adds_batch_tokens_unique_per_token_and_downgrade_drops_them(db_url
     finally:
         engine.dispose()
         migrate.downgrade(db_url, "base")
+
+
+def test_0014_counts_settled_incidents_and_0015_clears_fired_at_of_late_runs(
+        db_url: str) -> None:
+    migrate.upgrade(db_url, "0013_notified_severity")
+    engine = make_engine(db_url)
+    at = {"at": "2026-11-02 00:00:00+00:00"}
+    incident = text(
+        "INSERT INTO incidents (id, state, started_at, updated_at, severity, families, buckets,"
+        " instances, cohorts, summary, cause, cause_text, evidence, reopened, notified_members)"
+        " VALUES (:id, :state, :at, :at, 'page', '[]', '[]', '[]', '[]', '', :cause, '', '{}',"
+        " 0, '[]')")
+    alert = text(
+        "INSERT INTO alerts (id, fingerprint, rule, labels, annotations, severity, state,"
+        " started_at, updated_at, fired_at, resolved_at, consecutive_breaches, consecutive_ok)"
+        " VALUES (:id, :fp, 'r', '{}', '{}', 'page', 'resolved', :at, :at, :at, :at, 0, 0)")
+    move = text("INSERT INTO alert_transitions (id, alert_id, at, from_state, to_state)"
+                " VALUES (:id, :id, :at, 'pending', :to)")
+    try:
+        with engine.begin() as conn:
+            for i, state, cause in ((1, "open", "unknown"), (2, "open", "host_or_load"),
+                                    (3, "resolved", "unknown")):
+                conn.execute(incident, {"id": i, "state": state, "cause": cause, **at})
+            # Alert 2's run was late: the lifecycle then set its fired_at too.
+            for i, to in ((1, "firing"), (2, "late")):
+                conn.execute(alert, {"id": i, "fp": f"f{i}", **at})
+                conn.execute(move, {"id": i, "to": to, **at})
+        migrate.upgrade(db_url, "0014_counted_cause")
+        with engine.connect() as conn:
+            counted = conn.execute(text("SELECT id, counted_cause FROM incidents ORDER BY id"))
+            # An open incident with an unknown cause is not counted until it is settled.
+            assert [tuple(r) for r in counted] == [(1, None), (2, "host_or_load"),
+                                                   (3, "unknown")]
+        migrate.upgrade(db_url, "0015_late_not_fired")
+        with engine.connect() as conn:
+            fired = conn.execute(text("SELECT id, fired_at IS NULL FROM alerts ORDER BY id"))
+            assert [(i, bool(cleared)) for i, cleared in fired] == [(1, False), (2, True)]
+        migrate.downgrade(db_url, "0013_notified_severity")
+        with engine.connect() as conn:
+            fired = conn.execute(text("SELECT id, fired_at = resolved_at FROM alerts ORDER BY id"))
+            assert [(i, bool(same)) for i, same in fired] == [(1, True), (2, True)]
+            columns = {c["name"] for c in inspect(conn).get_columns("incidents")}
+        assert "counted_cause" not in columns
+    finally:
+        engine.dispose()
+        migrate.downgrade(db_url, "base")
