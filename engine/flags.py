@@ -142,21 +142,30 @@ class GuardedFlags:
         No thread hop and no wait: a request never queues behind another reader or behind
         the state file's write, which goes to the reader thread instead.
         """
+        flags = self._provider_flags()
+        if flags is None:
+            return self.last
+        if flags is not self._last and self._book(flags):  # a new snapshot: booked once
+            self._pool.submit(self._save, flags)
+        return flags
+
+    def _provider_flags(self) -> RuntimeFlags | None:
+        """Return the provider's flags; None on a failure (counted)."""
         try:
             flags = self._provider.flags()
             if not isinstance(flags, RuntimeFlags):
                 raise TypeError(f"flags: provider returned {type(flags).__name__}")
         except Exception as exc:  # noqa: BLE001 - a flag source must not fail requests
             self._failure(f"{type(exc).__name__}: {exc}")
-            return self.last
-        if flags is not self._last:  # a new snapshot: book it (once per snapshot)
-            with self._lock:
-                self._last = flags
-                self._source = "live"
-                save = self._state_file is not None and flags != self._saved
-            if save:
-                self._pool.submit(self._save, flags)
+            return None
         return flags
+
+    def _book(self, flags: RuntimeFlags) -> bool:
+        """Make `flags` the last known ones; return whether the state file needs them."""
+        with self._lock:
+            self._last = flags
+            self._source = "live"
+            return self._state_file is not None and flags != self._saved
 
     def _shared_read(self) -> tuple[Future[RuntimeFlags | None], float]:
         with self._lock:
@@ -171,18 +180,8 @@ class GuardedFlags:
     def _fetch(self) -> RuntimeFlags | None:
         # Runs in the reader thread; book-keeps before the future completes, so every
         # waiter sees the outcome. Returns None on a failure (counted here, once).
-        try:
-            flags = self._provider.flags()
-            if not isinstance(flags, RuntimeFlags):
-                raise TypeError(f"flags: provider returned {type(flags).__name__}")
-        except Exception as exc:  # noqa: BLE001 - a flag source must not fail requests
-            self._failure(f"{type(exc).__name__}: {exc}")
-            return None
-        with self._lock:
-            self._last = flags
-            self._source = "live"
-            save = self._state_file is not None and flags != self._saved
-        if save:
+        flags = self._provider_flags()
+        if flags is not None and self._book(flags):
             self._save(flags)
         return flags
 

@@ -80,7 +80,9 @@ def test_concurrent_callers_get_their_own_tokens(tmp_path, tiny_dirs, alone):
         rt.close()
 
 
-def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_dirs, alone):
+@pytest.mark.parametrize("leaves", ["cancelled", "past its deadline"])
+def test_a_row_that_leaves_mid_answer_frees_its_row_and_changes_no_one_else(
+        tmp_path, tiny_dirs, alone, leaves):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
     texts = random_texts(3, seed=13, overflow=False)
     try:
@@ -88,9 +90,13 @@ def test_a_cancelled_row_frees_its_row_and_changes_no_one_else(tmp_path, tiny_di
         drop.first_token = Handshake()
         submit_together(rt, [keep, drop])
         drop.first_token.wait()
-        drop.cancel()  # while the loop waits: the cancel lands mid-answer on any timing
+        # While the loop waits: it leaves mid-answer, at the next step boundary.
+        if leaves == "cancelled":
+            drop.cancel()
+        else:
+            drop.deadline = 0.0
         drop.first_token.go.set()
-        with pytest.raises(Cancelled):
+        with pytest.raises(Cancelled if leaves == "cancelled" else RequestTimeout):
             rt._scheduler.wait(drop)
         # Its row is free: another request takes it while `keep` still runs or after.
         again = make_job(rt, texts[2], 1, max_new=16)
@@ -533,26 +539,6 @@ def test_drafts_proposing_together_cost_one_call_a_draft_step_in_the_choice():
         assert sched._draft_lengths([row(), row(off_c)]) == [0, 0]
     finally:
         sched.close()
-
-
-def test_a_row_past_its_deadline_leaves_and_changes_no_one_else(tmp_path, tiny_dirs, alone):
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
-    texts = random_texts(3, seed=41, overflow=False)
-    try:
-        keep, late = make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[1], 1, max_new=40)
-        late.first_token = Handshake()
-        submit_together(rt, [keep, late])
-        late.first_token.wait()
-        late.deadline = 0.0  # past, mid-answer: it leaves at the next step boundary
-        late.first_token.go.set()
-        with pytest.raises(RequestTimeout, match="timeout_s"):
-            rt._scheduler.wait(late)
-        again = make_job(rt, texts[2], 1, max_new=16)  # its row is free again
-        rt._scheduler.submit(again)
-        assert tuple(rt._scheduler.wait(keep).tokens) == alone(texts[0], 40)
-        assert tuple(rt._scheduler.wait(again).tokens) == alone(texts[2], 16)
-    finally:
-        rt.close()
 
 
 class _Interrupted(BaseException):
