@@ -4,7 +4,11 @@ holds the loop until the test has acted on it."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
+import pytest
+
+from engine.decoding import Encoded, RowState
 from engine.runtime import Runtime
 from engine.scheduler import Job
 
@@ -40,3 +44,26 @@ class Handshake(threading.Event):
         super().set()
         if first:
             self.go.wait(timeout=60)
+
+
+def break_row(rt: Runtime, monkeypatch: pytest.MonkeyPatch,
+              spoil: Callable[[RowState], None], row: int = 1) -> Callable[..., RowState]:
+    """Spoil the decode state of the request on `row` as it starts (so that it, and only
+    it, fails later); return the real start_row, to put back."""
+    start_row = rt.rows.start_row
+
+    def broken(job: Job, tenc: Encoded | None = None) -> RowState:
+        state = start_row(job, tenc)
+        if job.row == row:
+            spoil(state)
+        return state
+
+    monkeypatch.setattr(rt.rows, "start_row", broken)
+    return start_row
+
+
+def narrow_cross(enc: Encoded, c_step: bool) -> Encoded:
+    """Return `enc` with its cross K/V one wide (the eager step's last axis, the C step's
+    length axis): a shape every step refuses."""
+    cross = enc.cross[..., :1, :] if c_step else enc.cross[..., :1]
+    return type(enc)(cross, enc.mask_bias)

@@ -16,7 +16,13 @@ from engine.errors import BoundaryError, Cancelled, DoesNotFit, InputTooLong, Re
 from engine.protocol import FlagOverride
 from engine.runtime import Runtime
 from engine.scheduler_recorder import StepRecorder
-from tests.engine.batching import Handshake, make_job, submit_together
+from tests.engine.batching import (
+    Handshake,
+    break_row,
+    make_job,
+    narrow_cross,
+    submit_together,
+)
 from tests.engine.conftest import batching_runtime, random_texts
 
 
@@ -111,15 +117,11 @@ def test_a_failing_request_errors_only_its_caller_and_the_loop_survives(
         tmp_path, tiny_dirs, alone, monkeypatch):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3, native_step=False)
     texts = random_texts(3, seed=17, overflow=False)
-    start_row = rt.rows.start_row
 
-    def broken(job, tenc=None):
-        state = start_row(job, tenc)
-        if job.row == 1:  # its cross K/V has the wrong width: its step raises
-            state.tenc = type(state.tenc)(state.tenc.cross[..., :1], state.tenc.mask_bias)
-        return state
+    def spoil(state):  # its cross K/V has the wrong width: its step raises
+        state.tenc = narrow_cross(state.tenc, c_step=False)
 
-    monkeypatch.setattr(rt.rows, "start_row", broken)
+    start_row = break_row(rt, monkeypatch, spoil)
     try:
         jobs = [make_job(rt, t, row, eager=True) for row, t in enumerate(texts)]
         submit_together(rt, jobs)
@@ -400,21 +402,12 @@ def test_a_row_whose_draft_fails_among_drafts_proposing_together_fails_alone(
         pytest.skip("no C compiler")
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
     texts = random_texts(3, seed=53, overflow=False)
-    start_row = rt.rows.start_row
 
-    def broken(job, tenc=None):
-        state = start_row(job, tenc)
-        if job.row == 1:  # its draft's cross K/V has the wrong width: its proposals fail
-            make = state._make_denc
+    def spoil(state):  # its draft's cross K/V has the wrong width: its proposals fail
+        make = state._make_denc
+        state._make_denc = lambda: narrow_cross(make(), c_step=True)
 
-            def bad_denc():
-                denc = make()
-                return type(denc)(denc.cross[..., :1, :], denc.mask_bias)
-
-            state._make_denc = bad_denc
-        return state
-
-    monkeypatch.setattr(rt.rows, "start_row", broken)
+    break_row(rt, monkeypatch, spoil)
     try:
         rt._scheduler._costs = _Favour(speculate=True)
         jobs = [make_job(rt, t, row, k=3, max_new=20) for row, t in enumerate(texts)]
@@ -644,15 +637,11 @@ def test_a_row_failing_the_c_steps_joint_call_fails_alone(tmp_path, tiny_dirs, a
         pytest.skip("no C compiler")
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
     texts = random_texts(3, seed=59, overflow=False)
-    start_row = rt.rows.start_row
 
-    def broken(job, tenc=None):
-        state = start_row(job, tenc)
-        if job.row == 1:  # its target's cross K/V has the wrong width: the joint call fails
-            state.tenc = type(state.tenc)(state.tenc.cross[..., :1, :], state.tenc.mask_bias)
-        return state
+    def spoil(state):  # its target's cross K/V has the wrong width: the joint call fails
+        state.tenc = narrow_cross(state.tenc, c_step=True)
 
-    monkeypatch.setattr(rt.rows, "start_row", broken)
+    start_row = break_row(rt, monkeypatch, spoil)
     try:
         rt._scheduler._costs = _Favour(speculate=bool(k))
         jobs = [make_job(rt, t, row, k=k, max_new=20) for row, t in enumerate(texts)]
