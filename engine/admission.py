@@ -171,6 +171,8 @@ class Admission:
         """
         if isinstance(limit, bool) or not 1 <= limit <= self._capacity:
             raise ValueError(f"limit: must be between 1 and {self._capacity}, got {limit!r}")
+        if limit == self._limit:  # every request sets it: the unchanged case takes no lock
+            return
         with self._lock:
             if limit == self._limit:
                 return

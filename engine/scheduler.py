@@ -362,7 +362,7 @@ class Scheduler:
                 # step): the rows of this step fail with it, and the loop goes on.
                 log.exception("scheduler: a step failed outside any one request; its %d "
                               "rows fail with it", len(self._active))
-                self._fail_rows([job for job in new if not job.done.is_set()], exc)
+                self._fail_rows(new, exc)
         self._fail_all(NotReady("engine is closed"))
         with self._cond:
             tasks = list(self._tasks)
@@ -730,8 +730,8 @@ class Scheduler:
             self._finish(job, None, error)
 
     def _fail_rows(self, jobs: list[Job], error: BaseException) -> None:
-        """Fail the batch's rows and `jobs` (taken, not joined) with `error`; the queue
-        stays."""
+        """Fail the batch's rows and those of `jobs` (taken this turn) not finished yet with
+        `error`; the queue stays."""
         with self._cond:
             active = [j for j, _s in self._active]
             self._active = []
