@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from engine import malloc
 from engine.config import EngineConfig
 from engine.errors import (
+    Cancelled,
     EngineError,
     InputTooLong,
     InvalidRequest,
@@ -20,6 +21,7 @@ from engine.errors import (
     RequestTimeout,
 )
 from engine.protocol import (
+    CancelSignal,
     Engine,
     FlagOverride,
     FlagProvider,
@@ -44,6 +46,8 @@ def load_engine(config: EngineConfig, flags: _FP | None = None) -> Engine:
 malloc.limit_arenas()
 
 __all__ = [
+    "CancelSignal",
+    "Cancelled",
     "Engine",
     "EngineConfig",
     "EngineError",

@@ -25,7 +25,7 @@ behind it or get refused because of it:
 
 A running request is never interrupted: a real caller may still wait for the requests
 already holding slots, synthetic ones included, but never for a queued synthetic one.
-`slot(deadline, synthetic=..., tokens=...)` is the whole interface, so a batching
+`slot(deadline, synthetic=..., tokens=..., cancel=...)` is the whole interface, so a batching
 scheduler can admit through it the same way; `stats()` returns the counters as an
 AdmissionStats.
 """
@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from engine.errors import Overloaded, RequestTimeout
+from engine.cancel import CancelSignal
+from engine.errors import Cancelled, Overloaded, RequestTimeout
 
 ORIGINS = ("real", "synthetic")
 # Why a caller left without a slot (the `reason` label of the Prometheus counter).
@@ -203,7 +204,7 @@ class Admission:
 
     @contextmanager
     def slot(self, deadline: float | None, *, synthetic: bool = False,
-             tokens: int = 0) -> Iterator[int]:
+             tokens: int = 0, cancel: CancelSignal | None = None) -> Iterator[int]:
         """Hold a decode slot (its index) for the duration of the block.
 
         Args:
@@ -212,13 +213,23 @@ class Admission:
             tokens: what the caller carries while it waits, counted against
                 max_queue_tokens: its input tokens plus the most new tokens it may decode
                 (0: nothing counted).
+            cancel: set by the caller to stop waiting (None: never cancelled).
 
         Raises Overloaded when refused or shed, RequestTimeout when `deadline` passes while
-        waiting.
+        waiting, Cancelled when `cancel` is set before a slot is granted (not counted: the
+        caller left, nothing refused it).
         """
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"tokens: must be a whole number >= 0, got {tokens!r}")
-        index = self._acquire(deadline, synthetic, tokens)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("request cancelled before it got a decode slot")
+        # A set signal cannot notify a condition: set() wakes the waiters through this.
+        unregister = None if cancel is None else cancel.on_set(self._wake_all)
+        try:
+            index = self._acquire(deadline, synthetic, tokens, cancel)
+        finally:
+            if unregister is not None:
+                unregister()
         try:
             yield index
         finally:
@@ -231,7 +242,14 @@ class Admission:
         self._count(synthetic, reason)
         return Overloaded(message, retry_after_s=self._retry_after_s)
 
-    def _acquire(self, deadline: float | None, synthetic: bool, tokens: int) -> int:
+    def _wake_all(self) -> None:
+        """Wake every waiter to look at its own cancel signal (one was set)."""
+        with self._lock:
+            for waiter in (*self._real, *self._synthetic):
+                waiter.cond.notify()
+
+    def _acquire(self, deadline: float | None, synthetic: bool, tokens: int,
+                 cancel: CancelSignal | None) -> int:
         with self._lock:
             # A slot free within the limit means nobody waits: released slots are handed
             # to waiters.
@@ -246,6 +264,9 @@ class Admission:
                         self._dequeue(waiter)
                         self._count(synthetic, "timeouts")
                         raise RequestTimeout("timeout_s: no decode slot before the deadline")
+                    if cancel is not None and cancel.is_set():
+                        self._dequeue(waiter)
+                        raise Cancelled("request cancelled while it waited for a decode slot")
                     waiter.cond.wait(remaining)
             except BaseException:
                 if waiter.slot is not None:  # granted while being interrupted: pass it on

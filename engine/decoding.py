@@ -9,6 +9,7 @@ end of its verification. Tokens confirmed together share one timestamp.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.errors import RequestTimeout
+from engine.errors import Cancelled, RequestTimeout
 from engine.protocol import SpecStats
 from engine.runner import Fns, ModelRunner
 
@@ -73,13 +74,16 @@ def encode(runner: ModelRunner, fns: Fns, ids: torch.Tensor, attention_mask: tor
     return Encoded(cross, mask_bias)
 
 
-def _check(deadline: float | None, clock: Clock) -> None:
+def _check(deadline: float | None, clock: Clock, cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("request cancelled")
     if deadline is not None and clock() > deadline:
         raise RequestTimeout("timeout_s: generation did not finish before the deadline")
 
 
 def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max_new: int,
-           deadline: float | None = None, clock: Clock = time.perf_counter) -> Decoded:
+           deadline: float | None = None, clock: Clock = time.perf_counter,
+           cancel: threading.Event | None = None) -> Decoded:
     """Decode greedily, `runner.steps` tokens per step call and one host sync per call."""
     m = runner.m
     steps = runner.steps
@@ -101,7 +105,7 @@ def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max
                 break
         pos += steps
         if not done:
-            _check(deadline, clock)
+            _check(deadline, clock, cancel)
             cur = out[-1:].view(1, 1).clone()  # the next replay overwrites `out`
     return Decoded(tokens, stamps, SpecStats(target_forwards=len(tokens)))
 
@@ -340,7 +344,8 @@ class RowState:
 def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Tensor,
                 draft: ModelRunner, dfns: Fns, denc: Encoded, dcache: torch.Tensor,
                 k: int, max_new: int, deadline: float | None = None,
-                clock: Clock = time.perf_counter) -> Decoded:
+                clock: Clock = time.perf_counter, cancel: threading.Event | None = None
+                ) -> Decoded:
     """Decode greedily: the draft proposes k tokens, the target checks them in one forward.
 
     The output equals direct greedy decoding of the target: every emitted token is
@@ -355,5 +360,5 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
     while not row.done:
         row.round()
         if not row.done:
-            _check(deadline, clock)
+            _check(deadline, clock, cancel)
     return row.decoded()

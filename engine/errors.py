@@ -6,7 +6,7 @@ EngineError
  │         └── DoesNotFit: the request cannot fit a batch row's static cache (HTTP 413)
  ├── Overloaded: the admission queue is full (HTTP 429/503 with Retry-After)
  ├── RequestTimeout: the call did not finish within its timeout
- ├── Cancelled: the request was cancelled and left the batch
+ ├── Cancelled: the caller cancelled the request; it left the queue or its batch
  ├── NotReady: the engine is not loaded yet
  ├── ModelLoadError: a model directory is missing files or is not a T5
  └── BoundaryError: a tensor handed to the C step is not what it computes on

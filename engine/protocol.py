@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import vocab
 from engine.admission import AdmissionStats as AdmissionStats  # Engine.admission_stats()
+from engine.cancel import CancelSignal as CancelSignal  # Engine.generate(cancel=)
 from vocab import Decoding, Path
 
 # Path values: how the input shapes ran.
@@ -508,8 +509,16 @@ class Engine(Protocol):
         canary: bool = False,
         override: FlagOverride | None = None,
         timeout_s: float | None = None,
+        cancel: CancelSignal | None = None,
     ) -> GenerateResult:
-        """Generate greedily; raise InvalidRequest, Overloaded or EngineError."""
+        """Generate greedily; raise InvalidRequest, Overloaded or EngineError.
+
+        timeout_s: seconds from the call to its result, the wait for a slot included;
+        past them the request leaves the queue, or its batch at the next step, with
+        RequestTimeout. cancel: once set (from any thread), the request leaves the same
+        way, where the deadline is checked, with Cancelled; a batch-mate's tokens do not
+        change.
+        """
         ...
 
     def bucket_for(self, input_tokens: int) -> str:

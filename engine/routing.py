@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.buckets import bucket_edge
+from engine.cancel import CancelSignal
 from engine.models import Models
 from engine.protocol import (
     PATH_COMPILED,
@@ -32,7 +33,8 @@ class Plan:
 
     k: draft tokens per round (0: direct). probation: it speculates although its bucket's
     flag is off (recovery sampling). deadline: perf_counter time it must finish by (None:
-    no timeout).
+    no timeout). cancel: set by its caller to stop it, checked where the deadline is
+    (None: never cancelled).
     """
 
     ids: list[int]
@@ -45,6 +47,7 @@ class Plan:
     native: bool
     runner: ModelRunner  # the target it decodes with (int8 or float)
     deadline: float | None
+    cancel: CancelSignal | None = None
 
     @property
     def n(self) -> int:

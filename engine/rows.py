@@ -13,6 +13,7 @@ cross-attention K/V. `Rows` is what the batching loop needs of its engine
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -170,9 +171,11 @@ class Rows:
 
     def run(self, ids: list[int], length: int, key: int | str | None, slot: int,
             k: int, max_new: int, deadline: float | None, quantized: bool = False,
-            native: bool = True) -> tuple[decoding.Decoded, float, float]:
-        """Encode and decode a request on row `slot` in this thread (unbatched); return what
-        it decoded, when its encoders finished and when its input reached the device."""
+            native: bool = True, cancel: threading.Event | None = None
+            ) -> tuple[decoding.Decoded, float, float]:
+        """Encode and decode a request on row `slot` in this thread (unbatched) until done,
+        past `deadline` or `cancel` set; return what it decoded, when its encoders finished
+        and when its input reached the device."""
         caches = self.caches[slot]
         target = self._target(quantized)
         draft = self.models.draft
@@ -192,11 +195,11 @@ class Rows:
                     t_encoded = time.perf_counter()
                     decoded = decoding.speculative(
                         target, tfns, tenc, caches["target"], draft, dfns, denc,
-                        caches["draft"], k, max_new, deadline)
+                        caches["draft"], k, max_new, deadline, cancel=cancel)
                 else:
                     t_encoded = time.perf_counter()
                     decoded = decoding.direct(target, tfns, tenc, caches["target"],
-                                              max_new, deadline)
+                                              max_new, deadline, cancel=cancel)
             finally:
                 self.kv.release(held)
         return replace(decoded, kv_request_bytes=held), t_encoded, t_device

@@ -22,6 +22,7 @@ import torch
 from engine import aot, decoding, group_encode, precompile, quantize, scheduler, validation
 from engine.admission import Admission, AdmissionStats
 from engine.buckets import bucket_label
+from engine.cancel import CancelSignal
 from engine.compile_watch import shared_watch
 from engine.config import EngineConfig
 from engine.draft_length import DraftLength
@@ -353,13 +354,14 @@ class Runtime:
         return list(self.tokenizer(validation.check_text(self.config, text)).input_ids)
 
     def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
-                 override: FlagOverride | None = None,
-                 timeout_s: float | None = None) -> GenerateResult:
-        """Generate greedily; raise InvalidRequest, Overloaded, RequestTimeout or NotReady."""
+                 override: FlagOverride | None = None, timeout_s: float | None = None,
+                 cancel: CancelSignal | None = None) -> GenerateResult:
+        """Generate greedily; raise InvalidRequest, Overloaded, RequestTimeout, Cancelled or
+        NotReady."""
         t_entry = time.perf_counter()
         if self._closed:
             raise NotReady("engine is closed")
-        plan = self._plan(text, max_new_tokens, override, timeout_s, t_entry)
+        plan = self._plan(text, max_new_tokens, override, timeout_s, t_entry, cancel)
         with plan.runner.held() as reload_s:
             # Float weights int8 serving had released come back from disk first: that wait
             # is not the model's time (the float32 arm's latency measures the model), so
@@ -371,13 +373,14 @@ class Runtime:
                 self._first_use.compiled_step(plan.n, plan.flags, plan.runner)
             # While it waits it carries its input and the most its row may decode.
             with self._admission.slot(plan.deadline, synthetic=canary,
-                                      tokens=plan.n + plan.max_new) as slot:
+                                      tokens=plan.n + plan.max_new, cancel=plan.cancel) as slot:
                 t_slot = time.perf_counter()
                 ran = self._decode(plan, slot, synthetic=canary)
             return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot)
 
     def _plan(self, text: str, max_new_tokens: int | None, override: FlagOverride | None,
-              timeout_s: float | None, t_entry: float) -> Plan:
+              timeout_s: float | None, t_entry: float, cancel: CancelSignal | None = None
+              ) -> Plan:
         """Check and tokenize a request, read the flags, and decide what it will run."""
         validation.check_timeout(timeout_s)
         max_new = validation.max_new_tokens(self.config, max_new_tokens)
@@ -407,7 +410,7 @@ class Runtime:
         return Plan(ids=ids, label=label, flags=flags, max_new=max_new, k=k,
                     probation=probation and k > 0, quantized=quantized,
                     native=flags.native_step, runner=runner,
-                    deadline=None if timeout_s is None else t_entry + timeout_s)
+                    deadline=None if timeout_s is None else t_entry + timeout_s, cancel=cancel)
 
     def _decode(self, plan: Plan, slot: int, *, synthetic: bool = False) -> _Ran:
         """Decode `plan` on row `slot`; a compiled route that fails runs eager instead."""
@@ -417,7 +420,7 @@ class Runtime:
             decoded, t_encoded, t_device, batch = self._run_any(
                 plan.ids, length, key, slot, plan.k, plan.max_new, plan.deadline,
                 plan.quantized, plan.native, alone=not plan.flags.batching,
-                synthetic=synthetic)
+                synthetic=synthetic, cancel=plan.cancel)
         except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
             raise
         except Exception:
@@ -429,7 +432,7 @@ class Runtime:
             decoded, t_encoded, t_device, batch = self._run_any(
                 plan.ids, length, key, slot, plan.k, plan.max_new, plan.deadline,
                 plan.quantized, plan.native, alone=not plan.flags.batching,
-                synthetic=synthetic)
+                synthetic=synthetic, cancel=plan.cancel)
         return _Ran(path=path, length=length, key=key, recorded=recorded, decoded=decoded,
                     t_encoded=t_encoded, t_device=t_device, batch=batch)
 
@@ -484,15 +487,19 @@ class Runtime:
 
     def _run_any(self, ids: list[int], length: int, key: int | str | None, slot: int,
                  k: int, max_new: int, deadline: float | None, quantized: bool,
-                 native: bool = True, *, alone: bool = False, synthetic: bool = False
+                 native: bool = True, *, alone: bool = False, synthetic: bool = False,
+                 cancel: CancelSignal | None = None
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
         """Decode in the batching loop when there is one, else in this thread."""
         if self._scheduler is None:
             return (*self._on_owner(lambda: self.rows.run(ids, length, key, slot, k, max_new,
-                                                           deadline, quantized, native)), None)
+                                                           deadline, quantized, native,
+                                                           cancel)), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
                             deadline=deadline, quantized=quantized, row=slot, native=native,
                             alone=alone, synthetic=synthetic)
+        if cancel is not None:
+            job.cancelled = cancel  # the loop checks it at every step boundary
         self._scheduler.submit(job)
         decoded = self._scheduler.wait(job)
         return replace(decoded, kv_request_bytes=job.held), job.t_encoded, job.t_device, job

@@ -474,16 +474,29 @@ class Scheduler:
 
     def _gone(self, job: Job) -> bool:
         """Finish `job` with an error when it was cancelled or is past its deadline."""
+        error = self._stopped(job)
+        if error is not None:
+            self._finish(job, None, error)
+        return error is not None
+
+    def _stopped(self, job: Job) -> Exception | None:
+        """Return what ends `job` early (cancelled, or past its deadline), else None."""
         if job.cancelled.is_set():
-            self._finish(job, None, Cancelled("request cancelled"))
-            return True
+            return Cancelled("request cancelled")
         if job.deadline is not None and self._clock() > job.deadline:
-            self._finish(job, None, RequestTimeout(
-                "timeout_s: generation did not finish before the deadline"))
-            return True
-        return False
+            return RequestTimeout("timeout_s: generation did not finish before the deadline")
+        return None
 
     def _leave_cancelled(self) -> None:
+        """Drop the rows and the waiting jobs that were cancelled or are past their deadline
+        (a waiting job's caller gets its slot back without waiting for a job running alone)."""
+        with self._cond:
+            waiting = [(job, error) for job in self._inbox
+                       if (error := self._stopped(job)) is not None]
+            for job, _error in waiting:
+                self._inbox.remove(job)
+        for job, error in waiting:
+            self._finish(job, None, error)
         for job, state in list(self._active):
             if not state.done and self._gone(job):
                 self._remove(job)

@@ -75,7 +75,8 @@ DURATION_BUCKETS = tuple(sorted({float(f"{10 ** (k / 24):.3g}") for k in range(-
 # Time per output token: 0.25 ms .. 1 s.
 TOKEN_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02,
                  0.03, 0.05, 0.1, 0.25, 1.0)
-REJECT_REASONS = ("overloaded", "not_ready", "invalid", "too_long", "timeout", "error")
+REJECT_REASONS = ("overloaded", "not_ready", "invalid", "too_long", "timeout", "cancelled",
+                  "error")
 SOURCES = ("traffic", "canary")
 DELIVERY_OUTCOMES = ("delivered", "retried", "failed")
 # Results a MetricsSink queues before the observing thread folds them into the series.

@@ -3,9 +3,10 @@
 Used by tests, benchmarks and demos: latencies are computed from the input and output
 lengths (optionally also slept, scaled), speculative acceptance depends on the domain,
 compile counters move like the real runtime's (a new shape on the exact path recompiles),
-and it can hang, leak memory, raise, or refuse work when its bounded queue is full
-(`capacity`: a plain in-flight cap) or admit through the engine's own admission control
-(`admission`: engine.admission.Admission, real traffic before synthetic).
+and it can hang (until released, or its call cancelled), leak memory, raise, or refuse
+work when its bounded queue is full (`capacity`: a plain in-flight cap) or admit through
+the engine's own admission control (`admission`: engine.admission.Admission, real traffic
+before synthetic; a call's cancel signal ends its wait there too).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from engine.admission import Admission, AdmissionStats
-from engine.errors import InvalidRequest, Overloaded
+from engine.errors import Cancelled, InvalidRequest, Overloaded
 from engine.protocol import (
     BUCKET_OVERFLOW,
     DECODING_DIRECT,
@@ -26,6 +27,7 @@ from engine.protocol import (
     PATH_EXACT,
     PATH_OVERFLOW,
     BatchSnapshot,
+    CancelSignal,
     CompileSnapshot,
     DraftLengthSnapshot,
     EngineInfo,
@@ -40,6 +42,8 @@ from engine.protocol import (
 )
 
 _IN_DOMAIN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz .")
+# A hung call looks at its cancel signal this often (a fake: nothing rides on the latency).
+_HANG_POLL_S = 0.01
 
 
 @dataclass
@@ -144,32 +148,42 @@ class FakeEngine:
         return "in_domain" if set(text) <= _IN_DOMAIN_CHARS else "shifted"
 
     def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
-                 override: FlagOverride | None = None,
-                 timeout_s: float | None = None) -> GenerateResult:
+                 override: FlagOverride | None = None, timeout_s: float | None = None,
+                 cancel: CancelSignal | None = None) -> GenerateResult:
         n_in = self.count_tokens(text)
         if n_in > self.max_input_tokens:
             raise InvalidRequest("text", "too long", value=n_in, limit=self.max_input_tokens)
         if self.admission is not None:
             entered = time.perf_counter()
             deadline = None if timeout_s is None else entered + timeout_s
-            with self.admission.slot(deadline, synthetic=canary):
+            with self.admission.slot(deadline, synthetic=canary, cancel=cancel):
                 waited = time.perf_counter() - entered  # the runtime's queue_wait_s
-                result = self._generate(text, n_in, max_new_tokens, canary, override)
+                result = self._generate(text, n_in, max_new_tokens, canary, override, cancel)
             return replace(result, queue_wait_s=waited + result.queue_wait_s)
         with self._lock:
             if self.capacity is not None and self.state.in_flight >= self.capacity:
                 raise Overloaded("queue full", retry_after_s=0.1)
             self.state.in_flight += 1
         try:
-            return self._generate(text, n_in, max_new_tokens, canary, override)
+            return self._generate(text, n_in, max_new_tokens, canary, override, cancel)
         finally:
             with self._lock:
                 self.state.in_flight -= 1
 
-    def _generate(self, text: str, n_in: int, max_new: int | None, canary: bool,
-                  override: FlagOverride | None) -> GenerateResult:
-        if self.hang.is_set():
+    def _hold(self, cancel: CancelSignal | None) -> None:
+        """Block until `release` is set; raise Cancelled once `cancel` is set first."""
+        if cancel is None:
             self.release.wait()
+            return
+        while not self.release.wait(_HANG_POLL_S):
+            if cancel.is_set():
+                raise Cancelled("request cancelled")
+
+    def _generate(self, text: str, n_in: int, max_new: int | None, canary: bool,
+                  override: FlagOverride | None,
+                  cancel: CancelSignal | None = None) -> GenerateResult:
+        if self.hang.is_set():
+            self._hold(cancel)
         if self.fail_with is not None:
             raise self.fail_with
         bucket = self.bucket_for(n_in)

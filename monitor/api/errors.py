@@ -11,6 +11,7 @@ Every error body is `{"error": {"code": str, "message": str, "field": str?}}`.
                                queue full, token budget, shed, real requests waiting)
     engine NotReady            503 not_ready + Retry-After
     engine RequestTimeout      504 timeout
+    engine Cancelled           499 cancelled (the client disconnected first; not logged)
     engine EngineError         500 engine_error
     NotFound                   404 not_found
     ValueError (domain)        422 invalid_request (field from `.field` when present)
@@ -37,6 +38,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import (
+    Cancelled,
     EngineError,
     InputTooLong,
     InvalidRequest,
@@ -135,6 +137,9 @@ async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
                               headers=_retry_after(NOT_READY_RETRY_S))
     if isinstance(exc, RequestTimeout):
         return error_response(504, "timeout", str(exc) or "the request timed out")
+    if isinstance(exc, Cancelled):
+        # nginx's "client closed request": nobody reads it, the status only fills access logs.
+        return error_response(499, "cancelled", str(exc) or "the request was cancelled")
     log.error("engine error: %s: %s", type(exc).__name__, exc)
     return error_response(500, "engine_error", f"{type(exc).__name__}: {exc}")
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine import validation
 from engine.errors import (
+    Cancelled,
     EngineError,
     InputTooLong,
     InvalidRequest,
@@ -14,7 +15,7 @@ from engine.errors import (
     Overloaded,
     RequestTimeout,
 )
-from engine.protocol import BUCKET_OVERFLOW
+from engine.protocol import BUCKET_OVERFLOW, CancelSignal, Engine
 from monitor.api.deps import (
     EngineDep,
     ReaderDep,
@@ -23,6 +24,11 @@ from monitor.api.deps import (
     SinkDep,
     TrafficDep,
 )
+from monitor.api.disconnect import call_until_disconnect
+from monitor.metrics import MetricsSink
+from monitor.settings import Settings
+from probes.sampler import TrafficSampler
+from probes.traffic import TrafficRecorder
 
 router = APIRouter(tags=["serving"])
 MAX_TIMEOUT_S = 3600.0
@@ -67,29 +73,43 @@ class GenerateResponse(BaseModel):
 
 _REASONS: tuple[tuple[type[EngineError], str], ...] = (
     (Overloaded, "overloaded"), (NotReady, "not_ready"), (InputTooLong, "too_long"),
-    (InvalidRequest, "invalid"), (RequestTimeout, "timeout"), (EngineError, "error"))
+    (InvalidRequest, "invalid"), (RequestTimeout, "timeout"), (Cancelled, "cancelled"),
+    (EngineError, "error"))
 
 
 @router.post("/v1/generate", responses={
     413: {"description": "Input over the hard cap"},
     422: {"description": "Invalid field"},
     429: {"description": "Queue full; see Retry-After"},
+    499: {"description": "The client disconnected first (it never reads this)"},
     503: {"description": "Engine not ready; see Retry-After"},
     504: {"description": "Not finished within the request's timeout_s"},
 })
-def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
-             sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep,
-             sampler: SamplerDep) -> GenerateResponse:
-    """Generate greedily from `text` (a plain def: the model call blocks a worker thread)."""
+async def generate(body: GenerateRequest, request: Request, engine: EngineDep,
+                   settings: SettingsDep, sink: SinkDep, traffic: TrafficDep, _actor: ReaderDep,
+                   sampler: SamplerDep) -> GenerateResponse:
+    """Generate greedily from `text`; a client that disconnects first cancels it."""
+    # The model call blocks a worker thread of the pool a plain def would run in, while
+    # this task listens for the client leaving.
+    return await call_until_disconnect(request, lambda cancel: _serve(
+        body, engine, settings, sink, traffic, sampler, cancel))
+
+
+def _serve(body: GenerateRequest, engine: Engine, settings: Settings, sink: MetricsSink,
+           traffic: TrafficRecorder, sampler: TrafficSampler | None,
+           cancel: CancelSignal) -> GenerateResponse:
+    """Run one request on the engine (in a worker thread) and record what came of it."""
     # Refused before the engine is called: every Engine implementation gets a budget in the cap.
     validation.max_new_tokens(settings.engine, body.max_new_tokens)
     try:
         result = engine.generate(body.text, max_new_tokens=body.max_new_tokens,
-                                 timeout_s=body.timeout_s)
+                                 timeout_s=body.timeout_s, cancel=cancel)
     except Exception as exc:
         # Anything else escaping the engine is a failure too: count it, the edge maps it.
         reason = next((r for t, r in _REASONS if isinstance(exc, t)), "error")
         sink.reject(reason)
+        # A cancelled request is the client's leaving, not the engine's doing: it is no
+        # latency sample, no refusal and no failure of its bucket's traffic.
         if reason in ("overloaded", "timeout", "error"):
             bucket = _bucket(engine, body.text)
             if reason == "overloaded":
@@ -110,7 +130,7 @@ def generate(body: GenerateRequest, engine: EngineDep, settings: SettingsDep,
         batch_size_mean=result.batch_size_mean, batch_size_max=result.batch_size_max)
 
 
-def _bucket(engine: EngineDep, text: str) -> str:
+def _bucket(engine: Engine, text: str) -> str:
     try:
         return engine.bucket_for(engine.count_tokens(text))
     except Exception:  # the bucket is only a label on a rejection count

@@ -10,6 +10,7 @@ from engine.admission import AdmissionStats
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.protocol import (
     BatchSnapshot,
+    CancelSignal,
     CompileSnapshot,
     DraftLengthSnapshot,
     Engine,
@@ -70,14 +71,14 @@ class SlowableEngine:
         return self.inner.info
 
     def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
-                 override: FlagOverride | None = None,
-                 timeout_s: float | None = None) -> GenerateResult:
+                 override: FlagOverride | None = None, timeout_s: float | None = None,
+                 cancel: CancelSignal | None = None) -> GenerateResult:
         delay = self.delay_s
         started = time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         result = self.inner.generate(text, max_new_tokens=max_new_tokens, canary=canary,
-                                     override=override, timeout_s=timeout_s)
+                                     override=override, timeout_s=timeout_s, cancel=cancel)
         if delay > 0:
             result = replace(result, total_s=time.perf_counter() - started)
         return result

@@ -10,7 +10,8 @@ from contextlib import ExitStack
 import pytest
 
 from engine.admission import REASONS, Admission, AdmissionStats
-from engine.errors import Overloaded, RequestTimeout
+from engine.errors import Cancelled, Overloaded, RequestTimeout
+from engine.protocol import CancelSignal
 from monitor.loopback import wait_for
 
 
@@ -18,17 +19,19 @@ class Caller:
     """A thread that asks for a slot, records when it got one (or what it raised), leaves."""
 
     def __init__(self, admission: Admission, name: str, *, synthetic: bool,
-                 order: list[str], tokens: int = 0) -> None:
+                 order: list[str], tokens: int = 0, deadline: float | None = None,
+                 cancel: CancelSignal | None = None) -> None:
         self.name = name
         self.error: BaseException | None = None
         self._admission, self._synthetic, self._order = admission, synthetic, order
-        self._tokens = tokens
+        self._tokens, self._deadline, self._cancel = tokens, deadline, cancel
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            with self._admission.slot(None, synthetic=self._synthetic, tokens=self._tokens):
+            with self._admission.slot(self._deadline, synthetic=self._synthetic,
+                                      tokens=self._tokens, cancel=self._cancel):
                 self._order.append(self.name)
         except BaseException as exc:  # noqa: BLE001 - the test reads it
             self.error = exc
@@ -137,18 +140,40 @@ def test_synthetic_callers_fill_the_queue_only_up_to_max_queue() -> None:
     assert admission.stats().synthetic_queue_full == 1
 
 
+@pytest.mark.parametrize("leaves", ["past its deadline", "cancelled"])
 @pytest.mark.parametrize("synthetic", [False, True])
-def test_a_deadline_passing_in_the_queue_is_a_timeout_counted_by_origin(
-        synthetic: bool) -> None:
+def test_a_queued_caller_leaves_the_queue_past_its_deadline_or_cancelled(
+        synthetic: bool, leaves: str) -> None:
     admission = Admission(1, 4)
-    with admission.slot(None), pytest.raises(RequestTimeout, match="timeout_s"), \
-            admission.slot(time.perf_counter(), synthetic=synthetic):
-        pass
+    cancelled = leaves == "cancelled"
+    cancel = CancelSignal()
+    with admission.slot(None):
+        # A deadline already past ends the wait at once; a cancel is set once it waits,
+        # and nothing else (no deadline, no freed slot) could wake it.
+        caller = Caller(admission, "c", synthetic=synthetic, order=[], cancel=cancel,
+                        deadline=None if cancelled else time.perf_counter())
+        if cancelled:
+            until(queued(admission, real=int(not synthetic), synthetic=int(synthetic)))
+            cancel.set()
+        caller.join()
+        assert isinstance(caller.error, Cancelled if cancelled else RequestTimeout)
+        assert admission.waiting == 0
     stats = admission.stats()
-    assert (stats.real_timeouts, stats.synthetic_timeouts) == ((0, 1) if synthetic else (1, 0))
-    assert admission.waiting == 0
+    # A timeout is counted by origin; a cancel is the caller leaving, not a refusal.
+    timeouts = (0, 0) if cancelled else (0, 1) if synthetic else (1, 0)
+    assert (stats.real_timeouts, stats.synthetic_timeouts) == timeouts
+    assert sum(n for _origin, _reason, n in stats.rejections()) == sum(timeouts)
     with admission.slot(None) as index:  # the slot came back; the queue holds no ghost
         assert index == 0
+
+
+def test_a_caller_cancelled_before_it_asks_gets_no_slot() -> None:
+    admission = Admission(1, 4)
+    cancel = CancelSignal()
+    cancel.set()
+    with pytest.raises(Cancelled), admission.slot(None, cancel=cancel):
+        pass
+    assert admission.stats().real_admitted == 0 and admission.running == 0
 
 
 def test_rejections_name_every_origin_and_reason() -> None:

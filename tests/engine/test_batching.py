@@ -13,9 +13,10 @@ from engine import native
 from engine import scheduler as scheduler_module
 from engine.config import EngineConfig
 from engine.errors import BoundaryError, Cancelled, DoesNotFit, InputTooLong, RequestTimeout
-from engine.protocol import FlagOverride
+from engine.protocol import CancelSignal, FlagOverride
 from engine.runtime import Runtime
 from engine.scheduler_recorder import StepRecorder
+from monitor.loopback import wait_for
 from tests.engine.batching import (
     Handshake,
     break_row,
@@ -24,6 +25,8 @@ from tests.engine.batching import (
     submit_together,
 )
 from tests.engine.conftest import batching_runtime, random_texts
+
+DIRECT = FlagOverride(speculative=False)  # as `alone` decodes
 
 
 @pytest.mark.parametrize(("native_step", "eager"), [(True, False), (False, True),
@@ -109,6 +112,69 @@ def test_a_row_that_leaves_mid_answer_frees_its_row_and_changes_no_one_else(
         rt._scheduler.submit(again)
         assert tuple(rt._scheduler.wait(keep).tokens) == alone(texts[0], 40)
         assert tuple(rt._scheduler.wait(again).tokens) == alone(texts[2], 16)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "past its deadline"])
+def test_a_generate_call_that_leaves_mid_answer_frees_its_row_and_changes_no_one_else(
+        tmp_path, tiny_dirs, alone, monkeypatch, leaves):
+    """Through Runtime.generate: its CancelSignal (or deadline) reaches the loop's row."""
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    texts = random_texts(3, seed=13, overflow=False)
+    sched = rt._scheduler
+    jobs: list[scheduler_module.Job] = []
+    submit = sched.submit
+
+    def held(job: scheduler_module.Job) -> None:
+        # The loop holds after each of the first two requests' first token until the test
+        # has acted on it.
+        if len(jobs) < 2:
+            job.first_token = Handshake()
+        jobs.append(job)
+        submit(job)
+
+    monkeypatch.setattr(sched, "submit", held)
+    cancel = CancelSignal()
+    out: dict[str, object] = {}
+
+    def call(name: str, text: str, **kwargs: object) -> threading.Thread:
+        def run() -> None:
+            try:
+                out[name] = rt.generate(text, max_new_tokens=40, override=DIRECT, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                out[name] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    try:
+        keeper = call("keep", texts[0])
+        wait_for(lambda: len(jobs) == 1, what="the first job handed to the loop")
+        keep = jobs[0]
+        keep.first_token.wait()
+        dropper = call("drop", texts[1], cancel=cancel)
+        wait_for(lambda: len(jobs) == 2, what="the second job handed to the loop")
+        drop = jobs[1]
+        keep.first_token.go.set()  # the next step boundary takes `drop` into the batch
+        drop.first_token.wait()
+        if leaves == "cancelled":
+            cancel.set()
+        else:
+            drop.deadline = 0.0
+        drop.first_token.go.set()
+        dropper.join(30)
+        assert isinstance(out["drop"], Cancelled if leaves == "cancelled" else RequestTimeout)
+        # Its row is out of the batch and its admission slot back: another request takes it.
+        assert all(job is not drop for job, _state in sched._active)
+        again = rt.generate(texts[2], max_new_tokens=16, override=DIRECT)
+        assert again.output_ids == alone(texts[2], 16)
+        keeper.join(30)
+        kept = out["keep"]
+        assert not isinstance(kept, BaseException), kept
+        assert kept.output_ids == alone(texts[0], 40)  # token for token
+        assert kept.batch_size_max == 2  # it shared steps with `drop`
     finally:
         rt.close()
 

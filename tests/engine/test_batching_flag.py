@@ -3,11 +3,16 @@ batch-mates, as engine.max_batch 1 would, and decodes what it decodes alone."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
+from engine.errors import Cancelled, RequestTimeout
 from engine.protocol import FlagOverride, InMemoryFlagProvider, RuntimeFlags
 from engine.runtime import Runtime
 from engine.scheduler import Job
+from tests.engine.batching import Handshake
 from tests.engine.conftest import random_texts, tiny_config
 
 DIRECT = FlagOverride(speculative=False)
@@ -52,6 +57,47 @@ def test_a_job_that_runs_alone_never_shares_a_step(tmp_path, tiny_dirs):
                     text, max_new_tokens=12, override=DIRECT).output_ids
         finally:
             unbatched.close()
+    finally:
+        rt.close()
+
+
+class _NotesWhetherRunning(threading.Event):
+    """A done event that notes, when it is set, whether `other` was still running."""
+
+    def __init__(self, other: Job) -> None:
+        super().__init__()
+        self.other = other
+        self.other_running: bool | None = None
+
+    def set(self) -> None:
+        self.other_running = not self.other.done.is_set()
+        super().set()
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "past its deadline"])
+def test_a_job_waiting_behind_one_that_runs_alone_leaves_without_waiting_for_it(
+        tmp_path, tiny_dirs, leaves):
+    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    try:
+        sched = rt._scheduler
+        assert sched is not None
+        texts = random_texts(2, seed=31)
+        solo, waiting = _job(rt, texts[0], 0, alone=True), _job(rt, texts[1], 1, alone=False)
+        solo.first_token = Handshake()
+        waiting.done = _NotesWhetherRunning(solo)
+        sched.submit(solo)
+        solo.first_token.wait()
+        sched.submit(waiting)  # no one joins while `solo` runs: it waits in the inbox
+        if leaves == "cancelled":
+            waiting.cancel()
+        else:
+            waiting.deadline = 0.0
+        solo.first_token.go.set()
+        with pytest.raises(Cancelled if leaves == "cancelled" else RequestTimeout):
+            sched.wait(waiting)
+        # It left at the next step boundary, its caller's slot free while `solo` still ran.
+        assert waiting.done.other_running and waiting.joined_step == -1
+        assert len(sched.wait(solo).tokens) >= 1
     finally:
         rt.close()
 

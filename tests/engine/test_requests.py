@@ -8,13 +8,14 @@ import pytest
 
 from engine import load_engine
 from engine.errors import (
+    Cancelled,
     InputTooLong,
     InvalidRequest,
     ModelLoadError,
     Overloaded,
     RequestTimeout,
 )
-from engine.protocol import PATH_OVERFLOW, Engine
+from engine.protocol import PATH_OVERFLOW, CancelSignal, Engine, FlagOverride
 from monitor.loopback import wait_for
 from tests.engine.conftest import CAP, MAX_INPUT, tiny_config
 
@@ -82,8 +83,9 @@ def test_missing_files_raise_model_load_error(tmp_path, tiny_dirs):
         load_engine(tiny_config(tiny_dirs, model_dir=str(broken)))
 
 
+@pytest.mark.parametrize("leaves", ["past its deadline", "cancelled"])
 @pytest.mark.parametrize("max_batch", [1, 2])
-def test_overloaded_and_timeout(tiny_dirs, monkeypatch, max_batch):
+def test_overloaded_and_a_queued_caller_that_leaves(tiny_dirs, monkeypatch, max_batch, leaves):
     # Unbatched, one decode stream; batched, two rows: either way one more caller waits.
     engine = load_engine(tiny_config(tiny_dirs, compile_mode="off", max_concurrency=1,
                                      max_queue=1, max_batch=max_batch))
@@ -120,25 +122,66 @@ def test_overloaded_and_timeout(tiny_dirs, monkeypatch, max_batch):
         running.join(10)
     waiting.join(10)
     assert errors == [] and engine.queue_depth() == 0
-    # A queued caller whose deadline passes gets RequestTimeout, not a hang.
+    # A queued caller whose deadline passes gets RequestTimeout, not a hang; one whose
+    # caller cancels it once it waits gets Cancelled. Either way it leaves the queue.
     release.clear()
     runners = [threading.Thread(target=call) for _ in range(max_batch)]
     for running in runners:
         started.clear()
         running.start()
         assert started.wait(10)
-    with pytest.raises(RequestTimeout):
-        engine.generate("abc", max_new_tokens=2, timeout_s=0.05)
+    cancel = CancelSignal()
+    left: list[BaseException] = []
+
+    def queued_call() -> None:
+        try:
+            if leaves == "cancelled":
+                engine.generate("abc", max_new_tokens=2, cancel=cancel)
+            else:
+                engine.generate("abc", max_new_tokens=2, timeout_s=0.05)
+        except BaseException as exc:  # noqa: BLE001
+            left.append(exc)
+
+    waiting = threading.Thread(target=queued_call)
+    waiting.start()
+    if leaves == "cancelled":
+        wait_for(lambda: engine.queue_depth() == 1, what="one queued caller")
+        cancel.set()
+    waiting.join(10)
+    assert [type(exc) for exc in left] == [
+        Cancelled if leaves == "cancelled" else RequestTimeout]
+    assert engine.queue_depth() == 0
     release.set()
     for running in runners:
         running.join(10)
+    assert errors == []
+    stats = engine.admission_stats()
+    assert stats.real_timeouts == (0 if leaves == "cancelled" else 1)
+    # Every slot came back: a caller gets one at once.
+    assert engine.generate("abc", max_new_tokens=2).output_tokens >= 1
     engine.close()
 
 
-def test_decode_timeout(tiny_dirs):
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("leaves", ["past its deadline", "cancelled"])
+def test_an_unbatched_decode_stops_past_its_deadline_or_cancelled(tiny_dirs, monkeypatch,
+                                                                   leaves, speculative):
     engine = load_engine(tiny_config(tiny_dirs, compile_mode="off"))
+    cancel = CancelSignal()
+    if leaves == "cancelled":
+        run = engine.rows.run
+
+        def cancelled_once_admitted(*args, **kwargs):
+            cancel.set()  # after admission: the decode loop is what sees it
+            return run(*args, **kwargs)
+
+        monkeypatch.setattr(engine.rows, "run", cancelled_once_admitted)
     try:
-        with pytest.raises(RequestTimeout, match="timeout_s"):
-            engine.generate("x" * 20, max_new_tokens=CAP, timeout_s=1e-4)
+        with pytest.raises(Cancelled if leaves == "cancelled" else RequestTimeout):
+            engine.generate("x" * 20, max_new_tokens=CAP, cancel=cancel,
+                            override=FlagOverride(speculative=speculative),
+                            timeout_s=1e-4 if leaves == "past its deadline" else None)
+        assert engine.admission_stats().real_waiting == 0
+        assert engine.generate("x" * 20, max_new_tokens=2).output_tokens >= 1  # slot back
     finally:
         engine.close()

@@ -7,7 +7,13 @@ import threading
 from engine import validation
 from engine.admission import Admission
 from engine.config import EngineConfig
-from engine.protocol import FlagOverride, FlagProvider, GenerateResult, WarmupStatus
+from engine.protocol import (
+    CancelSignal,
+    FlagOverride,
+    FlagProvider,
+    GenerateResult,
+    WarmupStatus,
+)
 from probes.fake import FakeEngine
 
 
@@ -30,15 +36,15 @@ class ServiceFakeEngine(FakeEngine):
         self.closed = False
 
     def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
-                 override: FlagOverride | None = None,
-                 timeout_s: float | None = None) -> GenerateResult:
+                 override: FlagOverride | None = None, timeout_s: float | None = None,
+                 cancel: CancelSignal | None = None) -> GenerateResult:
         # The runtime's own checks, in its order (engine.runtime.Runtime._plan).
         validation.check_timeout(timeout_s)
         validation.max_new_tokens(self.config, max_new_tokens)
         validation.check_input_tokens(self.config,
                                       self.count_tokens(validation.check_text(self.config, text)))
         return super().generate(text, max_new_tokens=max_new_tokens, canary=canary,
-                                override=override, timeout_s=timeout_s)
+                                override=override, timeout_s=timeout_s, cancel=cancel)
 
     def warm_up(self, *, background: bool = True) -> None:
         if self.hold_warmup.is_set():

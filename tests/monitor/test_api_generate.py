@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from engine.errors import DoesNotFit, Overloaded, RequestTimeout
+from engine.errors import Cancelled, DoesNotFit, Overloaded, RequestTimeout
 from monitor.hub import services_of
 from tests.monitor.fakes import FakeFactory
 
@@ -114,6 +114,19 @@ def test_timeout_is_504(client: TestClient, factory: FakeFactory) -> None:
     r = client.post("/v1/generate", json={"text": "hello"})
     assert r.status_code == 504
     assert r.json()["error"]["code"] == "timeout"
+
+
+def test_cancelled_is_499_counted_and_no_traffic_sample(
+        client: TestClient, factory: FakeFactory, registry: CollectorRegistry) -> None:
+    # What a client that hung up would get (tests/monitor/test_api_generate_cancel.py).
+    assert factory.engine is not None
+    factory.engine.fail_with = Cancelled("request cancelled")
+    r = client.post("/v1/generate", json={"text": "hello"})
+    assert r.status_code == 499
+    assert r.json()["error"]["code"] == "cancelled"
+    assert registry.get_sample_value(
+        "tailwatch_requests_rejected_total", {"reason": "cancelled"}) == 1
+    assert services_of(client.app).traffic.drain() == []
 
 
 def test_timeout_s_reaches_the_engine_and_bad_values_are_422_naming_it(
