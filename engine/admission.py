@@ -23,8 +23,22 @@ behind it or get refused because of it:
   "token_budget") only when the real callers' tokens alone leave it no room (and then
   sheds none for nothing).
 
-A running request is never interrupted: a real caller may still wait for the requests
-already holding slots, synthetic ones included, but never for a queued synthetic one.
+A real caller never waits for a queued synthetic one, and (`preempt=True`: requests that
+decode alone on their slot, the unbatched engine) not for a running one either:
+
+- a real caller that would wait while at least one slot is held by a synthetic caller
+  gets the reserved extra slot (index `max_concurrency`) at once (counted in
+  `preemptions`). Only real callers take it, one at a time: while it is held further
+  real callers queue as above, first for any freed slot; freed while a real caller
+  waits and a synthetic one still holds a slot, it goes to the oldest real caller;
+- every synthetic request pauses at its next step boundary while the extra slot is held
+  (`PausePoint`, called where the decode loops check their deadline) and resumes, its KV
+  state untouched, once it is freed; its deadline and cancel signal still end it there.
+  Real requests never pause.
+
+Without `preempt` (the batching scheduler: its loop joins waiting real requests before
+synthetic ones at the next step instead) a running request is never interrupted, so a
+real caller may wait for the requests already holding slots, synthetic ones included.
 `slot(deadline, synthetic=..., tokens=..., cancel=...)` is the whole interface, so a batching
 scheduler can admit through it the same way; `stats()` returns the counters as an
 AdmissionStats.
@@ -51,6 +65,9 @@ REASON_TIMEOUT = "timeout"  # the caller's deadline passed while it waited
 REASON_TOKEN_BUDGET = "token_budget"  # no free slot and its tokens would pass max_queue_tokens
 REASONS = (REASON_QUEUE_FULL, REASON_REAL_WAITING, REASON_SHED, REASON_TIMEOUT,
            REASON_TOKEN_BUDGET)
+# How often a request paused for a real one looks at a cancel Event that cannot wake it
+# (a CancelSignal wakes it at once).
+_EVENT_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,8 @@ class AdmissionStats:
     timeouts: callers whose deadline passed while they waited (RequestTimeout).
     token_budget: refused on arrival (no slot, their tokens would pass max_queue_tokens).
     waiting: callers waiting for a slot now; waiting_tokens: the tokens they carry.
+    preemptions: real callers granted the extra slot (synthetic requests paused for them).
+    paused: synthetic requests paused at a step boundary for a real caller now.
     """
 
     real_admitted: int = 0
@@ -79,6 +98,8 @@ class AdmissionStats:
     synthetic_token_budget: int = 0
     real_waiting_tokens: int = 0
     synthetic_waiting_tokens: int = 0
+    preemptions: int = 0
+    paused: int = 0
 
     @property
     def real_rejected(self) -> int:
@@ -117,11 +138,12 @@ class _Waiter:
 
 
 class Admission:
-    """Grant at most `max_concurrency` slots; at most `max_queue` callers wait (carrying at
-    most `max_queue_tokens` tokens, 0: no token budget), real first."""
+    """Grant at most `max_concurrency` slots (`preempt`: and one extra, to a real caller
+    while synthetic ones hold slots); at most `max_queue` callers wait (carrying at most
+    `max_queue_tokens` tokens, 0: no token budget), real first."""
 
     def __init__(self, max_concurrency: int, max_queue: int, *, max_queue_tokens: int = 0,
-                 retry_after_s: float = 1.0):
+                 retry_after_s: float = 1.0, preempt: bool = False):
         if max_concurrency < 1:
             raise ValueError("max_concurrency: must be >= 1")
         if max_queue < 0:
@@ -144,6 +166,15 @@ class Admission:
             (f"{origin}_{what}" for origin in ORIGINS
              for what in ("admitted", "queue_full", "real_waiting", "shed", "timeouts",
                           "token_budget")), 0)
+        self._counts["preemptions"] = 0
+        self._preempt = preempt
+        self.extra = max_concurrency  # the reserved slot's index (preempt)
+        # Read without the lock at every step boundary of every synthetic request: a bool
+        # written under the lock, and re-read under it before anyone waits.
+        self._extra_held = False
+        self._synthetic_slots: set[int] = set()  # slots held by synthetic callers
+        self._resumed = threading.Condition(self._lock)  # paused synthetic requests wait
+        self._paused = 0
 
     @property
     def waiting(self) -> int:
@@ -153,9 +184,14 @@ class Admission:
 
     @property
     def running(self) -> int:
-        """Return slots in use."""
+        """Return slots in use (the extra slot included)."""
         with self._lock:
-            return self._capacity - len(self._free)
+            return self._capacity - len(self._free) + self._extra_held
+
+    @property
+    def preempting(self) -> bool:
+        """Return whether a real caller holds the extra slot (synthetic requests pause)."""
+        return self._extra_held
 
     @property
     def limit(self) -> int:
@@ -200,7 +236,8 @@ class Admission:
                 real_token_budget=c["real_token_budget"],
                 synthetic_token_budget=c["synthetic_token_budget"],
                 real_waiting_tokens=self._tokens[False],
-                synthetic_waiting_tokens=self._tokens[True])
+                synthetic_waiting_tokens=self._tokens[True],
+                preemptions=c["preemptions"], paused=self._paused)
 
     @contextmanager
     def slot(self, deadline: float | None, *, synthetic: bool = False,
@@ -255,7 +292,12 @@ class Admission:
             # to waiters.
             if self._free and self._held() < self._limit:
                 self._count(synthetic, "admitted")
-                return self._free.pop()
+                index = self._free.pop()
+                if synthetic:
+                    self._synthetic_slots.add(index)
+                return index
+            if not synthetic and self._can_preempt():
+                return self._take_extra()
             waiter = self._enqueue(synthetic, tokens)
             try:
                 while waiter.slot is None and not waiter.shed:
@@ -326,13 +368,83 @@ class Admission:
         self._tokens[synthetic] += tokens
         return waiter
 
+    def _can_preempt(self) -> bool:
+        """Return whether a real caller arriving now gets the extra slot (lock held): it is
+        free, a synthetic caller holds a slot, and no real caller waits ahead of it."""
+        return (self._preempt and not self._extra_held and bool(self._synthetic_slots)
+                and not self._real)
+
+    def _take_extra(self) -> int:
+        """Hold the extra slot for a real caller (lock held): synthetic requests pause."""
+        self._extra_held = True
+        self._count(False, "admitted")
+        self._counts["preemptions"] += 1
+        return self.extra
+
+    def wait_for_real(self, deadline: float | None, cancel: threading.Event | None) -> float:
+        """Wait while a real caller holds the extra slot (a synthetic request at a step
+        boundary); return the seconds waited. Raise RequestTimeout past `deadline`,
+        Cancelled once `cancel` is set."""
+        if not self._extra_held:  # the common case, at every step: no lock
+            return 0.0
+        # A set signal cannot notify a condition: set() wakes the paused through this.
+        unregister = cancel.on_set(self._wake_paused) \
+            if isinstance(cancel, CancelSignal) else None
+        t0 = time.perf_counter()
+        try:
+            with self._lock:
+                self._paused += 1
+                try:
+                    self._pause(deadline, cancel, polls=unregister is None)
+                finally:
+                    self._paused -= 1
+        finally:
+            if unregister is not None:
+                unregister()
+        return time.perf_counter() - t0
+
+    def _pause(self, deadline: float | None, cancel: threading.Event | None, *,
+               polls: bool) -> None:
+        """Wait (lock held) until the extra slot is freed, past `deadline` or `cancel` set;
+        `polls`: `cancel` cannot wake it."""
+        while self._extra_held:
+            now = time.perf_counter()
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("request cancelled while paused for a real request")
+            if deadline is not None and now > deadline:
+                raise RequestTimeout("timeout_s: generation did not finish before the "
+                                     "deadline (paused for a real request)")
+            remaining = None if deadline is None else deadline - now
+            if polls and cancel is not None:
+                # A plain Event wakes no one: look at it again now and then.
+                remaining = _EVENT_POLL_S if remaining is None \
+                    else min(remaining, _EVENT_POLL_S)
+            self._resumed.wait(remaining)
+
+    def _wake_paused(self) -> None:
+        """Wake the paused synthetic requests to look at their cancel signals."""
+        with self._lock:
+            self._resumed.notify_all()
+
     def _release(self, index: int) -> None:
         with self._lock:
             self._hand_over(index)
 
     def _hand_over(self, index: int) -> None:
         """Give released slot `index` to the next waiter, real first, or free it (lock
-        held): free it while the slots held, this one included, exceed the limit."""
+        held): free it while the slots held, this one included, exceed the limit. The
+        extra slot goes only to a real waiter while a synthetic caller holds a slot."""
+        self._synthetic_slots.discard(index)
+        if self._preempt and index == self.extra:
+            self._extra_held = False
+            if self._real and self._synthetic_slots:
+                waiter = self._real.popleft()
+                self._tokens[False] -= waiter.tokens
+                waiter.slot = self._take_extra()
+                waiter.cond.notify()
+            else:
+                self._resumed.notify_all()
+            return
         if not (self._real or self._synthetic) or self._held() > self._limit:
             self._free.append(index)
             return
@@ -344,5 +456,41 @@ class Admission:
         waiter = queue.popleft()
         self._tokens[waiter.synthetic] -= waiter.tokens
         waiter.slot = index
+        if waiter.synthetic:
+            self._synthetic_slots.add(index)
         self._count(waiter.synthetic, "admitted")
         waiter.cond.notify()
+
+
+class PausePoint:
+    """A synthetic request's step boundary: pause while a real caller holds the extra slot,
+    summing the seconds paused (engine.decoding calls it where it checks the deadline)."""
+
+    def __init__(self, admission: Admission, deadline: float | None,
+                 cancel: threading.Event | None) -> None:
+        self._admission, self._deadline, self._cancel = admission, deadline, cancel
+        self.paused_s = 0.0
+        self._pauses: list[tuple[float, float]] = []  # (resumed at, seconds paused)
+
+    def __call__(self) -> None:
+        """Wait while a real caller holds the extra slot; raise RequestTimeout or Cancelled."""
+        waited = self._admission.wait_for_real(self._deadline, self._cancel)
+        if waited > 0.0:
+            self.paused_s += waited
+            self._pauses.append((time.perf_counter(), waited))
+
+    def unpaused(self, stamps: list[float]) -> list[float]:
+        """Return token `stamps` less the pauses before each: the request's own times.
+
+        A pause lies between two tokens: left in, it would count as the next token's
+        decode time (a canary's per-token series, the draft length's cost of direct).
+        """
+        if not self._pauses:
+            return stamps
+        out, before, i = [], 0.0, 0
+        for stamp in stamps:
+            while i < len(self._pauses) and self._pauses[i][0] <= stamp:
+                before += self._pauses[i][1]
+                i += 1
+            out.append(stamp - before)
+        return out

@@ -74,17 +74,24 @@ def encode(runner: ModelRunner, fns: Fns, ids: torch.Tensor, attention_mask: tor
     return Encoded(cross, mask_bias)
 
 
-def _check(deadline: float | None, clock: Clock, cancel: threading.Event | None) -> None:
+def _check(deadline: float | None, clock: Clock, cancel: threading.Event | None,
+           pause: Callable[[], None] | None = None) -> None:
+    """Raise Cancelled or RequestTimeout at a step boundary; then `pause` (a synthetic
+    request's engine.admission.PausePoint: it may wait there, its state untouched)."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("request cancelled")
     if deadline is not None and clock() > deadline:
         raise RequestTimeout("timeout_s: generation did not finish before the deadline")
+    if pause is not None:
+        pause()
 
 
 def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max_new: int,
            deadline: float | None = None, clock: Clock = time.perf_counter,
-           cancel: threading.Event | None = None) -> Decoded:
-    """Decode greedily, `runner.steps` tokens per step call and one host sync per call."""
+           cancel: threading.Event | None = None, pause: Callable[[], None] | None = None
+           ) -> Decoded:
+    """Decode greedily, `runner.steps` tokens per step call and one host sync per call
+    (`pause`: called between step calls, see _check)."""
     m = runner.m
     steps = runner.steps
     cur = runner.start
@@ -105,8 +112,9 @@ def direct(runner: ModelRunner, fns: Fns, enc: Encoded, cache: torch.Tensor, max
                 break
         pos += steps
         if not done:
-            _check(deadline, clock, cancel)
-            cur = out[-1:].view(1, 1).clone()  # the next replay overwrites `out`
+            # The next replay overwrites `out` (another request's, while this one pauses).
+            cur = out[-1:].view(1, 1).clone()
+            _check(deadline, clock, cancel, pause)
     return Decoded(tokens, stamps, SpecStats(target_forwards=len(tokens)))
 
 
@@ -344,8 +352,8 @@ class RowState:
 def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Tensor,
                 draft: ModelRunner, dfns: Fns, denc: Encoded, dcache: torch.Tensor,
                 k: int, max_new: int, deadline: float | None = None,
-                clock: Clock = time.perf_counter, cancel: threading.Event | None = None
-                ) -> Decoded:
+                clock: Clock = time.perf_counter, cancel: threading.Event | None = None,
+                pause: Callable[[], None] | None = None) -> Decoded:
     """Decode greedily: the draft proposes k tokens, the target checks them in one forward.
 
     The output equals direct greedy decoding of the target: every emitted token is
@@ -353,12 +361,13 @@ def speculative(target: ModelRunner, tfns: Fns, tenc: Encoded, tcache: torch.Ten
     back by moving the positions; the static caches mask every slot after a query.
     The verification always covers `target.verify_q` positions (one compiled shape for
     every k <= verify_q - 1); positions after the k proposals are padding, their choices
-    unused and their cache slots rewritten before any query can see them.
+    unused and their cache slots rewritten before any query can see them. `pause` is
+    called between rounds (see _check).
     """
     row = RowState(target, tfns, tenc, tcache, max_new, draft=draft, dfns=dfns, denc=denc,
                    dcache=dcache, k=k, clock=clock)
     while not row.done:
         row.round()
         if not row.done:
-            _check(deadline, clock, cancel)
+            _check(deadline, clock, cancel, pause)
     return row.decoded()

@@ -78,6 +78,12 @@ class GenerateResult:
         round, one multi-token step call) share one confirmation time, so the first
         token of a round carries the round's time and the others 0.0.
     total_s: call entry -> result returned (queue wait + tokenize + generate + detokenize).
+    preempted_s: the part of total_s a synthetic request spent paused at its step
+        boundaries while a real request decoded on admission's extra slot (unbatched,
+        engine.admission). It lies between two tokens and is left out of decode_token_s
+        (and of ttft_s: no pause comes before the first token), so those stay the
+        request's own times; total_s - preempted_s is its latency had nobody preempted
+        it. 0.0 for real requests, which never pause.
     batch_wait_s: decode slot (batch row) granted -> the batching loop took the request up
         (its encoder starts): the window and the step in flight; 0.0 when not batched.
 
@@ -104,6 +110,7 @@ class GenerateResult:
     ttft_s: float
     decode_token_s: tuple[float, ...]
     total_s: float
+    preempted_s: float = 0.0
     spec: SpecStats = field(default_factory=SpecStats)
     canary: bool = False  # canary traffic never enters real-traffic statistics
     probation: bool = False  # speculated although the bucket's flag is off (recovery sampling)
@@ -123,6 +130,11 @@ class GenerateResult:
         if self.padded_length <= 0:
             return 0.0
         return (self.padded_length - self.input_tokens) / self.padded_length
+
+    @property
+    def own_s(self) -> float:
+        """Return total_s less preempted_s: what a canary measures of the engine."""
+        return self.total_s - self.preempted_s
 
     @property
     def per_token_s(self) -> float | None:

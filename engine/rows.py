@@ -2,19 +2,21 @@
 on its row.
 
 A row is an admission slot: batched, a batch row of the scheduler's loop; unbatched, a
-decode stream. Its caches are allocated once and reused by every request that holds it
-(engine.row_buffers: every row's cache a slice of one tensor per model, and, where the
-fixed-row compiled step can serve, each row's padded cross K/V, filled as a request
-joins); the KV account (engine.memory) counts them and each running request's
-cross-attention K/V. `Rows` is what the batching loop needs of its engine
-(engine.scheduler.RowOwner); unbatched, `run` decodes a whole request on the calling
-(owner) thread.
+decode stream (and, where synthetic requests are preempted, one more: admission's extra
+slot, which a real request decodes on while they pause). Its caches are allocated once
+and reused by every request that holds it (engine.row_buffers: every row's cache a slice
+of one tensor per model, and, where the fixed-row compiled step can serve, each row's
+padded cross K/V, filled as a request joins); the KV account (engine.memory) counts them
+and each running request's cross-attention K/V. `Rows` is what the batching loop needs of
+its engine (engine.scheduler.RowOwner); unbatched, `run` decodes a whole request on the
+calling (owner) thread.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -171,11 +173,13 @@ class Rows:
 
     def run(self, ids: list[int], length: int, key: int | str | None, slot: int,
             k: int, max_new: int, deadline: float | None, quantized: bool = False,
-            native: bool = True, cancel: threading.Event | None = None
+            native: bool = True, cancel: threading.Event | None = None,
+            pause: Callable[[], None] | None = None
             ) -> tuple[decoding.Decoded, float, float]:
         """Encode and decode a request on row `slot` in this thread (unbatched) until done,
-        past `deadline` or `cancel` set; return what it decoded, when its encoders finished
-        and when its input reached the device."""
+        past `deadline` or `cancel` set (`pause`: called at every step boundary, see
+        engine.decoding); return what it decoded, when its encoders finished and when its
+        input reached the device."""
         caches = self.caches[slot]
         target = self._target(quantized)
         draft = self.models.draft
@@ -195,11 +199,11 @@ class Rows:
                     t_encoded = time.perf_counter()
                     decoded = decoding.speculative(
                         target, tfns, tenc, caches["target"], draft, dfns, denc,
-                        caches["draft"], k, max_new, deadline, cancel=cancel)
+                        caches["draft"], k, max_new, deadline, cancel=cancel, pause=pause)
                 else:
                     t_encoded = time.perf_counter()
                     decoded = decoding.direct(target, tfns, tenc, caches["target"],
-                                              max_new, deadline, cancel=cancel)
+                                              max_new, deadline, cancel=cancel, pause=pause)
             finally:
                 self.kv.release(held)
         return replace(decoded, kv_request_bytes=held), t_encoded, t_device

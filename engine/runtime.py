@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 import torch
 
 from engine import aot, decoding, group_encode, precompile, quantize, scheduler, validation
-from engine.admission import Admission, AdmissionStats
+from engine.admission import Admission, AdmissionStats, PausePoint
 from engine.buckets import bucket_label
 from engine.cancel import CancelSignal
 from engine.compile_watch import shared_watch
@@ -123,10 +123,17 @@ class Runtime:
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
         # Batched, a decode slot is a batch row (its caches); unbatched, a decode stream.
         rows = config.max_batch if config.max_batch > 1 else config.max_concurrency
+        # Unbatched, a synthetic request pauses at its step boundaries while a real one
+        # decodes on an extra row (engine.admission). Not where one device thread makes
+        # every compiled call (CUDA-graph modes): a request paused on it would hold up the
+        # real one it pauses for. The batching loop joins real requests first instead.
+        self._preempt = config.max_batch == 1 and not (self._compile_on
+                                                       and single_owner(config))
         self._admission = Admission(rows, config.max_queue,
-                                    max_queue_tokens=config.max_queue_tokens)
+                                    max_queue_tokens=config.max_queue_tokens,
+                                    preempt=self._preempt)
         self._flags = _guarded_flags(config, flags)
-        self.rows = Rows(self.models, count=rows, device=self.device,
+        self.rows = Rows(self.models, count=rows + self._preempt, device=self.device,
                          compile_on=self._compile_on, batched=config.max_batch > 1)
         self.router = Router(self.models, config.buckets, compile_on=self._compile_on,
                              is_warm=self.is_warm)
@@ -375,8 +382,15 @@ class Runtime:
             with self._admission.slot(plan.deadline, synthetic=canary,
                                       tokens=plan.n + plan.max_new, cancel=plan.cancel) as slot:
                 t_slot = time.perf_counter()
-                ran = self._decode(plan, slot, synthetic=canary)
-            return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot)
+                pause = PausePoint(self._admission, plan.deadline, plan.cancel) \
+                    if canary and self._preempt else None
+                ran = self._decode(plan, slot, synthetic=canary, pause=pause)
+            if pause is None:
+                return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot)
+            ran = replace(ran, decoded=replace(
+                ran.decoded, stamps=pause.unpaused(ran.decoded.stamps)))
+            return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot,
+                                preempted_s=pause.paused_s)
 
     def _plan(self, text: str, max_new_tokens: int | None, override: FlagOverride | None,
               timeout_s: float | None, t_entry: float, cancel: CancelSignal | None = None
@@ -412,15 +426,17 @@ class Runtime:
                     native=flags.native_step, runner=runner,
                     deadline=None if timeout_s is None else t_entry + timeout_s, cancel=cancel)
 
-    def _decode(self, plan: Plan, slot: int, *, synthetic: bool = False) -> _Ran:
-        """Decode `plan` on row `slot`; a compiled route that fails runs eager instead."""
+    def _decode(self, plan: Plan, slot: int, *, synthetic: bool = False,
+                pause: PausePoint | None = None) -> _Ran:
+        """Decode `plan` on row `slot` (`pause`: a synthetic request's, unbatched); a
+        compiled route that fails runs eager instead."""
         path, length, key = self.router.route(plan.n, plan.flags)
         recorded = self.ledger.recorded()
         try:
             decoded, t_encoded, t_device, batch = self._run_any(
                 plan.ids, length, key, slot, plan.k, plan.max_new, plan.deadline,
                 plan.quantized, plan.native, alone=not plan.flags.batching,
-                synthetic=synthetic, cancel=plan.cancel)
+                synthetic=synthetic, cancel=plan.cancel, pause=pause)
         except (RequestTimeout, Cancelled, DoesNotFit, NotReady):
             raise
         except Exception:
@@ -432,12 +448,12 @@ class Runtime:
             decoded, t_encoded, t_device, batch = self._run_any(
                 plan.ids, length, key, slot, plan.k, plan.max_new, plan.deadline,
                 plan.quantized, plan.native, alone=not plan.flags.batching,
-                synthetic=synthetic, cancel=plan.cancel)
+                synthetic=synthetic, cancel=plan.cancel, pause=pause)
         return _Ran(path=path, length=length, key=key, recorded=recorded, decoded=decoded,
                     t_encoded=t_encoded, t_device=t_device, batch=batch)
 
     def _result(self, plan: Plan, ran: _Ran, *, canary: bool, t_entry: float,
-                t_slot: float) -> GenerateResult:
+                t_slot: float, preempted_s: float = 0.0) -> GenerateResult:
         """Learn from what `ran` decoded and return it measured as a GenerateResult."""
         decoded, batch, k = ran.decoded, ran.batch, plan.k
         speculate = k > 0
@@ -457,9 +473,9 @@ class Runtime:
             queue_wait_s=t_slot - t_entry, encoder_s=ran.t_encoded - ran.t_device,
             ttft_s=(stamps[0] - t_slot) if stamps else 0.0,
             decode_token_s=tuple(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
-            total_s=time.perf_counter() - t_entry, spec=decoded.spec, canary=canary,
-            probation=plan.probation, kv_request_bytes=decoded.kv_request_bytes, spec_k=k,
-            quantized=plan.quantized,
+            total_s=time.perf_counter() - t_entry, preempted_s=preempted_s, spec=decoded.spec,
+            canary=canary, probation=plan.probation,
+            kv_request_bytes=decoded.kv_request_bytes, spec_k=k, quantized=plan.quantized,
             native_step=self.router.on_native(ran.key, plan.quantized, plan.native),
             cudagraph=self._cudagraph(ran.key, ran.recorded), **_batch_fields(batch, t_slot),
         )
@@ -488,13 +504,14 @@ class Runtime:
     def _run_any(self, ids: list[int], length: int, key: int | str | None, slot: int,
                  k: int, max_new: int, deadline: float | None, quantized: bool,
                  native: bool = True, *, alone: bool = False, synthetic: bool = False,
-                 cancel: CancelSignal | None = None
+                 cancel: CancelSignal | None = None, pause: PausePoint | None = None
                  ) -> tuple[decoding.Decoded, float, float, scheduler.Job | None]:
-        """Decode in the batching loop when there is one, else in this thread."""
+        """Decode in the batching loop when there is one, else in this thread (`pause`:
+        unbatched, at every step boundary)."""
         if self._scheduler is None:
             return (*self._on_owner(lambda: self.rows.run(ids, length, key, slot, k, max_new,
                                                            deadline, quantized, native,
-                                                           cancel)), None)
+                                                           cancel, pause)), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
                             deadline=deadline, quantized=quantized, row=slot, native=native,
                             alone=alone, synthetic=synthetic)

@@ -309,7 +309,8 @@ class MetricsSink:
     @staticmethod
     def _observations(c: _Children, rs: list[GenerateResult]
                       ) -> Iterator[tuple[tuple[BulkHistogram, int], Sequence[float]]]:
-        yield c.e2e, [r.total_s for r in rs]
+        # A canary's own time: a pause it made for a real request is not the engine's.
+        yield c.e2e, [r.own_s for r in rs]
         yield c.ttft, [r.ttft_s for r in rs]
         yield c.queue_wait, [r.queue_wait_s for r in rs]
         yield c.per_token, list(chain.from_iterable(r.decode_token_s for r in rs))
@@ -704,6 +705,11 @@ def _admission(stats: AdmissionStats) -> Iterator[Metric]:
     waiting.add_metric(["real"], stats.real_waiting)
     waiting.add_metric(["synthetic"], stats.synthetic_waiting)
     yield waiting
+    yield CounterMetricFamily(
+        f"{PREFIX}_admission_preemptions",
+        "Real requests granted the extra decode slot while synthetic ones held the slots"
+        " (those paused at their next step until it was freed; unbatched engines).",
+        value=stats.preemptions)
 
 
 def _flag_states(provider: FlagProvider, buckets: tuple[int, ...]) -> Metric:

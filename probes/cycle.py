@@ -102,7 +102,7 @@ class PromptPair:
 
     prompt: the first 12 hex digits of the SHA-256 of the prompt text (prompt_id).
     order: the variants (vocab.Variant values) in the order they ran.
-    latency_s: variant -> GenerateResult.total_s.
+    latency_s: variant -> GenerateResult.own_s (total_s less a pause for real requests).
     Both hold successful calls of the arm set the optimized request decided only.
     """
 
@@ -347,7 +347,7 @@ class ProbeCycle:
             progress.outputs.append((prompt, v, r))
         progress.prompt_pairs.append(PromptPair(
             bucket=bucket, prompt=prompt_id(prompt), order=tuple(v for v, _ in kept),
-            latency_s={v: r.total_s for v, r in kept}))
+            latency_s={v: r.own_s for v, r in kept}))
 
     def _arms_for(self, first: GenerateResult) -> list[tuple[str, FlagOverride]]:
         """Return the fallback arms that differ from how `first` actually ran."""

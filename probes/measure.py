@@ -19,7 +19,8 @@ VARIANT_DEFAULT = Variant.OPTIMIZED.value  # the engine's current flags, no over
 class GroupResult:
     """What the canaries of one (bucket, path, decoding, variant) measured.
 
-    latency: GenerateResult.total_s per request; ttft: ttft_s; per_token: each request's
+    latency: GenerateResult.own_s per request (total_s less any pause a real request
+    preempted it for); ttft: ttft_s; per_token: each request's
     mean time per output token after the first; queue_wait: queue_wait_s.
     padded_length: the largest padded input; padding_waste: mean share of padding.
     Acceptance counters are summed over the group's requests. *_sketch: the same latency,
@@ -83,7 +84,7 @@ def summarize(variant: str, results: Sequence[GenerateResult]) -> GroupResult:
         decoding=first.decoding,
         variant=variant,
         requests=len(results),
-        latency=Distribution.of([r.total_s for r in results]),
+        latency=Distribution.of([r.own_s for r in results]),
         ttft=Distribution.of([r.ttft_s for r in results]),
         per_token=Distribution.of(per_token),
         queue_wait=Distribution.of([r.queue_wait_s for r in results]),
@@ -96,7 +97,7 @@ def summarize(variant: str, results: Sequence[GenerateResult]) -> GroupResult:
         accepted_tokens=sum(r.spec.accepted_tokens for r in results),
         accepted_per_position=positions,
         target_forwards=sum(r.spec.target_forwards for r in results),
-        latency_sketch=Sketch.of([r.total_s for r in results]).to_json(),
+        latency_sketch=Sketch.of([r.own_s for r in results]).to_json(),
         ttft_sketch=Sketch.of([r.ttft_s for r in results]).to_json(),
         per_token_sketch=per_token_sketch.to_json(),
     )

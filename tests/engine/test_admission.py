@@ -9,30 +9,37 @@ from contextlib import ExitStack
 
 import pytest
 
-from engine.admission import REASONS, Admission, AdmissionStats
+from engine.admission import REASONS, Admission, AdmissionStats, PausePoint
 from engine.errors import Cancelled, Overloaded, RequestTimeout
 from engine.protocol import CancelSignal
 from monitor.loopback import wait_for
 
 
 class Caller:
-    """A thread that asks for a slot, records when it got one (or what it raised), leaves."""
+    """A thread that asks for a slot, records when it got one and which (or what it
+    raised), leaves (once `hold` is set, when given)."""
 
     def __init__(self, admission: Admission, name: str, *, synthetic: bool,
                  order: list[str], tokens: int = 0, deadline: float | None = None,
-                 cancel: CancelSignal | None = None) -> None:
+                 cancel: CancelSignal | None = None, hold: threading.Event | None = None
+                 ) -> None:
         self.name = name
         self.error: BaseException | None = None
+        self.index: int | None = None
         self._admission, self._synthetic, self._order = admission, synthetic, order
         self._tokens, self._deadline, self._cancel = tokens, deadline, cancel
+        self._hold = hold
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
 
     def _run(self) -> None:
         try:
             with self._admission.slot(self._deadline, synthetic=self._synthetic,
-                                      tokens=self._tokens, cancel=self._cancel):
+                                      tokens=self._tokens, cancel=self._cancel) as index:
+                self.index = index
                 self._order.append(self.name)
+                if self._hold is not None:
+                    self._hold.wait(10)
         except BaseException as exc:  # noqa: BLE001 - the test reads it
             self.error = exc
 
@@ -241,3 +248,93 @@ def test_slots_held_above_a_lowered_limit_drain_before_anyone_else_gets_one():
 def test_a_limit_out_of_range_is_refused_naming_it(limit):
     with pytest.raises(ValueError, match="limit: must be between 1 and 4"):
         Admission(4, max_queue=1).set_limit(limit)
+
+
+def test_a_real_caller_takes_the_extra_slot_while_a_synthetic_one_holds_the_only_slot():
+    admission = Admission(1, 4, preempt=True)
+    order: list[str] = []
+    with ExitStack() as held:
+        assert held.enter_context(admission.slot(None, synthetic=True)) == 0
+        with admission.slot(None) as index:  # at once: no queue, no wait
+            assert index == admission.extra == 1 and admission.preempting
+            assert admission.running == 2
+            # Only real callers take it, one at a time: the next of each origin queues.
+            s1 = Caller(admission, "s1", synthetic=True, order=order)
+            until(queued(admission, real=0, synthetic=1))
+            r1 = Caller(admission, "r1", synthetic=False, order=order)
+            until(queued(admission, real=1, synthetic=1))
+            assert order == []
+        # Freed while a real caller waits and a synthetic one holds a slot: the real one's.
+        r1.join()
+        assert order == ["r1"] and r1.index == admission.extra and r1.error is None
+        assert not admission.preempting and admission.stats().synthetic_waiting == 1
+    s1.join()  # the synthetic holder left: the slot it freed went to the synthetic waiter
+    assert order == ["r1", "s1"] and s1.index == 0 and s1.error is None
+    stats = admission.stats()
+    assert (stats.real_admitted, stats.synthetic_admitted, stats.preemptions) == (2, 2, 2)
+    assert admission.running == 0 and admission.waiting == 0
+    with admission.slot(None, synthetic=True), admission.slot(None) as index:
+        assert index == admission.extra  # it went back: the next real caller gets it
+    assert admission.stats().preemptions == 3
+
+
+@pytest.mark.parametrize("holder", ["synthetic, no preempt", "real, preempt"])
+def test_without_a_synthetic_holder_or_preempt_a_real_caller_waits(holder: str) -> None:
+    admission = Admission(1, 4, preempt=holder.endswith(", preempt"))
+    order: list[str] = []
+    with admission.slot(None, synthetic=holder.startswith("synthetic")):
+        real = Caller(admission, "r", synthetic=False, order=order)
+        until(queued(admission, real=1, synthetic=0))
+        assert not admission.preempting and admission.running == 1
+    real.join()
+    assert order == ["r"] and real.index == 0 and admission.stats().preemptions == 0
+
+
+@pytest.mark.parametrize("ends", ["resumed", "past its deadline", "cancelled", "event set"])
+def test_a_paused_synthetic_request_waits_for_the_extra_slot_unless_it_must_leave(
+        ends: str) -> None:
+    admission = Admission(1, 4, preempt=True)
+    pause = PausePoint(admission, None, None)
+    pause()  # nothing preempts: no wait
+    assert pause.paused_s == 0.0
+    cancel: threading.Event = threading.Event() if ends == "event set" else CancelSignal()
+    deadline = time.perf_counter() if ends == "past its deadline" else None
+    pause = PausePoint(admission, deadline, cancel)
+    errors: list[BaseException] = []
+
+    def step_boundary() -> None:
+        try:
+            pause()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+
+    with admission.slot(None, synthetic=True), admission.slot(None):
+        paused = threading.Thread(target=step_boundary)
+        paused.start()
+        if ends != "past its deadline":
+            until(lambda: admission.stats().paused == 1)
+        if ends in ("cancelled", "event set"):
+            cancel.set()
+        if ends != "resumed":  # it leaves while the real caller still holds the slot
+            paused.join(10)
+            assert not paused.is_alive() and admission.preempting
+    paused.join(10)
+    assert not paused.is_alive() and admission.stats().paused == 0
+    expected = {"resumed": [], "past its deadline": [RequestTimeout],
+                "cancelled": [Cancelled], "event set": [Cancelled]}[ends]
+    assert [type(e) for e in errors] == expected
+    if ends == "resumed":
+        assert pause.paused_s > 0
+
+
+def test_a_pause_is_left_out_of_the_token_times_after_it() -> None:
+    class Paused:
+        def wait_for_real(self, deadline: float | None, cancel: object) -> float:
+            return 2.0
+
+    pause = PausePoint(Paused(), None, None)  # type: ignore[arg-type]
+    before = time.perf_counter()
+    pause()
+    after = time.perf_counter()
+    assert pause.paused_s == 2.0
+    assert pause.unpaused([before, after, after + 1.0]) == [before, after - 2.0, after - 1.0]

@@ -59,11 +59,13 @@ def test_result_fields_and_reports(warm_engine, flags):
     assert mem.rss_bytes > 0 and mem.cuda_allocated_bytes is None
     # Bytes of tensors actually allocated, per position: 2 layers x K and V x 2 heads x 16
     # dims x 4 bytes. Static: both models' self caches (40 + 4 slots + 1 spare slot that
-    # keeps every attended span a strict prefix), one set per batch row (engine.max_batch);
-    # per request: the cross K/V of the 8-token bucket, for the draft too when the request
-    # speculated.
+    # keeps every attended span a strict prefix), one set per decode stream
+    # (engine.max_concurrency, unbatched) and one for admission's extra slot, where a real
+    # request decodes while synthetic ones pause; per request: the cross K/V of the
+    # 8-token bucket, for the draft too when the request speculated.
     per_position = 2 * 2 * 2 * 16 * 4
-    rows = warm_engine.config.max_batch
+    assert warm_engine.config.max_batch == 1
+    rows = warm_engine.config.max_concurrency + 1
     assert mem.kv_static_bytes == rows * 2 * per_position * (CAP + 4 + 1)
     assert r.kv_request_bytes == (2 if r.spec_k else 1) * per_position * 8
     assert mem.kv_request_bytes == 0 and mem.kv_cache_bytes == mem.kv_static_bytes

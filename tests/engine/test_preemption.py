@@ -1,0 +1,155 @@
+"""Unbatched preemption: a real request decodes on admission's extra slot while a synthetic
+one pauses at a step boundary, and the synthetic one's tokens do not change."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import runtime as runtime_module
+from engine.admission import PausePoint
+from engine.errors import Cancelled, RequestTimeout
+from engine.protocol import CancelSignal, FlagOverride, GenerateResult
+from monitor.loopback import wait_for
+from tests.engine.conftest import CAP, batching_runtime
+
+SYNTHETIC, REAL = "the quick brown fox", "hello river"
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory, tiny_dirs: dict[str, Path]) -> Iterator[Any]:
+    """Return an unbatched runtime (one decode stream, the default) on the tiny models."""
+    rt = batching_runtime(tmp_path_factory.mktemp("preempt"), tiny_dirs, max_batch=1)
+    yield rt
+    rt.close()
+
+
+class Preemption:
+    """Hold a synthetic request at its first step boundary until a real request holds the
+    extra slot, and hold that real request before it decodes until `real_may_run`."""
+
+    def __init__(self, rt: Any, monkeypatch: pytest.MonkeyPatch, *,
+                 deadline_in_s: float | None = None) -> None:
+        self.at_boundary, self.go = threading.Event(), threading.Event()
+        self.real_may_run = threading.Event()
+        self.admission = rt._admission
+        self.real_slots: list[int] = []
+        gate = self
+
+        class FirstBoundary(PausePoint):
+            def __call__(self) -> None:
+                if not gate.at_boundary.is_set():
+                    gate.at_boundary.set()
+                    assert gate.go.wait(10)
+                    if deadline_in_s is not None:  # its deadline passes while it pauses
+                        self._deadline = time.perf_counter() + deadline_in_s
+                super().__call__()
+
+        monkeypatch.setattr(runtime_module, "PausePoint", FirstBoundary)
+        run = rt.rows.run
+
+        def held_real(ids: list[int], length: int, key: Any, slot: int, *args: Any,
+                      **kwargs: Any) -> Any:
+            if kwargs.get("pause", args[-1] if args else None) is None:  # a real request
+                gate.real_slots.append(slot)
+                assert gate.real_may_run.wait(10)
+            return run(ids, length, key, slot, *args, **kwargs)
+
+        monkeypatch.setattr(rt.rows, "run", held_real)
+
+    def start(self, call: Callable[[], GenerateResult]) -> Callable[[], GenerateResult]:
+        """Run `call` in a thread; return what joins it and returns its result."""
+        out: list[GenerateResult] = []
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                out.append(call())
+            except BaseException as exc:  # noqa: BLE001 - the joiner raises it
+                errors.append(exc)
+
+        thread = threading.Thread(target=target)
+        thread.start()
+
+        def join() -> GenerateResult:
+            thread.join(30)
+            assert not thread.is_alive()
+            if errors:
+                raise errors[0]
+            return out[0]
+
+        return join
+
+    def paused(self) -> bool:
+        """Return whether the synthetic request pauses now."""
+        return bool(self.admission.stats().paused == 1)
+
+
+def _generate(rt: Any, text: str, *, canary: bool, speculative: bool,
+              cancel: CancelSignal | None = None) -> GenerateResult:
+    return rt.generate(text, max_new_tokens=CAP, canary=canary, cancel=cancel,
+                       override=FlagOverride(speculative=speculative))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_synthetic_request_paused_for_a_real_one_decodes_the_same_tokens(
+        rt: Any, monkeypatch: pytest.MonkeyPatch, speculative: bool) -> None:
+    alone = _generate(rt, SYNTHETIC, canary=True, speculative=speculative)
+    real_alone = _generate(rt, REAL, canary=False, speculative=False)
+    assert alone.output_tokens > 1 and alone.preempted_s == 0.0  # steps: a boundary
+    before = rt.admission_stats().preemptions
+    gate = Preemption(rt, monkeypatch)
+    synthetic = gate.start(lambda: _generate(rt, SYNTHETIC, canary=True,
+                                             speculative=speculative))
+    assert gate.at_boundary.wait(30)
+    real = gate.start(lambda: _generate(rt, REAL, canary=False, speculative=False))
+    # It got the extra slot at once, though the synthetic request holds the only one.
+    wait_for(lambda: gate.real_slots == [gate.admission.extra], what="real on extra slot")
+    assert gate.admission.preempting and rt.queue_depth() == 0
+    gate.go.set()
+    wait_for(gate.paused, what="the synthetic request paused")
+    gate.real_may_run.set()  # it decodes while the synthetic one pauses
+    real_result, paused = real(), synthetic()
+    assert paused.output_ids == alone.output_ids and paused.decoding == alone.decoding
+    assert real_result.output_ids == real_alone.output_ids
+    assert paused.preempted_s > 0 and real_result.preempted_s == 0.0
+    assert paused.preempted_s <= paused.total_s
+    # Its token times are its own: the pause counts once, in total_s, not in a token's.
+    assert paused.ttft_s + sum(paused.decode_token_s) + paused.preempted_s \
+        <= paused.total_s - paused.queue_wait_s
+    assert paused.own_s == paused.total_s - paused.preempted_s
+    stats = rt.admission_stats()
+    assert stats.preemptions == before + 1 and stats.paused == 0
+    assert gate.admission.running == 0 and not gate.admission.preempting
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("leaves", ["past its deadline", "cancelled"])
+def test_a_paused_synthetic_request_leaves_past_its_deadline_or_cancelled(
+        rt: Any, monkeypatch: pytest.MonkeyPatch, leaves: str, speculative: bool) -> None:
+    gate = Preemption(rt, monkeypatch,
+                      deadline_in_s=0.05 if leaves == "past its deadline" else None)
+    cancel = CancelSignal()
+    synthetic = gate.start(lambda: _generate(rt, SYNTHETIC, canary=True,
+                                             speculative=speculative, cancel=cancel))
+    assert gate.at_boundary.wait(30)
+    real = gate.start(lambda: _generate(rt, REAL, canary=False, speculative=False))
+    wait_for(lambda: gate.admission.preempting, what="real on extra slot")
+    gate.go.set()
+    if leaves == "cancelled":
+        wait_for(gate.paused, what="the synthetic request paused")
+        cancel.set()
+    # It ends while the real request still holds the extra slot, and frees its own.
+    with pytest.raises(Cancelled if leaves == "cancelled" else RequestTimeout):
+        synthetic()
+    assert gate.admission.preempting and gate.admission.running == 1
+    gate.real_may_run.set()
+    assert real().preempted_s == 0.0
+    assert gate.admission.running == 0 and rt.admission_stats().paused == 0
+    # Its slot came back: a request gets it at once.
+    assert _generate(rt, REAL, canary=True, speculative=False).output_tokens >= 1
