@@ -64,6 +64,12 @@ class EngineConfig:
     native_step: on the optimized path, run the decode steps and the speculative
         verification in C (engine.native) where it applies (CPU, float32, float weights, a
         C compiler found); the encoder stays compiled. Off: the compiled graphs.
+    preempt_synthetic: unbatched (max_batch 1), a real caller that would wait while a
+        synthetic one (a canary, a burst) holds a slot takes one extra decode row at once
+        and the synthetic requests pause at their next step boundary (engine.admission).
+        False: a running synthetic request is never interrupted, so a real caller may wait
+        for it (as before preemption). Moot batched and in the CUDA-graph compile modes,
+        which never preempt. Not in the config hash: it changes no compiled artifact.
     """
 
     model_dir: str | None = None
@@ -94,6 +100,7 @@ class EngineConfig:
     native_step: bool = True
     max_batch: int = 1
     batch_window_max_s: float = 0.0
+    preempt_synthetic: bool = True
 
     def __post_init__(self) -> None:
         if not self.buckets or list(self.buckets) != sorted(set(self.buckets)):
@@ -119,6 +126,9 @@ class EngineConfig:
             raise ValueError(f"batch_window_max_s: must be between 0 and {MAX_BATCH_WINDOW_S}"
                              f" seconds, got {self.batch_window_max_s!r}")
         self._check_queue_tokens()
+        if not isinstance(self.preempt_synthetic, bool):
+            raise ValueError(f"preempt_synthetic: must be true or false, "
+                             f"got {self.preempt_synthetic!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization: must be one of {QUANTIZATIONS}, "
                              f"got {self.quantization!r}")

@@ -127,8 +127,10 @@ class Runtime:
         # decodes on an extra row (engine.admission). Not where one device thread makes
         # every compiled call (CUDA-graph modes): a request paused on it would hold up the
         # real one it pauses for. The batching loop joins real requests first instead.
-        self._preempt = config.max_batch == 1 and not (self._compile_on
-                                                       and single_owner(config))
+        # engine.preempt_synthetic off keeps the old rule (a real caller waits for a
+        # running synthetic one): for operators, and as an A/B's baseline arm.
+        self._preempt = (config.preempt_synthetic and config.max_batch == 1
+                         and not (self._compile_on and single_owner(config)))
         self._admission = Admission(rows, config.max_queue,
                                     max_queue_tokens=config.max_queue_tokens,
                                     preempt=self._preempt)

@@ -1,11 +1,13 @@
 """Unbatched preemption: a real request decodes on admission's extra slot while a synthetic
-one pauses at a step boundary, and the synthetic one's tokens do not change."""
+one pauses at a step boundary, and the synthetic one's tokens do not change; with
+engine.preempt_synthetic off, the real request waits as before."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 
 from engine import runtime as runtime_module
 from engine.admission import PausePoint
+from engine.config import EngineConfig
 from engine.errors import Cancelled, RequestTimeout
 from engine.protocol import CancelSignal, FlagOverride, GenerateResult
 from monitor.loopback import wait_for
@@ -153,3 +156,60 @@ def test_a_paused_synthetic_request_leaves_past_its_deadline_or_cancelled(
     assert gate.admission.running == 0 and rt.admission_stats().paused == 0
     # Its slot came back: a request gets it at once.
     assert _generate(rt, REAL, canary=True, speculative=False).output_tokens >= 1
+
+
+@pytest.fixture(scope="module")
+def rt_off(tmp_path_factory: pytest.TempPathFactory, tiny_dirs: dict[str, Path]
+           ) -> Iterator[Any]:
+    """Return an unbatched runtime with engine.preempt_synthetic off."""
+    rt = batching_runtime(tmp_path_factory.mktemp("no-preempt"), tiny_dirs, max_batch=1,
+                          preempt_synthetic=False)
+    yield rt
+    rt.close()
+
+
+def test_with_preemption_off_a_real_request_waits_for_the_running_synthetic_one(
+        rt_off: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    alone = _generate(rt_off, SYNTHETIC, canary=True, speculative=False)
+    before = rt_off.admission_stats().preemptions
+    running, go = threading.Event(), threading.Event()
+    slots: list[int] = []
+    run = rt_off.rows.run
+
+    def held_first(ids: list[int], length: int, key: Any, slot: int, *args: Any,
+                   **kwargs: Any) -> Any:
+        slots.append(slot)
+        if not running.is_set():  # the synthetic request, sent first: held while it runs
+            running.set()
+            assert go.wait(10)
+        return run(ids, length, key, slot, *args, **kwargs)
+
+    monkeypatch.setattr(rt_off.rows, "run", held_first)
+    with ThreadPoolExecutor(2) as pool:
+        synthetic = pool.submit(_generate, rt_off, SYNTHETIC, canary=True, speculative=False)
+        assert running.wait(30)
+        real = pool.submit(_generate, rt_off, REAL, canary=False, speculative=False)
+        # The old rule: no extra slot; the real request queues behind the synthetic one.
+        wait_for(lambda: rt_off.queue_depth() == 1, what="the real request queued")
+        assert slots == [0] and not rt_off._admission.preempting
+        go.set()
+        unpaused, real_result = synthetic.result(30), real.result(30)
+    assert slots == [0, 0]  # it got the slot the synthetic request freed
+    assert unpaused.output_ids == alone.output_ids and unpaused.preempted_s == 0.0
+    assert real_result.queue_wait_s > 0 and real_result.preempted_s == 0.0
+    assert rt_off.admission_stats().preemptions == before
+
+
+@pytest.mark.parametrize("value", ["no", "true", 0, 1, None])
+def test_a_preempt_synthetic_that_is_not_a_bool_is_refused_in_one_line(value: object) -> None:
+    with pytest.raises(ValueError) as refused:
+        EngineConfig(preempt_synthetic=value)  # type: ignore[arg-type]
+    assert str(refused.value) == f"preempt_synthetic: must be true or false, got {value!r}"
+
+
+def test_preempt_synthetic_leaves_the_config_hash_as_before_it_existed() -> None:
+    # The defaults' hash before the setting: artifacts and baselines keyed by it stay valid.
+    # Either value: preemption changes no compiled artifact.
+    assert EngineConfig().preempt_synthetic is True
+    assert EngineConfig().config_hash() == "b836dd3af226"
+    assert EngineConfig(preempt_synthetic=False).config_hash() == "b836dd3af226"
