@@ -299,6 +299,9 @@ def record(session: Session, scoring: Scoring, *, actor: str = "policy") -> Eval
     except Exception as e:  # noqa: BLE001 - the rollout check must not silence the rules
         log.exception("rollout check failed")
         errors.append(f"{rollout.ROLLOUT_RULE}: {type(e).__name__}: {e}")
+    # The series and their rows are read no further: drop them before the incidents and
+    # the policy read theirs.
+    cache.release()
     transitions += _retire_unconfigured(life, alerts.values(), rules)
     if stale_after_s is not None:
         transitions += _retire_stale(scoring.seen, life, alerts.values(), now, stale_after_s)

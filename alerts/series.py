@@ -27,11 +27,9 @@ from sqlalchemy.orm import Session
 
 from alerts import quality
 from alerts.rules import Point, Rule, quantile_samples
-from storage.batch_rollups import ENGINE_SCOPE
 from storage.queries import measurements as queries
-from storage.queries.batching import batch_rollups
 from storage.queries.series import NO_COHORT, Cohort, CohortMap, cohort_map, cohort_since
-from storage.sketches import Sketch, merged, min_samples
+from storage.sketches import PackedSketch, Sketch, merged, min_samples
 
 Labels = tuple[tuple[str, str], ...]
 _Key = tuple[Labels, Cohort]
@@ -46,26 +44,57 @@ class Stored:
 
     def __init__(self, text: str | None) -> None:
         self._text = text
-        self._data: Sketch | None = None
+        self._data: PackedSketch | None = None
 
     @property
-    def data(self) -> Sketch | None:
-        """Return the decoded sketch (None when stored as NULL)."""
+    def data(self) -> PackedSketch | None:
+        """Return the decoded sketch, packed (None when stored as NULL)."""
         if self._data is None and self._text is not None:
-            # Kept as a Sketch (integer bins), and the text dropped: an evaluation holds
-            # every row of its windows at once, and the worker's RSS keeps its peak
-            # (CPython's arenas); the decoded JSON, string keys and all, was its largest part.
-            self._data, self._text = Sketch.from_json(json.loads(self._text)), None
+            # Kept packed (one array of integers), and the text dropped: an evaluation
+            # holds every row of its windows at once, and the worker's RSS keeps its peak
+            # (CPython's arenas); decoded sketches (a dict and an int per bin) were its
+            # largest part.
+            self._data, self._text = PackedSketch.from_json(json.loads(self._text)), None
         return self._data
 
 
-def _sketch(row: Row, field: str) -> Sketch | Mapping[str, Any] | None:
+class Values(Mapping[str, Any]):
+    """A row's numbers: one tuple, the names shared by every row of its kind."""
+
+    __slots__ = ("_names", "_items")
+
+    def __init__(self, names: Mapping[str, int], items: tuple[Any, ...]) -> None:
+        self._names = names
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[self._names[key]]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Return the value of `key`, or `default` when the row has none."""
+        i = self._names.get(key)
+        return default if i is None else self._items[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _names(*names: str) -> dict[str, int]:
+    """Return the index of each of a row kind's value names (see `Values`)."""
+    return {name: i for i, name in enumerate(names)}
+
+
+def _sketch(row: Row, field: str) -> PackedSketch | Sketch | Mapping[str, Any] | None:
     """Return the stored sketch of `field` in `row` (rows read lazily hold `Stored`)."""
     v = row.values.get(field)
     return v.data if isinstance(v, Stored) else v
 
 
-@dataclass(frozen=True)
+# Slots: an evaluation holds thousands of rows at once (see Stored).
+@dataclass(frozen=True, slots=True)
 class Row:
     """One measurement row, flattened: when, its labels and its numbers."""
 
@@ -301,6 +330,18 @@ class RowCache:
         """Drop the `once` values (a rule's savepoint rolled back what they reflected)."""
         self._once.clear()
 
+    def release(self) -> None:
+        """Drop the rows read and all built from them (a later read loads its rows again)."""
+        # The evaluation's write phase reads more after its last series (incidents, the
+        # policy's A/B pairs): held until then, the rows' peak and those reads' added up,
+        # and the worker's RSS keeps a peak (CPython's arenas stay where survivors pin them).
+        self._cache.clear()
+        self._spans.clear()
+        self._carried.clear()
+        self._grouped.clear()
+        self._sketches.clear()
+        self._once.clear()
+
     def since(self, cohort: Cohort, now: datetime) -> datetime | None:
         """Return when `cohort` first probed (read once per evaluation)."""
         if self._since is None:
@@ -344,21 +385,29 @@ def _shared_labels() -> Callable[..., Mapping[str, str]]:
     return labels
 
 
+# The values each row kind holds (what `aggregate` and the sketch metrics read).
+_CANARY = _names("count", "errors", "lat_sketch", "ttft_sketch", "pt_sketch", "padding_waste",
+                 "draft_tokens", "accepted", "overflow")
+_FAILED_RUN = _names("count", "errors", "failed_runs")
+_TRAFFIC = _names("requests", "errors", "rejections", "overflow", "latency_sum", "lat_sketch",
+                  "ttft_sketch", "pt_sketch", "ttft_sum", "input_sum", "padded_sum",
+                  "output_sum", "draft_tokens", "accepted", "spec_requests")
+_BATCH = _names("requests", "latency_sum", "wait_sum", "row_tokens", "decode_s", "lat_sketch")
+_COMPILE = _names("recompiles", "failures")
+_MEMORY = _names("bytes")
+
+
 def _canary_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
     labels = _shared_labels()
     out = [
         Row(r.at, labels(r.bucket, r.path, r.decoding, r.instance_id),
-            {"count": r.count, "errors": r.errors, "p50": r.p50_s, "p95": r.p95_s,
-             "p99": r.p99_s, "ttft": r.ttft_p95_s, "per_token": r.per_token_p50_s,
-             "lat_sketch": Stored(r.latency_sketch), "ttft_sketch": Stored(r.ttft_sketch),
-             "pt_sketch": Stored(r.per_token_sketch),
-             "padding_waste": r.padding_waste, "draft_tokens": r.draft_tokens,
-             "accepted": r.accepted_tokens, "overflow": r.count if r.path == "overflow" else 0})
+            Values(_CANARY, (r.count, r.errors, Stored(r.latency_sketch), Stored(r.ttft_sketch),
+                             Stored(r.per_token_sketch), r.padding_waste, r.draft_tokens,
+                             r.accepted_tokens, r.count if r.path == "overflow" else 0)))
         for r in queries.canary_cycle_results(session, start, end)
     ]
     # Runs that failed as a whole count as one failed probe each.
-    out += [Row(at, {"bucket": "", "path": "", "decoding": "", "instance": inst},
-                {"count": 0, "errors": 0, "failed_runs": 1})
+    out += [Row(at, labels("", "", "", inst), Values(_FAILED_RUN, (0, 0, 1)))
             for at, inst in queries.failed_cycle_runs(session, start, end)]
     return out
 
@@ -367,14 +416,12 @@ def _traffic_rows(session: Session, start: datetime, end: datetime) -> list[Row]
     labels = _shared_labels()
     return [
         Row(r.minute, labels(r.bucket, r.path, r.decoding, r.instance_id),
-            {"requests": r.requests, "errors": r.errors, "rejections": r.rejections,
-             "overflow": r.overflow, "latency_sum": r.latency_sum_s,
-             "lat_sketch": Stored(r.latency_sketch), "ttft_sketch": Stored(r.ttft_sketch),
-             "pt_sketch": Stored(r.per_token_sketch),
-             "ttft_sum": r.ttft_sum_s, "input_sum": r.input_tokens_sum,
-             "padded_sum": r.padded_tokens_sum, "output_sum": r.output_tokens_sum,
-             "draft_tokens": r.draft_tokens, "accepted": r.accepted_tokens,
-             "spec_requests": r.requests if r.decoding == "speculative" else 0})
+            Values(_TRAFFIC, (r.requests, r.errors, r.rejections, r.overflow, r.latency_sum_s,
+                              Stored(r.latency_sketch), Stored(r.ttft_sketch),
+                              Stored(r.per_token_sketch), r.ttft_sum_s, r.input_tokens_sum,
+                              r.padded_tokens_sum, r.output_tokens_sum, r.draft_tokens,
+                              r.accepted_tokens,
+                              r.requests if r.decoding == "speculative" else 0)))
         for r in queries.traffic_rollups(session, start, end)
     ]
 
@@ -393,27 +440,35 @@ def _burst_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
 
 
 def _batch_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
+    made: dict[tuple[str, str, str, str], Mapping[str, str]] = {}
+
+    def labels(bucket: str, decoding: str, instance: str, batch: str) -> Mapping[str, str]:
+        key = (bucket, decoding, instance, batch)
+        out = made.get(key)
+        if out is None:
+            out = made[key] = {"bucket": bucket, "path": "", "decoding": decoding,
+                               "instance": instance, "batch": batch}
+        return out
     return [
-        Row(r.minute, {"bucket": r.bucket, "path": "", "decoding": r.decoding,
-                       "instance": r.instance_id, "batch": r.batch},
-            {"requests": r.requests, "latency_sum": r.latency_sum_s,
-             "wait_sum": r.queue_wait_sum_s + r.batch_wait_sum_s,
-             "row_tokens": r.row_tokens_sum, "decode_s": r.decode_sum_s,
-             "lat_sketch": r.latency_sketch})
-        for r in batch_rollups(session, start, end) if r.bucket != ENGINE_SCOPE
+        Row(r.minute, labels(r.bucket, r.decoding, r.instance_id, r.batch),
+            Values(_BATCH, (r.requests, r.latency_sum_s, r.queue_wait_sum_s + r.batch_wait_sum_s,
+                            r.row_tokens_sum, r.decode_sum_s, Stored(r.latency_sketch))))
+        for r in queries.batch_minutes(session, start, end)
     ]
 
 
 def _compile_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    return [Row(e.at, {"bucket": "", "path": "", "decoding": "", "instance": e.instance_id},
-                {"recompiles": e.recompiles, "failures": e.limit_hits + e.failures})
+    labels = _shared_labels()
+    return [Row(e.at, labels("", "", "", e.instance_id),
+                Values(_COMPILE, (e.recompiles, e.limit_hits + e.failures)))
             for e in queries.compile_events(session, start, end)]
 
 
 def _memory_rows(session: Session, start: datetime, end: datetime) -> list[Row]:
-    return [Row(m.at, {"bucket": "", "path": "", "decoding": "", "instance": m.instance_id},
-                {"bytes": m.cuda_allocated_bytes if m.cuda_allocated_bytes is not None
-                 else m.rss_bytes})
+    labels = _shared_labels()
+    return [Row(m.at, labels("", "", "", m.instance_id),
+                Values(_MEMORY, (m.cuda_allocated_bytes if m.cuda_allocated_bytes is not None
+                                 else m.rss_bytes,)))
             for m in queries.memory_samples(session, start, end)]
 
 

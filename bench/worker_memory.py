@@ -239,7 +239,7 @@ def main() -> None:
         replay = Replay(Path(tmp), trim=not args.no_trim, rate=args.rate)
         replay.trace_jobs = {j for j in args.trace_jobs.split(",") if j}
         replay.trace_every_s = round(args.trace_every * 60)
-        rows: list[tuple[float, float, float]] = []
+        rows: list[tuple[float, float, float, float]] = []  # hours, RSS, Python heap, SQLite
         first: tracemalloc.Snapshot | None = None
         types0: Counter[str] | None = None
         t0 = time.perf_counter()
@@ -249,11 +249,11 @@ def main() -> None:
                 gc.collect()
                 heap = tracemalloc.get_traced_memory()[0] / 1e6 if trace else float("nan")
                 hours = step / per_hour
-                rows.append((hours, rss_mb(), heap))
+                rows.append((hours, rss_mb(), heap, sqlite_mb()))
                 peaks = " ".join(f"{k} {v:.1f}" for k, v in sorted(replay.peaks.items()))
                 used, free = malloc_mb()
                 print(f"hour {hours:4.1f}  rss {rows[-1][1]:7.1f} MB  malloc in use {used:6.1f} MB"
-                      f" free {free:6.1f} MB  sqlite {sqlite_mb():5.1f} MB  python blocks {sys.getallocatedblocks()}"
+                      f" free {free:6.1f} MB  sqlite {rows[-1][3]:5.1f} MB  python blocks {sys.getallocatedblocks()}"
                       f" in {pymalloc_arenas()} arenas  python heap {heap:7.1f} MB"
                       f"  ({time.perf_counter() - t0:.0f} s)  job peaks (MB): {peaks}", flush=True)
                 replay.peaks.clear()
@@ -266,7 +266,11 @@ def main() -> None:
     after = [r for r in rows if r[0] >= args.since]
     span = after[-1][0] - after[0][0] if after else 0.0
     if span > 0:
-        print(f"growth after hour {args.since:g}: rss {(after[-1][1] - after[0][1]) / span:+.1f} MB/h, "
+        # The serving side's writes run in this process: SQLite's heap grows with them here
+        # (the soak's worker holds 1-2 MB there), so the RSS less it is printed too.
+        rest = (after[-1][1] - after[-1][3]) - (after[0][1] - after[0][3])
+        print(f"growth after hour {args.since:g}: rss {(after[-1][1] - after[0][1]) / span:+.1f} MB/h"
+              f" (less SQLite's heap {rest / span:+.1f} MB/h), "
               f"python heap {(after[-1][2] - after[0][2]) / span:+.2f} MB/h (simulated hours)")
     if types0 is not None:
         grown = (types1 - types0).most_common(10)

@@ -18,8 +18,9 @@ Lengths (tokens) are small integers and are counted exactly: {"<length>": count}
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # 0.35%, not 1%: a relative change is a ratio of two quantiles, each off by up to a, so
 # the change is off by up to (1 + c)((1 + a) / (1 - a) - 1): a = 0.35% keeps a +30% change
@@ -103,9 +104,18 @@ class Sketch:
         self.count += n
         self.zeros += zeros
 
-    def merge(self, other: Sketch) -> Sketch:
+    def merge(self, other: Sketch | PackedSketch) -> Sketch:
         """Add every observation of `other` to this sketch; return self."""
         bins = self.bins
+        if isinstance(other, PackedSketch):
+            it = iter(other)
+            n = zeros = next(it)
+            for k, c in zip(it, it, strict=True):  # bin, count pairs
+                bins[k] = bins.get(k, 0) + c
+                n += c
+            self.zeros += zeros
+            self.count += n
+            return self
         for k, c in other.bins.items():
             bins[k] = bins.get(k, 0) + c
         self.zeros += other.zeros
@@ -160,11 +170,39 @@ class Sketch:
         return self.count
 
 
-def merged(items: Iterable[Sketch | Mapping[str, Any] | None]) -> Sketch:
-    """Return the merge of sketches, stored (JSON) or decoded."""
+if TYPE_CHECKING:
+    _Ints = array[int]
+else:
+    _Ints = array
+
+
+class PackedSketch(_Ints):
+    """A sketch held read-only in one array of machine integers: its zeros, then each bin
+    and its count (`Sketch.merge` reads it). A reader holding thousands of sketches at
+    once holds no Python int, dict or object per bin."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, sketch: Sketch) -> PackedSketch:
+        """Return `sketch` packed."""
+        return cls("q", [sketch.zeros, *(x for kc in sketch.bins.items() for x in kc)])
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> PackedSketch:
+        """Return the stored sketch `data` (see the module docstring) packed; None or {}
+        is empty."""
+        if not data:
+            return cls("q", (0,))
+        bins = (data.get("b") or {}).items()
+        return cls("q", [int(data.get("z") or 0), *(x for k, c in bins for x in (int(k), int(c)))])
+
+
+def merged(items: Iterable[Sketch | PackedSketch | Mapping[str, Any] | None]) -> Sketch:
+    """Return the merge of sketches, stored (JSON), decoded or packed."""
     s = Sketch()
     for data in items:
-        if isinstance(data, Sketch):
+        if isinstance(data, (Sketch, PackedSketch)):
             s.merge(data)
         else:
             s.merge_json(data)

@@ -8,8 +8,10 @@ from typing import Any
 from sqlalchemy import Label, Row, Text, cast, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from storage.batch_rollups import ENGINE_SCOPE
 from storage.models import (
     VARIANT_OPTIMIZED,
+    BatchRollup,
     CompileEvent,
     MemorySample,
     ProbeResult,
@@ -27,9 +29,9 @@ def _text(column: InstrumentedAttribute[Any]) -> Label[str]:
 # The columns the alert series read: plain rows, not ORM objects (an evaluation reads
 # thousands of them a minute; identity-mapped entities cost more than the query).
 # Sketches come as JSON text (see `_text`).
+# Quantiles come from the sketches: the stored per-row quantiles are not read.
 CANARY_COLUMNS = (ProbeResult.at, ProbeResult.bucket, ProbeResult.path, ProbeResult.decoding,
-                  ProbeResult.count, ProbeResult.errors, ProbeResult.p50_s, ProbeResult.p95_s,
-                  ProbeResult.p99_s, ProbeResult.ttft_p95_s, ProbeResult.per_token_p50_s,
+                  ProbeResult.count, ProbeResult.errors,
                   _text(ProbeResult.latency_sketch), _text(ProbeResult.ttft_sketch),
                   _text(ProbeResult.per_token_sketch), ProbeResult.padding_waste,
                   ProbeResult.draft_tokens, ProbeResult.accepted_tokens)
@@ -71,6 +73,23 @@ def failed_cycle_runs(session: Session, start: datetime,
 def traffic_rollups(session: Session, start: datetime, end: datetime) -> list[Row[Any]]:
     """Return TRAFFIC_COLUMNS of the traffic rollup rows of minutes in [start, end)."""
     q = select(*TRAFFIC_COLUMNS).where(TrafficRollup.minute >= start, TrafficRollup.minute < end)
+    return list(session.execute(q))
+
+
+BATCH_COLUMNS = (BatchRollup.minute, BatchRollup.bucket, BatchRollup.decoding,
+                 BatchRollup.instance_id, BatchRollup.batch, BatchRollup.requests,
+                 BatchRollup.latency_sum_s, BatchRollup.queue_wait_sum_s,
+                 BatchRollup.batch_wait_sum_s, BatchRollup.row_tokens_sum,
+                 BatchRollup.decode_sum_s, _text(BatchRollup.latency_sketch))
+
+
+def batch_minutes(session: Session, start: datetime, end: datetime) -> list[Row[Any]]:
+    """Return BATCH_COLUMNS of the batch rollup rows of minutes in [start, end), the
+    engine's own rows (ENGINE_SCOPE) left out."""
+    q = (select(*BATCH_COLUMNS)
+         .where(BatchRollup.minute >= start, BatchRollup.minute < end,
+                BatchRollup.bucket != ENGINE_SCOPE)
+         .order_by(BatchRollup.minute, BatchRollup.id))
     return list(session.execute(q))
 
 

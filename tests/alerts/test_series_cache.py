@@ -70,12 +70,12 @@ def test_planned_reads_match_per_window_reads_in_one_query_per_kind(
 def test_rows_held_share_their_labels_and_keep_sketches_decoded_not_as_text(
         sessionmaker: sessionmaker[Session]) -> None:
     """An evaluation holds every row of its windows at once, and the worker keeps its peak:
-    a row's labels are one mapping per distinct label set, and a sketch, once read, is
-    held as a Sketch, its stored JSON text let go."""
+    a row's labels are one mapping per distinct label set, its values one tuple, and a
+    sketch, once read, is held packed, its stored JSON text let go."""
     import json
 
-    from alerts.series import Stored, _sketch
-    from storage.sketches import Sketch, merged
+    from alerts.series import Stored, Values, _sketch
+    from storage.sketches import PackedSketch, Sketch, merged
 
     with sessionmaker.begin() as s:
         for i in range(6):
@@ -93,17 +93,20 @@ def test_rows_held_share_their_labels_and_keep_sketches_decoded_not_as_text(
             assert len(rows) > len(by_labels)
             assert all(len(ids) == 1 for ids in by_labels.values())
         row = next(r for r in canary if r.labels["bucket"] == "16")
+        assert all(isinstance(r.values, Values) for r in (*canary, *traffic))
+        assert row.values["count"] == 100 and row.values.get("failed_runs") is None
         stored = row.values["lat_sketch"]
         assert isinstance(stored, Stored)
         text = stored._text
         assert text is not None
         got = _sketch(row, "lat_sketch")
-        assert isinstance(got, Sketch) and stored._text is None
+        assert isinstance(got, PackedSketch) and stored._text is None
         want = Sketch.from_json(json.loads(text))
-        assert (got.count, got.zeros, got.bins) == (want.count, want.zeros, want.bins)
+        one = merged([got])
+        assert (one.count, one.zeros, one.bins) == (want.count, want.zeros, want.bins)
         # Merged as the JSON form merges, and the held sketch is left as it was.
         both = merged([got, json.loads(text)])
-        assert both.count == 2 * want.count and got.count == want.count
+        assert both.count == 2 * want.count and list(got) == list(PackedSketch.of(want))
 
 
 def test_sliced_reads_carry_the_pooled_reach_back_instead_of_reading_it_again(
