@@ -13,7 +13,8 @@ of their medians against the shipped rule's threshold for that metric:
 Each comparison's verdict is stored (`rollout_verdicts`, one row updated while both
 serve) and a fail raises a `rollout_regression` alert naming the cohorts and the metric
 through the normal lifecycle (so it notifies); a pass, or the rollout ending, resolves it.
-Its severity is `warning`: the page for the same regression comes from the metric's own
+A cohort serves while the latest cycle of some instance ran it: one every instance has
+left is not judged, though its cycles are still in the window. Its severity is `warning`: the page for the same regression comes from the metric's own
 rule, which judges the new cohort against the inherited baseline in the same cycles as
 any other regression (`alerts.cohorts`, with the new cohort's short pools topped up from
 the old one's samples, `alerts.series.pooled_quantile`); two pages for one incident help
@@ -37,6 +38,7 @@ from alerts.rules import Rule, RuleResult
 from alerts.series import RowCache, cohort_series
 from storage.models import Alert
 from storage.queries import series as series_queries
+from storage.queries.runs import serving_cohorts
 from storage.queries.series import Cohort, Verdict
 
 ROLLOUT_RULE = "rollout_regression"
@@ -115,6 +117,10 @@ def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCach
     verdicts: list[Verdict] = []
     transitions: list[Transition] = []
     live: set[str] = set()
+    # A cohort serves while some instance's latest cycle ran it: one every instance left
+    # (rolled back) keeps its cycles in the window for a while, and judged against the
+    # old cohort's moving window it would fail again after the rollout is over.
+    served = set(serving_cohorts(session, start, now).values())
     for source, metric in COMPARED:
         base_rule = _rule_for(rules, source, metric)
         if base_rule is None:
@@ -131,7 +137,7 @@ def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCach
         for labels, per_cohort in sorted(cohort_series(rule, cache, start, now).items()):
             vals = {c: [p.value for p in pts if p.value is not None
                         and p.samples >= rule.min_samples] for c, pts in per_cohort.items()}
-            serving = [c for c, v in vals.items() if len(v) >= cfg.min_cycles]
+            serving = [c for c, v in vals.items() if len(v) >= cfg.min_cycles and c in served]
             if len(serving) < 2:
                 continue
             new = max(serving, key=lambda c: (cache.since(c, now) or start, c))

@@ -99,3 +99,20 @@ def test_rollout_verdict_on_synthetic_cohorts(sessionmaker: sessionmaker[Session
         sent = s.scalars(select(WebhookDelivery).where(WebhookDelivery.alert_id == a.id)
                          .order_by(WebhookDelivery.id)).all()
         assert [d.payload["status"] for d in sent] == ["firing", "resolved"]
+
+
+def test_a_cohort_every_instance_left_is_no_longer_judged(sessionmaker: sessionmaker[Session]):
+    fill(sessionmaker, -60, 40, 0.1, model_version="v1", instance="a")
+    fill(sessionmaker, 0, 30, 0.2, model_version="v2", instance="b")
+    evaluate_at(sessionmaker, 30)
+    with sessionmaker() as s:
+        assert s.scalars(select(Alert.state).where(Alert.rule == ROLLOUT_RULE)).all() == [
+            "firing"]
+    # b goes back to v1: v2's 25 cycles are still in the window, but no one serves v2.
+    fill(sessionmaker, 30, 35, 0.1, model_version="v1", instance="b")
+    rep = evaluate_at(sessionmaker, 35)
+    (moved,) = [t for t in rep.transitions if t.rule == ROLLOUT_RULE]
+    assert moved.to_state == "resolved" and moved.reason.startswith("rollout over")
+    with sessionmaker() as s:
+        assert s.scalars(select(Alert.state).where(Alert.rule == ROLLOUT_RULE)).all() == [
+            "resolved"]
