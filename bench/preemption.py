@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 from bench.throughput import percentile
 from engine.builtin.task import MIN_INPUT_BYTES, make_input, read_canaries
 from engine.errors import Overloaded
+from probes import burst
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
@@ -107,14 +108,9 @@ def arm_order(rounds: int) -> list[str]:
 
 
 def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
-    """Return Poisson arrival offsets in seconds at `rate` per second within `seconds`."""
-    rng = random.Random(seed)
-    out: list[float] = []
-    at = rng.expovariate(rate)
-    while at < seconds:
-        out.append(at)
-        at += rng.expovariate(rate)
-    return out
+    """Return Poisson arrival offsets in seconds at `rate` per second within `seconds`
+    (the burst probe's draw, seeded)."""
+    return burst.arrivals(random.Random(seed), rate, seconds)
 
 
 def real_texts(buckets: Sequence[int], count: int, seed: int) -> list[str]:
