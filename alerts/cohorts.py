@@ -20,10 +20,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
 
 from alerts.baselines import HOUR_OF_DAY, HOUR_OF_WEEK, CohortBaseline, cohort_label, hour_start
 from alerts.rules import Point, Rule, RuleResult, evaluate_rule, judged_points
+from storage.queries.runs import LatestCycle, latest_cycles, serving_since
 from storage.queries.series import Cohort
 
 
@@ -58,3 +61,29 @@ def judge(rule: Rule, labels: Mapping[str, str], points: Mapping[Cohort, Sequenc
     return dataclasses.replace(
         worst, reason=f"{worst.reason} [{note}]",
         recovered=bool(with_data) and all(r.recovered for r in with_data))
+
+
+class ServingCohorts:
+    """The cohort each instance serves at `until` (its latest canary cycle's), over any
+    lookback, from one read of the longest asked.
+
+    One evaluation asks twice: the rollout check over its window, the incidents over an
+    hour. A shorter lookback's latest cycles are the longer one's that started in it
+    (`storage.queries.runs.serving_since`), so the second answer costs no query.
+    lookback_s: the least lookback the first read covers (the longest the caller knows of).
+    """
+
+    def __init__(self, session: Session, until: datetime, lookback_s: float = 0.0) -> None:
+        self.session, self.until, self.lookback_s = session, until, lookback_s
+        self._latest: dict[str, LatestCycle] | None = None
+        self._read_s = 0.0
+
+    def within(self, lookback_s: float) -> dict[str, Cohort]:
+        """Return instance -> the cohort of its latest cycle started in the last `lookback_s`."""
+        if self._latest is None or lookback_s > self._read_s:
+            self._read_s = max(lookback_s, self.lookback_s)
+            self._latest = latest_cycles(self.session, self._since(self._read_s), self.until)
+        return serving_since(self._latest, self._since(lookback_s))
+
+    def _since(self, lookback_s: float) -> datetime:
+        return self.until - timedelta(seconds=lookback_s)

@@ -46,6 +46,7 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
                                     budget_per_30d=settings.false_page_budget_per_30d,
                                     cpu_s=settings.sensitivity_cpu_s,
                                     min_history_s=settings.sensitivity_min_history_s,
+                                    max_history_s=settings.sensitivity_max_history_s,
                                     min_history=settings.sensitivity_min_history_cycles)
     budget_on = settings.false_page_budget_per_30d is not None
     return AlertsConfig(

@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import rollout
 from alerts.baselines import BaselineConfig, BaselineWrites, CohortBaseline, baselines_for_rule
-from alerts.cohorts import judge
-from alerts.incidents import IncidentConfig, IncidentReport, group
+from alerts.cohorts import ServingCohorts, judge
+from alerts.incidents import SERVING_LOOKBACK_S, IncidentConfig, IncidentReport, group
 from alerts.lifecycle import Lifecycle, Transition, detector_start, fingerprint, open_alerts
 from alerts.rules import Point, Rule, RuleResult
 from alerts.series import Labels, RowCache, cohort_series, plan_rules
@@ -292,9 +292,13 @@ def record(session: Session, scoring: Scoring, *, actor: str = "policy") -> Eval
         except Exception as e:  # noqa: BLE001 - one bad rule must not silence the rest
             log.exception("rule %s failed", rule.name)
             errors.append(f"{rule.name}: {type(e).__name__}: {e}")
+    # The cohort each instance serves, read once for the rollout check (its window) and
+    # the incidents (an hour): the shorter lookback's answer is the longer read's.
+    serving = ServingCohorts(session, now, SERVING_LOOKBACK_S)
     try:
         with session.begin_nested():
-            _, moved = rollout.check(session, rules, now, cache, life, alerts)
+            _, moved = rollout.check(session, rules, now, cache, life, alerts,
+                                     serving=serving)
             transitions += moved
     except Exception as e:  # noqa: BLE001 - the rollout check must not silence the rules
         log.exception("rollout check failed")
@@ -307,7 +311,7 @@ def record(session: Session, scoring: Scoring, *, actor: str = "policy") -> Eval
         transitions += _retire_stale(scoring.seen, life, alerts.values(), now, stale_after_s)
     # Not in a savepoint: an incident that failed to form would lose its members' pages,
     # so a failure here fails the evaluation and the transaction (retried next cycle).
-    grouped = group(session, now, life, options.incidents)
+    grouped = group(session, now, life, options.incidents, serving)
     actions: list[PolicyAction] = []
     if options.policy is not None:
         actions = options.policy.apply(session, now, actor=actor)

@@ -7,7 +7,7 @@ An alert joins an incident when it fires (pending alerts are no incident's yet):
       resolved within `hold_s` that it was a member of (same fingerprint): it reopens;
     - otherwise a new incident.
 A cohort (model_version/config_hash) is read at grouping time: an instance's is the one
-its latest canary cycle ran (`storage.queries.runs.serving_cohorts`), a rollout alert's
+its latest canary cycle ran (`alerts.cohorts.ServingCohorts`), a rollout alert's
 the new cohort it judged (its `new` label; it covers no instance of its own). So during
 a rollout, alerts on two instances serving the new cohort share it.
 Rule families (latency, speculation, compile, quality, memory, probes, traffic, load,
@@ -43,13 +43,13 @@ from sqlalchemy.orm import Session
 
 from alerts.baselines import cohort_label
 from alerts.cause import Cause, CauseConfig, Scope, measure
+from alerts.cohorts import ServingCohorts
 from alerts.lifecycle import Lifecycle, alert_info
 from alerts.outbox import enqueue, notification_key
 from alerts.rollout import ROLLOUT_RULE
 from alerts.webhooks import IncidentInfo, Notification, WebhookTarget
 from storage.models import Alert, Incident, IncidentEvent, IncidentMember
 from storage.queries import incidents as queries
-from storage.queries.runs import serving_cohorts
 
 log = logging.getLogger(__name__)
 SEVERITY_ORDER = ("page", "warning", "info")
@@ -167,7 +167,7 @@ class Incidents:
     """Group one evaluation's fired and resolved alerts into incidents and notify them."""
 
     def __init__(self, session: Session, now: datetime, config: IncidentConfig,
-                 life: Lifecycle) -> None:
+                 life: Lifecycle, serving: ServingCohorts | None = None) -> None:
         self.session = session
         self.now = now
         self.config = config
@@ -176,6 +176,7 @@ class Incidents:
         horizon = now - timedelta(seconds=max(config.window_s, config.hold_s))
         self.candidates = queries.recent_incidents(session, horizon)
         self.members = queries.members_of(session, [i.id for i in self.candidates])
+        self._cohorts = serving or ServingCohorts(session, now)
         self._serving: dict[str, str] | None = None
 
     def run(self) -> IncidentReport:
@@ -284,9 +285,8 @@ class Incidents:
     def serving(self) -> dict[str, str]:
         """Return instance -> the cohort it serves now ("model_version/config_hash")."""
         if self._serving is None:
-            since = self.now - timedelta(seconds=SERVING_LOOKBACK_S)
             self._serving = {inst: cohort_label(c) for inst, c in
-                             serving_cohorts(self.session, since, self.now).items()}
+                             self._cohorts.within(SERVING_LOOKBACK_S).items()}
         return self._serving
 
     def _event(self, inc: Incident, kind: str, alert: Alert | None, detail: str) -> None:
@@ -445,9 +445,14 @@ def _where(alert: Alert) -> str:
 
 
 def group(session: Session, now: datetime, life: Lifecycle,
-          config: IncidentConfig | None = None) -> IncidentReport:
-    """Group the alerts `life` fired and resolved into incidents; notify them once each."""
-    return Incidents(session, now, config or IncidentConfig(), life).run()
+          config: IncidentConfig | None = None,
+          serving: ServingCohorts | None = None) -> IncidentReport:
+    """Group the alerts `life` fired and resolved into incidents; notify them once each.
+
+    serving: the evaluation's read of the cohorts the instances serve (the rollout check
+    read it too); None: read here when an alert needs it.
+    """
+    return Incidents(session, now, config or IncidentConfig(), life, serving).run()
 
 
 def member_ids(members: Iterable[Alert]) -> list[int]:

@@ -32,13 +32,13 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from alerts.baselines import cohort_label
+from alerts.cohorts import ServingCohorts
 from alerts.detection import relative_change
 from alerts.lifecycle import Lifecycle, Transition, fingerprint
 from alerts.rules import Rule, RuleResult
 from alerts.series import RowCache, cohort_series
 from storage.models import Alert
 from storage.queries import series as series_queries
-from storage.queries.runs import serving_cohorts
 from storage.queries.series import Cohort, Verdict
 
 ROLLOUT_RULE = "rollout_regression"
@@ -110,8 +110,13 @@ def _rule_for(rules: Sequence[Rule], source: str, metric: str) -> Rule | None:
 
 def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCache,
           life: Lifecycle, alerts: Mapping[str, Alert],
-          config: RolloutConfig | None = None) -> tuple[list[Verdict], list[Transition]]:
-    """Compare the serving cohorts, store verdicts, move `rollout_regression` alerts."""
+          config: RolloutConfig | None = None,
+          serving: ServingCohorts | None = None) -> tuple[list[Verdict], list[Transition]]:
+    """Compare the serving cohorts, store verdicts, move `rollout_regression` alerts.
+
+    serving: the evaluation's read of the cohorts the instances serve (the incidents
+    read it too); None: read here.
+    """
     cfg = config or RolloutConfig()
     start = now - timedelta(seconds=cfg.window_s)
     verdicts: list[Verdict] = []
@@ -120,7 +125,7 @@ def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCach
     # A cohort serves while some instance's latest cycle ran it: one every instance left
     # (rolled back) keeps its cycles in the window for a while, and judged against the
     # old cohort's moving window it would fail again after the rollout is over.
-    served = set(serving_cohorts(session, start, now).values())
+    served = set((serving or ServingCohorts(session, now)).within(cfg.window_s).values())
     for source, metric in COMPARED:
         base_rule = _rule_for(rules, source, metric)
         if base_rule is None:
@@ -137,11 +142,11 @@ def check(session: Session, rules: Sequence[Rule], now: datetime, cache: RowCach
         for labels, per_cohort in sorted(cohort_series(rule, cache, start, now).items()):
             vals = {c: [p.value for p in pts if p.value is not None
                         and p.samples >= rule.min_samples] for c, pts in per_cohort.items()}
-            serving = [c for c, v in vals.items() if len(v) >= cfg.min_cycles and c in served]
-            if len(serving) < 2:
+            judged = [c for c, v in vals.items() if len(v) >= cfg.min_cycles and c in served]
+            if len(judged) < 2:
                 continue
-            new = max(serving, key=lambda c: (cache.since(c, now) or start, c))
-            old = max((c for c in serving if c != new), key=lambda c: (len(vals[c]), c))
+            new = max(judged, key=lambda c: (cache.since(c, now) or start, c))
+            old = max((c for c in judged if c != new), key=lambda c: (len(vals[c]), c))
             v = _judge(rule, dict(labels), new, old, vals[new], vals[old], now, start, cfg)
             series_queries.save_verdict(session, v)
             verdicts.append(v)

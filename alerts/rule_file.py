@@ -13,6 +13,7 @@ Example (alerts/rules.yaml holds the defaults):
         resolve_for: 5          # cycles whose median is back inside the band to resolve
         min_samples: 3          # a cycle with fewer samples counts as empty
         ceiling: 2.0            # optional absolute limit (floor: for downward metrics)
+        min_delta: 0.05         # optional: the least absolute change (metric units) that breaches
         seasonality: hour_of_week  # optional: baseline from the same hour of the week
         budget: off             # optional: keep the threshold whatever the noise costs
         budget_off_for: [{bucket: "256"}]  # optional: scopes that opt out of the budget
@@ -21,6 +22,7 @@ Example (alerts/rules.yaml holds the defaults):
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -108,6 +110,7 @@ class RuleEntry(Entry):
     min_baseline_cycles: StrictInt = Field(30, ge=1)
     ceiling: StrictFloat | None = None
     floor: StrictFloat | None = None
+    min_delta: float = 0.0
     severity: str = "warning"
     window: float = 60.0
     baseline_window: float = 7 * 86400.0
@@ -139,6 +142,15 @@ class RuleEntry(Entry):
             raise ValueError(f"must be a list of label matches ({', '.join(SCOPE_LABELS)}), "
                              f"got {v!r}")
         return tuple({str(k): str(x) for k, x in m.items()} for m in items)
+
+    @field_validator("min_delta", mode="before")
+    @classmethod
+    def _min_delta(cls, v: object) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or v < 0:
+            raise ValueError("must be a finite number >= 0, in the metric's own units "
+                             f"(memory_growth: bytes per hour), got {v!r}")
+        return float(v)
 
     @field_validator("metric")
     @classmethod
@@ -234,7 +246,8 @@ class RuleEntry(Entry):
             resolve_threshold=threshold / 3.0 if resolve is None else resolve[1],
             source=self.source, per=self.per, match=dict(self.match),
             for_cycles=self.for_, resolve_for=self.resolve_for, min_samples=self.min_samples,
-            ceiling=self.ceiling, floor=self.floor, severity=self.severity,
+            ceiling=self.ceiling, floor=self.floor, min_delta=self.min_delta,
+            severity=self.severity,
             window_s=self.window, lookback_cycles=self.lookback,
             baseline_window_s=self.baseline_window,
             min_baseline_cycles=self.min_baseline_cycles, description=self.description,

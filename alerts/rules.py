@@ -65,6 +65,9 @@ class Rule:
     min_samples: int = 1
     ceiling: float | None = None
     floor: float | None = None
+    # The least absolute change (in the metric's units) a cycle must also move by to
+    # breach: a relative threshold of a baseline near zero is its noise (`with_min_delta`).
+    min_delta: float = 0.0
     severity: str = "warning"
     window_s: float = 60.0  # length of one cycle of the series
     lookback_cycles: int = 30  # cycles the detector reads on each evaluation
@@ -197,6 +200,11 @@ def evaluate_rule(
     those since the detector's start (a fired alert's); recovery reads at most that many.
     """
     rule, widened = threshold_in_force(rule, baseline)
+    floored = with_min_delta(rule, baseline)
+    if floored is not rule:
+        widened += (f"; threshold {rule.signed_threshold:+.0%} -> "
+                    f"{floored.signed_threshold:+.0%} (min_delta {rule.min_delta:g})")
+        rule = floored
     paging, held = rule, pages_held(rule, baseline)
     if held:
         rule = replace(rule, severity=WARNING)
@@ -275,6 +283,20 @@ def with_threshold(rule: Rule, threshold: float) -> Rule:
         return replace(rule, threshold=threshold)
     return replace(rule, threshold=threshold,
                    resolve_threshold=rule.resolve_threshold * threshold / rule.threshold)
+
+
+def with_min_delta(rule: Rule, baseline: BaselineStats | None) -> Rule:
+    """Return the rule at the relative threshold its `min_delta` asks of this baseline,
+    where that is wider than its own (`with_threshold`: the band keeps its share).
+
+    Every step then asks the same change: the breach, the run's median, the CUSUM's
+    alternative (a change of exactly the threshold) and recovery. Near a zero centre a
+    relative threshold is a few units of noise; the absolute floor is what a change must be.
+    """
+    if rule.min_delta <= 0 or baseline is None or baseline.center == 0:
+        return rule
+    floor = rule.min_delta / abs(baseline.center)
+    return rule if floor <= rule.threshold else with_threshold(rule, floor)
 
 
 def pages_held(rule: Rule, baseline: BaselineStats | None) -> str:

@@ -33,7 +33,14 @@ from datetime import datetime, timedelta
 import numpy as np
 from sqlalchemy.orm import Session
 
-from alerts.baselines import alert_spans, hour_of_day, hour_of_week, rule_scope
+from alerts.baselines import (
+    CHUNK_S,
+    alert_spans,
+    hour_of_day,
+    hour_of_week,
+    hour_start,
+    rule_scope,
+)
 from alerts.detection import (
     HELD_SUFFIX,
     INSUFFICIENT_HISTORY,
@@ -54,6 +61,7 @@ from alerts.rules import (
     evaluate_rule,
     has_limit,
     quantile_samples,
+    with_min_delta,
     with_threshold,
 )
 from alerts.series import Labels, sliced_cohort_series
@@ -129,11 +137,14 @@ class SensitivityConfig:
     max_days: the most days simulated for a budget (a budget of 0 is met by none in them).
     min_history: fewest usable cycles an estimate rests on.
     min_history_s: the least time they span (a host's month is not read off an hour).
+    max_history_s: the furthest back the job reads a series (`reach_s`): the raw
+        retention, past which its rows are pruned.
     block: fewest cycles resampled together; blocks span at least 4 of the rule's
         lookbacks (each join restarts the series' state: an excursion cut there, or the
         CUSUM build-up before it, would not page, undercounting false pages on an
         autocorrelated series) and a pooled quantile's pool.
-    max_shift: the largest relative shift tried.
+    max_shift: the largest relative shift tried (twice the threshold a rule's `min_delta`
+        asks of the baseline, where that is larger).
     cpu_s: CPU seconds one series may take (`Timeout` past it), of the calling thread:
         the job shares its process with threads that serve and probe, whose CPU is not
         this estimate's.
@@ -146,6 +157,7 @@ class SensitivityConfig:
     max_days: float = 360.0
     min_history: int = 360
     min_history_s: float = 6 * 3600.0
+    max_history_s: float = 14 * 86400.0
     block: int = 5
     max_shift: float = 3.0
     cpu_s: float = 2.0
@@ -160,6 +172,9 @@ class SensitivityConfig:
                 or self.max_days < self.days:
             raise ValueError("trials >= 20, days >= 30, max_days >= days, block >= 1 and "
                              "min_history >= 10")
+        if self.max_history_s < self.min_history_s:
+            raise ValueError(f"max_history_s: must be >= min_history_s "
+                             f"({self.min_history_s:g}), got {self.max_history_s:g}")
 
     def budget_days(self, budget: float | None) -> float:
         """Return the days simulated: enough for one page in them to meet `budget` at the
@@ -234,11 +249,13 @@ def usable(rule: Rule, history: Sequence[Point]) -> list[Point]:
 def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | None,
              config: SensitivityConfig | None = None, *, budget_on: bool = True,
              rng: random.Random | None = None,
-             clock: Callable[[], float] = time.thread_time) -> Sensitivity:
+             clock: Callable[[], float] = time.thread_time, limit: str = "") -> Sensitivity:
     """Estimate the rule's sensitivity and threshold in force on one series' history.
 
     budget_on: False where the rule or scope opted out (`budget: off`): the configured
     threshold stays whatever the noise costs.
+    limit: why the history read can never hold the cycles needed ("" where it can), said
+    in an insufficient estimate's reason (`read_limit`).
     Raises Timeout past config.cpu_s of `clock`.
     """
     cfg = config or SensitivityConfig()
@@ -257,7 +274,7 @@ def estimate(rule: Rule, history: Sequence[Point], baseline: BaselineStats | Non
     span = (pts[-1].at - pts[0].at).total_seconds() + rule.window_s if pts else 0.0
     if len(pts) < need or span < cfg.min_history_s:
         return replace(base, reason=f"{INSUFFICIENT}: {len(pts)} of {need} cycles, "
-                       f"{span / 3600:.1f} of {cfg.min_history_s / 3600:g} h{held}")
+                       f"{span / 3600:.1f} of {cfg.min_history_s / 3600:g} h{limit}{held}")
     noise = _Noise(rule, history, baseline, cfg.block)
     cycles = max(1, round(cfg.budget_days(budget) * 86400.0 / rule.window_s))
     sim = _Sim(noise, noise.indices(rng, noise.warm + cycles))
@@ -318,11 +335,14 @@ def _detectable(rule: Rule, noise: _Noise, cfg: SensitivityConfig, rng: random.R
             timer.check()
         return True
 
-    lo, hi = 0.0, rule.threshold
+    # No smaller shift fires than the threshold its min_delta asks of this baseline; where
+    # that floor lies past max_shift, shifts up to twice it are tried.
+    lo, hi = 0.0, with_min_delta(rule, noise.baseline).threshold
+    top = max(cfg.max_shift, 2 * hi)
     while not confirmed(hi):
-        if hi >= cfg.max_shift:
+        if hi >= top:
             return None
-        lo, hi = hi, min(hi * 2, cfg.max_shift)
+        lo, hi = hi, min(hi * 2, top)
     # Fine steps: the confirmation rate climbs steeply near the detectable shift.
     while hi - lo > SHIFT_RESOLUTION * (1 + hi):
         mid = (lo + hi) / 2
@@ -444,6 +464,7 @@ class _Noise:
         the cycles; and once PRECISE_PAGES episodes are in (the rate then rests on the
         cycles run so far).
         """
+        rule = with_min_delta(rule, self.baseline)  # the screens ask what the rule asks
         judged = len(sim.seq) - self.warm
         limit = PRECISE_PAGES
         if budget is not None:
@@ -515,6 +536,7 @@ class _Noise:
                      shift: float) -> bool:
         """Return whether the rule fires within `within` cycles of `onset`, every cycle
         from `onset` on scaled by 1 + shift (a pooled quantile re-pooled with them)."""
+        rule = with_min_delta(rule, self.baseline)  # the screens ask what the rule asks
         factor = 1.0 + rule.direction * shift
         if factor <= 0:
             return True  # a fall to zero or below is beyond any relative threshold
@@ -664,6 +686,13 @@ TIMED_OUT = "timed out"
 # a day of every rule's raw cycles stayed in memory through the job, and its peak (and
 # so the worker's resident memory) grew with a young install's history for a day.
 READ_SLICE_S = 3600.0
+# A series is read back far enough to hold this many times the cycles its estimate needs
+# at its own cadence (`reach_s`): cycles lost to an outage or to alerts' spans then leave
+# it enough, where a read of exactly that many would hold a ten-minute rule's pages for
+# as long as one cycle of it was missing.
+READ_MARGIN = 2.0
+# The time from one hour of a season to its next: a week (hour of the week), a day (of the day).
+_SEASON_PERIOD_S = {"how": 7 * 86400.0, "hod": 86400.0}
 
 
 @dataclass(frozen=True)
@@ -687,6 +716,7 @@ class _Series:
     baseline: StoredBaseline
     points: list[Point]
     old: StoredSensitivity | None
+    limit: str = ""  # why its read can never hold the cycles it needs (`read_limit`)
 
 
 @dataclass(frozen=True)
@@ -713,7 +743,8 @@ def estimate_due(session: Session, rules: Sequence[Rule], config: SensitivityCon
 
     Off the evaluation path: a scheduled job of its own. Each series is judged against
     the baseline stored for it (its season's, for a seasonal rule) on its cycles of the
-    last `history_s` (a seasonal one: those of its season). The reads and the estimates
+    last `history_s`, or as far back as its rule's cadence needs (`reach_s`; a seasonal
+    one: the hours of its season). The reads and the estimates
     are the whole cost, so `session` may be a read-only one (`storage.db.reading`): on
     SQLite no write lock is held meanwhile and the serving process goes on writing.
     """
@@ -802,7 +833,7 @@ def _estimate(s: _Series, config: SensitivityConfig,
     seed = zlib.crc32(f"{s.rule.name}|{b.scope_key}|{s.cohort}".encode()) ^ config.seed
     try:
         return estimate(s.rule, s.points, stats, cfg, budget_on=budget is not None,
-                        rng=random.Random(seed), clock=clock)
+                        rng=random.Random(seed), clock=clock, limit=s.limit)
     except Timeout as e:
         return Sensitivity(rule=s.rule.name, status=TIMED_OUT, cycles=len(s.points),
                            within_cycles=cfg.within_cycles,
@@ -837,43 +868,138 @@ def _due(session: Session, rules: Sequence[Rule], config: SensitivityConfig, now
     most rows one read held.
 
     What is due is decided from the stored baselines and estimates alone; only a rule
-    with a due series reads its history, one rule and one slice at a time.
+    with a due series reads its history, one rule and one slice at a time, back as far
+    as its due series need (`reach_s`; a season's hours only).
     """
     stored = sensitivity_queries.by_key(session, [r.name for r in rules])
     active = baseline_queries.active_by_metric(session, {r.metric for r in rules})
     out: list[_Series] = []
     held = 0
-    periods_of: dict[tuple[str, str], list[baseline_queries.AlertPeriod]] = {}
+    periods_of: dict[tuple[str, str, datetime], list[baseline_queries.AlertPeriod]] = {}
     for rule in rules:
-        wanted = _candidates(rule, active[rule.metric], stored, config, now)
+        wanted = _candidates(rule, active[rule.metric], stored, config, now, history_s)
         if not wanted:
             continue
-        since = now - timedelta(seconds=history_s)
-        per_scope, rows = sliced_cohort_series(rule, session, since, now, READ_SLICE_S)
+        since = [now - timedelta(seconds=reach_s(rule, c.season, config, history_s))
+                 for c in wanted]
+        spans = merge_spans([span for c, start in zip(wanted, since, strict=True)
+                             for span in season_spans(c.season, start, now)])
+        per_scope, rows = _read(rule, session, spans)
         held = max(held, rows)
         # As the rolling baselines do: the cycles of a regression (an alert of the metric
         # that fired, from its pending run on) are not the series' noise. Left in, a long
         # incident reads as noise, the threshold widens, and the alert it is part of
         # resolves while the regression goes on (a ramp paged twice).
-        family = (rule.metric, rule.source)
+        first = min(since)
+        family = (rule.metric, rule.source, first)
         if family not in periods_of:  # rules of one metric and source share the read
-            same = [r.name for r in rules if (r.metric, r.source) == family]
-            periods_of[family] = baseline_queries.alert_periods(session, same, since)
+            same = [r.name for r in rules if (r.metric, r.source) == family[:2]]
+            periods_of[family] = baseline_queries.alert_periods(session, same, first)
         periods = periods_of[family]
-        for c in wanted:
+        for c, start in zip(wanted, since, strict=True):
             pts = per_scope.get(c.labels, {}).get(c.cohort)
             if pts is None:  # no cycles in the history: nothing to estimate on
                 continue
-            spans = alert_spans(periods, rule, c.labels, now)
-            kept = [p for p in _in_season(pts, c.season)
-                    if not any(a <= p.at.timestamp() < b for a, b in spans)]
-            out.append(_Series(rule, dict(c.labels), c.cohort, c.baseline, kept, c.old))
+            gone = alert_spans(periods, rule, c.labels, now)
+            kept = [p for p in _in_season(pts, c.season) if p.at >= start
+                    and not any(a <= p.at.timestamp() < b for a, b in gone)]
+            out.append(_Series(rule, dict(c.labels), c.cohort, c.baseline, kept, c.old,
+                               read_limit(rule, c.season, config, history_s)))
     return out, held
+
+
+def _read(rule: Rule, session: Session, spans: Sequence[tuple[datetime, datetime]]
+          ) -> tuple[dict[Labels, dict[tuple[str, str], list[Point]]], int]:
+    """Return the rule's cohort series over `spans` (oldest first, disjoint), each read a
+    slice at a time, and the most rows one slice held."""
+    out: dict[Labels, dict[tuple[str, str], list[Point]]] = {}
+    held = 0
+    for lo, hi in spans:
+        part, rows = sliced_cohort_series(rule, session, lo, hi, READ_SLICE_S)
+        held = max(held, rows)
+        for labels, per_cohort in part.items():
+            for cohort, pts in per_cohort.items():
+                out.setdefault(labels, {}).setdefault(cohort, []).extend(pts)
+    return out, held
+
+
+def season_cycles(rule: Rule) -> int:
+    """Return the cycles of `rule` one hour of a season holds."""
+    return max(1, math.floor(CHUNK_S / rule.window_s))
+
+
+def reach_s(rule: Rule, season: str | None, config: SensitivityConfig,
+            history_s: float) -> float:
+    """Return how far back a series of `rule` (of one season, if any) is read.
+
+    At least `history_s`; far enough to hold READ_MARGIN times the cycles its estimate
+    needs at the rule's own cadence (a ten-minute rule's 360 cycles span 60 hours, a
+    season's one hour a day or a week); at most `config.max_history_s`, the raw retention.
+    """
+    need = READ_MARGIN * needed_cycles(rule, config)
+    if season is None:
+        span = need * rule.window_s
+    else:
+        span = math.ceil(need / season_cycles(rule)) * _SEASON_PERIOD_S[season[:3]]
+    return min(config.max_history_s, max(history_s, span))
+
+
+def readable_cycles(rule: Rule, season: str | None, config: SensitivityConfig,
+                    history_s: float) -> int:
+    """Return the most cycles a read of `reach_s` can hold for the series."""
+    reach = reach_s(rule, season, config, history_s)
+    if season is None:
+        return math.floor(reach / rule.window_s)
+    return math.floor(reach / _SEASON_PERIOD_S[season[:3]]) * season_cycles(rule)
+
+
+def read_limit(rule: Rule, season: str | None, config: SensitivityConfig,
+               history_s: float) -> str:
+    """Return why the series' read can never hold the cycles its estimate needs, or ""."""
+    most = readable_cycles(rule, season, config, history_s)
+    if most >= needed_cycles(rule, config):
+        return ""
+    what = "" if season is None else f" of its season ({season})"
+    return (f"; {config.max_history_s / 86400:g} d of history (at most "
+            f"alerts.sensitivity_max_history_s, the raw retention) hold at most {most} "
+            f"cycles{what}: not estimated within it")
+
+
+def season_spans(season: str | None, since: datetime,
+                 now: datetime) -> list[tuple[datetime, datetime]]:
+    """Return the stretches of [since, now) a series of `season` reads, oldest first:
+    all of it, or the hours of its season ("how<hour of week>" / "hod<hour of day>")."""
+    if season is None:
+        return [(since, now)]
+    kind, value = season[:3], int(season[3:])
+    of = hour_of_week if kind == "how" else hour_of_day
+    period = timedelta(seconds=_SEASON_PERIOD_S[kind])
+    hour = timedelta(seconds=CHUNK_S)
+    t = hour_start(now)
+    # The latest hour of the season that began by now (a UTC hour is one of the period's).
+    t -= hour * ((of(t) - value) % round(period / hour))
+    out: list[tuple[datetime, datetime]] = []
+    while t + hour > since:
+        out.append((max(t, since), min(t + hour, now)))
+        t -= period
+    return [s for s in reversed(out) if s[0] < s[1]]
+
+
+def merge_spans(spans: Sequence[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """Return `spans` merged where they overlap or touch, oldest first."""
+    out: list[tuple[datetime, datetime]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _candidates(rule: Rule, rows: Mapping[str, list[StoredBaseline]],
                 stored: Mapping[SensitivityKey, StoredSensitivity],
-                config: SensitivityConfig, now: datetime) -> list[_Candidate]:
+                config: SensitivityConfig, now: datetime,
+                history_s: float) -> list[_Candidate]:
     """Return `rule`'s series (scope, cohort, season) whose rolling baseline has no
     matching estimate stored, or whose estimate held its pages `HELD_RECHECK_S` ago."""
     out = []
@@ -897,7 +1023,7 @@ def _candidates(rule: Rule, rows: Mapping[str, list[StoredBaseline]],
                     or old.configured_threshold != rule.threshold \
                     or old.budget_per_30d != budget \
                     or old.within_cycles != config.within_cycles \
-                    or _may_state(old, rule, config, now):
+                    or _may_state(old, rule, config, now, season, history_s):
                 out.append(_Candidate(labels, cohort, b, season, old))
     return sorted(out, key=lambda c: (c.labels, c.cohort, c.season or ""))
 
@@ -908,15 +1034,18 @@ def needed_cycles(rule: Rule, config: SensitivityConfig) -> int:
 
 
 def _may_state(old: StoredSensitivity, rule: Rule, config: SensitivityConfig,
-               now: datetime) -> bool:
+               now: datetime, season: str | None, history_s: float) -> bool:
     """Return whether a held estimate is due again: `HELD_RECHECK_S` old, and its series
-    could have gained the cycles it lacked (one per `window_s` at most), so a young
-    series' history is not read every run for hours before it can suffice."""
-    if old.status != INSUFFICIENT:
+    could have gained the cycles it lacked (one per `window_s` at most; a season's, an
+    hour's worth per period begun), so a young series' history is not read every run for
+    hours before it can suffice, nor one whose read can never hold them (`read_limit`)."""
+    need = needed_cycles(rule, config)
+    if old.status != INSUFFICIENT or readable_cycles(rule, season, config, history_s) < need:
         return False
     elapsed = (now - old.computed_at).total_seconds()
-    return elapsed >= HELD_RECHECK_S \
-        and old.cycles + elapsed / rule.window_s >= needed_cycles(rule, config)
+    gained = elapsed / rule.window_s if season is None else \
+        (elapsed // _SEASON_PERIOD_S[season[:3]] + 1) * season_cycles(rule)
+    return elapsed >= HELD_RECHECK_S and old.cycles + gained >= need
 
 
 def _pairs(key: str) -> list[tuple[str, str]]:

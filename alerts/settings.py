@@ -48,8 +48,12 @@ class AlertSettings(BaseModel):
     false_page_budget_per_30d: float | None = Field(0.5, ge=0)
     sensitivity_within_cycles: int = Field(10, ge=1)  # N: the detectable shift's deadline
     # Recent history each estimate resamples (raw cycles: a pooled quantile needs its
-    # cycles' own samples), and the CPU one series' estimate may take.
+    # cycles' own samples), and the CPU one series' estimate may take. A rule of longer
+    # cycles (or a season's) reads back as far as its needed cycles take, at most
+    # sensitivity_max_history_s: keep that within retention.raw_days, past which the raw
+    # cycles are pruned (alerts.sensitivity.reach_s).
     sensitivity_history_s: float = Field(86400.0, gt=0)
+    sensitivity_max_history_s: float = Field(14 * 86400.0, gt=0)
     sensitivity_cpu_s: float = Field(2.0, gt=0)
     # A series states its false pages only from this much history (and 360 cycles); until
     # then, with the budget on, its pages are held as warnings: a month's false pages are
@@ -78,4 +82,9 @@ class AlertSettings(BaseModel):
                 f"sensitivity_min_history_s: {self.sensitivity_min_history_s:g} s exceeds "
                 f"sensitivity_history_s ({self.sensitivity_history_s:g} s), the history an "
                 "estimate reads")
+        if self.sensitivity_history_s > self.sensitivity_max_history_s:
+            raise ValueError(
+                f"sensitivity_history_s: {self.sensitivity_history_s:g} s exceeds "
+                f"sensitivity_max_history_s ({self.sensitivity_max_history_s:g} s), the "
+                "furthest back an estimate reads")
         return self

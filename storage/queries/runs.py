@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,20 +48,40 @@ def current_cohort(session: Session, now: datetime) -> CurrentCohort:
     return CurrentCohort(mv, ch, since)
 
 
-def serving_cohorts(session: Session, since: datetime,
-                    until: datetime) -> dict[str, tuple[str, str]]:
-    """Return instance_id -> (model_version, config_hash) of its latest canary cycle
-    started in [since, until): the cohort each instance serves (none: no cycle then)."""
+@dataclass(frozen=True)
+class LatestCycle:
+    """An instance's latest canary cycle in a window: the cohort it ran, when it started."""
+
+    cohort: tuple[str, str]
+    started_at: datetime
+
+
+def latest_cycles(session: Session, since: datetime, until: datetime) -> dict[str, LatestCycle]:
+    """Return instance_id -> its latest canary cycle started in [since, until)."""
     r = ProbeRun
     cycles = (r.kind == RunKind.CYCLE.value, r.started_at >= since, r.started_at < until)
     latest = (select(r.instance_id, func.max(r.started_at).label("at")).where(*cycles)
               .group_by(r.instance_id).subquery())
     rows = session.execute(
-        select(r.instance_id, r.model_version, r.config_hash)
+        select(r.instance_id, r.model_version, r.config_hash, r.started_at)
         .join(latest, (r.instance_id == latest.c.instance_id) & (r.started_at == latest.c.at))
         .where(*cycles).order_by(r.id))
     # Two cycles of an instance started at the same moment: the later stored one speaks.
-    return {inst: (mv, ch) for inst, mv, ch in rows}
+    return {inst: LatestCycle((mv, ch), at) for inst, mv, ch, at in rows}
+
+
+def serving_cohorts(session: Session, since: datetime,
+                    until: datetime) -> dict[str, tuple[str, str]]:
+    """Return instance_id -> (model_version, config_hash) of its latest canary cycle
+    started in [since, until): the cohort each instance serves (none: no cycle then)."""
+    return serving_since(latest_cycles(session, since, until), since)
+
+
+def serving_since(latest: Mapping[str, LatestCycle], since: datetime) -> dict[str, tuple[str, str]]:
+    """Return `serving_cohorts` from [since, until) out of `latest_cycles` read over an
+    earlier start to the same `until`: an instance's latest cycle there is its latest in
+    the shorter window where it started in it, and it has none there otherwise."""
+    return {inst: c.cohort for inst, c in latest.items() if c.started_at >= since}
 
 
 def latest_finished_runs(session: Session) -> list[ProbeRun]:

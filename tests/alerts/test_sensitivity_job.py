@@ -191,8 +191,10 @@ def test_insufficient_history_is_stated_and_the_time_bound_leaves_the_rest(
     with sessionmaker.begin() as s:
         spent = refresh(s, [rule], CFG, NOW, history_s=MINUTES * 60.0, budget_s=0.0)
     assert spent.estimated == 0 and spent.left == 1
+    # A history of 100 minutes: the read reaches back for the 360 cycles it needs, and
+    # there are no more.
     with sessionmaker.begin() as s:
-        refresh(s, [rule], CFG, NOW, history_s=100 * 60.0)
+        refresh(s, [rule], CFG, T0 + timedelta(minutes=100), history_s=60 * 60.0)
     with sessionmaker() as s:
         [st] = queries.listing(s)
     assert st.status == "insufficient history" and st.threshold == 0.20

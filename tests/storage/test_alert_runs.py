@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage.models import Alert, AlertTransition
 from storage.queries import alerts as alert_queries
 from storage.queries import baselines as baseline_queries
-from storage.queries.runs import serving_cohorts
+from storage.queries.runs import latest_cycles, serving_cohorts, serving_since
 from tests.storage.builders import T0, minutes, probe_run
 
 
@@ -64,3 +64,23 @@ def test_each_instance_serves_the_cohort_of_its_latest_canary_cycle_in_the_windo
     with sessionmaker() as s:
         got = serving_cohorts(s, T0, T0 + minutes(60))
     assert got == {"i1": ("m2", "c1"), "i2": ("m1", "c1")}
+
+
+def test_a_shorter_lookbacks_serving_cohorts_come_from_a_longer_read(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """The rollout check's 30 minutes out of the incidents' hour: one read serves both."""
+    with sessionmaker.begin() as s:
+        s.add_all([
+            probe_run(T0 + minutes(5), [], instance_id="i1", model_version="m1"),
+            probe_run(T0 + minutes(40), [], instance_id="i1", model_version="m2"),
+            probe_run(T0 + minutes(20), [], instance_id="i2", model_version="m1"),  # left
+            probe_run(T0 + minutes(30), [], instance_id="i3", model_version="m3"),  # the edge
+            probe_run(T0 + minutes(50), [], instance_id="i4", model_version="m4", kind="burst"),
+        ])
+    end = T0 + minutes(60)
+    with sessionmaker() as s:
+        latest = latest_cycles(s, T0, end)
+        for since in (T0, T0 + minutes(20), T0 + minutes(30), T0 + minutes(45)):
+            assert serving_since(latest, since) == serving_cohorts(s, since, end), since
+    assert latest["i1"].started_at == T0 + minutes(40) and latest["i1"].cohort == ("m2", "c1")
+    assert serving_since(latest, T0 + minutes(30)) == {"i1": ("m2", "c1"), "i3": ("m3", "c1")}
