@@ -23,22 +23,29 @@ behind it or get refused because of it:
   "token_budget") only when the real callers' tokens alone leave it no room (and then
   sheds none for nothing).
 
-A real caller never waits for a queued synthetic one, and (`preempt=True`: requests that
-decode alone on their slot, the unbatched engine) not for a running one either:
+A real caller never waits for a queued synthetic one, and (`preempt=True`) not for a
+running one either:
 
 - a real caller that would wait while at least one slot is held by a synthetic caller
   gets the reserved extra slot (index `max_concurrency`) at once (counted in
   `preemptions`). Only real callers take it, one at a time: while it is held further
   real callers queue as above, first for any freed slot; freed while a real caller
   waits and a synthetic one still holds a slot, it goes to the oldest real caller;
-- every synthetic request pauses at its next step boundary while the extra slot is held
-  (`PausePoint`, called where the decode loops check their deadline) and resumes, its KV
-  state untouched, once it is freed; its deadline and cancel signal still end it there.
-  Real requests never pause.
+- unbatched (requests that decode alone on their slot), every synthetic request pauses
+  at its next step boundary while the extra slot is held (`PausePoint`, called where the
+  decode loops check their deadline) and resumes, its KV state untouched, once it is
+  freed; its deadline and cancel signal still end it there. Real requests never pause;
+- batched (engine.scheduler: a slot is a batch row, the extra slot one more row), no
+  PausePoint: the real request joins the running batch at the next step boundary and
+  the loop pauses one synthetic row (the extra row is the only one over `max_batch`),
+  which keeps its row and decode state, and resumes it unchanged at the first step with
+  room for it (engine.scheduler's module doc). Real rows never pause.
 
-Without `preempt` (the batching scheduler: its loop joins waiting real requests before
-synthetic ones at the next step instead) a running request is never interrupted, so a
-real caller may wait for the requests already holding slots, synthetic ones included.
+Without `preempt` (engine.preempt_synthetic off, or the CUDA-graph compile modes) a
+running request is never interrupted, so a real caller may wait for the requests already
+holding slots, synthetic ones included (batched, the loop still joins waiting real
+requests before synthetic ones at the next step).
+
 `slot(deadline, synthetic=..., tokens=..., cancel=...)` is the whole interface, so a batching
 scheduler can admit through it the same way; `stats()` returns the counters as an
 AdmissionStats.
@@ -80,8 +87,11 @@ class AdmissionStats:
     timeouts: callers whose deadline passed while they waited (RequestTimeout).
     token_budget: refused on arrival (no slot, their tokens would pass max_queue_tokens).
     waiting: callers waiting for a slot now; waiting_tokens: the tokens they carry.
-    preemptions: real callers granted the extra slot (synthetic requests paused for them).
-    paused: synthetic requests paused at a step boundary for a real caller now.
+    preemptions: real callers granted the extra slot (synthetic requests paused for them;
+        a batched engine's stats add the real requests that paused a synthetic row that
+        runs alone without it: engine.scheduler).
+    paused: synthetic requests paused at a step boundary for a real caller now (a batched
+        engine's stats: its paused rows).
     """
 
     real_admitted: int = 0
@@ -480,17 +490,25 @@ class PausePoint:
             self._pauses.append((time.perf_counter(), waited))
 
     def unpaused(self, stamps: list[float]) -> list[float]:
-        """Return token `stamps` less the pauses before each: the request's own times.
+        """Return token `stamps` less the pauses before each: the request's own times."""
+        return unpaused(stamps, self._pauses)
 
-        A pause lies between two tokens: left in, it would count as the next token's
-        decode time (a canary's per-token series, the draft length's cost of direct).
-        """
-        if not self._pauses:
-            return stamps
-        out, before, i = [], 0.0, 0
-        for stamp in stamps:
-            while i < len(self._pauses) and self._pauses[i][0] <= stamp:
-                before += self._pauses[i][1]
-                i += 1
-            out.append(stamp - before)
-        return out
+
+def unpaused(stamps: list[float], pauses: list[tuple[float, float]]) -> list[float]:
+    """Return token `stamps` less the `pauses` (resumed at, seconds paused, in order)
+    before each: a paused request's own times (unbatched: PausePoint; batched: a row the
+    scheduler paused).
+
+    A pause lies between two tokens (or before the first): left in, it would count as the
+    next token's decode time (a canary's per-token series, the draft length's cost of
+    direct).
+    """
+    if not pauses:
+        return stamps
+    out, before, i = [], 0.0, 0
+    for stamp in stamps:
+        while i < len(pauses) and pauses[i][0] <= stamp:
+            before += pauses[i][1]
+            i += 1
+        out.append(stamp - before)
+    return out

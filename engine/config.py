@@ -64,12 +64,15 @@ class EngineConfig:
     native_step: on the optimized path, run the decode steps and the speculative
         verification in C (engine.native) where it applies (CPU, float32, float weights, a
         C compiler found); the encoder stays compiled. Off: the compiled graphs.
-    preempt_synthetic: unbatched (max_batch 1), a real caller that would wait while a
-        synthetic one (a canary, a burst) holds a slot takes one extra decode row at once
-        and the synthetic requests pause at their next step boundary (engine.admission).
-        False: a running synthetic request is never interrupted, so a real caller may wait
-        for it (as before preemption). Moot batched and in the CUDA-graph compile modes,
-        which never preempt. Not in the config hash: it changes no compiled artifact.
+    preempt_synthetic: a real caller that would wait while a synthetic one (a canary, a
+        burst) holds a slot takes one extra decode row at once (engine.admission; one more
+        static cache row): unbatched (max_batch 1) the synthetic requests pause at their
+        next step boundary; batched, the real request joins the running batch at the next
+        step and the loop pauses a synthetic row (its row and state kept) so that a step
+        stays at max_batch rows (engine.scheduler). False: a running synthetic request is
+        never interrupted, so a real caller may wait for it (as before preemption). Moot
+        in the CUDA-graph compile modes, which never preempt. Not in the config hash: it
+        changes no compiled artifact.
     """
 
     model_dir: str | None = None

@@ -78,10 +78,11 @@ class GenerateResult:
         round, one multi-token step call) share one confirmation time, so the first
         token of a round carries the round's time and the others 0.0.
     total_s: call entry -> result returned (queue wait + tokenize + generate + detokenize).
-    preempted_s: the part of total_s a synthetic request spent paused at its step
-        boundaries while a real request decoded on admission's extra slot (unbatched,
-        engine.admission). It lies between two tokens and is left out of decode_token_s
-        (and of ttft_s: no pause comes before the first token), so those stay the
+    preempted_s: the part of total_s a synthetic request spent paused for real requests:
+        unbatched, at its step boundaries while a real request decoded on admission's
+        extra slot (engine.admission); batched, its row left out of the loop's steps to
+        make room for real rows (engine.scheduler). It is left out of decode_token_s and
+        ttft_s (a batched row may pause before its first token), so those stay the
         request's own times; total_s - preempted_s is its latency had nobody preempted
         it. 0.0 for real requests, which never pause.
     batch_wait_s: decode slot (batch row) granted -> the batching loop took the request up

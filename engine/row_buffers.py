@@ -47,14 +47,19 @@ class RowBuffers:
     bias) as single tensors with a scratch row; see the module doc."""
 
     def __init__(self, m: LeanT5, *, rows: int, slots: int, cross_len: int,
-                 scratch: bool, fixed: bool, static: bool) -> None:
+                 scratch: bool, fixed: bool, static: bool, step_rows: int | None = None
+                 ) -> None:
         """`cross_len`: the longest cross-attention length (bucket edge) a row holds;
         `scratch`: the fixed-row step may run (a scratch row for its unfilled lanes);
         `fixed`: allocate its cross buffers now (else make_fixed() does, on first need);
         `static`: mark the tensors as static inputs of compiled calls (their addresses
-        never change: CUDA graphs read them in place, with no copy)."""
+        never change: CUDA graphs read them in place, with no copy); `step_rows`: the most
+        rows one step decodes, whose batch-size classes the fixed-row step has (None:
+        `rows`; fewer where a row is admission's extra one, which decodes only while a
+        synthetic row pauses: engine.scheduler)."""
         assert scratch or not fixed, "the fixed-row step needs the scratch row"
         self.rows = rows
+        self.step_rows = rows if step_rows is None else step_rows
         self.scratch = rows  # its index (when it exists)
         self._has_scratch = scratch
         self.dtype = m.dtype
@@ -95,7 +100,7 @@ class RowBuffers:
             cross = torch.zeros((rows + 1, len(m.dec_layers), 2, m.n_heads, length, m.d_kv),
                                 dtype=m.dtype, device=m.device_)
         self._mark(cross, bias)
-        self.sizes = batch_sizes(rows)
+        self.sizes = batch_sizes(self.step_rows)
         self.cross_bias = bias
         self.cross = cross
         return cross.numel() * cross.element_size() + bias.numel() * bias.element_size()

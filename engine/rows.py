@@ -2,8 +2,9 @@
 on its row.
 
 A row is an admission slot: batched, a batch row of the scheduler's loop; unbatched, a
-decode stream (and, where synthetic requests are preempted, one more: admission's extra
-slot, which a real request decodes on while they pause). Its caches are allocated once
+decode stream; and, where synthetic requests are preempted, one more: admission's extra
+slot, which a real request decodes on while they pause (batched, while as many synthetic
+rows pause as keep a step at max_batch rows). Its caches are allocated once
 and reused by every request that holds it (engine.row_buffers: every row's cache a slice
 of one tensor per model, and, where the fixed-row compiled step can serve, each row's
 padded cross K/V, filled as a request joins); the KV account (engine.memory) counts them
@@ -42,11 +43,14 @@ class Rows:
     row at a time (the admission slot)."""
 
     def __init__(self, models: Models, *, count: int, device: torch.device,
-                 compile_on: bool, batched: bool = False) -> None:
-        """`batched`: the rows are a batching loop's (engine.scheduler)."""
+                 compile_on: bool, batched: bool = False, extra: bool = False) -> None:
+        """`batched`: the rows are a batching loop's (engine.scheduler); `extra`: the
+        last of the `count` rows is admission's extra slot (a batched step decodes at
+        most count - 1 rows)."""
         self.models = models
         self.device = device
         self._compile_on = compile_on
+        self._step_rows = count - extra
         with torch.no_grad():
             self.buffers = {r.name: self._new_buffers(r, count, batched)
                             for r in (models.target, models.draft) if r is not None}
@@ -68,7 +72,8 @@ class Rows:
                           cross_len=max(runner.edges), scratch=scratch, fixed=fixed,
                           # Marked static only for a compiled step (the C step and eager
                           # need no mark).
-                          static=self._compile_on and (fixed or runner.native is None))
+                          static=self._compile_on and (fixed or runner.native is None),
+                          step_rows=self._step_rows)
 
     def fixed_rows(self) -> RowBuffers | None:
         """Return the target's buffers with the fixed-row step's cross buffers allocated

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 import torch
 
 from engine import aot, decoding, group_encode, precompile, quantize, scheduler, validation
-from engine.admission import Admission, AdmissionStats, PausePoint
+from engine.admission import Admission, AdmissionStats, PausePoint, unpaused
 from engine.buckets import bucket_label
 from engine.cancel import CancelSignal
 from engine.compile_watch import shared_watch
@@ -123,20 +123,23 @@ class Runtime:
         self.draft_length = DraftLength(k_max=self.k_max, k_initial=config.speculative_k)
         # Batched, a decode slot is a batch row (its caches); unbatched, a decode stream.
         rows = config.max_batch if config.max_batch > 1 else config.max_concurrency
-        # Unbatched, a synthetic request pauses at its step boundaries while a real one
-        # decodes on an extra row (engine.admission). Not where one device thread makes
-        # every compiled call (CUDA-graph modes): a request paused on it would hold up the
-        # real one it pauses for. The batching loop joins real requests first instead.
-        # engine.preempt_synthetic off keeps the old rule (a real caller waits for a
-        # running synthetic one): for operators, and as an A/B's baseline arm.
-        self._preempt = (config.preempt_synthetic and config.max_batch == 1
+        # A real caller that would wait while a synthetic one holds a row decodes on an
+        # extra row (engine.admission): unbatched, the synthetic requests pause at their
+        # step boundaries meanwhile; batched, the loop pauses as many synthetic rows as
+        # keep its step at max_batch rows (engine.scheduler). Not in the CUDA-graph modes,
+        # where one thread makes every compiled call (unbatched, a request paused on it
+        # would hold up the real one it pauses for). engine.preempt_synthetic off keeps
+        # the old rule (a real caller waits for a running synthetic one): for operators,
+        # and as an A/B's baseline arm.
+        self._preempt = (config.preempt_synthetic
                          and not (self._compile_on and single_owner(config)))
         self._admission = Admission(rows, config.max_queue,
                                     max_queue_tokens=config.max_queue_tokens,
                                     preempt=self._preempt)
         self._flags = _guarded_flags(config, flags)
         self.rows = Rows(self.models, count=rows + self._preempt, device=self.device,
-                         compile_on=self._compile_on, batched=config.max_batch > 1)
+                         compile_on=self._compile_on, batched=config.max_batch > 1,
+                         extra=self._preempt)
         self.router = Router(self.models, config.buckets, compile_on=self._compile_on,
                              is_warm=self.is_warm)
         self._traffic = BucketTraffic(self.cache_root)
@@ -188,7 +191,8 @@ class Runtime:
         if config.max_batch > 1:
             self._scheduler = scheduler.Scheduler(
                 self.rows, max_batch=config.max_batch, window_max_s=config.batch_window_max_s,
-                waiting=lambda: self._admission.waiting)
+                waiting=lambda: self._admission.waiting,
+                extra_row=self._admission.extra if self._preempt else None)
         elif self._owned:
             self._device_thread = DeviceThread()
         owner = self._scheduler or self._device_thread
@@ -257,7 +261,13 @@ class Runtime:
         return self._admission.waiting
 
     def admission_stats(self) -> AdmissionStats:
-        return self._admission.stats()
+        """Return admission's counters; batched, with the loop's own preemptions and the
+        rows it pauses now (engine.scheduler)."""
+        stats = self._admission.stats()
+        if self._scheduler is None:
+            return stats
+        return replace(stats, preemptions=stats.preemptions + self._scheduler.preemptions,
+                       paused=stats.paused + self._scheduler.paused)
 
     def flag_errors(self) -> int:
         return self._flags.errors
@@ -385,14 +395,20 @@ class Runtime:
                                       tokens=plan.n + plan.max_new, cancel=plan.cancel) as slot:
                 t_slot = time.perf_counter()
                 pause = PausePoint(self._admission, plan.deadline, plan.cancel) \
-                    if canary and self._preempt else None
+                    if canary and self._preempt and self._scheduler is None else None
                 ran = self._decode(plan, slot, synthetic=canary, pause=pause)
-            if pause is None:
+            # Paused for real requests: at its step boundaries (unbatched), or its row left
+            # out of the loop's steps (batched).
+            if pause is not None:
+                stamps, preempted_s = pause.unpaused(ran.decoded.stamps), pause.paused_s
+            elif ran.batch is not None and ran.batch.pauses:
+                stamps = unpaused(ran.decoded.stamps, ran.batch.pauses)
+                preempted_s = ran.batch.preempted_s
+            else:
                 return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot)
-            ran = replace(ran, decoded=replace(
-                ran.decoded, stamps=pause.unpaused(ran.decoded.stamps)))
+            ran = replace(ran, decoded=replace(ran.decoded, stamps=stamps))
             return self._result(plan, ran, canary=canary, t_entry=t_entry, t_slot=t_slot,
-                                preempted_s=pause.paused_s)
+                                preempted_s=preempted_s)
 
     def _plan(self, text: str, max_new_tokens: int | None, override: FlagOverride | None,
               timeout_s: float | None, t_entry: float, cancel: CancelSignal | None = None

@@ -25,6 +25,22 @@ request fails only its own caller: the loop survives it (an error that is no one
 fails the rows of that step, and the loop goes on). Waiting real requests join before
 waiting synthetic ones (probes), whatever their order of arrival. What it records of its
 steps and of each request goes through its `recorder` (engine.scheduler_recorder).
+
+Nor does a running synthetic request hold a real one up (`extra_row`: engine.admission
+preempts). Admission grants a real caller that would wait while a synthetic one holds a
+row the extra row (one more self-attention cache, allocated with the others) at once; the
+real job joins at the next step boundary, and a step decodes every real row and as many
+synthetic rows, oldest first, as fit beside them within `max_batch` (none beside a real
+row that runs alone, and a synthetic row that runs alone, the burst's unbatched arm, none
+beside any real row). The others pause: they leave the step set and keep their row and
+decode state, and resume unchanged at the first step with room for them (or leave there,
+cancelled or past their deadline). So a step never holds more than `max_batch` rows: no
+batch-size class beyond the fixed-row step's, no compile or recording at run time. A
+paused job records its pauses (Job.pauses: its GenerateResult's preempted_s, and token
+times that leave them out), and a pause that admission's extra row did not grant (a real
+row beside a synthetic one that runs alone) counts in `preemptions`. A synthetic job joins
+only where the step has room for it (it never joins to pause), and a real job while the
+real rows leave it one (it waits in the inbox for a real row only).
 """
 
 from __future__ import annotations
@@ -122,6 +138,15 @@ class Job:
     batch_sum: int = 0
     batch_max: int = 0  # the most rows in its steps: what the runtime learns costs from
     held: int = 0  # encoder-output bytes it holds
+    # Paused for real rows (a synthetic job, where the loop preempts): since when (None:
+    # not paused now), and each pause (resumed at, seconds) on the loop's clock.
+    paused_at: float | None = None
+    pauses: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def preempted_s(self) -> float:
+        """Return the seconds it spent paused for real rows."""
+        return sum(seconds for _at, seconds in self.pauses)
 
     def cancel(self) -> None:
         """Make the request leave the batch at the next step (its caller gets Cancelled)."""
@@ -216,7 +241,8 @@ class StepCosts:
 
 
 class Scheduler:
-    """Own up to `max_batch` rows and the loop that steps them (see the module doc).
+    """Own up to `max_batch` rows (`extra_row`: one more, admission's extra slot, while
+    synthetic rows pause) and the loop that steps them (see the module doc).
 
     `recorder` (a StepRecorder unless given) may be replaced while the loop runs: the next
     step records into the new one, and snapshot() reads it.
@@ -224,10 +250,16 @@ class Scheduler:
 
     def __init__(self, owner: RowOwner, *, max_batch: int, window_max_s: float,
                  waiting: Callable[[], int], clock: Clock = time.perf_counter,
-                 recorder: StepRecorder | None = None) -> None:
+                 recorder: StepRecorder | None = None, extra_row: int | None = None) -> None:
+        """`extra_row`: admission's extra slot (synthetic rows pause for real ones; None:
+        no row is ever paused)."""
         self._owner = owner
         self.recorder = recorder if recorder is not None else StepRecorder()
         self.max_batch = max_batch
+        self.extra_row = extra_row
+        # Real rows that paused a synthetic one without the extra row (admission counts
+        # those with it): written by the loop only.
+        self.preemptions = 0
         self.window_max_s = window_max_s
         self._waiting = waiting
         self._clock = clock
@@ -307,10 +339,16 @@ class Scheduler:
         steps, count, seconds, buckets = self.recorder.totals()
         with self._cond:
             return BatchSnapshot(
-                max_batch=self.max_batch, batch_size=len(self._active),
+                max_batch=self.max_batch, batch_size=len(self._stepping()),
                 rows_waiting=self._waiting() + len(self._inbox), window_s=self._window,
                 window_max_s=self.window_max_s, steps=steps, step_count=count,
                 step_seconds_sum=seconds, step_buckets=buckets)
+
+    @property
+    def paused(self) -> int:
+        """Return the synthetic rows paused for real ones now."""
+        with self._cond:
+            return sum(1 for job, _state in self._active if job.paused_at is not None)
 
     def close(self) -> None:
         """Stop the loop; requests not finished get NotReady."""
@@ -373,7 +411,7 @@ class Scheduler:
     def _solo(self) -> bool:
         """Return whether the next step is one job's that runs alone (no window to wait)."""
         if self._active:
-            return any(job.alone for job, _state in self._active)
+            return any(job.alone for job, _state in self._stepping())
         queued = self._queued()
         return bool(queued) and queued[0].alone
 
@@ -383,21 +421,28 @@ class Scheduler:
         return sorted(self._inbox, key=lambda job: job.synthetic)  # stable
 
     def _take(self) -> list[Job]:
-        """Return the waiting jobs that join now, in the order of _queued: none while a job
-        that runs alone is in the batch, and a job that runs alone only into an empty
-        batch (the jobs after it wait for it)."""
-        if any(job.alone for job, _state in self._active):
-            return []
+        """Return the waiting jobs that join now, in the order of _queued, up to the first
+        that does not fit (_fits: the jobs after it wait for it)."""
         taken: list[Job] = []
         for job in self._queued():
-            if job.alone and (taken or self._active):
+            if not self._fits(job, taken):
                 break
             taken.append(job)
-            if job.alone:
-                break
         for job in taken:
             self._inbox.remove(job)
         return taken
+
+    def _fits(self, job: Job, taken: list[Job]) -> bool:
+        """Return whether `job` joins now beside the batch's rows and those `taken` before
+        it: none that runs alone among them, `job` itself running alone only where there
+        are none, and room for it in the step. Where synthetic rows pause for real ones
+        (extra_row), a real job counts the real rows only: the synthetic ones make way."""
+        rows = [j for j, _state in self._active] + taken
+        if self.extra_row is not None and not job.synthetic:
+            rows = [j for j in rows if not j.synthetic]
+        if any(j.alone for j in rows) or (job.alone and rows):
+            return False
+        return len(rows) < self.max_batch
 
     def _adapt_window(self) -> None:
         """Shorten the window while callers wait for rows, lengthen it while none do."""
@@ -462,14 +507,15 @@ class Scheduler:
             self._finish(job, None, exc)
             return
         self.recorder.joined(job, encode_s + self._clock() - started)
+        rows = self.max_batch + (self.extra_row is not None)
         with self._cond:
-            # Admission grants at most max_batch rows: more would be a bug, failing this
-            # request (its row's caches may be another's) and no other.
-            full = len(self._active) >= self.max_batch
+            # Admission grants at most max_batch rows (and the extra one): more would be a
+            # bug, failing this request (its row's caches may be another's) and no other.
+            full = len(self._active) >= rows
             if not full:
                 self._active.append((job, state))
         if full:
-            log.error("scheduler: a job joined a full batch (%d rows)", self.max_batch)
+            log.error("scheduler: a job joined a full batch (%d rows)", rows)
             self._finish(job, None, RuntimeError("scheduler: more rows than max_batch"))
 
     def _gone(self, job: Job) -> bool:
@@ -511,6 +557,40 @@ class Scheduler:
         with self._cond:
             self._active = [(j, s) for j, s in self._active if j is not job]
 
+    def _stepping(self) -> list[tuple[Job, RowState]]:
+        """Return the rows the next step decodes, in the batch's order: every row, but
+        where synthetic rows pause for real ones (extra_row) the real rows and the
+        synthetic rows that fit beside them, oldest first (the module doc)."""
+        active = self._active
+        real = [job for job, _state in active if not job.synthetic]
+        if self.extra_row is None or not real or len(real) == len(active):
+            return list(active)
+        keep = set(real)
+        if not any(job.alone for job in real):
+            room = self.max_batch - len(real)
+            keep.update([job for job, _state in active
+                         if job.synthetic and not job.alone][:max(room, 0)])
+        return [(job, state) for job, state in active if job in keep]
+
+    def _pause(self, stepping: list[tuple[Job, RowState]], now: float) -> None:
+        """Pause the rows that do not step now and resume those that step again, recording
+        each pause; count a pause no extra row was granted for in `preemptions`."""
+        if len(stepping) == len(self._active) and not any(
+                job.paused_at is not None for job, _state in self._active):
+            return  # the common case: nothing paused, nothing to pause
+        steps = {job for job, _state in stepping}
+        paused = False
+        for job, _state in self._active:
+            if job in steps:
+                if job.paused_at is not None:
+                    job.pauses.append((now, now - job.paused_at))
+                    job.paused_at = None
+            elif job.paused_at is None:
+                job.paused_at = now
+                paused = True
+        if paused and all(job.row != self.extra_row for job in steps):
+            self.preemptions += 1
+
     def _speculate(self, active: list[tuple[Job, RowState]]) -> bool:
         """Return whether this step runs a speculative round per row instead of one
         batched direct step: a lone row with a draft always does (as unbatched); several
@@ -526,9 +606,10 @@ class Scheduler:
                 and self._round_tps > b / step_s)
 
     def _step(self) -> None:
-        active = list(self._active)
+        active = self._stepping()
         b = len(active)
         started = self._clock()
+        self._pause(active, started)
         groups: dict[tuple[int, int], list[tuple[Job, RowState]]] = {}
         for job, state in active:
             groups.setdefault((id(state.target), id(state.tfns)), []).append((job, state))
@@ -730,6 +811,10 @@ class Scheduler:
         self._each_alone(rows, lambda row: _batched([row])[0], accept)
 
     def _finish(self, job: Job, decoded: Decoded | None, error: BaseException | None) -> None:
+        if job.paused_at is not None:  # it leaves paused (cancelled, past its deadline)
+            now = self._clock()
+            job.pauses.append((now, now - job.paused_at))
+            job.paused_at = None
         if job.held:
             self._owner.kv_release(job.held)
         job.decoded, job.error = decoded, error

@@ -707,8 +707,9 @@ def _admission(stats: AdmissionStats) -> Iterator[Metric]:
     yield waiting
     yield CounterMetricFamily(
         f"{PREFIX}_admission_preemptions",
-        "Real requests granted the extra decode slot while synthetic ones held the slots"
-        " (those paused at their next step until it was freed; unbatched engines).",
+        "Real requests that made synthetic ones pause at their next step: granted the"
+        " extra decode row while synthetic ones held the rows, or batched, beside a"
+        " synthetic request running alone.",
         value=stats.preemptions)
 
 

@@ -201,12 +201,16 @@ def test_the_kv_account_counts_the_buffers_as_allocated(tmp_path, tiny_dirs):
         per_slot = len(m.dec_layers) * 2 * m.n_heads * m.d_kv * 4  # float32 K and V
         dm = rt.draft.m
         draft_slot = len(dm.dec_layers) * 2 * dm.n_heads * dm.d_kv * 4
-        rows = 3 + 1  # and the scratch row (the draft's rows have none)
+        # Admission's extra row (engine.preempt_synthetic, on by default) and the scratch
+        # row (the draft's rows have none).
+        rows = 3 + 1 + 1
         longest = max(rt.config.buckets)
-        want = ((slots + 1) * (rows * per_slot + 3 * draft_slot)  # self-attention caches
+        want = ((slots + 1) * (rows * per_slot + 4 * draft_slot)  # self-attention caches
                 + rows * longest * per_slot  # each row's cross K/V, padded
                 + rows * longest * 4)  # each row's cross mask bias
         assert rt.memory_snapshot().kv_static_bytes == want
+        # The extra row steps only while a synthetic row pauses: no batch-size class more.
+        assert rt.rows.buffers["target"].sizes == batch_sizes(3) == (2, 3)
         assert isinstance(rt.rows.buffers["draft"], RowBuffers)
         assert not rt.rows.buffers["draft"].fixed  # the draft steps one row at a time
     finally:
