@@ -1,22 +1,31 @@
 """Real requests under synthetic load, preemption on vs off: latency and queue wait.
 
-    taskset -c 1 python -m bench.preemption [--rate 3] [--seconds 30] [--rounds 4] [--quick]
+    taskset -c 1 python -m bench.preemption [--rate 3] [--seconds 30] [--rounds 4]
+        [--max-batch 1] [--quick]
 
-Two unbatched engines (`engine.max_batch` 1, one decode stream: the defaults) on the
-built-in target (or --model-dir), default flags, in this process, alike but for
-`engine.preempt_synthetic`:
+Two engines on the built-in target (or --model-dir), default flags, in this process,
+alike but for `engine.preempt_synthetic`. Unbatched by default (`engine.max_batch` 1,
+one decode stream: the defaults):
   on: a real request that finds a synthetic one holding the slot takes the extra decode
       row at once, and the synthetic one pauses at its next step boundary
       (engine.admission);
   off: the real request waits until the synthetic one has finished (the rule before
       preemption).
+--max-batch N (> 1): both engines batched (`engine.max_batch` N, `batch_window_max_s` 0:
+no step waits for arrivals), the scheduler's preemption (engine.scheduler):
+  on: a real request that finds synthetic ones holding every row takes the extra row at
+      once and joins the running batch at the next step, while one synthetic row pauses
+      (its row and state kept) so that a step stays at N rows;
+  off: the real request waits until a synthetic row has finished.
 Each round runs one engine for --seconds under two loads at once, through the engine's
 own interface (`generate(canary=...)`):
-  synthetic: one thread sending `canary=True` requests back to back, cycling over the
-      shipped in-domain canary prompts (every bucket), as a probe cycle or a burst sends
-      them; here without a pause between cycles, so a synthetic request holds the slot
-      nearly all the time: the case preemption is for. One refused (a real request
-      waits) is sent again REFUSED_PAUSE_S later, counted as refused.
+  synthetic: one thread per row (max_batch of them; one unbatched), each sending
+      `canary=True` requests back to back, cycling over the shipped in-domain canary
+      prompts (every bucket; thread k starts k/max_batch of the way round), as a probe
+      cycle sends them, together as concurrent as a burst; here without a pause between
+      cycles, so synthetic requests hold every row nearly all the time: the case
+      preemption is for. One refused (a real request waits) is sent again
+      REFUSED_PAUSE_S later, counted as refused.
   real: open loop, Poisson arrivals at --rate per second, in-domain inputs
       (engine.builtin.task.make_input) of sizes drawn uniformly over the buckets, each
       sent by its own thread at its scheduled time; its latency runs from that time, so
@@ -24,14 +33,21 @@ own interface (`generate(canary=...)`):
 Rounds alternate the arms on, off, off, on, on, off, ... (ABBA), so a drift of the host
 over the run falls on both arms; the two rounds of each pair offer the same arrivals and
 inputs. The engine of the other arm sits idle meanwhile (memory, no work). Before the
-rounds, each engine decodes every canary and a few real inputs once, then runs an untimed
-round of WARM_ROUND_S at most (the extra row's first use).
+rounds, each engine warms up (batched: every batch-size class of the fixed-row compiled
+step, 2 to N rows, and the grouped encoder: engine.warmers; a step never holds more than
+N rows, preempting or not), decodes every canary and a few real inputs once, then runs an
+untimed round of WARM_ROUND_S at most under the same loads (the extra row's first use;
+batched, real rows joining full batches of synthetic ones). A compile in a
+timed round (the engine's compile counters moved) is said on stderr: that round's
+latencies include it.
 
-Printed per round, then per arm (its rounds pooled): real requests' p50, p99 and max
-latency, their queue wait (GenerateResult.queue_wait_s: arrival to slot) p99 and max,
-real requests refused or failed; synthetic requests done, refused, their preempted_s
-total; the engine's preemptions (admission_stats). Last line, the on arm's figure over
-the off arm's (below 1: preemption shortens it):
+Printed: a header (max_batch included); per round, then per arm (its rounds pooled; the
+arm lines with a max_batch column where N > 1): real requests' p50, p99 and max latency,
+their queue wait (GenerateResult.queue_wait_s: arrival to slot) p99 and max, real
+requests refused or failed; synthetic requests done, refused, their preempted_s total;
+the engine's preemptions (admission_stats: batched, the scheduler's included). Last
+line, the on arm's figure over the off arm's (below 1: preemption shortens it), with
+` at max_batch N` where N > 1:
 
     preemption: real p99 Nx, max wait Mx (on / off)
 
@@ -44,6 +60,7 @@ import argparse
 import math
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -53,20 +70,22 @@ from typing import TYPE_CHECKING
 
 from bench.throughput import percentile
 from engine.builtin.task import MIN_INPUT_BYTES, make_input, read_canaries
+from engine.config import MAX_BATCH
 from engine.errors import Overloaded
 from probes import burst
 
 if TYPE_CHECKING:
-    from engine.protocol import Engine
+    from engine.protocol import CompileSnapshot, Engine
 
 ARMS = ("on", "off")
 # A refused synthetic request sent again at once would spin beside the real requests (the
 # GIL, the core): a probe cycle moves on to its next prompt, a burst to its next arrival.
 REFUSED_PAUSE_S = 0.01
-# The synthetic thread starts this long before the first arrival, so it holds the slot.
+# The synthetic threads start this long before the first arrival, so they hold the rows.
 LEAD_S = 0.1
 # An untimed round of each engine first: the on arm's first preemptions use the extra row
-# (its first use), the off arm's first real requests the queue.
+# (its first use), the off arm's first real requests the queue; batched, real rows join
+# full batches of synthetic ones.
 WARM_ROUND_S = 2.0
 
 
@@ -126,26 +145,29 @@ def real_texts(buckets: Sequence[int], count: int, seed: int) -> list[str]:
 
 
 def run_round(engine: Engine, arm: str, canaries: Sequence[str], schedule: Sequence[float],
-              texts: Sequence[str], new_tokens: int) -> Round:
-    """Run one round: synthetic requests back to back while real request i is sent with
+              texts: Sequence[str], new_tokens: int, senders: int = 1) -> Round:
+    """Run one round: `senders` threads each sending synthetic requests back to back (one
+    per batch row: together they can hold every row) while real request i is sent with
     texts[i] at offset schedule[i]; return what they measured."""
     out = Round(arm)
     lock = threading.Lock()
     stop = threading.Event()
     before = engine.admission_stats().preemptions
 
-    def synthetic() -> None:
-        i = 0
+    def synthetic(k: int) -> None:
+        i = k * len(canaries) // senders  # each sender starts elsewhere in the cycle
         while not stop.is_set():
             try:
                 r = engine.generate(canaries[i % len(canaries)], max_new_tokens=new_tokens,
                                     canary=True)
             except Overloaded:
-                out.synthetic_refused += 1
+                with lock:
+                    out.synthetic_refused += 1
                 stop.wait(REFUSED_PAUSE_S)
             else:
-                out.synthetic_done += 1
-                out.preempted_s += r.preempted_s
+                with lock:
+                    out.synthetic_done += 1
+                    out.preempted_s += r.preempted_s
             i += 1
 
     def send(i: int, due: float) -> None:
@@ -160,8 +182,10 @@ def run_round(engine: Engine, arm: str, canaries: Sequence[str], schedule: Seque
             out.latencies.append(latency)
             out.waits.append(r.queue_wait_s)
 
-    background = threading.Thread(target=synthetic, name="bench-synthetic")
-    background.start()
+    background = [threading.Thread(target=synthetic, args=(k,), name=f"bench-synthetic-{k}")
+                  for k in range(senders)]
+    for thread in background:
+        thread.start()
     start = time.perf_counter() + LEAD_S
     threads = []
     for i, offset in enumerate(schedule):
@@ -175,7 +199,8 @@ def run_round(engine: Engine, arm: str, canaries: Sequence[str], schedule: Seque
     for thread in threads:
         thread.join()
     stop.set()
-    background.join()
+    for thread in background:
+        thread.join()
     out.preemptions = engine.admission_stats().preemptions - before
     return out
 
@@ -204,21 +229,34 @@ def ratio(on: float, off: float) -> float:
     return on / off if off > 0 and not math.isnan(on) else math.nan
 
 
-def report(summaries: dict[str, Summary]) -> list[str]:
-    """Return the per-arm table's lines and the last line."""
-    lines = [f"{'arm':>4} {'real':>5} {'failed':>6} {'p50_ms':>8} {'p99_ms':>8} "
+def report(summaries: dict[str, Summary], max_batch: int = 1) -> list[str]:
+    """Return the per-arm table's lines and the last line (batched, max_batch > 1: a
+    max_batch column after the arm, and ` at max_batch N` at the end)."""
+    batched = max_batch > 1
+    column = f" {'max_batch':>9}" if batched else ""
+    lines = [f"{'arm':>4}{column} {'real':>5} {'failed':>6} {'p50_ms':>8} {'p99_ms':>8} "
              f"{'max_ms':>8} {'wait_p99_ms':>11} {'wait_max_ms':>11} {'synth_done':>10} "
              f"{'synth_refused':>13} {'preempted_s':>11} {'preemptions':>11}"]
+    value = f" {max_batch:>9}" if batched else ""
     for s in summaries.values():
-        lines.append(f"{s.arm:>4} {s.real:>5} {s.real_failed:>6} {s.p50_s * 1e3:>8.1f} "
+        lines.append(f"{s.arm:>4}{value} {s.real:>5} {s.real_failed:>6} "
+                     f"{s.p50_s * 1e3:>8.1f} "
                      f"{s.p99_s * 1e3:>8.1f} {s.max_s * 1e3:>8.1f} "
                      f"{s.wait_p99_s * 1e3:>11.1f} {s.wait_max_s * 1e3:>11.1f} "
                      f"{s.synthetic_done:>10} {s.synthetic_refused:>13} "
                      f"{s.preempted_s:>11.2f} {s.preemptions:>11}")
     on, off = summaries["on"], summaries["off"]
     lines.append(f"preemption: real p99 {ratio(on.p99_s, off.p99_s):.2f}x, max wait "
-                 f"{ratio(on.wait_max_s, off.wait_max_s):.2f}x (on / off)")
+                 f"{ratio(on.wait_max_s, off.wait_max_s):.2f}x (on / off)"
+                 + (f" at max_batch {max_batch}" if batched else ""))
     return lines
+
+
+def compiles(after: CompileSnapshot, before: CompileSnapshot) -> int:
+    """Return the graphs compiled, recompiles and CUDA graphs recorded between two of the
+    engine's compile snapshots (0: the round ran warm)."""
+    return (after.graphs - before.graphs + after.recompiles - before.recompiles
+            + after.cudagraph_recordings - before.cudagraph_recordings)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -226,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=3.0, help="real requests per second")
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds a round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds in all (ABBA order)")
+    parser.add_argument("--max-batch", type=int, default=1,
+                        help="engine.max_batch of both engines (> 1: batched, as many "
+                             "synthetic senders)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-dir", default=None)
@@ -241,15 +282,20 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--rate and --seconds: must be > 0")
     if args.rounds < 2 or args.new_tokens < 1:
         parser.error("--rounds: must be >= 2 (both arms); --new-tokens: >= 1")
+    if not 1 <= args.max_batch <= MAX_BATCH:
+        parser.error(f"--max-batch: must be between 1 and {MAX_BATCH}")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
 
     from engine import load_engine
     from engine.config import EngineConfig
 
-    # flags_file "": the engines' own default flags, not a flags file's.
+    # flags_file "": the engines' own default flags, not a flags file's. Batched, no
+    # window: a step never waits for arrivals (the synthetic rows fill it anyway).
+    senders = args.max_batch
     configs = {arm: EngineConfig(model_dir=args.model_dir, max_new_tokens=args.new_tokens,
                                  compile_mode=args.compile_mode, cache_dir=args.cache_dir,
-                                 flags_file="", preempt_synthetic=arm == "on")
+                                 flags_file="", preempt_synthetic=arm == "on",
+                                 max_batch=args.max_batch, batch_window_max_s=0.0)
                for arm in ARMS}
     engines = {arm: load_engine(config) for arm, config in configs.items()}
     try:
@@ -264,18 +310,27 @@ def main(argv: list[str] | None = None) -> None:
             schedule = arrivals(max(args.rate, 3.0), min(args.seconds, WARM_ROUND_S),
                                 args.seed)
             run_round(engine, arm, canaries, schedule,
-                      real_texts(buckets, len(schedule), args.seed), args.new_tokens)
+                      real_texts(buckets, len(schedule), args.seed), args.new_tokens,
+                      senders)
         order = arm_order(args.rounds)
+        shape = f"{senders} senders " if senders > 1 else ""
         print(f"model {args.model_dir or 'built-in'}, compile {args.compile_mode}, "
-              f"max_batch 1, new tokens {args.new_tokens}; real {args.rate:g}/s open loop, "
-              f"synthetic back to back over {len(canaries)} canaries; {args.rounds} rounds "
-              f"of {args.seconds:g} s: {' '.join(order)}")
+              f"max_batch {args.max_batch}, new tokens {args.new_tokens}; real "
+              f"{args.rate:g}/s open loop, synthetic {shape}back to back over "
+              f"{len(canaries)} canaries; {args.rounds} rounds of {args.seconds:g} s: "
+              f"{' '.join(order)}")
         rounds = []
         for i, arm in enumerate(order):
             seed = args.seed + 1 + i // 2  # a pair's two rounds: the same arrivals
             schedule = arrivals(args.rate, args.seconds, seed)
             texts = real_texts(buckets, len(schedule), seed)
-            r = run_round(engines[arm], arm, canaries, schedule, texts, args.new_tokens)
+            before = engines[arm].compile_snapshot()
+            r = run_round(engines[arm], arm, canaries, schedule, texts, args.new_tokens,
+                          senders)
+            compiled = compiles(engines[arm].compile_snapshot(), before)
+            if compiled:
+                print(f"round {i + 1} {arm}: {compiled} compile(s) or CUDA graph recording(s) "
+                      "in the timed round: its latencies include them", file=sys.stderr)
             rounds.append(r)
             s = summarize(arm, [r])
             print(f"round {i + 1} {arm:>3}: real {s.real} (failed {s.real_failed}), p99 "
@@ -285,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for engine in engines.values():
             engine.close()
-    for line in report({arm: summarize(arm, rounds) for arm in ARMS}):
+    for line in report({arm: summarize(arm, rounds) for arm in ARMS}, args.max_batch):
         print(line)
 
 
