@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import BoundaryError, Cancelled, DoesNotFit, InputTooLong, RequestTimeout
 from engine.protocol import CancelSignal, FlagOverride
 from engine.runtime import Runtime
+from engine.scheduler import Job
 from engine.scheduler_recorder import StepRecorder
 from monitor.loopback import wait_for
 from tests.engine.batching import (
@@ -620,11 +621,27 @@ class _InterruptOnce(threading.Event):
         return super().wait(timeout)
 
 
+class _UntilCancelled(StepRecorder):
+    """A recorder that holds the loop after each step of `job` until it is cancelled, so the
+    row cannot finish between its caller's interruption and the cancel (a loaded host)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job: Job | None = None
+
+    def stepped(self, phase, seconds, jobs) -> None:
+        super().stepped(phase, seconds, jobs)
+        if self.job in jobs and not self.job.cancelled.wait(timeout=60):
+            raise AssertionError("the interrupted caller never cancelled its row")
+
+
 def test_an_interrupted_wait_returns_only_once_its_row_has_left(tmp_path, tiny_dirs, alone):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
     texts = random_texts(3, seed=43, overflow=False)
     try:
         keep, drop = make_job(rt, texts[0], 0, max_new=40), make_job(rt, texts[1], 1, max_new=40)
+        hold = rt._scheduler.recorder = _UntilCancelled()
+        hold.job = drop
         drop.done = _InterruptOnce(drop.first_token)
         submit_together(rt, [keep, drop])
         with pytest.raises(_Interrupted):
