@@ -62,6 +62,7 @@ from alerts.rules import Rule
 from alerts.webhooks import WebhookTarget
 from bench.replay import T0, Replay, minute
 from probes.cycle import CANARIES_PER_BUCKET
+from probes.settings import ProbeSettings
 from storage import migrate
 from storage.models import (
     Alert,
@@ -469,7 +470,8 @@ def service(args: argparse.Namespace, noise: BlockNoise) -> None:
         work = Path(tmp)
         template = work / "template.db"
         migrate.upgrade(f"sqlite:///{template}")
-        outcomes = run_service(template, work, noise.stream, args.seed, args.quick)
+        outcomes = run_service(template, work, noise.stream, args.seed, args.quick,
+                               ab_on_slowdown=args.ab_on_slowdown)
     print(summary(outcomes))
 
 
@@ -491,6 +493,9 @@ def main() -> None:
                         help="whole-service scenarios: every shipped rule, pages per incident")
     parser.add_argument("--scaled", action="store_true",
                         help="with --service: noise scaled to a 10%% robust CV")
+    parser.add_argument("--ab-on-slowdown", type=float, default=ProbeSettings().ab_on_slowdown,
+                        metavar="SHARE", help="with --service: probes.ab_on_slowdown, the "
+                        "A/B arms on demand after a slow cycle (default: shipped; 0: drawn only)")
     args = parser.parse_args()
     if args.canaries < 1:
         parser.error(f"--canaries: must be >= 1, got {args.canaries}")

@@ -7,7 +7,10 @@ writers, in the engine's buckets 16/32/64/128/256:
 
 - one canary cycle per instance (`probes.reference.add_checked_cycle`, which stores it
   through `probes.sink.add_cycle`): 4 canaries per bucket, the A/B arms `eager` and
-  `direct` in a quarter of the cycles (as `probes.ab_share` does); the speculative arms'
+  `direct` where the production schedule says (`probes.ab_schedule.AbSchedule`, one per
+  instance as in each serving process: drawn in a quarter of the cycles, `probes.ab_share`,
+  and on demand in the cycle after one whose optimized canaries came out slow,
+  `probes.ab_on_slowdown`, fed the simulated cycles' optimized medians); the speculative arms'
   draft and accepted tokens (acceptance per bucket, 0.74-0.82, nearly constant: the same
   prompts every cycle); the cycle's compile delta (nothing compiles in a quiet cycle);
   memory before and after (RSS about 800 MiB, a few MiB of noise, no trend); every
@@ -66,10 +69,12 @@ from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget
 from bench.replay import Replay
 from engine.protocol import CompileDelta, MemorySnapshot
+from probes.ab_schedule import AB_DRAWN, AB_SLOWDOWN, AbSchedule, optimized_medians
 from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from probes.quality import Compared, compare, prompt_key, summarize
 from probes.reference import add_checked_cycle
+from probes.settings import ProbeSettings
 from probes.sink import add_compile
 from probes.stats import Distribution
 from storage.models import Alert, Incident, IncidentMember, WebhookDelivery
@@ -99,7 +104,8 @@ KV_STATIC_BYTES = 24 * 2**20
 RECOMPILE_PER_MIN = 1 / 720
 ARMS = {"optimized": ("compiled", "speculative"), "eager": ("eager", "speculative"),
         "direct": ("compiled", "direct")}
-AB_SHARE = 0.25
+AB_SHARE = ProbeSettings().ab_share
+AB_ON_SLOWDOWN = ProbeSettings().ab_on_slowdown
 CANARIES = 4  # per bucket and arm (probes.canaries_per_bucket)
 TRAFFIC_PER_MIN = 60
 AUX_SEED = 7919
@@ -152,6 +158,8 @@ class ServiceOutcome:
     sensitivity: dict[str, int] = field(default_factory=dict)
     # The paged incidents' members at the end: rule -> alerts.
     members: dict[str, int] = field(default_factory=dict)
+    # The evaluated minutes' cycles by why their arms ran ("drawn", "slowdown", "": none).
+    ab: dict[str, int] = field(default_factory=dict)
 
     @property
     def cause_right(self) -> bool:
@@ -187,10 +195,15 @@ class ServiceSim(Replay):
 
     def __init__(self, template: Path, workdir: Path, name: str,
                  noise: Callable[[random.Random], Iterator[list[float]]], seed: int,
-                 warmed_at: int | None = None) -> None:
+                 warmed_at: int | None = None,
+                 ab_on_slowdown: float | None = AB_ON_SLOWDOWN) -> None:
         super().__init__(template, workdir, name, load_rules(), load_policy(), TARGET,
                          warmed_at=warmed_at)
         self.rng = random.Random(seed)
+        # Each instance's serving process decides its own A/B cycles (probes.ab_schedule).
+        self.ab_on_slowdown = ab_on_slowdown
+        self.schedules: dict[str, AbSchedule] = {}
+        self.ab: dict[str, int] = {}  # cycles by why their arms ran ("": none)
         # The non-latency kinds draw apart: changing them leaves the latency draws alone.
         self.aux = random.Random(seed + AUX_SEED)
         self.streams: dict[tuple[str, str, str], Iterator[list[float]]] = {}
@@ -207,9 +220,13 @@ class ServiceSim(Replay):
     def write(self, s: Session, world: World) -> None:
         """Write one minute: a canary cycle per instance and a minute of real traffic."""
         at = minute(self.i)
-        ab = self.rng.random() < AB_SHARE
         for inst, version in world.instances.items():
-            self._cycle(s, world, inst, version, at, ab)
+            schedule = self.schedules.setdefault(inst, AbSchedule(
+                share=AB_SHARE, on_slowdown=self.ab_on_slowdown))
+            reason = schedule.due(self.rng)
+            self.ab[reason or ""] = self.ab.get(reason or "", 0) + 1
+            groups = self._cycle(s, world, inst, version, at, reason)
+            schedule.observe(optimized_medians(groups), ab=reason is not None)
             add_rollups(s, [(RollupKey(at, inst, bucket, "compiled", "speculative"),
                              self._traffic(world, inst, bucket))
                             for bucket in BUCKETS])
@@ -219,8 +236,10 @@ class ServiceSim(Replay):
                 add_compile(s, _recompile(), at + timedelta(seconds=40), inst)
 
     def _cycle(self, s: Session, world: World, inst: str, version: str, at: datetime,
-               ab: bool) -> None:
-        """Add one instance's canary cycle, its output agreements, memory and compiles."""
+               reason: str | None) -> list[GroupResult]:
+        """Add one instance's canary cycle, its output agreements, memory and compiles;
+        return its groups. `reason`: why its arms run (None: they do not)."""
+        ab = reason is not None
         groups: list[GroupResult] = []
         pairs: list[PromptPair] = []
         for bucket, base in BUCKETS.items():
@@ -236,10 +255,12 @@ class ServiceSim(Replay):
         started, finished = at + timedelta(seconds=2), at + timedelta(seconds=20)
         add_checked_cycle(s, CycleResult(
             suite="in_domain", instance_id=inst, started_at=started, finished_at=finished,
-            status="ok", ab=ab, groups=tuple(groups), pairs=tuple(pairs),
+            status="ok", ab=ab, ab_reason=reason or "", groups=tuple(groups),
+            pairs=tuple(pairs),
             memory_before=self._memory(), memory_after=self._memory(),
             compile=CompileDelta.none(), ab_compile=CompileDelta.none() if ab else None,
             model_version=version, config_hash="c1"), _agreements(groups))
+        return groups
 
     def _memory(self) -> MemorySnapshot:
         """Return one quiet memory reading of the engine process (CPU: RSS)."""
@@ -265,6 +286,7 @@ class ServiceSim(Replay):
         if self.job_at is None:
             self.evaluate()  # the service's state at the end of its history
         first = self.i
+        self.ab = {}  # the evaluated minutes' only
         for count, world in worlds:
             self.step(lambda s, w=world: self.write(s, w), count)  # type: ignore[misc]
         return first
@@ -272,7 +294,7 @@ class ServiceSim(Replay):
     def outcome(self, name: str, window: tuple[int, int] | None, expected: str | None,
                 first: int) -> ServiceOutcome:
         """Read back the incidents' firing notifications."""
-        out = ServiceOutcome(name, window, expected)
+        out = ServiceOutcome(name, window, expected, ab=dict(self.ab))
         with self.sm() as s:
             rows = s.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id)).all()
         end = minute(window[1] if window is not None else self.i)
@@ -436,11 +458,11 @@ def scenarios(quick: bool) -> list[tuple[str, list[tuple[int, World]], int, str 
 
 def warmed(template: Path, workdir: Path, instances: Mapping[str, str],
            noise: Callable[[random.Random], Iterator[list[float]]], seed: int,
-           history: int = HISTORY) -> Path:
+           history: int = HISTORY, ab_on_slowdown: float | None = AB_ON_SLOWDOWN) -> Path:
     """Return a database holding `history` quiet minutes of `instances`, evaluated once at
     their end and the sensitivity job run (the scenarios of one layout start from a copy)."""
     name = "warm-" + "-".join(f"{i}{v}" for i, v in sorted(instances.items()))
-    sim = ServiceSim(template, workdir, name, noise, seed)
+    sim = ServiceSim(template, workdir, name, noise, seed, ab_on_slowdown=ab_on_slowdown)
     sim.run([(0, World(instances=instances))], history=history)
     sim.engine.dispose()
     return sim.path
@@ -448,16 +470,19 @@ def warmed(template: Path, workdir: Path, instances: Mapping[str, str],
 
 def run_service(template: Path, workdir: Path,
                 noise: Callable[[random.Random], Iterator[list[float]]], seed: int,
-                quick: bool) -> list[ServiceOutcome]:
-    """Replay every scenario; return their outcomes."""
+                quick: bool, ab_on_slowdown: float | None = AB_ON_SLOWDOWN
+                ) -> list[ServiceOutcome]:
+    """Replay every scenario; return their outcomes (A/B arms on demand after a slow
+    cycle as `probes.ab_on_slowdown` = `ab_on_slowdown`; 0 or None: drawn only)."""
     outcomes = []
     warm: dict[tuple[tuple[str, str], ...], Path] = {}
     for k, (name, worlds, start, expected) in enumerate(scenarios(quick)):
         layout = tuple(sorted(worlds[0][1].instances.items()))
         if layout not in warm:
-            warm[layout] = warmed(template, workdir, dict(layout), noise, seed - 1 - len(warm))
+            warm[layout] = warmed(template, workdir, dict(layout), noise,
+                                  seed - 1 - len(warm), ab_on_slowdown=ab_on_slowdown)
         sim = ServiceSim(warm[layout], workdir, f"service{k}", noise, seed + k,
-                         warmed_at=HISTORY)
+                         warmed_at=HISTORY, ab_on_slowdown=ab_on_slowdown)
         first = sim.run(worlds)
         window = None
         if start >= 0:
@@ -480,7 +505,23 @@ def run_service(template: Path, workdir: Path,
             print(f"{'':<44} false pages' members: " + "; ".join(o.false_members))
         print(f"{'':<44} sensitivity of its series: " + ", ".join(
             f"{n} {kind}" for kind, n in sorted(o.sensitivity.items())), flush=True)
+        print(f"{'':<44} A/B cycles: {o.ab.get(AB_DRAWN, 0)} drawn, "
+              f"{o.ab.get(AB_SLOWDOWN, 0)} on demand, of {sum(o.ab.values())}", flush=True)
     return outcomes
+
+
+def ab_line(outcomes: list[ServiceOutcome]) -> str:
+    """Return the share of cycles that ran the arms, drawn and on demand (all scenarios;
+    the quiet ones alone: what slow-cycle demand costs without an incident)."""
+    def shares(os: list[ServiceOutcome]) -> str:
+        total = sum(sum(o.ab.values()) for o in os)
+        drawn = sum(o.ab.get(AB_DRAWN, 0) for o in os)
+        demand = sum(o.ab.get(AB_SLOWDOWN, 0) for o in os)
+        return (f"{drawn / total:.0%} drawn, {demand / total:.0%} on demand of {total}"
+                if total else "none")
+    quiet = [o for o in outcomes if o.window is None]
+    return f"A/B cycles: {shares(outcomes)}" + (
+        f" (quiet scenario: {shares(quiet)})" if quiet else "")
 
 
 def summary(outcomes: list[ServiceOutcome]) -> str:
@@ -504,6 +545,7 @@ def summary(outcomes: list[ServiceOutcome]) -> str:
     return ((f"missed: {', '.join(missed)}\n" if missed else "")
             + (("false pages' members by rule: " + ", ".join(
                 f"{r} {n}" for r, n in sorted(by_rule.items())) + "\n") if by_rule else "")
+            + f"{ab_line(outcomes)}\n"
             + f"first page stated the right cause: {first} of {len(incidents)}\n"
             + (f"resolved notifications per incident: {min(counts)}-{max(counts)}, "
                f"after the cause ended: max "

@@ -52,6 +52,7 @@ from engine.protocol import (
     GenerateResult,
     MemorySnapshot,
 )
+from probes.ab_schedule import AB_REQUESTED, AbSchedule, optimized_medians
 from probes.canaries import CanarySuite, by_bucket, missing_buckets
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
 from vocab import RunStatus, Variant, utcnow
@@ -129,6 +130,8 @@ class CycleResult:
     pairs: one per prompt of an A/B cycle whose optimized call succeeded.
     jobs_during: the scheduler jobs running when the cycle started or started during it
         (empty without a JobActivity).
+    ab_reason: why the arms ran (probes.ab_schedule: "drawn", "slowdown" on demand after
+        a slow cycle, "requested" by the caller); "" when they did not.
     """
 
     suite: str
@@ -139,6 +142,7 @@ class CycleResult:
     error: str | None = None
     kind: str = KIND_CYCLE
     ab: bool = False
+    ab_reason: str = ""
     groups: tuple[GroupResult, ...] = ()
     rejected: int = 0
     missing_buckets: tuple[str, ...] = ()
@@ -190,6 +194,10 @@ class _Progress:
 class ProbeCycle:
     """Run canary cycles against one engine.
 
+    Which cycles run the A/B arms is the `schedule`'s call (probes.ab_schedule: drawn on
+    `ab_share` of the cycles, and on demand after a cycle whose optimized canaries rose
+    more than `ab_on_slowdown`); a schedule given replaces those two.
+
     Example:
         cycle = ProbeCycle(engine, load_suites(), instance_id="a", rng=random.Random(0))
         result = cycle.run("in_domain")
@@ -203,12 +211,14 @@ class ProbeCycle:
         instance_id: str,
         canaries_per_bucket: int = CANARIES_PER_BUCKET,
         ab_share: float = 0.25,
+        ab_on_slowdown: float | None = 0.15,
         ab_arms: Sequence[str] = tuple(ARMS),
         timeout_s: float = 120.0,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[Observer] = (),
         activity: JobActivity | None = None,
+        schedule: AbSchedule | None = None,
     ) -> None:
         if not 0.0 <= ab_share <= 1.0:
             raise ValueError(f"ab_share: must be in [0, 1], got {ab_share}")
@@ -224,6 +234,7 @@ class ProbeCycle:
         self.instance_id = instance_id
         self.canaries_per_bucket = canaries_per_bucket
         self.ab_share = ab_share
+        self.schedule = schedule or AbSchedule(share=ab_share, on_slowdown=ab_on_slowdown)
         self.ab_arms = tuple(ab_arms)
         self.timeout_s = timeout_s
         self.rng = rng or random.Random()
@@ -236,16 +247,29 @@ class ProbeCycle:
         self._latest: dict[str, GenerateResult] = {}
 
     def run(self, suite: str, *, ab: bool | None = None) -> CycleResult:
-        """Run one cycle of `suite`; never raises for engine failures (see status)."""
+        """Run one cycle of `suite`; never raises for engine failures (see status).
+
+        ab: run the arms (True) or not (False) whatever the schedule says; None: as it says.
+        """
         if suite not in self.suites:
             raise ValueError(f"suite: unknown suite {suite!r}; known: {sorted(self.suites)}")
-        started = self.clock()
         # Draw even when forced so the A/B schedule does not depend on forced runs.
-        draw = self.rng.random() < self.ab_share
-        ab = draw if ab is None else ab
+        reason = self.schedule.due(self.rng)
+        if ab is not None:
+            reason = AB_REQUESTED if ab else None
+        result = self._run(suite, reason)
+        # Only a cycle whose arms actually ran pays off what a slow cycle owed.
+        self.schedule.observe(optimized_medians(result.groups),
+                              ab=result.ab and bool(result.groups))
+        return result
+
+    def _run(self, suite: str, reason: str | None) -> CycleResult:
+        started = self.clock()
+        ab = reason is not None
         info = self.engine.info
         base: dict[str, Any] = {"suite": suite, "instance_id": self.instance_id, "started_at": started,
-                "ab": ab, "model_version": info.model_version, "config_hash": info.config_hash}
+                "ab": ab, "ab_reason": reason or "", "model_version": info.model_version,
+                "config_hash": info.config_hash}
         if self._stuck is not None and self._stuck.is_alive():
             return CycleResult(**base, finished_at=self.clock(), status=STATUS_TIMEOUT,
                                error="previous probe cycle is still waiting on a hung engine call")

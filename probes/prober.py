@@ -57,6 +57,7 @@ class Prober:
         suite: str = "in_domain",
         canaries_per_bucket: int = CANARIES_PER_BUCKET,
         ab_share: float = 0.25,
+        ab_on_slowdown: float | None = 0.15,
         ab_arms: Sequence[str] = tuple(ARMS),
         cycle_timeout_s: float = 120.0,
         burst_rate_per_s: float = 200.0,
@@ -85,8 +86,9 @@ class Prober:
         self.activity = activity  # which scheduler jobs ran beside a cycle or burst
         self.cycle = ProbeCycle(
             engine, suites, instance_id=instance_id, canaries_per_bucket=canaries_per_bucket,
-            ab_share=ab_share, ab_arms=ab_arms, timeout_s=cycle_timeout_s, rng=self.rng,
-            clock=clock, observers=observers, activity=activity)
+            ab_share=ab_share, ab_on_slowdown=ab_on_slowdown, ab_arms=ab_arms,
+            timeout_s=cycle_timeout_s, rng=self.rng, clock=clock, observers=observers,
+            activity=activity)
         self.burst_rate_per_s = burst_rate_per_s
         self.burst_duration_s = burst_duration_s
         self.burst_concurrency = burst_concurrency
@@ -200,7 +202,7 @@ def prober_from_settings(settings: ProbeSettings, engine: Engine, writer: Writer
     return Prober(
         engine, writer, suites or load_suites(p.suites_file), instance_id=instance_id,
         suite=p.suite, canaries_per_bucket=p.canaries_per_bucket, ab_share=p.ab_share,
-        ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
+        ab_on_slowdown=p.ab_on_slowdown, ab_arms=p.ab_arms, cycle_timeout_s=p.cycle_timeout_s,
         burst_rate_per_s=p.burst_rate_per_s, burst_duration_s=p.burst_duration_s,
         burst_concurrency=p.burst_concurrency, burst_unbatched=p.burst_unbatched, rng=rng, clock=clock, observers=observers,
         checker=checker, activity=activity)

@@ -14,6 +14,10 @@ class ProbeSettings(BaseModel):
     suite: str = "in_domain"
     canaries_per_bucket: int = Field(CANARIES_PER_BUCKET, ge=1)
     ab_share: float = Field(0.25, ge=0.0, le=1.0)
+    # A cycle whose optimized canaries rose more than this over their trailing median
+    # (median over buckets; one bucket: 3x this) runs the arms in the next cycle too, so
+    # an incident's first page can state its cause (probes.ab_schedule); 0 or null: off.
+    ab_on_slowdown: float | None = Field(0.15, ge=0.0)
     cycle_timeout_s: float = 120.0
     # The burst must exercise admission control: client threads (burst_concurrency) above
     # engine max_concurrency + max_queue (1 + 16 by default), offered faster than the engine

@@ -111,6 +111,8 @@ def _cycle_details(c: CycleResult) -> dict[str, Any]:
         "jobs_during": list(c.jobs_during)}
     if c.ab:
         details["pairs"] = [pair_dict(p) for p in c.pairs]
+        # Why they ran (probes.ab_schedule): drawn, on demand after a slow cycle, requested.
+        details["ab_reason"] = c.ab_reason
     return details
 
 

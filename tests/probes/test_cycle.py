@@ -13,6 +13,13 @@ from tests.probes.fakes import FakeEngine
 BUCKETS = ("16", "32", "64", "128", "256")
 
 
+class Never(random.Random):
+    """An rng whose A/B draws never fall within the share (the order draws still work)."""
+
+    def random(self) -> float:
+        return 0.999
+
+
 def make_cycle(engine: FakeEngine, suites: dict, **kw: object) -> ProbeCycle:
     kw.setdefault("rng", random.Random(0))
     return ProbeCycle(engine, suites, instance_id="replica-a", canaries_per_bucket=2, **kw)
@@ -250,3 +257,33 @@ def test_jobs_during_a_cycle_come_from_the_activity_seam(engine: FakeEngine,
 
     result = make_cycle(engine, suites, activity=broken).run("in_domain")
     assert result.status == STATUS_OK and result.jobs_during == ()
+
+
+def test_a_cycle_after_a_slow_one_runs_the_arms_whatever_the_draw(engine: FakeEngine,
+                                                                 suites: dict) -> None:
+    cycle = make_cycle(engine, suites, ab_share=0.25, ab_arms=("eager", "direct"),
+                       rng=Never())
+    assert [cycle.run("in_domain").ab for _ in range(6)] == [False] * 6
+    engine.timings.per_output_token_s *= 1.5  # the host slows: every arm alike
+    slow = cycle.run("in_domain")
+    assert not slow.ab and slow.ab_reason == ""  # seen once it ran
+    after = cycle.run("in_domain")
+    assert after.ab and after.ab_reason == "slowdown"
+    assert {g.variant for g in after.groups} == {"optimized", "eager", "direct"}
+    assert len(after.pairs) == 2 * len(BUCKETS)
+
+
+def test_no_arms_on_demand_when_the_setting_is_off(engine: FakeEngine, suites: dict) -> None:
+    cycle = make_cycle(engine, suites, ab_share=0.25, ab_on_slowdown=0.0, rng=Never())
+    for _ in range(6):
+        cycle.run("in_domain")
+    engine.timings.per_output_token_s *= 1.5
+    assert [cycle.run("in_domain").ab for _ in range(3)] == [False] * 3
+
+
+def test_a_requested_cycle_says_so(engine: FakeEngine, suites: dict) -> None:
+    cycle = make_cycle(engine, suites, ab_share=1.0)
+    assert cycle.run("in_domain").ab_reason == "drawn"
+    assert cycle.run("in_domain", ab=True).ab_reason == "requested"
+    forced_off = cycle.run("in_domain", ab=False)
+    assert not forced_off.ab and forced_off.ab_reason == ""

@@ -146,3 +146,28 @@ def test_settings_prober_records_the_jobs_beside_each_burst(
         runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
     assert [(r.kind, r.details["jobs_during"]) for r in runs] == [
         ("burst", ["evaluate", "retention"]), ("burst", [])]
+
+
+def test_settings_prober_runs_the_arms_after_a_slow_cycle(
+        sessionmaker: sessionmaker[Session], writer: Writer, engine: FakeEngine,
+        suites: dict) -> None:
+    from probes.prober import prober_from_settings
+    from probes.settings import ProbeSettings
+
+    class Never(random.Random):  # no cycle drawn: only the slowdown brings the arms
+        def random(self) -> float:
+            return 0.999
+
+    settings = ProbeSettings()  # the shipped ab_share and ab_on_slowdown
+    prober = prober_from_settings(settings, engine, writer, instance_id="a", suites=suites,
+                                  rng=Never())
+    for _ in range(6):
+        prober.run_cycle()
+    engine.timings.per_output_token_s *= 1.5  # latency steps up
+    prober.run_cycle()
+    prober.run_cycle()
+    assert writer.flush(timeout=30)
+    with sessionmaker() as s:
+        runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
+    assert [r.details["ab"] for r in runs] == [False] * 7 + [True]
+    assert runs[-1].details["ab_reason"] == "slowdown" and runs[-1].details["pairs"]
