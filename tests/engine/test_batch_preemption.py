@@ -46,6 +46,11 @@ class Gate(StepRecorder):
         self.full_at = -1  # the loop's step count after the full step
         self.steps: list[tuple[Job, ...]] = []
 
+    def release(self) -> None:
+        """Let the loop go on past every hold (a test's teardown, passed or failed)."""
+        for event in (self.admitted, self.go, self.go_on):
+            event.set()
+
     def joined(self, job: Recorded, encode_s: float) -> None:
         super().joined(job, encode_s)
         assert self.admitted.wait(30)
@@ -159,8 +164,7 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
         after = rt.compile_snapshot()
         assert (after.graphs, after.recompiles) == (compiled.graphs, compiled.recompiles)
     finally:
-        gate.admitted.set()
-        gate.go.set()
+        gate.release()
         rt.close()
 
 
@@ -200,9 +204,7 @@ def test_a_paused_synthetic_row_that_is_cancelled_leaves_and_changes_no_one_else
                            override=FlagOverride(speculative=False)).output_ids \
             == alone(REAL, REAL_MAX)
     finally:
-        gate.admitted.set()
-        gate.go.set()
-        gate.go_on.set()
+        gate.release()
         rt.close()
 
 
@@ -237,8 +239,7 @@ def test_a_real_request_does_not_wait_for_a_synthetic_one_that_runs_alone(
         stats = rt.admission_stats()
         assert stats.preemptions == before + 1 and stats.paused == 0
     finally:
-        gate.admitted.set()
-        gate.go.set()
+        gate.release()
         rt.close()
 
 
@@ -267,8 +268,7 @@ def test_with_preemption_off_a_batched_real_request_waits_for_a_synthetic_row(
         assert handed[2].row in (0, 1) and real_result.batch_join_step > gate.full_at
         assert rt.admission_stats().preemptions == before
     finally:
-        gate.admitted.set()
-        gate.go.set()
+        gate.release()
         rt.close()
 
 
