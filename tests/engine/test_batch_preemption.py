@@ -6,8 +6,9 @@ rows, and every request's tokens are what it decodes alone at batch 1."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, cast
 
 import pytest
@@ -69,6 +70,19 @@ class Gate(StepRecorder):
             assert self.go_on.wait(30)
 
 
+@contextmanager
+def _gated(rt: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
+           ) -> Iterator[tuple[Gate, list[Job]]]:
+    """Hold `rt`'s loop at `gate` and note the jobs handed to it; release and close after."""
+    try:
+        handed = _handed(rt, monkeypatch)
+        rt._scheduler.recorder = gate
+        yield gate, handed
+    finally:
+        gate.release()
+        rt.close()
+
+
 def _handed(rt: Any, monkeypatch: pytest.MonkeyPatch) -> list[Job]:
     """Return the list of jobs handed to the loop from now on, in order."""
     sched = rt._scheduler
@@ -116,8 +130,7 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
-    gate = Gate(rows=2)
-    try:
+    with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
         for text in SYNTHETIC:
             assert len(alone(text, CAP)) == CAP  # they run far past the real one
         if not native_step:
@@ -126,8 +139,6 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
             assert buffers.fixed and buffers.rows == 3 and buffers.sizes == (2,)
         compiled = rt.compile_snapshot()
         before = rt.admission_stats().preemptions
-        handed = _handed(rt, monkeypatch)
-        rt._scheduler.recorder = gate
         with ThreadPoolExecutor(3) as pool:
             synthetic = _fill(rt, pool, gate, handed,
                               FlagOverride(speculative=speculative), SYNTHETIC)
@@ -163,18 +174,12 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
         assert rt._admission.running == 0 and not rt._admission.preempting
         after = rt.compile_snapshot()
         assert (after.graphs, after.recompiles) == (compiled.graphs, compiled.recompiles)
-    finally:
-        gate.release()
-        rt.close()
 
 
 def test_a_paused_synthetic_row_that_is_cancelled_leaves_and_changes_no_one_else(
         tmp_path, tiny_dirs, alone, monkeypatch):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
-    gate = Gate(rows=2, hold_real=True)
-    try:
-        handed = _handed(rt, monkeypatch)
-        rt._scheduler.recorder = gate
+    with _gated(rt, Gate(rows=2, hold_real=True), monkeypatch) as (gate, handed):
         with ThreadPoolExecutor(3) as pool:
             synthetic = _fill(rt, pool, gate, handed, FlagOverride(speculative=False),
                               SYNTHETIC)
@@ -203,9 +208,6 @@ def test_a_paused_synthetic_row_that_is_cancelled_leaves_and_changes_no_one_else
         assert rt.generate(REAL, max_new_tokens=REAL_MAX, canary=True,
                            override=FlagOverride(speculative=False)).output_ids \
             == alone(REAL, REAL_MAX)
-    finally:
-        gate.release()
-        rt.close()
 
 
 def test_a_real_request_does_not_wait_for_a_synthetic_one_that_runs_alone(
@@ -213,11 +215,8 @@ def test_a_real_request_does_not_wait_for_a_synthetic_one_that_runs_alone(
     # The burst's unbatched arm: a synthetic request with no batch-mates. The real one gets
     # a free row from admission and joins at once; the synthetic one pauses meanwhile.
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
-    gate = Gate(rows=1)
-    try:
+    with _gated(rt, Gate(rows=1), monkeypatch) as (gate, handed):
         before = rt.admission_stats().preemptions
-        handed = _handed(rt, monkeypatch)
-        rt._scheduler.recorder = gate
         with ThreadPoolExecutor(2) as pool:
             (synthetic,) = _fill(rt, pool, gate, handed,
                                  FlagOverride(speculative=False, batching=False),
@@ -238,19 +237,13 @@ def test_a_real_request_does_not_wait_for_a_synthetic_one_that_runs_alone(
         # No extra row granted it: the loop counts this preemption.
         stats = rt.admission_stats()
         assert stats.preemptions == before + 1 and stats.paused == 0
-    finally:
-        gate.release()
-        rt.close()
 
 
 def test_with_preemption_off_a_batched_real_request_waits_for_a_synthetic_row(
         tmp_path, tiny_dirs, alone, monkeypatch):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, preempt_synthetic=False)
-    gate = Gate(rows=2)
-    try:
+    with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
         before = rt.admission_stats().preemptions
-        handed = _handed(rt, monkeypatch)
-        rt._scheduler.recorder = gate
         with ThreadPoolExecutor(3) as pool:
             synthetic = _fill(rt, pool, gate, handed, FlagOverride(speculative=False),
                               SYNTHETIC)
@@ -267,9 +260,6 @@ def test_with_preemption_off_a_batched_real_request_waits_for_a_synthetic_row(
             assert result.output_ids == alone(text, CAP) and result.preempted_s == 0.0
         assert handed[2].row in (0, 1) and real_result.batch_join_step > gate.full_at
         assert rt.admission_stats().preemptions == before
-    finally:
-        gate.release()
-        rt.close()
 
 
 class _Clock:
