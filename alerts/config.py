@@ -67,7 +67,8 @@ def load_config(settings: AlertSettings) -> AlertsConfig:
         incidents=IncidentConfig(
             window_s=settings.incidents.window_s, hold_s=settings.incidents.hold_s,
             group_interval_s=settings.incidents.group_interval_s,
-            update_formats=frozenset(settings.incidents.update_formats)),
+            update_formats=frozenset(settings.incidents.update_formats),
+            cause_wait_s=settings.incidents.cause_wait_s),
         sensitivity=sensitivity,
         sensitivity_history_s=settings.sensitivity_history_s,
         sensitivity_job_cpu_s=settings.sensitivity_job_cpu_s,

@@ -27,6 +27,13 @@ the severity in force when it is due. Resolved once. alertmanager_api targets ge
 members re-sent every `resend_s` while it is open (Alertmanager resolves pushed alerts
 not re-sent).
 
+A newly opened incident whose cause is unknown for lack of evidence (no A/B pair measured
+during it yet: `awaits_evidence`) holds its firing, like Alertmanager's group_wait, until
+the cause is measured or `cause_wait_s` has passed since it opened (a "held" event says
+so); then it fires once with what is known and its members as of then. A reopen fires at
+once. Held, it sends no update, resend or severity change (its receivers heard nothing);
+resolved while held, it sends the firing (its cause as measured) and then the resolved.
+
 The counter of incidents by cause counts each incident once (`counted_cause`): by the
 first cause stated other than unknown, or the one it resolved with. A cause restated
 later moves no count: a counter never goes down.
@@ -38,6 +45,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -78,6 +86,9 @@ class IncidentConfig:
     hold_s: float = 600.0
     group_interval_s: float = 300.0
     update_formats: frozenset[str] = frozenset({"alertmanager", "alertmanager_api"})
+    # A new incident with no A/B pair measured during it yet holds its firing this long
+    # for the cause (0: off; the `alerts.incidents.cause_wait_s` setting ships 120).
+    cause_wait_s: float = 0.0
     cause: CauseConfig = field(default_factory=CauseConfig)
 
 
@@ -298,6 +309,20 @@ class Incidents:
         members = self.members.get(inc.id, [])
         if not members or not self.life.targets:
             return
+        # A firing held for the cause: it goes out once the cause is measured or the wait
+        # is over, or before the resolved (receivers must hear of what resolved).
+        held = not fire and self._held(inc)
+        if (fire or held) and not resolve:
+            if self._waits(inc):
+                if fire:
+                    self._event(inc, "held", None, "held: waiting for the cause up to "
+                                                   f"{self.config.cause_wait_s:g} s")
+                return
+            fire = True
+        elif held and resolve:
+            self._send(inc, members, "firing", notification_key(
+                "incident", inc.id, "firing", inc.reopened), self.life.targets,
+                status="firing")
         # What receivers were last told: the members firing (a join or a leave changes it).
         ids = sorted(m.id for m in members if m.state == "firing")
         targets: Sequence[WebhookTarget] = ()
@@ -334,7 +359,12 @@ class Incidents:
             targets = [t for t in self.life.targets if t.format == "alertmanager_api"]
         if not targets:
             return
-        n = self._notification(inc, members, key, kind)
+        self._send(inc, members, kind, key, targets)
+
+    def _send(self, inc: Incident, members: Sequence[Alert], kind: str, key: str,
+              targets: Sequence[WebhookTarget], status: str | None = None) -> None:
+        ids = sorted(m.id for m in members if m.state == "firing")
+        n = self._notification(inc, members, key, kind, status)
         rows = enqueue(self.session, n, targets, external_url=self.life.external_url,
                        alert_id=members[0].id)
         self.notifications += len(rows)
@@ -347,6 +377,20 @@ class Incidents:
             if kind != "resolved":
                 inc.notified_severity = _now_severity(members) or inc.severity
         self._event(inc, "notified", None, key)
+
+    def _waits(self, inc: Incident) -> bool:
+        """Return whether the first firing of `inc` waits for its cause now."""
+        wait = self.config.cause_wait_s
+        return (wait > 0 and inc.reopened == 0 and inc.state == "open"
+                and awaits_evidence(inc.cause, inc.evidence)
+                and self.now - inc.started_at < timedelta(seconds=wait))
+
+    def _held(self, inc: Incident) -> bool:
+        """Return whether the first firing of `inc` was held and has not gone out yet."""
+        # Not read from cause_wait_s: one held before a restart that turned it off still
+        # goes out.
+        return (inc.reopened == 0 and inc.last_notified_at is None
+                and queries.event_count(self.session, inc.id, "held") > 0)
 
     def _severity_change(self, inc: Incident,
                          members: Sequence[Alert]) -> tuple[str, int] | None:
@@ -377,8 +421,8 @@ class Incidents:
         return last is None or self.now - last >= timedelta(seconds=interval_s)
 
     def _notification(self, inc: Incident, members: Sequence[Alert], key: str,
-                      kind: str) -> Notification:
-        status = "resolved" if inc.state == "resolved" else "firing"
+                      kind: str, status: str | None = None) -> Notification:
+        status = status or ("resolved" if inc.state == "resolved" else "firing")
         infos = tuple(alert_info(m) for m in members)
         # An escalation or de-escalation carries the severity now in force; the others the
         # incident's highest (a resolved one's, what it was).
@@ -397,6 +441,15 @@ class Incidents:
                     if kind == "deescalated" else ""))
         return Notification(key=key, title=title, text=inc.summary, at=self.now,
                             alert=replace(lead, status=status), incident=info)
+
+
+def awaits_evidence(cause: str, evidence: Mapping[str, Any] | None) -> bool:
+    """Return whether a cause is unknown for lack of evidence: no reference arm paired
+    during the incident yet (`alerts.cause.measure` states the pairs it compared under
+    "paired"; none also when it could not measure). A cause measured but inconclusive
+    (too few pairs for an interval, or one reaching "alike") has pairs: it does not wait.
+    """
+    return cause == "unknown" and not (evidence or {}).get("paired")
 
 
 def _rank(severity: str | None) -> int:

@@ -16,6 +16,16 @@ class IncidentSettings(BaseModel):
     # Formats that get updates while members join or leave (generic/slack: off).
     update_formats: list[str] = Field(default_factory=lambda: ["alertmanager",
                                                                "alertmanager_api"])
+    # A new incident with no A/B pair measured during it yet holds its first page this
+    # long for the probable cause (two evaluation cycles; 0: off, it pages at once).
+    cause_wait_s: float = 120.0
+
+    @field_validator("cause_wait_s")
+    @classmethod
+    def _cause_wait(cls, v: float) -> float:
+        if not v >= 0:
+            raise ValueError(f"alerts.incidents.cause_wait_s must be >= 0 (0: off), got {v:g}")
+        return v
 
     @field_validator("update_formats")
     @classmethod
