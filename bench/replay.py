@@ -93,6 +93,8 @@ class Replay:
                     policy=self.policy,
                     baseline_config=config,
                     stale_after_s=self.stale_after_s,
+                    # The shipped grouping and notification timings, as the service's.
+                    incidents=_alerts_config().incidents,
                 ),
                 minute(self.i) + timedelta(seconds=30),
             )
