@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from alerts.config import AlertsConfig
     from alerts.outbox import Deliverer
 
+log = logging.getLogger(__name__)
+
 
 def load_alerts(settings: Settings) -> AlertsConfig:
     """Return the alerts config whose targets carry this service's Prometheus labels."""
@@ -25,7 +28,20 @@ def load_alerts(settings: Settings) -> AlertsConfig:
     # Alerts carry service/job/instance as Prometheus labels the serving process's series
     # (the worker sends them too: they name the service, wherever evaluation ran).
     targets = with_labels(alerts.targets, source_labels(settings.api.host, settings.api.port))
-    return replace(alerts, targets=tuple(targets))
+    alerts = replace(alerts, targets=tuple(targets))
+    if alerts.incidents.cause_wait_s > 0 and not runs_arms(settings):
+        # No cycle ever runs an A/B arm: the cause the first page would wait for never
+        # comes, so it pages at once instead of two cycles late.
+        log.info("alerts.incidents.cause_wait_s: off (probes run no A/B arms)")
+        alerts = replace(alerts, incidents=replace(alerts.incidents, cause_wait_s=0.0))
+    return alerts
+
+
+def runs_arms(settings: Settings) -> bool:
+    """Return whether probe cycles run A/B arms: drawn, or on demand after a slow cycle,
+    which needs a share above 0 too (probes.ab_schedule)."""
+    p = settings.probes
+    return bool(p.ab_arms) and p.ab_share > 0
 
 
 def make_deliverer(sessions: sessionmaker[Session], alerts: AlertsConfig, seams: Seams,
