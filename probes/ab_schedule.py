@@ -8,17 +8,30 @@ own optimized canaries: a cycle that came out slow makes the next cycle run the 
 whatever the draw says.
 
 A cycle is slow when, against each series' trailing median (the last `history` cycle
-medians of its optimized canaries, per bucket, path and decoding), either the median of
-those ratios over its series rose by more than `on_slowdown` (host-wide), or one series
-rose by more than `bucket_factor` times that (one bucket: a single bucket's cycle median
-is noisier than the median over buckets). A slow cycle owes the arms to the `after`
-cycles that follow it; every slow cycle renews the debt, so the arms run while the
-slowdown persists (until the trailing medians have taken the new level in, about
-`history / 2` cycles) and `after` cycles more. The random draw stays the background
-schedule and is drawn every cycle, owed or not, so the drawn schedule does not depend on
-slowdowns. With a share of 0 no arm runs at all: the cause reads a reference arm's change
-against the drawn arms of the hour before, which would not exist. Nothing is read from the
-database: the decision is the process's own.
+medians of its optimized canaries, per bucket, path and decoding, in cycles of its own
+kind), either the median of those ratios over its series rose by more than
+`on_slowdown` (host-wide), or one series rose by more than `bucket_factor` times that
+(one bucket: a single bucket's cycle median is noisier than the median over buckets).
+A slow cycle owes the arms to the `after` cycles that follow it; every slow cycle renews
+the debt, so the arms run while the slowdown persists (until the trailing medians have
+taken the new level in, about `history / 2` cycles of that kind) and `after` cycles
+more. The random draw stays the background schedule and is drawn every cycle, owed or
+not, so the drawn schedule does not depend on slowdowns. With a share of 0 no arm runs
+at all: the cause reads a reference arm's change against the drawn arms of the hour
+before, which would not exist. Nothing is read from the database: the decision is the
+process's own.
+
+The trailing medians are kept apart per cycle kind, cycles that ran the arms and cycles
+that did not, and a cycle is judged against its own kind's only (`min_history` cycles of
+that kind at least). An A/B cycle runs each optimized canary back to back with its
+reference arms (probes.cycle), so its optimized medians can sit at another level than a
+plain cycle's (whatever the arms' calls leave behind lands on the optimized ones);
+judged against plain cycles, an A/B cycle could come out "slow" for having run the arms
+and owe them to the next cycle: the monitor measuring itself (and, where A/B cycles are
+the faster kind, a plain cycle judged against them likewise). The cost: an A/B history
+fills at the A/B rate, so for a process's first `min_history` A/B cycles (about
+`min_history / share` cycles) an A/B cycle judges nothing; a slowdown then still brings
+the arms, from the plain cycles in between.
 
 Example:
     schedule = AbSchedule(share=0.25, on_slowdown=0.15)
@@ -36,11 +49,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from probes.measure import VARIANT_DEFAULT, GroupResult
+from vocab import AbReason
 
 # Why a cycle ran its arms (CycleResult.ab_reason); "" when it ran none.
-AB_DRAWN = "drawn"  # the background draw (probes.ab_share)
-AB_SLOWDOWN = "slowdown"  # on demand: the previous cycle's optimized canaries were slow
-AB_REQUESTED = "requested"  # the caller asked for them (ProbeCycle.run(ab=True))
+AB_DRAWN = AbReason.DRAWN.value
+AB_SLOWDOWN = AbReason.SLOWDOWN.value
+AB_REQUESTED = AbReason.REQUESTED.value
 
 Series = tuple[str, str, str]  # (bucket, path, decoding) of the optimized canaries
 
@@ -59,7 +73,8 @@ class AbSchedule:
     share: the background share of cycles drawn (probes.ab_share).
     on_slowdown: the rise over the trailing median that makes a cycle slow
         (probes.ab_on_slowdown); 0 or None: arms on the draw only.
-    history: trailing cycle medians kept per series; min_history: fewer judge nothing.
+    history: trailing cycle medians kept per series and cycle kind (ran the arms or
+        not); min_history: fewer of a cycle's own kind judge nothing.
     bucket_factor: one series alone must rise this many times `on_slowdown`.
     after: cycles owed the arms after a slow one.
     """
@@ -71,7 +86,9 @@ class AbSchedule:
     bucket_factor: float = 3.0
     after: int = 1
     owed: int = 0  # cycles still owed the arms by the latest slow cycle
-    _medians: dict[Series, deque[float]] = field(default_factory=dict, repr=False)
+    # ran the arms (True) or not -> series -> that kind's trailing cycle medians
+    _medians: dict[bool, dict[Series, deque[float]]] = field(
+        default_factory=lambda: {True: {}, False: {}}, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.share <= 1.0:
@@ -99,23 +116,29 @@ class AbSchedule:
 
     def observe(self, medians: Mapping[Series, float], *, ab: bool) -> bool:
         """Take in a finished cycle: its optimized medians (`optimized_medians`) and
-        whether it ran the arms; return whether it was slow (arms owed to the next)."""
+        whether it ran the arms; return whether it was slow (arms owed to the next).
+
+        It is judged against, then taken into, the history of its own kind (`ab`) only.
+        """
         if ab and self.owed > 0:
             self.owed -= 1
-        slow = self.enabled and self.slow(medians)
+        slow = self.enabled and self.slow(medians, ab=ab)
+        kind = self._medians[ab]
         for series, value in medians.items():
-            self._medians.setdefault(series, deque(maxlen=self.history)).append(value)
+            kind.setdefault(series, deque(maxlen=self.history)).append(value)
         if slow:
             self.owed = self.after
         return slow
 
-    def slow(self, medians: Mapping[Series, float]) -> bool:
-        """Return whether `medians` rose over the trailing medians (not yet taken in)."""
+    def slow(self, medians: Mapping[Series, float], *, ab: bool) -> bool:
+        """Return whether `medians` of a cycle that ran the arms (`ab`) or not rose over
+        the trailing medians of cycles of that kind (not yet taken in)."""
         rise = self.on_slowdown
         if not self.enabled or not rise:
             return False
+        kind = self._medians[ab]
         ratios = [value / statistics.median(past) for series, value in medians.items()
-                  if len(past := self._medians.get(series, ())) >= self.min_history]
+                  if len(past := kind.get(series, ())) >= self.min_history]
         if not ratios:
             return False
         host = statistics.median(ratios) - 1.0 > rise

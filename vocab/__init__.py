@@ -48,6 +48,14 @@ class Variant(StrEnum):
     REFERENCE = "reference"  # eager, float32, direct, exact shape: what outputs must match
 
 
+class AbReason(StrEnum):
+    """Why a probe cycle ran its A/B arms (probes.ab_schedule; details["ab_reason"])."""
+
+    DRAWN = "drawn"  # the background draw (probes.ab_share)
+    SLOWDOWN = "slowdown"  # on demand: the previous cycle's optimized canaries were slow
+    REQUESTED = "requested"  # a caller asked for them (ProbeCycle.run(ab=True))
+
+
 class RunStatus(StrEnum):
     """How a probe run ended."""
 

@@ -99,6 +99,9 @@ def list_speedups(
     since: Annotated[UtcTime | None, Query(description="RFC 3339; default: a day ago")] = None,
     until: Annotated[UtcTime | None, Query(description="RFC 3339; default: now")] = None,
     instance_id: Annotated[Name64 | None, Query()] = None,
+    on_demand: Annotated[bool, Query(
+        description="also read the cycles that ran the arms on demand after a slow one "
+                    "(they crowd into slow periods; the weekly report leaves them out)")] = False,
 ) -> list[SpeedupOut]:
     """Return each optimization's measured speedup per bucket from A/B cycles in the window."""
     end = until or utcnow()
@@ -106,7 +109,7 @@ def list_speedups(
     if end <= start:
         raise ValueError(f"until: must be after since ({start.isoformat()})")
     with reading(sessions) as session:
-        rows = ab_speedups(session, start, end, instance_id=instance_id)
+        rows = ab_speedups(session, start, end, instance_id=instance_id, on_demand=on_demand)
     return [SpeedupOut(**asdict(s)) for s in rows]
 
 

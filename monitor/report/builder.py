@@ -53,7 +53,7 @@ def _review(opt: Optimization, data: WeekData, window: str) -> OptimizationRevie
         checks.append(CheckResult(a, verdict, buckets, window))
     name = OPTIMIZATION_OF_ARM.get(opt.ab_arm or "")
     rows = [SpeedupRow(opt.name, "/".join(s.arms), s.bucket, opt.expected_speedup, s.speedup,
-                       speedup_evidence(s), s.ci_low, s.ci_high, s.pairs)
+                       speedup_evidence(s, data), s.ci_low, s.ci_high, s.pairs)
             for s in data.ab if name is not None and s.optimization == name]
     whole = next((r for r in rows if r.bucket == ALL_BUCKETS), None)
     status = overall([c.status for c in checks])

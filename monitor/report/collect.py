@@ -25,6 +25,7 @@ from monitor.report.data import (
     FlagChange,
     LengthBin,
     MemoryPoint,
+    OnDemandPairs,
     RecompileHour,
     TrafficDay,
     WeekData,
@@ -44,7 +45,7 @@ from storage.queries import week as queries
 from storage.queries.baselines import baselines_in_force
 from storage.queries.batching import batch_loop, batch_usage
 from storage.queries.runs import current_cohort
-from storage.queries.speedups import PairRecord, load_pairs, speedups
+from storage.queries.speedups import PairRecord, load_pairs, scheduled, speedups
 
 P99_METRIC = "p99_latency"  # the Baseline metric the alert rules keep per bucket
 
@@ -217,13 +218,16 @@ def _recompiles(session: Session, start: datetime, end: datetime,
 
 
 def _ab(session: Session, start: datetime, end: datetime) -> dict[str, Any]:
-    """Return the week's measured speedups (storage.queries.speedups) and each day's."""
-    pairs = load_pairs(session, start, end)
+    """Return the week's measured speedups (storage.queries.speedups) and each day's, of
+    the drawn and requested A/B cycles; and what the cycles run on demand would add."""
+    pairs, on_demand = scheduled(load_pairs(session, start, end))
     by_day: dict[int, list[PairRecord]] = {}
     for p in pairs:
         by_day.setdefault(min(max((p.started_at - start).days, 0), 6), []).append(p)
     daily = tuple(DaySpeedup(d, s) for d, ps in sorted(by_day.items()) for s in speedups(ps))
-    return {"ab": tuple(speedups(pairs)), "ab_daily": daily}
+    left_out = OnDemandPairs(len({p.run_id for p in on_demand}), len(on_demand),
+                             tuple(speedups(on_demand)))
+    return {"ab": tuple(speedups(pairs)), "ab_daily": daily, "ab_on_demand": left_out}
 
 
 def _alerts(session: Session, start: datetime, end: datetime) -> tuple[AlertEntry, ...]:

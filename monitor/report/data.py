@@ -91,6 +91,27 @@ class RecompileHour:
 
 
 @dataclass(frozen=True)
+class OnDemandPairs:
+    """The week's A/B pairs its speedups leave out: cycles that ran the arms on demand.
+
+    The arms also run in the cycle after a slow one (details["ab_reason"] "slowdown",
+    probes.ab_schedule); those crowd into slow periods, so the week's speedups read the
+    drawn and requested cycles only (storage.queries.speedups.scheduled).
+    cycles / prompts: how many such cycles, and prompt pairs in them; speedups: their
+    pairs per bucket x optimization (read for the counts, `pairs`; not reported).
+    """
+
+    cycles: int = 0
+    prompts: int = 0
+    speedups: tuple[ArmSpeedup, ...] = ()
+
+    def pairs(self, optimization: str, bucket: str) -> int:
+        """Return the pairs left out for `optimization` in `bucket` (or ALL_BUCKETS)."""
+        return next((s.pairs for s in self.speedups
+                     if s.optimization == optimization and s.bucket == bucket), 0)
+
+
+@dataclass(frozen=True)
 class DaySpeedup:
     """The measured speedups (storage.queries.speedups) of the A/B cycles of one day."""
 
@@ -235,9 +256,10 @@ class WeekData:
     memory: tuple[MemoryPoint, ...] = ()
     recompiles: tuple[RecompileHour, ...] = ()
     # Measured speedups (storage.queries.speedups: paired per prompt) per bucket and over
-    # all buckets.
+    # all buckets, of the drawn and requested A/B cycles; the on-demand ones left out.
     ab: tuple[ArmSpeedup, ...] = ()
     ab_daily: tuple[DaySpeedup, ...] = ()
+    ab_on_demand: OnDemandPairs = field(default_factory=OnDemandPairs)
     alerts: tuple[AlertEntry, ...] = ()
     flag_changes: tuple[FlagChange, ...] = ()
     kv_budget_bytes: int | None = None
@@ -257,7 +279,8 @@ class WeekData:
     def has_data(self) -> bool:
         """Return whether any measurement fell into the week."""
         return bool(self.p99 or self.acceptance or self.traffic or self.lengths
-                    or self.memory or self.recompiles or self.ab)
+                    or self.memory or self.recompiles or self.ab
+                    or self.ab_on_demand.cycles)
 
     def bucket_labels(self) -> tuple[str, ...]:
         """Return the configured bucket labels, smallest first."""

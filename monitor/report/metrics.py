@@ -188,31 +188,39 @@ def speedup(data: WeekData, opt: Optimization) -> MetricReading:
     name = OPTIMIZATION_OF_ARM.get(opt.ab_arm or "")
     rows = [s for s in data.ab if s.optimization == name]
     if not rows:
+        left = data.ab_on_demand.pairs(name or "", ALL_BUCKETS)
         return MetricReading(Reading(None, f"nothing measured: no A/B pairs for arm "
-                                           f"{opt.ab_arm!r} this week"))
+                                           f"{opt.ab_arm!r} this week" + (
+            f" (only {left} pairs of cycles run on demand after a slow one, left out)"
+            if left else "")))
     daily: dict[tuple[str, int], float] = {
         (d.speedup.bucket, d.day): d.speedup.speedup for d in data.ab_daily
         if d.speedup.optimization == name}
 
     def reading(s: ArmSpeedup) -> Reading:
         days = tuple(daily.get((s.bucket, i)) for i in range(7))
-        return Reading(s.speedup, speedup_evidence(s), s.pairs, days)
+        return Reading(s.speedup, speedup_evidence(s, data), s.pairs, days)
 
     overall = next((reading(s) for s in rows if s.bucket == ALL_BUCKETS), NO_DATA)
     per_bucket = {s.bucket: reading(s) for s in rows if s.bucket != ALL_BUCKETS}
     return MetricReading(overall, per_bucket)
 
 
-def speedup_evidence(s: ArmSpeedup) -> str:
-    """Return how a measured speedup was measured, e.g. for a report cell."""
+def speedup_evidence(s: ArmSpeedup, data: WeekData | None = None) -> str:
+    """Return how a measured speedup was measured, e.g. for a report cell; with the
+    week's `data`, also the pairs of its bucket that on-demand cycles would have added."""
     ci = ("" if s.ci_low is None or s.ci_high is None
           else f", 95% CI {s.ci_low:.2f}-{s.ci_high:.2f}x")
     arms = "/".join(s.arms)
+    # The week's speedups leave out the cycles that ran the arms after a slow one.
+    left = 0 if data is None else data.ab_on_demand.pairs(s.optimization, s.bucket)
     # Without vs with the optimization, not arm vs optimized request: where a reverse arm
     # is pooled in, the optimized request ran without the optimization in its pairs.
     return (f"median of {s.pairs} per-prompt pairs in {s.runs} A/B cycles{ci}; without it "
             f"{s.off_p50_s * 1000:.1f} ms vs with it {s.on_p50_s * 1000:.1f} ms (medians; "
-            f"arms {arms})")
+            f"arms {arms})"
+            + (f"; {left} pairs of cycles run on demand after a slow one left out"
+               if left else ""))
 
 
 def speedup_vs_expected(data: WeekData, opt: Optimization) -> MetricReading:

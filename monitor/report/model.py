@@ -158,6 +158,9 @@ class WeeklyReport:
             "dead_letters": {r.target: r.count for r in self.data.dead_letters},
             "costly": [c.name for c in self.costly],
             "measured": self.measured,
+            # A/B cycles run on demand after a slow one: not in the speedups above.
+            "ab_on_demand_left_out": {"cycles": self.data.ab_on_demand.cycles,
+                                      "prompt_pairs": self.data.ab_on_demand.prompts},
             "recommendations": [{"kind": r.kind, "text": r.text} for r in self.recommendations],
         }
 

@@ -93,6 +93,20 @@ def _dead_letters(report: WeeklyReport) -> tuple[Block, ...]:
     return (table, Paragraph(DEAD_LETTER_HOWTO)) if report.data.dead_letters else (table,)
 
 
+def _speedups(report: WeeklyReport) -> tuple[Block, ...]:
+    table = speedup_table(report)
+    left = report.data.ab_on_demand
+    if not (report.data.ab or left.cycles):
+        return (table,)
+    if not left.cycles:
+        return (table, Paragraph("Measured over the drawn and requested A/B cycles; no "
+                                 "cycle ran the arms on demand after a slow one this week."))
+    return (table, Paragraph(
+        f"Measured over the drawn and requested A/B cycles only: {left.prompts} prompt "
+        f"pairs of {left.cycles} cycles that ran the arms on demand after a slow one are "
+        "left out, as they crowd into slow periods (the incident cause reads them)."))
+
+
 def _recommendations(report: WeeklyReport) -> tuple[Block, ...]:
     if not report.recommendations:
         return (Paragraph("None."),)
@@ -102,7 +116,7 @@ def _recommendations(report: WeeklyReport) -> tuple[Block, ...]:
 
 SECTIONS: tuple[Section, ...] = (
     Section("Optimizations", _optimizations),
-    Section("Expected vs measured speedup", lambda r: (speedup_table(r),)),
+    Section("Expected vs measured speedup", _speedups),
     Section("Optimizations that cost more than they earn", lambda r: (costly_table(r),)),
     Section("Alerts", lambda r: (incident_table(r.data.incidents), alert_table(r))),
     Section("Flag changes", lambda r: (flag_table(r),)),

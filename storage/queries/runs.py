@@ -115,12 +115,17 @@ def list_runs(session: Session, *, kind: str | None = None, limit: int = 50) -> 
 
 @dataclass(frozen=True)
 class AbCycle:
-    """The prompt pairs one A/B canary cycle stored (details["pairs"], see probes.sink)."""
+    """The prompt pairs one A/B canary cycle stored (details["pairs"], see probes.sink).
+
+    reason: why its arms ran (details["ab_reason"]: "drawn", "slowdown", "requested");
+    "" where the row has none (stored before it was recorded).
+    """
 
     run_id: int
     instance_id: str
     started_at: datetime
     pairs: list[dict[str, Any]]
+    reason: str = ""
 
 
 def ab_cycle_pairs(session: Session, start: datetime, end: datetime, *,
@@ -133,7 +138,12 @@ def ab_cycle_pairs(session: Session, start: datetime, end: datetime, *,
     if instance_id is not None:
         stmt = stmt.where(r.instance_id == instance_id)
     # The JSON is filtered here, not in SQL: SQLite and PostgreSQL spell JSON paths apart.
-    return [AbCycle(run_id, inst, at, details["pairs"])
+    return [AbCycle(run_id, inst, at, details["pairs"], _reason(details.get("ab_reason")))
             for run_id, inst, at, details in session.execute(stmt)
             if isinstance(details, dict) and isinstance(details.get("pairs"), list)
             and details["pairs"]]
+
+
+def _reason(raw: object) -> str:
+    """Return a stored details["ab_reason"] as text ("" when absent or not a string)."""
+    return raw if isinstance(raw, str) else ""

@@ -22,6 +22,18 @@ least 95%; none under 6 pairs).
 Cycles stored before pairs were recorded (details without "pairs") are ignored: their
 arms ran minutes after the optimized requests and do not pair. Per instance
 (`instance_speedups`) is the same number over one instance's pairs.
+
+Each pair keeps why its cycle ran the arms (`PairRecord.ab_reason`, details["ab_reason"],
+probes.ab_schedule): "drawn" on the background share, "slowdown" on demand in the cycle
+after a slow one, "requested" by a caller; "" on rows stored before the reason was,
+when no arm ran on demand yet (they count as drawn). `load_pairs` returns every A/B
+cycle's pairs: the incident cause reads them all (during a slowdown the on-demand cycles
+are most of what measured it), as do the API and the auto-fallback policy. A number
+meant for the whole week (the weekly report) reads the first list of `scheduled(pairs)`
+only: the on-demand cycles crowd into slow periods, so with them the week's speedup
+would over-sample its slow hours. Requested cycles are kept: their timing is the
+caller's, not the latency the speedup measures (the demo, `tailwatch probe run --ab`,
+`POST /v1/probes/run`).
 """
 
 from __future__ import annotations
@@ -36,9 +48,12 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from storage.queries.runs import ab_cycle_pairs
-from vocab import Variant
+from vocab import AbReason, Variant
 
 ALL_BUCKETS = "all"
+# The reasons whose cycles do not follow the latency they measure ("": stored before the
+# reason was, drawn). Unknown reasons count as on demand: left out rather than biasing.
+SCHEDULED_REASONS = frozenset({"", AbReason.DRAWN.value, AbReason.REQUESTED.value})
 CONFIDENCE = 0.95
 OPTIMIZED = Variant.OPTIMIZED.value
 # A/B arm -> the optimization it measures (the arm turns it off, or a reverse arm back on).
@@ -63,6 +78,7 @@ class PairRecord:
     bucket: str
     prompt: str
     latency_s: Mapping[str, float]
+    ab_reason: str = ""  # why its cycle ran the arms (module docstring); "": not stored
 
 
 @dataclass(frozen=True)
@@ -97,9 +113,14 @@ class ArmSpeedup:
 
 def ab_speedups(session: Session, start: datetime, end: datetime, *,
                 instance_id: str | None = None,
-                arms: Collection[str] | None = None) -> list[ArmSpeedup]:
-    """Return the speedup per bucket x optimization, and over all buckets, in [start, end)."""
-    return speedups(load_pairs(session, start, end, instance_id=instance_id), arms=arms)
+                arms: Collection[str] | None = None,
+                on_demand: bool = True) -> list[ArmSpeedup]:
+    """Return the speedup per bucket x optimization, and over all buckets, in [start, end).
+
+    on_demand=False leaves out the cycles that ran the arms after a slow one (`scheduled`).
+    """
+    pairs = load_pairs(session, start, end, instance_id=instance_id)
+    return speedups(pairs if on_demand else scheduled(pairs)[0], arms=arms)
 
 
 def instance_speedups(session: Session, start: datetime, end: datetime, optimization: str, *,
@@ -125,7 +146,8 @@ def overall(rows: Iterable[ArmSpeedup], optimization: str) -> ArmSpeedup | None:
 
 def load_pairs(session: Session, start: datetime, end: datetime, *,
                instance_id: str | None = None) -> list[PairRecord]:
-    """Return the prompt pairs of the A/B cycles started in [start, end)."""
+    """Return the prompt pairs of every A/B cycle started in [start, end), whatever ran
+    its arms (`scheduled` splits off the on-demand ones)."""
     if end <= start:
         raise ValueError("end: must be after start")
     out = []
@@ -138,8 +160,21 @@ def load_pairs(session: Session, start: datetime, end: datetime, *,
                 continue
             # JSON numbers as the sink wrote them; speedups() skips anything else.
             out.append(PairRecord(c.run_id, c.instance_id, c.started_at, p["bucket"],
-                                  str(p.get("prompt", "")), latency))
+                                  str(p.get("prompt", "")), latency, c.reason))
     return out
+
+
+def scheduled(pairs: Iterable[PairRecord]) -> tuple[list[PairRecord], list[PairRecord]]:
+    """Return (the pairs of drawn or requested cycles, those of cycles run on demand).
+
+    Rows without a reason count as drawn; see the module docstring for why the week's
+    speedup reads the first list only.
+    """
+    kept: list[PairRecord] = []
+    on_demand: list[PairRecord] = []
+    for p in pairs:
+        (kept if p.ab_reason in SCHEDULED_REASONS else on_demand).append(p)
+    return kept, on_demand
 
 
 def speedups(pairs: Iterable[PairRecord], *,

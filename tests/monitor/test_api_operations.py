@@ -101,6 +101,33 @@ def test_speedups_are_read_from_the_ab_cycles_stored(client: TestClient,
     assert r.status_code == 422 and r.json()["error"]["field"] == "since"
 
 
+def test_speedups_leave_out_on_demand_cycles_unless_asked(client: TestClient,
+                                                          auth: dict[str, str]) -> None:
+    # The arms also run in the cycle after a slow one; those cycles crowd into slow
+    # periods, so the day's speedup (like the weekly report's) reads the others only.
+    from sqlalchemy import select
+
+    from storage.models import ProbeRun
+
+    for _ in range(2):
+        r = client.post("/v1/probes/run", json={"kind": "cycle", "ab": True}, headers=auth)
+        assert r.status_code == 200 and r.json()["stored"], r.text
+    sessions = services_of(client.app).sessions  # type: ignore[arg-type]
+    with sessions.begin() as session:
+        run = session.scalars(select(ProbeRun).order_by(ProbeRun.id)).first()
+        assert run is not None and run.details and run.details["ab_reason"] == "requested"
+        run.details = {**run.details, "ab_reason": "slowdown"}
+
+    def runs(**params: str) -> int:
+        got = client.get("/v1/probes/speedups", params=params).json()
+        return next(g["runs"] for g in got if (g["optimization"], g["bucket"]) == ("compile", "all"))
+
+    assert runs() == 1
+    assert runs(on_demand="true") == 2
+    r = client.get("/v1/probes/speedups", params={"on_demand": "sometimes"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "on_demand"
+
+
 def test_probe_run_validates_its_body(client: TestClient, auth: dict[str, str]) -> None:
     r = client.post("/v1/probes/run", json={"kind": "soak"}, headers=auth)
     assert r.status_code == 422 and r.json()["error"]["field"] == "kind"

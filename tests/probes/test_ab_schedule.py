@@ -46,8 +46,10 @@ def test_after_a_slow_cycle_the_next_one_runs_the_arms_whatever_the_draw() -> No
 
 def test_a_slowdown_that_persists_keeps_the_arms_running() -> None:
     schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    # Both kinds of cycle in the history: the on-demand A/B cycles are judged against the
+    # A/B cycles before the slowdown.
+    assert steady(schedule, 60, random.Random(1)).count(AB_DRAWN) >= schedule.min_history
     rng = Never()
-    steady(schedule, 10, rng)
     reasons = []
     for _ in range(3):
         schedule.observe(scaled(1.5), ab=schedule.due(rng) is not None)
@@ -59,8 +61,8 @@ def test_one_bucket_must_rise_further_than_the_median_over_buckets() -> None:
     series = ("64", "compiled", "speculative")
     schedule = AbSchedule(share=0.25, on_slowdown=0.15)
     steady(schedule, 10, Never())
-    assert not schedule.slow(scaled(1.3, series))  # one bucket +30%: within its noise
-    assert schedule.slow(scaled(1.8, series))  # one bucket +80% (over 3 x 15%)
+    assert not schedule.slow(scaled(1.3, series), ab=False)  # one bucket +30%: its noise
+    assert schedule.slow(scaled(1.8, series), ab=False)  # one bucket +80% (over 3 x 15%)
 
 
 def test_an_owed_cycle_is_not_paid_off_by_a_cycle_that_skipped_the_arms() -> None:
@@ -114,6 +116,64 @@ def test_a_slowdown_leaves_the_drawn_schedule_alone() -> None:
         plain.observe(STEADY, ab=ra is not None)
         slowed.observe(STEADY, ab=rb is not None)
     assert a.random() == b.random()
+
+
+def mixed(schedule: AbSchedule, cycles: int, rng: random.Random,
+          ab_factor: float) -> list[tuple[str | None, bool]]:
+    """Run `cycles` cycles whose A/B ones sit `ab_factor` times the plain ones' level;
+    return each one's reason and whether it came out slow."""
+    out = []
+    for _ in range(cycles):
+        reason = schedule.due(rng)
+        ab = reason is not None
+        out.append((reason, schedule.observe(scaled(ab_factor) if ab else STEADY, ab=ab)))
+    return out
+
+
+@pytest.mark.parametrize(("share", "ab_factor"), [(0.25, 1.2), (0.75, 1 / 1.2)])
+def test_ab_cycles_at_another_level_than_plain_ones_owe_no_arms(
+        share: float, ab_factor: float) -> None:
+    # Running the arms back to back puts an A/B cycle's optimized canaries 20% above (or
+    # below) a plain cycle's, steadily. Judged against one history of both kinds, the
+    # minority kind would come out slow (+20% over the 15%) and owe the arms to the next
+    # cycle: the monitor measuring itself. Each kind is judged against its own.
+    schedule = AbSchedule(share=share, on_slowdown=0.15)
+    cycles = mixed(schedule, 400, random.Random(3), ab_factor)
+    assert {ab for ab, _ in cycles} == {AB_DRAWN, None}
+    assert not any(slow for _, slow in cycles)
+    assert schedule.owed == 0
+
+
+def test_a_slowdown_is_still_seen_by_either_kind_of_cycle() -> None:
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    mixed(schedule, 200, random.Random(4), 1.2)
+    # +30% over its own kind's level, whichever kind the slowed cycle is.
+    assert schedule.slow(scaled(1.3), ab=False)
+    assert schedule.slow(scaled(1.2 * 1.3), ab=True)
+    assert not schedule.slow(scaled(1.2), ab=True)  # an A/B cycle at its usual level
+    assert schedule.observe(scaled(1.2 * 1.3), ab=True)
+    assert schedule.due(Never()) == AB_SLOWDOWN
+
+
+def test_each_kind_needs_its_own_min_history() -> None:
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, min_history=5)
+    steady(schedule, 10, Never())  # plain cycles only: no A/B history yet
+    assert not schedule.observe(scaled(3.0), ab=True)  # judges nothing
+    assert schedule.observe(scaled(3.0), ab=False)
+
+
+def test_before_the_ab_history_fills_a_slowdown_brings_the_arms_every_other_cycle() -> None:
+    # An A/B cycle with too few A/B cycles before it judges nothing: it pays off the debt,
+    # and the plain cycle after it, slow again, owes the arms anew.
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    rng = Never()
+    steady(schedule, 10, rng)  # plain cycles only
+    reasons = []
+    for _ in range(4):
+        reason = schedule.due(rng)
+        schedule.observe(scaled(1.5), ab=reason is not None)
+        reasons.append(reason)
+    assert reasons == [None, AB_SLOWDOWN, None, AB_SLOWDOWN]
 
 
 def test_settings_are_checked() -> None:

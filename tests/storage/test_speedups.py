@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,6 +23,7 @@ from storage.queries.speedups import (
     load_pairs,
     median_ci,
     overall,
+    scheduled,
     speedups,
 )
 from tests.probes.fakes import FakeEngine, FakeTimings, placeholder_suites, store
@@ -159,6 +161,38 @@ def test_pairs_in_shapes_the_sink_never_writes_are_skipped(
         # The good pair and the two with bad values load; speedups() skips those values.
         assert len(load_pairs(s, T - HOUR, T + HOUR)) == 3
     assert (only.bucket, only.optimization, only.pairs, only.speedup) == ("16", "compile", 1, 2.0)
+
+
+def test_pairs_keep_why_their_cycle_ran_the_arms(sessionmaker: sessionmaker[Session],
+                                                 suites: dict) -> None:
+    engine = FakeEngine()
+    engine.warm_up()
+    cycle = ProbeCycle(engine, suites, instance_id="a", canaries_per_bucket=1, ab_share=1.0,
+                       ab_arms=("eager",), rng=random.Random(0), clock=lambda: T)
+    drawn = cycle.run("in_domain")
+    requested = cycle.run("in_domain", ab=True)
+    assert (drawn.ab_reason, requested.ab_reason) == ("drawn", "requested")
+    ids = {reason: store(sessionmaker, r) for reason, r in (
+        ("drawn", drawn), ("requested", requested),
+        # As the schedule stores a cycle run after a slow one, and a reason not known here.
+        ("slowdown", replace(drawn, ab_reason="slowdown")),
+        ("later", replace(drawn, ab_reason="later")))}
+    old = {"bucket": "16", "prompt": "abc", "order": ["optimized", "eager"],
+           "latency_s": {"optimized": 0.1, "eager": 0.2}}
+    with sessionmaker.begin() as s:  # stored before the reason was: counts as drawn
+        run = ProbeRun(started_at=T, instance_id="a", kind="cycle",
+                       details={"ab": True, "pairs": [old]})
+        s.add(run)
+        s.flush()
+        ids[""] = run.id
+    with sessionmaker() as s:
+        pairs = load_pairs(s, T - HOUR, T + HOUR)
+    # Every A/B cycle's pairs (what the incident cause reads), each with its cycle's reason.
+    assert {p.run_id: p.ab_reason for p in pairs} == {i: r for r, i in ids.items()}
+    kept, on_demand = scheduled(pairs)
+    assert {p.ab_reason for p in kept} == {"", "drawn", "requested"}
+    assert {p.ab_reason for p in on_demand} == {"slowdown", "later"}
+    assert len(kept) + len(on_demand) == len(pairs)
 
 
 def test_empty_window_is_refused(sessionmaker: sessionmaker[Session]) -> None:
