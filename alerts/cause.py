@@ -18,7 +18,14 @@ In order, the first that holds is the cause:
                    at the upper end of their speedups' 95% confidence intervals (with too
                    few pairs for an interval, or one reaching "alike": unknown, said so)
     host_or_load   a member is a load rule (queue wait): load, queueing
-    one_bucket     every member is in one bucket and the optimized arm did not slow there
+    one_bucket     every member is in one bucket, the optimized arm was measured there and
+                   did not slow, and either every member observes real traffic (a rule of
+                   source `traffic`: the canaries, the same prompts every cycle, are the
+                   control) or each reference arm's speedup there did not fall by `slowed`
+                   even at the lower end of its 95% confidence interval (a canary rule alone
+                   cannot tell a bucket's traffic from its optimization: with no A/B pair
+                   there during the incident, unknown awaiting the arms; with too few pairs
+                   for an interval, or one reaching a fall: unknown, said so)
     unknown        none of these; the text says what the A/B rows showed (no optimization
                    slowed: the speedups compared; or which rows were missing)
 """
@@ -57,6 +64,10 @@ CAUSES = ("host_or_load", "optimization", "one_instance", "some_instances", "one
 _WHAT = {"speculation": "acceptance", "latency": "latency", "quality": "output agreement",
          "memory": "memory", "compile": "recompiles", "probes": "probe failures",
          "traffic": "traffic", "load": "queue wait", "batching": "batch step cost"}
+# Rule sources (alerts.rules) that observe real traffic: an incident of such members alone
+# in one bucket, where the canaries' optimized arm did not slow there, is that bucket's
+# traffic (the canaries run the same prompts every cycle).
+TRAFFIC_SOURCES = ("traffic",)
 # Families whose rules measure load itself (alerts.incidents.FAMILIES): such a member says
 # requests wait, which no A/B arm can show as a slowed optimization.
 LOAD_FAMILIES = ("load",)
@@ -106,6 +117,8 @@ class Scope:
     buckets: tuple[str, ...]
     instances: tuple[str, ...]
     families: tuple[str, ...]
+    # The members' rule sources ("canary", "traffic", ...; "" where an alert states none).
+    sources: tuple[str, ...] = ()
 
 
 def _change(during: Sequence[float], before: Sequence[float]) -> float | None:
@@ -143,6 +156,14 @@ class PairedChange:
         if self.during.ci_high is None:
             return None
         return self.during.ci_high / self.before.speedup - 1.0
+
+    @property
+    def low(self) -> float | None:
+        """Return the change at the lower end of the incident's speedup 95% CI (None: too
+        few pairs for one)."""
+        if self.during.ci_low is None:
+            return None
+        return self.during.ci_low / self.before.speedup - 1.0
 
     def evidence(self) -> dict[str, Any]:
         """Return the numbers compared, for the incident's evidence."""
@@ -332,13 +353,46 @@ def classify(scope: Scope, arms: Mapping[str, float], instances: Mapping[str, fl
         return Cause("host_or_load", f"load (queueing: {' and '.join(_WHAT[f] for f in loads)}"
                                      f" rose; {measured})", evidence)
     if len(scope.buckets) == 1:
-        fams = [f for f in scope.families if f in _WHAT] or list(scope.families)
-        what = " and ".join(_WHAT.get(f, f) for f in fams) or "alerts"
-        return Cause("one_bucket", f"one bucket's traffic ({what} in bucket "
-                                   f"{scope.buckets[0]} only)", evidence)
+        return _one_bucket(scope, opt, seen, cfg, measured, evidence)
     if opt is None and not any(seen.rows) and not any(seen.pairs):
         return Cause("unknown", "unknown (no A/B arm rows in the incident's window)", evidence)
     return Cause("unknown", f"unknown ({measured})", evidence)
+
+
+def _one_bucket(scope: Scope, opt: float | None, seen: Found, cfg: CauseConfig,
+                measured: str, evidence: dict[str, Any]) -> Cause:
+    """Return the cause of an incident whose members are all in one bucket, where no arm
+    slowed (or none was measured): that bucket's traffic only where the evidence says so.
+
+    Real traffic's rules observe the traffic; the canaries' optimized arm, not slowed
+    there, says the same prompts did not get slower. A canary rule alone (its p99, say,
+    with the p50 not risen) cannot tell the bucket's traffic from its optimization: the
+    A/B pairs in that bucket can (the optimized arm losing ground to a reference arm).
+    """
+    bucket = scope.buckets[0]
+    fams = [f for f in scope.families if f in _WHAT] or list(scope.families)
+    what = f"{' and '.join(_WHAT.get(f, f) for f in fams) or 'alerts'} in bucket {bucket} only"
+    traffic = bool(scope.sources) and all(s in TRAFFIC_SOURCES for s in scope.sources)
+    if opt is not None and traffic:
+        return Cause("one_bucket", f"one bucket's traffic ({what})", evidence)
+    here = [pc for pc in seen.paired if pc.bucket == bucket]
+    if not here:
+        # No evidence "paired": alerts.incidents holds the first page for the arms.
+        need = "a canary cycle" if traffic else "an A/B pair"
+        return Cause("unknown", f"unknown ({what}: its traffic or an optimization, not told "
+                                f"apart before {need} runs there; {measured})", evidence)
+    lows = [pc.low for pc in here]
+    if any(low is None for low in lows):
+        n = seen.pairs_during(pc.arm for pc in here)
+        return Cause("unknown", f"unknown ({what}; needs more A/B pairs: {n} in the "
+                                f"incident's window, {CI_PAIRS} in a bucket give a 95% "
+                                f"confidence interval; {measured})", evidence)
+    low = min(low for low in lows if low is not None)
+    if opt is not None and low > -cfg.slowed:
+        return Cause("one_bucket", f"one bucket's traffic ({what}; arm speedups held: "
+                                   f"{seen.speedups()}, 95% CI down to {_pct(low)})", evidence)
+    return Cause("unknown", f"unknown ({what}; {measured}; down to {_pct(low)} within its "
+                            "95% CI: traffic or optimization not told apart)", evidence)
 
 
 def _measured(opt: float | None, seen: Found, cfg: CauseConfig) -> str:

@@ -28,7 +28,7 @@ members re-sent every `resend_s` while it is open (Alertmanager resolves pushed 
 not re-sent).
 
 A newly opened incident whose cause is unknown for lack of evidence (no A/B pair measured
-during it yet: `awaits_evidence`) holds its firing, like Alertmanager's group_wait, until
+during it yet, or too few for a confidence interval: `awaits_evidence`) holds its firing, like Alertmanager's group_wait, until
 the cause is measured or `cause_wait_s` has passed since it opened (a "held" event says
 so); then it fires once with what is known and its members as of then. A reopen fires at
 once. Held, it sends no update, resend or severity change (its receivers heard nothing);
@@ -156,7 +156,8 @@ def _scope(members: Sequence[Alert], serving: Mapping[str, str],
     for m in members:
         where |= reach(m, serving)
     fams = sorted({family(m) for m in members})
-    return Scope(tuple(buckets), tuple(instances), tuple(fams)), where
+    sources = sorted({(m.annotations or {}).get("source") or "" for m in members})
+    return Scope(tuple(buckets), tuple(instances), tuple(fams), tuple(sources)), where
 
 
 def summary(members: Sequence[Alert], scope: Scope, cohorts: Sequence[str],
@@ -445,11 +446,17 @@ class Incidents:
 
 def awaits_evidence(cause: str, evidence: Mapping[str, Any] | None) -> bool:
     """Return whether a cause is unknown for lack of evidence: no reference arm paired
-    during the incident yet (`alerts.cause.measure` states the pairs it compared under
-    "paired"; none also when it could not measure). A cause measured but inconclusive
-    (too few pairs for an interval, or one reaching "alike") has pairs: it does not wait.
+    during the incident yet, or too few pairs in every bucket for a 95% confidence interval
+    (`alerts.cause.measure` states the pairs it compared under "paired", each bucket's
+    "during" interval null under alerts.cause.CI_PAIRS pairs). A cause measured with an
+    interval but inconclusive (one reaching "alike") does not wait: more pairs of the same
+    spread would not settle it within the wait.
     """
-    return cause == "unknown" and not (evidence or {}).get("paired")
+    if cause != "unknown":
+        return False
+    paired = (evidence or {}).get("paired") or {}
+    return not any(side.get("during", {}).get("ci95")
+                   for buckets in paired.values() for side in buckets.values())
 
 
 def _rank(severity: str | None) -> int:

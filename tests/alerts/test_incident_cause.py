@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.cause import Scope, classify
-from alerts.incidents import IncidentConfig, group
+from alerts.incidents import IncidentConfig, awaits_evidence, group
 from alerts.lifecycle import Lifecycle, fingerprint, open_alerts
 from alerts.rule_file import parse_rule
 from alerts.rules import Rule, RuleResult
@@ -164,6 +164,103 @@ def test_one_buckets_traffic_when_the_arms_did_not_move(
         assert inc.cause == "one_bucket"
         assert inc.cause_text == "one bucket's traffic (acceptance in bucket 32 only)"
         assert inc.families == ["speculation"]
+
+
+def test_one_canary_bucket_without_pairs_awaits_the_arms_not_traffic(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """A canary latency rule in one bucket, the optimized p50 not risen there and no A/B
+    pair during the incident: traffic and an optimization read the same. Unknown, with no
+    pairs in the evidence, so the first page waits for the arms (alerts.incidents)."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        optimized_only(s, 63, 71, 1.0)
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text.startswith(
+            "unknown (latency in bucket 64 only: its traffic or an optimization, not told "
+            "apart before an A/B pair runs there; no optimization slowed: optimized p50 +0%")
+        assert not inc.evidence["paired"]
+        assert awaits_evidence(inc.cause, inc.evidence)
+
+
+def test_one_canary_bucket_with_no_canary_row_during_it_awaits_the_arms(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """The first evaluation of a slowdown can read no cycle in the incident's window (the
+    cycle that breached started before it): nothing measured, nothing stated."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 62, {})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert "nothing measured on both sides" in inc.cause_text
+        assert awaits_evidence(inc.cause, inc.evidence)
+
+
+def test_one_canary_bucket_whose_speedup_fell_is_no_traffic(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """The optimized canaries' p50 rose under `slowed`, but paired with the reference arms
+    it lost ground (an optimization's tail): measured, not one bucket's traffic."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        cycles(s, 63, 71, {"optimized": 1.05}, pairs={"optimized": 1.3})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text == (
+            "unknown (latency in bucket 64 only; a speedup fell, the optimized arm did not "
+            "slow (arm speedups: eager 1.00x -> 0.77x over 21 pairs, direct 1.00x -> 0.77x "
+            "over 21 pairs; optimized p50 +5%); down to -23% within its 95% CI: traffic or "
+            "optimization not told apart)")
+        assert not awaits_evidence(inc.cause, inc.evidence)
+
+
+def test_one_canary_bucket_with_too_few_pairs_says_so(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        optimized_only(s, 63, 69, 1.0)
+        cycles(s, 69, 70, {})  # one A/B cycle: 3 pairs in bucket 64
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text.startswith(
+            "unknown (latency in bucket 64 only; needs more A/B pairs: 3 in the incident's "
+            "window, 6 in a bucket give a 95% confidence interval;")
+        assert not awaits_evidence(inc.cause, inc.evidence)
+
+
+def test_one_canary_bucket_whose_speedups_held_is_one_buckets_traffic(
+        sessionmaker: sessionmaker[Session]) -> None:
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 71, {})
+        inc = incident_after(s, [(P99, {"bucket": "64"})])
+        assert inc.cause == "one_bucket"
+        assert inc.cause_text == (
+            "one bucket's traffic (latency in bucket 64 only; arm speedups held: eager 1.00x "
+            "-> 1.00x over 21 pairs, direct 1.00x -> 1.00x over 21 pairs, 95% CI down to +0%)")
+
+
+def test_real_traffic_in_one_bucket_needs_a_canary_cycle_during_it(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """Real traffic's acceptance fell in one bucket; no canary cycle ran during the
+    incident to say the same prompts did not change: not stated yet."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 62, {})
+        inc = incident_after(s, [(ACCEPT, {"bucket": "32"})])
+        assert inc.cause == "unknown"
+        assert inc.cause_text.startswith(
+            "unknown (acceptance in bucket 32 only: its traffic or an optimization, not told "
+            "apart before a canary cycle runs there;")
+        assert awaits_evidence(inc.cause, inc.evidence)
+
+
+@pytest.mark.parametrize(("sources", "kind"), [
+    (("traffic",), "one_bucket"), (("canary",), "unknown"), (("canary", "traffic"), "unknown"),
+    ((), "unknown")])
+def test_only_real_traffic_members_alone_make_one_buckets_traffic_without_pairs(
+        sources: tuple[str, ...], kind: str) -> None:
+    """The canaries' optimized arm measured, not slowed, no A/B pair: one bucket's traffic
+    only where every member observed real traffic (a canary member, or one whose source is
+    not known, needs the pairs)."""
+    cause = classify(Scope(("64",), (), ("latency",), sources), {"optimized": 0.02}, {})
+    assert cause.kind == kind
 
 
 def optimized_only(s: Session, start: int, end: int, slow: float) -> None:

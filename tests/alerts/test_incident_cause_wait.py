@@ -32,7 +32,7 @@ WAIT = IncidentConfig(window_s=150.0, hold_s=600.0, group_interval_s=300.0, caus
 TARGETS = [WebhookTarget(name=f, url="http://127.0.0.1:9/hook", format=f)
            for f in ("generic", "alertmanager")]
 HOST = {"optimized": 2.0, "eager": 2.0, "direct": 2.0}
-# Two buckets: one bucket's alerts alone state a cause (one bucket's traffic) unmeasured.
+# Two buckets: an incident whose cause nothing measured yet.
 PAGES = ((P99, {"bucket": "64"}), (P99, {"bucket": "32"}))
 WARNINGS = ((P50, {"bucket": "64"}), (P50, {"bucket": "32"}))
 
@@ -105,6 +105,25 @@ def test_held_until_the_ab_rows_arrive_then_fired_with_the_measured_cause(
         assert len(sent(s)) == 1 and len(sent(s, "alertmanager")) == 1
 
 
+def test_one_buckets_canary_page_waits_for_the_arms_then_says_optimization(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """An optimization regressed in one bucket; at the first evaluation no cycle during
+    the incident was read yet (bench.incidents --service: it said one bucket's traffic
+    and fired at once). Held; the arms run; it fires once, saying optimization."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 62, {})
+        step(s, 70, fire=((P99, {"bucket": "64"}),))
+        inc = s.scalars(select(Incident)).one()
+        assert inc.cause == "unknown" and awaits_evidence(inc.cause, inc.evidence)
+        assert sent(s) == [] and [e.kind for e in events(s)].count("held") == 1
+        cycles(s, 70, 72, {"optimized": 1.8, "eager": 1.02, "direct": 1.02})
+        step(s, 72)
+        assert inc.cause == "optimization"
+        (page,) = sent(s)
+        assert page["status"] == "firing" and page["incident"]["cause"] == "optimization"
+        assert "one bucket's traffic" not in page["incident"]["summary"]
+
+
 def test_fired_with_unknown_once_the_wait_is_over_without_rows(
         sessionmaker: sessionmaker[Session]) -> None:
     with sessionmaker.begin() as s:
@@ -120,24 +139,51 @@ def test_fired_with_unknown_once_the_wait_is_over_without_rows(
         assert [e.kind for e in events(s)].count("held") == 1
 
 
-@pytest.mark.parametrize("inconclusive", [False, True])
-def test_a_known_or_measured_inconclusive_cause_fires_at_once(
-        sessionmaker: sessionmaker[Session], inconclusive: bool) -> None:
+def test_a_known_cause_fires_at_once(sessionmaker: sessionmaker[Session]) -> None:
     with sessionmaker.begin() as s:
         cycles(s, 0, 63, {})
-        if inconclusive:
-            # One A/B cycle during it: 3 pairs, too few for a confidence interval.
-            optimized_only(s, 63, 69, 1.8)
-            cycles(s, 69, 70, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
-        else:
-            cycles(s, 63, 70, HOST)
+        cycles(s, 63, 70, HOST)
         step(s, 70, fire=((P99, {"bucket": "64"}),))
         inc = s.scalars(select(Incident)).one()
-        assert inc.cause == ("unknown" if inconclusive else "host_or_load")
+        assert inc.cause == "host_or_load"
         assert not awaits_evidence(inc.cause, inc.evidence)
         (page,) = sent(s)
         assert page["status"] == "firing" and page["incident"]["cause"] == inc.cause
         assert "held" not in [e.kind for e in events(s)]
+
+
+def test_too_few_pairs_for_an_interval_wait_for_the_next_ab_cycle(
+        sessionmaker: sessionmaker[Session]) -> None:
+    """One A/B cycle during it: 3 pairs a bucket, too few for a confidence interval
+    (bench.incidents --service: the bucket-64 regression paged `unknown (... needs more
+    A/B pairs ...)` at once). Held; the next A/B cycle gives the interval; it fires once."""
+    with sessionmaker.begin() as s:
+        cycles(s, 0, 63, {})
+        optimized_only(s, 63, 69, 1.8)
+        cycles(s, 69, 70, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
+        step(s, 70, fire=((P99, {"bucket": "64"}),))
+        inc = s.scalars(select(Incident)).one()
+        assert inc.cause == "unknown" and "needs more A/B pairs" in inc.cause_text
+        assert awaits_evidence(inc.cause, inc.evidence)
+        assert sent(s) == [] and [e.kind for e in events(s)].count("held") == 1
+        cycles(s, 70, 71, {"optimized": 1.80, "eager": 1.02, "direct": 1.02})
+        step(s, 71)
+        assert inc.cause == "optimization", inc.cause_text
+        (page,) = sent(s)
+        assert page["status"] == "firing" and page["incident"]["cause"] == "optimization"
+
+
+def _paired(ci95: list[float] | None) -> dict[str, Any]:
+    side = {"speedup": 1.0, "pairs": 3, "cycles": 1, "ci95": ci95}
+    return {"paired": {"eager": {"64": {"before": side, "during": side}}}}
+
+
+def test_only_an_unknown_cause_without_an_interval_awaits_evidence() -> None:
+    assert awaits_evidence("unknown", None) and awaits_evidence("unknown", {})
+    assert awaits_evidence("unknown", _paired(None))  # pairs, but too few for an interval
+    assert not awaits_evidence("unknown", _paired([0.9, 1.1]))  # an interval reaching alike
+    assert not awaits_evidence("optimization", _paired(None))
+    assert not awaits_evidence("one_bucket", {})
 
 
 def test_no_wait_fires_at_once(sessionmaker: sessionmaker[Session]) -> None:
