@@ -223,7 +223,7 @@ def test_one_canary_bucket_with_too_few_pairs_says_so(
         assert inc.cause_text.startswith(
             "unknown (latency in bucket 64 only; needs more A/B pairs: 3 in the incident's "
             "window, 6 in a bucket give a 95% confidence interval;")
-        assert not awaits_evidence(inc.cause, inc.evidence)
+        assert awaits_evidence(inc.cause, inc.evidence)  # the next A/B cycle may settle it
 
 
 def test_one_canary_bucket_whose_speedups_held_is_one_buckets_traffic(
