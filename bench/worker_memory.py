@@ -110,10 +110,12 @@ def _ok(request: httpx.Request) -> httpx.Response:
 class Replay:
     """The serving side's writes and the worker's jobs on one simulated clock."""
 
-    def __init__(self, folder: Path, *, trim: bool = True, rate: float = 10.0) -> None:
+    def __init__(self, folder: Path, *, trim: bool = True, rate: float = 10.0,
+                 ab_share: float | None = None) -> None:
         url = f"sqlite:///{folder / 'replay.db'}"
         migrate.upgrade(url)
         self.settings = Settings(database_url=url, instance_id="replay",
+                                 probes={} if ab_share is None else {"ab_share": ab_share},
                                  alerts={"webhooks": [{"name": "r", "url": "http://127.0.0.1:9/",
                                                        "format": "generic"}]})
         self.clock = Clock(START)
@@ -224,6 +226,9 @@ def main() -> None:
                         help="simulated hour from which growth is measured")
     parser.add_argument("--every", type=float, default=30.0,
                         help="simulated minutes between printed rows")
+    parser.add_argument("--ab-share", type=float, default=None,
+                        help="share of cycles that run the A/B arms (default: probes.ab_share; "
+                             "a service's on-demand arms raise it while its canaries are noisy)")
     parser.add_argument("--no-trim", action="store_true",
                         help="leave out the worker's memory_trim job (every 60 s)")
     parser.add_argument("--trace-every", type=float, default=60.0,
@@ -236,7 +241,8 @@ def main() -> None:
         tracemalloc.start(8)
     per_hour = 3600 // CYCLE_S
     with tempfile.TemporaryDirectory() as tmp:
-        replay = Replay(Path(tmp), trim=not args.no_trim, rate=args.rate)
+        replay = Replay(Path(tmp), trim=not args.no_trim, rate=args.rate,
+                        ab_share=args.ab_share)
         replay.trace_jobs = {j for j in args.trace_jobs.split(",") if j}
         replay.trace_every_s = round(args.trace_every * 60)
         rows: list[tuple[float, float, float, float]] = []  # hours, RSS, Python heap, SQLite
