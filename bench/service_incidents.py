@@ -69,7 +69,7 @@ from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget
 from bench.replay import Replay
 from engine.protocol import CompileDelta, MemorySnapshot
-from probes.ab_schedule import AB_DRAWN, AB_SLOWDOWN, AbSchedule, optimized_medians
+from probes.ab_schedule import AbSchedule, optimized_medians
 from probes.cycle import CycleResult, PromptPair
 from probes.measure import GroupResult
 from probes.quality import Compared, compare, prompt_key, summarize
@@ -82,6 +82,7 @@ from storage.queries import sensitivity as sensitivity_queries
 from storage.queries.quality import AgreementGroup
 from storage.rollups import RollupDelta, RollupKey, add_rollups
 from storage.sketches import Sketch, lengths_of
+from vocab import AbReason
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 # The engine's default buckets (engine.config.DEFAULT_BUCKETS): seconds per request (p50).
@@ -505,8 +506,8 @@ def run_service(template: Path, workdir: Path,
             print(f"{'':<44} false pages' members: " + "; ".join(o.false_members))
         print(f"{'':<44} sensitivity of its series: " + ", ".join(
             f"{n} {kind}" for kind, n in sorted(o.sensitivity.items())), flush=True)
-        print(f"{'':<44} A/B cycles: {o.ab.get(AB_DRAWN, 0)} drawn, "
-              f"{o.ab.get(AB_SLOWDOWN, 0)} on demand, of {sum(o.ab.values())}", flush=True)
+        print(f"{'':<44} A/B cycles: {o.ab.get(AbReason.DRAWN, 0)} drawn, "
+              f"{o.ab.get(AbReason.SLOWDOWN, 0)} on demand, of {sum(o.ab.values())}", flush=True)
     return outcomes
 
 
@@ -515,8 +516,8 @@ def ab_line(outcomes: list[ServiceOutcome]) -> str:
     the quiet ones alone: what slow-cycle demand costs without an incident)."""
     def shares(os: list[ServiceOutcome]) -> str:
         total = sum(sum(o.ab.values()) for o in os)
-        drawn = sum(o.ab.get(AB_DRAWN, 0) for o in os)
-        demand = sum(o.ab.get(AB_SLOWDOWN, 0) for o in os)
+        drawn = sum(o.ab.get(AbReason.DRAWN, 0) for o in os)
+        demand = sum(o.ab.get(AbReason.SLOWDOWN, 0) for o in os)
         return (f"{drawn / total:.0%} drawn, {demand / total:.0%} on demand of {total}"
                 if total else "none")
     quiet = [o for o in outcomes if o.window is None]

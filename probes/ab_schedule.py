@@ -51,11 +51,6 @@ from dataclasses import dataclass, field
 from probes.measure import VARIANT_DEFAULT, GroupResult
 from vocab import AbReason
 
-# Why a cycle ran its arms (CycleResult.ab_reason); "" when it ran none.
-AB_DRAWN = AbReason.DRAWN.value
-AB_SLOWDOWN = AbReason.SLOWDOWN.value
-AB_REQUESTED = AbReason.REQUESTED.value
-
 Series = tuple[str, str, str]  # (bucket, path, decoding) of the optimized canaries
 
 
@@ -105,14 +100,14 @@ class AbSchedule:
         return bool(self.on_slowdown) and self.share > 0
 
     def due(self, rng: random.Random) -> str | None:
-        """Return why the next cycle runs its arms (AB_DRAWN, AB_SLOWDOWN) or None.
+        """Return why the next cycle runs its arms (vocab.AbReason: DRAWN, SLOWDOWN) or None.
 
         Draws from `rng` exactly once per call, whether or not arms are owed.
         """
         drawn = rng.random() < self.share
         if drawn:
-            return AB_DRAWN
-        return AB_SLOWDOWN if self.owed > 0 else None
+            return AbReason.DRAWN
+        return AbReason.SLOWDOWN if self.owed > 0 else None
 
     def observe(self, medians: Mapping[Series, float], *, ab: bool) -> bool:
         """Take in a finished cycle: its optimized medians (`optimized_medians`) and

@@ -52,10 +52,10 @@ from engine.protocol import (
     GenerateResult,
     MemorySnapshot,
 )
-from probes.ab_schedule import AB_REQUESTED, AbSchedule, optimized_medians
+from probes.ab_schedule import AbSchedule, optimized_medians
 from probes.canaries import CanarySuite, by_bucket, missing_buckets
 from probes.measure import VARIANT_DEFAULT, GroupResult, group
-from vocab import RunStatus, Variant, utcnow
+from vocab import AbReason, RunStatus, Variant, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class ProbeCycle:
         # Draw even when forced so the A/B schedule does not depend on forced runs.
         reason = self.schedule.due(self.rng)
         if ab is not None:
-            reason = AB_REQUESTED if ab else None
+            reason = AbReason.REQUESTED if ab else None
         result = self._run(suite, reason)
         # Only a cycle whose arms actually ran pays off what a slow cycle owed.
         self.schedule.observe(optimized_medians(result.groups),

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from probes.ab_schedule import AB_DRAWN, AB_SLOWDOWN, AbSchedule
+from probes.ab_schedule import AbSchedule
+from vocab import AbReason
 
 STEADY = {("16", "compiled", "speculative"): 0.10, ("64", "compiled", "speculative"): 0.30}
 
@@ -38,7 +39,7 @@ def test_after_a_slow_cycle_the_next_one_runs_the_arms_whatever_the_draw() -> No
     rng = Never()
     assert steady(schedule, 10, rng) == [None] * 10
     assert schedule.observe(scaled(1.3), ab=False)  # host-wide +30%: slow
-    assert schedule.due(rng) == AB_SLOWDOWN
+    assert schedule.due(rng) == AbReason.SLOWDOWN
     # Paid off by a cycle that ran them, unless it was slow again (while it persists).
     schedule.observe(STEADY, ab=True)
     assert schedule.due(rng) is None
@@ -48,13 +49,13 @@ def test_a_slowdown_that_persists_keeps_the_arms_running() -> None:
     schedule = AbSchedule(share=0.25, on_slowdown=0.15)
     # Both kinds of cycle in the history: the on-demand A/B cycles are judged against the
     # A/B cycles before the slowdown.
-    assert steady(schedule, 60, random.Random(1)).count(AB_DRAWN) >= schedule.min_history
+    assert steady(schedule, 60, random.Random(1)).count(AbReason.DRAWN) >= schedule.min_history
     rng = Never()
     reasons = []
     for _ in range(3):
         schedule.observe(scaled(1.5), ab=schedule.due(rng) is not None)
         reasons.append(schedule.due(rng))
-    assert reasons == [AB_SLOWDOWN] * 3
+    assert reasons == [AbReason.SLOWDOWN] * 3
 
 
 def test_one_bucket_must_rise_further_than_the_median_over_buckets() -> None:
@@ -70,9 +71,9 @@ def test_an_owed_cycle_is_not_paid_off_by_a_cycle_that_skipped_the_arms() -> Non
     rng = Never()
     steady(schedule, 10, rng)
     schedule.observe(scaled(2.0), ab=False)
-    assert schedule.due(rng) == AB_SLOWDOWN
+    assert schedule.due(rng) == AbReason.SLOWDOWN
     schedule.observe(STEADY, ab=False)  # the caller forced no arms
-    assert schedule.due(rng) == AB_SLOWDOWN
+    assert schedule.due(rng) == AbReason.SLOWDOWN
 
 
 def test_too_little_history_judges_nothing() -> None:
@@ -97,8 +98,8 @@ def test_a_steady_series_keeps_the_background_share_and_draws_every_cycle() -> N
     with_demand = steady(AbSchedule(share=0.25, on_slowdown=0.15), 400, on)
     drawn_only = steady(AbSchedule(share=0.25, on_slowdown=None), 400, off)
     assert with_demand == drawn_only  # nothing slow: the draw alone decides
-    assert set(with_demand) == {AB_DRAWN, None}
-    assert 0.18 < with_demand.count(AB_DRAWN) / 400 < 0.32
+    assert set(with_demand) == {AbReason.DRAWN, None}
+    assert 0.18 < with_demand.count(AbReason.DRAWN) / 400 < 0.32
     assert on.random() == off.random()  # one draw per cycle on both
 
 
@@ -139,7 +140,7 @@ def test_ab_cycles_at_another_level_than_plain_ones_owe_no_arms(
     # cycle: the monitor measuring itself. Each kind is judged against its own.
     schedule = AbSchedule(share=share, on_slowdown=0.15)
     cycles = mixed(schedule, 400, random.Random(3), ab_factor)
-    assert {ab for ab, _ in cycles} == {AB_DRAWN, None}
+    assert {ab for ab, _ in cycles} == {AbReason.DRAWN, None}
     assert not any(slow for _, slow in cycles)
     assert schedule.owed == 0
 
@@ -152,7 +153,7 @@ def test_a_slowdown_is_still_seen_by_either_kind_of_cycle() -> None:
     assert schedule.slow(scaled(1.2 * 1.3), ab=True)
     assert not schedule.slow(scaled(1.2), ab=True)  # an A/B cycle at its usual level
     assert schedule.observe(scaled(1.2 * 1.3), ab=True)
-    assert schedule.due(Never()) == AB_SLOWDOWN
+    assert schedule.due(Never()) == AbReason.SLOWDOWN
 
 
 def test_each_kind_needs_its_own_min_history() -> None:
@@ -173,7 +174,7 @@ def test_before_the_ab_history_fills_a_slowdown_brings_the_arms_every_other_cycl
         reason = schedule.due(rng)
         schedule.observe(scaled(1.5), ab=reason is not None)
         reasons.append(reason)
-    assert reasons == [None, AB_SLOWDOWN, None, AB_SLOWDOWN]
+    assert reasons == [None, AbReason.SLOWDOWN, None, AbReason.SLOWDOWN]
 
 
 def test_settings_are_checked() -> None:
