@@ -12,6 +12,14 @@ medians of its optimized canaries, per bucket, path and decoding, in cycles of i
 kind), either the median of those ratios over its series rose by more than
 `on_slowdown` (host-wide), or one series rose by more than `bucket_factor` times that
 (one bucket: a single bucket's cycle median is noisier than the median over buckets).
+Those are floors: a rise must also stand `noise_factor` robust standard deviations
+(1.4826 x the median absolute deviation, on the logs) above the trailing cycles' own
+spread, the host-wide rise against the spread of the past cycles' host-wide rises, one
+series' against its own. A fixed threshold fires on a noisy host's ordinary cycles: on a
+contended two-core host with real traffic preempting the canaries, about 3 cycles in 10
+read 15% slow, the arms ran in half the cycles and the real requests queued behind their
+synthetic work. Scaled by the spread, the trigger fires on what this host's canaries do
+not ordinarily do; a quiet host keeps the floor.
 A slow cycle owes the arms to the `after` cycles that follow it; every slow cycle renews
 the debt, so the arms run while the slowdown persists (until the trailing medians have
 taken the new level in, about `history / 2` cycles of that kind) and `after` cycles
@@ -42,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections import deque
@@ -71,6 +80,8 @@ class AbSchedule:
     history: trailing cycle medians kept per series and cycle kind (ran the arms or
         not); min_history: fewer of a cycle's own kind judge nothing.
     bucket_factor: one series alone must rise this many times `on_slowdown`.
+    noise_factor: a rise must also exceed this many robust standard deviations of the
+        trailing cycles (see the module docstring); 0: the fixed thresholds alone.
     after: cycles owed the arms after a slow one.
     """
 
@@ -79,11 +90,15 @@ class AbSchedule:
     history: int = 20
     min_history: int = 5
     bucket_factor: float = 3.0
+    noise_factor: float = 3.0
     after: int = 1
     owed: int = 0  # cycles still owed the arms by the latest slow cycle
     # ran the arms (True) or not -> series -> that kind's trailing cycle medians
     _medians: dict[bool, dict[Series, deque[float]]] = field(
         default_factory=lambda: {True: {}, False: {}}, repr=False)
+    # ran the arms or not -> that kind's past cycles' host-wide rises (log of the median
+    # ratio over series), the spread the next host-wide rise is judged against
+    _rises: dict[bool, deque[float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.share <= 1.0:
@@ -92,6 +107,9 @@ class AbSchedule:
             raise ValueError(f"ab_on_slowdown: must be >= 0 or null, got {self.on_slowdown}")
         if not 1 <= self.min_history <= self.history:
             raise ValueError(f"min_history: must be in [1, history], got {self.min_history}")
+        if self.noise_factor < 0:
+            raise ValueError(f"noise_factor: must be >= 0, got {self.noise_factor}")
+        self._rises = {True: deque(maxlen=self.history), False: deque(maxlen=self.history)}
 
     @property
     def enabled(self) -> bool:
@@ -118,6 +136,8 @@ class AbSchedule:
         if ab and self.owed > 0:
             self.owed -= 1
         slow = self.enabled and self.slow(medians, ab=ab)
+        if logs := self._rises_over_trailing(medians, ab=ab):
+            self._rises[ab].append(statistics.median(logs.values()))
         kind = self._medians[ab]
         for series, value in medians.items():
             kind.setdefault(series, deque(maxlen=self.history)).append(value)
@@ -131,11 +151,31 @@ class AbSchedule:
         rise = self.on_slowdown
         if not self.enabled or not rise:
             return False
-        kind = self._medians[ab]
-        ratios = [value / statistics.median(past) for series, value in medians.items()
-                  if len(past := kind.get(series, ())) >= self.min_history]
-        if not ratios:
+        logs = self._rises_over_trailing(medians, ab=ab)
+        if not logs:
             return False
-        host = statistics.median(ratios) - 1.0 > rise
-        one = max(ratios) - 1.0 > self.bucket_factor * rise
-        return host or one
+        host = statistics.median(logs.values())
+        if host > max(math.log1p(rise), self._noise(self._rises[ab])):
+            return True
+        one = math.log1p(self.bucket_factor * rise)
+        kind = self._medians[ab]
+        return any(r > max(one, self._noise(math.log(v) for v in kind[series]))
+                   for series, r in logs.items())
+
+    def _rises_over_trailing(self, medians: Mapping[Series, float], *,
+                             ab: bool) -> dict[Series, float]:
+        """Return series -> the log of its value over its kind's trailing median, for the
+        series with `min_history` cycles of that kind."""
+        kind = self._medians[ab]
+        return {series: math.log(value / statistics.median(past))
+                for series, value in medians.items()
+                if len(past := kind.get(series, ())) >= self.min_history}
+
+    def _noise(self, values: Iterable[float]) -> float:
+        """Return `noise_factor` robust standard deviations of `values` (logs); 0 while
+        there are fewer than `min_history` of them."""
+        xs = list(values)
+        if len(xs) < self.min_history or not self.noise_factor:
+            return 0.0
+        mid = statistics.median(xs)
+        return self.noise_factor * 1.4826 * statistics.median(abs(x - mid) for x in xs)

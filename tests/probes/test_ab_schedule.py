@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -182,3 +183,61 @@ def test_settings_are_checked() -> None:
         AbSchedule(on_slowdown=-0.1)
     with pytest.raises(ValueError, match="ab_share"):
         AbSchedule(share=1.5)
+    with pytest.raises(ValueError, match="noise_factor"):
+        AbSchedule(noise_factor=-1.0)
+
+
+def noisy(schedule: AbSchedule, cycles: int, rng: random.Random, sigma: float,
+          factor: float = 1.0) -> list[bool]:
+    """Run `cycles` plain cycles whose medians scatter log-normally by `sigma` around the
+    steady level times `factor`, the host's share common to every series; return which
+    came out slow."""
+    out = []
+    for _ in range(cycles):
+        host = rng.gauss(0.0, sigma)
+        medians = {k: v * factor * math.exp(host + rng.gauss(0.0, sigma / 2))
+                   for k, v in STEADY.items()}
+        out.append(schedule.observe(medians, ab=False))
+    return out
+
+
+def test_on_a_noisy_host_the_threshold_follows_the_cycles_own_spread() -> None:
+    # Cycles scattering by about 15% (a contended host, real traffic preempting the
+    # canaries): a fixed 15% calls a large share of the ordinary cycles slow, and each
+    # brings the arms' synthetic work on the real traffic.
+    fixed = noisy(AbSchedule(share=0.25, on_slowdown=0.15, noise_factor=0.0), 1000,
+                  random.Random(11), 0.15)
+    scaled_ = noisy(AbSchedule(share=0.25, on_slowdown=0.15), 1000, random.Random(11), 0.15)
+    assert sum(fixed) > 150  # about 1 in 5
+    assert sum(scaled_) < 30  # under 1 in 30
+
+
+def test_on_a_noisy_host_a_real_slowdown_still_brings_the_arms() -> None:
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    rng = random.Random(12)
+    noisy(schedule, 100, rng, 0.15)
+    assert noisy(schedule, 1, rng, 0.15, factor=2.5) == [True]  # host-wide 2.5x
+
+
+def test_a_quiet_host_keeps_the_fixed_floor() -> None:
+    # Nearly no spread: the floors (15% host-wide, 45% one series) decide, as before.
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    noisy(schedule, 40, random.Random(13), 0.005)
+    assert schedule.slow(scaled(1.2), ab=False)
+    assert not schedule.slow(scaled(1.1), ab=False)
+    series = ("64", "compiled", "speculative")
+    assert schedule.slow(scaled(1.6, series), ab=False)
+    assert not schedule.slow(scaled(1.3, series), ab=False)
+
+
+def test_a_noisy_series_must_rise_above_its_own_spread() -> None:
+    # One bucket scatters by 25% on its own, the other is steady: +60% in the noisy one is
+    # within its ordinary excursions, +60% in the steady one is not.
+    quiet, loud = ("16", "compiled", "speculative"), ("64", "compiled", "speculative")
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    rng = random.Random(14)
+    for _ in range(20):
+        schedule.observe({quiet: STEADY[quiet], loud: STEADY[loud] * math.exp(
+            rng.gauss(0.0, 0.25))}, ab=False)
+    assert not schedule.slow({quiet: STEADY[quiet], loud: STEADY[loud] * 1.6}, ab=False)
+    assert schedule.slow({quiet: STEADY[quiet] * 1.6, loud: STEADY[loud]}, ab=False)
