@@ -19,9 +19,13 @@ series' against its own. A fixed threshold fires on a noisy host's ordinary cycl
 contended two-core host with real traffic preempting the canaries, about 3 cycles in 10
 read 15% slow, the arms ran in half the cycles and the real requests queued behind their
 synthetic work. Scaled by the spread, the trigger fires on what this host's canaries do
-not ordinarily do; a quiet host keeps the floor.
-A slow cycle owes the arms to the `after` cycles that follow it; every slow cycle renews
-the debt, so the arms run while the slowdown persists (until the trailing medians have
+not ordinarily do; a quiet host keeps the floor. And a rise must hold for `confirm`
+consecutive cycles (of either kind): on that host a cycle's canaries rose 50-100% in one
+cycle and were back the next (real requests arriving together, a burst, the worker's
+evaluation on the same core), which no spread of 20 cycles prices in, while a slowdown
+worth a page lasts several cycles (a rule confirms over several of its windows).
+A slow cycle (the `confirm`-th in a row that rose) owes the arms to the `after` cycles
+that follow it; every slow cycle renews the debt, so the arms run while the slowdown persists (until the trailing medians have
 taken the new level in, about `history / 2` cycles of that kind) and `after` cycles
 more. The random draw stays the background schedule and is drawn every cycle, owed or
 not, so the drawn schedule does not depend on slowdowns. With a share of 0 no arm runs
@@ -82,6 +86,7 @@ class AbSchedule:
     bucket_factor: one series alone must rise this many times `on_slowdown`.
     noise_factor: a rise must also exceed this many robust standard deviations of the
         trailing cycles (see the module docstring); 0: the fixed thresholds alone.
+    confirm: consecutive cycles that rose make a slow one (1: every cycle that rose).
     after: cycles owed the arms after a slow one.
     """
 
@@ -91,8 +96,10 @@ class AbSchedule:
     min_history: int = 5
     bucket_factor: float = 3.0
     noise_factor: float = 3.0
+    confirm: int = 2
     after: int = 1
     owed: int = 0  # cycles still owed the arms by the latest slow cycle
+    rising: int = 0  # consecutive cycles, up to the latest, that rose over the thresholds
     # ran the arms (True) or not -> series -> that kind's trailing cycle medians
     _medians: dict[bool, dict[Series, deque[float]]] = field(
         default_factory=lambda: {True: {}, False: {}}, repr=False)
@@ -109,6 +116,8 @@ class AbSchedule:
             raise ValueError(f"min_history: must be in [1, history], got {self.min_history}")
         if self.noise_factor < 0:
             raise ValueError(f"noise_factor: must be >= 0, got {self.noise_factor}")
+        if self.confirm < 1:
+            raise ValueError(f"confirm: must be >= 1, got {self.confirm}")
         self._rises = {True: deque(maxlen=self.history), False: deque(maxlen=self.history)}
 
     @property
@@ -129,13 +138,15 @@ class AbSchedule:
 
     def observe(self, medians: Mapping[Series, float], *, ab: bool) -> bool:
         """Take in a finished cycle: its optimized medians (`optimized_medians`) and
-        whether it ran the arms; return whether it was slow (arms owed to the next).
+        whether it ran the arms; return whether it was slow: the `confirm`-th cycle in a
+        row that rose (`slow`), arms owed to the next.
 
         It is judged against, then taken into, the history of its own kind (`ab`) only.
         """
         if ab and self.owed > 0:
             self.owed -= 1
-        slow = self.enabled and self.slow(medians, ab=ab)
+        self.rising = self.rising + 1 if self.enabled and self.slow(medians, ab=ab) else 0
+        slow = self.rising >= self.confirm
         if logs := self._rises_over_trailing(medians, ab=ab):
             self._rises[ab].append(statistics.median(logs.values()))
         kind = self._medians[ab]
@@ -147,7 +158,8 @@ class AbSchedule:
 
     def slow(self, medians: Mapping[Series, float], *, ab: bool) -> bool:
         """Return whether `medians` of a cycle that ran the arms (`ab`) or not rose over
-        the trailing medians of cycles of that kind (not yet taken in)."""
+        the trailing medians of cycles of that kind (not yet taken in) by more than the
+        thresholds; `observe` calls a cycle slow after `confirm` such cycles in a row."""
         rise = self.on_slowdown
         if not self.enabled or not rise:
             return False

@@ -36,7 +36,7 @@ def scaled(factor: float, series: tuple[str, str, str] | None = None) -> dict:
 
 
 def test_after_a_slow_cycle_the_next_one_runs_the_arms_whatever_the_draw() -> None:
-    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, confirm=1)
     rng = Never()
     assert steady(schedule, 10, rng) == [None] * 10
     assert schedule.observe(scaled(1.3), ab=False)  # host-wide +30%: slow
@@ -47,7 +47,7 @@ def test_after_a_slow_cycle_the_next_one_runs_the_arms_whatever_the_draw() -> No
 
 
 def test_a_slowdown_that_persists_keeps_the_arms_running() -> None:
-    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, confirm=1)
     # Both kinds of cycle in the history: the on-demand A/B cycles are judged against the
     # A/B cycles before the slowdown.
     assert steady(schedule, 60, random.Random(1)).count(AbReason.DRAWN) >= schedule.min_history
@@ -68,7 +68,7 @@ def test_one_bucket_must_rise_further_than_the_median_over_buckets() -> None:
 
 
 def test_an_owed_cycle_is_not_paid_off_by_a_cycle_that_skipped_the_arms() -> None:
-    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, confirm=1)
     rng = Never()
     steady(schedule, 10, rng)
     schedule.observe(scaled(2.0), ab=False)
@@ -147,7 +147,7 @@ def test_ab_cycles_at_another_level_than_plain_ones_owe_no_arms(
 
 
 def test_a_slowdown_is_still_seen_by_either_kind_of_cycle() -> None:
-    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, confirm=1)
     mixed(schedule, 200, random.Random(4), 1.2)
     # +30% over its own kind's level, whichever kind the slowed cycle is.
     assert schedule.slow(scaled(1.3), ab=False)
@@ -158,7 +158,7 @@ def test_a_slowdown_is_still_seen_by_either_kind_of_cycle() -> None:
 
 
 def test_each_kind_needs_its_own_min_history() -> None:
-    schedule = AbSchedule(share=0.25, on_slowdown=0.15, min_history=5)
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, min_history=5, confirm=1)
     steady(schedule, 10, Never())  # plain cycles only: no A/B history yet
     assert not schedule.observe(scaled(3.0), ab=True)  # judges nothing
     assert schedule.observe(scaled(3.0), ab=False)
@@ -167,7 +167,7 @@ def test_each_kind_needs_its_own_min_history() -> None:
 def test_before_the_ab_history_fills_a_slowdown_brings_the_arms_every_other_cycle() -> None:
     # An A/B cycle with too few A/B cycles before it judges nothing: it pays off the debt,
     # and the plain cycle after it, slow again, owes the arms anew.
-    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15, confirm=1)
     rng = Never()
     steady(schedule, 10, rng)  # plain cycles only
     reasons = []
@@ -185,6 +185,8 @@ def test_settings_are_checked() -> None:
         AbSchedule(share=1.5)
     with pytest.raises(ValueError, match="noise_factor"):
         AbSchedule(noise_factor=-1.0)
+    with pytest.raises(ValueError, match="confirm"):
+        AbSchedule(confirm=0)
 
 
 def noisy(schedule: AbSchedule, cycles: int, rng: random.Random, sigma: float,
@@ -205,7 +207,7 @@ def test_on_a_noisy_host_the_threshold_follows_the_cycles_own_spread() -> None:
     # Cycles scattering by about 15% (a contended host, real traffic preempting the
     # canaries): a fixed 15% calls a large share of the ordinary cycles slow, and each
     # brings the arms' synthetic work on the real traffic.
-    fixed = noisy(AbSchedule(share=0.25, on_slowdown=0.15, noise_factor=0.0), 1000,
+    fixed = noisy(AbSchedule(share=0.25, on_slowdown=0.15, noise_factor=0.0, confirm=1), 1000,
                   random.Random(11), 0.15)
     scaled_ = noisy(AbSchedule(share=0.25, on_slowdown=0.15), 1000, random.Random(11), 0.15)
     assert sum(fixed) > 150  # about 1 in 5
@@ -216,7 +218,8 @@ def test_on_a_noisy_host_a_real_slowdown_still_brings_the_arms() -> None:
     schedule = AbSchedule(share=0.25, on_slowdown=0.15)
     rng = random.Random(12)
     noisy(schedule, 100, rng, 0.15)
-    assert noisy(schedule, 1, rng, 0.15, factor=2.5) == [True]  # host-wide 2.5x
+    # Host-wide 2.5x: slow once it held for `confirm` (2) cycles.
+    assert noisy(schedule, 2, rng, 0.15, factor=2.5) == [False, True]
 
 
 def test_a_quiet_host_keeps_the_fixed_floor() -> None:
@@ -241,3 +244,17 @@ def test_a_noisy_series_must_rise_above_its_own_spread() -> None:
             rng.gauss(0.0, 0.25))}, ab=False)
     assert not schedule.slow({quiet: STEADY[quiet], loud: STEADY[loud] * 1.6}, ab=False)
     assert schedule.slow({quiet: STEADY[quiet] * 1.6, loud: STEADY[loud]}, ab=False)
+
+
+def test_a_rise_for_one_cycle_brings_no_arms_two_in_a_row_do() -> None:
+    # A cycle's canaries can rise far in one cycle and be back the next (real requests
+    # arriving together, a burst): no arms for that; a rise that holds is a slowdown.
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    rng = Never()
+    steady(schedule, 10, rng)
+    assert not schedule.observe(scaled(2.0), ab=False)
+    assert schedule.due(rng) is None
+    assert not schedule.observe(STEADY, ab=False)  # back: the run of rises is broken
+    assert not schedule.observe(scaled(2.0), ab=False)
+    assert schedule.observe(scaled(2.0), ab=False)  # the second in a row
+    assert schedule.due(rng) == AbReason.SLOWDOWN

@@ -164,10 +164,10 @@ def test_settings_prober_runs_the_arms_after_a_slow_cycle(
     for _ in range(6):
         prober.run_cycle()
     engine.timings.per_output_token_s *= 1.5  # latency steps up
-    prober.run_cycle()
-    prober.run_cycle()
+    for _ in range(3):  # slow once it held for two cycles, the arms in the third
+        prober.run_cycle()
     assert writer.flush(timeout=30)
     with sessionmaker() as s:
         runs = s.scalars(select(ProbeRun).order_by(ProbeRun.id)).all()
-    assert [r.details["ab"] for r in runs] == [False] * 7 + [True]
+    assert [r.details["ab"] for r in runs] == [False] * 8 + [True]
     assert runs[-1].details["ab_reason"] == "slowdown" and runs[-1].details["pairs"]
