@@ -145,9 +145,12 @@ class AbSchedule:
         """
         if ab and self.owed > 0:
             self.owed -= 1
-        self.rising = self.rising + 1 if self.enabled and self.slow(medians, ab=ab) else 0
-        slow = self.rising >= self.confirm
+        slow = False
         if logs := self._rises_over_trailing(medians, ab=ab):
+            # A cycle with too few of its own kind before it judges nothing and leaves the
+            # run of rises as it was.
+            self.rising = self.rising + 1 if self.enabled and self.slow(medians, ab=ab) else 0
+            slow = self.rising >= self.confirm
             self._rises[ab].append(statistics.median(logs.values()))
         kind = self._medians[ab]
         for series, value in medians.items():

@@ -258,3 +258,17 @@ def test_a_rise_for_one_cycle_brings_no_arms_two_in_a_row_do() -> None:
     assert not schedule.observe(scaled(2.0), ab=False)
     assert schedule.observe(scaled(2.0), ab=False)  # the second in a row
     assert schedule.due(rng) == AbReason.SLOWDOWN
+
+
+def test_a_cycle_that_judges_nothing_leaves_the_run_of_rises_alone() -> None:
+    # Before the A/B history fills, the on-demand A/B cycle judges nothing: the slowdown
+    # still brings the arms every other cycle, from the plain cycles between.
+    schedule = AbSchedule(share=0.25, on_slowdown=0.15)
+    rng = Never()
+    steady(schedule, 10, rng)  # plain cycles only
+    reasons = []
+    for _ in range(6):
+        reason = schedule.due(rng)
+        schedule.observe(scaled(1.5), ab=reason is not None)
+        reasons.append(reason)
+    assert reasons == [None, None, AbReason.SLOWDOWN, None, AbReason.SLOWDOWN, None]

@@ -88,7 +88,7 @@ def test_the_week_reads_drawn_and_requested_cycles_and_says_what_it_left_out(
     watched = _cycle(engine, 0.25, Never(), minute)
     assert not any(r.ab for r in _run(sessionmaker, watched, 6))  # steady: never drawn
     engine.timings.total_s.update({OPTIMIZED: 0.4, EAGER: 0.4})  # the slow period
-    slow = _run(sessionmaker, watched, 8)
+    slow = _run(sessionmaker, watched, 10)
     on_demand = [r for r in slow if r.ab]
     assert on_demand and {r.ab_reason for r in on_demand} == {"slowdown"}
     left_pairs = sum(len(r.pairs) for r in on_demand)
