@@ -41,6 +41,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from alerts import quality
+from alerts.rollout import ROLLOUT_RULE
+from alerts.rules import Rule
+from alerts.series import judged_cycle, row_kind
 from storage.queries.incidents import ArmRow, arm_rows
 from storage.queries.speedups import (
     ALL_BUCKETS,
@@ -94,11 +98,63 @@ class CauseConfig:
     slowed: float = 0.10
     alike: float = 0.5
     before_s: float = 3600.0
-    # The incident's window opens one cycle before its first alert went pending (the cycle
-    # that breached); the baseline hour ends `gap_s` before that, so cycles at the edge of
-    # the change count on neither side.
+    # The incident's window opens at the start of the earliest rule cycle that breached
+    # (`window_start`): found from the members' rules (`rules`, the evaluation's) and the
+    # settle the evaluation judges them with (`settle`: row kind -> seconds, as it passes
+    # it to alerts.series.RowCache). A member whose rule is not among them opens it
+    # `lead_s` before it went pending (the service derives that from its schedule and
+    # rules, `window_lead_s`, monitor.alerting; 60 s, one shipped cycle, where none is
+    # given). The baseline hour ends `gap_s` before the window opens, so cycles at the
+    # edge of the change count on neither side.
+    rules: tuple[Rule, ...] = ()
+    settle: Mapping[str, float] = field(default_factory=dict)
     lead_s: float = 60.0
     gap_s: float = 300.0
+
+
+# Row kinds (alerts.series) whose rule cycles hold what probe cycles or traffic minutes
+# measured then. A burst's cycle (a quarter hour) or a sliding hour says little of when
+# the change began: a window opened that early would count the cycles before it as during.
+CYCLE_KINDS = ("canary", "traffic", "batch", *quality.KINDS.values())
+
+
+def window_lead_s(rules: Iterable[Rule], *, evaluate_interval_s: float,
+                  settle: Mapping[str, float] | None = None) -> float:
+    """Return how long before its alert went pending a rule cycle that breached started at
+    most, over `rules` (the fallback of `window_start`, for a member of another rule).
+
+    An alert goes pending at the first evaluation that judges the cycle holding the
+    breach: less than one evaluation interval after that cycle ended and its rows settled
+    (`settle`: row kind -> seconds, as the evaluation job passes it).
+    """
+    waits = settle or {}
+    cycles = [r.window_s + waits.get(kind, 0.0) for r in rules
+              if (kind := row_kind(r)) in CYCLE_KINDS]
+    return max(cycles, default=0.0) + evaluate_interval_s
+
+
+def window_start(pending: Iterable[tuple[str, datetime]], config: CauseConfig) -> datetime:
+    """Return where an incident's window opens: the start of the earliest rule cycle that
+    breached, over its members (`pending`: each one's rule name and when it went pending).
+
+    A member went pending at the evaluation whose latest judged cycle of its rule breached
+    (`alerts.series.judged_cycle`), so that cycle's start is exact: no cycle from before
+    it counts as during the incident. Members of a burst's or a sliding hour's rule, or the
+    rollout check's half hour, say little of when the change began and are left out; one
+    whose rule is not in `config.rules` opens it `config.lead_s` before it went pending,
+    as do all of them where none is of a rule cycle.
+    """
+    lead = timedelta(seconds=config.lead_s)
+    rules = {r.name: r for r in config.rules}
+    members = list(pending)
+    starts = []
+    for name, at in members:
+        rule = rules.get(name)
+        if rule is None and name != ROLLOUT_RULE:
+            starts.append(at - lead)
+        elif rule is not None and row_kind(rule) in CYCLE_KINDS:
+            starts.append(judged_cycle(rule, config.settle, at))
+    return min(starts or [at - lead for _, at in members])
 
 
 @dataclass(frozen=True)
@@ -186,7 +242,9 @@ def paired_changes(pairs: Iterable[PairRecord], start: datetime,
     during: list[PairRecord] = []
     for p in pairs:
         if not buckets or p.bucket in buckets:
-            (during if p.started_at >= start else before).append(p)
+            # When its cycle finished, as its canary rows are stamped and a rule cycle
+            # reads them: a cycle that began before the rule cycle that breached counts.
+            (during if p.at >= start else before).append(p)
 
     def by_key(side: list[PairRecord]) -> dict[tuple[str, str], ArmSpeedup]:
         # One reference arm per optimization (eager: compile, direct: speculative).
@@ -413,21 +471,21 @@ def _measured(opt: float | None, seen: Found, cfg: CauseConfig) -> str:
     return f"no optimization slowed (arm speedups {where}: {compared}{opt_text})"
 
 
-def measure(session: Session, scope: Scope, first_start: datetime, now: datetime,
-            config: CauseConfig | None = None) -> Cause:
-    """Read the arms around an incident that started at `first_start` and classify it."""
+def measure(session: Session, scope: Scope, pending: Iterable[tuple[str, datetime]],
+            now: datetime, config: CauseConfig | None = None) -> Cause:
+    """Read the arms around an incident and classify it; `pending`: each member's rule
+    name and when it went pending (`window_start`)."""
     cfg = config or CauseConfig()
-    start = first_start - timedelta(seconds=cfg.lead_s)
+    start = window_start(pending, cfg)
     edge = start - timedelta(seconds=cfg.gap_s)
     since = edge - timedelta(seconds=cfg.before_s)
     rows = [r for r in arm_rows(session, since, now, (OPTIMIZED,)) if not edge <= r.at < start]
-    pairs = [p for p in load_pairs(session, since, now) if not edge <= p.started_at < start]
+    pairs = [p for p in load_pairs(session, since, now) if not edge <= p.at < start]
     buckets = [b for b in scope.buckets if any(r.bucket == b for r in rows)]
     paired = paired_changes(pairs, start, buckets)
     found = Found(highs=arm_highs(rows, paired, start, buckets), paired=paired,
                   rows=(sum(r.at < start for r in rows), sum(r.at >= start for r in rows)),
-                  pairs=(sum(p.started_at < start for p in pairs),
-                         sum(p.started_at >= start for p in pairs)))
+                  pairs=(sum(p.at < start for p in pairs), sum(p.at >= start for p in pairs)))
     cause = classify(scope, arm_changes(rows, paired, start, buckets),
                      instance_changes(rows, start), cfg, found)
     evidence = {**cause.evidence, "window_start": start.isoformat(), "until": now.isoformat(),

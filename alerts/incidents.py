@@ -284,10 +284,10 @@ class Incidents:
         inc.instances = list(scope.instances)
         inc.cohorts = cohorts
         if remeasure and inc.state == "open":
-            first = min(m.started_at for m in members)
+            pending = [(m.rule, m.started_at) for m in members]
             try:
                 with self.session.begin_nested():
-                    cause = measure(self.session, scope, first, self.now, self.config.cause)
+                    cause = measure(self.session, scope, pending, self.now, self.config.cause)
             except Exception as e:  # noqa: BLE001 - a cause we cannot measure still pages
                 log.exception("incident %d: cause not measured", inc.id)
                 cause = Cause("unknown", f"unknown (not measured: {type(e).__name__})")

@@ -591,15 +591,36 @@ def sliced_cohort_series(rule: Rule, session: Session, start: datetime, end: dat
     return out, held
 
 
+def row_kind(rule: Rule) -> str:
+    """Return the RowCache kind whose rows `rule`'s cycles read (a sliding metric's events)."""
+    return _SLIDING.get(rule.metric) or series_kind(rule)
+
+
 def settled_end(rule: Rule, cache: RowCache, now: datetime) -> datetime:
     """Return the end of the cycles of `rule` that have settled by `now` (`RowCache.settle`)."""
-    kind = _SLIDING.get(rule.metric) or series_kind(rule)
-    return now - timedelta(seconds=cache.settle.get(kind, 0.0))
+    return settled_by(rule, cache.settle, now)
+
+
+def settled_by(rule: Rule, settle: Mapping[str, float], now: datetime) -> datetime:
+    """Return the end of the cycles of `rule` settled by `now`; `settle`: row kind ->
+    seconds, as the evaluation passes it (`RowCache.settle`)."""
+    return now - timedelta(seconds=settle.get(row_kind(rule), 0.0))
+
+
+def judged_cycle(rule: Rule, settle: Mapping[str, float], now: datetime) -> datetime:
+    """Return the start of the latest cycle of `rule` an evaluation at `now` judges.
+
+    The last cycle of its series (`_series`: the cycles finished by `settled_by`), the
+    one whose breach makes an alert pending (alerts.rules.RuleResult.breaching); a pooled
+    quantile's point sits on the same grid.
+    """
+    return cycle_start(settled_by(rule, settle, now), rule.window_s) \
+        - timedelta(seconds=rule.window_s)
 
 
 def _series(rule: Rule, cache: RowCache, start: datetime, end: datetime,
             split: bool) -> dict[_Key, list[Point]]:
-    kind = _SLIDING.get(rule.metric) or series_kind(rule)
+    kind = row_kind(rule)
     # A cycle counts once its rows have all arrived (RowCache.settle).
     starts = cycle_starts(start, settled_end(rule, cache, end), rule.window_s)
     if not starts:

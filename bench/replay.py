@@ -17,13 +17,15 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.baselines import BaselineConfig
-from alerts.config import AlertsConfig, load_config
+from alerts.config import AlertsConfig
 from alerts.evaluator import EvaluationOptions, evaluate
 from alerts.policy import Policy
 from alerts.rules import Rule
 from alerts.settings import AlertSettings
 from alerts.webhooks import WebhookTarget
-from monitor.jobs import refresh_sensitivity
+from monitor.alerting import load_alerts
+from monitor.jobs import evaluation_settle, refresh_sensitivity
+from monitor.settings import get_settings
 from storage.db import make_engine, make_sessionmaker
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday, 00:00
@@ -93,17 +95,19 @@ class Replay:
                     policy=self.policy,
                     baseline_config=config,
                     stale_after_s=self.stale_after_s,
-                    # The shipped grouping and notification timings, as the service's.
-                    incidents=_alerts_config().incidents,
+                    # The shipped grouping and notification timings and the cause's
+                    # window, as the service's.
+                    incidents=_service_alerts().incidents,
                 ),
                 minute(self.i) + timedelta(seconds=30),
+                settle=_service_settle(),
             )
         if first or self.i - (self.job_at or 0) >= SENSITIVITY_INTERVAL_MIN:
             self.sensitivity(until_done=first)
 
     def sensitivity(self, *, until_done: bool = False) -> None:
         """Run the sensitivity job now (until_done: again until no series is left)."""
-        alerts = dataclasses.replace(_alerts_config(), rules=tuple(self.rules))
+        alerts = dataclasses.replace(_service_alerts(), rules=tuple(self.rules))
         clock = lambda: minute(self.i) + timedelta(seconds=30)  # noqa: E731 - the job's clock
         while True:
             report = refresh_sensitivity(self.sm, alerts, clock)
@@ -122,6 +126,13 @@ class Replay:
 
 
 @functools.cache
-def _alerts_config() -> AlertsConfig:
-    """Return the shipped alerts configuration (what a service runs with by default)."""
-    return load_config(AlertSettings())
+def _service_alerts() -> AlertsConfig:
+    """Return the alerts configuration a service with the shipped settings runs with (as
+    built at its start-up: monitor.alerting.load_alerts)."""
+    return load_alerts(get_settings())
+
+
+@functools.cache
+def _service_settle() -> dict[str, float]:
+    """Return the settle waits the shipped service's evaluation job judges cycles with."""
+    return evaluation_settle(get_settings())

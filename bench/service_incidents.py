@@ -2,8 +2,9 @@
 
 `python -m bench.incidents --service` replays scenarios through the production
 evaluator (all shipped rules and the shipped policy), the incident grouping and the
-outbox, on an injected clock. Each minute writes what the service would, through its own
-writers, in the engine's buckets 16/32/64/128/256:
+outbox, on an injected clock, with the service's incident config and settle waits
+(`bench.replay`: the cause's window opens where the service's would). Each minute writes
+what the service would, through its own writers, in the engine's buckets 16/32/64/128/256:
 
 - one canary cycle per instance (`probes.reference.add_checked_cycle`, which stores it
   through `probes.sink.add_cycle`): 4 canaries per bucket, the A/B arms `eager` and

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -13,8 +13,10 @@ from monitor.hub import Seams
 from monitor.settings import Settings
 
 if TYPE_CHECKING:
+    from alerts.cause import CauseConfig
     from alerts.config import AlertsConfig
     from alerts.outbox import Deliverer
+    from alerts.rules import Rule
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,25 @@ def load_alerts(settings: Settings) -> AlertsConfig:
         # comes, so it pages at once instead of two cycles late.
         log.info("alerts.incidents.cause_wait_s: off (probes run no A/B arms)")
         alerts = replace(alerts, incidents=replace(alerts.incidents, cause_wait_s=0.0))
-    return alerts
+    cause = cause_config(settings, alerts.incidents.cause, alerts.rules)
+    settle = ", ".join(f"{kind} {s:g} s" for kind, s in sorted(cause.settle.items()))
+    log.info("alerts: an incident's cause window opens at the start of the rule cycle that "
+             "breached (the rules' cycles judged as the evaluation does, settled: %s); "
+             "%g s before it went pending for a member of a rule not configured",
+             settle or "none", cause.lead_s)
+    return replace(alerts, incidents=replace(alerts.incidents, cause=cause))
+
+
+def cause_config(settings: Settings, cause: CauseConfig, rules: Sequence[Rule]) -> CauseConfig:
+    """Return `cause` with the rules and settle this service's evaluation judges, and the
+    fallback lead from its schedule (alerts.cause.window_start)."""
+    from alerts.cause import window_lead_s
+    from monitor.jobs import evaluation_settle
+
+    settle = evaluation_settle(settings)
+    lead = window_lead_s(rules, evaluate_interval_s=settings.scheduler.evaluate_interval_s,
+                         settle=settle)
+    return replace(cause, rules=tuple(rules), settle=settle, lead_s=lead)
 
 
 def runs_arms(settings: Settings) -> bool:

@@ -106,17 +106,22 @@ def _prune(s: AnalysisParts) -> object:
                      s.settings.retention.rollup_days)
 
 
+def evaluation_settle(settings: Settings) -> dict[str, float]:
+    """Return row kind -> seconds after a cycle's end before the evaluation judges it
+    (alerts.series.RowCache.settle)."""
+    # Every replica flushes its traffic rollups on its own schedule: a minute is judged
+    # once each has flushed it (the interval, plus a margin for the write itself).
+    flushed = settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S
+    return {"traffic": flushed, "batch": flushed}  # batch rollups flush with traffic
+
+
 def _evaluate(s: AnalysisParts) -> object:
     from alerts.evaluator import evaluate_split
     from monitor.events import log_evaluation
 
-    # Every replica flushes its traffic rollups on its own schedule: a minute is judged
-    # once each has flushed it (the interval, plus a margin for the write itself).
-    flushed = s.settings.scheduler.traffic_flush_interval_s + TRAFFIC_SETTLE_MARGIN_S
-    settle = {"traffic": flushed, "batch": flushed}  # batch rollups flush with traffic
     # Read and scored outside the write transaction: on SQLite the serving process's
     # writes would otherwise queue behind the whole evaluation.
-    report = evaluate_split(s.sessions, s.alerts, s.clock(), settle=settle)
+    report = evaluate_split(s.sessions, s.alerts, s.clock(), settle=evaluation_settle(s.settings))
     # The policy may have flipped flags: let the engine see them on its next request.
     s.flags.invalidate()
     log_evaluation(report)  # alert fired/resolved, flags the policy changed

@@ -118,7 +118,8 @@ class AbCycle:
     """The prompt pairs one A/B canary cycle stored (details["pairs"], see probes.sink).
 
     reason: why its arms ran (details["ab_reason"]: "drawn", "slowdown", "requested");
-    "" where the row has none (stored before it was recorded).
+    "" where the row has none (stored before it was recorded). finished_at: when the cycle
+    finished (None: not stored).
     """
 
     run_id: int
@@ -126,20 +127,22 @@ class AbCycle:
     started_at: datetime
     pairs: list[dict[str, Any]]
     reason: str = ""
+    finished_at: datetime | None = None
 
 
 def ab_cycle_pairs(session: Session, start: datetime, end: datetime, *,
                    instance_id: str | None = None) -> list[AbCycle]:
     """Return the pairs of every cycle run started in [start, end) that stored any."""
     r = ProbeRun
-    stmt = (select(r.id, r.instance_id, r.started_at, r.details)
+    stmt = (select(r.id, r.instance_id, r.started_at, r.details, r.finished_at)
             .where(r.kind == RunKind.CYCLE.value, r.started_at >= start, r.started_at < end)
             .order_by(r.started_at, r.id))
     if instance_id is not None:
         stmt = stmt.where(r.instance_id == instance_id)
     # The JSON is filtered here, not in SQL: SQLite and PostgreSQL spell JSON paths apart.
-    return [AbCycle(run_id, inst, at, details["pairs"], _reason(details.get("ab_reason")))
-            for run_id, inst, at, details in session.execute(stmt)
+    return [AbCycle(run_id, inst, at, details["pairs"], _reason(details.get("ab_reason")),
+                    finished)
+            for run_id, inst, at, details, finished in session.execute(stmt)
             if isinstance(details, dict) and isinstance(details.get("pairs"), list)
             and details["pairs"]]
 

@@ -79,6 +79,13 @@ class PairRecord:
     prompt: str
     latency_s: Mapping[str, float]
     ab_reason: str = ""  # why its cycle ran the arms (module docstring); "": not stored
+    finished_at: datetime | None = None  # when its cycle finished (None: not stored)
+
+    @property
+    def at(self) -> datetime:
+        """Return when its cycle finished (started, where that is not stored): when the
+        cycle's canary rows are stamped (probes.sink)."""
+        return self.finished_at or self.started_at
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,8 @@ def load_pairs(session: Session, start: datetime, end: datetime, *,
                 continue
             # JSON numbers as the sink wrote them; speedups() skips anything else.
             out.append(PairRecord(c.run_id, c.instance_id, c.started_at, p["bucket"],
-                                  str(p.get("prompt", "")), latency, c.reason))
+                                  str(p.get("prompt", "")), latency, c.reason,
+                                  c.finished_at))
     return out
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -34,8 +36,19 @@ from bench.service_incidents import (
     summary,
     warmed,
 )
+from monitor.alerting import load_alerts
+from monitor.jobs import evaluation_settle
+from monitor.settings import get_settings
 from storage import migrate
-from storage.models import CompileEvent, MemorySample, OutputAgreement, ProbeResult, TrafficRollup
+from storage.db import make_engine, make_sessionmaker
+from storage.models import (
+    CompileEvent,
+    Incident,
+    MemorySample,
+    OutputAgreement,
+    ProbeResult,
+    TrafficRollup,
+)
 
 # The most cycles a recovering series' median is read over (the shipped rules' lookback).
 RESOLVED_WITHIN_MIN = 30
@@ -98,6 +111,26 @@ def test_a_minute_writes_bucket_16_and_every_kind_the_rules_read(
                if p.value is not None)
 
 
+def test_the_sim_evaluates_with_the_services_incident_config_and_settle(
+        template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.replay as replay
+
+    seen = []
+    real = replay.evaluate
+
+    def spy(session: Any, options: Any, now: Any, **kw: Any) -> Any:
+        seen.append((options.incidents, kw.get("settle")))
+        return real(session, options, now, **kw)
+
+    monkeypatch.setattr(replay, "evaluate", spy)
+    sim = ServiceSim(template, tmp_path, "config", _noise().stream, seed=1)
+    sim.evaluate()
+    settings = get_settings()
+    assert seen == [(load_alerts(settings).incidents, evaluation_settle(settings))]
+    assert {r.name for r in seen[0][0].cause.rules} == {r.name for r in sim.rules}
+    sim.engine.dispose()
+
+
 def test_an_incident_that_fired_again_after_its_last_resolution_is_open() -> None:
     # Fired at +3 min, resolved, fired again, resolved, fired again (minutes after the end).
     o = ServiceOutcome("rollout", (0, 30), "one_instance", pages=[(3, 1, "one_instance")],
@@ -142,6 +175,17 @@ def test_a_host_wide_slowdown_pages_once_with_host_or_load(warm: Path, tmp_path:
         outcome.members
     assert outcome.members.get("traffic_p99_regression") == len(service.BUCKETS), \
         outcome.members
+    # The cause read from the earliest rule cycle a member breached in (the service's
+    # incident config): the first slowed minute, or the one before where a member went
+    # pending on noise then (here bucket 16's p50), not the library's minute of lead.
+    assert outcome.window is not None
+    engine = make_engine(f"sqlite:///{tmp_path / 's0.db'}")
+    with make_sessionmaker(engine)() as s:
+        incident_row = s.get(Incident, outcome.pages[0][1])
+        assert incident_row is not None
+        opened = datetime.fromisoformat(incident_row.evidence["window_start"])
+    engine.dispose()
+    assert minute(outcome.window[0] - 1) <= opened <= minute(outcome.window[0]), opened
     # One resolved notification, within the rules' lookback of the slowdown's end: the
     # members' last cycles back (their median, over as many cycles as each series' noise
     # needs; a pooled p99's own samples), not the pool emptying of the slowdown's samples

@@ -9,11 +9,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.protocol import InMemoryFlagProvider, RuntimeFlags
 from probes.canaries import CanarySuite
-from probes.cycle import ProbeCycle
+from probes.cycle import CycleResult, ProbeCycle, PromptPair
+from probes.sink import add_cycle
 from storage.models import ProbeRun
 from storage.queries.speedups import (
     ALL_BUCKETS,
@@ -303,3 +305,23 @@ def test_pooled_forward_and_reverse_arms_report_latency_without_and_with_the_opt
     assert (spec.off_p50_s, spec.on_p50_s) == (pytest.approx(0.2), pytest.approx(0.4))
     # The optimized request ran direct in 6 of the 8 pairs: its median is the fast side.
     assert spec.optimized_p50_s < spec.arm_p50_s
+
+
+# sessionmaker runs on SQLite and PostgreSQL.
+def test_a_pair_is_dated_by_when_its_cycle_finished(sessionmaker: sessionmaker[Session]) -> None:
+    # The incident cause counts a pair where its cycle's canary rows are: when it finished
+    # (alerts.cause.paired_changes); a run with no finish stored, when it started.
+    pair = PromptPair("64", "abc", ("optimized", "eager"), {"optimized": 0.3, "eager": 0.6})
+    with sessionmaker.begin() as s:
+        for started in (T, T + HOUR / 2):
+            add_cycle(s, CycleResult(suite="in_domain", instance_id="a", started_at=started,
+                                     finished_at=started + timedelta(seconds=40),
+                                     status="ok", ab=True, pairs=(pair,)))
+        s.flush()
+        s.execute(update(ProbeRun).where(ProbeRun.started_at == T + HOUR / 2)
+                  .values(finished_at=None))
+    with sessionmaker() as s:
+        first, second = load_pairs(s, T - HOUR, T + HOUR)
+    assert (first.started_at, first.finished_at, first.at) == (
+        T, T + timedelta(seconds=40), T + timedelta(seconds=40))
+    assert (second.finished_at, second.at) == (None, T + HOUR / 2)
