@@ -3,7 +3,8 @@
 These jobs read and write only SQL. Beside the engine they would share its GIL and
 slow the requests they measure, more as history grows; so they run in a process of
 their own (`tailwatch worker`), each singleton under a leader lock (a PostgreSQL
-advisory lock: one worker of many runs each singleton; SQLite: always the leader). The
+advisory lock, or on SQLite a lock file beside the database: one worker of many runs
+each singleton). The
 worker never loads the engine or torch. Policy actions (flag flips) are SQL writes: each
 serving process's flag snapshot picks them up within `alerts.flags_ttl_s`.
 """

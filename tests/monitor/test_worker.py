@@ -115,6 +115,61 @@ def test_two_workers_on_postgres_run_each_singleton_on_one(migrated_url: str) ->
             assert jobs(b)["evaluate"]["leader"] is True
 
 
+@contextmanager
+def worker_process(url: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `tailwatch worker` on `url` (fast evaluation and delivery) as a process of its own."""
+    env = {**os.environ, "TAILWATCH_DATABASE_URL": url, "TAILWATCH_API_TOKEN": TOKEN,
+           "PYTHONPATH": str(ROOT), "TAILWATCH_SCHEDULER__EVALUATE_INTERVAL_S": "0.2",
+           "TAILWATCH_SCHEDULER__DELIVERY_INTERVAL_S": "0.2"}
+    env.pop("TAILWATCH_CONFIG", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "monitor.cli", "worker", "--port", str(port),
+             "--exit-with-parent"], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=out,
+            stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(60.0)
+        assert proc.stdin is not None
+        proc.stdin.close()
+
+
+def evaluate_row(port: int) -> dict[str, Any]:
+    """Return the `evaluate` row of a worker process's job table ({} until it answers)."""
+    try:
+        body = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2.0).json()
+    except httpx.HTTPError:
+        return {}
+    return next((j for j in body["jobs"] if j["name"] == "evaluate"), {})
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_second_worker_process_on_one_sqlite_file_waits_and_takes_over_from_a_killed_one(
+        migrated_url: str, tmp_path: Path) -> None:
+    # As a `tailwatch worker` run by a process manager beside the one `serve` starts.
+    ports = free_port(), free_port()
+    logs = tmp_path / "a.log", tmp_path / "b.log"
+    with worker_process(migrated_url, ports[0], logs[0]) as a:
+        wait_for(lambda: evaluate_row(ports[0]).get("runs", 0) >= 1, 120.0,
+                 what="the first worker evaluates")
+        with worker_process(migrated_url, ports[1], logs[1]):
+            wait_for(lambda: evaluate_row(ports[1]).get("not_leader", 0) >= 3, 120.0,
+                     what="the second worker waits")
+            assert evaluate_row(ports[1])["runs"] == 0
+            assert evaluate_row(ports[0])["leader"] is True
+            a.kill()  # no shutdown code runs: only the kernel frees the lock
+            a.wait(60.0)
+            wait_for(lambda: evaluate_row(ports[1]).get("runs", 0) >= 1, 60.0,
+                     what="the second worker takes over")
+            assert evaluate_row(ports[1])["leader"] is True
+    second = logs[1].read_text()
+    assert second.count("another process leads the scheduler") == 1, second
+    assert f"(pid {a.pid}, lock file " in second
+    assert "became scheduler leader" in second
+
 @pytest.mark.parametrize("db_kind", ["sqlite"])
 def test_starting_the_worker_never_imports_torch(sqlite_url: str, db_kind: str) -> None:
     code = (
