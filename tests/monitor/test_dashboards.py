@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
+from prometheus_client import CollectorRegistry
+
+from monitor.metrics import EngineCollector, Metrics
+from probes.fake import FakeEngine
 
 ROOT = Path(__file__).resolve().parents[2] / "dashboards"
+OVERVIEW = ROOT / "grafana" / "dashboards" / "tailwatch-overview.json"
 
 
 def test_dashboard_panels_are_well_formed() -> None:
@@ -54,6 +60,36 @@ def test_dashboard_panels_are_well_formed() -> None:
                        "tailwatch_rule_expected_false_pages", "tailwatch_incidents_open",
                        "tailwatch_incidents_total"):
             assert needed in exprs, needed
+
+
+def row_panels(dash: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """Return the panels under the row titled `title` (nested in it when collapsed)."""
+    panels = sorted(dash["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    rows = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title]
+    assert len(rows) == 1, f"{title!r}: {len(rows)} rows"
+    row = panels[rows[0]]
+    if row.get("collapsed"):
+        return list(row["panels"])
+    under = []
+    for p in panels[rows[0] + 1:]:
+        if p["type"] == "row":
+            break
+        under.append(p)
+    return under
+
+
+def test_the_batching_row_charts_the_batching_series_the_engine_exports() -> None:
+    registry = CollectorRegistry()
+    EngineCollector(Metrics(registry), FakeEngine)
+    exported = {s.name for family in registry.collect() for s in family.samples}
+    panels = row_panels(json.loads(OVERVIEW.read_text()), "Batching")
+    assert panels
+    queried = {name for p in panels for t in p["targets"]
+               for name in re.findall(r"tailwatch_[a-z0-9_]+", t["expr"])}
+    # A series renamed in monitor.metrics (or misspelled here) would chart nothing.
+    assert queried <= exported, sorted(queried - exported)
+    assert {"tailwatch_batch_current_size", "tailwatch_batch_max_size", "tailwatch_queue_size",
+            "tailwatch_batch_window_seconds", "tailwatch_batch_steps_total"} <= queried
 
 
 def test_provisioning_points_grafana_at_prometheus_and_the_dashboards() -> None:
