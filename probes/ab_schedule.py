@@ -149,7 +149,7 @@ class AbSchedule:
         if logs := self._rises_over_trailing(medians, ab=ab):
             # A cycle with too few of its own kind before it judges nothing and leaves the
             # run of rises as it was.
-            self.rising = self.rising + 1 if self.enabled and self.slow(medians, ab=ab) else 0
+            self.rising = self.rising + 1 if self._rose(logs, ab=ab) else 0
             slow = self.rising >= self.confirm
             self._rises[ab].append(statistics.median(logs.values()))
         kind = self._medians[ab]
@@ -163,11 +163,13 @@ class AbSchedule:
         """Return whether `medians` of a cycle that ran the arms (`ab`) or not rose over
         the trailing medians of cycles of that kind (not yet taken in) by more than the
         thresholds; `observe` calls a cycle slow after `confirm` such cycles in a row."""
+        return self._rose(self._rises_over_trailing(medians, ab=ab), ab=ab)
+
+    def _rose(self, logs: Mapping[Series, float], *, ab: bool) -> bool:
+        """Return whether a cycle's rises over its kind's trailing medians
+        (`_rises_over_trailing`) pass the thresholds (see `slow`)."""
         rise = self.on_slowdown
-        if not self.enabled or not rise:
-            return False
-        logs = self._rises_over_trailing(medians, ab=ab)
-        if not logs:
+        if not self.enabled or not rise or not logs:
             return False
         host = statistics.median(logs.values())
         if host > max(math.log1p(rise), self._noise(self._rises[ab])):

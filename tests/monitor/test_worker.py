@@ -116,11 +116,15 @@ def test_two_workers_on_postgres_run_each_singleton_on_one(migrated_url: str) ->
 
 
 @contextmanager
-def worker_process(url: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `tailwatch worker` on `url` (fast evaluation and delivery) as a process of its own."""
+def worker_process(url: str, port: int, log: Path, *,
+                   fast: bool = True) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `tailwatch worker` on `url` as a process of its own (fast: evaluation and
+    delivery every 0.2 s)."""
     env = {**os.environ, "TAILWATCH_DATABASE_URL": url, "TAILWATCH_API_TOKEN": TOKEN,
-           "PYTHONPATH": str(ROOT), "TAILWATCH_SCHEDULER__EVALUATE_INTERVAL_S": "0.2",
-           "TAILWATCH_SCHEDULER__DELIVERY_INTERVAL_S": "0.2"}
+           "PYTHONPATH": str(ROOT)}
+    if fast:
+        env |= {"TAILWATCH_SCHEDULER__EVALUATE_INTERVAL_S": "0.2",
+                "TAILWATCH_SCHEDULER__DELIVERY_INTERVAL_S": "0.2"}
     env.pop("TAILWATCH_CONFIG", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -304,32 +308,22 @@ def test_a_stop_ends_the_wait_for_a_locked_database_with_one_line(migrated_url: 
 def test_the_worker_process_waits_for_a_locked_database_instead_of_exiting(
         migrated_url: str, tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "TAILWATCH_DATABASE_URL": migrated_url, "TAILWATCH_API_TOKEN": TOKEN,
-           "PYTHONPATH": str(ROOT)}
-    env.pop("TAILWATCH_CONFIG", None)
     log = tmp_path / "worker.log"
     locker = exclusive_lock(migrated_url)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "monitor.cli", "worker", "--port", str(port),
-             "--exit-with-parent"], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=out,
-            stderr=subprocess.STDOUT)
     try:
-        # The first try gives up after the busy timeout; the worker then says it waits.
-        wait_for(lambda: proc.poll() is not None or "waiting for it" in log.read_text(),
-                 120.0, interval_s=0.1, what="the worker's first locked try")
-        assert proc.poll() is None, log.read_text()
-        locker.close()
-        wait_for(lambda: worker_answers(port), 120.0, interval_s=0.1,
-                 what="the worker answers /healthz")
-        assert proc.stdin is not None
-        proc.stdin.close()  # as `serve` exiting does
-        assert proc.wait(60.0) == 0, log.read_text()
+        with worker_process(migrated_url, port, log, fast=False) as proc:
+            # The first try gives up after the busy timeout; the worker then says it waits.
+            wait_for(lambda: proc.poll() is not None or "waiting for it" in log.read_text(),
+                     120.0, interval_s=0.1, what="the worker's first locked try")
+            assert proc.poll() is None, log.read_text()
+            locker.close()
+            wait_for(lambda: worker_answers(port), 120.0, interval_s=0.1,
+                     what="the worker answers /healthz")
+            assert proc.stdin is not None
+            proc.stdin.close()  # as `serve` exiting does
+            assert proc.wait(60.0) == 0, log.read_text()
     finally:
         locker.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(60.0)
     assert log.read_text().count("locked by another connection; waiting") == 1
 
 
