@@ -36,12 +36,13 @@ from storage.errors import InvalidQuery
 
 DEFAULT_DB_URL = "sqlite:///./var/tailwatch.db"
 # SQLite's heap in this process, all connections together (`PRAGMA soft_heap_limit`: past
-# it, a connection's page cache recycles its own pages instead of growing). Each pooled
-# connection may cache 16 MiB, and the caches fill with the pages that a growing
-# database's writes and reads touch, every pooled connection in turn: unbounded, a
-# long-running process (serving or worker) would grow toward 16 MiB per pooled
-# connection. One connection's worth for the whole process: a long scan still gets it.
-SQLITE_HEAP_LIMIT_BYTES = 16 * 1024 * 1024
+# it, a connection's page cache recycles its own pages instead of growing). The caches
+# fill with the pages that a growing database's writes and reads touch, every pooled
+# connection in turn, so whatever this allows a long-running process (serving or worker)
+# comes to hold, and it fills over hours of history: so the limit is small enough to be
+# reached during warm-up. An evaluation's recent windows fit in it, and a page not cached
+# is read from the OS's page cache, not the disk (docs/benchmarks.md#benchworker_memory).
+SQLITE_HEAP_LIMIT_BYTES = 4 * 1024 * 1024
 # Execution option of a connection whose transaction only reads (see `reading`).
 READ_ONLY_OPTION = "tailwatch_read_only"
 # A SQLite write transaction holding the database's one write lock this long is logged
@@ -134,7 +135,8 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-            # 16 MiB page cache per connection (default 2 MiB): report queries scan weeks.
+            # A connection may cache the whole process's allowance (the soft heap limit),
+            # not SQLite's default 2 MiB: one long scan (a report's weeks) gets it all.
             cursor.execute("PRAGMA cache_size=-16384")
             cursor.execute(f"PRAGMA soft_heap_limit={SQLITE_HEAP_LIMIT_BYTES}")  # per process
             cursor.execute("PRAGMA foreign_keys=ON")
