@@ -104,6 +104,9 @@ class Row:
     worker_sqlite_mb: float | None = None
     worker_malloc_mb: float | None = None
     error_statuses: str | None = None  # the minute's errors by status, "0:2 504:1" (0: no answer)
+    # The same heaps of the serving process (its own /metrics, scraped at the minute's end).
+    serve_sqlite_mb: float | None = None
+    serve_malloc_mb: float | None = None
 
 
 COLUMNS = [f.name for f in fields(Row)]
@@ -264,6 +267,7 @@ class Summary:
     # The worker's SQLite caches and malloc in use after the warm-up: (first, last) MB and
     # MB/h (None: the run's worker did not export them).
     worker_heaps: dict[str, tuple[float, float, float | None]] = field(default_factory=dict)
+    serve_heaps: dict[str, tuple[float, float, float | None]] = field(default_factory=dict)
     error_statuses: dict[int, int] = field(default_factory=dict)  # status (0: none) -> errors
 
     @property
@@ -297,10 +301,11 @@ class Summary:
             f"{self.resolved} "
             f"resolved; admission refused {self.real_refused} real, "
             f"{self.synthetic_refused} synthetic",
-            *([f"worker's heaps after {WARM_MINUTES} min: " + ", ".join(
+            *[f"{who}'s heaps after {WARM_MINUTES} min: " + ", ".join(
                 f"{name} {a:.1f} -> {b:.1f} MB ({mbh(slope)})"
-                for name, (a, b, slope) in self.worker_heaps.items())]
-              if self.worker_heaps else []),
+                for name, (a, b, slope) in heaps.items())
+              for who, heaps in (("serve", self.serve_heaps), ("worker", self.worker_heaps))
+              if heaps],
             f"rss growth after {WARM_MINUTES} min: serve {mbh(self.serve_mb_per_h)}{rss}, "
             f"worker {mbh(self.worker_mb_per_h)} (least squares; target < 5 MB/h)"
             + (f"; floors: serve {mbh(self.floor_mb_per_h[0])}, worker "
@@ -379,14 +384,15 @@ def summarize(rows: Sequence[Row],
         burst_window_s=sum(r.burst_window_s for r in rows),
         first_hour_rules=dict(rules),
         page_rules=dict(every),
-        worker_heaps=_heaps(warm),
+        worker_heaps=_heaps(warm, "worker"),
+        serve_heaps=_heaps(warm, "serve"),
         error_statuses=_error_statuses(rows),
     )
 
 
-def _heaps(warm: Sequence[Row]) -> dict[str, tuple[float, float, float | None]]:
+def _heaps(warm: Sequence[Row], who: str) -> dict[str, tuple[float, float, float | None]]:
     out = {}
-    for name, column in (("sqlite", "worker_sqlite_mb"), ("malloc in use", "worker_malloc_mb")):
+    for name, column in (("sqlite", f"{who}_sqlite_mb"), ("malloc in use", f"{who}_malloc_mb")):
         points = [(float(r.minute), v) for r in warm if (v := getattr(r, column)) is not None]
         if points:
             out[name] = (points[0][1], points[-1][1], slope_per_hour(points))
@@ -446,14 +452,14 @@ class Recorder:
                 self.poll_arming()
             self.sample_rss()
 
-    def worker_heaps(self) -> dict[str, float | None]:
-        """Return the worker's SQLite and malloc heaps in MB (None: not exported)."""
-        m = self.svc.worker_metrics()
-
-        def mb(kind: str) -> float | None:
-            value = m.get(("tailwatch_process_memory_bytes", frozenset({("kind", kind)})))
-            return None if value is None else round(value / 1e6, 1)
-        return {"worker_sqlite_mb": mb("sqlite"), "worker_malloc_mb": mb("malloc_in_use")}
+    def heaps(self) -> dict[str, float | None]:
+        """Return both processes' SQLite and malloc heaps in MB (None: not exported)."""
+        out: dict[str, float | None] = {}
+        for who, m in (("worker", self.svc.worker_metrics()), ("serve", self.svc.metrics())):
+            for kind, column in (("sqlite", "sqlite"), ("malloc_in_use", "malloc")):
+                value = m.get(("tailwatch_process_memory_bytes", frozenset({("kind", kind)})))
+                out[f"{who}_{column}_mb"] = None if value is None else round(value / 1e6, 1)
+        return out
 
     def poll_arming(self) -> None:
         """Ask the service whether its rules armed (a failed read is tried again later)."""
@@ -489,7 +495,7 @@ class Recorder:
             burst_window_s=round(sum(hi - lo for lo, hi in new_windows), 2),
             serve_rss_floor_mb=None if serve_floor is None else round(serve_floor / 1e6, 1),
             worker_rss_floor_mb=None if worker_floor is None else round(worker_floor / 1e6, 1),
-            **self.worker_heaps())
+            **self.heaps())
         self.before = now
         return row
 

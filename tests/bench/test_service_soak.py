@@ -181,15 +181,16 @@ class _Svc:
     """The recorder's view of a service: RSS readings in turn, no metrics."""
 
     def __init__(self, readings: list[tuple[int, int | None]],
-                 worker_text: str = "") -> None:
+                 worker_text: str = "", serve_text: str = "") -> None:
         self.readings = readings
         self.worker_text = worker_text  # the worker's /metrics exposition
+        self.serve_text = serve_text  # the serving process's
 
     def rss(self) -> tuple[int, int | None]:
         return self.readings.pop(0)
 
-    def metrics(self) -> dict[str, object]:
-        return {}
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return parse_metrics(self.serve_text)
 
     def worker_metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         return parse_metrics(self.worker_text)
@@ -226,6 +227,26 @@ def test_the_worker_heaps_come_from_its_metrics_and_are_fitted(tmp_path: Path) -
     lines = summarize(read_rows(path)).lines()
     assert lines[-4] == ("worker's heaps after 30 min: sqlite 5.0 -> 11.0 MB (+6.0 MB/h), "
                          "malloc in use 40.0 -> 40.0 MB (+0.0 MB/h)")
+
+
+def test_the_serving_processs_heaps_come_from_its_own_metrics(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from monitor.metrics import Metrics, ProcessMemoryCollector
+
+    registry = CollectorRegistry()
+    ProcessMemoryCollector(Metrics(registry), heaps=lambda: [
+        ("rss", 650_000_000), ("sqlite", 3_000_000), ("malloc_in_use", 90_000_000)])
+    svc = _Svc([(650_000_000, 150_000_000)], serve_text=generate_latest(registry).decode())
+    row = Recorder(svc, _Quiet(), _Quiet(), ready=0.0).row(1)  # type: ignore[arg-type]
+    assert (row.serve_sqlite_mb, row.serve_malloc_mb) == (3.0, 90.0)
+    assert (row.worker_sqlite_mb, row.worker_malloc_mb) == (None, None)
+    path = tmp_path / "soak.csv"
+    for m in range(1, 91):
+        write_row(path, _row(m, serve_sqlite_mb=3.0, serve_malloc_mb=90.0 + m / 60))
+    lines = summarize(read_rows(path)).lines()
+    assert lines[-4] == ("serve's heaps after 30 min: sqlite 3.0 -> 3.0 MB (+0.0 MB/h), "
+                         "malloc in use 90.5 -> 91.5 MB (+1.0 MB/h)")
 
 
 def test_summarize_reads_a_run_in_progress(tmp_path: Path,
