@@ -18,13 +18,14 @@ import functools
 import json
 import logging
 import sqlite3
+import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
@@ -184,12 +185,17 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
 
 def _caller() -> str:
     """Return the innermost tailwatch frames ending the transaction ("module:function")."""
-    ours = [f for f in traceback.extract_stack()[:-3]
-            if "/site-packages/" not in f.filename and not f.filename.startswith("<")
-            and not f.filename.endswith(
-                ("storage/db.py", "contextlib.py", "threading.py"))]
-    return " < ".join(f"{Path(f.filename).stem}:{f.name}" for f in reversed(ours[-3:])) \
-        or "unknown"
+    # The frames' names only: `traceback.extract_stack` would read every file on the
+    # stack into `linecache` for good, SQLAlchemy's largest modules among them.
+    ours: list[tuple[str, str]] = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and len(ours) < 3:
+        filename = frame.f_code.co_filename
+        if "/site-packages/" not in filename and not filename.startswith("<") \
+                and not filename.endswith(("storage/db.py", "contextlib.py", "threading.py")):
+            ours.append((Path(filename).stem, frame.f_code.co_name))
+        frame = frame.f_back
+    return " < ".join(f"{stem}:{name}" for stem, name in ours) or "unknown"
 
 
 @contextmanager

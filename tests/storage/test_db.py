@@ -238,3 +238,23 @@ def test_a_long_sqlite_write_transaction_is_logged_with_its_caller(
     assert len(held) == 1
     assert "test_db:hold_the_lock" in held[0] and "MainThread" in held[0]
     sm.kw["bind"].dispose()
+
+
+def test_naming_the_caller_of_a_long_write_reads_no_source_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import linecache
+
+    import storage.db
+    from storage.models import Base
+
+    sm = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'lock.db'}"))
+    Base.metadata.create_all(sm.kw["bind"])
+    monkeypatch.setattr(storage.db, "LONG_WRITE_LOCK_S", 0.0)
+    linecache.clearcache()
+    with caplog.at_level("WARNING", logger="storage.db"), sm.begin() as s:
+        s.add(MemorySample(at=T0, instance_id="i1", rss_bytes=1))
+    assert any("write lock held" in r.getMessage() for r in caplog.records)
+    # A process that logs this now and then would otherwise keep the source of every
+    # module on the stack (SQLAlchemy's session and engine among them) in memory for good.
+    assert not [name for name, entry in linecache.cache.items() if len(entry) > 1]
+    sm.kw["bind"].dispose()
