@@ -9,15 +9,26 @@ and the Python heap (tracemalloc); the end prints the growth per simulated hour 
 hour `--since` and the allocation sites that grew most since then.
 
     taskset -c 0 python -m bench.worker_memory [--hours 4] [--since 1] [--every 30] [--top 15]
-        [--no-trace] [--no-trim] [--trace-jobs evaluate,sensitivity]
+        [--no-trace] [--no-trim] [--trace-jobs evaluate,sensitivity] [--jitter 0.2]
+        [--fault-at HOURS --fault-minutes M --fault-factor F]
+
+The canaries' latencies are jittered (lognormal, seeded, `--jitter` its sigma; 0: the fake
+engine's deterministic latencies), as the soak's noisy engine gives sketches with spread; a
+fault window multiplies the optimized canaries' latencies so latency rules fire, an
+incident opens, its cause is computed and its notifications go to a loopback webhook
+receiver over real HTTP, as in the soak.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import math
+import random
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -25,14 +36,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 from prometheus_client import CollectorRegistry
 
 from engine import malloc
-from engine.protocol import InMemoryFlagProvider
+from engine.protocol import CancelSignal, FlagOverride, GenerateResult, InMemoryFlagProvider
 from monitor.alerting import load_alerts, make_deliverer
 from monitor.hub import Seams
 from monitor.jobs import AnalysisParts, analysis_jobs, process_jobs
+from monitor.loopback import WebhookReceiver
 from monitor.metrics import Metrics, MetricsSink
 from monitor.settings import Settings
 from probes.fake import FakeEngine
@@ -103,33 +114,87 @@ class Clock:
         return self.at
 
 
-def _ok(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200)
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A window of simulated time in which the optimized canaries are `factor` times slower."""
+
+    at: datetime
+    minutes: float
+    factor: float
+
+    def covers(self, now: datetime) -> bool:
+        """Return whether `now` falls inside the window."""
+        return self.at <= now < self.at + timedelta(minutes=self.minutes)
+
+
+class NoisyEngine(FakeEngine):
+    """The fake engine with seeded lognormal jitter on canary latencies, and a fault window.
+
+    Each canary call's timings are multiplied by exp(N(0, sigma)) (real traffic is left as
+    the fake computes it); inside the fault window an optimized canary (no override: the
+    service's flags as they are) is also multiplied by the fault's factor.
+    """
+
+    def __init__(self, clock: Clock, *, sigma: float = 0.0, fault: Fault | None = None,
+                 seed: int = 38) -> None:
+        super().__init__()
+        self.clock = clock
+        self.sigma = sigma
+        self.fault = fault
+        self.faulted = 0  # optimized canary calls slowed by the fault
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+
+    def generate(self, text: str, *, max_new_tokens: int | None = None, canary: bool = False,
+                 override: FlagOverride | None = None, timeout_s: float | None = None,
+                 cancel: CancelSignal | None = None) -> GenerateResult:
+        result = super().generate(text, max_new_tokens=max_new_tokens, canary=canary,
+                                  override=override, timeout_s=timeout_s,
+                                  cancel=cancel)
+        if not canary:
+            return result
+        factor = 1.0
+        if self.sigma > 0:
+            with self._rng_lock:
+                factor = math.exp(self._rng.gauss(0.0, self.sigma))
+        if override is None and self.fault is not None and self.fault.covers(self.clock()):
+            factor *= self.fault.factor
+            self.faulted += 1
+        if factor == 1.0:
+            return result
+        return dataclasses.replace(
+            result, encoder_s=result.encoder_s * factor, ttft_s=result.ttft_s * factor,
+            decode_token_s=tuple(x * factor for x in result.decode_token_s),
+            total_s=result.total_s * factor)
 
 
 class Replay:
     """The serving side's writes and the worker's jobs on one simulated clock."""
 
     def __init__(self, folder: Path, *, trim: bool = True, rate: float = 10.0,
-                 ab_share: float | None = None) -> None:
+                 ab_share: float | None = None, jitter: float = 0.0,
+                 fault: Fault | None = None) -> None:
         url = f"sqlite:///{folder / 'replay.db'}"
         migrate.upgrade(url)
+        # One generic webhook to a loopback receiver over real HTTP, as in the soak.
+        self.receiver = WebhookReceiver()
+        self.receiver.start()
         self.settings = Settings(database_url=url, instance_id="replay",
                                  probes={} if ab_share is None else {"ab_share": ab_share},
-                                 alerts={"webhooks": [{"name": "r", "url": "http://127.0.0.1:9/",
+                                 alerts={"webhooks": [{"name": "r", "url": self.receiver.url,
                                                        "format": "generic"}]})
         self.clock = Clock(START)
         self.db = make_engine(url)
         self.sessions = make_sessionmaker(self.db)
         self.writer = Writer(self.sessions)
-        self.engine = FakeEngine()
+        self.engine = NoisyEngine(self.clock, sigma=jitter, fault=fault)
         self.prober = prober_from_settings(self.settings.probes, self.engine, self.writer,
                                            instance_id="replay", clock=self.clock)
         self.traffic = TrafficRecorder("replay", clock=self.clock)
         self.closers: list[Callable[[], object]] = []
         alerts = load_alerts(self.settings)
         deliverer = make_deliverer(self.sessions, alerts,
-                                   Seams(clock=self.clock, transport=httpx.MockTransport(_ok)),
+                                   Seams(clock=self.clock, transport=None),
                                    self.closers)
         parts = AnalysisParts(settings=self.settings, sessions=self.sessions, clock=self.clock,
                               alerts=alerts, deliverer=deliverer, flags=InMemoryFlagProvider(),
@@ -203,11 +268,29 @@ class Replay:
                     print("      " + line)
 
     def close(self) -> None:
-        """Close the deliverer, the writer and the database."""
+        """Close the deliverer, the writer, the database and the receiver."""
         for close in reversed(self.closers):
             close()
         self.writer.close()
         self.db.dispose()
+        self.receiver.stop()
+
+    def outcome(self) -> str:
+        """Return the alerts, incidents and notifications so far, in one line."""
+        from sqlalchemy import func, select
+
+        from storage.models import Alert, Incident
+
+        with self.sessions() as s:
+            alerts = s.execute(select(Alert.rule, Alert.state)).all()
+            incidents = s.scalar(select(func.count()).select_from(Incident))
+        bodies = [d.body for d in self.receiver.deliveries()]
+        statuses = Counter(str(b.get("status")) if isinstance(b, dict) else "?" for b in bodies)
+        rules = Counter(f"{r} {state}" for r, state in alerts)
+        return (f"alerts {len(alerts)} ({', '.join(f'{k} {v}' for k, v in rules.items())}), "
+                f"incidents {incidents}, notifications received {len(bodies)} "
+                f"({', '.join(f'{k} {v}' for k, v in statuses.items())}), "
+                f"optimized canaries slowed by the fault {self.engine.faulted}")
 
 
 def _types() -> Counter[str]:
@@ -233,6 +316,14 @@ def main() -> None:
                         help="leave out the worker's memory_trim job (every 60 s)")
     parser.add_argument("--trace-every", type=float, default=60.0,
                         help="simulated minutes between traced evaluations (--trace-jobs)")
+    parser.add_argument("--jitter", type=float, default=0.2,
+                        help="sigma of the canaries' lognormal latency jitter (0: none)")
+    parser.add_argument("--fault-at", type=float, default=None,
+                        help="simulated hour at which the optimized canaries slow down")
+    parser.add_argument("--fault-minutes", type=float, default=8.0,
+                        help="the fault window's length in simulated minutes")
+    parser.add_argument("--fault-factor", type=float, default=2.0,
+                        help="the optimized canaries' latency factor inside the window")
     parser.add_argument("--trace-jobs", default="",
                         help="comma-separated jobs to trace one run at a time (implies --no-trace)")
     args = parser.parse_args()
@@ -241,8 +332,10 @@ def main() -> None:
         tracemalloc.start(8)
     per_hour = 3600 // CYCLE_S
     with tempfile.TemporaryDirectory() as tmp:
+        fault = None if args.fault_at is None else Fault(
+            START + timedelta(hours=args.fault_at), args.fault_minutes, args.fault_factor)
         replay = Replay(Path(tmp), trim=not args.no_trim, rate=args.rate,
-                        ab_share=args.ab_share)
+                        ab_share=args.ab_share, jitter=args.jitter, fault=fault)
         replay.trace_jobs = {j for j in args.trace_jobs.split(",") if j}
         replay.trace_every_s = round(args.trace_every * 60)
         rows: list[tuple[float, float, float, float]] = []  # hours, RSS, Python heap, SQLite
@@ -268,6 +361,7 @@ def main() -> None:
                     types0 = _types()
         last = tracemalloc.take_snapshot() if trace else None
         types1 = _types()
+        print(replay.outcome(), flush=True)
         replay.close()
     after = [r for r in rows if r[0] >= args.since]
     span = after[-1][0] - after[0][0] if after else 0.0
