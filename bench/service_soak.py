@@ -417,6 +417,7 @@ class Recorder:
         self.counted: set[Window] = set()
         self.seen = 0
         self.first_probe: float | None = None
+        self.serve_scrape: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
         self.before = self.counters()
         self.floor: tuple[float | None, float | None] = (None, None)
 
@@ -429,6 +430,7 @@ class Recorder:
     def counters(self) -> dict[str, float]:
         """Scrape the serving process: job counts, admission refusals; note burst windows."""
         m = self.svc.metrics()
+        self.serve_scrape = m  # its heaps go into the minute's row (`heaps`)
         self.windows |= burst_windows(m)
         return {
             "probe": metric_sum(m, "tailwatch_job_duration_seconds_count",
@@ -453,9 +455,10 @@ class Recorder:
             self.sample_rss()
 
     def heaps(self) -> dict[str, float | None]:
-        """Return both processes' SQLite and malloc heaps in MB (None: not exported)."""
+        """Return both processes' SQLite and malloc heaps in MB (None: not exported); the
+        serving process's from the scrape `counters` just made."""
         out: dict[str, float | None] = {}
-        for who, m in (("worker", self.svc.worker_metrics()), ("serve", self.svc.metrics())):
+        for who, m in (("worker", self.svc.worker_metrics()), ("serve", self.serve_scrape)):
             for kind, column in (("sqlite", "sqlite"), ("malloc_in_use", "malloc")):
                 value = m.get(("tailwatch_process_memory_bytes", frozenset({("kind", kind)})))
                 out[f"{who}_{column}_mb"] = None if value is None else round(value / 1e6, 1)

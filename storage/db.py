@@ -138,7 +138,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float, create_parent: bool,
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             # A connection may cache the whole process's allowance (the soft heap limit),
             # not SQLite's default 2 MiB: one long scan (a report's weeks) gets it all.
-            cursor.execute("PRAGMA cache_size=-16384")
+            cursor.execute(f"PRAGMA cache_size=-{SQLITE_HEAP_LIMIT_BYTES // 1024}")
             cursor.execute(f"PRAGMA soft_heap_limit={SQLITE_HEAP_LIMIT_BYTES}")  # per process
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
