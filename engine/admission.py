@@ -41,10 +41,11 @@ running one either:
   which keeps its row and decode state, and resumes it unchanged at the first step with
   room for it (engine.scheduler's module doc). Real rows never pause.
 
-Without `preempt` (engine.preempt_synthetic off, or the CUDA-graph compile modes) a
-running request is never interrupted, so a real caller may wait for the requests already
-holding slots, synthetic ones included (batched, the loop still joins waiting real
-requests before synthetic ones at the next step).
+Without `preempt` (engine.preempt_synthetic off, or unbatched in the CUDA-graph compile
+modes) a running request is never interrupted, so a real caller may wait for the requests
+already holding slots, synthetic ones included (batched, the loop still joins waiting real
+requests before synthetic ones at the next step; unbatched in the CUDA-graph modes, the
+device thread runs a real decode before the synthetic ones waiting: engine.owner).
 
 `slot(deadline, synthetic=..., tokens=..., cancel=...)` is the whole interface, so a batching
 scheduler can admit through it the same way; `stats()` returns the counters as an

@@ -71,8 +71,9 @@ class EngineConfig:
         step and the loop pauses a synthetic row (its row and state kept) so that a step
         stays at max_batch rows (engine.scheduler). False: a running synthetic request is
         never interrupted, so a real caller may wait for it (as before preemption). Moot
-        in the CUDA-graph compile modes, which never preempt. Not in the config hash: it
-        changes no compiled artifact.
+        unbatched in the CUDA-graph compile modes, which run each decode whole on one
+        thread (real ones first: engine.owner). Not in the config hash: it changes no
+        compiled artifact.
     """
 
     model_dir: str | None = None

@@ -126,13 +126,15 @@ class Runtime:
         # A real caller that would wait while a synthetic one holds a row decodes on an
         # extra row (engine.admission): unbatched, the synthetic requests pause at their
         # step boundaries meanwhile; batched, the loop pauses as many synthetic rows as
-        # keep its step at max_batch rows (engine.scheduler). Not in the CUDA-graph modes,
-        # where one thread makes every compiled call (unbatched, a request paused on it
-        # would hold up the real one it pauses for). engine.preempt_synthetic off keeps
-        # the old rule (a real caller waits for a running synthetic one): for operators,
-        # and as an A/B's baseline arm.
-        self._preempt = (config.preempt_synthetic
-                         and not (self._compile_on and single_owner(config)))
+        # keep its step at max_batch rows (engine.scheduler), which the CUDA-graph modes
+        # allow too (the loop is the one thread making compiled calls, and no step grows
+        # a batch-size class). Not unbatched in the CUDA-graph modes: a request paused on
+        # the one device thread would hold up the real one it pauses for; there the
+        # device thread runs a real request's decode before any synthetic one waiting
+        # (engine.owner). engine.preempt_synthetic off keeps the old rule (a real caller
+        # waits for a running synthetic one): for operators, and as an A/B's baseline arm.
+        self._preempt = config.preempt_synthetic and not (
+            self._compile_on and single_owner(config) and config.max_batch == 1)
         self._admission = Admission(rows, config.max_queue,
                                     max_queue_tokens=config.max_queue_tokens,
                                     preempt=self._preempt)
@@ -308,12 +310,13 @@ class Runtime:
         """Return the compiled calls' graph counts (CUDA graphs recorded and replayed)."""
         return self.ledger.snapshot()
 
-    def _on_owner(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the thread that owns the compiled calls (this one when none does)."""
+    def _on_owner(self, fn: Callable[[], T], *, synthetic: bool = False) -> T:
+        """Run `fn` on the thread that owns the compiled calls (this one when none does);
+        `synthetic`: a probe's decode, which the device thread runs after real ones."""
         if self._owned and self._scheduler is not None:
             return cast(T, self._scheduler.call(fn))
         if self._device_thread is not None:
-            return self._device_thread.call(fn)
+            return self._device_thread.call(fn, synthetic=synthetic)
         return fn()
 
     # --- warm-up (engine.warmup) -------------------------------------------------------
@@ -529,7 +532,8 @@ class Runtime:
         if self._scheduler is None:
             return (*self._on_owner(lambda: self.rows.run(ids, length, key, slot, k, max_new,
                                                            deadline, quantized, native,
-                                                           cancel, pause)), None)
+                                                           cancel, pause),
+                                    synthetic=synthetic), None)
         job = scheduler.Job(ids=ids, length=length, key=key, k=k, max_new=max_new,
                             deadline=deadline, quantized=quantized, row=slot, native=native,
                             alone=alone, synthetic=synthetic)

@@ -122,14 +122,19 @@ def _check_paused(result: GenerateResult, job: Job) -> None:
     assert result.own_s == result.total_s - result.preempted_s
 
 
-@pytest.mark.parametrize(("native_step", "speculative"),
-                         [(True, False), (True, True), (False, False)],
-                         ids=["c-step", "c-step-speculative", "fixed-row-step"])
+@pytest.mark.parametrize(("native_step", "speculative", "compile_mode"),
+                         [(True, False, "default"), (True, True, "default"),
+                          (False, False, "default"), (False, False, "reduce-overhead")],
+                         ids=["c-step", "c-step-speculative", "fixed-row-step",
+                              "fixed-row-step-cuda-graph-mode"])
 def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
-        tmp_path, tiny_dirs, alone, monkeypatch, native_step, speculative):
+        tmp_path, tiny_dirs, alone, monkeypatch, native_step, speculative, compile_mode):
+    # In the CUDA-graph modes too: the loop is the one thread making compiled calls, and
+    # pausing a row keeps every step in the batch-size classes the warm-up recorded.
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step,
+                          compile_mode=compile_mode)
     with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
         for text in SYNTHETIC:
             assert len(alone(text, CAP)) == CAP  # they run far past the real one
@@ -174,6 +179,8 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
         assert rt._admission.running == 0 and not rt._admission.preempting
         after = rt.compile_snapshot()
         assert (after.graphs, after.recompiles) == (compiled.graphs, compiled.recompiles)
+        if compile_mode == "reduce-overhead":  # the warm-up recorded the extra row too
+            assert rt.graph_snapshot().recorded_after_warmup == 0
 
 
 def test_a_paused_synthetic_row_that_is_cancelled_leaves_and_changes_no_one_else(

@@ -200,6 +200,50 @@ def test_with_preemption_off_a_real_request_waits_for_the_running_synthetic_one(
     assert rt_off.admission_stats().preemptions == before
 
 
+def test_in_the_cuda_graph_modes_a_real_decode_runs_before_the_synthetic_ones_waiting(
+        tmp_path: Path, tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unbatched, one device thread runs every decode whole: no extra slot and no pause (a
+    # paused decode would hold the thread), but a real request waits only for the decode
+    # running, not for the synthetic ones queued on the thread before it.
+    rt = batching_runtime(tmp_path, tiny_dirs, warm=False, max_batch=1, max_concurrency=3,
+                          compile_mode="reduce-overhead", native_step=False)
+    try:
+        owner = rt._device_thread
+        assert owner is not None and not rt._preempt
+        alone = {t: _generate(rt, t, canary=True, speculative=False).output_ids
+                 for t in (SYNTHETIC, REAL)}
+        real_ids = rt._tokenize(REAL)
+        running, go = threading.Event(), threading.Event()
+        ran: list[str] = []
+        run = rt.rows.run
+
+        def held_first(ids: list[int], *args: Any, **kwargs: Any) -> Any:
+            assert threading.current_thread() is owner.thread
+            if not running.is_set():  # the first synthetic request: held while it runs
+                running.set()
+                assert go.wait(10)
+            ran.append("real" if list(ids) == real_ids else "synthetic")
+            return run(ids, *args, **kwargs)
+
+        monkeypatch.setattr(rt.rows, "run", held_first)
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(_generate, rt, SYNTHETIC, canary=True, speculative=False)
+            assert running.wait(30)
+            second = pool.submit(_generate, rt, SYNTHETIC, canary=True, speculative=False)
+            wait_for(lambda: len(owner._synthetic) == 1, what="the second one queued")
+            real = pool.submit(_generate, rt, REAL, canary=False, speculative=False)
+            wait_for(lambda: len(owner._real) == 1, what="the real one queued")
+            go.set()
+            results = [f.result(30) for f in (first, second, real)]
+        assert ran == ["synthetic", "real", "synthetic"]
+        assert [r.output_ids for r in results] == [alone[SYNTHETIC], alone[SYNTHETIC],
+                                                   alone[REAL]]
+        assert all(r.preempted_s == 0.0 for r in results)
+        assert rt.admission_stats().preemptions == 0
+    finally:
+        rt.close()
+
+
 @pytest.mark.parametrize("value", ["no", "true", 0, 1, None])
 def test_a_preempt_synthetic_that_is_not_a_bool_is_refused_in_one_line(value: object) -> None:
     with pytest.raises(ValueError) as refused:
