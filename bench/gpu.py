@@ -15,7 +15,10 @@ second with one caller and with --batch callers at once (closed loop over every 
 how many batched outputs equal the same engine's one-at-a-time outputs (reported, not judged:
 a batched bfloat16 matmul may round otherwise). A compiled mode's batched steps run the
 fixed-row compiled step (engine.t5.decode_fixed: one graph per batch-size class, CUDA graphs
-under reduce-overhead); its CUDA graphs recorded after warm-up are reported.
+under reduce-overhead). Then 2 x --batch callers at once, every other request synthetic (a
+canary): the preemptions (real requests granted the extra row while synthetic rows pause)
+and how many of those outputs equal one at a time's. The CUDA graphs recorded after
+warm-up, both rounds included, are reported.
 Correctness, with the tolerance rule of tests/engine/test_gpu.py: float32 on the GPU
 (eager) gives exactly the CPU float32 tokens; each bfloat16 mode agrees with them on at
 least half the inputs; speculative output equals direct output everywhere.
@@ -31,6 +34,7 @@ written to DIR/summary.md (DIR/results.json holds the numbers).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -109,6 +113,11 @@ class BatchedThroughput:
     recompiles: int = 0  # during the batched requests (row counts warm-up did not cover)
     # CUDA graphs the engine recorded after its warm-up (None: the mode runs without them)
     recorded_after_warmup: int | None = None
+    # Then 2 x `callers` at once, every other request synthetic (a canary): real ones that
+    # found the rows held take the extra row and synthetic rows pause (engine.scheduler).
+    mixed_requests: int = 0
+    mixed_equal: int = 0  # of them, outputs equal to the one-caller outputs
+    preemptions: int = 0
 
     @property
     def ratio(self) -> float:
@@ -298,6 +307,10 @@ def batched_line(b: BatchedThroughput) -> str:
             f"{b.rps_one:.1f} requests/s with 1 caller, {b.rps_batched:.1f} with {b.callers} "
             f"({b.ratio:.2f}x); {b.equal_outputs} of {b.requests} outputs equal one at a "
             f"time's; {b.recompiles} recompile(s) while batched"
+            + ("" if not b.mixed_requests
+               else f"; real and synthetic mixed, {2 * b.callers} callers: "
+                    f"{b.preemptions} preemption(s), {b.mixed_equal} of {b.mixed_requests} "
+                    f"outputs equal")
             + ("" if b.recorded_after_warmup is None
                else f"; {b.recorded_after_warmup} CUDA graph(s) recorded after warm-up"))
 
@@ -594,9 +607,14 @@ class TorchRunner:
             one = {t: engine.generate(t, override=direct).output_ids for t in texts}
             batched: dict[str, list[tuple[int, ...]]] = {}
 
-            def call(text: str) -> None:
+            def call(text: str, canary: bool = False) -> None:
                 batched.setdefault(text, []).append(
-                    engine.generate(text, override=direct).output_ids)
+                    engine.generate(text, override=direct, canary=canary).output_ids)
+
+            sent = itertools.count()
+
+            def mixed(text: str) -> None:
+                call(text, canary=next(sent) % 2 == 1)
 
             requests = max(2 * len(texts), 4 * callers)
             before = engine.compile_snapshot()
@@ -607,15 +625,22 @@ class TorchRunner:
             rps_one = closed_loop(call, texts, 1, requests)
             batched.clear()
             rps_batched = closed_loop(call, texts, callers, requests)
-            recompiles = engine.compile_snapshot().recompiles - before.recompiles
             equal = sum(ids == one[t] for t, outs in batched.items() for ids in outs)
+            batched.clear()
+            preempted = engine.admission_stats().preemptions
+            closed_loop(mixed, texts, 2 * callers, requests)
+            preemptions = engine.admission_stats().preemptions - preempted
+            mixed_equal = sum(ids == one[t] for t, outs in batched.items() for ids in outs)
+            recompiles = engine.compile_snapshot().recompiles - before.recompiles
             graphs = engine.graph_snapshot()
             return BatchedThroughput(mode=mode, dtype=dtype, callers=callers,
                                      requests=requests, rps_one=rps_one,
                                      rps_batched=rps_batched, equal_outputs=equal,
                                      recompiles=recompiles,
                                      recorded_after_warmup=graphs.recorded_after_warmup
-                                     if graphs.cudagraphs else None)
+                                     if graphs.cudagraphs else None,
+                                     mixed_requests=requests, mixed_equal=mixed_equal,
+                                     preemptions=preemptions)
         finally:
             engine.close()
 

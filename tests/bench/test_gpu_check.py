@@ -310,3 +310,17 @@ def test_batched_cuda_graphs_recorded_after_warm_up_are_reported(tmp_path):
     assert lines[-1].endswith("0 recompile(s) while batched; 0 CUDA graph(s) recorded after "
                               "warm-up")
     assert "CUDA graph" not in lines[1]  # default: no CUDA graphs, nothing said
+
+
+def test_the_batched_step_on_the_cpu_mixes_real_and_synthetic_and_keeps_every_output():
+    # The real runner's smoke run (compile off: the compiler is not what is checked): the
+    # mixed round preempts synthetic rows, and every output is the one-caller output.
+    runner = gpu.TorchRunner(buckets=(16, 32), inputs=2, new=8, repeats=1, device="cpu")
+    texts = [t for group in runner.texts().values() for t in group]
+    b = runner.run_batched(gpu.EAGER, "float32", texts, 2)
+    assert b.equal_outputs == b.requests and b.recorded_after_warmup is None
+    assert b.mixed_requests == b.requests and b.mixed_equal == b.mixed_requests
+    assert b.preemptions > 0
+    assert gpu.batched_line(b).endswith(
+        f"real and synthetic mixed, 4 callers: {b.preemptions} preemption(s), "
+        f"{b.mixed_requests} of {b.mixed_requests} outputs equal")
