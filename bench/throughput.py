@@ -32,11 +32,16 @@ open loop's low rates are made of such requests. Requests sent back to back are 
 loop at full use of one decode stream, not an unloaded engine; their latencies are printed
 beside (`back to back`). The p99 slowdown of --requests more sent the same way (an idle
 pause before each) is printed as the floor the host's own jitter sets (where it is near 2,
-no rate can be within the limit). The p99 limit of an
-engine: the highest offered rate, sweeping upward until the first that fails, whose p99
-slowdown is <= 2 with no errors (where even the lowest rate is past it, half of it,
-down to an eighth); p50 / p99 latency and p99 slowdown at 50% and 80% of it.
-Last line: `batched throughput at the p99 limit: Nx unbatched`.
+no rate can be within the limit). Each p99 slowdown comes with its 95% interval (two
+order statistics; distribution-free), and a rate is `within` the limit (the interval at or
+under 2, no errors), `past` it (the interval above 2, or errors) or `unresolved` (the
+interval spans 2: more requests would tell; below about 370 requests no value bounds a p99
+from above, so no rate is shown within). The p99 limit of an engine, sweeping upward to
+the first rate shown past it: at least the highest rate below that shown within, and below
+that one (where no rate is shown within, half the lowest, down to an eighth); p50 / p99
+latency and p99 slowdown at 50% and 80% of its lower bound.
+Last line: `batched throughput at the p99 limit: Nx unbatched (the bounds allow ...)`, the
+ratio of the two lower bounds and the range the bounds allow, or `unresolved`.
 
 The closed loop also prints each engine's CPU milliseconds per request (this process's CPU
 time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
@@ -73,6 +78,13 @@ from bench.engine import _canaries
 RATES = "0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1,1.2,1.4,1.7,2,2.4,2.8,3.3,4,5,6,8"
 
 
+# A rate's verdict against the limit: its p99 slowdown's interval below it, above it, or
+# across it (more requests would tell).
+WITHIN, PAST, UNRESOLVED = "within", "past", "unresolved"
+# The confidence of a p99's interval (two-sided).
+CONFIDENCE = 0.95
+
+
 @dataclass(frozen=True)
 class OpenLoop:
     """One offered rate: latencies from the scheduled send time, and what failed."""
@@ -82,12 +94,64 @@ class OpenLoop:
     p99_s: float
     errors: int
     p99_slowdown: float = math.nan  # latency over the input's unloaded latency (nan: unknown)
+    # The p99 slowdown's CONFIDENCE interval (-inf / inf: too few requests to bound a side).
+    slowdown_low: float = -math.inf
+    slowdown_high: float = math.inf
+
+    @property
+    def verdict(self) -> str:
+        """Return WITHIN, PAST or UNRESOLVED against SLOWDOWN_LIMIT (an error is past)."""
+        if self.errors or self.slowdown_low > SLOWDOWN_LIMIT:
+            return PAST
+        return WITHIN if self.slowdown_high <= SLOWDOWN_LIMIT else UNRESOLVED
+
+
+@dataclass(frozen=True)
+class Limit:
+    """An engine's p99 limit as the sweep bounds it: at least `within` (the highest rate
+    shown within, below the first shown past it; 0: none) and below `past` (inf: none)."""
+
+    within: float
+    past: float
+    runs: tuple[OpenLoop, ...]
+
+    def describe(self) -> str:
+        """Return the bounds as words."""
+        if self.within == 0 and math.isinf(self.past):
+            return "unresolved (no rate shown within or past it)"
+        if self.within == 0:
+            return f"below {self.past:.1f} req/s (no rate shown within it)"
+        if math.isinf(self.past):
+            return f"at least {self.within:.1f} req/s (no rate shown past it)"
+        return f"at least {self.within:.1f}, below {self.past:.1f} req/s"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Return the q-quantile (0..1) of `values`, nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def quantile_interval(values: Sequence[float], q: float = 0.99,
+                      confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Return a distribution-free `confidence` interval for the q-quantile that `values`
+    were drawn from, two order statistics (-inf / inf where too few values bound a side).
+
+    How many values fall below the true q-quantile is binomial(n, q): the interval runs
+    from the l-th smallest to the u-th with P(B < l) and P(B >= u) each at most half the
+    rest of `confidence`. A p99 needs hundreds of values: below about 370 no value bounds
+    it from above at 95%."""
+    ordered, n = sorted(values), len(values)
+    tail = (1.0 - confidence) / 2
+    cdf, total = [], 0.0
+    for k in range(n + 1):  # P(B <= k), the pmf in logs (n in the thousands)
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                          + k * math.log(q) + (n - k) * math.log1p(-q))
+        cdf.append(total)
+    lower = max((k for k in range(1, n + 1) if cdf[k - 1] <= tail), default=0)
+    upper = min((k for k in range(1, n + 1) if cdf[k - 1] >= 1.0 - tail), default=n + 1)
+    return (ordered[lower - 1] if lower >= 1 else -math.inf,
+            ordered[upper - 1] if upper <= n else math.inf)
 
 
 def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: int,
@@ -131,14 +195,14 @@ def _latency(call: Callable[[str], object], text: str, idle_s: float = 0.0) -> f
     return time.perf_counter() - t0
 
 
-def sequential_slowdown(call: Callable[[str], object], texts: Sequence[str], requests: int,
-                        unloaded: Sequence[float], idle_s: float = 0.0) -> float:
-    """Return the p99 slowdown of `requests` requests sent one at a time, each `idle_s`
-    after the one before, no load at all (request i sends texts[i % len(texts)], as the
-    open loop does): the floor that the host's own jitter puts under every open-loop p99
+def sequential_slowdowns(call: Callable[[str], object], texts: Sequence[str], requests: int,
+                         unloaded: Sequence[float], idle_s: float = 0.0) -> list[float]:
+    """Return the slowdowns of `requests` requests sent one at a time, each `idle_s` after
+    the one before, no load at all (request i sends texts[i % len(texts)], as the open loop
+    does): their p99 is the floor that the host's own jitter puts under every open-loop p99
     slowdown."""
-    return percentile([_latency(call, texts[i % len(texts)], idle_s)
-                       / unloaded[i % len(texts)] for i in range(requests)], 0.99)
+    return [_latency(call, texts[i % len(texts)], idle_s) / unloaded[i % len(texts)]
+            for i in range(requests)]
 
 
 def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
@@ -184,8 +248,12 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
         t.join()
     if not latencies:
         return OpenLoop(rate, math.inf, math.inf, errors[0], math.inf)
+    if not slowdowns:
+        return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99),
+                        errors[0])
+    low, high = quantile_interval(slowdowns)
     return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99), errors[0],
-                    percentile(slowdowns, 0.99) if slowdowns else math.nan)
+                    percentile(slowdowns, 0.99), low, high)
 
 
 class OutputCheck:
@@ -215,31 +283,54 @@ IDLE_S = 0.5
 
 
 def p99_limit(call: Callable[[str], object], texts: Sequence[str], rates: Sequence[float],
-              requests: int, unloaded: Sequence[float], halvings: int = 3
-              ) -> tuple[float, list[OpenLoop]]:
-    """Return the highest rate, sweeping `rates` upward to the first that fails, whose p99
-    slowdown (latency over the input's unloaded latency) is <= SLOWDOWN_LIMIT with no
-    errors (0: none), and every run.
+              requests: int, unloaded: Sequence[float], halvings: int = 3) -> Limit:
+    """Sweep `rates` upward to the first shown PAST the limit (p99 slowdown over
+    SLOWDOWN_LIMIT: its interval above it, or errors) and return the bounds: the highest
+    rate below it shown WITHIN (its interval at or under the limit) and that first one.
 
-    Where the lowest rate is already past the limit, half of it is offered, up to
-    `halvings` times, so that the last line compares two limits rather than none."""
-    runs, best = [], 0.0
+    Where no rate of the sweep is shown within, half the lowest is offered, up to
+    `halvings` times, until one is, so that the last line compares two limits rather than
+    none. A rate whose interval spans the limit (UNRESOLVED) bounds nothing: the sweep
+    goes on past it."""
+    runs: list[OpenLoop] = []
 
-    def within(rate: float) -> bool:
+    def offer(rate: float) -> str:
         run = open_loop(call, texts, rate, requests, unloaded=unloaded)
         runs.append(run)
-        return run.errors == 0 and run.p99_slowdown <= SLOWDOWN_LIMIT
+        return run.verdict
 
+    within, past = 0.0, math.inf
     for rate in sorted(rates):
-        if not within(rate):
+        verdict = offer(rate)
+        if verdict == PAST:
+            past = rate
             break  # past the limit the queue only grows
-        best = rate
+        if verdict == WITHIN:
+            within = rate
     lowest = min(rates, default=0.0)
-    for _ in range(halvings if best == 0.0 and lowest > 0 else 0):
+    for _ in range(halvings if within == 0.0 and lowest > 0 else 0):
         lowest /= 2
-        if within(lowest):
-            return lowest, runs
-    return best, runs
+        verdict = offer(lowest)
+        if verdict == WITHIN:
+            within = lowest
+            break
+        if verdict == PAST:
+            past = min(past, lowest)
+    return Limit(within, past, tuple(runs))
+
+
+def limit_ratio(batched: Limit, unbatched: Limit) -> str:
+    """Return the last line's comparison: the ratio of the highest rates shown within, and
+    the range the bounds allow."""
+    if unbatched.within == 0 or batched.within == 0:
+        return ("unresolved (no offered rate shown within the limit for "
+                + " or ".join(name for name, limit in (("batched", batched),
+                                                       ("unbatched", unbatched))
+                              if limit.within == 0) + ")")
+    low = batched.within / unbatched.past
+    high = batched.past / unbatched.within
+    allowed = f"at least {low:.2f}x" if math.isinf(high) else f"{low:.2f}x to {high:.2f}x"
+    return f"{batched.within / unbatched.within:.2f}x unbatched (the bounds allow {allowed})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -356,36 +447,41 @@ def main(argv: list[str] | None = None) -> None:
     print(f"open loop: rates x {unit:.1f}/s (unbatched closed-loop one-caller throughput); "
           f"limit: p99 slowdown <= {SLOWDOWN_LIMIT:g}x the input's unloaded latency "
           f"(each sent {args.idle_s:g} s after the one before)")
-    limits = {}
+    limits: dict[str, Limit] = {}
     for name, call in calls.items():
-        floor = sequential_slowdown(call, texts, args.requests, unloaded[name], args.idle_s)
-        limit, runs = p99_limit(call, texts, rates, args.requests, unloaded[name])
-        limits[name] = limit
+        floor = sequential_slowdowns(call, texts, args.requests, unloaded[name], args.idle_s)
+        limit = limits[name] = p99_limit(call, texts, rates, args.requests, unloaded[name])
         print(f"{name}: unloaded p50 {statistics.median(unloaded[name]) * 1e3:.1f} ms, p99 "
               f"{percentile(unloaded[name], 0.99) * 1e3:.1f} ms (back to back: p50 "
               f"{statistics.median(back_to_back[name]) * 1e3:.1f} ms); p99 slowdown one at a "
-              f"time {floor:.2f}x (no load: the host's own jitter); p99 limit {limit:.1f} req/s")
-        for run in runs:
+              f"time {percentile(floor, 0.99):.2f}x {_interval(quantile_interval(floor))} "
+              f"(no load: the host's own jitter); p99 limit {limit.describe()}")
+        for run in limit.runs:
             print(f"  offered {run.rate:7.1f}/s  p50 {run.p50_s * 1e3:8.1f} ms  "
-                  f"p99 {run.p99_s * 1e3:8.1f} ms  p99 slowdown {run.p99_slowdown:5.2f}x  "
+                  f"p99 {run.p99_s * 1e3:8.1f} ms  p99 slowdown {run.p99_slowdown:5.2f}x "
+                  f"{_interval((run.slowdown_low, run.slowdown_high))} {run.verdict}  "
                   f"errors {run.errors}")
         for share in (0.5, 0.8):
-            if limit > 0:
-                run = open_loop(call, texts, share * limit, args.requests, seed=1,
+            if limit.within > 0:
+                run = open_loop(call, texts, share * limit.within, args.requests, seed=1,
                                 unloaded=unloaded[name])
                 print(f"  at {share:.0%} of the limit ({run.rate:.1f}/s): p50 "
                       f"{run.p50_s * 1e3:.1f} ms, p99 {run.p99_s * 1e3:.1f} ms, p99 slowdown "
-                      f"{run.p99_slowdown:.2f}x")
+                      f"{run.p99_slowdown:.2f}x "
+                      f"{_interval((run.slowdown_low, run.slowdown_high))} {run.verdict}")
     for engine in engines.values():
         engine.close()
     print(f"output differences under load (every request of every measurement against the "
           f"unbatched engine's alone): batched {check.differing['batched']}, unbatched "
           f"{check.differing['unbatched']}")
-    ratio = limits["batched"] / limits["unbatched"] if limits["unbatched"] else float("nan")
-    if not limits["unbatched"]:
-        print(f"note: no offered rate kept the unbatched p99 slowdown within "
-              f"{SLOWDOWN_LIMIT:g}x (a loaded machine?): the ratio is undefined")
-    print(f"batched throughput at the p99 limit: {ratio:.2f}x unbatched")
+    print(f"batched throughput at the p99 limit: "
+          f"{limit_ratio(limits['batched'], limits['unbatched'])}")
+
+
+def _interval(bounds: tuple[float, float]) -> str:
+    """Return a p99's interval as `[low, high]` (`-` for a side too few values bound)."""
+    low, high = (f"{b:.2f}" if math.isfinite(b) else "-" for b in bounds)
+    return f"[{low}, {high}]"
 
 
 if __name__ == "__main__":

@@ -6,13 +6,19 @@ from __future__ import annotations
 import math
 
 from bench.throughput import (
+    PAST,
+    UNRESOLVED,
+    WITHIN,
+    Limit,
     OpenLoop,
     OutputCheck,
     closed_loop,
+    limit_ratio,
     open_loop,
     p99_limit,
     percentile,
-    sequential_slowdown,
+    quantile_interval,
+    sequential_slowdowns,
 )
 from probes.fake import FakeEngine
 
@@ -30,31 +36,46 @@ def test_closed_loop_sends_exactly_the_requests_asked() -> None:
     assert engine.state.calls == 10 and rps > 0
 
 
-def test_the_p99_limit_is_the_last_rate_whose_p99_slowdown_is_within_two(monkeypatch) -> None:
+def _run(rate: float, low: float, high: float, errors: int = 0) -> OpenLoop:
+    # p99 latency far past twice the p50: a mixed workload's spread, not a failure
+    return OpenLoop(rate, 0.005, 0.050, errors, (low + high) / 2, low, high)
+
+
+def test_a_rate_is_within_past_or_unresolved_by_its_p99_slowdowns_interval() -> None:
+    assert _run(1.0, 1.2, 2.0).verdict == WITHIN
+    assert _run(1.0, 2.01, 9.0).verdict == PAST
+    assert _run(1.0, 1.2, 2.5).verdict == UNRESOLVED
+    assert _run(1.0, 1.2, math.inf).verdict == UNRESOLVED  # too few requests to bound it
+    assert _run(1.0, 1.0, 1.1, errors=1).verdict == PAST
+
+
+def test_the_p99_limit_is_bounded_by_the_rates_shown_within_and_past_it(monkeypatch) -> None:
     import bench.throughput as bt
 
-    slowdown = {1.0: 1.2, 2.0: 1.9, 4.0: 2.5, 8.0: 1.0}
+    bounds = {1.0: (1.1, 1.6), 2.0: (1.3, 1.9), 3.0: (1.5, 2.6), 4.0: (2.1, 3.0),
+              8.0: (1.0, 1.1)}
     seen = []
 
     def fake_open_loop(call, texts, rate, requests, seed=0, unloaded=None):
         seen.append(unloaded)
-        # p99 latency far past twice the p50: a mixed workload's spread, not a failure
-        return OpenLoop(rate, 0.005, 0.050, 0, slowdown[rate])
+        return _run(rate, *bounds[rate])
 
     monkeypatch.setattr(bt, "open_loop", fake_open_loop)
-    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 1.0, 8.0, 2.0], 4, [0.010])
-    assert limit == 2.0
-    assert [r.rate for r in runs] == [1.0, 2.0, 4.0]  # upward, stops at the first past it
-    assert seen == [[0.010]] * 3  # every run measures against the inputs' unloaded latency
+    limit = p99_limit(lambda t: None, ["x"], [4.0, 1.0, 8.0, 3.0, 2.0], 4, [0.010])
+    # Upward; 3/s spans the limit and bounds nothing; 4/s is past it: the sweep stops.
+    assert (limit.within, limit.past) == (2.0, 4.0)
+    assert [r.rate for r in limit.runs] == [1.0, 2.0, 3.0, 4.0]
+    assert seen == [[0.010]] * 4  # every run measures against the inputs' unloaded latency
+    assert limit.describe() == "at least 2.0, below 4.0 req/s"
 
 
 def test_a_run_with_errors_is_past_the_limit(monkeypatch) -> None:
     import bench.throughput as bt
 
     monkeypatch.setattr(bt, "open_loop", lambda call, texts, rate, requests, seed=0,
-                        unloaded=None: OpenLoop(rate, 0.005, 0.006, 1 if rate > 1 else 0, 1.0))
-    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0, 3.0], 4, [0.010])
-    assert limit == 1.0 and len(runs) == 2
+                        unloaded=None: _run(rate, 1.0, 1.1, errors=1 if rate > 1 else 0))
+    limit = p99_limit(lambda t: None, ["x"], [1.0, 2.0, 3.0], 4, [0.010])
+    assert (limit.within, limit.past, len(limit.runs)) == (1.0, 2.0, 2)
 
 
 def test_the_open_loop_slowdown_is_each_latency_over_its_own_inputs_unloaded_latency() -> None:
@@ -79,23 +100,62 @@ def test_the_p99_limit_halves_the_lowest_rate_until_one_is_within(monkeypatch) -
     import bench.throughput as bt
 
     def fake_open_loop(call, texts, rate, requests, seed=0, unloaded=None):
-        return OpenLoop(rate, 0.005, 0.050, 0, 1.5 if rate <= 0.25 else 2.5)
+        if rate <= 0.25:
+            return _run(rate, 1.2, 1.8)
+        return _run(rate, 1.5, 2.5) if rate <= 1.0 else _run(rate, 2.2, 3.0)
 
     monkeypatch.setattr(bt, "open_loop", fake_open_loop)
-    limit, runs = p99_limit(lambda t: None, ["x"], [1.0, 2.0], 4, [0.010])
-    assert limit == 0.25
-    assert [r.rate for r in runs] == [1.0, 0.5, 0.25]
-    limit, runs = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, [0.010], halvings=2)
-    assert limit == 0.0 and [r.rate for r in runs] == [4.0, 2.0, 1.0]  # none: 0, said so
+    limit = p99_limit(lambda t: None, ["x"], [1.0, 2.0], 4, [0.010])
+    assert (limit.within, limit.past) == (0.25, 2.0)
+    assert [r.rate for r in limit.runs] == [1.0, 2.0, 0.5, 0.25]
+    limit = p99_limit(lambda t: None, ["x"], [4.0, 8.0], 4, [0.010], halvings=2)
+    # None within: the halvings shown past lower the upper bound.
+    assert (limit.within, limit.past) == (0.0, 2.0)  # 1/s spans it
+    assert [r.rate for r in limit.runs] == [4.0, 2.0, 1.0]
+    assert limit.describe() == "below 2.0 req/s (no rate shown within it)"
+
+
+def test_the_last_line_compares_the_bounds_or_says_unresolved() -> None:
+    batched, unbatched = Limit(4.0, 8.0, ()), Limit(1.0, 2.0, ())
+    assert limit_ratio(batched, unbatched) == "4.00x unbatched (the bounds allow 2.00x to 8.00x)"
+    assert limit_ratio(Limit(4.0, math.inf, ()), unbatched) \
+        == "4.00x unbatched (the bounds allow at least 2.00x)"
+    assert limit_ratio(batched, Limit(0.0, 2.0, ())) \
+        == "unresolved (no offered rate shown within the limit for unbatched)"
+    assert limit_ratio(Limit(0.0, 1.0, ()), Limit(0.0, math.inf, ())) == (
+        "unresolved (no offered rate shown within the limit for batched or unbatched)")
+    assert Limit(0.0, math.inf, ()).describe() == "unresolved (no rate shown within or past it)"
+    assert Limit(3.0, math.inf, ()).describe() == "at least 3.0 req/s (no rate shown past it)"
+
+
+def test_a_p99s_interval_is_two_order_statistics_and_unbounded_where_too_few() -> None:
+    values = [float(v) for v in range(1, 1001)]
+    low, high = quantile_interval(values)
+    # The binomial(1000, 0.99) count under the p99: 983rd to 997th smallest at 95%.
+    assert (low, high) == (983.0, 997.0)
+    assert quantile_interval(values[::-1]) == (983.0, 997.0)  # order of arrival is moot
+    # 128 requests bound a p99 from below only; 400 from above by the slowest one.
+    assert quantile_interval(values[:128])[1] == math.inf
+    assert quantile_interval(values[:400])[1] == 400.0
+    # One value is under the p99 but for a 1% chance: a lower bound, nothing above.
+    assert quantile_interval([5.0]) == (5.0, math.inf)
+
+
+def test_the_open_loop_reports_its_p99_slowdowns_interval() -> None:
+    run = open_loop(lambda t: None, ["a"], rate=1000.0, requests=400, unloaded=[3600.0])
+    assert run.slowdown_low <= run.p99_slowdown <= run.slowdown_high < 0.01
+    assert run.verdict == WITHIN
+    assert open_loop(lambda t: None, ["a"], rate=1000.0, requests=8,
+                     unloaded=[3600.0]).verdict == UNRESOLVED
 
 
 def test_the_floor_is_the_p99_slowdown_of_requests_sent_one_at_a_time() -> None:
     sent: list[str] = []
     # 100 requests cycling over two inputs, unloaded latency 10 s each: far below 1, and
     # every request of the cycle sent, in order, one at a time.
-    floor = sequential_slowdown(sent.append, ["a", "b"], 100, [10.0, 10.0])
+    floor = sequential_slowdowns(sent.append, ["a", "b"], 100, [10.0, 10.0])
     assert sent == ["a", "b"] * 50
-    assert 0 < floor < 0.01
+    assert len(floor) == 100 and 0 < percentile(floor, 0.99) < 0.01
 
 
 def test_unloaded_requests_each_find_the_engine_idle_for_the_pause(monkeypatch) -> None:
@@ -108,7 +168,7 @@ def test_unloaded_requests_each_find_the_engine_idle_for_the_pause(monkeypatch) 
     assert events == [0.5, "a", 0.5, "b", 0.5, "a", 0.5, "b"]
     assert len(latencies) == 2
     events.clear()
-    bt.sequential_slowdown(events.append, ["a"], 2, [10.0], idle_s=0.25)
+    bt.sequential_slowdowns(events.append, ["a"], 2, [10.0], idle_s=0.25)
     assert events == [0.25, "a", 0.25, "a"]
     events.clear()
     bt.unloaded_latencies(events.append, ["a"], repeats=1)  # back to back: no pause
