@@ -183,6 +183,36 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
             assert rt.graph_snapshot().recorded_after_warmup == 0
 
 
+def test_in_the_cuda_graph_modes_a_real_row_left_alone_on_the_extra_row_replays(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    # The real request outlives the synthetic rows and, alone, speculates on the extra
+    # row's own caches: the warm-up recorded those calls too, so none records after it.
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=False,
+                          compile_mode="reduce-overhead")
+    short = 2
+    with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
+        recorded = rt.graph_snapshot().recorded_after_warmup
+        with ThreadPoolExecutor(3) as pool:
+            synthetic = [pool.submit(_generate, rt, t, canary=True, max_new=short,
+                                     override=FlagOverride(speculative=False))
+                         for t in SYNTHETIC]
+            wait_for(lambda: len(handed) == 2, what="the synthetic requests handed over")
+            gate.admitted.set()
+            assert gate.full.wait(30)
+            real = pool.submit(_generate, rt, REAL, canary=False, max_new=CAP,
+                               override=FlagOverride(speculative=True))
+            wait_for(lambda: len(handed) == 3, what="the real request handed to the loop")
+            assert handed[2].row == rt._admission.extra
+            gate.go.set()
+            real_result = real.result(60)
+            results = [f.result(60) for f in synthetic]
+        assert real_result.output_ids == alone(REAL, CAP)
+        for text, result in zip(SYNTHETIC, results, strict=True):
+            assert result.output_ids == alone(text, short)
+        assert real_result.spec.drafts > 0  # it speculated once alone
+        assert rt.graph_snapshot().recorded_after_warmup == recorded == 0
+
+
 def test_a_paused_synthetic_row_that_is_cancelled_leaves_and_changes_no_one_else(
         tmp_path, tiny_dirs, alone, monkeypatch):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
