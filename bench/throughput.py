@@ -39,7 +39,10 @@ interval spans 2: more requests would tell; below about 370 requests no value bo
 from above, so no rate is shown within). The p99 limit of an engine, sweeping upward to
 the first rate shown past it: at least the highest rate below that shown within, and below
 that one (where no rate is shown within, half the lowest, down to an eighth); p50 / p99
-latency and p99 slowdown at 50% and 80% of its lower bound.
+latency and p99 slowdown at 50% and 80% of its lower bound. Each rate's line also gives
+the share of its requests sent while another was in flight (`busy at arrival`: they
+waited for it or shared its steps) and the p99 slowdown of the rest, which found the
+engine idle: once that share passes 1%, the p99 is made of requests that met another.
 Last line: `batched throughput at the p99 limit: Nx unbatched (the bounds allow ...)`, the
 ratio of the two lower bounds and the range the bounds allow, or `unresolved`.
 
@@ -97,6 +100,11 @@ class OpenLoop:
     # The p99 slowdown's CONFIDENCE interval (-inf / inf: too few requests to bound a side).
     slowdown_low: float = -math.inf
     slowdown_high: float = math.inf
+    # Why the tail is what it is: the share of requests sent while another was in flight
+    # (they waited for it or shared its steps), and the p99 slowdown of the others, which
+    # found the engine idle (the host's jitter, no queueing).
+    busy_share: float = math.nan
+    idle_p99_slowdown: float = math.nan
 
     @property
     def verdict(self) -> str:
@@ -218,23 +226,33 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
         schedule.append(at)
     latencies: list[float] = []
     slowdowns: list[float] = []
-    errors = [0]
+    idle_slowdowns: list[float] = []
+    errors, in_flight, busy = [0], [0], [0]
     lock = threading.Lock()
     start = time.perf_counter() + 0.05
 
     def send(i: int) -> None:
         due = start + schedule[i]
+        with lock:
+            found_busy = in_flight[0] > 0
+            busy[0] += found_busy
+            in_flight[0] += 1
         try:
             call(texts[i % len(texts)])
         except Exception:  # noqa: BLE001 - an overloaded engine's 429 counts, not stops
             with lock:
                 errors[0] += 1
             return
+        finally:
+            with lock:
+                in_flight[0] -= 1
         latency = time.perf_counter() - due
         with lock:
             latencies.append(latency)
             if unloaded is not None:
                 slowdowns.append(latency / unloaded[i % len(texts)])
+                if not found_busy:
+                    idle_slowdowns.append(slowdowns[-1])
 
     threads = []
     for i, offset in enumerate(schedule):
@@ -253,7 +271,8 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
                         errors[0])
     low, high = quantile_interval(slowdowns)
     return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99), errors[0],
-                    percentile(slowdowns, 0.99), low, high)
+                    percentile(slowdowns, 0.99), low, high, busy[0] / requests,
+                    percentile(idle_slowdowns, 0.99) if idle_slowdowns else math.nan)
 
 
 class OutputCheck:
@@ -460,7 +479,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  offered {run.rate:7.1f}/s  p50 {run.p50_s * 1e3:8.1f} ms  "
                   f"p99 {run.p99_s * 1e3:8.1f} ms  p99 slowdown {run.p99_slowdown:5.2f}x "
                   f"{_interval((run.slowdown_low, run.slowdown_high))} {run.verdict}  "
-                  f"errors {run.errors}")
+                  f"errors {run.errors}  busy at arrival {run.busy_share:.1%}, idle "
+                  f"arrivals' p99 slowdown {run.idle_p99_slowdown:.2f}x")
         for share in (0.5, 0.8):
             if limit.within > 0:
                 run = open_loop(call, texts, share * limit.within, args.requests, seed=1,

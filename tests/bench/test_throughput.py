@@ -4,6 +4,7 @@ the p99 limit's stopping rule and its per-input slowdown."""
 from __future__ import annotations
 
 import math
+import threading
 
 from bench.throughput import (
     PAST,
@@ -94,6 +95,23 @@ def test_the_open_loop_slowdown_is_each_latency_over_its_own_inputs_unloaded_lat
     assert run.errors == 2
     assert 0 < run.p99_slowdown < 0.01
     assert math.isnan(open_loop(lambda t: None, ["a"], 1000.0, 2).p99_slowdown)
+
+
+def test_the_open_loop_counts_the_requests_that_found_another_in_flight() -> None:
+    release = threading.Event()
+    sent: list[str] = []
+
+    def call(text: str) -> None:
+        sent.append(text)
+        if len(sent) == 1:  # the first holds the engine while the others arrive
+            assert release.wait(10)
+        elif len(sent) == 5:
+            release.set()
+
+    run = open_loop(call, ["a"], rate=1000.0, requests=5, unloaded=[3600.0])
+    assert run.busy_share == 0.8  # all but the first met it in flight
+    assert 0 < run.idle_p99_slowdown < 0.01  # the first alone
+    assert math.isnan(open_loop(lambda t: None, ["a"], 1000.0, 2).idle_p99_slowdown)
 
 
 def test_the_p99_limit_halves_the_lowest_rate_until_one_is_within(monkeypatch) -> None:
