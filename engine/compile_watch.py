@@ -94,16 +94,22 @@ class CompileWatch:
 
         Not at construction: importing torch._dynamo costs seconds of a start, and a warm
         CPU start serves saved packages and the C step without it (nothing to watch).
+        Again where they are gone: torch._dynamo.reset() drops every compile callback (a
+        benchmark that resets between modes would count no recompile after the first).
         """
-        with self._lock:
-            if self._attached:
-                return
-            self._attached = True
         import torch._dynamo.callback as callback
 
-        callback.on_compile_start(self._on_start)
-        callback.on_compile_end(self._on_end)
-        logging.getLogger(_LIMIT_LOGGER).addHandler(_LimitHandler(self))
+        handler = getattr(callback, "callback_handler", None)
+        with self._lock:  # held while registering: two callers never both register
+            first = not self._attached
+            self._attached = True
+            if not first and (handler is None  # no list to look in: once, as before
+                              or self._on_start in handler.start_callbacks):
+                return
+            callback.on_compile_start(self._on_start)
+            callback.on_compile_end(self._on_end)
+        if first:  # a logging handler, which reset() leaves alone
+            logging.getLogger(_LIMIT_LOGGER).addHandler(_LimitHandler(self))
 
     def _on_start(self, args: object) -> None:
         compile_id = str(getattr(args, "compile_id", ""))

@@ -312,9 +312,14 @@ def test_batched_cuda_graphs_recorded_after_warm_up_are_reported(tmp_path):
     assert "CUDA graph" not in lines[1]  # default: no CUDA graphs, nothing said
 
 
-def test_the_batched_step_on_the_cpu_mixes_real_and_synthetic_and_keeps_every_output():
+def test_the_batched_step_on_the_cpu_mixes_real_and_synthetic_and_keeps_every_output(
+        monkeypatch):
     # The real runner's smoke run (compile off: the compiler is not what is checked): the
-    # mixed round preempts synthetic rows, and every output is the one-caller output.
+    # mixed round preempts synthetic rows, and every output is the one-caller output. Its
+    # dynamo reset would drop the compiled code of this process's other runtimes.
+    import torch
+
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
     runner = gpu.TorchRunner(buckets=(16, 32), inputs=2, new=8, repeats=1, device="cpu")
     texts = [t for group in runner.texts().values() for t in group]
     b = runner.run_batched(gpu.EAGER, "float32", texts, 2)

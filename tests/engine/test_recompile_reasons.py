@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -60,3 +63,39 @@ def test_a_cuda_graph_recording_is_counted_as_a_recording_not_a_recompile():
     assert after.recompiles == before.recompiles
     assert after.compile_seconds == before.compile_seconds
     assert after.cudagraph_recordings == before.cudagraph_recordings + 1
+
+
+
+# In a process of its own: torch._dynamo.reset() also drops the compiled code of every
+# runtime this test process keeps (the session's warm engines would compile again).
+_AFTER_RESET = """
+import torch, torch._dynamo.callback as callback
+from engine.compile_watch import shared_watch, specialize
+
+def double(x):
+    return x * 2
+
+def recompiles_of(name):
+    watch = shared_watch()
+    watch.attach()  # as each new runtime's runner does before it first compiles
+    before = watch.snapshot()
+    fn = torch.compile(specialize(double, name), backend="eager", dynamic=False)
+    fn(torch.ones(5))
+    fn(torch.ones(6))
+    return watch.snapshot().diff(before).recompiles
+
+first = recompiles_of("before_reset")
+torch._dynamo.reset()
+shared_watch().attach()
+print(first, recompiles_of("after_reset"),
+      callback.callback_handler.start_callbacks.count(shared_watch()._on_start))
+"""
+
+
+def test_recompiles_are_counted_again_after_dynamo_resets_its_callbacks():
+    # torch._dynamo.reset() drops every compile callback (bench.gpu resets between modes):
+    # the next runtime's attach puts the watch's back, once however often it is called.
+    done = subprocess.run([sys.executable, "-c", _AFTER_RESET], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "1", "1"]
