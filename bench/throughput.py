@@ -75,6 +75,7 @@ from pathlib import Path
 
 from bench import ct2
 from bench.engine import _canaries
+from storage.queries.speedups import order_rank
 
 # From well below the unbatched engine's capacity (1x) to far past it: the batched engine's
 # limit is expected at several times it.
@@ -145,21 +146,14 @@ def quantile_interval(values: Sequence[float], q: float = 0.99,
     """Return a distribution-free `confidence` interval for the q-quantile that `values`
     were drawn from, two order statistics (-inf / inf where too few values bound a side).
 
-    How many values fall below the true q-quantile is binomial(n, q): the interval runs
-    from the l-th smallest to the u-th with P(B < l) and P(B >= u) each at most half the
-    rest of `confidence`. A p99 needs hundreds of values: below about 370 no value bounds
-    it from above at 95%."""
+    How many values fall below the true q-quantile is binomial(n, q), as for the speedup
+    median's interval (storage.queries.speedups.order_rank). A p99 needs hundreds of
+    values: below about 370 no value bounds it from above at 95%."""
     ordered, n = sorted(values), len(values)
     tail = (1.0 - confidence) / 2
-    cdf, total = [], 0.0
-    for k in range(n + 1):  # P(B <= k), the pmf in logs (n in the thousands)
-        total += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-                          + k * math.log(q) + (n - k) * math.log1p(-q))
-        cdf.append(total)
-    lower = max((k for k in range(1, n + 1) if cdf[k - 1] <= tail), default=0)
-    upper = min((k for k in range(1, n + 1) if cdf[k - 1] >= 1.0 - tail), default=n + 1)
+    lower, upper = order_rank(n, tail, q), order_rank(n, tail, 1.0 - q)
     return (ordered[lower - 1] if lower >= 1 else -math.inf,
-            ordered[upper - 1] if upper <= n else math.inf)
+            ordered[n - upper] if upper >= 1 else math.inf)
 
 
 def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: int,

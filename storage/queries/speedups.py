@@ -229,24 +229,27 @@ def median_ci(ratios: Sequence[float],
     # The log is monotone: the median of the logs is that of the sorted ratios, and with
     # an even count the mean of the two middle logs is their geometric mean.
     mid = xs[n // 2] if n % 2 else math.sqrt(xs[n // 2 - 1] * xs[n // 2])
-    k = _rank(n, (1.0 - confidence) / 2)
+    k = order_rank(n, (1.0 - confidence) / 2)
     if k == 0:
         return mid, None, None
     return mid, xs[k - 1], xs[n - k]
 
 
-# Above this many pairs the binomial tail is summed from 8 standard deviations below the
-# mean on: the terms below add up to under 1e-14, and the sum takes ~8 sqrt(n) steps.
+# Above this many values the binomial tail is summed from 8 standard deviations below the
+# mean on: the terms below add up to under 1e-14, and the sum takes ~16 sd steps.
 _EXACT_UP_TO = 1000
 
 
-def _rank(n: int, tail: float) -> int:
-    """Return the largest k >= 1 with P(Binomial(n, 1/2) <= k-1) <= tail, else 0."""
-    log_half = n * math.log(0.5)
-    start = 0 if n <= _EXACT_UP_TO else max(0, int(n / 2 - 4 * math.sqrt(n)))
+def order_rank(n: int, tail: float, q: float = 0.5) -> int:
+    """Return the largest k >= 1 with P(Binomial(n, q) <= k-1) <= tail, else 0: the
+    x_(k) of n sorted values is below the q-quantile with probability at least 1 - tail
+    (for the other side, x_(n+1-k) with k = order_rank(n, tail, 1 - q))."""
+    sd = math.sqrt(n * q * (1.0 - q))
+    start = 0 if n <= _EXACT_UP_TO else max(0, int(n * q - 8 * sd))
+    log_q, log_p = math.log(q), math.log1p(-q)
     cum, k = 0.0, start
-    for j in range(start, n // 2 + 1):
-        cum += math.exp(_log_choose(n, j) + log_half)
+    for j in range(start, n + 1):
+        cum += math.exp(_log_choose(n, j) + j * log_q + (n - j) * log_p)
         if cum > tail:
             break
         k = j + 1
