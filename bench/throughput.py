@@ -50,6 +50,9 @@ The closed loop also prints each engine's CPU milliseconds per request (this pro
 time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
 the other work's load, and the CPU time per request is the direction that still holds.
 --quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
+--bucket EDGE: only the canaries of that length bucket (the mix's 16- to 256-token inputs
+make a short request that meets a long one take several times its own latency; one bucket
+takes the length mix out of the queueing, which is what the open loop's limit is about).
 
 Why slowdown and not the issue's "p99 within 2x the unloaded p50": the canaries mix input
 lengths from one bucket to the largest, so the unloaded latencies of the mix already spread
@@ -75,6 +78,7 @@ from pathlib import Path
 
 from bench import ct2
 from bench.engine import _canaries
+from engine.protocol import Engine
 from storage.queries.speedups import order_rank
 
 # From well below the unbatched engine's capacity (1x) to far past it: the batched engine's
@@ -133,6 +137,17 @@ class Limit:
         if math.isinf(self.past):
             return f"at least {self.within:.1f} req/s (no rate shown past it)"
         return f"at least {self.within:.1f}, below {self.past:.1f} req/s"
+
+
+def in_bucket(engine: Engine, texts: Sequence[str], bucket: str) -> list[str]:
+    """Return the texts whose length bucket on `engine` is `bucket` (its label, e.g. "32")."""
+    labels = [engine.bucket_for(engine.count_tokens(t)) for t in texts]
+    chosen = [t for t, label in zip(texts, labels, strict=True) if label == bucket]
+    if not chosen:
+        labels = sorted(set(labels), key=lambda b: (len(b), b))
+        raise ValueError(f"--bucket {bucket}: no canary in that bucket (buckets with "
+                         f"canaries: {', '.join(labels)})")
+    return chosen
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -367,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     parser.add_argument("--quick", action="store_true", help="32 requests, rates "
                         f"{QUICK_RATES}, one unloaded repeat: directions, not results")
+    parser.add_argument("--bucket", default=None, help="only the canaries of this length "
+                        "bucket (its edge in tokens): one length, no length mix in the queue")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rates, args.unloaded_repeats = 32, QUICK_RATES, 1
@@ -384,7 +401,15 @@ def main(argv: list[str] | None = None) -> None:
                "unbatched": Runtime(EngineConfig(**base, max_batch=1))}  # type: ignore[arg-type]
     for engine in engines.values():
         engine.warm_up(background=False)
-    texts = _canaries("in_domain")[: args.requests]
+    texts = _canaries("in_domain")
+    if args.bucket is not None:
+        try:
+            texts = in_bucket(engines["unbatched"], texts, args.bucket)
+        except ValueError as exc:
+            for engine in engines.values():
+                engine.close()
+            parser.error(str(exc))
+    texts = texts[: args.requests]
     outputs: dict[str, dict[str, tuple[int, ...]]] = {name: {} for name in engines}
     check = OutputCheck(list(engines))
 
@@ -407,7 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     check.reference.update(outputs["unbatched"])
     cts = {} if args.no_ct2 else ct2.load(args.model_dir or BUILTIN_DIR / "target",
                                           Path(args.ct2_dir))
-    print(f"inputs={len(texts)} new_tokens={args.new_tokens} max_batch={args.max_batch} "
+    print(f"inputs={len(texts)} bucket={args.bucket or 'all'} new_tokens={args.new_tokens} "
+          f"max_batch={args.max_batch} "
           f"quantization={args.quantization} "
           f"requests/measurement={args.requests} ctranslate2="
           f"{ct2.version() + ' (same process, one thread)' if cts else 'not compared'}")

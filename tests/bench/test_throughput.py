@@ -202,3 +202,25 @@ def test_every_output_under_load_is_checked_against_the_unbatched_engines_alone(
     check.seen("batched", "b", (3, 4))  # a batch-mate changed a token: counted
     check.seen("unbatched", "b", (3,))
     assert check.differing == {"batched": 1, "unbatched": 0}
+
+
+def test_one_bucket_keeps_only_the_canaries_of_that_length_bucket() -> None:
+    from bench.throughput import in_bucket
+
+    engine = FakeEngine()
+    short, longer = "one two three", " ".join(["w"] * 40)
+    assert engine.bucket_for(engine.count_tokens(short)) != engine.bucket_for(
+        engine.count_tokens(longer))
+    label = engine.bucket_for(engine.count_tokens(short))
+    assert in_bucket(engine, [short, longer, short], label) == [short, short]
+
+
+def test_a_bucket_without_canaries_is_one_line_naming_the_buckets_there_are() -> None:
+    import pytest
+
+    from bench.throughput import in_bucket
+
+    engine = FakeEngine()
+    with pytest.raises(ValueError, match=r"--bucket 999: no canary in that bucket "
+                       r"\(buckets with canaries: 16\)"):
+        in_bucket(engine, ["one two", "three"], "999")
