@@ -43,6 +43,11 @@ latency and p99 slowdown at 50% and 80% of its lower bound. Each rate's line als
 the share of its requests sent while another was in flight (`busy at arrival`: they
 waited for it or shared its steps) and the p99 slowdown of the rest, which found the
 engine idle: once that share passes 1%, the p99 is made of requests that met another.
+Where requests stepped with others (the batched engine), a line splits them by the most
+rows they stepped with (1, 2, 3-4, ... : GenerateResult.batch_size_max) with each bin's
+p50 slowdown: where a step over B rows costs what the rows cost one at a time, a request
+beside B - 1 others takes about B times as long (the core shared), which is what batching
+costs the tail at low load.
 Last line: `batched throughput at the p99 limit: Nx unbatched (the bounds allow ...)`, the
 ratio of the two lower bounds and the range the bounds allow, or `unresolved`.
 
@@ -93,6 +98,22 @@ WITHIN, PAST, UNRESOLVED = "within", "past", "unresolved"
 CONFIDENCE = 0.95
 
 
+# The most rows a request stepped with, binned: (label, fewest, most).
+ROW_BINS = (("1", 1, 1), ("2", 2, 2), ("3-4", 3, 4), ("5-8", 5, 8), ("9-16", 9, 16),
+            ("17+", 17, math.inf))
+
+
+def row_bins(rows_and_slowdowns: Sequence[tuple[int, float]]
+             ) -> tuple[tuple[str, int, float], ...]:
+    """Return (label, requests, p50 slowdown) for each non-empty ROW_BINS bin."""
+    out = []
+    for label, low, high in ROW_BINS:
+        got = [s for rows, s in rows_and_slowdowns if low <= rows <= high]
+        if got:
+            out.append((label, len(got), statistics.median(got)))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class OpenLoop:
     """One offered rate: latencies from the scheduled send time, and what failed."""
@@ -110,6 +131,10 @@ class OpenLoop:
     # found the engine idle (the host's jitter, no queueing).
     busy_share: float = math.nan
     idle_p99_slowdown: float = math.nan
+    # Requests by the most rows they stepped with (the result's batch_size_max, ROW_BINS):
+    # (bin's label, requests, their p50 slowdown). Where batching gains a request nothing,
+    # its latency grows with the rows beside it: the core shared, as processor sharing.
+    by_rows: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def verdict(self) -> str:
@@ -236,6 +261,7 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
     latencies: list[float] = []
     slowdowns: list[float] = []
     idle_slowdowns: list[float] = []
+    rows: list[tuple[int, float]] = []
     errors, in_flight, busy = [0], [0], [0]
     lock = threading.Lock()
     start = time.perf_counter() + 0.05
@@ -247,7 +273,7 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
             busy[0] += found_busy
             in_flight[0] += 1
         try:
-            call(texts[i % len(texts)])
+            result = call(texts[i % len(texts)])
         except Exception:  # noqa: BLE001 - an overloaded engine's 429 counts, not stops
             with lock:
                 errors[0] += 1
@@ -262,6 +288,9 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
                 slowdowns.append(latency / unloaded[i % len(texts)])
                 if not found_busy:
                     idle_slowdowns.append(slowdowns[-1])
+                most = getattr(result, "batch_size_max", None)
+                if isinstance(most, int):
+                    rows.append((most, slowdowns[-1]))
 
     threads = []
     for i, offset in enumerate(schedule):
@@ -281,7 +310,8 @@ def open_loop(call: Callable[[str], object], texts: Sequence[str], rate: float,
     low, high = quantile_interval(slowdowns)
     return OpenLoop(rate, percentile(latencies, 0.5), percentile(latencies, 0.99), errors[0],
                     percentile(slowdowns, 0.99), low, high, busy[0] / requests,
-                    percentile(idle_slowdowns, 0.99) if idle_slowdowns else math.nan)
+                    percentile(idle_slowdowns, 0.99) if idle_slowdowns else math.nan,
+                    row_bins(rows))
 
 
 class OutputCheck:
@@ -501,6 +531,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{_interval((run.slowdown_low, run.slowdown_high))} {run.verdict}  "
                   f"errors {run.errors}  busy at arrival {run.busy_share:.1%}, idle "
                   f"arrivals' p99 slowdown {run.idle_p99_slowdown:.2f}x")
+            if len(run.by_rows) > 1:
+                print("    p50 slowdown by the most rows a request stepped with: " + ", ".join(
+                    f"{label}: {s:.2f}x ({n})" for label, n, s in run.by_rows))
         for share in (0.5, 0.8):
             if limit.within > 0:
                 run = open_loop(call, texts, share * limit.within, args.requests, seed=1,

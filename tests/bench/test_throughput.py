@@ -224,3 +224,23 @@ def test_a_bucket_without_canaries_is_one_line_naming_the_buckets_there_are() ->
     with pytest.raises(ValueError, match=r"--bucket 999: no canary in that bucket "
                        r"\(buckets with canaries: 16\)"):
         in_bucket(engine, ["one two", "three"], "999")
+
+
+def test_requests_are_binned_by_the_most_rows_they_stepped_with() -> None:
+    from bench.throughput import row_bins
+
+    got = row_bins([(1, 1.0), (1, 1.2), (1, 1.4), (2, 2.0), (4, 3.0), (3, 2.6), (40, 9.0)])
+    assert got == (("1", 3, 1.2), ("2", 1, 2.0), ("3-4", 2, 2.8), ("17+", 1, 9.0))
+
+
+def test_the_open_loop_splits_its_slowdowns_by_the_rows_each_request_stepped_with() -> None:
+    class Result:
+        def __init__(self, rows: int) -> None:
+            self.batch_size_max = rows
+
+    rows = {"a": 1, "b": 3}
+    run = open_loop(lambda t: Result(rows[t]), ["a", "b"], rate=2000.0, requests=20,
+                    unloaded=[1.0, 1.0])
+    assert [(label, n) for label, n, _s in run.by_rows] == [("1", 10), ("3-4", 10)]
+    # An engine whose results say nothing of rows (a fake, CTranslate2) gets no split.
+    assert open_loop(lambda t: None, ["a"], 2000.0, 5, unloaded=[1.0]).by_rows == ()
