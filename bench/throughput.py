@@ -429,10 +429,8 @@ def main(argv: list[str] | None = None) -> None:
                 quantization=args.quantization, flags_file="")
     engines = {"batched": Runtime(EngineConfig(**base, max_batch=args.max_batch)),  # type: ignore[arg-type]
                "unbatched": Runtime(EngineConfig(**base, max_batch=1))}  # type: ignore[arg-type]
-    for engine in engines.values():
-        engine.warm_up(background=False)
     texts = _canaries("in_domain")
-    if args.bucket is not None:
+    if args.bucket is not None:  # before warm-up: a wrong bucket is said at once
         try:
             texts = in_bucket(engines["unbatched"], texts, args.bucket)
         except ValueError as exc:
@@ -440,6 +438,8 @@ def main(argv: list[str] | None = None) -> None:
                 engine.close()
             parser.error(str(exc))
     texts = texts[: args.requests]
+    for engine in engines.values():
+        engine.warm_up(background=False)
     outputs: dict[str, dict[str, tuple[int, ...]]] = {name: {} for name in engines}
     check = OutputCheck(list(engines))
 
