@@ -244,3 +244,21 @@ def test_the_open_loop_splits_its_slowdowns_by_the_rows_each_request_stepped_wit
     assert [(label, n) for label, n, _s in run.by_rows] == [("1", 10), ("3-4", 10)]
     # An engine whose results say nothing of rows (a fake, CTranslate2) gets no split.
     assert open_loop(lambda t: None, ["a"], 2000.0, 5, unloaded=[1.0]).by_rows == ()
+
+
+def test_the_cli_refuses_a_bucket_without_canaries_in_one_line_before_warm_up(
+        tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.throughput", "--bucket", "999", "--no-ct2",
+         "--cache-dir", str(tmp_path / "cache")],
+        cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].endswith(
+        "--bucket 999: no canary in that bucket (buckets with canaries: 16, 32, 64, 128, "
+        "256)")
+    assert "Traceback" not in done.stderr and done.stdout == ""
