@@ -82,7 +82,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import ct2
-from bench.engine import _canaries
+from bench.engine import _canaries, by_bucket
 from engine.protocol import Engine
 from storage.queries.speedups import order_rank
 
@@ -166,13 +166,12 @@ class Limit:
 
 def in_bucket(engine: Engine, texts: Sequence[str], bucket: str) -> list[str]:
     """Return the texts whose length bucket on `engine` is `bucket` (its label, e.g. "32")."""
-    labels = [engine.bucket_for(engine.count_tokens(t)) for t in texts]
-    chosen = [t for t, label in zip(texts, labels, strict=True) if label == bucket]
-    if not chosen:
-        labels = sorted(set(labels), key=lambda b: (len(b), b))
+    groups = by_bucket(engine, list(texts), per_bucket=len(texts))
+    if bucket not in groups:
+        labels = sorted(groups, key=lambda b: (len(b), b))
         raise ValueError(f"--bucket {bucket}: no canary in that bucket (buckets with "
                          f"canaries: {', '.join(labels)})")
-    return chosen
+    return groups[bucket]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
