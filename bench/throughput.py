@@ -55,6 +55,9 @@ The closed loop also prints each engine's CPU milliseconds per request (this pro
 time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
 the other work's load, and the CPU time per request is the direction that still holds.
 --quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
+--without-turns: a third engine, batched as the first but whose rows never take turns
+(every row steps every step: engine.scheduler's `turns` off), measured beside the others
+with its outputs compared the same way: what taking turns changes, in one run.
 --bucket EDGE: only the canaries of that length bucket (the mix's 16- to 256-token inputs
 make a short request that meets a long one take several times its own latency; one bucket
 takes the length mix out of the queueing, which is what the open loop's limit is about).
@@ -413,6 +416,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{QUICK_RATES}, one unloaded repeat: directions, not results")
     parser.add_argument("--bucket", default=None, help="only the canaries of this length "
                         "bucket (its edge in tokens): one length, no length mix in the queue")
+    parser.add_argument("--without-turns", action="store_true", help="also a batched engine "
+                        "whose rows never take turns (every row steps every step)")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rates, args.unloaded_repeats = 32, QUICK_RATES, 1
@@ -428,6 +433,11 @@ def main(argv: list[str] | None = None) -> None:
                 quantization=args.quantization, flags_file="")
     engines = {"batched": Runtime(EngineConfig(**base, max_batch=args.max_batch)),  # type: ignore[arg-type]
                "unbatched": Runtime(EngineConfig(**base, max_batch=1))}  # type: ignore[arg-type]
+    if args.without_turns:
+        shared = Runtime(EngineConfig(**base, max_batch=args.max_batch))  # type: ignore[arg-type]
+        assert shared.batch_scheduler is not None
+        shared.batch_scheduler.turns = False
+        engines["batched_without_turns"] = shared
     texts = _canaries("in_domain")
     if args.bucket is not None:  # before warm-up: a wrong bucket is said at once
         try:
@@ -457,7 +467,9 @@ def main(argv: list[str] | None = None) -> None:
     for call in calls.values():  # one pass each: every output known, caches warm
         for text in texts:
             call(text)
-    diffs = sum(outputs["batched"][t] != outputs["unbatched"][t] for t in texts)
+    others = [name for name in engines if name != "unbatched"]
+    diffs = {name: sum(outputs[name][t] != outputs["unbatched"][t] for t in texts)
+             for name in others}
     check.reference.update(outputs["unbatched"])
     cts = {} if args.no_ct2 else ct2.load(args.model_dir or BUILTIN_DIR / "target",
                                           Path(args.ct2_dir))
@@ -466,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
           f"quantization={args.quantization} "
           f"requests/measurement={args.requests} ctranslate2="
           f"{ct2.version() + ' (same process, one thread)' if cts else 'not compared'}")
-    print(f"output differences (batched vs unbatched, every input): {diffs}")
+    print("output differences (against unbatched, every input): "
+          + ", ".join(f"{name} {n}" for name, n in diffs.items()))
 
     # CTranslate2: the closed loop's requests in one translate_batch, max_batch_size C.
     sent = [texts[i % len(texts)] for i in range(args.requests)]
@@ -476,11 +489,12 @@ def main(argv: list[str] | None = None) -> None:
     compared: dict[str, list[str]] = {name: [] for name in cts}
     print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}"
           f" {'batched_cpu_ms':>15} {'unbatched_cpu_ms':>17} {'batched_diffs':>13}"
-          + "".join(f" {'ct2_' + name + '_rps':>16}" for name in cts))
+          + "".join(f" {'ct2_' + name + '_rps':>16}" for name in cts)
+          + "".join(f" {name + '_rps':>26} {'cpu_ms':>7} {'diffs':>5}" for name in others[1:]))
     rps: dict[tuple[str, int], float] = {}
     cpu_ms: dict[tuple[str, int], float] = {}
     for c in callers:
-        differing = check.differing["batched"]
+        differing = dict(check.differing)
         for name, call in calls.items():
             cpu0 = time.process_time()
             rps[(name, c)] = closed_loop(call, texts, c, args.requests)
@@ -492,10 +506,13 @@ def main(argv: list[str] | None = None) -> None:
             rps[(name, c)] = args.requests / (time.perf_counter() - start)
             compared[name].append(f"batch {c}: {ct2.compare(expected, got)}")
             row += f" {rps[(name, c)]:>16.1f}"
+        for name in others[1:]:
+            row += (f" {rps[(name, c)]:>26.1f} {cpu_ms[(name, c)]:>7.1f}"
+                    f" {check.differing[name] - differing[name]:>5}")
         b, u = rps[("batched", c)], rps[("unbatched", c)]
         print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x"
               f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}"
-              f" {check.differing['batched'] - differing:>13}" + row)
+              f" {check.differing['batched'] - differing['batched']:>13}" + row)
     for name, lines in compared.items():
         print(f"CTranslate2 {name} outputs against the engine's: {'; '.join(lines)}")
     if cts:
@@ -517,6 +534,8 @@ def main(argv: list[str] | None = None) -> None:
           f"(each sent {args.idle_s:g} s after the one before)")
     limits: dict[str, Limit] = {}
     for name, call in calls.items():
+        loop = engines[name].batch_scheduler
+        turns_before = (loop.turn_steps, loop.recorder.totals()[0]) if loop else (0, 0)
         floor = sequential_slowdowns(call, texts, args.requests, unloaded[name], args.idle_s)
         limit = limits[name] = p99_limit(call, texts, rates, args.requests, unloaded[name])
         print(f"{name}: unloaded p50 {statistics.median(unloaded[name]) * 1e3:.1f} ms, p99 "
@@ -533,6 +552,10 @@ def main(argv: list[str] | None = None) -> None:
             if len(run.by_rows) > 1:
                 print("    p50 slowdown by the most rows a request stepped with: " + ", ".join(
                     f"{label}: {s:.2f}x ({n})" for label, n, s in run.by_rows))
+        if loop is not None:
+            print(f"  steps in which rows waited their turn: "
+                  f"{loop.turn_steps - turns_before[0]} of "
+                  f"{loop.recorder.totals()[0] - turns_before[1]}")
         for share in (0.5, 0.8):
             if limit.within > 0:
                 run = open_loop(call, texts, share * limit.within, args.requests, seed=1,
@@ -543,9 +566,9 @@ def main(argv: list[str] | None = None) -> None:
                       f"{_interval((run.slowdown_low, run.slowdown_high))} {run.verdict}")
     for engine in engines.values():
         engine.close()
-    print(f"output differences under load (every request of every measurement against the "
-          f"unbatched engine's alone): batched {check.differing['batched']}, unbatched "
-          f"{check.differing['unbatched']}")
+    print("output differences under load (every request of every measurement against the "
+          "unbatched engine's alone): "
+          + ", ".join(f"{name} {n}" for name, n in check.differing.items()))
     print(f"batched throughput at the p99 limit: "
           f"{limit_ratio(limits['batched'], limits['unbatched'])}")
 

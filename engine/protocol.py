@@ -86,7 +86,9 @@ class GenerateResult:
         request's own times; total_s - preempted_s is its latency had nobody preempted
         it. 0.0 for real requests, which never pause.
     batch_wait_s: decode slot (batch row) granted -> the batching loop took the request up
-        (its encoder starts): the window and the step in flight; 0.0 when not batched.
+        (its encoder starts): the window and the step in flight; plus the steps its row sat
+        out while another row took its turn (engine.scheduler), which ttft_s or
+        decode_token_s also hold; 0.0 when not batched.
 
     Batching (engine.scheduler; unbatched requests read as one row throughout):
     batch_join_step: the loop's step count when the request joined the batch (-1: not

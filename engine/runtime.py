@@ -484,7 +484,7 @@ class Runtime:
             speculate = decoded.spec.drafts > 0
             k = k if speculate else 0
         self._learn(plan.label, decoded, ran.t_encoded, speculate,
-                    alone=batch is None or batch.batch_max <= 1)
+                    alone=batch is None or (batch.batch_max <= 1 and not batch.turn_s))
         text_out = self.tokenizer.decode(out, skip_special_tokens=True)
         stamps = decoded.stamps
         return GenerateResult(
@@ -574,6 +574,7 @@ def _batch_fields(job: scheduler.Job | None, t_slot: float) -> dict[str, Any]:
     if job is None:
         return {}
     steps = max(job.steps, 1)
-    return dict(batch_wait_s=max(job.t_picked - t_slot, 0.0), batch_join_step=job.joined_step,
+    return dict(batch_wait_s=max(job.t_picked - t_slot, 0.0) + job.turn_s,
+                batch_join_step=job.joined_step,
                 batch_size_mean=job.batch_sum / steps if job.steps else 1.0,
                 batch_size_max=max(job.batch_max, 1))

@@ -16,6 +16,15 @@ of several rows when the rounds' measured tokens per second beat the batched ste
 that batch size. Every output is the target's own greedy tokens whichever ran
 (engine.decoding.RowState).
 
+Where sharing a step gains little (on a CPU a step over B rows can cost about what the rows
+cost one at a time), rows stepping together all finish late, while rows taking turns finish
+one after another, the first as if alone. So while the batch holds a few rows (TURN_ROWS)
+and no caller waits for a row, the oldest real row steps alone (and speculates, as a lone
+row does) while the others wait their turn, where the steps measured so far expect the
+rows' finish times to sum lower that way (_turn). A row that waits its turn is not paused:
+it keeps its place and steps again as soon as the rule says so, and its waiting seconds
+(Job.turn_s) count in its GenerateResult.batch_wait_s.
+
     job = Job(ids, length, key, k, max_new, deadline, quantized, row)
     scheduler.submit(job)
     decoded = scheduler.wait(job)  # raises what failed this request only
@@ -80,6 +89,13 @@ COST_DECAY = 0.98
 ACCEPT_DECAY = 0.995
 PRIOR_TRIALS = 8.0
 EXPLORE_EVERY = 16
+# Rows take turns (the module doc) only while the batch holds at most this many. The rule
+# that decides a turn weighs the rows already here, not the arrivals to come: where sharing
+# a step gains little, it would take turns at any batch size and give up the throughput
+# batching adds under load. Rows in a batch are arrivals a lone row could not serve before
+# the next came; one stream at 70% use rarely holds more than 4, so more rows than that
+# mean a load near what one row at a time can serve, and the batch steps together.
+TURN_ROWS = 4
 
 
 class RowOwner(Protocol):
@@ -138,6 +154,8 @@ class Job:
     batch_sum: int = 0
     batch_max: int = 0  # the most rows in its steps: what the runtime learns costs from
     held: int = 0  # encoder-output bytes it holds
+    # Seconds its row sat out steps while another row took its turn (the module doc).
+    turn_s: float = 0.0
     # Paused for real rows (a synthetic job, where the loop preempts): since when (None:
     # not paused now), and each pause (resumed at, seconds) on the loop's clock.
     paused_at: float | None = None
@@ -240,6 +258,29 @@ class StepCosts:
         return min((state.accepted + PRIOR_TRIALS * prior_a) / (trials + PRIOR_TRIALS), 1.0)
 
 
+class RowTokenCosts:
+    """What a step of B rows measured: seconds until every row has one more token (the
+    step's seconds times B over the tokens it emitted, each smoothed apart), by B."""
+
+    def __init__(self) -> None:
+        self._steps: dict[int, tuple[float, float]] = {}
+
+    def observe(self, rows: int, seconds: float, tokens: int) -> None:
+        """Fold in one step of `rows` rows that took `seconds` and emitted `tokens`."""
+        old = self._steps.get(rows)
+        self._steps[rows] = ((seconds, float(tokens)) if old is None else
+                             (_smooth(old[0], seconds), _smooth(old[1], float(tokens))))
+
+    def row_token_s(self, rows: int) -> float | None:
+        """Return the seconds until each of `rows` rows has one more token, None until a
+        step of that many was measured."""
+        seconds_tokens = self._steps.get(rows)
+        if seconds_tokens is None:
+            return None
+        seconds, tokens = seconds_tokens
+        return seconds * rows / tokens
+
+
 class Scheduler:
     """Own up to `max_batch` rows (`extra_row`: one more, admission's extra slot, while
     synthetic rows pause) and the loop that steps them (see the module doc).
@@ -281,6 +322,12 @@ class Scheduler:
         self._choices = 0
         # Off (benches, tests): each row's draft proposes in its own call, as a lone row's.
         self.batch_drafts = True
+        # Measured by the loop, whatever each step ran: the choice between rows taking
+        # turns and stepping together (_turn). Off (benches, tests): every row steps.
+        self._row_costs = RowTokenCosts()
+        self.turns = True
+        self._turns = 0
+        self.turn_steps = 0  # steps in which rows waited their turn (written by the loop)
         self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
         self._thread.start()
 
@@ -614,7 +661,13 @@ class Scheduler:
         for job, state in active:
             groups.setdefault((id(state.target), id(state.tfns)), []).append((job, state))
         speculated = direct_only = False
+        stepped: list[tuple[Job, RowState]] = []
+        emitted = 0
         for rows in groups.values():
+            turn = self._turn(rows)
+            if turn is not None:
+                rows = [turn]  # the others wait their turn
+            before = sum(len(state.tokens) for _job, state in rows)
             if _on_c(rows[0][1].target, rows[0][1].tfns):
                 ks = self._draft_lengths(rows)
                 self._verify(rows, ks)
@@ -626,13 +679,48 @@ class Scheduler:
             else:
                 self._direct(rows)
                 direct_only = True
+            emitted += sum(len(state.tokens) for _job, state in rows) - before
+            stepped += rows
         seconds = self._clock() - started
-        if direct_only and not speculated and b > 1:
-            self._step_s[b] = _smooth(self._step_s.get(b), seconds)
-        jobs = [job for job, _state in active]
+        n = len(stepped)
+        if direct_only and not speculated and n > 1:
+            self._step_s[n] = _smooth(self._step_s.get(n), seconds)
+        if emitted and not any(state.done for _job, state in stepped):
+            # A row's last step is cut at EOS or its limit: not a rate.
+            self._row_costs.observe(n, seconds, emitted)
+        if n < b:
+            self.turn_steps += 1
+            steps = {job for job, _state in stepped}
+            for job, _state in active:
+                if job not in steps:
+                    job.turn_s += seconds
+        jobs = [job for job, _state in stepped]
         for job in jobs:
-            job.batch_max = max(job.batch_max, b)
+            job.batch_max = max(job.batch_max, n)
         self.recorder.stepped(PHASE_VERIFY if speculated else PHASE_DECODE, seconds, jobs)
+
+    def _turn(self, rows: list[tuple[Job, RowState]]) -> tuple[Job, RowState] | None:
+        """Return the row that steps alone while the others wait their turn, or None (every
+        row steps). The oldest real row takes its turn where the batch holds 2..TURN_ROWS
+        rows, no caller waits for a row, and the measured steps say the rows finish sooner
+        in sum one after another than together: B rows that each need N tokens finish
+        together at N * t(B) each (t(B): a step of B rows' seconds until every row has one
+        more token, RowTokenCosts), in turn at N * t(1), 2 N * t(1), ... B N * t(1), so
+        turns pay while (B + 1) / 2 * t(1) < t(B). Every EXPLORE_EVERY-th such step is
+        taken together, so that t(B) stays measured."""
+        b = len(rows)
+        if not self.turns or not 2 <= b <= TURN_ROWS:
+            return None
+        with self._cond:
+            if self._inbox or self._waiting() > 0:
+                return None  # throughput first: callers wait for a row
+        alone, together = self._row_costs.row_token_s(1), self._row_costs.row_token_s(b)
+        if alone is None or together is None:
+            return None  # this step measures what is not measured yet
+        self._turns += 1
+        if self._turns % EXPLORE_EVERY == 0 or (b + 1) / 2 * alone >= together:
+            return None
+        return next((row for row in rows if not row[0].synthetic), rows[0])
 
     def _draft_lengths(self, rows: list[tuple[Job, RowState]]) -> list[int]:
         """Return the tokens each row's draft proposes this step (0: a direct step for it):

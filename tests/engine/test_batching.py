@@ -498,6 +498,7 @@ def test_the_loop_steps_direct_when_measured_costs_say_verifying_does_not_pay(
     try:
         sched = rt._scheduler
         sched._costs = _Favour(speculate=False)
+        sched.turns = False  # the choice between verifying and direct steps, not turns
         monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
         jobs = [make_job(rt, t, row, k=3, max_new=24) for row, t in enumerate(texts)]
         submit_together(rt, jobs)
@@ -556,6 +557,136 @@ def test_step_costs_fit_a_call_as_fixed_plus_per_position_and_choose_from_it():
         assert sched._draft_lengths([row()]) == [4]  # alone: as unbatched (its own k)
     finally:
         sched.close()
+
+
+def _turn_rows(n: int, *, synthetic_first: bool = False) -> list:
+    """Return n rows (job, state) as the turn rule reads them."""
+    from types import SimpleNamespace
+
+    return [(SimpleNamespace(synthetic=synthetic_first and i == 0), SimpleNamespace())
+            for i in range(n)]
+
+
+def _row_costs(one_row_s: float, gain: float):
+    """Return measured steps where B rows emit one token each in one_row_s * B / gain(B)
+    seconds (gain: rows per second over one row's; 1: sharing a step gains nothing)."""
+    from engine.scheduler import TURN_ROWS, RowTokenCosts
+
+    costs = RowTokenCosts()
+    for b in range(1, TURN_ROWS + 2):
+        costs.observe(b, one_row_s * b / (1 + (gain - 1) * (b - 1) / TURN_ROWS), b)
+    return costs
+
+
+def test_step_costs_by_rows_are_seconds_until_every_row_has_a_token():
+    from engine.scheduler import RowTokenCosts
+
+    costs = RowTokenCosts()
+    assert costs.row_token_s(2) is None
+    costs.observe(2, 0.010, 4)  # two rows, two tokens each (verified proposals)
+    assert costs.row_token_s(2) == pytest.approx(0.005)
+    for _ in range(60):  # smoothed: follows a change within a few steps
+        costs.observe(2, 0.020, 2)
+    assert costs.row_token_s(2) == pytest.approx(0.020, rel=1e-3)
+
+
+def test_rows_take_turns_where_sharing_a_step_does_not_pay(monkeypatch):
+    from engine.scheduler import TURN_ROWS, Scheduler
+
+    monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
+    waiting = [0]
+    sched = Scheduler(None, max_batch=8, window_max_s=0.0,  # type: ignore[arg-type]
+                      waiting=lambda: waiting[0])
+    try:
+        # Nothing measured yet: every row steps (the steps that measure).
+        rows = _turn_rows(2)
+        assert sched._turn(rows) is None
+        # A step over B rows costs about what the rows cost one at a time (a CPU's
+        # products): one row after another, the rows' finish times sum lower.
+        sched._row_costs = _row_costs(0.01, gain=1.2)
+        for n in range(2, TURN_ROWS + 1):
+            rows = _turn_rows(n)
+            assert sched._turn(rows) is rows[0], n
+        # A probe's row makes way: the oldest real row takes the turn.
+        rows = _turn_rows(3, synthetic_first=True)
+        assert sched._turn(rows) is rows[1]
+        # More rows than TURN_ROWS: a load near one row at a time's, the batch steps.
+        assert sched._turn(_turn_rows(TURN_ROWS + 1)) is None
+        # A caller waiting for a row: throughput first.
+        waiting[0] = 1
+        rows = _turn_rows(2)
+        assert sched._turn(rows) is None
+        waiting[0] = 0
+        sched.turns = False
+        assert sched._turn(rows) is None
+        sched.turns = True
+        assert sched._turn(rows) is rows[0]
+        # Where a step of B rows costs little more than one row's (its weight reads), as on
+        # a GPU, the rows share the step.
+        sched._row_costs = _row_costs(0.01, gain=TURN_ROWS * 0.9)
+        assert sched._turn(rows) is None
+    finally:
+        sched.close()
+
+
+def test_one_turn_in_explore_every_is_taken_together():
+    from engine.scheduler import EXPLORE_EVERY, Scheduler
+
+    sched = Scheduler(None, max_batch=8, window_max_s=0.0,  # type: ignore[arg-type]
+                      waiting=lambda: 0)
+    try:
+        sched._row_costs = _row_costs(0.01, gain=1.0)
+        rows = _turn_rows(2)
+        turns = [sched._turn(rows) for _ in range(2 * EXPLORE_EVERY)]
+        assert sum(turn is None for turn in turns) == 2  # t(2) stays measured
+    finally:
+        sched.close()
+
+
+def test_rows_taking_turns_stay_exact_and_the_wait_is_the_requests_batch_wait(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    from engine.runtime import _batch_fields
+
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
+    texts = random_texts(3, seed=47, overflow=False)
+    try:
+        sched = rt._scheduler
+        sched._row_costs = _row_costs(0.01, gain=1.0)  # a step costs its rows one at a time
+        monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
+        jobs = [make_job(rt, t, row, max_new=m) for row, (t, m) in
+                enumerate(zip(texts, (12, 20, 8), strict=True))]
+        order: list[Job] = []
+        sched.recorder = _Order(order)
+        submit_together(rt, jobs)
+        for job, text in zip(jobs, texts, strict=True):
+            assert tuple(sched.wait(job).tokens) == alone(text, job.max_new), text
+        # One row at a time, oldest first: each stepped alone, the later ones after the
+        # earlier had left, and their waits are what they report as batch_wait_s.
+        assert [job.batch_max for job in jobs] == [1, 1, 1]
+        firsts = [order.index(job) for job in jobs]
+        lasts = [len(order) - 1 - order[::-1].index(job) for job in jobs]
+        assert lasts[0] < firsts[1] and lasts[1] < firsts[2]
+        assert jobs[0].turn_s == 0 < jobs[1].turn_s < jobs[2].turn_s
+        assert sched.turn_steps == sum(job.steps for job in jobs[:2])  # while others waited
+        for job in jobs:
+            fields = _batch_fields(job, job.t_picked)
+            assert fields["batch_wait_s"] == job.turn_s and fields["batch_size_max"] == 1
+    finally:
+        rt.close()
+
+
+class _Order(StepRecorder):
+    """A recorder that lists the jobs of every step in order."""
+
+    def __init__(self, order: list[Job]) -> None:
+        super().__init__()
+        self.order = order
+
+    def stepped(self, phase, seconds, jobs) -> None:
+        super().stepped(phase, seconds, jobs)
+        self.order.extend(jobs)
 
 
 def test_drafts_proposing_together_cost_one_call_a_draft_step_in_the_choice():
