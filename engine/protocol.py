@@ -337,6 +337,8 @@ class BatchSnapshot:
         taken up by the loop.
     window_s / window_max_s: the batching window now (adapted) and its configured maximum.
     steps: steps run since start (a batched decode step or a speculative round each).
+    turn_steps: those of them in which rows waited their turn (engine.scheduler: one row
+        stepped alone while the others waited).
     step_count / step_seconds_sum / step_buckets, by phase ("encode": one request's encoder
         as it joins; "decode": one batched direct step of every row; "verify": one
         speculative round, draft and verification): how many, their total seconds, and
@@ -349,6 +351,7 @@ class BatchSnapshot:
     window_s: float = 0.0
     window_max_s: float = 0.0
     steps: int = 0
+    turn_steps: int = 0
     step_count: Mapping[str, int] = field(default_factory=dict)
     step_seconds_sum: Mapping[str, float] = field(default_factory=dict)
     step_buckets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)

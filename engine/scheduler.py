@@ -23,7 +23,10 @@ and no caller waits for a row, the oldest real row steps alone (and speculates, 
 row does) while the others wait their turn, where the steps measured so far expect the
 rows' finish times to sum lower that way (_turn). A row that waits its turn is not paused:
 it keeps its place and steps again as soon as the rule says so, and its waiting seconds
-(Job.turn_s) count in its GenerateResult.batch_wait_s.
+(Job.turn_s) count in its GenerateResult.batch_wait_s. An arrival that would wait its turn
+waits in the queue instead, its encoder not yet run (_take), as it would for an unbatched
+engine's decode stream: encoded at once, it would delay the running row by its encoder for
+nothing.
 
     job = Job(ids, length, key, k, max_new, deadline, quantized, row)
     scheduler.submit(job)
@@ -92,9 +95,9 @@ EXPLORE_EVERY = 16
 # Rows take turns (the module doc) only while the batch holds at most this many. The rule
 # that decides a turn weighs the rows already here, not the arrivals to come: where sharing
 # a step gains little, it would take turns at any batch size and give up the throughput
-# batching adds under load. Rows in a batch are arrivals a lone row could not serve before
-# the next came; one stream at 70% use rarely holds more than 4, so more rows than that
-# mean a load near what one row at a time can serve, and the batch steps together.
+# batching adds under load. The rows in the batch say the load: a queue served one at a
+# time holds rho / (1 - rho) requests on average at use rho (M/M/1), so more than 4 rows
+# is what a load past 80% of one row at a time's capacity holds: the batch steps together.
 TURN_ROWS = 4
 
 
@@ -327,6 +330,7 @@ class Scheduler:
         self._row_costs = RowTokenCosts()
         self.turns = True
         self._turns = 0
+        self._holding = False  # jobs wait in the inbox for their turn (_take)
         self.turn_steps = 0  # steps in which rows waited their turn (written by the loop)
         self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
         self._thread.start()
@@ -388,7 +392,8 @@ class Scheduler:
             return BatchSnapshot(
                 max_batch=self.max_batch, batch_size=len(self._stepping()),
                 rows_waiting=self._waiting() + len(self._inbox), window_s=self._window,
-                window_max_s=self.window_max_s, steps=steps, step_count=count,
+                window_max_s=self.window_max_s, steps=steps, turn_steps=self.turn_steps,
+                step_count=count,
                 step_seconds_sum=seconds, step_buckets=buckets)
 
     @property
@@ -469,9 +474,20 @@ class Scheduler:
 
     def _take(self) -> list[Job]:
         """Return the waiting jobs that join now, in the order of _queued, up to the first
-        that does not fit (_fits: the jobs after it wait for it)."""
+        that does not fit (_fits: the jobs after it wait for it). While rows take turns
+        (_turns_now) a waiting job joins only when no row ahead of it runs (a real job: no
+        real row; a synthetic one: no row), and alone: its encoder would delay the running
+        row for nothing, as it waits its turn either way."""
+        queued = self._queued()
+        self._holding = False
+        rows = len(self._active) + len(queued)
+        if queued and rows > 1 and self._turns_now(rows):
+            first = queued[0]
+            ahead = [job for job, _state in self._active if first.synthetic or not job.synthetic]
+            self._holding = bool(ahead) or len(queued) > 1
+            queued = [] if ahead else [first]
         taken: list[Job] = []
-        for job in self._queued():
+        for job in queued:
             if not self._fits(job, taken):
                 break
             taken.append(job)
@@ -688,8 +704,9 @@ class Scheduler:
         if emitted and not any(state.done for _job, state in stepped):
             # A row's last step is cut at EOS or its limit: not a rate.
             self._row_costs.observe(n, seconds, emitted)
-        if n < b:
+        if n < b or self._holding:
             self.turn_steps += 1
+        if n < b:
             steps = {job for job, _state in stepped}
             for job, _state in active:
                 if job not in steps:
@@ -708,19 +725,19 @@ class Scheduler:
         more token, RowTokenCosts), in turn at N * t(1), 2 N * t(1), ... B N * t(1), so
         turns pay while (B + 1) / 2 * t(1) < t(B). Every EXPLORE_EVERY-th such step is
         taken together, so that t(B) stays measured."""
-        b = len(rows)
-        if not self.turns or not 2 <= b <= TURN_ROWS:
-            return None
-        with self._cond:
-            if self._inbox or self._waiting() > 0:
-                return None  # throughput first: callers wait for a row
-        alone, together = self._row_costs.row_token_s(1), self._row_costs.row_token_s(b)
-        if alone is None or together is None:
-            return None  # this step measures what is not measured yet
-        self._turns += 1
-        if self._turns % EXPLORE_EVERY == 0 or (b + 1) / 2 * alone >= together:
+        if len(rows) < 2 or not self._turns_now(len(rows)):
             return None
         return next((row for row in rows if not row[0].synthetic), rows[0])
+
+    def _turns_now(self, rows: int) -> bool:
+        """Return whether `rows` rows (running and waiting to join) take turns now (_turn)."""
+        if not self.turns or not 2 <= rows <= TURN_ROWS or self._waiting() > 0:
+            return False  # throughput first: callers wait for a row
+        alone, together = self._row_costs.row_token_s(1), self._row_costs.row_token_s(rows)
+        if alone is None or together is None:
+            return False  # this step measures what is not measured yet
+        self._turns += 1
+        return self._turns % EXPLORE_EVERY != 0 and (rows + 1) / 2 * alone < together
 
     def _draft_lengths(self, rows: list[tuple[Job, RowState]]) -> list[int]:
         """Return the tokens each row's draft proposes this step (0: a direct step for it):

@@ -739,6 +739,8 @@ def _batch_families(snap: BatchSnapshot) -> Iterator[Metric]:
                  {}, snap.window_s)
     yield _counter("batch_steps", "Batching-loop steps (batched decode steps and "
                    "speculative rounds).", snap.steps)
+    yield _counter("batch_turn_steps", "Batching-loop steps in which rows waited their turn "
+                   "(one row stepped alone while the others waited).", snap.turn_steps)
     hist = HistogramMetricFamily(
         f"{PREFIX}_batch_step_duration_seconds",
         "Batching-loop step seconds by phase: encode (one arrival), decode (one batched "

@@ -572,9 +572,14 @@ def _row_costs(one_row_s: float, gain: float):
     seconds (gain: rows per second over one row's; 1: sharing a step gains nothing)."""
     from engine.scheduler import TURN_ROWS, RowTokenCosts
 
-    costs = RowTokenCosts()
+    class Measured(RowTokenCosts):
+        def observe(self, rows: int, seconds: float, tokens: int) -> None:
+            pass  # these costs, whatever the loop measures
+
+    costs = Measured()
     for b in range(1, TURN_ROWS + 2):
-        costs.observe(b, one_row_s * b / (1 + (gain - 1) * (b - 1) / TURN_ROWS), b)
+        RowTokenCosts.observe(costs, b, one_row_s * b / (1 + (gain - 1) * (b - 1) / TURN_ROWS),
+                              b)
     return costs
 
 
@@ -653,26 +658,63 @@ def test_rows_taking_turns_stay_exact_and_the_wait_is_the_requests_batch_wait(
     texts = random_texts(3, seed=47, overflow=False)
     try:
         sched = rt._scheduler
-        sched._row_costs = _row_costs(0.01, gain=1.0)  # a step costs its rows one at a time
         monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
         jobs = [make_job(rt, t, row, max_new=m) for row, (t, m) in
                 enumerate(zip(texts, (12, 20, 8), strict=True))]
         order: list[Job] = []
         sched.recorder = _Order(order)
+        jobs[0].first_token = Handshake()
         submit_together(rt, jobs)
+        jobs[0].first_token.wait()  # nothing measured yet: all three joined and stepped
+        sched._row_costs = _row_costs(0.01, gain=1.0)  # a step costs its rows one at a time
+        jobs[0].first_token.go.set()
         for job, text in zip(jobs, texts, strict=True):
             assert tuple(sched.wait(job).tokens) == alone(text, job.max_new), text
-        # One row at a time, oldest first: each stepped alone, the later ones after the
-        # earlier had left, and their waits are what they report as batch_wait_s.
-        assert [job.batch_max for job in jobs] == [1, 1, 1]
-        firsts = [order.index(job) for job in jobs]
-        lasts = [len(order) - 1 - order[::-1].index(job) for job in jobs]
-        assert lasts[0] < firsts[1] and lasts[1] < firsts[2]
+        # After that step, one row at a time, oldest first, the others waiting their turn;
+        # their waits are what they report as batch_wait_s.
+        assert order[:3] == jobs and [job.batch_max for job in jobs] == [3, 3, 3]
+        assert order[3:] == sorted(order[3:], key=jobs.index)
         assert jobs[0].turn_s == 0 < jobs[1].turn_s < jobs[2].turn_s
-        assert sched.turn_steps == sum(job.steps for job in jobs[:2])  # while others waited
+        assert sched.turn_steps == jobs[0].steps - 1 + jobs[1].steps - 1
+        assert rt.batch_snapshot().turn_steps == sched.turn_steps
         for job in jobs:
             fields = _batch_fields(job, job.t_picked)
-            assert fields["batch_wait_s"] == job.turn_s and fields["batch_size_max"] == 1
+            assert fields["batch_wait_s"] == job.turn_s
+    finally:
+        rt.close()
+
+
+def test_an_arrival_that_would_wait_its_turn_waits_unencoded_in_the_queue(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    from engine.runtime import _batch_fields
+
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=3)
+    texts = random_texts(3, seed=53, overflow=False)
+    try:
+        sched = rt._scheduler
+        sched._row_costs = _row_costs(0.01, gain=1.0)  # a step costs its rows one at a time
+        monkeypatch.setattr(scheduler_module, "EXPLORE_EVERY", 10**9)  # no exploring
+        running = make_job(rt, texts[0], 0, max_new=24)
+        running.first_token = Handshake()
+        sched.submit(running)
+        running.first_token.wait()  # the loop holds after its first token
+        later = [make_job(rt, t, row, max_new=12) for row, t in ((1, texts[1]), (2, texts[2]))]
+        submit_together(rt, later)
+        running.first_token.go.set()
+        for job, text in zip([running, *later], texts, strict=True):
+            assert tuple(sched.wait(job).tokens) == alone(text, job.max_new), text
+        # Each arrival was taken up (its encoder run) only once the row ahead had left:
+        # first come, first served, as one decode stream serves, each row stepping alone.
+        assert running.t_encoded < running.decoded.stamps[-1] <= later[0].t_picked
+        assert later[0].decoded.stamps[-1] <= later[1].t_picked
+        assert [job.batch_max for job in [running, *later]] == [1, 1, 1]
+        assert all(job.turn_s == 0 for job in [running, *later])
+        assert sched.turn_steps >= running.steps - 1  # while the arrivals waited
+        for job in later:  # the wait is the request's batch_wait_s
+            fields = _batch_fields(job, job.t_submitted)
+            assert fields["batch_wait_s"] == job.t_picked - job.t_submitted > 0
     finally:
         rt.close()
 

@@ -89,7 +89,8 @@ def test_the_batching_row_charts_the_batching_series_the_engine_exports() -> Non
     # A series renamed in monitor.metrics (or misspelled here) would chart nothing.
     assert queried <= exported, sorted(queried - exported)
     assert {"tailwatch_batch_current_size", "tailwatch_batch_max_size", "tailwatch_queue_size",
-            "tailwatch_batch_window_seconds", "tailwatch_batch_steps_total"} <= queried
+            "tailwatch_batch_window_seconds", "tailwatch_batch_steps_total",
+            "tailwatch_batch_turn_steps_total"} <= queried
 
 
 def test_provisioning_points_grafana_at_prometheus_and_the_dashboards() -> None:

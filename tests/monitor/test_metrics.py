@@ -273,7 +273,7 @@ def test_engine_collector_reads_the_batching_scheduler() -> None:
             buckets = tuple(0 if e < 0.002 else (2 if e < 0.01 else 3)
                             for e in STEP_SECONDS_EDGES)
             return BatchSnapshot(max_batch=8, batch_size=5, rows_waiting=4, window_s=0.002,
-                                 window_max_s=0.004, steps=11,
+                                 window_max_s=0.004, steps=11, turn_steps=7,
                                  step_count={"decode": 3, "encode": 0},
                                  step_seconds_sum={"decode": 0.021},
                                  step_buckets={"decode": buckets})
@@ -286,6 +286,7 @@ def test_engine_collector_reads_the_batching_scheduler() -> None:
     assert get("tailwatch_queue_size") == 4
     assert get("tailwatch_batch_window_seconds") == 0.002
     assert get("tailwatch_batch_steps_total") == 11
+    assert get("tailwatch_batch_turn_steps_total") == 7
     step = "tailwatch_batch_step_duration_seconds"
     assert get(f"{step}_count", {"phase": "decode"}) == 3
     assert get(f"{step}_sum", {"phase": "decode"}) == 0.021
