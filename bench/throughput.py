@@ -54,6 +54,8 @@ ratio of the two lower bounds and the range the bounds allow, or `unresolved`.
 The closed loop also prints each engine's CPU milliseconds per request (this process's CPU
 time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
 the other work's load, and the CPU time per request is the direction that still holds.
+The heap is frozen once the engines are warm, as the serving process freezes it
+(monitor.gc_heap), and each engine's sweep prints the full garbage collections it met.
 --quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
 --without-turns: a third engine, batched as the first but whose rows never take turns
 (every row steps every step: engine.scheduler's `turns` off), measured beside the others
@@ -87,6 +89,7 @@ from pathlib import Path
 from bench import ct2
 from bench.engine import _canaries, by_bucket
 from engine.protocol import Engine
+from monitor import gc_heap
 from storage.queries.speedups import order_rank
 
 # From well below the unbatched engine's capacity (1x) to far past it: the batched engine's
@@ -467,6 +470,10 @@ def main(argv: list[str] | None = None) -> None:
     for call in calls.values():  # one pass each: every output known, caches warm
         for text in texts:
             call(text)
+    # As the serving process does once its engine is warm (monitor.engine_holder): a full
+    # collection walking the warm heap would stall whichever requests are in flight.
+    frozen = gc_heap.freeze()
+    gc_heap.PAUSES.install()
     others = [name for name in engines if name != "unbatched"]
     diffs = {name: sum(outputs[name][t] != outputs["unbatched"][t] for t in texts)
              for name in others}
@@ -477,7 +484,8 @@ def main(argv: list[str] | None = None) -> None:
           f"max_batch={args.max_batch} "
           f"quantization={args.quantization} "
           f"requests/measurement={args.requests} ctranslate2="
-          f"{ct2.version() + ' (same process, one thread)' if cts else 'not compared'}")
+          f"{ct2.version() + ' (same process, one thread)' if cts else 'not compared'} "
+          f"heap_frozen={frozen}")
     print("output differences (against unbatched, every input): "
           + ", ".join(f"{name} {n}" for name, n in diffs.items()))
 
@@ -536,6 +544,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, call in calls.items():
         loop = engines[name].batch_scheduler
         turns_before = (loop.turn_steps, loop.recorder.totals()[0]) if loop else (0, 0)
+        gc_before = gc_heap.PAUSES.snapshot()
         floor = sequential_slowdowns(call, texts, args.requests, unloaded[name], args.idle_s)
         limit = limits[name] = p99_limit(call, texts, rates, args.requests, unloaded[name])
         print(f"{name}: unloaded p50 {statistics.median(unloaded[name]) * 1e3:.1f} ms, p99 "
@@ -552,6 +561,10 @@ def main(argv: list[str] | None = None) -> None:
             if len(run.by_rows) > 1:
                 print("    p50 slowdown by the most rows a request stepped with: " + ", ".join(
                     f"{label}: {s:.2f}x ({n})" for label, n, s in run.by_rows))
+        gc_after = gc_heap.PAUSES.snapshot()
+        print(f"  full garbage collections during its sweep: "
+              f"{gc_after.count[2] - gc_before.count[2]}, "
+              f"{(gc_after.seconds[2] - gc_before.seconds[2]) * 1e3:.1f} ms in all")
         if loop is not None:
             print(f"  steps in which rows waited their turn: "
                   f"{loop.turn_steps - turns_before[0]} of "

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from engine.config import EngineConfig
 from engine.protocol import Engine, FlagProvider
+from monitor import gc_heap
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ def default_engine_factory(config: EngineConfig, flags: FlagProvider) -> Engine:
 
 
 class EngineHolder:
-    """Load the engine in a background thread and say how far it got.
+    """Load the engine in a background thread, say how far it got, and freeze the heap once
+    the engine is warm (`monitor.gc_heap.freeze`).
 
     Example:
         holder = EngineHolder(factory, config, flags)
@@ -38,8 +40,9 @@ class EngineHolder:
     """
 
     def __init__(self, factory: EngineFactory, config: EngineConfig,
-                 flags: FlagProvider) -> None:
+                 flags: FlagProvider, *, freeze: Callable[[], int] = gc_heap.freeze) -> None:
         self._factory = factory
+        self._freeze = freeze
         self._config = config
         self._flags = flags
         self._engine: Engine | None = None
@@ -72,6 +75,14 @@ class EngineHolder:
             # The engine still serves (eager for cold buckets); readiness reports it.
             self._error = f"warm-up failed: {type(exc).__name__}: {exc}"
             log.error("engine: %s", self._error)
+        if self._closed.is_set():
+            return
+        # Warm (or as warm as it gets): what the process holds now lives until exit, and a
+        # full garbage collection walking it would stall every request in flight.
+        started = time.perf_counter()
+        frozen = self._freeze()
+        log.info("engine: heap frozen (%d objects) in %.2f s", frozen,
+                 time.perf_counter() - started)
 
     def get(self) -> Engine | None:
         """Return the engine once loaded, else None."""

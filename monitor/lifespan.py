@@ -33,6 +33,7 @@ from monitor.hub import AppParts, Services, parts_of
 from monitor.metrics import (
     DatabaseCollector,
     EngineCollector,
+    GcCollector,
     ProcessMemoryCollector,
     SamplerCollector,
 )
@@ -124,6 +125,7 @@ def _collectors(services: Services) -> list[Collector]:
         EngineCollector(metrics, s.engine_holder.get),
         DatabaseCollector(metrics, s.sessions, s.flags, tuple(s.settings.engine.buckets)),
         ProcessMemoryCollector(metrics),
+        GcCollector(metrics),
     ]
     if s.sampler is not None:
         live = s.sampler  # narrowed: the closure reads a non-None sampler

@@ -7,9 +7,10 @@ request only queues its result (no lock, no Prometheus call); queued results are
 into the series in bulk when FOLD_AT are waiting and before every collection (a scrape
 or `registry.get_sample_value` always sees every observed result). Values
 owned by something else are read at scrape time by custom collectors: `EngineCollector`
-(compile counters, memory, queue depth, admission by origin, flag-provider errors) and `DatabaseCollector`
-(flags, alerts, latest probe runs, webhook outbox), and `ProcessMemoryCollector` (RSS and
-the heaps in it, in the serving process and the worker alike). Every series is listed in
+(compile counters, memory, queue depth, admission by origin, flag-provider errors),
+`DatabaseCollector` (flags, alerts, latest probe runs, webhook outbox),
+`ProcessMemoryCollector` (RSS and the heaps in it) and `GcCollector` (garbage-collector
+pauses), the last two in the serving process and the worker alike. Every series is listed in
 docs/metrics.md (tests/monitor/test_metrics.py keeps the two in step).
 """
 
@@ -47,6 +48,8 @@ from engine.protocol import (
     GenerateResult,
     SpecStats,
 )
+from monitor import gc_heap
+from monitor.gc_heap import GcSnapshot
 from monitor.histogram import BulkHistogram
 from monitor.quality_metrics import quality_families
 from monitor.sensitivity_metrics import sensitivity_families
@@ -534,6 +537,36 @@ class ProcessMemoryCollector(_SafeCollector):
             if value is not None:
                 family.add_metric([kind], value)
         return [family]
+
+
+class GcCollector(_SafeCollector):
+    """Export this process's garbage-collector pauses by generation and its frozen objects
+    (`monitor.gc_heap`): a full collection stalls every thread, requests in flight too."""
+
+    name = "gc"
+
+    def __init__(self, metrics: Metrics, *,
+                 snapshot: Callable[[], GcSnapshot] | None = None) -> None:
+        if snapshot is None:
+            gc_heap.PAUSES.install()
+            snapshot = gc_heap.PAUSES.snapshot
+        self._snapshot = snapshot
+        super().__init__(metrics)
+
+    def _collect(self) -> Iterable[Metric]:
+        snap = self._snapshot()
+        hist = HistogramMetricFamily(
+            f"{PREFIX}_gc_pause_seconds",
+            "Seconds each of this process's garbage collections held every thread, by "
+            "generation (2: a full collection).", labels=("generation",))
+        for generation in gc_heap.GENERATIONS:
+            buckets = [(str(edge), float(n)) for edge, n in
+                       zip(gc_heap.PAUSE_SECONDS_EDGES, snap.buckets[generation], strict=True)]
+            buckets.append(("+Inf", float(snap.count[generation])))
+            hist.add_metric([str(generation)], buckets, sum_value=snap.seconds[generation])
+        return [hist, _gauge("gc_frozen_objects", "Objects in the collector's permanent "
+                             "generation (frozen once the engine is warm; never walked).",
+                             {}, snap.frozen)]
 
 
 def process_heaps() -> list[tuple[str, int | None]]:

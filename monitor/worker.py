@@ -32,7 +32,7 @@ from monitor.hub import Seams
 from monitor.job_metrics import JobMetrics
 from monitor.jobs import AnalysisParts, analysis_jobs, process_jobs
 from monitor.leader import LeaderLock, make_leader
-from monitor.metrics import Metrics, MetricsSink, ProcessMemoryCollector
+from monitor.metrics import GcCollector, Metrics, MetricsSink, ProcessMemoryCollector
 from monitor.scheduler import JobScheduler, build_scheduler, job_table
 from monitor.settings import Settings
 from storage.db import make_sessionmaker
@@ -96,6 +96,7 @@ class AnalysisWorker:
         metrics = Metrics(self.registry)
         sink = MetricsSink(metrics)  # webhook delivery counters
         ProcessMemoryCollector(metrics)  # what the worker's RSS holds
+        GcCollector(metrics)  # its heap is not frozen: its jobs' pauses stall no request
         deliverer = make_deliverer(sessions, alerts, Seams(clock=self.seams.clock,
                                                            transport=self.seams.transport),
                                    self._closers)

@@ -58,7 +58,7 @@ def test_dashboard_panels_are_well_formed() -> None:
                        "tailwatch_job_last_success_timestamp_seconds",
                        "tailwatch_rule_detectable_change_ratio",
                        "tailwatch_rule_expected_false_pages", "tailwatch_incidents_open",
-                       "tailwatch_incidents_total"):
+                       "tailwatch_incidents_total", "tailwatch_gc_pause_seconds_sum"):
             assert needed in exprs, needed
 
 
