@@ -49,6 +49,7 @@ class EngineHolder:
         self._error: str | None = None
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
+        self._settled = threading.Event()  # warm-up over and the heap frozen
 
     def start(self) -> None:
         """Begin loading and warming in a daemon thread."""
@@ -78,11 +79,18 @@ class EngineHolder:
         if self._closed.is_set():
             return
         # Warm (or as warm as it gets): what the process holds now lives until exit, and a
-        # full garbage collection walking it would stall every request in flight.
+        # full garbage collection walking it would stall every request in flight. Before
+        # readiness, so that the freeze's own collection stalls no routed traffic.
         started = time.perf_counter()
-        frozen = self._freeze()
-        log.info("engine: heap frozen (%d objects) in %.2f s", frozen,
-                 time.perf_counter() - started)
+        try:
+            frozen = self._freeze()
+            log.info("engine: heap frozen (%d objects) in %.2f s", frozen,
+                     time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - serving goes on; collections walk it all
+            log.warning("engine: the heap could not be frozen: %s: %s", type(exc).__name__,
+                        exc)
+        finally:
+            self._settled.set()
 
     def get(self) -> Engine | None:
         """Return the engine once loaded, else None."""
@@ -100,6 +108,8 @@ class EngineHolder:
             return FAILED, f"engine warm-up failed: {status.error or self._error}"
         if not status.done:
             return WARMING, f"{status.warm_buckets}/{status.total_buckets} buckets warm"
+        if not self._settled.is_set():
+            return WARMING, "freezing the heap"
         return READY, "ready"
 
     def close(self, timeout_s: float = 5.0) -> None:

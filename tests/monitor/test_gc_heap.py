@@ -9,15 +9,16 @@ import textwrap
 import threading
 from pathlib import Path
 
+from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from engine.config import EngineConfig
-from engine.protocol import InMemoryFlagProvider
-from monitor.engine_holder import FAILED, READY, EngineHolder
+from engine.protocol import FlagProvider, InMemoryFlagProvider
+from monitor.engine_holder import FAILED, READY, WARMING, EngineHolder
 from monitor.gc_heap import PAUSE_SECONDS_EDGES, GcPauses, GcSnapshot
 from monitor.loopback import wait_for
 from monitor.metrics import GcCollector, Metrics
-from tests.monitor.fakes import FakeFactory
+from tests.monitor.fakes import FakeFactory, ServiceFakeEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,10 +103,10 @@ def test_the_collector_exports_pauses_and_frozen_objects() -> None:
     assert value("tailwatch_gc_frozen_objects") == 460_000
 
 
-def _holder(factory: FakeFactory, frozen: list[str]) -> EngineHolder:
+def _holder(factory: FakeFactory, frozen: list[tuple[str, str]]) -> EngineHolder:
     def freeze() -> int:
         # What the holder says at this moment is what a freeze follows.
-        frozen.append(holder.state()[0])
+        frozen.append(holder.state())
         return 7
 
     holder = EngineHolder(factory, EngineConfig(), InMemoryFlagProvider(), freeze=freeze)
@@ -113,7 +114,7 @@ def _holder(factory: FakeFactory, frozen: list[str]) -> EngineHolder:
 
 
 def test_the_holder_freezes_the_heap_once_the_engine_is_warm() -> None:
-    factory, frozen = FakeFactory(hold_warmup=True), []
+    factory, frozen = FakeFactory(hold_warmup=True), list[tuple[str, str]]()
     holder = _holder(factory, frozen)
     holder.start()
     try:
@@ -122,7 +123,22 @@ def test_the_holder_freezes_the_heap_once_the_engine_is_warm() -> None:
         assert factory.engine is not None
         factory.engine.finish_warmup.set()
         wait_for(lambda: frozen != [])
-        assert frozen == [READY]
+        # Not ready while freezing: the freeze's own collection would stall routed traffic.
+        assert frozen == [(WARMING, "freezing the heap")]
+        wait_for(lambda: holder.state()[0] == READY)
+    finally:
+        holder.close()
+
+
+def test_readiness_comes_even_if_the_freeze_fails() -> None:
+    def freeze() -> int:
+        raise RuntimeError("no gc here")
+
+    factory = FakeFactory()
+    holder = EngineHolder(factory, EngineConfig(), InMemoryFlagProvider(), freeze=freeze)
+    holder.start()
+    try:
+        wait_for(lambda: holder.state()[0] == READY)
     finally:
         holder.close()
 
@@ -130,7 +146,8 @@ def test_the_holder_freezes_the_heap_once_the_engine_is_warm() -> None:
 def test_the_holder_freezes_after_a_failed_warm_up_too() -> None:
     # The engine serves on (eager where cold): its heap is as warm as it gets.
     class Failing(FakeFactory):
-        def __call__(self, config, flags):  # type: ignore[no-untyped-def]
+        def __call__(self, config: EngineConfig,
+                     flags: FlagProvider) -> ServiceFakeEngine:
             engine = super().__call__(config, flags)
 
             def warm_up(*, background: bool = True) -> None:
@@ -139,19 +156,19 @@ def test_the_holder_freezes_after_a_failed_warm_up_too() -> None:
             engine.warm_up = warm_up  # type: ignore[method-assign]
             return engine
 
-    frozen: list[str] = []
+    frozen: list[tuple[str, str]] = []
     holder = _holder(Failing(), frozen)
     holder.start()
     try:
         wait_for(lambda: frozen != [])
-        assert frozen == [FAILED]
+        assert frozen[0][0] == FAILED
         assert "inductor crashed" in holder.state()[1]
     finally:
         holder.close()
 
 
 def test_a_holder_closed_while_warming_does_not_freeze() -> None:
-    factory, frozen = FakeFactory(hold_warmup=True), []
+    factory, frozen = FakeFactory(hold_warmup=True), list[tuple[str, str]]()
     holder = _holder(factory, frozen)
     holder.start()
     factory.built.wait(10)
@@ -164,7 +181,7 @@ def test_a_holder_closed_while_warming_does_not_freeze() -> None:
     assert frozen == []
 
 
-def test_the_app_freezes_its_heap_and_exports_the_pauses(client) -> None:  # type: ignore[no-untyped-def]
+def test_the_app_freezes_its_heap_and_exports_the_pauses(client: TestClient) -> None:
     # The fixture's app is ready: its engine is warm, so the process's heap is frozen.
     client.post("/v1/generate", json={"text": "hello river"})
     text = client.get("/metrics").text
