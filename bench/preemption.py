@@ -37,7 +37,8 @@ rounds, each engine warms up (batched: every batch-size class of the fixed-row c
 step, 2 to N rows, and the grouped encoder: engine.warmers; a step never holds more than
 N rows, preempting or not), decodes every canary and a few real inputs once, then runs an
 untimed round of WARM_ROUND_S at most under the same loads (the extra row's first use;
-batched, real rows joining full batches of synthetic ones). A compile in a
+batched, real rows joining full batches of synthetic ones); the heap is frozen after the
+warm passes, as the serving process freezes it once warm (monitor.gc_heap). A compile in a
 timed round (the engine's compile counters moved) is said on stderr: that round's
 latencies include it.
 
@@ -72,6 +73,7 @@ from bench.throughput import percentile
 from engine.builtin.task import MIN_INPUT_BYTES, make_input, read_canaries
 from engine.config import MAX_BATCH
 from engine.errors import Overloaded
+from monitor import gc_heap
 from probes import burst
 
 if TYPE_CHECKING:
@@ -305,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
             engine.warm_up(background=False)
             for text in canaries + real_texts(buckets, 2 * len(buckets), args.seed):
                 engine.generate(text, max_new_tokens=args.new_tokens)  # untimed warm pass
+        # As the serving process does once its engine is warm (monitor.engine_holder): a full
+        # collection of the warm heap would stall whichever requests are in flight.
+        gc_heap.freeze()
         for arm, engine in engines.items():
             # At least a few arrivals, whatever --rate: the extra row must be used.
             schedule = arrivals(max(args.rate, 3.0), min(args.seconds, WARM_ROUND_S),
