@@ -26,7 +26,7 @@ GENERATIONS = (0, 1, 2)
 PAUSE_SECONDS_EDGES = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-_frozen = threading.Lock()
+_freeze_lock = threading.Lock()
 _froze = False
 
 
@@ -34,7 +34,7 @@ def freeze() -> int:
     """Collect, then move every object alive now into the permanent generation, once per
     process (later calls change nothing); return how many objects are frozen."""
     global _froze
-    with _frozen:
+    with _freeze_lock:
         if not _froze:
             # Frozen garbage is never collected: collect first, so only live objects are
             # frozen. Once: what a process holds once its engine is warm is its startup
