@@ -55,7 +55,7 @@ The closed loop also prints each engine's CPU milliseconds per request (this pro
 time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
 the other work's load, and the CPU time per request is the direction that still holds.
 The heap is frozen once the engines are warm, as the serving process freezes it
-(monitor.gc_heap), and each engine's sweep prints the full garbage collections it met.
+(monitor.gc_heap), and each engine prints the full garbage collections its floor and sweep met.
 --quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
 --without-turns: a third engine, batched as the first but whose rows never take turns
 (every row steps every step: engine.scheduler's `turns` off), measured beside the others
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
                 print("    p50 slowdown by the most rows a request stepped with: " + ", ".join(
                     f"{label}: {s:.2f}x ({n})" for label, n, s in run.by_rows))
         gc_after = gc_heap.PAUSES.snapshot()
-        print(f"  full garbage collections during its sweep: "
+        print(f"  full garbage collections during its floor and sweep: "
               f"{gc_after.count[2] - gc_before.count[2]}, "
               f"{(gc_after.seconds[2] - gc_before.seconds[2]) * 1e3:.1f} ms in all")
         if loop is not None:

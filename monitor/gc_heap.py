@@ -27,22 +27,19 @@ PAUSE_SECONDS_EDGES = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 
 _freeze_lock = threading.Lock()
-_froze = False
 
 
 def freeze() -> int:
     """Collect, then move every object alive now into the permanent generation, once per
     process (later calls change nothing); return how many objects are frozen."""
-    global _froze
     with _freeze_lock:
-        if not _froze:
+        if gc.get_freeze_count() == 0:
             # Frozen garbage is never collected: collect first, so only live objects are
             # frozen. Once: what a process holds once its engine is warm is its startup
             # heap; a later freeze would keep whatever was alive then past its end.
             gc.collect()
             gc.freeze()
-            _froze = True
-    return gc.get_freeze_count()
+        return gc.get_freeze_count()
 
 
 @dataclass(frozen=True)
