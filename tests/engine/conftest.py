@@ -145,12 +145,17 @@ def limit_isa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isa: str) -> None
 
 
 def batching_runtime(tmp_path: Path, dirs: dict[str, Path], *, warm: bool = True,
-                     **changes: object) -> Any:
-    """Return a runtime on the tiny models (eager backend), warmed unless `warm` is False."""
+                     turns: bool = True, **changes: object) -> Any:
+    """Return a runtime on the tiny models (eager backend), warmed unless `warm` is False;
+    `turns` False: its rows never take turns (engine.scheduler._turn)."""
     from engine.runtime import Runtime
 
     rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
                              **changes))
+    if not turns and rt.batch_scheduler is not None:
+        # Turns are chosen from measured step times, a noisy step's among them: a test of
+        # which rows share a step pins the choice (the turn tests inject the costs).
+        rt.batch_scheduler.turns = False
     if warm:
         rt.warm_up(background=False)
     return rt

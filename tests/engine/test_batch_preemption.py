@@ -133,7 +133,7 @@ def test_a_real_request_joins_at_once_while_synthetic_rows_fill_the_batch(
     # pausing a row keeps every step in the batch-size classes the warm-up recorded.
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step,
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2, native_step=native_step,
                           compile_mode=compile_mode)
     with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
         for text in SYNTHETIC:
@@ -187,7 +187,7 @@ def test_in_the_cuda_graph_modes_a_real_row_left_alone_on_the_extra_row_replays(
         tmp_path, tiny_dirs, alone, monkeypatch):
     # The real request outlives the synthetic rows and, alone, speculates on the extra
     # row's own caches: the warm-up recorded those calls too, so none records after it.
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=False,
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2, native_step=False,
                           compile_mode="reduce-overhead")
     short = 2
     with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
@@ -215,7 +215,7 @@ def test_in_the_cuda_graph_modes_a_real_row_left_alone_on_the_extra_row_replays(
 
 def test_a_paused_synthetic_row_that_is_cancelled_leaves_and_changes_no_one_else(
         tmp_path, tiny_dirs, alone, monkeypatch):
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2)
     with _gated(rt, Gate(rows=2, hold_real=True), monkeypatch) as (gate, handed):
         with ThreadPoolExecutor(3) as pool:
             synthetic = _fill(rt, pool, gate, handed, FlagOverride(speculative=False),
@@ -251,7 +251,7 @@ def test_a_real_request_does_not_wait_for_a_synthetic_one_that_runs_alone(
         tmp_path, tiny_dirs, alone, monkeypatch):
     # The burst's unbatched arm: a synthetic request with no batch-mates. The real one gets
     # a free row from admission and joins at once; the synthetic one pauses meanwhile.
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2)
     with _gated(rt, Gate(rows=1), monkeypatch) as (gate, handed):
         before = rt.admission_stats().preemptions
         with ThreadPoolExecutor(2) as pool:
@@ -278,7 +278,7 @@ def test_a_real_request_does_not_wait_for_a_synthetic_one_that_runs_alone(
 
 def test_with_preemption_off_a_batched_real_request_waits_for_a_synthetic_row(
         tmp_path, tiny_dirs, alone, monkeypatch):
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, preempt_synthetic=False)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2, preempt_synthetic=False)
     with _gated(rt, Gate(rows=2), monkeypatch) as (gate, handed):
         before = rt.admission_stats().preemptions
         with ThreadPoolExecutor(3) as pool:

@@ -36,7 +36,7 @@ def test_rows_joining_and_leaving_mid_flight_decode_what_they_decode_alone(
         tmp_path, tiny_dirs, alone, native_step, eager):
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4, native_step=native_step)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=4, native_step=native_step)
     try:
         texts = random_texts(8, seed=21)  # every bucket and the overflow path
         # Mixed token limits: rows leave at different steps; two speculate when alone.
@@ -121,7 +121,7 @@ def test_a_row_that_leaves_mid_answer_frees_its_row_and_changes_no_one_else(
 def test_a_generate_call_that_leaves_mid_answer_frees_its_row_and_changes_no_one_else(
         tmp_path, tiny_dirs, alone, monkeypatch, leaves):
     """Through Runtime.generate: its CancelSignal (or deadline) reaches the loop's row."""
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2)
     texts = random_texts(3, seed=13, overflow=False)
     sched = rt._scheduler
     jobs: list[scheduler_module.Job] = []
@@ -250,7 +250,7 @@ def test_the_window_shortens_while_callers_wait_and_lengthens_while_none_do(tmp_
 
 
 def test_a_window_lets_a_second_arrival_join_the_first_step(tmp_path, tiny_dirs, alone):
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, batch_window_max_s=1.0)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2, batch_window_max_s=1.0)
     texts = random_texts(2, seed=3, overflow=False)
     try:
         jobs = [make_job(rt, t, row) for row, t in enumerate(texts)]
@@ -268,7 +268,7 @@ def test_a_row_left_alone_speculates_after_batched_steps_and_stays_exact(
         tmp_path, tiny_dirs, alone, native_step):
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=2, native_step=native_step)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=2, native_step=native_step)
     texts = random_texts(2, seed=31, overflow=False)
     try:
         long, short = make_job(rt, texts[0], 0, k=3, max_new=40), make_job(rt, texts[1], 1, max_new=3)
@@ -367,7 +367,7 @@ def test_rows_speculating_together_verify_in_one_call_and_stay_exact(
         tmp_path, tiny_dirs, alone, monkeypatch, batch_drafts):
     if native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=4)
     texts = random_texts(7, seed=41, overflow=False)  # mixed buckets
     try:
         sched = rt._scheduler

@@ -13,16 +13,9 @@ from engine.protocol import FlagOverride, InMemoryFlagProvider, RuntimeFlags
 from engine.runtime import Runtime
 from engine.scheduler import Job
 from tests.engine.batching import Handshake
-from tests.engine.conftest import random_texts, tiny_config
+from tests.engine.conftest import batching_runtime, random_texts, tiny_config
 
 DIRECT = FlagOverride(speculative=False)
-
-
-def _runtime(tmp_path, dirs, **changes) -> Runtime:
-    rt = Runtime(tiny_config(dirs, compile_backend="eager", cache_dir=str(tmp_path / "cache"),
-                             **changes))
-    rt.warm_up(background=False)
-    return rt
 
 
 def _job(rt: Runtime, text: str, row: int, *, alone: bool) -> Job:
@@ -33,7 +26,7 @@ def _job(rt: Runtime, text: str, row: int, *, alone: bool) -> Job:
 
 
 def test_a_job_that_runs_alone_never_shares_a_step(tmp_path, tiny_dirs):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=4)
     try:
         sched = rt._scheduler
         assert sched is not None
@@ -50,7 +43,7 @@ def test_a_job_that_runs_alone_never_shares_a_step(tmp_path, tiny_dirs):
                 assert job.batch_max == 1 and job.batch_sum == job.steps
         # The two batched jobs joined together and stepped together.
         assert jobs[0].batch_max == jobs[1].batch_max == 2
-        unbatched = _runtime(tmp_path / "one", tiny_dirs, max_batch=1)
+        unbatched = batching_runtime(tmp_path / "one", tiny_dirs, max_batch=1)
         try:
             for text, d in zip(texts, decoded, strict=True):
                 assert tuple(d.tokens) == unbatched.generate(
@@ -77,7 +70,7 @@ class _NotesWhetherRunning(threading.Event):
 @pytest.mark.parametrize("leaves", ["cancelled", "past its deadline"])
 def test_a_job_waiting_behind_one_that_runs_alone_leaves_without_waiting_for_it(
         tmp_path, tiny_dirs, leaves):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
     try:
         sched = rt._scheduler
         assert sched is not None

@@ -13,7 +13,7 @@ from engine.protocol import FlagOverride
 from engine.row_buffers import RowBuffers, batch_sizes
 from engine.runtime import Runtime
 from tests.engine.batching import Handshake, make_job, submit_together
-from tests.engine.conftest import build_tiny_t5, random_texts, tiny_config
+from tests.engine.conftest import batching_runtime, build_tiny_t5, random_texts, tiny_config
 
 DIRECT = FlagOverride(speculative=False)
 
@@ -74,12 +74,7 @@ def test_lanes_of_mixed_buckets_and_positions_equal_each_row_alone(tmp_path, bac
 
 
 def _runtime(tmp_path, dirs, **changes) -> Runtime:
-    base: dict[str, object] = dict(compile_backend="eager", native_step=False,
-                                   cache_dir=str(tmp_path / "cache"))
-    base.update(changes)
-    rt = Runtime(tiny_config(dirs, **base))
-    rt.warm_up(background=False)
-    return rt
+    return batching_runtime(tmp_path, dirs, **{"native_step": False, **changes})
 
 
 def _count_fixed_steps(rt: Runtime, monkeypatch) -> list[int]:
@@ -116,7 +111,7 @@ def alone(tmp_path_factory, tiny_dirs):
 
 def test_rows_joining_and_leaving_on_the_fixed_row_step_decode_what_they_decode_alone(
         tmp_path, tiny_dirs, alone, monkeypatch):
-    rt = _runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = _runtime(tmp_path, tiny_dirs, turns=False, max_batch=4)
     try:
         calls = _count_fixed_steps(rt, monkeypatch)
         sched = rt._scheduler
