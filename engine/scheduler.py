@@ -330,6 +330,8 @@ class Scheduler:
         self._row_costs = RowTokenCosts()
         self.turns = True
         self._turns = 0
+        self._passes = 0  # the loop's passes (take, then step) ...
+        self._counted = -1  # ... and the last one that counted in _turns
         self._holding = False  # jobs wait in the inbox for their turn (_take)
         self.turn_steps = 0  # steps in which rows waited their turn (written by the loop)
         self._thread = threading.Thread(target=self._loop, name="tailwatch-batch", daemon=True)
@@ -425,6 +427,7 @@ class Scheduler:
             for fn, future in tasks:
                 _run_task(fn, future)
             new: list[Job] = []
+            self._passes += 1
             try:
                 self._leave_cancelled()  # their rows are free before new ones join
                 with self._cond:
@@ -730,13 +733,18 @@ class Scheduler:
         return next((row for row in rows if not row[0].synthetic), rows[0])
 
     def _turns_now(self, rows: int) -> bool:
-        """Return whether `rows` rows (running and waiting to join) take turns now (_turn)."""
+        """Return whether `rows` rows (running and waiting to join) take turns in this
+        pass's step (_turn)."""
         if not self.turns or not 2 <= rows <= TURN_ROWS or self._waiting() > 0:
             return False  # throughput first: callers wait for a row
         alone, together = self._row_costs.row_token_s(1), self._row_costs.row_token_s(rows)
         if alone is None or together is None:
             return False  # this step measures what is not measured yet
-        self._turns += 1
+        if self._counted != self._passes:
+            # One place in the exploring count a pass: _take and the step it feeds agree,
+            # so an arrival is taken up (its encoder run) for the step that runs together.
+            self._counted = self._passes
+            self._turns += 1
         return self._turns % EXPLORE_EVERY != 0 and (rows + 1) / 2 * alone < together
 
     def _draft_lengths(self, rows: list[tuple[Job, RowState]]) -> list[int]:
