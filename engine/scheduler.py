@@ -141,6 +141,7 @@ class Job:
     native: bool = True  # False: the compiled step even where the C step is bound
     alone: bool = False  # the batching flag off: runs with no batch-mates (max_batch 1)
     synthetic: bool = False  # a probe's request: joins after every waiting real one
+    turn_chosen: bool = False  # held in the inbox for its turn (_take): its choice made
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token: threading.Event = field(default_factory=threading.Event)  # it has one token
@@ -484,10 +485,13 @@ class Scheduler:
         queued = self._queued()
         self._holding = False
         rows = len(self._active) + len(queued)
-        if queued and rows > 1 and self._turns_now(rows):
+        # An arrival held for its turn had its choice when first held: the passes it waits
+        # are not choices (one in EXPLORE_EVERY would take nearly every held arrival up).
+        if queued and rows > 1 and self._turns_now(rows, count=not queued[0].turn_chosen):
             first = queued[0]
             ahead = [job for job, _state in self._active if first.synthetic or not job.synthetic]
             self._holding = bool(ahead) or len(queued) > 1
+            first.turn_chosen = first.turn_chosen or bool(ahead)
             queued = [] if ahead else [first]
         taken: list[Job] = []
         for job in queued:
@@ -732,20 +736,22 @@ class Scheduler:
             return None
         return next((row for row in rows if not row[0].synthetic), rows[0])
 
-    def _turns_now(self, rows: int) -> bool:
+    def _turns_now(self, rows: int, *, count: bool = True) -> bool:
         """Return whether `rows` rows (running and waiting to join) take turns in this
-        pass's step (_turn)."""
+        pass's step (_turn); `count` False: no choice in the exploring count is made here
+        (the rule alone, unless this pass already made one)."""
         if not self.turns or not 2 <= rows <= TURN_ROWS or self._waiting() > 0:
             return False  # throughput first: callers wait for a row
         alone, together = self._row_costs.row_token_s(1), self._row_costs.row_token_s(rows)
         if alone is None or together is None:
             return False  # this step measures what is not measured yet
-        if self._counted != self._passes:
-            # One place in the exploring count a pass: _take and the step it feeds agree,
-            # so an arrival is taken up (its encoder run) for the step that runs together.
+        if count and self._counted != self._passes:
+            # One choice a pass: _take and the step it feeds agree, so an arrival taken up
+            # to explore (its encoder run) steps together, never waits its turn after all.
             self._counted = self._passes
             self._turns += 1
-        return self._turns % EXPLORE_EVERY != 0 and (rows + 1) / 2 * alone < together
+        exploring = self._counted == self._passes and self._turns % EXPLORE_EVERY == 0
+        return not exploring and (rows + 1) / 2 * alone < together
 
     def _draft_lengths(self, rows: list[tuple[Job, RowState]]) -> list[int]:
         """Return the tokens each row's draft proposes this step (0: a direct step for it):

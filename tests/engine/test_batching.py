@@ -651,7 +651,7 @@ def test_one_turn_in_explore_every_is_taken_together():
         sched.close()
 
 
-def test_an_arrival_held_for_its_turn_is_taken_up_for_the_step_that_explores():
+def test_one_held_arrival_in_explore_every_is_taken_up_for_a_step_that_runs_together():
     from types import SimpleNamespace
 
     from engine.scheduler import EXPLORE_EVERY, Scheduler
@@ -661,19 +661,32 @@ def test_an_arrival_held_for_its_turn_is_taken_up_for_the_step_that_explores():
     try:
         sched._row_costs = _row_costs(0.01, gain=1.0)
         running = (SimpleNamespace(synthetic=False, alone=False), SimpleNamespace())
-        arrival = SimpleNamespace(synthetic=False, alone=False)
         sched._active = [running]
-        steps = []
-        for _ in range(2 * EXPLORE_EVERY):  # a pass of the loop: take, then step
-            sched._passes += 1
-            sched._inbox.append(arrival)
-            taken = sched._take()
-            turn = sched._turn([running, *((job, SimpleNamespace()) for job in taken)])
-            steps.append((bool(taken), turn is None))
-            sched._inbox.clear()
-        # Taken up one pass in EXPLORE_EVERY, for a step that runs together: its encoder
-        # never runs for it to wait its turn after all.
+
+        def passes(arrivals: list) -> list[tuple[bool, bool]]:
+            """Run a pass of the loop (take, then step) per arrival; each pass: (taken up,
+            stepped together)."""
+            steps = []
+            for arrival in arrivals:
+                sched._passes += 1
+                sched._inbox.append(arrival)
+                taken = sched._take()
+                turn = sched._turn([running, *((job, SimpleNamespace()) for job in taken)])
+                steps.append((bool(taken), turn is None))
+                sched._inbox.clear()
+            return steps
+
+        def arrival() -> SimpleNamespace:
+            return SimpleNamespace(synthetic=False, alone=False, turn_chosen=False)
+
+        # New arrivals beside a running row: one in EXPLORE_EVERY is taken up to explore,
+        # for a step that runs together (its encoder never runs to wait its turn after).
+        steps = passes([arrival() for _ in range(2 * EXPLORE_EVERY)])
         assert steps.count((True, True)) == 2 and steps.count((True, False)) == 0
+        # An arrival held made its choice once: the passes it waits are no new draws.
+        held = arrival()
+        assert passes([held] * (2 * EXPLORE_EVERY)) == [(False, True)] * (2 * EXPLORE_EVERY)
+        assert held.turn_chosen
     finally:
         sched._active = []  # not the loop's to fail at close
         sched.close()
