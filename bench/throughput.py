@@ -54,6 +54,9 @@ ratio of the two lower bounds and the range the bounds allow, or `unresolved`.
 The closed loop also prints each engine's CPU milliseconds per request (this process's CPU
 time over the run, `*_cpu_ms`): on a core shared with other work, wall-clock rates follow
 the other work's load, and the CPU time per request is the direction that still holds.
+For each batched engine it then splits the loop's seconds a request by phase (its
+recorder's: encoders, direct steps, verifications, with how many ran), what bounds the
+gain: batching shares the decode steps, never the encoders of arrivals apart.
 The heap is frozen once the engines are warm, as the serving process freezes it
 (monitor.gc_heap), and each engine prints the full garbage collections its floor and sweep met.
 --quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
@@ -89,6 +92,7 @@ from pathlib import Path
 from bench import ct2
 from bench.engine import _canaries, by_bucket
 from engine.protocol import Engine
+from engine.scheduler_recorder import Totals
 from monitor import gc_heap
 from storage.queries.speedups import order_rank
 
@@ -221,6 +225,37 @@ def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: in
         for f in [pool.submit(caller) for _ in range(callers)]:
             f.result()
     return requests / (time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class PhaseSplit:
+    """Where a batched engine's loop spent a closed loop's seconds, per request: its
+    recorder's phases (engine.scheduler_recorder), each phase's seconds summed over the
+    run, and how many arrivals were encoded (alone or together) or steps ran in it."""
+
+    requests: int
+    seconds: dict[str, float]
+    counts: dict[str, int]
+
+    def describe(self) -> str:
+        """Return the split as words: milliseconds a request and share, by phase."""
+        total = sum(self.seconds.values())
+        parts = []
+        for phase, seconds in self.seconds.items():
+            n = self.counts[phase]
+            what = "arrival" if phase == "encode" else "step"
+            parts.append(f"{phase} {seconds * 1e3 / self.requests:.2f} ms "
+                         f"({seconds / total if total else 0.0:.0%}, {n} {what}"
+                         f"{'' if n == 1 else 's'})")
+        return ", ".join(parts)
+
+
+def phase_split(before: Totals, after: Totals, requests: int) -> PhaseSplit:
+    """Return the phases' seconds and counts between two recorder totals, over `requests`."""
+    _steps0, counts0, seconds0, _b0 = before
+    _steps1, counts1, seconds1, _b1 = after
+    return PhaseSplit(requests, {p: seconds1[p] - seconds0[p] for p in seconds1},
+                      {p: counts1[p] - counts0[p] for p in counts1})
 
 
 def unloaded_latencies(call: Callable[[str], object], texts: Sequence[str],
@@ -501,12 +536,18 @@ def main(argv: list[str] | None = None) -> None:
           + "".join(f" {name + '_rps':>26} {'cpu_ms':>7} {'diffs':>5}" for name in others[1:]))
     rps: dict[tuple[str, int], float] = {}
     cpu_ms: dict[tuple[str, int], float] = {}
+    splits: list[str] = []
     for c in callers:
         differing = dict(check.differing)
         for name, call in calls.items():
+            loop = engines[name].batch_scheduler
+            before = loop.recorder.totals() if loop is not None else None
             cpu0 = time.process_time()
             rps[(name, c)] = closed_loop(call, texts, c, args.requests)
             cpu_ms[(name, c)] = (time.process_time() - cpu0) * 1e3 / args.requests
+            if loop is not None and before is not None:
+                split = phase_split(before, loop.recorder.totals(), args.requests)
+                splits.append(f"{name} at {c} callers: {split.describe()}")
         row = ""
         for name, model in cts.items():
             start = time.perf_counter()
@@ -521,6 +562,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x"
               f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}"
               f" {check.differing['batched'] - differing['batched']:>13}" + row)
+    # Where a request's time goes in the loop: what bounds what batching can gain here.
+    print("the loop's seconds a request, by phase:")
+    for line in splits:
+        print(f"  {line}")
     for name, lines in compared.items():
         print(f"CTranslate2 {name} outputs against the engine's: {'; '.join(lines)}")
     if cts:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import threading
 
+import pytest
+
 from bench.throughput import (
     PAST,
     UNRESOLVED,
@@ -262,3 +264,29 @@ def test_the_cli_refuses_a_bucket_without_canaries_in_one_line_before_warm_up(
         "--bucket 999: no canary in that bucket (buckets with canaries: 16, 32, 64, 128, "
         "256)")
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_the_phase_split_is_the_recorders_seconds_between_two_totals_per_request() -> None:
+    from bench.throughput import phase_split
+    from engine.scheduler_recorder import PHASE_DECODE, PHASE_VERIFY, StepRecorder
+
+    class Row:
+        joined_step = -1
+        steps = 0
+        batch_sum = 0
+
+    recorder = StepRecorder()
+    recorder.joined(Row(), 0.5)  # before the run: not in its split
+    before = recorder.totals()
+    rows = [Row(), Row()]
+    for row in rows:
+        recorder.joined(row, 0.004)
+    recorder.stepped(PHASE_DECODE, 0.003, rows)
+    recorder.stepped(PHASE_DECODE, 0.001, rows)
+    recorder.stepped(PHASE_VERIFY, 0.010, rows)
+    split = phase_split(before, recorder.totals(), requests=2)
+    assert split.counts == {"encode": 2, "decode": 2, "verify": 1}
+    assert split.seconds["encode"] == pytest.approx(0.008)
+    assert split.seconds["decode"] == pytest.approx(0.004)
+    assert split.describe() == ("encode 4.00 ms (36%, 2 arrivals), decode 2.00 ms (18%, "
+                                "2 steps), verify 5.00 ms (45%, 1 step)")
