@@ -2,6 +2,7 @@
 
     taskset -c 1 python -m bench.batch_step [--rows 1,2,4,8,16,32] [--position 30]
         [--cross 64] [--filled 0.7] [--calls 50] [--rounds 5] [--verify 4]
+        [--quantization int8]
 
 One process, the built-in target, one thread: `native.rows` on B rows at one position,
 each row with its own self-attention cache and its own cross K/V of --cross keys, of which
@@ -10,6 +11,8 @@ the first --filled share is unmasked (the rest: bucket padding). Median over --r
 and the call's CPU seconds (`cpu us`: the thread's own time, what a contended core still
 measures). With --verify K, a batched verification as the batching loop runs it: each row
 feeds K + 1 consecutive positions on its own cache in the same call (the `positions` column).
+With --quantization int8, the int8 target's step (int8 weights, its products int8 x int8
+summed in int32); its `GFLOP/s` counts the same products, and torch.mm runs them in float32.
 `GFLOP/s`: the step's dense products (every decoder layer's linear weights and the LM
 head, 2 flops per weight per position) over the C call's time; after the table, the same
 products through `torch.mm` (MKL) at the largest row count, one call per weight: the
@@ -54,16 +57,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--verify", type=int, default=0,
                     help="draft tokens each row verifies (0: a direct step, one position)")
+    ap.add_argument("--quantization", choices=("none", "int8"), default="none",
+                    help="int8: the int8 target's C step (int8 weights, activations "
+                         "quantized per row)")
     args = ap.parse_args(argv)
     import torch
 
     from engine import EngineConfig
+    from engine.quantize import is_int8
     from engine.runtime import Runtime
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        rt = Runtime(EngineConfig(compile_backend="eager", cache_dir=tmp, num_threads=1))
-        r, m = rt.target, rt.target.m
+        rt = Runtime(EngineConfig(compile_backend="eager", cache_dir=tmp, num_threads=1,
+                                  quantization=args.quantization))
+        r = rt.target_q if rt.target_q is not None else rt.target
+        m = r.m
         step = r.native
         if step is None:
             raise SystemExit(f"no C step here ({rt.step_kind})")
@@ -75,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         weights = [w for layer in m.dec_layers
                    for w in (layer.qkv, layer.o, layer.cq, layer.co, layer.wi, layer.wo)]
         weights.append(m.lm_head)
+        weights = [w.dequantized() if is_int8(w) else w for w in weights]
         flops = 2 * sum(w.numel() for w in weights)  # per position
         print(f"{'rows':>5} {'positions':>9} {'step us':>9} {'C us':>9} {'cpu us':>9} "
               f"{'x one row':>10} {'pos/s x':>8} {'GFLOP/s':>8}")

@@ -547,7 +547,8 @@ def main(argv: list[str] | None = None) -> None:
             cpu_ms[(name, c)] = (time.process_time() - cpu0) * 1e3 / args.requests
             if loop is not None and before is not None:
                 split = phase_split(before, loop.recorder.totals(), args.requests)
-                splits.append(f"{name} at {c} callers: {split.describe()}")
+                splits.append(f"{name} at {c} caller{'' if c == 1 else 's'}: "
+                              f"{split.describe()}")
         row = ""
         for name, model in cts.items():
             start = time.perf_counter()

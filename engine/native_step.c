@@ -261,6 +261,30 @@ static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
     return top / 127.0f;
 }
 
+/* The sums of four accumulators, lane j holding a_j's (exact: int32 adds). Four weight
+ * rows share one reduction tree: reducing each accumulator on its own (isum) cost several
+ * times the row's few VNNI products at the built-in widths. */
+#if DW
+static inline __m128i isum4_256(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    /* hadd pairs neighbours within each 128-bit lane: after two rounds lane j of each half
+     * holds half of a_j's sum, and the halves add up. */
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+#if DW == 64
+static inline __m256i fold(__m512i a) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+}
+static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
+    return isum4_256(fold(a0), fold(a1), fold(a2), fold(a3));
+}
+#else
+static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
+    return isum4_256(a0, a1, a2, a3);
+}
+#endif
+#endif
+
 /* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes (at least n
  * rounded up to DW), scratch. */
 static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const float *X,
@@ -271,17 +295,49 @@ static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const
     /* A row's last partial chunk is copied into a zero-padded one: every product goes
      * through the same vector instruction (gcc 12 -O3 miscompiled a scalar tail loop of
      * unsigned x signed bytes with AVX-512). The offset activations then add 128 x the
-     * row's whole sum of weights, C[r], taken off after. */
+     * row's whole sum of weights, C[r], taken off after. Every sum is exact in int32, so
+     * how rows and inputs are blocked changes no bit of Y. */
     const int64_t whole = n - n % DW;
-    int8_t tail[DW] __attribute__((aligned(64)));
-    /* One weight row at a time, every input against it (the row stays in L1 for them):
-     * the weights are one sequential stream, which the hardware prefetchers follow best
-     * (a 4-row block as gemm's, prefetched, ran at about half this speed from L3). */
-    for (int64_t r = 0; r < rows; r++) {
+    int8_t tail[4][DW] __attribute__((aligned(64)));
+    int64_t r = 0;
+    /* Four weight rows at a time, every input against them (the block stays in L1 for
+     * them; its rows are contiguous, one sequential stream): one reduction for the four
+     * rows' sums, and their scales applied together. */
+    for (; r + 4 <= rows; r += 4) {
+        const int8_t *w[4] = {W + r * n, W + (r + 1) * n, W + (r + 2) * n, W + (r + 3) * n};
+        if (whole < n)
+            for (int j = 0; j < 4; j++) {
+                memset(tail[j], 0, sizeof tail[j]);
+                memcpy(tail[j], w[j] + whole, (size_t)(n - whole));
+            }
+        const __m128i fix = _mm_set_epi32(DOT_OFFSET * C[r + 3], DOT_OFFSET * C[r + 2],
+                                          DOT_OFFSET * C[r + 1], DOT_OFFSET * C[r]);
+        const __m128 scale = _mm_loadu_ps(S + r);
+        for (int64_t i = 0; i < q; i++) {
+            const uint8_t *x0 = xq + i * stride;
+            ivec a0 = izero(), a1 = izero(), a2 = izero(), a3 = izero();
+            for (int64_t k = 0; k < whole; k += DW) {
+                a0 = dp(a0, x0 + k, w[0] + k);
+                a1 = dp(a1, x0 + k, w[1] + k);
+                a2 = dp(a2, x0 + k, w[2] + k);
+                a3 = dp(a3, x0 + k, w[3] + k);
+            }
+            if (whole < n) {
+                a0 = dp(a0, x0 + whole, tail[0]);
+                a1 = dp(a1, x0 + whole, tail[1]);
+                a2 = dp(a2, x0 + whole, tail[2]);
+                a3 = dp(a3, x0 + whole, tail[3]);
+            }
+            /* S[r] * (xs[i] * (float)sum), in the scalar loop's order */
+            const __m128 sums = _mm_cvtepi32_ps(_mm_sub_epi32(isum4(a0, a1, a2, a3), fix));
+            _mm_storeu_ps(Y + i * ldy + r, _mm_mul_ps(scale, _mm_mul_ps(_mm_set1_ps(xs[i]), sums)));
+        }
+    }
+    for (; r < rows; r++) {
         const int8_t *w = W + r * n;
         if (whole < n) {
-            memset(tail, 0, sizeof tail);
-            memcpy(tail, w + whole, (size_t)(n - whole));
+            memset(tail[0], 0, sizeof tail[0]);
+            memcpy(tail[0], w + whole, (size_t)(n - whole));
         }
         const int32_t fix = DOT_OFFSET * C[r];
         for (int64_t i = 0; i < q; i++) {
@@ -293,7 +349,7 @@ static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const
                 b = dp(b, x0 + k + DW, w + k + DW);
             }
             if (k < whole) a = dp(a, x0 + k, w + k);
-            if (whole < n) b = dp(b, x0 + whole, tail);
+            if (whole < n) b = dp(b, x0 + whole, tail[0]);
             Y[i * ldy + r] = S[r] * (xs[i] * (float)(isum(a) + isum(b) - fix));
         }
     }

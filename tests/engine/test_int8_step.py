@@ -277,3 +277,63 @@ def test_a_bad_float_weight_is_named_too(tmp_path, monkeypatch, models, case, na
     with pytest.raises(BoundaryError) as err:
         lib.bind(bad)
     assert err.value.tensor == name
+
+
+def _c_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make Int8Weight.linear compute what the C step computes: each input row quantized to
+    int8 (its absmax / 127, rounded to nearest even), the int8 products summed exactly, and
+    scaled back as S[r] * (row scale * sum), all in float32 where C is."""
+
+    def linear(self: quantize.Int8Weight, x: torch.Tensor) -> torch.Tensor:
+        top = x.abs().amax(dim=-1, keepdim=True)
+        inv = torch.where(top > 0, torch.tensor(127.0) / top, torch.zeros_like(top))
+        xq = torch.round(x * inv)
+        sums = (xq.double() @ self.q.double().T).float()  # int32 sums, exact in float64
+        return self.scale * ((top / 127.0) * sums)
+
+    monkeypatch.setattr(quantize.Int8Weight, "linear", linear)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
+def test_int8_products_at_widths_past_every_block_are_the_int8_arithmetic(
+        tmp_path, monkeypatch, isa):
+    # Rows that leave some past the last block of four (3 x 78, 134, 301) and inputs that
+    # end in a partial chunk of every vector width (78, 134): a product that dropped, or
+    # doubled, a row or a chunk would be off by far more than float rounding.
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=301, d_model=78, d_kv=39, d_ff=134, num_layers=1,
+                   num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=8,
+                   relative_attention_max_distance=32, decoder_start_token_id=0,
+                   pad_token_id=0, eos_token_id=1, feed_forward_proj="relu")
+    torch.manual_seed(1)
+    hf = T5ForConditionalGeneration(cfg).eval()
+    lean = t5.LeanT5(cfg, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    q = quantize.int8(lean)
+    step = _load(tmp_path, monkeypatch, isa).bind(q)
+    _c_arithmetic(monkeypatch)  # after binding: the torch reference below uses it
+    dec_bias = q.decoder_bias(SLOTS + 1)
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for seed, (n, pos) in enumerate([(9, 0), (14, 6), (5, 11)]):
+        ids = torch.randint(2, 301, (1, n), generator=gen)
+        mask = torch.ones((1, n), dtype=torch.long)
+        bias = q.mask_bias(mask)
+        with torch.no_grad():
+            cross = t5.encode(q, ids, bias, q.encoder_bias(n))
+        rows.append((cross, bias, pos, 7 + 40 * seed))
+    caches = [torch.randn(q.new_self_cache(SLOTS, static=False).shape, generator=gen)
+              for _ in rows]
+    ref_caches = [c.clone() for c in caches]
+    logits = torch.zeros(len(rows), step.vocab)
+    with torch.no_grad():
+        step.rows(q, torch.tensor([r[3] for r in rows]), torch.tensor([r[2] for r in rows]),
+                  caches, [r[0] for r in rows], [r[1] for r in rows], dec_bias, logits=logits)
+        for i, (cross, mask, pos, tok) in enumerate(rows):
+            ref = t5.decode_logits(q, torch.tensor([[tok]]), torch.tensor([pos]),
+                                   ref_caches[i], cross, mask, dec_bias)[0, 0]
+            # Float rounding apart (sums in another order, a rounding of an activation
+            # flipped by it now and then): the same numbers.
+            assert (logits[i] - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+    for got, ref in zip(caches, ref_caches, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
