@@ -285,6 +285,13 @@ static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
 #endif
 #endif
 
+/* The largest int8 weight (bytes) multiplied in blocks of four rows: well within a core's
+ * L2, as the built-in model's are (a T5-small's 512 x 512 ones are not). */
+#define Q8_BLOCKED_BYTES (128 * 1024)
+/* ... and any int8 weight against this many inputs or more (a batched step or
+ * verification), where each row read serves enough inputs to hide the streams. */
+#define Q8_BLOCKED_INPUTS 8
+
 /* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes (at least n
  * rounded up to DW), scratch. */
 static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const float *X,
@@ -300,10 +307,15 @@ static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const
     const int64_t whole = n - n % DW;
     int8_t tail[4][DW] __attribute__((aligned(64)));
     int64_t r = 0;
-    /* Four weight rows at a time, every input against them (the block stays in L1 for
-     * them; its rows are contiguous, one sequential stream): one reduction for the four
-     * rows' sums, and their scales applied together. */
-    for (; r + 4 <= rows; r += 4) {
+    /* A weight that stays in cache between steps (a small model's), or one read for many
+     * inputs: four rows at a time, every input against them, one reduction for the four
+     * rows' sums and their scales applied together. A larger one read from memory for a
+     * few inputs (a T5-small's, one row's step or verification): one row after another
+     * below, the weights in address order, one sequential stream that the prefetchers
+     * follow; four rows read chunk by chunk side by side ran at up to half its speed there,
+     * and the reductions are a small part of a row streamed from memory. */
+    const int blocked = rows * n <= Q8_BLOCKED_BYTES || q >= Q8_BLOCKED_INPUTS;
+    for (; blocked && r + 4 <= rows; r += 4) {
         const int8_t *w[4] = {W + r * n, W + (r + 1) * n, W + (r + 2) * n, W + (r + 3) * n};
         if (whole < n)
             for (int j = 0; j < 4; j++) {
