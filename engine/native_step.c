@@ -75,6 +75,33 @@ static inline float hsum(vec a) {
 
 static inline vec load(const float *p) { return *(const vec *)p; }
 
+/* hsum of four vectors at once, out[j] holding hsum(a_j) bit for bit: each vector is folded
+ * to four lanes as hsum folds it (GCC's _mm512_reduce_add_ps, the AVX hsum above), then the
+ * last two rounds of adds run for all four in one vector each ((x0 + x2) + (x1 + x3), hsum's
+ * order). One tree for four sums costs less than four: in a product of a few hundred values
+ * a row (the built-in widths) the reductions are a large part of its time. */
+#if defined(__AVX512F__)
+static inline __m128 fold_ps(vec a) {
+    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256((__m512)a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd((__m512d)a, 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+#elif defined(__AVX__)
+static inline __m128 fold_ps(vec a) {
+    return _mm_add_ps(_mm256_castps256_ps128((__m256)a), _mm256_extractf128_ps((__m256)a, 1));
+}
+#endif
+static inline void hsum4(vec a, vec b, vec c, vec d, float *out) {
+#if defined(__AVX__)
+    const __m128 sa = fold_ps(a), sb = fold_ps(b), sc = fold_ps(c), sd = fold_ps(d);
+    const __m128 ab = _mm_add_ps(_mm_unpacklo_ps(sa, sb), _mm_unpackhi_ps(sa, sb));
+    const __m128 cd = _mm_add_ps(_mm_unpacklo_ps(sc, sd), _mm_unpackhi_ps(sc, sd));
+    _mm_storeu_ps(out, _mm_add_ps(_mm_movelh_ps(ab, cd), _mm_movehl_ps(cd, ab)));
+#else
+    out[0] = hsum(a); out[1] = hsum(b); out[2] = hsum(c); out[3] = hsum(d);
+#endif
+}
+
 /* Keep a loaded vector in a register: without this gcc folds each load into every FMA
  * that uses it (13 loads for 6 vectors per iteration of the 4 x 2 block), and the loop
  * becomes bound by the load ports instead of the FMA units. */
@@ -133,10 +160,11 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
                 e0 += c0 * t; e1 += c1 * t; e2 += c2 * t; e3 += c3 * t;
                 f0 += c0 * z; f1 += c1 * z; f2 += c2 * z; f3 += c3 * z;
             }
-            float s[16] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3),
-                           hsum(b0), hsum(b1), hsum(b2), hsum(b3),
-                           hsum(e0), hsum(e1), hsum(e2), hsum(e3),
-                           hsum(f0), hsum(f1), hsum(f2), hsum(f3)};
+            float s[16];
+            hsum4(a0, a1, a2, a3, s);
+            hsum4(b0, b1, b2, b3, s + 4);
+            hsum4(e0, e1, e2, e3, s + 8);
+            hsum4(f0, f1, f2, f3, s + 12);
             const float *xs[4] = {x0, x1, x2, x3};
             for (int64_t k = whole; k < n; k++)
                 for (int g = 0; g < 4; g++) {
@@ -159,8 +187,9 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
                 a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
                 b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
             }
-            float s[8] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3),
-                          hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
+            float s[8];
+            hsum4(a0, a1, a2, a3, s);
+            hsum4(b0, b1, b2, b3, s + 4);
             for (int64_t k = whole; k < n; k++) {
                 s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k];
                 s[2] += x0[k] * w2[k]; s[3] += x0[k] * w3[k];
@@ -182,7 +211,8 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
                 a0 += load(w0 + k) * u; a1 += load(w1 + k) * u;
                 a2 += load(w2 + k) * u; a3 += load(w3 + k) * u;
             }
-            float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+            float s[4];
+            hsum4(a0, a1, a2, a3, s);
             for (int64_t k = whole; k < n; k++) {
                 s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k];
                 s[2] += x0[k] * w2[k]; s[3] += x0[k] * w3[k];
