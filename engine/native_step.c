@@ -302,11 +302,11 @@ static inline __m128i isum4_256(__m256i a0, __m256i a1, __m256i a2, __m256i a3) 
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 #if DW == 64
-static inline __m256i fold(__m512i a) {
+static inline __m256i fold_epi32(__m512i a) {
     return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
 }
 static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
-    return isum4_256(fold(a0), fold(a1), fold(a2), fold(a3));
+    return isum4_256(fold_epi32(a0), fold_epi32(a1), fold_epi32(a2), fold_epi32(a3));
 }
 #else
 static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
