@@ -42,7 +42,10 @@ def test_arrivals_taken_together_are_encoded_in_one_call_per_bucket_and_stay_exa
         tmp_path, tiny_dirs, alone, monkeypatch, native_step, speculate):
     if native_step and native._compiler() is None:
         pytest.skip("no C compiler")
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=8, native_step=native_step)
+    # turns=False: a turn takes one arrival up at a time, and whether rows take turns is
+    # chosen from measured step times; this test is about which arrivals share a call.
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=8,
+                          native_step=native_step)
     try:
         assert rt.target.group_edges == {16, 32}  # 8 tokens: below GROUP_MIN_LENGTH
         grouped, single = _count_encoders(rt, monkeypatch)
@@ -71,7 +74,7 @@ def test_arrivals_taken_together_are_encoded_in_one_call_per_bucket_and_stay_exa
 
 def test_a_cancelled_arrival_is_not_encoded_and_changes_no_one(tmp_path, tiny_dirs, alone,
                                                               monkeypatch):
-    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
+    rt = batching_runtime(tmp_path, tiny_dirs, turns=False, max_batch=4)
     try:
         grouped, single = _count_encoders(rt, monkeypatch)
         texts = random_texts(12, seed=71, overflow=False)[1::3]  # four of bucket 16
