@@ -57,6 +57,11 @@ the other work's load, and the CPU time per request is the direction that still 
 For each batched engine it then splits the loop's seconds a request by phase (its
 recorder's: encoders, direct steps, verifications, with how many ran), what bounds the
 gain: batching shares the decode steps, never the encoders of arrivals apart.
+Without --quantization, it then prints the arithmetic floor (bench.floor): the requests
+per second this core could serve doing nothing but the model's dense products for these
+requests (each input at its own length, each decoded token one decoder position) at the
+best rate torch.mm reaches on the model's weight shapes, the batched closed loops as shares
+of it, and the issue's targets as multiples of it: past 1, no schedule reaches them here.
 The heap is frozen once the engines are warm, as the serving process freezes it
 (monitor.gc_heap), and each engine prints the full garbage collections its floor and sweep met.
 --quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
@@ -91,6 +96,7 @@ from pathlib import Path
 
 from bench import ct2
 from bench.engine import _canaries, by_bucket
+from bench.floor import Floor, Products, gemm_rate
 from engine.protocol import Engine
 from engine.scheduler_recorder import Totals
 from monitor import gc_heap
@@ -256,6 +262,27 @@ def phase_split(before: Totals, after: Totals, requests: int) -> PhaseSplit:
     _steps1, counts1, seconds1, _b1 = after
     return PhaseSplit(requests, {p: seconds1[p] - seconds0[p] for p in seconds1},
                       {p: counts1[p] - counts0[p] for p in counts1})
+
+
+def describe_floor(limit: Floor, batched: dict[int, float], ct2_float32: dict[int, float]
+                   ) -> str:
+    """Return the arithmetic floor's lines: the floor, the batched engine's closed loops as
+    shares of it, and the issue's targets (3x the one-caller rate; 2x CTranslate2 float32
+    at the most callers, where it ran) as multiples of it (past 1: out of reach here)."""
+    callers = sorted(batched)
+    lines = [f"arithmetic floor: {limit.flops_per_request / 1e9:.3f} GFLOP a request (dense "
+             f"products only, each input at its own length, each decoded token one position) "
+             f"at {limit.rate / 1e9:.1f} GFLOP/s (float32 torch.mm on the model's weight "
+             f"shapes): at most {limit.requests_per_s:.1f} requests/s on this core",
+             "  batched at " + " / ".join(map(str, callers)) + " callers: "
+             + " / ".join(f"{limit.share(batched[c]):.2f}" for c in callers) + " of it"]
+    targets = [f"3x the one-caller rate is {3 * limit.share(batched[callers[0]]):.2f}x it"]
+    if ct2_float32:
+        top = max(ct2_float32)
+        targets.append(f"2x CTranslate2 float32 at batch {top} is "
+                       f"{2 * limit.share(ct2_float32[top]):.2f}x it")
+    lines.append("  " + ", ".join(targets))
+    return "\n".join(lines)
 
 
 def unloaded_latencies(call: Callable[[str], object], texts: Sequence[str],
@@ -563,6 +590,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x"
               f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}"
               f" {check.differing['batched'] - differing['batched']:>13}" + row)
+    # What no schedule can pass on this core: the dense products every request runs.
+    if args.quantization == "none":
+        unbatched = engines["unbatched"]
+        products = Products.of(unbatched.target.m)
+        bound = Floor.of(products, [(unbatched.count_tokens(t), len(outputs["unbatched"][t]))
+                                    for t in sent], gemm_rate(products))
+        print(describe_floor(bound, {c: rps[("batched", c)] for c in callers},
+                             {c: rps[("float32", c)] for c in callers if "float32" in cts}))
     # Where a request's time goes in the loop: what bounds what batching can gain here.
     print("the loop's seconds a request, by phase:")
     for line in splits:
