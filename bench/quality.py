@@ -29,8 +29,9 @@ share of inputs where its float32 gives the engine float32's tokens exactly (the
 checked). Second to last line: `engine int8 / CTranslate2 int8 time: built-in Nx (Nx without
 the eager overflow rows), t5-small Nx` (median over buckets; below 1x the engine is faster).
 
-The int8 arm's encoder multiplies int8 weights too (engine.int8_encoder, on by default with
-int8; engine.encoder_int8, compiled), on both models and in the resident memory;
+The int8 arm's encoder multiplies int8 weights too (engine.int8_encoder set on, whatever
+this host's measured products would decide; engine.encoder_int8, compiled), on both models
+and in the resident memory;
 `--float-encoder`: the int8 arm shares the float32 arm's encoder instead (compiled on the
 built-in target, eager on the T5-small shape, for both arms).
 

@@ -52,8 +52,11 @@ class EngineConfig:
     int8_encoder: with quantization int8, the int8 target's encoder multiplies int8 weights
         too (engine.encoder_int8, compiled) instead of sharing the float target's encoder,
         whose float weights int8 serving then reloads on demand like the decoder's
-        (docs/engine.md#the-int8-encoder). None (the default): on with int8; False: the
-        int8 target shares the float encoder; True without int8 is refused.
+        (docs/engine.md#the-int8-encoder). None (the default): decided at start
+        (engine.models.resolve_int8_encoder): on with CUDA; on a CPU, on unless its int8
+        products measure more than twice as slow as float32's (torch's int8 GEMM is a
+        fallback on a CPU without VNNI); False: the int8 target shares the float encoder;
+        True: on wherever; True without int8 is refused.
     max_batch: rows decoded together by the batching scheduler (engine.scheduler): requests
         join and leave a running batch at step boundaries; 1 = no scheduler, each request
         decodes alone in its caller's thread with max_concurrency streams (as before
@@ -153,7 +156,8 @@ class EngineConfig:
 
     @property
     def int8_encoder_on(self) -> bool:
-        """Return whether the int8 target's encoder multiplies int8 weights."""
+        """Return whether the int8 target's encoder multiplies int8 weights (unset: on,
+        until the runtime decides it at start and sets it)."""
         return self.quantization == "int8" and self.int8_encoder is not False
 
     def config_hash(self) -> str:

@@ -16,6 +16,12 @@ weights are counted.
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -26,6 +32,70 @@ ENCODER_WEIGHTS = ("qkv", "o", "wi", "wo")
 # CUDA's int8 GEMM takes more than 16 rows, and inner and output widths in multiples of 8.
 CUDA_MIN_ROWS = 17
 CUDA_MULTIPLE = 8
+
+
+# engine.int8_encoder unset: at start, the encoder's products are timed at the rows of a
+# typical input, int8 x int8 against float32 (a warm pass, then PROBE_ROUNDS, each shape
+# once a pass), and the int8 encoder is kept unless its products take more than
+# SLOWER_LIMIT times float32's. Not 1: the compiled int8 encoder gains beyond its products
+# (the quantize and rescale fuse around them; docs/engine.md#the-int8-encoder), so products
+# a little slower do not make it slower. Where torch's int8 GEMM is a fallback (a CPU
+# without VNNI) its products take an order of magnitude longer, and so does every request.
+PROBE_ROWS = 32
+PROBE_ROUNDS = 3
+SLOWER_LIMIT = 2.0
+
+
+def shapes(config: Any) -> list[tuple[int, int]]:
+    """Return the [out, in] of every product an int8 encoder multiplies in int8, from a
+    T5 config: each encoder layer's q/k/v, o, feed-forward in and out, and each decoder
+    layer's cross K/V projection (ENCODER_WEIGHTS)."""
+    d, inner = config.d_model, config.d_kv * config.num_heads
+    wi = config.d_ff * (2 if getattr(config, "is_gated_act", False) else 1)
+    layer = [(3 * inner, d), (d, inner), (wi, d), (d, config.d_ff)]
+    return layer * config.num_layers + [(2 * inner, d)] * config.num_decoder_layers
+
+
+@dataclass(frozen=True)
+class ProductTimes:
+    """The median seconds of one pass over the encoder's products at `rows` rows."""
+
+    rows: int
+    int8_s: float
+    float_s: float
+
+    @property
+    def int8_pays(self) -> bool:
+        """Return whether the int8 encoder is kept (SLOWER_LIMIT)."""
+        return self.int8_s <= SLOWER_LIMIT * self.float_s
+
+    def describe(self) -> str:
+        return (f"its int8 x int8 products took {self.int8_s * 1e3:.2f} ms a pass against "
+                f"float32's {self.float_s * 1e3:.2f} ms at {self.rows} rows")
+
+
+def time_products(product_shapes: Sequence[tuple[int, int]], *, rows: int = PROBE_ROWS,
+                  rounds: int = PROBE_ROUNDS, clock: Callable[[], float] = time.perf_counter
+                  ) -> ProductTimes:
+    """Time one pass over `product_shapes` ([out, in] each) at `rows` rows on the CPU:
+    torch._int_mm on int8 operands against torch.mm on float32 ones, alternating passes."""
+    gen = torch.Generator().manual_seed(0)
+    floats = [(torch.randn(rows, i, generator=gen), torch.randn(i, o, generator=gen))
+              for o, i in product_shapes]
+    ints = [(torch.randint(-127, 128, (rows, i), dtype=torch.int8, generator=gen),
+             torch.randint(-127, 128, (i, o), dtype=torch.int8, generator=gen))
+            for o, i in product_shapes]
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    with torch.no_grad():
+        for round_ in range(rounds + 1):
+            for int8, pairs, mm in ((True, ints, torch._int_mm), (False, floats, torch.mm)):
+                start = clock()
+                for a, b in pairs:
+                    mm(a, b)
+                if round_:  # the first pass warms the library's paths and the caches
+                    seconds[int8].append(clock() - start)
+    return ProductTimes(rows, statistics.median(seconds[True]),
+                        statistics.median(seconds[False]))
 
 
 def available() -> bool:

@@ -196,6 +196,23 @@ def read_weights(path: Path) -> dict[str, Any]:
     return state
 
 
+def read_config(path: str | Path) -> Any:
+    """Return the checked config of the T5 / mT5 checkpoint at `path` (ModelLoadError: why
+    it cannot be served), without reading its weights."""
+    path = Path(path)
+    _check_files(path)
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a load error
+        raise ModelLoadError(f"{path}: unreadable config.json: {exc}") from exc
+    check_config(config, path)
+    return config
+
+
 def load_model(path: str | Path) -> LoadedModel:
     """Load a T5 / mT5 checkpoint (config, weights) and its tokenizer from `path`.
 
@@ -204,18 +221,9 @@ def load_model(path: str | Path) -> LoadedModel:
     HF's modules: importing its T5 modeling code alone costs seconds at every start.
     """
     path = Path(path)
-    _check_files(path)
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
+    config = read_config(path)
     from engine.t5 import required_weights
 
-    hf_logging.disable_progress_bar()
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a load error
-        raise ModelLoadError(f"{path}: unreadable config.json: {exc}") from exc
-    check_config(config, path)
     check_generation_config(path)
     weights = read_weights(path)
     missing = [name for name in required_weights(config) if name not in weights]

@@ -10,18 +10,25 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from engine import aot, byte_tokens, native, quantize, t5
+from engine import aot, byte_tokens, encoder_int8, native, quantize, t5
 from engine.config import BUILTIN_DIR, EngineConfig
 from engine.errors import ModelLoadError
 from engine.float_weights import OnDemandWeights, releasable
 from engine.graphs import GraphLedger
-from engine.loader import LoadedModel, fingerprint, load_model, pair_draft, read_weights
+from engine.loader import (
+    LoadedModel,
+    fingerprint,
+    load_model,
+    pair_draft,
+    read_config,
+    read_weights,
+)
 from engine.protocol import EngineInfo
 from engine.runner import CompileOptions, ModelRunner
 
@@ -137,6 +144,31 @@ class Models:
                 s = p.untyped_storage()
                 storages[(str(p.device), s.data_ptr())] = s.nbytes()
         return sum(storages.values())
+
+
+def resolve_int8_encoder(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """Return `config` with engine.int8_encoder decided where int8 serves and it is unset:
+    on with CUDA; on a CPU, on unless the int8 encoder's products measure slower than
+    float32's past encoder_int8.SLOWER_LIMIT, or torch has no int8 product (said in the
+    log at start either way). Decided before anything reads the config's hash: the saved
+    packages and the cohort follow the encoder that serves."""
+    if config.quantization != "int8" or config.int8_encoder is not None:
+        return config
+    if device.type != "cpu":
+        return replace(config, int8_encoder=True)
+    if not encoder_int8.available():
+        log.warning("int8 encoder off: torch %s has no torch._int_mm (the int8 target "
+                    "shares the float encoder)", torch.__version__)
+        return replace(config, int8_encoder=False)
+    target_dir = Path(config.model_dir) if config.model_dir else BUILTIN_DIR / "target"
+    times = encoder_int8.time_products(encoder_int8.shapes(read_config(target_dir)))
+    if times.int8_pays:
+        log.info("int8 encoder on: %s", times.describe())
+    else:
+        log.warning("int8 encoder off: %s, past %gx; the int8 target shares the float "
+                    "encoder (engine.int8_encoder: true keeps it)", times.describe(),
+                    encoder_int8.SLOWER_LIMIT)
+    return replace(config, int8_encoder=times.int8_pays)
 
 
 def load_models(config: EngineConfig, *, device: torch.device, dtype: torch.dtype,

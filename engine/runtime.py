@@ -43,6 +43,7 @@ from engine.models import (
     dtype_of,
     load_models,
     package_only,
+    resolve_int8_encoder,
     single_owner,
 )
 from engine.owner import DeviceThread
@@ -96,8 +97,9 @@ class Runtime:
                  quantizer: quantize.Quantizer | None = None) -> None:
         if config.kv_headroom < config.speculative_k:
             raise ValueError("kv_headroom: must be >= speculative_k (verification look-ahead)")
-        self.config = config
         self.device = device_of(config.device)
+        config = resolve_int8_encoder(config, self.device)
+        self.config = config
         self.dtype = dtype_of(config.dtype, self.device)
         torch.set_num_threads(config.num_threads)
         self.cache_root = precompile.cache_root(config)

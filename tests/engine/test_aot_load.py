@@ -127,7 +127,7 @@ def test_a_saved_function_that_does_not_fit_falls_back_to_compiling(tiny_dirs, t
 
 def test_an_int8_target_is_saved_and_served_without_tracing(tiny_dirs, tmp_path):
     cache = tmp_path / "cache"
-    engine = {**_engine(tiny_dirs, cache), "quantization": "int8"}
+    engine = {**_engine(tiny_dirs, cache), "quantization": "int8", "int8_encoder": True}
     said = _precompile(engine, tmp_path)
     # Both targets decode in C (engine.native; int8 weights too); each has its encoder (the
     # int8 target's multiplies int8 weights, engine.int8_encoder): two encodes are saved.

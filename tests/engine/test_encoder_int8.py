@@ -11,6 +11,7 @@ agree with the float32 C step's on >= 99% of the canaries' tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 
 from engine import encoder_int8, native, quantize, t5
 from engine.encoder_int8 import Int8EncoderWeight
+from engine.protocol import FlagOverride
 from tests.engine.conftest import random_texts, tiny_config
 
 pytestmark = pytest.mark.skipif(not encoder_int8.available(), reason="no torch._int_mm")
@@ -168,10 +170,10 @@ def test_int8_encoder_is_on_with_int8_and_changes_the_artifact(
 def test_the_runtime_serves_int8_requests_through_the_int8_encoder(
         tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
     from engine.memory import held_tensors
-    from engine.protocol import REFERENCE, FlagOverride
+    from engine.protocol import REFERENCE
     from engine.runtime import Runtime
 
-    engine = Runtime(tiny_config(tiny_dirs, quantization="int8",
+    engine = Runtime(tiny_config(tiny_dirs, quantization="int8", int8_encoder=True,
                                  use_draft=False, flags_file="",
                                  cache_dir=str(tmp_path / "cache")))
     try:
@@ -194,3 +196,86 @@ def test_the_runtime_serves_int8_requests_through_the_int8_encoder(
             assert not f32.quantized and not ref.quantized and ref.path == "eager"
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_measured_shapes_are_the_products_the_int8_encoder_multiplies(gated) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    kwargs: dict[str, Any] = dict(
+        vocab_size=120, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decoder_layers=2,
+        num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        feed_forward_proj="gated-gelu" if gated else "relu")
+    cfg = T5Config(**kwargs)
+    lean = t5.LeanT5(cfg, T5ForConditionalGeneration(cfg).state_dict(), dtype=torch.float32,
+                     device=torch.device("cpu"))
+    packed = quantize.int8(lean, encoder=True)
+    multiplied = [getattr(layer, name).shape for layer in packed.enc_layers
+                  for name in encoder_int8.ENCODER_WEIGHTS]
+    multiplied += [layer.ckv.shape for layer in packed.dec_layers]
+    assert encoder_int8.shapes(cfg) == multiplied
+
+
+def test_the_int8_encoder_is_kept_unless_its_products_are_past_the_limit() -> None:
+    limit = encoder_int8.SLOWER_LIMIT
+    assert encoder_int8.ProductTimes(32, 0.5, 1.0).int8_pays
+    assert encoder_int8.ProductTimes(32, limit, 1.0).int8_pays
+    assert not encoder_int8.ProductTimes(32, limit * 1.01, 1.0).int8_pays
+
+
+def test_the_products_are_timed_as_the_median_of_passes_after_a_warm_one() -> None:
+    reads = iter(range(1000))
+    # Each clock read one tick on: every timed pass takes 1 s, the warm one is not counted.
+    times = encoder_int8.time_products([(8, 4), (4, 8)], rows=3, rounds=2,
+                                       clock=lambda: float(next(reads)))
+    assert (times.rows, times.int8_s, times.float_s) == (3, 1.0, 1.0)
+    # Two kinds a round: one read in the warm pass, two in each of the 2 timed ones.
+    assert next(reads) == 2 * (1 + 2 * 2)
+
+
+@pytest.mark.parametrize(("int8_s", "on"), [(10.0, False), (0.5, True)])
+def test_an_unset_int8_encoder_follows_the_products_measured_at_start(
+        tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch, int8_s, on) -> None:
+    from engine.runtime import Runtime
+
+    measured = []
+
+    def timed(shapes, **_kwargs):
+        measured.append(shapes)
+        return encoder_int8.ProductTimes(32, int8_s, 1.0)
+
+    monkeypatch.setattr(encoder_int8, "time_products", timed)
+    config = tiny_config(tiny_dirs, quantization="int8", use_draft=False, flags_file="",
+                         compile_mode="off", cache_dir=str(tmp_path / "cache"))
+    engine = Runtime(config)
+    try:
+        assert len(measured) == 1 and engine.config.int8_encoder is on
+        assert engine.target_q is not None and quantize.int8_encoder(engine.target_q.m) is on
+        # Without its own: the int8 target calls the float target's encoder.
+        assert (engine.target_q.encoder_of is engine.target) is not on
+        # The saved packages and the cohort follow the encoder that serves.
+        decided = dataclasses.replace(config, int8_encoder=on)
+        assert engine.info.config_hash == decided.config_hash()
+        assert engine.generate("xabcx", override=FlagOverride(quantized=True)).quantized
+    finally:
+        engine.close()
+
+
+def test_a_set_int8_encoder_or_float32_serving_measures_nothing(
+        tiny_dirs: dict[str, Path], monkeypatch) -> None:
+    from engine.models import resolve_int8_encoder
+
+    def timed(*_args, **_kwargs):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(encoder_int8, "time_products", timed)
+    cpu = torch.device("cpu")
+    for config in (tiny_config(tiny_dirs, quantization="int8", int8_encoder=False),
+                   tiny_config(tiny_dirs, quantization="int8", int8_encoder=True),
+                   tiny_config(tiny_dirs)):
+        assert resolve_int8_encoder(config, cpu) is config
+    # CUDA: on, as before it was measured on a CPU; without torch._int_mm: off.
+    unset = tiny_config(tiny_dirs, quantization="int8")
+    assert resolve_int8_encoder(unset, torch.device("cuda")).int8_encoder is True
+    monkeypatch.setattr(encoder_int8, "available", lambda: False)
+    assert resolve_int8_encoder(unset, cpu).int8_encoder is False

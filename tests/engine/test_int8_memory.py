@@ -27,8 +27,10 @@ FLOAT32 = FlagOverride(quantized=False)
 
 
 def _runtime(dirs: dict[str, Path], cache: Path, quantization: str) -> Runtime:
+    # int8 with its own int8 encoder (unset, it is decided by measuring this host).
+    int8 = {"int8_encoder": True} if quantization == "int8" else {}
     engine = Runtime(tiny_config(dirs, quantization=quantization, use_draft=False,
-                                 flags_file="", cache_dir=str(cache)))
+                                 flags_file="", cache_dir=str(cache), **int8))
     engine.warm_up(background=False)
     return engine
 
