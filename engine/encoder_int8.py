@@ -70,6 +70,7 @@ class ProductTimes:
         return self.int8_s <= SLOWER_LIMIT * self.float_s
 
     def describe(self) -> str:
+        """Return the two times as the start's log line says them."""
         return (f"its int8 x int8 products took {self.int8_s * 1e3:.2f} ms a pass against "
                 f"float32's {self.float_s * 1e3:.2f} ms at {self.rows} rows")
 
