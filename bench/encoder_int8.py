@@ -20,7 +20,7 @@ shows the work itself (its caches still shared), not the queue.
    relative error. Random weights amplify any change through the layers: the T5-small
    error is no measure of quality.
 3. Agreement (built-in target, direct decoding, the C step): the int8 arm with the float
-   encoder (`engine.int8_encoder: false`) and with the int8 encoder (the default), 3
+   encoder (`engine.int8_encoder: false`) and with the int8 encoder (`true`), 3
    canaries per bucket and domain, 32 new tokens: mean token agreement against the eager
    float32 reference (probes.quality) and the int8 requests' median encoder ms (wall clock).
 """
