@@ -15,7 +15,6 @@ own int8 GEMM is a slow fallback on a CPU without VNNI).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,20 +63,14 @@ def gemm_rate(products: Products, *, rows: Sequence[int] = RATE_ROWS, rounds: in
     `rounds` passes at each row count, the best row count's."""
     import torch
 
+    from engine.encoder_int8 import median_pass_s
+
     shapes = [*products.encoder, *products.decoder]
     best = 0.0
     for n in rows:
         pairs = [(torch.randn(n, i), torch.randn(i, o)) for o, i in shapes]
         flops = 2.0 * n * sum(o * i for o, i in shapes)
-        times = []
-        with torch.no_grad():
-            for round_ in range(rounds + 1):
-                start = clock()
-                for a, b in pairs:
-                    torch.mm(a, b)
-                if round_:  # the first pass warms the library's paths and the caches
-                    times.append(clock() - start)
-        best = max(best, flops / statistics.median(times))
+        best = max(best, flops / median_pass_s(pairs, torch.mm, rounds=rounds, clock=clock))
     return best
 
 

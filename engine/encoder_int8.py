@@ -75,28 +75,35 @@ class ProductTimes:
                 f"float32's {self.float_s * 1e3:.2f} ms at {self.rows} rows")
 
 
+def median_pass_s(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                  mm: Callable[[torch.Tensor, torch.Tensor], Any], *, rounds: int,
+                  clock: Callable[[], float] = time.perf_counter) -> float:
+    """Return the median seconds of `rounds` passes of `mm` over `pairs`, after one warm
+    pass (it warms the library's paths and the caches)."""
+    times = []
+    with torch.no_grad():
+        for round_ in range(rounds + 1):
+            start = clock()
+            for a, b in pairs:
+                mm(a, b)
+            if round_:
+                times.append(clock() - start)
+    return statistics.median(times)
+
+
 def time_products(product_shapes: Sequence[tuple[int, int]], *, rows: int = PROBE_ROWS,
                   rounds: int = PROBE_ROUNDS, clock: Callable[[], float] = time.perf_counter
                   ) -> ProductTimes:
     """Time one pass over `product_shapes` ([out, in] each) at `rows` rows on the CPU:
-    torch._int_mm on int8 operands against torch.mm on float32 ones, alternating passes."""
+    torch._int_mm on int8 operands against torch.mm on float32 ones."""
     gen = torch.Generator().manual_seed(0)
     floats = [(torch.randn(rows, i, generator=gen), torch.randn(i, o, generator=gen))
               for o, i in product_shapes]
     ints = [(torch.randint(-127, 128, (rows, i), dtype=torch.int8, generator=gen),
              torch.randint(-127, 128, (i, o), dtype=torch.int8, generator=gen))
             for o, i in product_shapes]
-    seconds: dict[bool, list[float]] = {True: [], False: []}
-    with torch.no_grad():
-        for round_ in range(rounds + 1):
-            for int8, pairs, mm in ((True, ints, torch._int_mm), (False, floats, torch.mm)):
-                start = clock()
-                for a, b in pairs:
-                    mm(a, b)
-                if round_:  # the first pass warms the library's paths and the caches
-                    seconds[int8].append(clock() - start)
-    return ProductTimes(rows, statistics.median(seconds[True]),
-                        statistics.median(seconds[False]))
+    return ProductTimes(rows, median_pass_s(ints, torch._int_mm, rounds=rounds, clock=clock),
+                        median_pass_s(floats, torch.mm, rounds=rounds, clock=clock))
 
 
 def available() -> bool:
