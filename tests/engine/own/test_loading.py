@@ -154,6 +154,31 @@ def test_missing_shard_and_missing_weights_are_refused(own_models, tmp_path):
         load_model(no_tokenizer)
 
 
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_the_released_checkpoint_needs_no_cycle_collection(own_models, quantization):
+    """Loading frees the checkpoint's tensors by reference counting alone: no tensor is left
+    for a cycle collection to find (loading runs none: on a large heap a full collection
+    costs a good part of a second)."""
+    from engine import load_engine
+
+    gc.collect()
+    gc.disable()
+    try:
+        engine = load_engine(own_config(own_models["t5"], quantization=quantization))
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        held = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    try:
+        assert engine._target_loaded.weights is None
+        assert held == []
+    finally:
+        engine.close()
+
+
 def test_checkpoint_released_and_weights_counted_once(own_models):
     """The lean copy holds the weights; the checkpoint's tensors are dropped and no HF module
     is built (importing HF's T5 modeling costs seconds at every start); tied embeddings
