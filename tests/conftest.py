@@ -23,7 +23,7 @@ from monitor.logs import QUIET, StderrHandler
 if TYPE_CHECKING:
     from xdist.workermanage import WorkerController
 
-pytest_plugins = ["tests.utils.db", "pytester"]
+pytest_plugins = ["tests.utils.db", "tests.utils.cc_cache", "pytester"]
 
 Item = TypeVar("Item", bound=pytest.Item)
 
