@@ -378,3 +378,23 @@ def test_a_build_failure_is_logged_once(tmp_path, monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records if r.name == "engine.native"]
     assert said == ["native step: build failed (broken-cc: internal error); the compiled step "
                     "serves instead"]
+
+
+def test_the_tests_compiler_cache_builds_once_per_source_and_flags(tmp_path, monkeypatch):
+    # tests/utils/cached_cc.sh: engines in other cache folders get a copy of the one build.
+    if "TW_REAL_CC" not in os.environ:
+        pytest.skip("no C compiler: the tests' compiler cache is off")
+    log = tmp_path / "real-builds"
+    real = tmp_path / "counting-cc"
+    real.write_text(f'#!/bin/sh\n[ "$1" = "--version" ] || echo build >> {log}\n'
+                    f'exec {os.environ["TW_REAL_CC"]} "$@"\n')
+    real.chmod(0o755)
+    monkeypatch.setenv("TW_REAL_CC", str(real))
+    monkeypatch.setenv("TW_CC_CACHE", str(tmp_path / "cc-cache"))
+    first, second = native.build(tmp_path / "a"), native.build(tmp_path / "b")
+    assert first is not None and second is not None and first != second
+    assert _builds(log) == 1 and second.read_bytes() == first.read_bytes()
+    assert stat.S_IMODE(second.stat().st_mode) == 0o755
+    assert native.NativeStep(second)._fn is not None
+    monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-DTW_ANOTHER_FLAG=1"))
+    assert native.build(tmp_path / "c") is not None and _builds(log) == 2

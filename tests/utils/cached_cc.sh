@@ -4,6 +4,7 @@
 # output (kept in $TW_CC_CACHE). Each engine a test starts has its own cache folder, so the
 # C step would otherwise be compiled again for every one of them.
 real=${TW_REAL_CC:?}
+command -v sha256sum >/dev/null 2>&1 || exec "$real" "$@"  # no hashing: no cache
 out=
 key=
 prev=
