@@ -2,7 +2,7 @@
 
 Loaded for the whole suite by tests/conftest.py (`pytest_plugins`). Each engine a test
 starts has its own cache folder, and the engine builds its C step (engine.native) into
-that folder: a second of the compiler a runtime, hundreds of times a run. `CC` is set to
+that folder, so the compiler would run again for every runtime. `CC` is set to
 tests/utils/cached_cc.sh for the session, which hands back an earlier build of the same
 arguments, sources and compiler version and runs the real compiler otherwise; the engine's
 own build path (version check, build into a temporary file, owner and mode checks, load)
@@ -11,8 +11,6 @@ runs as in production. Tests that set `CC` themselves wrap this one (native._com
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,18 +23,17 @@ WRAPPER = Path(__file__).with_name("cached_cc.sh")
 def cached_c_compiler(tmp_path_factory: pytest.TempPathFactory,
                       request: pytest.FixtureRequest) -> Iterator[None]:
     """Point `CC` at the caching wrapper of the real compiler for the session."""
-    real = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    from engine import native
+
+    real = native._compiler()
     if real is None:  # no compiler: the engine's own fallback is what runs
         yield
         return
     base = tmp_path_factory.getbasetemp()
     # Under xdist the workers' folders share a parent: one build serves the whole run.
     cache = (base.parent if hasattr(request.config, "workerinput") else base) / "cc-cache"
-    saved = {name: os.environ.get(name) for name in ("CC", "TW_REAL_CC", "TW_CC_CACHE")}
-    os.environ.update(CC=str(WRAPPER), TW_REAL_CC=real, TW_CC_CACHE=str(cache))
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CC", str(WRAPPER))
+        mp.setenv("TW_REAL_CC", real)
+        mp.setenv("TW_CC_CACHE", str(cache))
+        yield
