@@ -274,7 +274,15 @@ static inline ivec izero(void) { return _mm256_setzero_si256(); }
  * whole DW-byte chunks with zeros (offset), which meet zero weights in the last chunk. */
 static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
     float top = 0.0f;
-    for (int64_t k = 0; k < n; k++) {
+    int64_t k = 0;
+#if DW == 64
+    /* max(|x|, top) returns top where x is NaN, as the scalar comparison below skips it */
+    __m512 most = _mm512_setzero_ps();
+    for (; k + 16 <= n; k += 16)
+        most = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + k)), most);
+    top = _mm512_reduce_max_ps(most);
+#endif
+    for (; k < n; k++) {
         const float a = fabsf(x[k]);
         if (a > top) top = a;
     }
@@ -286,7 +294,18 @@ static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
         return top > 0.0f ? top : 0.0f;
     }
     const float inv = 127.0f / top;
-    for (int64_t k = 0; k < n; k++)
+    k = 0;
+#if DW == 64
+    /* vcvtps2dq rounds as lrintf does (to nearest, ties to even: the default mode), and
+     * a NaN's byte is the offset in both; the low byte of each sum is kept */
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i offset = _mm512_set1_epi32(DOT_OFFSET);
+    for (; k + 16 <= n; k += 16) {
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv));
+        _mm_storeu_si128((__m128i *)(xq + k), _mm512_cvtepi32_epi8(_mm512_add_epi32(v, offset)));
+    }
+#endif
+    for (; k < n; k++)
         xq[k] = (uint8_t)((int32_t)lrintf(x[k] * inv) + DOT_OFFSET);
     return top / 127.0f;
 }
@@ -322,12 +341,101 @@ static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
  * verification), where each row read serves enough inputs to hide the streams. */
 #define Q8_BLOCKED_INPUTS 8
 
+#if DW == 64
+/* Many inputs against one weight (a batched step, a verification) with VNNI: sixteen
+ * weight rows at a time, repacked in L1 so that one vector holds four consecutive bytes
+ * of each of the sixteen rows. A broadcast of four activation bytes then multiplies all
+ * sixteen rows at once, each int32 lane accumulating one row's sum: no horizontal
+ * reduction per output, which at the built-in widths cost as much as the products. */
+/* From this many inputs: repacking a block costs 16 x n / 4 moves, paid back only by many
+ * inputs against it (docs/benchmarks.md#benchbatch_step); below, the four-row blocks. */
+#define Q8_PACKED_INPUTS 32
+/* The repacked block on the stack: 16 rows x n bytes (inputs of 8192 at most). */
+#define Q8_PACKED_MAX_N 8192
+
+/* Y[i, r .. r + 16) for m inputs (a constant where inlined) against one repacked block. */
+static inline __attribute__((always_inline)) void q8_block(
+        const int32_t *pack, int64_t groups, const uint8_t *xq, int64_t stride,
+        const float *xs, __m512i fix, __m512 scale, __mmask16 live, float *Y, int64_t ldy,
+        const int m) {
+    __m512i acc[8];
+    for (int t = 0; t < m; t++) acc[t] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < groups; g++) {
+        const __m512i w = _mm512_load_si512((const void *)(pack + 16 * g));
+        for (int t = 0; t < m; t++) {
+            int32_t x4;
+            memcpy(&x4, xq + t * stride + 4 * g, sizeof x4);
+            /* in place: gcc copies each accumulator to a new register around the
+             * intrinsic (two moves per product) */
+            __asm__("vpdpbusd %1, %2, %0" : "+v"(acc[t]) : "v"(w), "v"(_mm512_set1_epi32(x4)));
+        }
+    }
+    for (int t = 0; t < m; t++) {
+        /* S[r] * (xs[i] * (float)sum), the order of the loops below */
+        const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], fix));
+        _mm512_mask_storeu_ps(Y + t * ldy, live,
+                              _mm512_mul_ps(scale, _mm512_mul_ps(_mm512_set1_ps(xs[t]), sums)));
+    }
+}
+
+/* gemm_q8_dot's products for q >= Q8_PACKED_INPUTS, bit for bit its sums (exact in int32:
+ * only the order of the adds differs). xq's rows are padded to whole DW chunks with the
+ * offset, so the last group of four bytes is there to read; its missing weights are 0. */
+static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, float *Y,
+                           int64_t rows, int64_t n, int64_t q, int64_t ldy,
+                           const uint8_t *xq, const float *xs, int64_t stride) {
+    const int64_t groups = (n + 3) / 4;
+    int32_t pack[groups * 16] __attribute__((aligned(64)));
+    const int64_t whole = n / 4;
+    for (int64_t r = 0; r < rows; r += 16) {
+        const int64_t live_rows = rows - r < 16 ? rows - r : 16;
+        for (int64_t j = 0; j < 16; j++) {
+            const int8_t *w = W + (r + j) * n;
+            if (j >= live_rows) {
+                for (int64_t g = 0; g < groups; g++) pack[16 * g + j] = 0;
+                continue;
+            }
+            for (int64_t g = 0; g < whole; g++) memcpy(pack + 16 * g + j, w + 4 * g, 4);
+            if (whole < groups) {
+                int32_t v = 0;
+                memcpy(&v, w + 4 * whole, (size_t)(n - 4 * whole));
+                pack[16 * whole + j] = v;
+            }
+        }
+        const __mmask16 live = (__mmask16)((1u << live_rows) - 1u);
+        const __m512i fix = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(live, C + r), 7);
+        const __m512 scale = _mm512_maskz_loadu_ps(live, S + r);
+        int64_t i = 0;
+#define Q8_BLOCK(m) q8_block(pack, groups, xq + i * stride, stride, xs + i, fix, scale, live, \
+                             Y + i * ldy + r, ldy, m)
+        for (; i + 8 <= q; i += 8) Q8_BLOCK(8);
+        switch (q - i) {
+        case 7: Q8_BLOCK(7); break;
+        case 6: Q8_BLOCK(6); break;
+        case 5: Q8_BLOCK(5); break;
+        case 4: Q8_BLOCK(4); break;
+        case 3: Q8_BLOCK(3); break;
+        case 2: Q8_BLOCK(2); break;
+        case 1: Q8_BLOCK(1); break;
+        default: break;
+        }
+#undef Q8_BLOCK
+    }
+}
+#endif
+
 /* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes (at least n
  * rounded up to DW), scratch. */
 static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const float *X,
                         float *Y, int64_t rows, int64_t n, int64_t q, int64_t ldy, uint8_t *xq,
                         float *xs, int64_t stride) {
     for (int64_t i = 0; i < q; i++) xs[i] = quantize_row(X + i * n, xq + i * stride, n);
+#if DW == 64
+    if (q >= Q8_PACKED_INPUTS && n <= Q8_PACKED_MAX_N) {
+        gemm_q8_packed(W, S, C, Y, rows, n, q, ldy, xq, xs, stride);
+        return;
+    }
+#endif
 #if DW
     /* A row's last partial chunk is copied into a zero-padded one: every product goes
      * through the same vector instruction (gcc 12 -O3 miscompiled a scalar tail loop of
@@ -601,12 +709,18 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
         linear(m, LAYER_LIN(m, wi, l), h, u, ff, D, q, ff, qs);
         /* Row i's d_ff activations go to u + i * d_ff (a gated row is twice as wide: the
          * destination never passes the source, so in place is safe). */
-        for (int64_t i = 0; i < q; i++) {
-            const float *ui = u + i * ff;
-            float *vi = u + i * m->d_ff;
-            for (int64_t j = 0; j < m->d_ff; j++)
-                vi[j] = m->gated ? activate(ui[j], m->act) * ui[m->d_ff + j]
-                                 : activate(ui[j], m->act);
+        if (!m->gated && m->act == ACT_RELU) {
+            /* activate's ReLU as one loop the compiler vectorizes (a NaN or -0 gives 0 as
+             * there): a call and a switch per value cost more than the products' share */
+            for (int64_t j = 0; j < q * m->d_ff; j++) u[j] = u[j] > 0.0f ? u[j] : 0.0f;
+        } else {
+            for (int64_t i = 0; i < q; i++) {
+                const float *ui = u + i * ff;
+                float *vi = u + i * m->d_ff;
+                for (int64_t j = 0; j < m->d_ff; j++)
+                    vi[j] = m->gated ? activate(ui[j], m->act) * ui[m->d_ff + j]
+                                     : activate(ui[j], m->act);
+            }
         }
         linear(m, LAYER_LIN(m, wo, l), u, h, D, m->d_ff, q, D, qs);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];

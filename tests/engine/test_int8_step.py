@@ -337,3 +337,56 @@ def test_int8_products_at_widths_past_every_block_are_the_int8_arithmetic(
             assert (logits[i] - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
     for got, ref in zip(caches, ref_caches, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
+def test_a_full_batch_at_odd_widths_is_each_row_alone_bit_for_bit(tmp_path, monkeypatch, isa):
+    # 33 rows: with AVX-512 VNNI, 32 inputs and more take the repacked kernel (sixteen
+    # weight rows a vector; 3 x 78, 134 and 301 rows leave a partial block, 78 and 134
+    # inputs a partial group of four bytes) and one more input its tail; one row alone
+    # takes the blocked kernel. Both sum exactly in int32: the same bits.
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=301, d_model=78, d_kv=39, d_ff=134, num_layers=1,
+                   num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=8,
+                   relative_attention_max_distance=32, decoder_start_token_id=0,
+                   pad_token_id=0, eos_token_id=1, feed_forward_proj="relu")
+    torch.manual_seed(2)
+    hf = T5ForConditionalGeneration(cfg).eval()
+    lean = t5.LeanT5(cfg, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    q = quantize.int8(lean)
+    step = _load(tmp_path, monkeypatch, isa).bind(q)
+    dec_bias = q.decoder_bias(SLOTS + 1)
+    gen = torch.Generator().manual_seed(5)
+    n = 33
+    crosses, masks = [], []
+    for i in range(n):
+        length = 3 + i % 11
+        ids = torch.randint(2, 301, (1, length), generator=gen)
+        mask = q.mask_bias(torch.ones((1, length), dtype=torch.long))
+        with torch.no_grad():
+            crosses.append(t5.encode(q, ids, mask, q.encoder_bias(length)))
+        masks.append(mask)
+    caches = [torch.randn(q.new_self_cache(SLOTS, static=False).shape, generator=gen)
+              for _ in range(n)]
+    alone_caches = [c.clone() for c in caches]
+    tokens = torch.randint(2, 301, (n,), generator=gen)
+    positions = torch.tensor([i % SLOTS for i in range(n)])
+    logits = torch.zeros(n, step.vocab)
+    with torch.no_grad():
+        step.rows(q, tokens, positions, caches, crosses, masks, dec_bias, logits=logits)
+        for i in range(n):
+            one = torch.zeros(1, step.vocab)
+            step.rows(q, tokens[i:i + 1], positions[i:i + 1], [alone_caches[i]],
+                      [crosses[i]], [masks[i]], dec_bias, logits=one)
+            assert torch.equal(one[0], logits[i]), i
+    for got, alone in zip(caches, alone_caches, strict=True):
+        assert torch.equal(got, alone)
+    # Not a shared mistake of both kernels: the rows are the int8 arithmetic.
+    _c_arithmetic(monkeypatch)
+    ref_caches = [c.clone() for c in caches]
+    with torch.no_grad():
+        for i in range(n):
+            ref = t5.decode_logits(q, tokens[i].view(1, 1), positions[i:i + 1],
+                                   ref_caches[i], crosses[i], masks[i], dec_bias)[0, 0]
+            assert (logits[i] - ref).abs().max().item() <= 2e-3 * ref.abs().max().item(), i
