@@ -281,6 +281,14 @@ static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
     for (; k + 16 <= n; k += 16)
         most = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + k)), most);
     top = _mm512_reduce_max_ps(most);
+#elif DW == 32
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 most = _mm256_setzero_ps();
+    for (; k + 8 <= n; k += 8)
+        most = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)), most);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
 #endif
     for (; k < n; k++) {
         const float a = fabsf(x[k]);
@@ -303,6 +311,21 @@ static float quantize_row(const float *x, uint8_t *xq, int64_t n) {
     for (; k + 16 <= n; k += 16) {
         const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv));
         _mm_storeu_si128((__m128i *)(xq + k), _mm512_cvtepi32_epi8(_mm512_add_epi32(v, offset)));
+    }
+#elif DW == 32
+    /* the same conversion, and each sum's low byte gathered by a shuffle (a saturating
+     * pack would turn a NaN's INT_MIN into -128 where lrintf's low byte is 0) */
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i low = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                         -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                         -1, -1, -1, -1);
+    const __m256i halves = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    for (; k + 8 <= n; k += 8) {
+        const __m256i v = _mm256_add_epi32(
+            _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv)),
+            _mm256_set1_epi32(DOT_OFFSET));
+        const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low), halves);
+        _mm_storel_epi64((__m128i *)(xq + k), _mm256_castsi256_si128(bytes));
     }
 #endif
     for (; k < n; k++)
