@@ -294,22 +294,27 @@ def _c_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quantize.Int8Weight, "linear", linear)
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
-def test_int8_products_at_widths_past_every_block_are_the_int8_arithmetic(
-        tmp_path, monkeypatch, isa):
-    # Rows that leave some past the last block of four (3 x 78, 134, 301) and inputs that
-    # end in a partial chunk of every vector width (78, 134): a product that dropped, or
-    # doubled, a row or a chunk would be off by far more than float rounding.
+def _odd_widths(seed: int) -> t5.LeanT5:
+    """Return a random int8 LeanT5 of 3 x 78, 134 and 301 rows and 78 and 134 inputs."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     cfg = T5Config(vocab_size=301, d_model=78, d_kv=39, d_ff=134, num_layers=1,
                    num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=8,
                    relative_attention_max_distance=32, decoder_start_token_id=0,
                    pad_token_id=0, eos_token_id=1, feed_forward_proj="relu")
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     hf = T5ForConditionalGeneration(cfg).eval()
-    lean = t5.LeanT5(cfg, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
-    q = quantize.int8(lean)
+    return quantize.int8(t5.LeanT5(cfg, hf.state_dict(), dtype=torch.float32,
+                                   device=torch.device("cpu")))
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
+def test_int8_products_at_widths_past_every_block_are_the_int8_arithmetic(
+        tmp_path, monkeypatch, isa):
+    # Rows that leave some past the last block of four (3 x 78, 134, 301) and inputs that
+    # end in a partial chunk of every vector width (78, 134): a product that dropped, or
+    # doubled, a row or a chunk would be off by far more than float rounding.
+    q = _odd_widths(1)
     step = _load(tmp_path, monkeypatch, isa).bind(q)
     _c_arithmetic(monkeypatch)  # after binding: the torch reference below uses it
     dec_bias = q.decoder_bias(SLOTS + 1)
@@ -345,16 +350,7 @@ def test_a_full_batch_at_odd_widths_is_each_row_alone_bit_for_bit(tmp_path, monk
     # weight rows a vector; 3 x 78, 134 and 301 rows leave a partial block, 78 and 134
     # inputs a partial group of four bytes) and one more input its tail; one row alone
     # takes the blocked kernel. Both sum exactly in int32: the same bits.
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    cfg = T5Config(vocab_size=301, d_model=78, d_kv=39, d_ff=134, num_layers=1,
-                   num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=8,
-                   relative_attention_max_distance=32, decoder_start_token_id=0,
-                   pad_token_id=0, eos_token_id=1, feed_forward_proj="relu")
-    torch.manual_seed(2)
-    hf = T5ForConditionalGeneration(cfg).eval()
-    lean = t5.LeanT5(cfg, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
-    q = quantize.int8(lean)
+    q = _odd_widths(2)
     step = _load(tmp_path, monkeypatch, isa).bind(q)
     dec_bias = q.decoder_bias(SLOTS + 1)
     gen = torch.Generator().manual_seed(5)
