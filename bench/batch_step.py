@@ -2,7 +2,7 @@
 
     taskset -c 1 python -m bench.batch_step [--rows 1,2,4,8,16,32] [--position 30]
         [--cross 64] [--filled 0.7] [--calls 50] [--rounds 5] [--verify 4]
-        [--quantization int8]
+        [--quantization int8] [--baseline FILE]
 
 One process, the built-in target, one thread: `native.rows` on B rows at one position,
 each row with its own self-attention cache and its own cross K/V of --cross keys, of which
@@ -19,7 +19,12 @@ products through `torch.mm` (MKL) at the largest row count, one call per weight:
 host's float32 product rate at these shapes. Where the step's rate is near it, a step of
 more rows cannot cost less per row: the rows are bound by arithmetic, not by reading
 weights (docs/benchmarks.md#benchbatch_step).
-Last line: `32 rows: Nx a one-row step, Mx its rows per second` (per position with --verify).
+With --baseline FILE (another native_step.c, e.g. `git show REV:engine/native_step.c >
+FILE`), both builds are bound to the same model and called on the same rows in alternating
+rounds (the thread's CPU time, medians): columns `base us` and `x base`, and whether their
+logits are bitwise equal (`same`).
+Last line: `32 rows: Nx a one-row step, Mx its rows per second` (per position with --verify),
+then `Nx the baseline` with --baseline.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 
@@ -47,6 +53,20 @@ def _median_s(fn: Callable[[], Any], calls: int, rounds: int,
     return statistics.median(times)
 
 
+def _alternating(fns: list[Callable[[], Any]], calls: int, rounds: int) -> list[float]:
+    """Return each fn's median CPU seconds a call, the fns timed in turn, order alternating."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fns[i]()
+            times[i].append((time.thread_time() - t0) / calls)
+    return [statistics.median(t) for t in times]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32")
@@ -60,10 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quantization", choices=("none", "int8"), default="none",
                     help="int8: the int8 target's C step (int8 weights, activations "
                          "quantized per row)")
+    ap.add_argument("--baseline", default=None, help="another native_step.c, timed against "
+                    "this one on the same rows")
     args = ap.parse_args(argv)
+    if args.baseline is not None and not Path(args.baseline).is_file():
+        ap.error(f"--baseline: no such file: {args.baseline}")
     import torch
 
-    from engine import EngineConfig
+    from engine import EngineConfig, native
     from engine.quantize import is_int8
     from engine.runtime import Runtime
 
@@ -76,6 +100,12 @@ def main(argv: list[str] | None = None) -> None:
         step = r.native
         if step is None:
             raise SystemExit(f"no C step here ({rt.step_kind})")
+        base = None
+        if args.baseline is not None:
+            built = native.load(Path(tmp) / "baseline", Path(args.baseline).resolve())
+            if built is None:
+                raise SystemExit(f"--baseline: {args.baseline} did not build (see the log)")
+            base = built.bind(m)
         keep = torch.zeros((1, args.cross), dtype=torch.long)
         keep[0, : max(1, int(args.cross * args.filled))] = 1
         q = args.verify + 1
@@ -87,8 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         weights = [w.dequantized() if is_int8(w) else w for w in weights]
         flops = 2 * sum(w.numel() for w in weights)  # per position
         print(f"{'rows':>5} {'positions':>9} {'step us':>9} {'C us':>9} {'cpu us':>9} "
-              f"{'x one row':>10} {'pos/s x':>8} {'GFLOP/s':>8}")
-        first, last = 0.0, ""
+              f"{'x one row':>10} {'pos/s x':>8} {'GFLOP/s':>8}"
+              + (f" {'base us':>9} {'x base':>7} {'same':>5}" if base else ""))
+        first, last, against = 0.0, "", ""
         for b in [int(x) for x in args.rows.split(",")]:
             caches = [torch.randn(m.new_self_cache(r.slots, static=False).shape)
                       for _ in range(b)]
@@ -120,9 +151,21 @@ def main(argv: list[str] | None = None) -> None:
             last = (f"{b} rows: {full / first:.1f}x a one-row step, "
                     f"{n * first / (q * full):.1f}x its {'positions' if q > 1 else 'rows'} "
                     "per second")
-            print(f"{b:>5} {n:>9} {full * 1e6:>9.0f} {c_only * 1e6:>9.0f} {cpu * 1e6:>9.0f} "
-                  f"{full / first:>9.1f}x {n * first / (q * full):>7.1f}x "
-                  f"{flops * n / c_only / 1e9:>8.1f}")
+            row = (f"{b:>5} {n:>9} {full * 1e6:>9.0f} {c_only * 1e6:>9.0f} {cpu * 1e6:>9.0f} "
+                   f"{full / first:>9.1f}x {n * first / (q * full):>7.1f}x "
+                   f"{flops * n / c_only / 1e9:>8.1f}")
+            if base is not None:
+                # Both builds on the same rows, alternating: CPU seconds, and their logits.
+                mine, theirs = torch.zeros(n, step.vocab), torch.zeros(n, base.vocab)
+                args_ = (m, tokens, positions, caches, crosses, masks, r.dec_bias)
+                with torch.no_grad():
+                    now_s, base_s = _alternating(
+                        [partial(step.rows, *args_, logits=mine),
+                         partial(base.rows, *args_, logits=theirs)], args.calls, args.rounds)
+                same = "yes" if torch.equal(mine, theirs) else "NO"
+                row += f" {base_s * 1e6:>9.0f} {now_s / base_s:>6.2f}x {same:>5}"
+                against = f"{b} rows: {now_s / base_s:.2f}x the baseline, logits same: {same}"
+            print(row)
         products = [(torch.randn(n, w.shape[1]), w) for w in weights]
 
         def mm() -> None:
@@ -134,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"the same products through torch.mm at {n} positions: "
               f"{flops * n / mkl / 1e9:.1f} GFLOP/s")
         print(last)
+        if against:
+            print(against)
 
 
 if __name__ == "__main__":

@@ -118,10 +118,10 @@ def compiler_version(cc: str) -> str:
     return done.stdout + done.stderr
 
 
-def build_key(cc: str, version: str, flags: tuple[str, ...]) -> str:
-    """Return the cache key of a library built from the source with `cc` and `flags`."""
+def build_key(cc: str, version: str, flags: tuple[str, ...], source: Path = SOURCE) -> str:
+    """Return the cache key of a library built from `source` with `cc` and `flags`."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cc.encode(), version.encode(),
+    for part in (source.read_bytes(), cc.encode(), version.encode(),
                  "\0".join(flags).encode(), aot.cpu_tag().encode()):
         h.update(hashlib.sha256(part).digest())  # each part hashed alone: no ambiguous joins
     return h.hexdigest()[:16]
@@ -175,10 +175,11 @@ def _open_trusted(path: Path) -> int | None:
     return fd
 
 
-def _compile(cc: str, flags: tuple[str, ...], libs: tuple[str, ...], out: Path) -> None:
+def _compile(cc: str, flags: tuple[str, ...], libs: tuple[str, ...], out: Path,
+             source: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        cmd = [cc, *flags, str(SOURCE), "-o", str(part), *libs]
+        cmd = [cc, *flags, str(source), "-o", str(part), *libs]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -199,20 +200,20 @@ def build(cache_dir: str | Path) -> Path | None:
     return path
 
 
-def _build(cache_dir: str | Path) -> tuple[Path | None, int | None]:
+def _build(cache_dir: str | Path, source: Path = SOURCE) -> tuple[Path | None, int | None]:
     """`build`, also returning an open descriptor of the checked library (the loader checks
     that the file it loaded is that one)."""
     cc = _compiler()
     if cc is None:
         return None, None
     flags, libs = FLAGS, LIBS
-    key = build_key(cc, compiler_version(cc), flags + libs)
+    key = build_key(cc, compiler_version(cc), flags + libs, source)
     folder = Path(cache_dir) / "native"
     _own_folder(folder)
     out = folder / f"step-{key}.so"
     fd = _open_trusted(out)
     if fd is None:
-        _compile(cc, flags, libs, out)
+        _compile(cc, flags, libs, out, source)
         fd = _open_trusted(out)
         if fd is None:
             raise BuildError(f"{out}: refused right after its build")
@@ -464,18 +465,19 @@ class BoundStep:
                 cross_kv)
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, str | None, tuple[str, ...]], NativeStep | None] = {}
+_loaded: dict[tuple[str, str | None, tuple[str, ...], str], NativeStep | None] = {}
 
 
-def load(cache_dir: str | Path) -> NativeStep | None:
-    """Return the C step built under `cache_dir` (built now if missing), None if it cannot
-    (said once in the log per cache folder, compiler and flags)."""
-    key = (str(cache_dir), _compiler(), FLAGS)
+def load(cache_dir: str | Path, source: Path = SOURCE) -> NativeStep | None:
+    """Return the C step built from `source` under `cache_dir` (built now if missing), None if
+    it cannot (said once in the log per cache folder, compiler, flags and source; another
+    source: bench.batch_step's --baseline)."""
+    key = (str(cache_dir), _compiler(), FLAGS, str(source))
     with _lock:
         if key not in _loaded:
             fd = None
             try:
-                path, fd = _build(cache_dir)
+                path, fd = _build(cache_dir, source)
                 _loaded[key] = NativeStep(path, fd) if path is not None else None
             except Exception as e:  # noqa: BLE001 - any failure here: the compiled step serves
                 said = str(e) if isinstance(e, BuildError) else f"{type(e).__name__}: {e}"
