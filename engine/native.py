@@ -269,10 +269,16 @@ class NativeStep:
         self._rows.restype = i64
         self._rows.argtypes = [ctypes.POINTER(_Model), p, i64, p, p, i64, p, p, p, p, i64, p, p,
                                p]
+        # Rows of scores the scratch holds: the queries C attends at once (attend_rows); a
+        # source from before it (bench.batch_step --baseline) attends one at a time.
+        att_rows = getattr(lib, "tw_att_rows", None)
+        if att_rows is not None:
+            att_rows.restype = i64
+        self.att_rows = int(att_rows()) if att_rows is not None else 1
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
         """Return the step function for `lean` (see `applicable` first)."""
-        return BoundStep(self._fn, self._chain, lean, self._rows)
+        return BoundStep(self._fn, self._chain, lean, self._rows, self.att_rows)
 
 
 class BoundStep:
@@ -282,8 +288,10 @@ class BoundStep:
     requests (engine.t5.decode_rows). A row verified or batched gets bitwise the logits of
     the same row decoded alone, so speculation and batching stay exact."""
 
-    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any = None) -> None:
+    def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any,
+                 att_rows: int) -> None:
         self._fn, self._chain, self._rows_fn = fn, chain, rows
+        self._att_rows = att_rows
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
         self._ref: Any = None
@@ -363,7 +371,7 @@ class BoundStep:
 
     def scratch_floats(self, rows: int, widest: int) -> int:
         """Return the scratch floats C uses for `rows` rows attending at most `widest` keys."""
-        return rows * self._per_row + widest
+        return rows * self._per_row + self._att_rows * widest
 
     def _scratch(self, floats: int) -> int:
         buf = getattr(self._local, "buf", None)

@@ -75,6 +75,28 @@ static inline float hsum(vec a) {
 
 static inline vec load(const float *p) { return *(const vec *)p; }
 
+/* c + a b rounded once where the machine has FMA, else rounded twice: explicit, so that every
+ * loop that must give a sum bit for bit as another loop does (gemm's blockings, weigh_block's
+ * numbers of queries) does, whatever the compiler would contract in each. */
+#if defined(__AVX512F__)
+static inline vec fmav(vec a, vec b, vec c) {
+    return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+}
+#elif defined(__FMA__) && VW == 8
+static inline vec fmav(vec a, vec b, vec c) {
+    return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+#else
+static inline vec fmav(vec a, vec b, vec c) { return c + a * b; }
+#endif
+/* s in every lane, bit for bit (x - +0 is x, -0 and NaN included) */
+static inline vec bcast(float s) { return s - (vec){0}; }
+#if defined(__FMA__)
+#define FMAS(a, b, c) fmaf((a), (b), (c))
+#else
+#define FMAS(a, b, c) ((c) + (a) * (b))
+#endif
+
 /* hsum of four vectors at once, out[j] holding hsum(a_j) bit for bit: each vector is folded
  * to four lanes as hsum folds it (GCC's _mm512_reduce_add_ps, the AVX hsum above), then the
  * last two rounds of adds run for all four in one vector each ((x0 + x2) + (x1 + x3), hsum's
@@ -117,9 +139,9 @@ static inline void hsum4(vec a, vec b, vec c, vec d, float *out) {
 static inline float dot(const float *x, const float *w, int64_t n) {
     vec a = {0};
     int64_t k = 0;
-    for (; k + VW <= n; k += VW) a += load(x + k) * load(w + k);
+    for (; k + VW <= n; k += VW) a = fmav(load(x + k), load(w + k), a);
     float s = hsum(a);
-    for (; k < n; k++) s += x[k] * w[k];
+    for (; k < n; k++) s = FMAS(x[k], w[k], s);
     return s;
 }
 
@@ -155,10 +177,14 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
                 vec u = load(x0 + k), v = load(x1 + k), t = load(x2 + k), z = load(x3 + k);
                 vec c0 = load(w0 + k), c1 = load(w1 + k), c2 = load(w2 + k), c3 = load(w3 + k);
                 PIN(u); PIN(v); PIN(t); PIN(z); PIN(c0); PIN(c1); PIN(c2); PIN(c3);
-                a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
-                b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
-                e0 += c0 * t; e1 += c1 * t; e2 += c2 * t; e3 += c3 * t;
-                f0 += c0 * z; f1 += c1 * z; f2 += c2 * z; f3 += c3 * z;
+                a0 = fmav(c0, u, a0); a1 = fmav(c1, u, a1);
+                a2 = fmav(c2, u, a2); a3 = fmav(c3, u, a3);
+                b0 = fmav(c0, v, b0); b1 = fmav(c1, v, b1);
+                b2 = fmav(c2, v, b2); b3 = fmav(c3, v, b3);
+                e0 = fmav(c0, t, e0); e1 = fmav(c1, t, e1);
+                e2 = fmav(c2, t, e2); e3 = fmav(c3, t, e3);
+                f0 = fmav(c0, z, f0); f1 = fmav(c1, z, f1);
+                f2 = fmav(c2, z, f2); f3 = fmav(c3, z, f3);
             }
             float s[16];
             hsum4(a0, a1, a2, a3, s);
@@ -168,8 +194,9 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
             const float *xs[4] = {x0, x1, x2, x3};
             for (int64_t k = whole; k < n; k++)
                 for (int g = 0; g < 4; g++) {
-                    s[4 * g + 0] += xs[g][k] * w0[k]; s[4 * g + 1] += xs[g][k] * w1[k];
-                    s[4 * g + 2] += xs[g][k] * w2[k]; s[4 * g + 3] += xs[g][k] * w3[k];
+                    float *sg = s + 4 * g;
+                    sg[0] = FMAS(xs[g][k], w0[k], sg[0]); sg[1] = FMAS(xs[g][k], w1[k], sg[1]);
+                    sg[2] = FMAS(xs[g][k], w2[k], sg[2]); sg[3] = FMAS(xs[g][k], w3[k], sg[3]);
                 }
             for (int g = 0; g < 4; g++)
                 for (int j = 0; j < 4; j++) Y[(i + g) * ldy + r + j] = s[4 * g + j];
@@ -184,17 +211,19 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
                 vec u = load(x0 + k), v = load(x1 + k);
                 vec c0 = load(w0 + k), c1 = load(w1 + k), c2 = load(w2 + k), c3 = load(w3 + k);
                 PIN(u); PIN(v); PIN(c0); PIN(c1); PIN(c2); PIN(c3);
-                a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
-                b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
+                a0 = fmav(c0, u, a0); a1 = fmav(c1, u, a1);
+                a2 = fmav(c2, u, a2); a3 = fmav(c3, u, a3);
+                b0 = fmav(c0, v, b0); b1 = fmav(c1, v, b1);
+                b2 = fmav(c2, v, b2); b3 = fmav(c3, v, b3);
             }
             float s[8];
             hsum4(a0, a1, a2, a3, s);
             hsum4(b0, b1, b2, b3, s + 4);
             for (int64_t k = whole; k < n; k++) {
-                s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k];
-                s[2] += x0[k] * w2[k]; s[3] += x0[k] * w3[k];
-                s[4] += x1[k] * w0[k]; s[5] += x1[k] * w1[k];
-                s[6] += x1[k] * w2[k]; s[7] += x1[k] * w3[k];
+                s[0] = FMAS(x0[k], w0[k], s[0]); s[1] = FMAS(x0[k], w1[k], s[1]);
+                s[2] = FMAS(x0[k], w2[k], s[2]); s[3] = FMAS(x0[k], w3[k], s[3]);
+                s[4] = FMAS(x1[k], w0[k], s[4]); s[5] = FMAS(x1[k], w1[k], s[5]);
+                s[6] = FMAS(x1[k], w2[k], s[6]); s[7] = FMAS(x1[k], w3[k], s[7]);
             }
             for (int j = 0; j < 4; j++) {
                 Y[i * ldy + r + j] = s[j];
@@ -208,24 +237,20 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
             for (int64_t k = 0; k < whole; k += VW) {
                 if (pf) prefetch_block(pf, k);
                 vec u = load(x0 + k);
-                a0 += load(w0 + k) * u; a1 += load(w1 + k) * u;
-                a2 += load(w2 + k) * u; a3 += load(w3 + k) * u;
+                a0 = fmav(load(w0 + k), u, a0); a1 = fmav(load(w1 + k), u, a1);
+                a2 = fmav(load(w2 + k), u, a2); a3 = fmav(load(w3 + k), u, a3);
             }
             float s[4];
             hsum4(a0, a1, a2, a3, s);
             for (int64_t k = whole; k < n; k++) {
-                s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k];
-                s[2] += x0[k] * w2[k]; s[3] += x0[k] * w3[k];
+                s[0] = FMAS(x0[k], w0[k], s[0]); s[1] = FMAS(x0[k], w1[k], s[1]);
+                s[2] = FMAS(x0[k], w2[k], s[2]); s[3] = FMAS(x0[k], w3[k], s[3]);
             }
             for (int j = 0; j < 4; j++) Y[i * ldy + r + j] = s[j];
         }
     }
     for (; r < rows; r++)
         for (int64_t i = 0; i < q; i++) Y[i * ldy + r] = dot(X + i * n, W + r * n, n);
-}
-
-static void gemv(const float *W, const float *x, float *y, int64_t rows, int64_t n) {
-    gemm(W, x, y, rows, n, 1, rows);
 }
 
 /* ---- int8 weights times int8 activations: each input row is quantized on the fly
@@ -592,56 +617,181 @@ static float activate(float v, int64_t act) {
     }
 }
 
-/* out[d .. d + g VW] = inv * sum_j scores[j] V[j][d ..], keys in order (each lane's sum
- * is the same whatever g: g only sets how many vectors are in flight). */
-static inline __attribute__((always_inline)) void weigh(
-        const float *scores, const float *V, int64_t n, int64_t d_kv, int64_t d, int g,
-        float inv, float *out) {
-    vec acc[8];
-    for (int t = 0; t < g; t++) acc[t] = (vec){0};
-    for (int64_t j = 0; j < n; j++) {
-        const float *v = V + j * d_kv + d;
-        for (int t = 0; t < g; t++) acc[t] += scores[j] * load(v + t * VW);
-    }
-    for (int t = 0; t < g; t++) *(vec *)(out + d + t * VW) = acc[t] * inv;
-}
+/* Queries attending one K/V together (a verification's positions of one request, whose
+ * rows share their caches): up to ATT_ROWS at once, each K and V line read once for all of
+ * them, where one query at a time read each line again and kept only d_kv / VW
+ * accumulators in flight (each waiting on its own previous add for every key). */
+#define ATT_ROWS 8
+/* Accumulators a pass of weigh_block keeps in registers: with the V vectors and the score
+ * broadcast they fill AVX-512's 32 registers, or AVX2's and SSE's 16. */
+#if VW == 16
+#define ACC_REGS 24
+#else
+#define ACC_REGS 10
+#endif
 
-/* out[d] = softmax_j(q . K[j] + bias[j]) V[j][d], K and V [n, d_kv] row-major */
-static void attend(const float *q, const float *K, const float *V, const float *bias,
-                   int64_t n, int64_t d_kv, float *scores, float *out) {
-    gemv(K, q, scores, n, d_kv);
-    float top = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        scores[j] += bias[j];
-        if (scores[j] > top) top = scores[j];
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        float e = expf(scores[j] - top);
-        scores[j] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    int64_t d = 0;
-    while (d + VW <= d_kv) {
-        /* Up to 8 vectors of a V row at once: as many independent accumulators, where one
-         * would wait on its own previous add for every key. */
-        int64_t g = (d_kv - d) / VW;
-        switch (g > 8 ? 8 : g) {
-        case 8: weigh(scores, V, n, d_kv, d, 8, inv, out); d += 8 * VW; break;
-        case 7: weigh(scores, V, n, d_kv, d, 7, inv, out); d += 7 * VW; break;
-        case 6: weigh(scores, V, n, d_kv, d, 6, inv, out); d += 6 * VW; break;
-        case 5: weigh(scores, V, n, d_kv, d, 5, inv, out); d += 5 * VW; break;
-        case 4: weigh(scores, V, n, d_kv, d, 4, inv, out); d += 4 * VW; break;
-        case 3: weigh(scores, V, n, d_kv, d, 3, inv, out); d += 3 * VW; break;
-        case 2: weigh(scores, V, n, d_kv, d, 2, inv, out); d += 2 * VW; break;
-        default: weigh(scores, V, n, d_kv, d, 1, inv, out); d += VW; break;
+/* out_r[d .. d + g VW] = inv[r] * sum_j scores_r[j] V[j][d ..] for R queries (scores_r =
+ * scores + r ld, query r over its first n[r] keys), keys in order: each lane of each query
+ * the same sum whatever R and g (they only set what is in flight), so a query weighed with
+ * others is bit for bit the query weighed alone. */
+static inline __attribute__((always_inline)) void weigh_block(
+        const float *scores, int64_t ld, const float *V, const int64_t *n, int64_t d_kv,
+        int64_t d, const int R, const int g, const float *inv, float *out, int64_t os) {
+    vec acc[ATT_ROWS][8];
+    int64_t common = n[0];
+    for (int r = 1; r < R; r++)
+        if (n[r] < common) common = n[r];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < g; t++) acc[r][t] = (vec){0};
+    for (int64_t j = 0; j < common; j++) {
+        const float *v = V + j * d_kv + d;
+        vec w[8];
+        for (int t = 0; t < g; t++) {
+            w[t] = load(v + t * VW);
+            if (R > 1) PIN(w[t]);  /* one load for R queries, not one folded into each */
+        }
+        for (int r = 0; r < R; r++) {
+            const float s = scores[r * ld + j];
+            for (int t = 0; t < g; t++) acc[r][t] = fmav(bcast(s), w[t], acc[r][t]);
         }
     }
-    for (; d < d_kv; d++) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < n; j++) acc += scores[j] * V[j * d_kv + d];
-        out[d] = acc * inv;
+    /* A query with more keys (a later position of the same request) goes on alone. */
+    for (int r = 0; r < R; r++)
+        for (int64_t j = common; j < n[r]; j++) {
+            const float *v = V + j * d_kv + d;
+            const float s = scores[r * ld + j];
+            for (int t = 0; t < g; t++) acc[r][t] = fmav(bcast(s), load(v + t * VW), acc[r][t]);
+        }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < g; t++) *(vec *)(out + r * os + d + t * VW) = acc[r][t] * inv[r];
+}
+
+#define WEIGH_G(R)                                                                       \
+    switch (g) {                                                                         \
+    case 8: weigh_block(scores, ld, V, n, d_kv, d, R, 8, inv, out, os); break;          \
+    case 7: weigh_block(scores, ld, V, n, d_kv, d, R, 7, inv, out, os); break;          \
+    case 6: weigh_block(scores, ld, V, n, d_kv, d, R, 6, inv, out, os); break;          \
+    case 5: weigh_block(scores, ld, V, n, d_kv, d, R, 5, inv, out, os); break;          \
+    case 4: weigh_block(scores, ld, V, n, d_kv, d, R, 4, inv, out, os); break;          \
+    case 3: weigh_block(scores, ld, V, n, d_kv, d, R, 3, inv, out, os); break;          \
+    case 2: weigh_block(scores, ld, V, n, d_kv, d, R, 2, inv, out, os); break;          \
+    default: weigh_block(scores, ld, V, n, d_kv, d, R, 1, inv, out, os); break;         \
+    }
+
+/* Weigh R (8, 4, 2 or 1) queries' V over every whole vector of d_kv, then the scalar tail. */
+static void weigh_rows(int R, const float *scores, int64_t ld, const float *V,
+                       const int64_t *n, int64_t d_kv, const float *inv, float *out,
+                       int64_t os) {
+    int64_t most = ACC_REGS / R;
+    if (most > 8) most = 8;
+    if (most < 1) most = 1;
+    int64_t d = 0;
+    while (d + VW <= d_kv) {
+        int64_t g = (d_kv - d) / VW;
+        if (g > most) g = most;
+        switch (R) {
+        case 8: WEIGH_G(8) break;
+        case 4: WEIGH_G(4) break;
+        case 2: WEIGH_G(2) break;
+        default: WEIGH_G(1) break;
+        }
+        d += g * VW;
+    }
+    for (; d < d_kv; d++)
+        for (int r = 0; r < R; r++) {
+            const float *s = scores + r * ld;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < n[r]; j++) acc = FMAS(s[j], V[j * d_kv + d], acc);
+            out[r * os + d] = acc * inv[r];
+        }
+}
+
+typedef int32_t ivec32 __attribute__((vector_size(VW * 4)));
+
+/* Lane by lane: where m (a comparison's all-ones lanes), a, else b. */
+static inline vec blend(ivec32 m, vec a, vec b) {
+    return (vec)((m & (ivec32)a) | (~m & (ivec32)b));
+}
+
+/* exp(x) lane by lane, for the softmax's x <= 0, in place of a libm call a score: 2^n exp(r)
+ * with n = round(x / ln 2) and |r| <= ln 2 / 2 (ln 2 in two parts), exp(r) by Cephes'
+ * degree-6 polynomial; below -87.3 (2^-126) it is 0, so a masked key still weighs exactly
+ * 0, and a NaN stays NaN. Every multiply-add is an explicit FMA: the same bits wherever the
+ * compiler inlines it. */
+static inline vec vexp(vec x) {
+    const ivec32 under = x < -87.33654f;  /* a NaN is not: it stays NaN */
+    const vec floor_x = blend(under, bcast(-87.33654f), x);
+    const vec shift = bcast(12582912.0f);  /* 1.5 * 2^23: adding it rounds to an integer */
+    const vec n = fmav(floor_x, bcast(1.44269504088896341f), shift) - shift;
+    vec r = fmav(n, bcast(-0.693359375f), floor_x);
+    r = fmav(n, bcast(2.12194440e-4f), r);
+    vec p = bcast(1.9875691500e-4f);
+    p = fmav(p, r, bcast(1.3981999507e-3f));
+    p = fmav(p, r, bcast(8.3334519073e-3f));
+    p = fmav(p, r, bcast(4.1665795894e-2f));
+    p = fmav(p, r, bcast(1.6666665459e-1f));
+    p = fmav(p, r, bcast(5.0000001201e-1f));
+    p = fmav(p, r * r, r) + 1.0f;
+    const vec scale = (vec)((__builtin_convertvector(n, ivec32) + 127) << 23);
+    return blend(under, (vec){0}, p * scale);
+}
+
+/* scores[j] = exp(scores[j] + bias[j] - max) for j < n; return 1 / their sum. The max is
+ * the same value in any order (NaNs skipped, as `>` skips them);
+ * the sum runs lane by lane over whole vectors, the tail's lanes padded with exp(-inf) = 0,
+ * then across the lanes: the same order for a query whatever shares its call. */
+static float softmax(float *scores, const float *bias, int64_t n) {
+    vec topv = (vec){0} - INFINITY;
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        const vec s = load(scores + j) + load(bias + j);
+        *(vec *)(scores + j) = s;
+        topv = blend(s > topv, s, topv);
+    }
+    float top = -INFINITY;
+    for (int i = 0; i < VW; i++)
+        if (topv[i] > top) top = topv[i];
+    for (int64_t k = j; k < n; k++) {
+        scores[k] += bias[k];
+        if (scores[k] > top) top = scores[k];
+    }
+    vec sum = (vec){0};
+    for (j = 0; j + VW <= n; j += VW) {
+        const vec e = vexp(load(scores + j) - top);
+        *(vec *)(scores + j) = e;
+        sum += e;
+    }
+    if (j < n) {
+        vec tail = (vec){0} - INFINITY;
+        for (int64_t k = j; k < n; k++) tail[k - j] = scores[k] - top;
+        const vec e = vexp(tail);
+        for (int64_t k = j; k < n; k++) scores[k] = e[k - j];
+        sum += e;
+    }
+    return 1.0f / hsum(sum);
+}
+
+/* out_r = softmax_j(q_r . K[j] + bias[r][j]) V[j] over j < n[r], for the p <= ATT_ROWS
+ * queries q_r = q + r qs (their outputs out + r os), K and V [.., d_kv] row-major; scores:
+ * p rows of ld >= max n floats. Each query's arithmetic is that of the query alone (p = 1):
+ * gemm's sums do not depend on how many inputs share its pass, and weigh_block's do not
+ * depend on how many queries share its. */
+static void attend_rows(const float *q, int64_t qs, const float *K, const float *V,
+                        const float *const *bias, const int64_t *n, int64_t p, int64_t d_kv,
+                        float *scores, int64_t ld, float *out, int64_t os) {
+    float x[ATT_ROWS * d_kv];
+    float inv[ATT_ROWS];
+    int64_t most = 0;
+    for (int64_t r = 0; r < p; r++) {
+        memcpy(x + r * d_kv, q + r * qs, (size_t)d_kv * sizeof(float));
+        if (n[r] > most) most = n[r];
+    }
+    gemm(K, x, scores, most, d_kv, p, ld);
+    for (int64_t r = 0; r < p; r++) inv[r] = softmax(scores + r * ld, bias[r], n[r]);
+    for (int64_t r = 0; r < p;) {
+        const int R = p - r >= 8 ? 8 : p - r >= 4 ? 4 : p - r >= 2 ? 2 : 1;
+        weigh_rows(R, scores + r * ld, ld, V, n + r, d_kv, inv + r, out + r * os, os);
+        r += R;
     }
 }
 
@@ -667,8 +817,8 @@ static int64_t unmasked(const float *bias, int64_t n) {
  * self_kv[i] [layers, 2, heads, slots1, d_kv]; cross_kv[i] [layers, 2, heads, cross[i],
  * d_kv]; dec_bias [heads, span, span] (positions and the causal mask; row pos[i] is read,
  * keys < min(pos[i] + 1, span)); scratch: engine.native's size for q rows, plus
- * max(span, max cross) floats. logits_out (NULL: not wanted) receives the q rows' logits
- * [q, vocab] (tests compare them with a float reference).
+ * ATT_ROWS (tw_att_rows) times max(span, max cross) floats. logits_out (NULL: not wanted)
+ * receives the q rows' logits [q, vocab] (tests compare them with a float reference).
  */
 static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t *pos,
                  float *const *self_kv, int64_t slots1, const float *const *cross_kv,
@@ -681,8 +831,8 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
         if (cross[i] > widest) widest = cross[i];
     float *x = scratch, *h = x + q * D, *qkv = h + q * D, *att = qkv + q * 3 * I;
     float *u = att + q * I;
-    float *scores = u + q * ff;  /* max(span, max cross) */
-    float *logits = scores + widest;
+    float *scores = u + q * ff;  /* ATT_ROWS rows of max(span, max cross) */
+    float *logits = scores + ATT_ROWS * widest;
     /* int8 activations (W_INT8): q rows of qstride bytes, then q scales */
     const int64_t stride = qstride(m);
     QScratch qs = {(uint8_t *)(logits + q * m->vocab), 0, stride};
@@ -702,14 +852,24 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
                        qkv + i * 3 * I + 2 * I + hd * dk, (size_t)dk * sizeof(float));
             }
         }
-        for (int64_t i = 0; i < q; i++) {
-            /* Keys after the query are masked by dec_bias (weight exactly 0): not read. */
+        for (int64_t i = 0; i < q;) {
+            /* Consecutive rows on one cache (a verification's positions) attend together. */
+            int64_t p = 1;
+            while (i + p < q && p < ATT_ROWS && self_kv[i + p] == self_kv[i]) p++;
             const float *layer_kv = self_kv[i] + l * 2 * H * slots1 * dk;
-            const int64_t keys = pos[i] + 1 < span ? pos[i] + 1 : span;
-            for (int64_t hd = 0; hd < H; hd++)
-                attend(qkv + i * 3 * I + hd * dk, layer_kv + hd * slots1 * dk,
-                       layer_kv + (H + hd) * slots1 * dk, dec_bias + (hd * span + pos[i]) * span,
-                       keys, dk, scores, att + i * I + hd * dk);
+            /* Keys after the query are masked by dec_bias (weight exactly 0): not read. */
+            int64_t keys[ATT_ROWS];
+            for (int64_t r = 0; r < p; r++)
+                keys[r] = pos[i + r] + 1 < span ? pos[i + r] + 1 : span;
+            for (int64_t hd = 0; hd < H; hd++) {
+                const float *bias[ATT_ROWS];
+                for (int64_t r = 0; r < p; r++)
+                    bias[r] = dec_bias + (hd * span + pos[i + r]) * span;
+                attend_rows(qkv + i * 3 * I + hd * dk, 3 * I, layer_kv + hd * slots1 * dk,
+                            layer_kv + (H + hd) * slots1 * dk, bias, keys, p, dk, scores, widest,
+                            att + i * I + hd * dk, I);
+            }
+            i += p;
         }
         linear(m, LAYER_LIN(m, o, l), att, h, D, I, q, D, qs);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
@@ -717,13 +877,24 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
         for (int64_t i = 0; i < q; i++)
             rms_norm(x + i * D, m->ln_cross[l], h + i * D, D, m->eps);
         linear(m, LAYER_LIN(m, cq, l), h, qkv, I, D, q, I, qs);
-        for (int64_t i = 0; i < q; i++) {
+        for (int64_t i = 0; i < q;) {
+            int64_t p = 1;
+            while (i + p < q && p < ATT_ROWS && cross_kv[i + p] == cross_kv[i]
+                   && cross[i + p] == cross[i] && cross_bias[i + p] == cross_bias[i])
+                p++;
             const float *ckv = cross_kv[i] + l * 2 * H * cross[i] * dk;
-            const int64_t keys = unmasked(cross_bias[i], cross[i]);
+            const int64_t unmasked_keys = unmasked(cross_bias[i], cross[i]);
+            int64_t keys[ATT_ROWS];
+            const float *bias[ATT_ROWS];
+            for (int64_t r = 0; r < p; r++) {
+                keys[r] = unmasked_keys;
+                bias[r] = cross_bias[i];
+            }
             for (int64_t hd = 0; hd < H; hd++)
-                attend(qkv + i * I + hd * dk, ckv + hd * cross[i] * dk,
-                       ckv + (H + hd) * cross[i] * dk, cross_bias[i], keys, dk, scores,
-                       att + i * I + hd * dk);
+                attend_rows(qkv + i * I + hd * dk, I, ckv + hd * cross[i] * dk,
+                            ckv + (H + hd) * cross[i] * dk, bias, keys, p, dk, scores, widest,
+                            att + i * I + hd * dk, I);
+            i += p;
         }
         linear(m, LAYER_LIN(m, co, l), att, h, D, I, q, D, qs);
         for (int64_t i = 0; i < q * D; i++) x[i] += h[i];
@@ -764,6 +935,9 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
         out[i] = best;
     }
 }
+
+/* The queries attend_rows takes at once: engine.native sizes the scratch's score rows by it. */
+int64_t tw_att_rows(void) { return ATT_ROWS; }
 
 /* Why an entry point refused a call (engine/native.py names the argument in its error).
  * Checked before anything is written: a refused call leaves every cache as it was. */

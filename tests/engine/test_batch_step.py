@@ -84,3 +84,40 @@ def test_bucket_padding_keys_are_never_read_by_the_c_step(tmp_path):
                             logits=dirty)
     assert got.tolist() == want.tolist()
     assert torch.equal(dirty, clean)  # bitwise, NaN-free
+
+
+def test_a_requests_positions_attend_together_and_stay_each_position_alone(tmp_path):
+    # Consecutive rows on one cache (a verification's positions) attend it together, up to
+    # engine/native_step.c's ATT_ROWS at a time: ten positions of one request (more than one
+    # group), split by another request's row, are bitwise the positions decoded one by one.
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    model = build_tiny_t5(tmp_path / "m", seed=5, d_model=20, heads=2)
+    rt = Runtime(tiny_config({"target": model, "draft": model}, use_draft=False,
+                             compile_backend="eager", cache_dir=str(tmp_path / "cache")))
+    r = rt.target
+    m = r.m
+    gen = torch.Generator().manual_seed(7)
+    (cache_a, cache_b), (cross_a, cross_b), (mask_a, mask_b) = _rows(r, gen, [16, 8])
+    start, n = 3, 10
+    assert native.load(tmp_path / "cache").att_rows < n <= r.slots - start
+    where = [*range(start, start + 6), 12, *range(start + 6, start + n)]
+    owners = ["a"] * 6 + ["b"] + ["a"] * (n - 6)
+    tokens = torch.randint(3, m.vocab_size, (len(where),), generator=gen)
+    caches = {"a": cache_a, "b": cache_b}
+    alone_caches = {k: c.clone() for k, c in caches.items()}
+    crosses, masks = {"a": cross_a, "b": cross_b}, {"a": mask_a, "b": mask_b}
+    together = torch.empty((len(where), r.native.vocab))
+    one = torch.empty((1, r.native.vocab))
+    with torch.no_grad():
+        got = r.native.rows(m, tokens, torch.tensor(where), [caches[o] for o in owners],
+                            [crosses[o] for o in owners], [masks[o] for o in owners],
+                            r.dec_bias, logits=together)
+        for i, (owner, p) in enumerate(zip(owners, where, strict=True)):
+            alone = r.native.rows(m, tokens[i:i + 1], torch.tensor([p]),
+                                  [alone_caches[owner]], [crosses[owner]], [masks[owner]],
+                                  r.dec_bias, logits=one)
+            assert alone.item() == got[i].item()
+            assert torch.equal(one[0], together[i]), (owner, p)
+    for owner in caches:
+        assert torch.equal(caches[owner], alone_caches[owner])
