@@ -17,7 +17,7 @@ them by activations quantized per row (docs/engine.md#int8-weights).
         tokens = fn(m, token, pos, self_kv, cross_kv, mask_bias, dec_bias, steps)
 
 Built once per source, compiler (its path and what `--version` prints), flags and CPU into
-<cache_dir>/native/ (-O3 -march=native; about a second). The folder is created 0700; a library
+<cache_dir>/native/ (-O3 -march=native; seconds). The folder is created 0700; a library
 there that is not owned by this process's user, is writable by group or others, or is a link
 is rebuilt, never loaded, and a folder owned by another user is not used at all. A build
 failure is logged once and the compiled graph serves instead. Every tensor handed to C is
