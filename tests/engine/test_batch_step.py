@@ -25,6 +25,16 @@ def _rows(r, gen, lengths):
     return caches, crosses, masks
 
 
+def _c_target(tmp_path):
+    """Return the C step's target runner of a tiny model (its widths no vector multiple)."""
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    model = build_tiny_t5(tmp_path / "m", seed=5, d_model=20, heads=2)
+    rt = Runtime(tiny_config({"target": model, "draft": model}, use_draft=False,
+                             compile_backend="eager", cache_dir=str(tmp_path / "cache")))
+    return rt.target
+
+
 @pytest.mark.parametrize("use_native", [True, False])
 def test_rows_of_mixed_buckets_and_positions_equal_each_row_alone(tmp_path, use_native):
     if use_native and native._compiler() is None:
@@ -61,12 +71,7 @@ def test_bucket_padding_keys_are_never_read_by_the_c_step(tmp_path):
     # The C step skips the trailing masked (padding) keys of each row's cross-attention, the
     # bulk of a batched step's memory traffic: their weight is exactly 0, so skipping them
     # changes no bit. NaN written into the padding's K/V shows they are not read at all.
-    if native._compiler() is None:
-        pytest.skip("no C compiler")
-    model = build_tiny_t5(tmp_path / "m", seed=5, d_model=20, heads=2)
-    rt = Runtime(tiny_config({"target": model, "draft": model}, use_draft=False,
-                             compile_backend="eager", cache_dir=str(tmp_path / "cache")))
-    r = rt.target
+    r = _c_target(tmp_path)
     m = r.m
     gen = torch.Generator().manual_seed(3)
     lengths, where = [16, 32, 8], [0, 9, 4]
@@ -90,12 +95,7 @@ def test_a_requests_positions_attend_together_and_stay_each_position_alone(tmp_p
     # Consecutive rows on one cache (a verification's positions) attend it together, up to
     # engine/native_step.c's ATT_ROWS at a time: ten positions of one request (more than one
     # group), split by another request's row, are bitwise the positions decoded one by one.
-    if native._compiler() is None:
-        pytest.skip("no C compiler")
-    model = build_tiny_t5(tmp_path / "m", seed=5, d_model=20, heads=2)
-    rt = Runtime(tiny_config({"target": model, "draft": model}, use_draft=False,
-                             compile_backend="eager", cache_dir=str(tmp_path / "cache")))
-    r = rt.target
+    r = _c_target(tmp_path)
     m = r.m
     gen = torch.Generator().manual_seed(7)
     (cache_a, cache_b), (cross_a, cross_b), (mask_a, mask_b) = _rows(r, gen, [16, 8])
