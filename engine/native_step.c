@@ -666,15 +666,17 @@ static inline __attribute__((always_inline)) void weigh_block(
         for (int t = 0; t < g; t++) *(vec *)(out + r * os + d + t * VW) = acc[r][t] * inv[r];
 }
 
+/* One (R, G) pass, compiled only where its accumulators fit the registers: weigh_rows never
+ * asks for more (it caps g at ACC_REGS / R), and the passes it cannot take would only add
+ * to the build. */
+#define WEIGH(R, G)                                                                      \
+    case G:                                                                              \
+        if ((R) * (G) <= ACC_REGS)                                                       \
+            weigh_block(scores, ld, V, n, d_kv, d, R, G, inv, out, os);                  \
+        break;
 #define WEIGH_G(R)                                                                       \
     switch (g) {                                                                         \
-    case 8: weigh_block(scores, ld, V, n, d_kv, d, R, 8, inv, out, os); break;          \
-    case 7: weigh_block(scores, ld, V, n, d_kv, d, R, 7, inv, out, os); break;          \
-    case 6: weigh_block(scores, ld, V, n, d_kv, d, R, 6, inv, out, os); break;          \
-    case 5: weigh_block(scores, ld, V, n, d_kv, d, R, 5, inv, out, os); break;          \
-    case 4: weigh_block(scores, ld, V, n, d_kv, d, R, 4, inv, out, os); break;          \
-    case 3: weigh_block(scores, ld, V, n, d_kv, d, R, 3, inv, out, os); break;          \
-    case 2: weigh_block(scores, ld, V, n, d_kv, d, R, 2, inv, out, os); break;          \
+    WEIGH(R, 8) WEIGH(R, 7) WEIGH(R, 6) WEIGH(R, 5) WEIGH(R, 4) WEIGH(R, 3) WEIGH(R, 2)  \
     default: weigh_block(scores, ld, V, n, d_kv, d, R, 1, inv, out, os); break;         \
     }
 
@@ -779,7 +781,7 @@ static float softmax(float *scores, const float *bias, int64_t n) {
 static void attend_rows(const float *q, int64_t qs, const float *K, const float *V,
                         const float *const *bias, const int64_t *n, int64_t p, int64_t d_kv,
                         float *scores, int64_t ld, float *out, int64_t os) {
-    float x[ATT_ROWS * d_kv];
+    float x[p * d_kv];
     float inv[ATT_ROWS];
     int64_t most = 0;
     for (int64_t r = 0; r < p; r++) {
