@@ -16,9 +16,10 @@ summed in int32); its `GFLOP/s` counts the same products, and torch.mm runs them
 `GFLOP/s`: the step's dense products (every decoder layer's linear weights and the LM
 head, 2 flops per weight per position) over the C call's time; after the table, the same
 products through `torch.mm` (MKL) at the largest row count, one call per weight: the
-host's float32 product rate at these shapes. Where the step's rate is near it, a step of
-more rows cannot cost less per row: the rows are bound by arithmetic, not by reading
-weights (docs/benchmarks.md#benchbatch_step).
+host's float32 product rate at these shapes, and (float32) the same products through the C
+step's own kernel alone (`tw_gemm`), with no attention, norms or K/V around them. Where
+the step's rate is near these, a step of more rows cannot cost less per row: the rows are
+bound by arithmetic, not by reading weights (docs/benchmarks.md#benchbatch_step).
 With --baseline FILE (another native_step.c, e.g. `git show REV:engine/native_step.c >
 FILE`), both builds are bound to the same model and called on the same rows in alternating
 rounds (the thread's CPU time, medians): columns `base us` and `x base`, and whether their
@@ -176,6 +177,17 @@ def main(argv: list[str] | None = None) -> None:
             mkl = _median_s(mm, args.calls, args.rounds)
         print(f"the same products through torch.mm at {n} positions: "
               f"{flops * n / mkl / 1e9:.1f} GFLOP/s")
+        if args.quantization == "none":
+            lib = native.load(rt.cache_root)
+            assert lib is not None  # the step above was bound from it
+
+            def c_mm() -> None:
+                for x, w in products:
+                    lib.products(x, w)
+
+            c_alone = _median_s(c_mm, args.calls, args.rounds)
+            print(f"the same products through the C step's own (tw_gemm) at {n} positions: "
+                  f"{flops * n / c_alone / 1e9:.1f} GFLOP/s")
         print(last)
         if against:
             print(against)

@@ -275,6 +275,21 @@ class NativeStep:
         if att_rows is not None:
             att_rows.restype = i64
         self.att_rows = int(att_rows()) if att_rows is not None else 1
+        # The float products alone (bench.batch_step); absent from a source before it.
+        self._gemm = getattr(lib, "tw_gemm", None)
+        if self._gemm is not None:
+            self._gemm.restype = None
+            self._gemm.argtypes = [p, p, p, i64, i64, i64]
+
+    def products(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Return x [q, n] times w [rows, n] transposed through the step's float products."""
+        if self._gemm is None:
+            raise EngineError(f"native step: {self.path.name} has no tw_gemm (an older source)")
+        q, n = expect("x", x, ("q", "n"))
+        rows, _ = expect("w", w, ("rows", n))
+        y = torch.empty(q, rows)
+        self._gemm(w.data_ptr(), x.data_ptr(), y.data_ptr(), rows, n, q)
+        return y
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
         """Return the step function for `lean` (see `applicable` first)."""

@@ -938,6 +938,12 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
     }
 }
 
+/* Y [q, rows] = X [q, n] W [rows, n]^T through the step's own float products (gemm): the
+ * products alone, which bench.batch_step sets against torch.mm on the same shapes. */
+void tw_gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t n, int64_t q) {
+    gemm(W, X, Y, rows, n, q, rows);
+}
+
 /* The queries attend_rows takes at once: engine.native sizes the scratch's score rows by it. */
 int64_t tw_att_rows(void) { return ATT_ROWS; }
 

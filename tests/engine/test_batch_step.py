@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import native, t5
+from engine.errors import BoundaryError
 from engine.runtime import Runtime
 from tests.engine.conftest import build_tiny_t5, tiny_config
 
@@ -121,3 +122,23 @@ def test_a_requests_positions_attend_together_and_stay_each_position_alone(tmp_p
             assert torch.equal(one[0], together[i]), (owner, p)
     for owner in caches:
         assert torch.equal(caches[owner], alone_caches[owner])
+
+
+def test_the_products_alone_give_each_input_its_own_sums(tmp_path):
+    # tw_gemm (bench.batch_step's products alone) runs the step's own kernel: an input's
+    # outputs are bitwise the same alone or with others (every blocking: 1..7 inputs, odd
+    # widths), and x w^T within float rounding.
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    lib = native.load(tmp_path / "cache")
+    assert lib is not None
+    gen = torch.Generator().manual_seed(3)
+    for rows, n in ((7, 20), (37, 50), (64, 48)):
+        w = torch.randn(rows, n, generator=gen)
+        x = torch.randn(7, n, generator=gen)
+        together = lib.products(x, w)
+        torch.testing.assert_close(together, x @ w.t(), rtol=1e-5, atol=1e-5)
+        for i in range(7):
+            assert torch.equal(lib.products(x[i:i + 1].contiguous(), w)[0], together[i])
+    with pytest.raises(BoundaryError, match="w"):
+        lib.products(torch.randn(2, 20), torch.randn(5, 21))
