@@ -601,8 +601,9 @@ static int64_t qstride(const Model *m) {
 }
 
 /* out = w * (x / rms(x)). The mean square is summed lane by lane over whole vectors (two
- * accumulators, then hsum), then the tail: one add per value waiting on the one before
- * held each norm for hundreds of cycles, nineteen norms a position on the built-in target.
+ * accumulators, then hsum), then the tail: with one add per value waiting on the one
+ * before, each norm was a chain of dependent adds as long as its row, and a position runs
+ * three a layer.
  * A row's sum is the same in any call (it reads only the row), so batching stays exact. */
 static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps) {
     vec a = {0}, b = {0};
