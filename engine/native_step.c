@@ -600,28 +600,13 @@ static int64_t qstride(const Model *m) {
     return (n + 63) / 64 * 64;
 }
 
-/* out = w * (x / rms(x)). The mean square is summed lane by lane over whole vectors (two
- * accumulators, then hsum), then the tail: with one add per value waiting on the one
- * before, each norm was a chain of dependent adds as long as its row, and a position runs
- * three a layer.
- * A row's sum is the same in any call (it reads only the row), so batching stays exact. */
+/* out = w * (x / rms(x)), the sum of squares by dot (lane by lane over whole vectors, then
+ * hsum and the tail): one add per value waiting on the one before made each norm a chain of
+ * dependent adds as long as its row, three norms a layer. A row's sum reads only that row,
+ * so batching stays exact. */
 static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps) {
-    vec a = {0}, b = {0};
-    int64_t i = 0;
-    for (; i + 2 * VW <= n; i += 2 * VW) {
-        const vec u = load(x + i), v = load(x + i + VW);
-        a = fmav(u, u, a);
-        b = fmav(v, v, b);
-    }
-    if (i + VW <= n) {
-        const vec u = load(x + i);
-        a = fmav(u, u, a);
-        i += VW;
-    }
-    float ss = hsum(a + b);
-    for (; i < n; i++) ss = FMAS(x[i], x[i], ss);
-    float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+    const float inv = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
 }
 
 static float activate(float v, int64_t act) {
