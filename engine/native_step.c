@@ -153,8 +153,8 @@ static inline void prefetch_block(const float *block, int64_t k) {
 
 /* Y[i, r] = W[r, :] . X[i, :] for r < rows, i < q (W [rows, n], X [q, n], Y [q, ldy]):
  * four weight rows x two inputs in flight, each weight row read once per two inputs. */
-static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t n,
-                 int64_t q, int64_t ldy) {
+static void gemm_inputs(const float *W, const float *X, float *Y, int64_t rows, int64_t n,
+                        int64_t q, int64_t ldy) {
     int64_t r = 0;
     const int64_t whole = n - n % VW;
     for (; r + 4 <= rows; r += 4) {
@@ -251,6 +251,22 @@ static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t
     }
     for (; r < rows; r++)
         for (int64_t i = 0; i < q; i++) Y[i * ldy + r] = dot(X + i * n, W + r * n, n);
+}
+
+/* The inputs gemm_inputs takes at once: as many as fit in GEMM_X_BYTES (a whole number of
+ * its four-input passes). Every four-row block of W passes over all of a call's inputs, so
+ * a verification's or a full batch's X (hundreds of rows) would come back from L2 once per
+ * block; in chunks that stay in L1 each block is read again per chunk instead, from L2
+ * where a product's weights fit there (the built-in model's do). */
+#define GEMM_X_BYTES (24 * 1024)
+
+/* gemm_inputs over X in chunks: every sum is dot's whatever the chunk, so no bit changes. */
+static void gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t n, int64_t q,
+                 int64_t ldy) {
+    int64_t chunk = GEMM_X_BYTES / ((int64_t)sizeof(float) * n) / 4 * 4;
+    if (chunk < 4) chunk = 4;
+    for (int64_t i = 0; i < q; i += chunk)
+        gemm_inputs(W, X + i * n, Y + i * ldy, rows, n, q - i < chunk ? q - i : chunk, ldy);
 }
 
 /* ---- int8 weights times int8 activations: each input row is quantized on the fly
