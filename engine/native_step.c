@@ -124,6 +124,38 @@ static inline void hsum4(vec a, vec b, vec c, vec d, float *out) {
 #endif
 }
 
+#if defined(__AVX512F__)
+/* hsum of sixteen vectors at once, out[m] holding hsum(v[m]) bit for bit: hsum's tree (the
+ * upper half of each vector added to the lower, then the upper quarter of that, then
+ * (x0 + x2) + (x1 + x3)) run for all sixteen in whole registers, two vectors folded per
+ * shuffle pair. Four hsum4 calls take about twice the shuffles, and shuffles share their
+ * port with the FMAs, which at the built-in widths run only a few per sum. The
+ * pairs of the first round are chosen so that the last round's lane k, element e is
+ * v[4k + e]: out in order, stored at once. */
+static inline void hsum16(const vec *v, float *out) {
+    const __m512 *u = (const __m512 *)v;
+#define FOLD256(a, b) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), \
+                                    _mm512_shuffle_f32x4(a, b, 0xEE))
+    const __m512 w0 = FOLD256(u[0], u[4]), w1 = FOLD256(u[8], u[12]);
+    const __m512 w2 = FOLD256(u[1], u[5]), w3 = FOLD256(u[9], u[13]);
+    const __m512 w4 = FOLD256(u[2], u[6]), w5 = FOLD256(u[10], u[14]);
+    const __m512 w6 = FOLD256(u[3], u[7]), w7 = FOLD256(u[11], u[15]);
+#undef FOLD256
+#define FOLD128(a, b) _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), \
+                                    _mm512_shuffle_f32x4(a, b, 0xDD))
+    const __m512 x0 = FOLD128(w0, w1), x1 = FOLD128(w2, w3);
+    const __m512 x2 = FOLD128(w4, w5), x3 = FOLD128(w6, w7);
+#undef FOLD128
+    /* per 128-bit lane: (x0 + x2, x1 + x3) of two sums side by side, then their total */
+    const __m512 z0 = _mm512_add_ps(_mm512_shuffle_ps(x0, x1, 0x44),
+                                    _mm512_shuffle_ps(x0, x1, 0xEE));
+    const __m512 z1 = _mm512_add_ps(_mm512_shuffle_ps(x2, x3, 0x44),
+                                    _mm512_shuffle_ps(x2, x3, 0xEE));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(z0, z1, 0x88),
+                                        _mm512_shuffle_ps(z0, z1, 0xDD)));
+}
+#endif
+
 /* Keep a loaded vector in a register: without this gcc folds each load into every FMA
  * that uses it (13 loads for 6 vectors per iteration of the 4 x 2 block), and the loop
  * becomes bound by the load ports instead of the FMA units. */
@@ -187,10 +219,8 @@ static void gemm_inputs(const float *W, const float *X, float *Y, int64_t rows, 
                 f2 = fmav(c2, z, f2); f3 = fmav(c3, z, f3);
             }
             float s[16];
-            hsum4(a0, a1, a2, a3, s);
-            hsum4(b0, b1, b2, b3, s + 4);
-            hsum4(e0, e1, e2, e3, s + 8);
-            hsum4(f0, f1, f2, f3, s + 12);
+            const vec acc[16] = {a0, a1, a2, a3, b0, b1, b2, b3, e0, e1, e2, e3, f0, f1, f2, f3};
+            hsum16(acc, s);
             const float *xs[4] = {x0, x1, x2, x3};
             for (int64_t k = whole; k < n; k++)
                 for (int g = 0; g < 4; g++) {
