@@ -472,6 +472,64 @@ static inline __attribute__((always_inline)) void q8_block(
     }
 }
 
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+/* AMX (a CPU with int8 tiles, and a kernel that lets this process use them): sixteen inputs
+ * x sixteen weight rows a tile multiply, whose B operand is the repacked block as it is
+ * (sixteen groups of four bytes of sixteen rows, 64 bytes a group) and whose A operand is
+ * sixteen rows of the offset activations. The int32 sums are exact, so each output is
+ * vpdpbusd's bit for bit; only the whole sixteen-input blocks go through the tiles. */
+#define AMX_C_TILES 4 /* tiles 0-3: sums of up to 64 inputs; 4: activations; 5: weights */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+/* Whether this process may use the tiles: Linux grants their state on request, once. */
+static int amx_allowed(void) {
+    static int allowed = -1;
+    if (allowed < 0)
+        allowed = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return allowed;
+}
+
+/* The sums of inputs i0 .. i0 + 16 nb (nb <= AMX_C_TILES) against one repacked block of
+ * ktiles x 16 groups (padded with zero weights), into sums[16 nb][16]. */
+static void amx_block(const int32_t *pack, int64_t ktiles, const uint8_t *xq, int64_t stride,
+                      int nb, int32_t *sums) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kt = 0; kt < ktiles; kt++) {
+        _tile_loadd(5, pack + 256 * kt, 64);
+        const uint8_t *a = xq + 64 * kt;
+        _tile_loadd(4, a, stride);
+        _tile_dpbusd(0, 4, 5);
+        if (nb > 1) {
+            _tile_loadd(4, a + 16 * stride, stride);
+            _tile_dpbusd(1, 4, 5);
+        }
+        if (nb > 2) {
+            _tile_loadd(4, a + 32 * stride, stride);
+            _tile_dpbusd(2, 4, 5);
+        }
+        if (nb > 3) {
+            _tile_loadd(4, a + 48 * stride, stride);
+            _tile_dpbusd(3, 4, 5);
+        }
+    }
+    _tile_stored(0, sums, 64);
+    if (nb > 1) _tile_stored(1, sums + 256, 64);
+    if (nb > 2) _tile_stored(2, sums + 512, 64);
+    if (nb > 3) _tile_stored(3, sums + 768, 64);
+}
+#endif
+
 /* gemm_q8_dot's products for q >= Q8_PACKED_INPUTS, bit for bit its sums (exact in int32:
  * only the order of the adds differs). xq's rows are padded to whole DW chunks with the
  * offset, so the last group of four bytes is there to read; its missing weights are 0. */
@@ -479,14 +537,32 @@ static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, fl
                            int64_t rows, int64_t n, int64_t q, int64_t ldy,
                            const uint8_t *xq, const float *xs, int64_t stride) {
     const int64_t groups = (n + 3) / 4;
-    int32_t pack[groups * 16] __attribute__((aligned(64)));
+    /* whole DW chunks of groups: the tiles read 16 groups (64 bytes) at a time, and xq's
+     * rows are padded that far */
+    const int64_t padded = (groups + 15) / 16 * 16;
+    int32_t pack[padded * 16] __attribute__((aligned(64)));
     const int64_t whole = n / 4;
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+    const int64_t tiled = amx_allowed() ? q / 16 * 16 : 0;
+    int32_t sums[AMX_C_TILES * 256] __attribute__((aligned(64)));
+    if (tiled) {
+        TileConfig cfg = {0};
+        cfg.palette = 1;
+        for (int t = 0; t < 6; t++) {
+            cfg.rows[t] = 16;
+            cfg.colsb[t] = 64;
+        }
+        _tile_loadconfig(&cfg);
+    }
+#else
+    const int64_t tiled = 0;
+#endif
     for (int64_t r = 0; r < rows; r += 16) {
         const int64_t live_rows = rows - r < 16 ? rows - r : 16;
         for (int64_t j = 0; j < 16; j++) {
             const int8_t *w = W + (r + j) * n;
             if (j >= live_rows) {
-                for (int64_t g = 0; g < groups; g++) pack[16 * g + j] = 0;
+                for (int64_t g = 0; g < padded; g++) pack[16 * g + j] = 0;
                 continue;
             }
             for (int64_t g = 0; g < whole; g++) memcpy(pack + 16 * g + j, w + 4 * g, 4);
@@ -495,11 +571,26 @@ static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, fl
                 memcpy(&v, w + 4 * whole, (size_t)(n - 4 * whole));
                 pack[16 * whole + j] = v;
             }
+            for (int64_t g = groups; g < padded; g++) pack[16 * g + j] = 0;
         }
         const __mmask16 live = (__mmask16)((1u << live_rows) - 1u);
         const __m512i fix = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(live, C + r), 7);
         const __m512 scale = _mm512_maskz_loadu_ps(live, S + r);
         int64_t i = 0;
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+        while (i < tiled) {
+            const int nb = (int)((tiled - i) / 16 < AMX_C_TILES ? (tiled - i) / 16 : AMX_C_TILES);
+            amx_block(pack, padded / 16, xq + i * stride, stride, nb, sums);
+            for (int t = 0; t < 16 * nb; t++) {
+                /* as q8_block: S[r] * (xs[i] * (float)sum) */
+                const __m512 s = _mm512_cvtepi32_ps(
+                    _mm512_sub_epi32(_mm512_load_si512((const void *)(sums + 16 * t)), fix));
+                const __m512 x = _mm512_mul_ps(_mm512_set1_ps(xs[i + t]), s);
+                _mm512_mask_storeu_ps(Y + (i + t) * ldy + r, live, _mm512_mul_ps(scale, x));
+            }
+            i += 16 * nb;
+        }
+#endif
 #define Q8_BLOCK(m) q8_block(pack, groups, xq + i * stride, stride, xs + i, fix, scale, live, \
                              Y + i * ldy + r, ldy, m)
         for (; i + 8 <= q; i += 8) Q8_BLOCK(8);
@@ -515,6 +606,11 @@ static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, fl
         }
 #undef Q8_BLOCK
     }
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+    if (tiled) _tile_release();  /* the tiles' state is large: not kept between calls */
+#else
+    (void)tiled;
+#endif
 }
 #endif
 

@@ -346,15 +346,16 @@ def test_int8_products_at_widths_past_every_block_are_the_int8_arithmetic(
 
 @pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
 def test_a_full_batch_at_odd_widths_is_each_row_alone_bit_for_bit(tmp_path, monkeypatch, isa):
-    # 33 rows: with AVX-512 VNNI, 32 inputs and more take the repacked kernel (sixteen
+    # 83 rows: with AVX-512 VNNI, 32 inputs and more take the repacked kernel (sixteen
     # weight rows a vector; 3 x 78, 134 and 301 rows leave a partial block, 78 and 134
-    # inputs a partial group of four bytes) and one more input its tail; one row alone
-    # takes the blocked kernel. Both sum exactly in int32: the same bits.
+    # inputs a partial group of four bytes); with AMX its whole sixteen-input blocks go
+    # through the tiles (64 inputs, then 16) and the last 3 through the vectors; one row
+    # alone takes the blocked kernel. All sum exactly in int32: the same bits.
     q = _odd_widths(2)
     step = _load(tmp_path, monkeypatch, isa).bind(q)
     dec_bias = q.decoder_bias(SLOTS + 1)
     gen = torch.Generator().manual_seed(5)
-    n = 33
+    n = 83
     crosses, masks = [], []
     for i in range(n):
         length = 3 + i % 11
