@@ -78,7 +78,8 @@ _FIELDS: list[tuple[str, Any]] = [
     ("wmode", ctypes.c_int64), ("lm_head_q", _Q), ("lm_head_s", _F), ("lm_head_c", _C),
     *((f"{name}_q", _QQ) for name in _LINEAR),
     *((f"{name}_s", _FF) for name in _LINEAR),
-    *((f"{name}_c", _CC) for name in _LINEAR)]
+    *((f"{name}_c", _CC) for name in _LINEAR),
+    ("lm_head_p", _C), *((f"{name}_p", _CC) for name in _LINEAR)]
 
 
 class _Model(ctypes.Structure):
@@ -275,6 +276,12 @@ class NativeStep:
         if att_rows is not None:
             att_rows.restype = i64
         self.att_rows = int(att_rows()) if att_rows is not None else 1
+        # Whether its int8 products read weights repacked at bind (VNNI builds); a source
+        # from before it repacks its own.
+        packed = getattr(lib, "tw_q8_packed", None)
+        if packed is not None:
+            packed.restype = i64
+        self.q8_packed = bool(packed()) if packed is not None else False
         # The float products alone (bench.batch_step); absent from a source before it.
         self._gemm = getattr(lib, "tw_gemm", None)
         if self._gemm is not None:
@@ -293,7 +300,20 @@ class NativeStep:
 
     def bind(self, lean: t5.LeanT5) -> BoundStep:
         """Return the step function for `lean` (see `applicable` first)."""
-        return BoundStep(self._fn, self._chain, lean, self._rows, self.att_rows)
+        return BoundStep(self._fn, self._chain, lean, self._rows, self.att_rows,
+                         q8_packed=self.q8_packed)
+
+
+def repack_int8(q: torch.Tensor) -> torch.Tensor:
+    """Return int8 rows q [rows, n] in engine/native_step.c's repacked layout: blocks of
+    sixteen rows, each [groups, 16] int32 holding four consecutive bytes of each row (rows
+    past `rows` and bytes past n zero), groups padded to whole 64-byte chunks."""
+    rows, n = q.shape
+    r16, n64 = -(-rows // 16) * 16, -(-n // 64) * 64
+    padded = torch.zeros(r16, n64, dtype=torch.int8)
+    padded[:rows, :n] = q
+    blocks = padded.view(r16 // 16, 16, n64 // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return blocks.view(torch.int32).view(r16 // 16, n64 // 4, 16)
 
 
 class BoundStep:
@@ -304,9 +324,10 @@ class BoundStep:
     the same row decoded alone, so speculation and batching stay exact."""
 
     def __init__(self, fn: Any, chain: Any, lean: t5.LeanT5, rows: Any,
-                 att_rows: int) -> None:
+                 att_rows: int, *, q8_packed: bool = False) -> None:
         self._fn, self._chain, self._rows_fn = fn, chain, rows
         self._att_rows = att_rows
+        self._q8_packed = q8_packed
         # The C side holds raw pointers into these weights: keep the model alive with them.
         self._lean = lean
         self._ref: Any = None
@@ -337,6 +358,12 @@ class BoundStep:
             self._keep.append(c)
             return c
 
+        def repacked(w: quantize.Int8Weight) -> torch.Tensor:
+            # Made once here, so a product of a few inputs need not repack per call.
+            p = repack_int8(w.q)
+            self._keep.append(p)
+            return p
+
         d_ff = _rows_cols(layers[0].wo)[1]
         vocab = _rows_cols(lean.lm_head)[0]
         fields: dict[str, Any] = {}
@@ -351,6 +378,11 @@ class BoundStep:
                                                 _F, _FF)
                 fields[f"{name}_c"] = per_layer(
                     lambda layer, n=name: row_sums(getattr(layer, n)), _C, _CC)
+            if self._q8_packed:
+                fields["lm_head_p"] = ptr(repacked(head), _C)
+                for name in _LINEAR:
+                    fields[f"{name}_p"] = per_layer(
+                        lambda layer, n=name: repacked(getattr(layer, n)), _C, _CC)
         else:
             self.wmode = _W_FLOAT
             fields["lm_head"] = ptr(lean.lm_head)

@@ -52,6 +52,12 @@ typedef struct {
         *const *wo_s;
     const int32_t *const *qkv_c, *const *o_c, *const *cq_c, *const *co_c, *const *wi_c,
         *const *wo_c;
+    /* W_INT8: the same weights in gemm_q8_packed's repacked layout, made once at bind
+     * (engine.native: sixteen rows a block, groups of four bytes padded with zero weights to
+     * whole 64-byte chunks); NULL where none were made */
+    const int32_t *lm_head_p;
+    const int32_t *const *qkv_p, *const *o_p, *const *cq_p, *const *co_p, *const *wi_p,
+        *const *wo_p;
 } Model;
 
 #if defined(__AVX512F__)
@@ -446,6 +452,10 @@ static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
 #define Q8_PACKED_INPUTS 32
 /* The repacked block on the stack: 16 rows x n bytes (inputs of 8192 at most). */
 #define Q8_PACKED_MAX_N 8192
+/* From this many inputs a weight repacked at bind goes through the tiles (AMX): a tile
+ * multiply pads its inputs to sixteen rows, and one or two inputs (a lone row's step) run
+ * as fast through the four-row blocks, which stream the weights the same way. */
+#define Q8_TILED_INPUTS 4
 
 /* Y[i, r .. r + 16) for m inputs (a constant where inlined) against one repacked block. */
 static inline __attribute__((always_inline)) void q8_block(
@@ -530,22 +540,61 @@ static void amx_block(const int32_t *pack, int64_t ktiles, const uint8_t *xq, in
 }
 #endif
 
-/* gemm_q8_dot's products for q >= Q8_PACKED_INPUTS, bit for bit its sums (exact in int32:
- * only the order of the adds differs). xq's rows are padded to whole DW chunks with the
- * offset, so the last group of four bytes is there to read; its missing weights are 0. */
-static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, float *Y,
-                           int64_t rows, int64_t n, int64_t q, int64_t ldy,
+/* From how many inputs a weight repacked at bind takes gemm_q8_packed: with the tiles
+ * Q8_TILED_INPUTS (no repacking to pay back); without, as a weight repacked per call. */
+static int64_t q8_tiled_inputs(void) {
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+    if (amx_allowed()) return Q8_TILED_INPUTS;
+#endif
+    return Q8_PACKED_INPUTS;
+}
+
+/* Repack rows r .. r + 16 of W [rows, n] into `pack` (padded x 16 int32: group g of row j
+ * at 16 g + j, rows past `rows` and groups past n all zero weights), as engine.native does
+ * once for a whole weight. */
+static void q8_repack(const int8_t *W, int64_t rows, int64_t n, int64_t r, int64_t padded,
+                      int32_t *pack) {
+    const int64_t groups = (n + 3) / 4, whole = n / 4;
+    for (int64_t j = 0; j < 16; j++) {
+        const int8_t *w = W + (r + j) * n;
+        if (r + j >= rows) {
+            for (int64_t g = 0; g < padded; g++) pack[16 * g + j] = 0;
+            continue;
+        }
+        for (int64_t g = 0; g < whole; g++) memcpy(pack + 16 * g + j, w + 4 * g, 4);
+        if (whole < groups) {
+            int32_t v = 0;
+            memcpy(&v, w + 4 * whole, (size_t)(n - 4 * whole));
+            pack[16 * whole + j] = v;
+        }
+        for (int64_t g = groups; g < padded; g++) pack[16 * g + j] = 0;
+    }
+}
+
+/* gemm_q8_dot's products in the repacked layout, bit for bit its sums (exact in int32:
+ * only the order of the adds differs): P's blocks where the weight was repacked at bind,
+ * else each block repacked here (paid back from Q8_PACKED_INPUTS inputs). xq's rows are
+ * padded to whole DW chunks with the offset, so the last group of four bytes is there to
+ * read; its missing weights are 0. */
+static void gemm_q8_packed(const int8_t *W, const int32_t *P, const float *S, const int32_t *C,
+                           float *Y, int64_t rows, int64_t n, int64_t q, int64_t ldy,
                            const uint8_t *xq, const float *xs, int64_t stride) {
     const int64_t groups = (n + 3) / 4;
-    /* whole DW chunks of groups: the tiles read 16 groups (64 bytes) at a time, and xq's
-     * rows are padded that far */
+    /* whole 64-byte chunks of groups: the tiles read 16 groups at a time */
     const int64_t padded = (groups + 15) / 16 * 16;
-    int32_t pack[padded * 16] __attribute__((aligned(64)));
-    const int64_t whole = n / 4;
+    int32_t repacked[P ? 1 : padded * 16] __attribute__((aligned(64)));
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
-    const int64_t tiled = amx_allowed() ? q / 16 * 16 : 0;
+    const int tiles = amx_allowed();
     int32_t sums[AMX_C_TILES * 256] __attribute__((aligned(64)));
-    if (tiled) {
+    /* The inputs past the last whole sixteen, in a block of sixteen rows of their own (the
+     * rows after them are read and their sums dropped). */
+    const int64_t full = q / 16 * 16, rest = q - full;
+    uint8_t last[tiles && rest ? 16 * stride : 1] __attribute__((aligned(64)));
+    if (tiles) {
+        if (rest) {
+            memcpy(last, xq + full * stride, (size_t)(rest * stride));
+            memset(last + rest * stride, 0, (size_t)((16 - rest) * stride));
+        }
         TileConfig cfg = {0};
         cfg.palette = 1;
         for (int t = 0; t < 6; t++) {
@@ -555,40 +604,33 @@ static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, fl
         _tile_loadconfig(&cfg);
     }
 #else
-    const int64_t tiled = 0;
+    const int tiles = 0;
 #endif
     for (int64_t r = 0; r < rows; r += 16) {
+        const int32_t *pack = P ? P + r * padded : repacked;
+        if (!P) q8_repack(W, rows, n, r, padded, repacked);
         const int64_t live_rows = rows - r < 16 ? rows - r : 16;
-        for (int64_t j = 0; j < 16; j++) {
-            const int8_t *w = W + (r + j) * n;
-            if (j >= live_rows) {
-                for (int64_t g = 0; g < padded; g++) pack[16 * g + j] = 0;
-                continue;
-            }
-            for (int64_t g = 0; g < whole; g++) memcpy(pack + 16 * g + j, w + 4 * g, 4);
-            if (whole < groups) {
-                int32_t v = 0;
-                memcpy(&v, w + 4 * whole, (size_t)(n - 4 * whole));
-                pack[16 * whole + j] = v;
-            }
-            for (int64_t g = groups; g < padded; g++) pack[16 * g + j] = 0;
-        }
         const __mmask16 live = (__mmask16)((1u << live_rows) - 1u);
         const __m512i fix = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(live, C + r), 7);
         const __m512 scale = _mm512_maskz_loadu_ps(live, S + r);
         int64_t i = 0;
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
-        while (i < tiled) {
-            const int nb = (int)((tiled - i) / 16 < AMX_C_TILES ? (tiled - i) / 16 : AMX_C_TILES);
-            amx_block(pack, padded / 16, xq + i * stride, stride, nb, sums);
-            for (int t = 0; t < 16 * nb; t++) {
+        while (tiles && i < q) {
+            const int64_t blocks = (full - i) / 16;
+            const int nb = (int)(blocks < AMX_C_TILES ? blocks : AMX_C_TILES);
+            const int64_t m = nb ? 16 * nb : rest;
+            if (nb)
+                amx_block(pack, padded / 16, xq + i * stride, stride, nb, sums);
+            else
+                amx_block(pack, padded / 16, last, stride, 1, sums);
+            for (int64_t t = 0; t < m; t++) {
                 /* as q8_block: S[r] * (xs[i] * (float)sum) */
                 const __m512 s = _mm512_cvtepi32_ps(
                     _mm512_sub_epi32(_mm512_load_si512((const void *)(sums + 16 * t)), fix));
                 const __m512 x = _mm512_mul_ps(_mm512_set1_ps(xs[i + t]), s);
                 _mm512_mask_storeu_ps(Y + (i + t) * ldy + r, live, _mm512_mul_ps(scale, x));
             }
-            i += 16 * nb;
+            i += m;
         }
 #endif
 #define Q8_BLOCK(m) q8_block(pack, groups, xq + i * stride, stride, xs + i, fix, scale, live, \
@@ -607,24 +649,26 @@ static void gemm_q8_packed(const int8_t *W, const float *S, const int32_t *C, fl
 #undef Q8_BLOCK
     }
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
-    if (tiled) _tile_release();  /* the tiles' state is large: not kept between calls */
+    if (tiles) _tile_release();  /* the tiles' state is large: not kept between calls */
 #else
-    (void)tiled;
+    (void)tiles;
 #endif
 }
 #endif
 
 /* Y[i, r] = S[r] * xs[i] * (Q[r, :] . xq[i, :]); xq: q rows of `stride` bytes (at least n
  * rounded up to DW), scratch. */
-static void gemm_q8_dot(const int8_t *W, const float *S, const int32_t *C, const float *X,
-                        float *Y, int64_t rows, int64_t n, int64_t q, int64_t ldy, uint8_t *xq,
-                        float *xs, int64_t stride) {
+static void gemm_q8_dot(const int8_t *W, const int32_t *P, const float *S, const int32_t *C,
+                        const float *X, float *Y, int64_t rows, int64_t n, int64_t q,
+                        int64_t ldy, uint8_t *xq, float *xs, int64_t stride) {
     for (int64_t i = 0; i < q; i++) xs[i] = quantize_row(X + i * n, xq + i * stride, n);
 #if DW == 64
-    if (q >= Q8_PACKED_INPUTS && n <= Q8_PACKED_MAX_N) {
-        gemm_q8_packed(W, S, C, Y, rows, n, q, ldy, xq, xs, stride);
+    if (n <= Q8_PACKED_MAX_N && (q >= Q8_PACKED_INPUTS || (P && q >= q8_tiled_inputs()))) {
+        gemm_q8_packed(W, P, S, C, Y, rows, n, q, ldy, xq, xs, stride);
         return;
     }
+#else
+    (void)P;
 #endif
 #if DW
     /* A row's last partial chunk is copied into a zero-padded one: every product goes
@@ -713,11 +757,13 @@ typedef struct {
     const int8_t *q;
     const float *s;
     const int32_t *c;
+    const int32_t *p;
 } Lin;
 
 #define LAYER_LIN(m, name, l)                                                              \
-    ((m)->wmode == W_FLOAT ? (Lin){(m)->name[l], 0, 0, 0}                                  \
-                           : (Lin){0, (m)->name##_q[l], (m)->name##_s[l], (m)->name##_c[l]})
+    ((m)->wmode == W_FLOAT ? (Lin){(m)->name[l], 0, 0, 0, 0}                               \
+                           : (Lin){0, (m)->name##_q[l], (m)->name##_s[l], (m)->name##_c[l], \
+                                   (m)->name##_p ? (m)->name##_p[l] : 0})
 
 /* The int8-activation scratch of a call: q rows of `stride` bytes, then q scales. */
 typedef struct {
@@ -730,7 +776,7 @@ typedef struct {
 static void linear(const Model *m, Lin w, const float *X, float *Y, int64_t rows, int64_t n,
                    int64_t q, int64_t ldy, QScratch qs) {
     if (m->wmode == W_INT8)
-        gemm_q8_dot(w.q, w.s, w.c, X, Y, rows, n, q, ldy, qs.xq, qs.xs, qs.stride);
+        gemm_q8_dot(w.q, w.p, w.s, w.c, X, Y, rows, n, q, ldy, qs.xq, qs.xs, qs.stride);
     else
         gemm(w.f, X, Y, rows, n, q, ldy);
 }
@@ -1069,8 +1115,9 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
         rms_norm(x + i * D, m->final_ln, h + i * D, D, m->eps);
         for (int64_t j = 0; j < D; j++) h[i * D + j] *= m->out_scale;
     }
-    const Lin head = m->wmode == W_FLOAT ? (Lin){m->lm_head, 0, 0, 0}
-                                         : (Lin){0, m->lm_head_q, m->lm_head_s, m->lm_head_c};
+    const Lin head = m->wmode == W_FLOAT
+                         ? (Lin){m->lm_head, 0, 0, 0, 0}
+                         : (Lin){0, m->lm_head_q, m->lm_head_s, m->lm_head_c, m->lm_head_p};
     linear(m, head, h, logits, m->vocab, D, q, m->vocab, qs);
     if (logits_out) memcpy(logits_out, logits, (size_t)(q * m->vocab) * sizeof(float));
     for (int64_t i = 0; i < q; i++) {
@@ -1087,6 +1134,10 @@ static void rows(const Model *m, const int64_t *tokens, int64_t q, const int64_t
 void tw_gemm(const float *W, const float *X, float *Y, int64_t rows, int64_t n, int64_t q) {
     gemm(W, X, Y, rows, n, q, rows);
 }
+
+/* Whether the int8 products read weights repacked at bind (Model's `_p` fields): engine.native
+ * makes them only for a build that has the repacked layout (VNNI). */
+int64_t tw_q8_packed(void) { return DW == 64; }
 
 /* The queries attend_rows takes at once: engine.native sizes the scratch's score rows by it. */
 int64_t tw_att_rows(void) { return ATT_ROWS; }

@@ -387,3 +387,23 @@ def test_a_full_batch_at_odd_widths_is_each_row_alone_bit_for_bit(tmp_path, monk
             ref = t5.decode_logits(q, tokens[i].view(1, 1), positions[i:i + 1],
                                    ref_caches[i], crosses[i], masks[i], dec_bias)[0, 0]
             assert (logits[i] - ref).abs().max().item() <= 2e-3 * ref.abs().max().item(), i
+
+
+def test_the_repacked_layout_holds_four_bytes_of_sixteen_rows_a_group():
+    # engine.native.repack_int8 (made once at bind, read by the C step's repacked and tiled
+    # int8 products): block b, group g, lane j holds bytes 4g .. 4g + 3 of row 16b + j;
+    # rows past the weight's and bytes past its width are zero weights, groups padded to
+    # whole 64-byte chunks.
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randint(-127, 128, (37, 70), generator=gen, dtype=torch.int8)
+    packed = native.repack_int8(q)
+    assert packed.dtype == torch.int32 and packed.shape == (3, 32, 16)
+    raw = packed.contiguous().view(torch.int8).view(3, 32, 16, 4)
+    for b in range(3):
+        for j in range(16):
+            row = 16 * b + j
+            got = raw[b, :, j, :].reshape(-1)
+            want = torch.zeros(128, dtype=torch.int8)
+            if row < 37:
+                want[:70] = q[row]
+            assert torch.equal(got, want), (b, j)
