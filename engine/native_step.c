@@ -442,20 +442,18 @@ static inline __m128i isum4(ivec a0, ivec a1, ivec a2, ivec a3) {
 #define Q8_BLOCKED_INPUTS 8
 
 #if DW == 64
-/* Many inputs against one weight (a batched step, a verification) with VNNI: sixteen
- * weight rows at a time, repacked in L1 so that one vector holds four consecutive bytes
+/* Several inputs against one weight (a batched step, a verification) with VNNI: sixteen
+ * weight rows at a time, repacked at bind so that one vector holds four consecutive bytes
  * of each of the sixteen rows. A broadcast of four activation bytes then multiplies all
  * sixteen rows at once, each int32 lane accumulating one row's sum: no horizontal
  * reduction per output, which at the built-in widths cost as much as the products. */
-/* From this many inputs: repacking a block costs 16 x n / 4 moves, paid back only by many
- * inputs against it (docs/benchmarks.md#benchbatch_step); below, the four-row blocks. */
-#define Q8_PACKED_INPUTS 32
-/* The repacked block on the stack: 16 rows x n bytes (inputs of 8192 at most). */
+/* From this many inputs (the repacking is paid once, at bind); one to three inputs (a lone
+ * row's step) run as fast through the four-row blocks, which stream the weights the same
+ * way, and a tile multiply pads its inputs to sixteen rows
+ * (docs/benchmarks.md#amx-tiles-for-the-int8-products). */
+#define Q8_PACKED_INPUTS 4
+/* The tiles' last block of inputs on the stack: 16 rows x n bytes (inputs of 8192 at most). */
 #define Q8_PACKED_MAX_N 8192
-/* From this many inputs a weight repacked at bind goes through the tiles (AMX): a tile
- * multiply pads its inputs to sixteen rows, and one or two inputs (a lone row's step) run
- * as fast through the four-row blocks, which stream the weights the same way. */
-#define Q8_TILED_INPUTS 4
 
 /* Y[i, r .. r + 16) for m inputs (a constant where inlined) against one repacked block. */
 static inline __attribute__((always_inline)) void q8_block(
@@ -489,7 +487,7 @@ static inline __attribute__((always_inline)) void q8_block(
  * x sixteen weight rows a tile multiply, whose B operand is the repacked block as it is
  * (sixteen groups of four bytes of sixteen rows, 64 bytes a group) and whose A operand is
  * sixteen rows of the offset activations. The int32 sums are exact, so each output is
- * vpdpbusd's bit for bit; only the whole sixteen-input blocks go through the tiles. */
+ * vpdpbusd's bit for bit. */
 #define AMX_C_TILES 4 /* tiles 0-3: sums of up to 64 inputs; 4: activations; 5: weights */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -540,49 +538,16 @@ static void amx_block(const int32_t *pack, int64_t ktiles, const uint8_t *xq, in
 }
 #endif
 
-/* From how many inputs a weight repacked at bind takes gemm_q8_packed: with the tiles
- * Q8_TILED_INPUTS (no repacking to pay back); without, as a weight repacked per call. */
-static int64_t q8_tiled_inputs(void) {
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
-    if (amx_allowed()) return Q8_TILED_INPUTS;
-#endif
-    return Q8_PACKED_INPUTS;
-}
-
-/* Repack rows r .. r + 16 of W [rows, n] into `pack` (padded x 16 int32: group g of row j
- * at 16 g + j, rows past `rows` and groups past n all zero weights), as engine.native does
- * once for a whole weight. */
-static void q8_repack(const int8_t *W, int64_t rows, int64_t n, int64_t r, int64_t padded,
-                      int32_t *pack) {
-    const int64_t groups = (n + 3) / 4, whole = n / 4;
-    for (int64_t j = 0; j < 16; j++) {
-        const int8_t *w = W + (r + j) * n;
-        if (r + j >= rows) {
-            for (int64_t g = 0; g < padded; g++) pack[16 * g + j] = 0;
-            continue;
-        }
-        for (int64_t g = 0; g < whole; g++) memcpy(pack + 16 * g + j, w + 4 * g, 4);
-        if (whole < groups) {
-            int32_t v = 0;
-            memcpy(&v, w + 4 * whole, (size_t)(n - 4 * whole));
-            pack[16 * whole + j] = v;
-        }
-        for (int64_t g = groups; g < padded; g++) pack[16 * g + j] = 0;
-    }
-}
-
-/* gemm_q8_dot's products in the repacked layout, bit for bit its sums (exact in int32:
- * only the order of the adds differs): P's blocks where the weight was repacked at bind,
- * else each block repacked here (paid back from Q8_PACKED_INPUTS inputs). xq's rows are
- * padded to whole DW chunks with the offset, so the last group of four bytes is there to
- * read; its missing weights are 0. */
-static void gemm_q8_packed(const int8_t *W, const int32_t *P, const float *S, const int32_t *C,
+/* gemm_q8_dot's products against P, the weight repacked at bind (engine.native.repack_int8:
+ * blocks of sixteen rows, each `padded` groups x 16 int32), bit for bit its sums (exact in
+ * int32: only the order of the adds differs). xq's rows are padded to whole DW chunks with
+ * the offset, so the last group of four bytes is there to read; its missing weights are 0. */
+static void gemm_q8_packed(const int32_t *P, const float *S, const int32_t *C,
                            float *Y, int64_t rows, int64_t n, int64_t q, int64_t ldy,
                            const uint8_t *xq, const float *xs, int64_t stride) {
     const int64_t groups = (n + 3) / 4;
     /* whole 64-byte chunks of groups: the tiles read 16 groups at a time */
     const int64_t padded = (groups + 15) / 16 * 16;
-    int32_t repacked[P ? 1 : padded * 16] __attribute__((aligned(64)));
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
     const int tiles = amx_allowed();
     int32_t sums[AMX_C_TILES * 256] __attribute__((aligned(64)));
@@ -607,8 +572,7 @@ static void gemm_q8_packed(const int8_t *W, const int32_t *P, const float *S, co
     const int tiles = 0;
 #endif
     for (int64_t r = 0; r < rows; r += 16) {
-        const int32_t *pack = P ? P + r * padded : repacked;
-        if (!P) q8_repack(W, rows, n, r, padded, repacked);
+        const int32_t *pack = P + r * padded;
         const int64_t live_rows = rows - r < 16 ? rows - r : 16;
         const __mmask16 live = (__mmask16)((1u << live_rows) - 1u);
         const __m512i fix = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(live, C + r), 7);
@@ -663,8 +627,8 @@ static void gemm_q8_dot(const int8_t *W, const int32_t *P, const float *S, const
                         int64_t ldy, uint8_t *xq, float *xs, int64_t stride) {
     for (int64_t i = 0; i < q; i++) xs[i] = quantize_row(X + i * n, xq + i * stride, n);
 #if DW == 64
-    if (n <= Q8_PACKED_MAX_N && (q >= Q8_PACKED_INPUTS || (P && q >= q8_tiled_inputs()))) {
-        gemm_q8_packed(W, P, S, C, Y, rows, n, q, ldy, xq, xs, stride);
+    if (P && n <= Q8_PACKED_MAX_N && q >= Q8_PACKED_INPUTS) {
+        gemm_q8_packed(P, S, C, Y, rows, n, q, ldy, xq, xs, stride);
         return;
     }
 #else

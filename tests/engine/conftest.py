@@ -123,7 +123,9 @@ def flags(shared_flags: InMemoryFlagProvider) -> InMemoryFlagProvider:
 
 
 # Compiler flags that build the C step without the wider vector paths (parametrized ISAs).
-ISA_LIMITS = {"sse": "-mno-avx -mno-avx2 -mno-avx512f", "avx2": "-mno-avx512f"}
+# "vectors": the machine's own build without AMX (its int8 products on vector registers only)
+ISA_LIMITS = {"sse": "-mno-avx -mno-avx2 -mno-avx512f", "avx2": "-mno-avx512f",
+              "vectors": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"}
 
 
 def limit_isa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isa: str) -> None:
@@ -138,6 +140,8 @@ def limit_isa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isa: str) -> None
         pytest.skip(f"x86 only: {ISA_LIMITS[isa]}")
     if isa == "avx2" and " avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("no AVX2 on this CPU")
+    if isa == "vectors" and " amx_int8" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no AMX on this CPU: the native build is already the vectors'")
     cc = tmp_path / f"cc-{isa}"
     cc.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" {ISA_LIMITS[isa]}\n')
     cc.chmod(0o755)

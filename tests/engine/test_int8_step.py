@@ -344,13 +344,14 @@ def test_int8_products_at_widths_past_every_block_are_the_int8_arithmetic(
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2", "sse"])
+@pytest.mark.parametrize("isa", ["native", "vectors", "avx2", "sse"])
 def test_a_full_batch_at_odd_widths_is_each_row_alone_bit_for_bit(tmp_path, monkeypatch, isa):
-    # 83 rows: with AVX-512 VNNI, 32 inputs and more take the repacked kernel (sixteen
-    # weight rows a vector; 3 x 78, 134 and 301 rows leave a partial block, 78 and 134
-    # inputs a partial group of four bytes); with AMX its whole sixteen-input blocks go
-    # through the tiles (64 inputs, then 16) and the last 3 through the vectors; one row
-    # alone takes the blocked kernel. All sum exactly in int32: the same bits.
+    # 83 rows: with AVX-512 VNNI, 4 inputs and more take the weights repacked at bind
+    # (sixteen rows a vector; 3 x 78, 134 and 301 rows leave a partial block, 78 and 134
+    # inputs a partial group of four bytes); with AMX they go through the tiles (64
+    # inputs, then 16, then the last 3 in a padded block), in the "vectors" build through
+    # the vector registers; one row alone takes the four-row blocks. All sum exactly in
+    # int32: the same bits.
     q = _odd_widths(2)
     step = _load(tmp_path, monkeypatch, isa).bind(q)
     dec_bias = q.decoder_bias(SLOTS + 1)
