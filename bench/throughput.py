@@ -12,7 +12,12 @@ loop, and a line for the open loops), against the unbatched engine's alone.
 every request with it, as `engine.quantization: int8` does by default.
 
 (1) Closed loop: C callers at once for C in --callers, each sending its next request when
-the last returned: requests per second per engine and the ratio. With CTranslate2
+the last returned: requests per second per engine and the ratio. Each C is measured in
+--rounds rounds (default 3), every engine once a round, their order reversed each round:
+a rate is its median over the rounds, and a ratio (batched against unbatched, against
+CTranslate2) is the median of the rounds' own ratios with their range in brackets, so a
+host whose speed drifts between two engines' runs shows as a wide range, not as a
+result. With CTranslate2
 installed (the `bench` extra, `make bench-deps`; --no-ct2 leaves it out): the same
 weights converted once into --ct2-dir (bench.ct2), float32 and int8, one thread, in this
 process, the same requests in one `translate_batch` with `max_batch_size` C (greedy, the
@@ -64,7 +69,7 @@ best rate torch.mm reaches on the model's weight shapes, the batched closed loop
 of it, and the issue's targets as multiples of it: past 1, no schedule reaches them here.
 The heap is frozen once the engines are warm, as the serving process freezes it
 (monitor.gc_heap), and each engine prints the full garbage collections its floor and sweep met.
---quick: 32 requests, a short rate sweep and one unloaded repeat (directions only).
+--quick: 32 requests, one round, a short rate sweep and one unloaded repeat (directions only).
 --without-turns: a third engine, batched as the first but whose rows never take turns
 (every row steps every step: engine.scheduler's `turns` off), measured beside the others
 with its outputs compared the same way: what taking turns changes, in one run.
@@ -209,6 +214,35 @@ def quantile_interval(values: Sequence[float], q: float = 0.99,
     lower, upper = order_rank(n, tail, q), order_rank(n, tail, 1.0 - q)
     return (ordered[lower - 1] if lower >= 1 else -math.inf,
             ordered[n - upper] if upper >= 1 else math.inf)
+
+
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """Return the order the engines run in round `round_index`: as given, then reversed,
+    alternating (an engine that always ran first or last would carry the host's drift)."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio measured in each round (its two rates from the same round): the median of
+    the rounds' ratios and their range."""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def paired(cls, numerators: Sequence[float], denominators: Sequence[float]) -> Ratio:
+        """Return the ratio of each round's numerator to the same round's denominator."""
+        return cls(tuple(n / d for n, d in zip(numerators, denominators, strict=True)))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def describe(self) -> str:
+        """Return `1.33x`, or with several rounds `1.33x [1.21, 1.40]` (their range)."""
+        if len(self.values) == 1:
+            return f"{self.median:.2f}x"
+        return f"{self.median:.2f}x [{min(self.values):.2f}, {max(self.values):.2f}]"
 
 
 def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: int,
@@ -463,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=64, help="requests per measurement")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--callers", default="1,8,32")
+    parser.add_argument("--rounds", type=int, default=3, help="closed-loop rounds, every "
+                        "engine once a round, the order reversed each round")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--rates", default=RATES, help="offered rates, multiples of the "
                         "unbatched engine's closed-loop one-caller throughput")
@@ -485,7 +521,9 @@ def main(argv: list[str] | None = None) -> None:
                         "whose rows never take turns (every row steps every step)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.rates, args.unloaded_repeats = 32, QUICK_RATES, 1
+        args.requests, args.rates, args.unloaded_repeats, args.rounds = 32, QUICK_RATES, 1, 1
+    if args.rounds < 1:
+        parser.error(f"--rounds: must be at least 1, got {args.rounds}")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir).resolve()))
 
     from engine.config import BUILTIN_DIR, EngineConfig
@@ -545,7 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"inputs={len(texts)} bucket={args.bucket or 'all'} new_tokens={args.new_tokens} "
           f"max_batch={args.max_batch} "
           f"quantization={args.quantization} "
-          f"requests/measurement={args.requests} ctranslate2="
+          f"requests/measurement={args.requests} rounds={args.rounds} ctranslate2="
           f"{ct2.version() + ' (same process, one thread)' if cts else 'not compared'} "
           f"heap_frozen={frozen}")
     print("output differences (against unbatched, every input): "
@@ -558,36 +596,49 @@ def main(argv: list[str] | None = None) -> None:
     expected = [list(outputs["unbatched"][t]) for t in sent]
     compared: dict[str, list[str]] = {name: [] for name in cts}
     print(f"{'callers':>8} {'batched_rps':>12} {'unbatched_rps':>14} {'ratio':>6}"
-          f" {'batched_cpu_ms':>15} {'unbatched_cpu_ms':>17} {'batched_diffs':>13}"
+          f" {'ratio_rounds':>13} {'batched_cpu_ms':>15} {'unbatched_cpu_ms':>17}"
+          f" {'batched_diffs':>13}"
           + "".join(f" {'ct2_' + name + '_rps':>16}" for name in cts)
           + "".join(f" {name + '_rps':>26} {'cpu_ms':>7} {'diffs':>5}" for name in others[1:]))
-    rps: dict[tuple[str, int], float] = {}
-    cpu_ms: dict[tuple[str, int], float] = {}
+    # Each measurement's value in every round, then its median: the rates a ratio pairs
+    # come from the same round.
+    rounds: dict[tuple[str, int], list[float]] = {}
+    cpu_rounds: dict[tuple[str, int], list[float]] = {}
     splits: list[str] = []
     for c in callers:
         differing = dict(check.differing)
-        for name, call in calls.items():
-            loop = engines[name].batch_scheduler
-            before = loop.recorder.totals() if loop is not None else None
-            cpu0 = time.process_time()
-            rps[(name, c)] = closed_loop(call, texts, c, args.requests)
-            cpu_ms[(name, c)] = (time.process_time() - cpu0) * 1e3 / args.requests
-            if loop is not None and before is not None:
-                split = phase_split(before, loop.recorder.totals(), args.requests)
-                splits.append(f"{name} at {c} caller{'' if c == 1 else 's'}: "
-                              f"{split.describe()}")
-        row = ""
-        for name, model in cts.items():
-            start = time.perf_counter()
-            got = model.generate(inputs, args.new_tokens, max_batch_size=c)
-            rps[(name, c)] = args.requests / (time.perf_counter() - start)
-            compared[name].append(f"batch {c}: {ct2.compare(expected, got)}")
-            row += f" {rps[(name, c)]:>16.1f}"
+        loops = {name: engine.batch_scheduler for name, engine in engines.items()
+                 if engine.batch_scheduler is not None}
+        before = {name: sched.recorder.totals() for name, sched in loops.items()}
+        for r in range(args.rounds):
+            for name in round_order(list(calls), r):
+                cpu0 = time.process_time()
+                rounds.setdefault((name, c), []).append(
+                    closed_loop(calls[name], texts, c, args.requests))
+                cpu_rounds.setdefault((name, c), []).append(
+                    (time.process_time() - cpu0) * 1e3 / args.requests)
+            for name, model in cts.items():
+                start = time.perf_counter()
+                got = model.generate(inputs, args.new_tokens, max_batch_size=c)
+                rounds.setdefault((name, c), []).append(
+                    args.requests / (time.perf_counter() - start))
+                if r == 0:  # the same inputs every round: one comparison says it
+                    compared[name].append(f"batch {c}: {ct2.compare(expected, got)}")
+        for name, sched in loops.items():
+            split = phase_split(before[name], sched.recorder.totals(),
+                                args.requests * args.rounds)
+            splits.append(f"{name} at {c} caller{'' if c == 1 else 's'}: {split.describe()}")
+        rps = {key: statistics.median(values) for key, values in rounds.items()}
+        cpu_ms = {key: statistics.median(values) for key, values in cpu_rounds.items()}
+        row = "".join(f" {rps[(name, c)]:>16.1f}" for name in cts)
         for name in others[1:]:
             row += (f" {rps[(name, c)]:>26.1f} {cpu_ms[(name, c)]:>7.1f}"
                     f" {check.differing[name] - differing[name]:>5}")
-        b, u = rps[("batched", c)], rps[("unbatched", c)]
-        print(f"{c:>8} {b:>12.1f} {u:>14.1f} {b / u:>5.2f}x"
+        ratio = Ratio.paired(rounds[("batched", c)], rounds[("unbatched", c)])
+        spread = (f"{min(ratio.values):.2f}-{max(ratio.values):.2f}"
+                  if len(ratio.values) > 1 else "-")
+        print(f"{c:>8} {rps[('batched', c)]:>12.1f} {rps[('unbatched', c)]:>14.1f}"
+              f" {ratio.median:>5.2f}x {spread:>13}"
               f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}"
               f" {check.differing['batched'] - differing['batched']:>13}" + row)
     # What no schedule can pass on this core: the dense products every request runs.
@@ -607,9 +658,11 @@ def main(argv: list[str] | None = None) -> None:
     if cts:
         top = max(callers)
         best = max(callers, key=lambda c: rps[("int8", c)])
+        batched = rounds[("batched", top)]
         print(f"closed loop at {top} callers: batched engine "
-              f"{rps[('batched', top)] / rps[('float32', top)]:.2f}x CTranslate2 float32 at "
-              f"batch {top}, {rps[('batched', top)] / rps[('int8', best)]:.2f}x CTranslate2 "
+              f"{Ratio.paired(batched, rounds[('float32', top)]).describe()} CTranslate2 "
+              f"float32 at batch {top}, "
+              f"{Ratio.paired(batched, rounds[('int8', best)]).describe()} CTranslate2 "
               f"int8's best (batch {best})")
 
     unloaded = {name: unloaded_latencies(call, texts, args.unloaded_repeats, args.idle_s)

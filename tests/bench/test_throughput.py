@@ -15,12 +15,14 @@ from bench.throughput import (
     Limit,
     OpenLoop,
     OutputCheck,
+    Ratio,
     closed_loop,
     limit_ratio,
     open_loop,
     p99_limit,
     percentile,
     quantile_interval,
+    round_order,
     sequential_slowdowns,
 )
 from probes.fake import FakeEngine
@@ -290,3 +292,36 @@ def test_the_phase_split_is_the_recorders_seconds_between_two_totals_per_request
     assert split.seconds["decode"] == pytest.approx(0.004)
     assert split.describe() == ("encode 4.00 ms (36%, 2 arrivals), decode 2.00 ms (18%, "
                                 "2 steps), verify 5.00 ms (45%, 1 step)")
+
+
+def test_the_engines_run_in_an_order_reversed_every_round() -> None:
+    names = ["batched", "unbatched", "batched_without_turns"]
+    assert round_order(names, 0) == names
+    assert round_order(names, 1) == list(reversed(names))
+    assert round_order(names, 2) == names
+
+
+def test_a_ratio_pairs_the_rates_of_each_round_and_keeps_their_median_and_range() -> None:
+    # The host sped up in round two: the engines' medians alone would give 66 / 50 = 1.32x;
+    # the rounds' own ratios are 1.25x, 1.10x and 1.40x.
+    ratio = Ratio.paired([50.0, 66.0, 70.0], [40.0, 60.0, 50.0])
+    assert ratio.values == pytest.approx((1.25, 1.10, 1.40))
+    assert ratio.median == pytest.approx(1.25)
+    assert ratio.describe() == "1.25x [1.10, 1.40]"
+    assert Ratio.paired([3.0], [2.0]).describe() == "1.50x"
+    with pytest.raises(ValueError):
+        Ratio.paired([1.0, 2.0], [1.0])  # a round without its pair is a bug, not a ratio
+
+
+def test_the_cli_refuses_fewer_than_one_round_in_one_line() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.throughput", "--rounds", "0", "--no-ct2"],
+        cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].endswith("--rounds: must be at least 1, got 0")
+    assert "Traceback" not in done.stderr and done.stdout == ""
