@@ -238,11 +238,17 @@ class Ratio:
     def median(self) -> float:
         return statistics.median(self.values)
 
+    def spread(self) -> str:
+        """Return the rounds' range as `1.21-1.40` (`-` for one round)."""
+        if len(self.values) == 1:
+            return "-"
+        return f"{min(self.values):.2f}-{max(self.values):.2f}"
+
     def describe(self) -> str:
         """Return `1.33x`, or with several rounds `1.33x [1.21, 1.40]` (their range)."""
         if len(self.values) == 1:
             return f"{self.median:.2f}x"
-        return f"{self.median:.2f}x [{min(self.values):.2f}, {max(self.values):.2f}]"
+        return f"{self.median:.2f}x [{self.spread().replace('-', ', ')}]"
 
 
 def closed_loop(call: Callable[[str], object], texts: Sequence[str], callers: int,
@@ -635,10 +641,8 @@ def main(argv: list[str] | None = None) -> None:
             row += (f" {rps[(name, c)]:>26.1f} {cpu_ms[(name, c)]:>7.1f}"
                     f" {check.differing[name] - differing[name]:>5}")
         ratio = Ratio.paired(rounds[("batched", c)], rounds[("unbatched", c)])
-        spread = (f"{min(ratio.values):.2f}-{max(ratio.values):.2f}"
-                  if len(ratio.values) > 1 else "-")
         print(f"{c:>8} {rps[('batched', c)]:>12.1f} {rps[('unbatched', c)]:>14.1f}"
-              f" {ratio.median:>5.2f}x {spread:>13}"
+              f" {ratio.median:>5.2f}x {ratio.spread():>13}"
               f" {cpu_ms[('batched', c)]:>15.1f} {cpu_ms[('unbatched', c)]:>17.1f}"
               f" {check.differing['batched'] - differing['batched']:>13}" + row)
     # What no schedule can pass on this core: the dense products every request runs.

@@ -307,8 +307,9 @@ def test_a_ratio_pairs_the_rates_of_each_round_and_keeps_their_median_and_range(
     ratio = Ratio.paired([50.0, 66.0, 70.0], [40.0, 60.0, 50.0])
     assert ratio.values == pytest.approx((1.25, 1.10, 1.40))
     assert ratio.median == pytest.approx(1.25)
-    assert ratio.describe() == "1.25x [1.10, 1.40]"
+    assert ratio.describe() == "1.25x [1.10, 1.40]" and ratio.spread() == "1.10-1.40"
     assert Ratio.paired([3.0], [2.0]).describe() == "1.50x"
+    assert Ratio.paired([3.0], [2.0]).spread() == "-"
     with pytest.raises(ValueError):
         Ratio.paired([1.0, 2.0], [1.0])  # a round without its pair is a bug, not a ratio
 
