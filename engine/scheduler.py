@@ -1047,6 +1047,15 @@ def _rows_call(runner: ModelRunner, feeds: list[tuple[int, list[int], torch.Tens
 def _verified(blocks: list[tuple[RowState, list[int]]]) -> list[list[int]]:
     """Return, for each row, the target's greedy token after each of its block's tokens (fed
     at the row's positions onward), every row of one C-step model in one call."""
+    if len(blocks) == 1:
+        # A lone row: the unbatched engine's C entry for one request's positions (the same
+        # arithmetic as native.rows on them), without the per-position lists rows take.
+        state, block = blocks[0]
+        runner, p = state.target, state.position
+        native: Any = runner.native
+        return [native.verify(runner.m, torch.tensor(block), torch.arange(p, p + len(block)),
+                              state.tcache, state.tenc.cross, state.tenc.mask_bias,
+                              runner.bias_for(p + len(block))).tolist()]
     return _rows_call(blocks[0][0].target, [(state.position, block, state.tcache, state.tenc)
                                             for state, block in blocks])
 

@@ -76,6 +76,39 @@ def test_a_lone_row_speculates_and_stays_exact(tmp_path, tiny_dirs, alone):
         rt.close()
 
 
+def test_a_lone_row_verifies_through_the_unbatched_engines_c_entry(
+        tmp_path, tiny_dirs, alone, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4)
+    try:
+        step = rt.target.native
+        rows, verify = step.rows, step.verify
+        over_rows: list[int] = []
+        verified: list[int] = []
+
+        def counted_rows(m, tokens, *args, **kwargs):
+            over_rows.append(int(tokens.shape[0]))
+            return rows(m, tokens, *args, **kwargs)
+
+        def counted_verify(m, tokens, *args, **kwargs):
+            verified.append(int(tokens.shape[-1]))
+            return verify(m, tokens, *args, **kwargs)
+
+        monkeypatch.setattr(step, "rows", counted_rows)
+        monkeypatch.setattr(step, "verify", counted_verify)
+        for text in random_texts(4, seed=5):
+            out = rt.generate(text, max_new_tokens=16, override=FlagOverride(speculative=True))
+            assert out.output_ids == alone(text)
+            assert out.spec.drafts > 0
+        # Every verification one call on the row's own caches, none over rows: as a lone
+        # request on the unbatched engine, without the per-position lists of native.rows.
+        assert over_rows == []
+        assert any(positions > 1 for positions in verified)
+    finally:
+        rt.close()
+
+
 def test_concurrent_callers_get_their_own_tokens(tmp_path, tiny_dirs, alone):
     rt = batching_runtime(tmp_path, tiny_dirs, max_batch=4, max_queue=32)
     texts = random_texts(16, seed=8)
