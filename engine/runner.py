@@ -98,7 +98,8 @@ class ModelRunner:
         self.verify_q = verify_q
         self.steps = steps  # greedy tokens per direct step call
         # The encoder runs once per request: for a small draft it is not worth a graph per
-        # bucket (each costs tens of seconds of warm-up on a small CPU).
+        # bucket (each costs tens of seconds of warm-up on a small CPU). Uncompiled, it runs
+        # t5.encode_fused (its proposals only need to be close to the target's greedy ones).
         self.compile_encoder = compile_encoder
         self._options = options
         # Counts and checks every compiled call (engine.graphs); None: not counted.
@@ -201,7 +202,7 @@ class ModelRunner:
                     encode = self._borrowed(self.encoder_of.compiled(key).encode)
                 else:
                     encode = (self._compile(t5.encode, self._tag(key, ENC))
-                              if self.compile_encoder else t5.encode)
+                              if self.compile_encoder else t5.encode_fused)
                 if self.native is not None:
                     fns = Fns(encode, self.native, self.native.verify, chain=True)
                 else:
@@ -366,7 +367,7 @@ class ModelRunner:
         if self.encoder_of is not None:
             # The owner loads first (Models.compiled_runners' order): its saved encoder.
             return self._borrowed(self.encoder_of.compiled(self.edges[0]).encode)
-        return loaded.get(ENC, t5.encode)
+        return loaded.get(ENC, t5.encode if self.compile_encoder else t5.encode_fused)
 
     def _saved_kinds(self, verify: bool) -> dict[str, Callable]:
         kinds: dict[str, Callable] = ({ENC: t5.encode}

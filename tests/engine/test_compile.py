@@ -6,6 +6,7 @@ import random
 
 import torch
 
+from engine import t5
 from engine.protocol import PATH_COMPILED, PATH_EAGER, PATH_OVERFLOW, FlagOverride
 from tests.engine.conftest import BUCKETS, CAP, WARM_GRAPHS, random_texts, tiny_config
 
@@ -16,6 +17,10 @@ def test_replay_after_warmup_compiles_nothing(warm_engine, flags):
     # encoder runs eager): one graph, shared by every bucket (the length is dynamic)
     assert warm_engine.step_kind == "target native, draft native"
     assert WARM_GRAPHS["warm_engine"] == 1, before
+    # ... its attention fused, the graph traces the target's (the function HF is matched by)
+    models = warm_engine.models
+    assert models.draft.compiled(BUCKETS[0]).encode is t5.encode_fused
+    assert models.target.compiled(BUCKETS[0]).encode is not t5.encode_fused
     texts = random_texts(210, seed=5)
     rng = random.Random(5)
     paths = set()

@@ -30,8 +30,9 @@ def eager_runner(models):
     return ModelRunner(models[2], edges=(8,), slots=44, verify_q=5, options=None, name="t")
 
 
+@pytest.mark.parametrize("encode", [t5.encode, t5.encode_fused])
 @pytest.mark.parametrize("pad_to", [None, 32])
-def test_lean_logits_match_hf(models, pad_to):
+def test_lean_logits_match_hf(models, pad_to, encode):
     hf, tok, m = models
     ids = tok("a byte-level input", return_tensors="pt").input_ids
     n = ids.shape[1]
@@ -44,7 +45,7 @@ def test_lean_logits_match_hf(models, pad_to):
     with torch.no_grad():
         ref = hf(input_ids=ids, decoder_input_ids=dec).logits
         mask_bias = m.mask_bias(mask)
-        cross = t5.encode(m, padded, mask_bias, m.encoder_bias(length))
+        cross = encode(m, padded, mask_bias, m.encoder_bias(length))
         slots = 12
         dec_bias = m.decoder_bias(slots)
         kv = m.new_self_cache(slots)
