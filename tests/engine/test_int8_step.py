@@ -230,13 +230,15 @@ def test_batched_rows_honour_the_native_step_override_and_flag(tmp_path, tiny_di
         calls = {"target": 0, "target-int8": 0}
         for runner in (rt.target, rt.target_q):
             assert runner is not None and runner.native is not None
-            real = runner.native.rows
+            # The loop's C calls, counted: over rows, and a lone row's on its own caches.
+            for entry in ("rows", "verify"):
+                real = getattr(runner.native, entry)
 
-            def counting(*args, _real=real, _name=runner.name, **kwargs):
-                calls[_name] += 1
-                return _real(*args, **kwargs)
+                def counting(*args, _real=real, _name=runner.name, **kwargs):
+                    calls[_name] += 1
+                    return _real(*args, **kwargs)
 
-            runner.native.rows = counting  # the loop's batched C call, counted
+                setattr(runner.native, entry, counting)
         texts = random_texts(3, seed=5, overflow=False)
         for quantized, name in ((False, "target"), (True, "target-int8")):
             on = [rt.generate(t, max_new_tokens=6, override=FlagOverride(quantized=quantized))
